@@ -1,0 +1,299 @@
+"""DualPath configuration: YAML files that map onto nested, frozen dataclasses.
+
+A file has one top-level key per section (``dualpath_config:``, ``runtime:``);
+``configs/default.yaml`` lists every key with its default. Each setting carries its
+type and allowed range as field metadata, and ``check_settings`` (run from every
+dataclass's ``__post_init__``) is the one place they are enforced, so a config
+built in code is checked exactly like one loaded from a file.
+
+To add a section: write a frozen ``_Section`` dataclass with a ``_section`` name and
+``setting(...)`` fields, then add it to ``Config`` with ``section(TheClass)``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import logging
+import math
+import numbers
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, fields
+from typing import Any, ClassVar
+
+import yaml
+
+from dualpath.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+OVERRIDES_SOURCE = "<overrides>"
+"""What errors name as the file when a bad value came from ``overrides``."""
+
+
+# ---------------------------------------------------------------------------
+# Settings: a field with a type, an allowed range and its description.
+# ---------------------------------------------------------------------------
+
+def setting(default: Any, kind: type, ok: Callable[[Any], bool] | None, allowed: str,
+            *, optional: bool = False) -> Any:
+    """A dataclass field checked by ``check_settings``.
+
+    ``kind`` is int, float, str, bool or tuple; bool never passes as int or float,
+    ints pass as floats (and are stored as float), floats must be finite.
+    ``ok`` tests the range; ``allowed`` says it in words for error messages;
+    ``optional`` lets None through.
+    """
+    meta = {"kind": kind, "ok": ok, "allowed": allowed, "optional": optional}
+    return field(default=default, metadata=meta)
+
+
+def _type_ok(value: Any, kind: type) -> bool:
+    if isinstance(value, bool):
+        return kind is bool
+    if kind is int:
+        return isinstance(value, numbers.Integral)
+    if kind is float:
+        return isinstance(value, numbers.Real)
+    return isinstance(value, kind)
+
+
+def check_settings(obj: Any, prefix: str, error: type[Exception]) -> None:
+    """Check (and normalise int->float, numpy scalars->Python) every ``setting`` of ``obj``.
+
+    Raises ``error("<prefix><name>=<value> must be <allowed>")``.
+    """
+    for f in fields(obj):
+        meta = f.metadata
+        if "kind" not in meta:
+            continue
+        value = getattr(obj, f.name)
+        if value is None and meta["optional"]:
+            continue
+        kind, where = meta["kind"], f"{prefix}{f.name}={value!r} must be {meta['allowed']}"
+        if not _type_ok(value, kind):
+            hint = ""
+            if kind is float and isinstance(value, str) and _parses_as_float(value):
+                hint = "; write the number unquoted, with a dot before any exponent: 1.0e-3, not 1e-3"
+            raise error(f"{where} (got {type(value).__name__}{hint})")
+        if kind in (int, float):
+            value = kind(value)
+            object.__setattr__(obj, f.name, value)
+        if (kind is float and not math.isfinite(value)) or (meta["ok"] and not meta["ok"](value)):
+            raise error(where)
+
+
+def _parses_as_float(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
+def _int(default: int, lo: int, hi: int | None = None, *, pow2: bool = False,
+         allowed: str | None = None) -> Any:
+    def ok(v: int) -> bool:
+        return lo <= v and (hi is None or v <= hi) and (not pow2 or v & (v - 1) == 0)
+
+    if allowed is None:
+        span = f">= {lo}" if hi is None else f"between {lo} and {hi}"
+        allowed = f"{'a power of two' if pow2 else 'an integer'} {span}"
+    return setting(default, int, ok, allowed)
+
+
+def _float(default: float, lo: float, hi: float) -> Any:
+    return setting(default, float, lambda v: lo <= v <= hi, f"a number between {lo:g} and {hi:g}")
+
+
+def _choice(default: Any, kind: type, choices: tuple) -> Any:
+    return setting(default, kind, lambda v: v in choices, f"one of {', '.join(map(repr, choices))}")
+
+
+# ---------------------------------------------------------------------------
+# Sections
+# ---------------------------------------------------------------------------
+
+def section(cls: type) -> Any:
+    """A ``Config`` field holding a nested section (defaults to ``cls()``)."""
+    return field(default_factory=cls, metadata={"section": cls})
+
+
+class _Section:
+    """Base of every config dataclass: validates its settings on construction."""
+
+    _section: ClassVar[str] = ""
+    """Dotted path of this section in the YAML file ("" for the top level)."""
+
+    def __post_init__(self) -> None:
+        prefix = f"{self._section}." if self._section else ""
+        check_settings(self, prefix, ConfigError)
+        for f in fields(self):
+            cls = f.metadata.get("section")
+            if cls is not None and not isinstance(getattr(self, f.name), cls):
+                raise ConfigError(f"{prefix}{f.name} must be a {cls.__name__}, "
+                                  f"got {type(getattr(self, f.name)).__name__}")
+
+
+@dataclass(frozen=True)
+class DualPathConfig(_Section):
+    """The dual-path KV cache: block geometry and how requests pick a path."""
+
+    _section: ClassVar[str] = "dualpath_config"
+
+    block_size: int = _int(131072, 4096, 16 << 20, pow2=True,
+                           allowed="a power of two between 4096 (4 KiB) and 16777216 (16 MiB)")
+    """Bytes per KV arena block."""
+    seq_path_threshold: int = _int(8192, 1)
+    """Context length in tokens from which a request takes the sequential path."""
+    locality_window: int = _int(512, 1)
+    """Tokens of recent access history used to measure locality."""
+    prefetch_degree: int = _int(4, 0, 64)
+    """Blocks prefetched ahead on the sequential path (0 = no prefetch)."""
+    page_tokens: int = _int(16, 1, 1024, pow2=True)
+    """Tokens per KV page."""
+    locality_threshold: float = _float(0.5, 0.0, 1.0)
+    """Locality score at or above which the sequential path is chosen."""
+    path_mode: str = _choice("dual", str, ("dual", "sequential", "random"))
+    """``dual`` routes per request; ``sequential`` or ``random`` force one path."""
+    kv_dtype: str = _choice("f16", str, ("f16", "f32"))
+    """Element type of cached keys and values."""
+
+
+@dataclass(frozen=True)
+class RuntimeConfig(_Section):
+    """ONNX Runtime sessions: threads, context and prefill sizes."""
+
+    _section: ClassVar[str] = "runtime"
+
+    num_threads: int = _int(0, 0, 1024, allowed="an integer: 0 (all usable cores) or between 1 and 1024")
+    """Intra-op threads; 0 = every core this process may run on (``os.sched_getaffinity``)."""
+    max_context_tokens: int = _int(0, 0, allowed="an integer: 0 (the model's trained context length) or >= 1")
+    """Context window in tokens; 0 = the model's trained context length."""
+    prefill_chunk_tokens: int = _int(512, 1, 65536)
+    """Prompt tokens per prefill step."""
+    quantized_matmul_accuracy: int = _choice(4, int, (0, 1, 2, 3, 4))
+    """MatMulNBits ``accuracy_level``: 4 = int8 activations (as llama.cpp), 0 = unset."""
+    intra_op_spinning: bool = setting(True, bool, None, "true or false")
+    """Let idle ORT threads spin (lower latency, more power)."""
+
+    def effective_num_threads(self) -> int:
+        """``num_threads``, or the number of usable cores when it is 0."""
+        if self.num_threads:
+            return self.num_threads
+        if hasattr(os, "sched_getaffinity"):
+            return len(os.sched_getaffinity(0))
+        return os.cpu_count() or 1
+
+
+@dataclass(frozen=True)
+class Config(_Section):
+    """Everything configurable, one field per YAML section."""
+
+    dualpath_config: DualPathConfig = section(DualPathConfig)
+    """The dual-path KV cache."""
+    runtime: RuntimeConfig = section(RuntimeConfig)
+    """ONNX Runtime sessions."""
+
+
+# ---------------------------------------------------------------------------
+# Loading
+# ---------------------------------------------------------------------------
+
+class _StrictLoader(yaml.SafeLoader):
+    """SafeLoader that rejects a key repeated in one mapping (SafeLoader keeps the last)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key {key!r}", key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep)
+
+
+def load_config(path: str | os.PathLike | None = None, overrides: Mapping | None = None) -> Config:
+    """Read a YAML config (None = defaults), then apply ``overrides``.
+
+    ``overrides`` is nested (``{"runtime": {"num_threads": 2}}``) or dotted
+    (``{"runtime.num_threads": 2}``). An empty file or empty section means defaults.
+    Raises ConfigError naming the file (or ``<overrides>``), the dotted key and the
+    allowed values.
+    """
+    config = Config()
+    if path is not None:
+        source = os.fspath(path)
+        try:
+            with open(source, encoding="utf-8") as f:
+                data = yaml.load(f, Loader=_StrictLoader)
+        except OSError as e:
+            raise ConfigError(f"{source}: cannot read config file: {e.strerror or e}") from None
+        except yaml.YAMLError as e:
+            raise ConfigError(f"{source}: invalid YAML: {e}") from None
+        if data is not None:
+            if not isinstance(data, Mapping):
+                raise ConfigError(f"{source}: must be a mapping with keys "
+                                  f"{_names(Config)}, got {type(data).__name__}")
+            config = _apply(config, _flatten(data, source), source)
+        log.debug("loaded config from %s", source)
+    if overrides:
+        config = with_overrides(config, overrides)
+    return config
+
+
+def with_overrides(config: Config, overrides: Mapping, source: str = OVERRIDES_SOURCE) -> Config:
+    """A copy of ``config`` with nested or dotted ``overrides`` applied and validated."""
+    return _apply(config, _flatten(overrides, source), source)
+
+
+def _names(cls: type) -> str:
+    return ", ".join(f.name for f in fields(cls))
+
+
+def _flatten(data: Mapping, source: str, prefix: str = "") -> dict[str, Any]:
+    """``{"a": {"b": 1}, "a.c": 2}`` -> ``{"a.b": 1, "a.c": 2}``; a key given twice raises."""
+    flat: dict[str, Any] = {}
+    for key, value in data.items():
+        if not isinstance(key, str):
+            raise ConfigError(f"{source}: key {prefix}{key!r} must be a string")
+        items = _flatten(value, source, f"{prefix}{key}.").items() if isinstance(value, Mapping) \
+            else [(prefix + key, value)]
+        for k, v in items:
+            if k in flat:
+                raise ConfigError(f"{source}: {k} is given twice")
+            flat[k] = v
+    return flat
+
+
+def _apply(obj: Any, flat: Mapping[str, Any], source: str, prefix: str = "") -> Any:
+    """``dataclasses.replace`` on ``obj`` with dotted keys relative to ``prefix``."""
+    by_name = {f.name: f for f in fields(obj)}
+    changes: dict[str, Any] = {}
+    nested: dict[str, dict[str, Any]] = {}
+    for key, value in flat.items():
+        head, _, rest = key.partition(".")
+        f = by_name.get(head)
+        is_section = f is not None and "section" in f.metadata
+        if f is None:
+            close = difflib.get_close_matches(head, by_name, n=1)
+            hint = f" (did you mean {prefix}{close[0]}?)" if close else ""
+            raise ConfigError(f"{source}: unknown key {prefix}{key}{hint}; "
+                              f"{prefix.rstrip('.') or 'the top level'} has {_names(type(obj))}")
+        if rest and not is_section:
+            raise ConfigError(f"{source}: unknown key {prefix}{key}; {prefix}{head} is a setting, not a section")
+        if not is_section:
+            changes[head] = value
+        elif rest:
+            nested.setdefault(head, {})[rest] = value
+        elif value is not None:  # `runtime:` with nothing under it is an empty section
+            raise ConfigError(f"{source}: {prefix}{head} must be a mapping of "
+                              f"{_names(f.metadata['section'])}, got {type(value).__name__} {value!r}")
+    for name, sub in nested.items():
+        changes[name] = _apply(getattr(obj, name), sub, source, f"{prefix}{name}.")
+    try:
+        return dataclasses.replace(obj, **changes)
+    except ConfigError as e:
+        raise ConfigError(f"{source}: {e}") from None

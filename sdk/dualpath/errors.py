@@ -1,0 +1,38 @@
+"""Exceptions raised by DualPath's public API.
+
+Every error names the thing that is wrong (a file, a config key, a parameter)
+and what was expected, so a user can fix it without reading our code.
+"""
+
+
+class DualPathError(Exception):
+    """Base class of every error DualPath raises on purpose."""
+
+
+class ModelLoadError(DualPathError, ValueError):
+    """A model file could not be loaded: names the file and the problem."""
+
+    def __init__(self, path, problem: str):
+        self.path = str(path)
+        self.problem = problem
+        super().__init__(f"{self.path}: {problem}")
+
+
+class ConfigError(DualPathError, ValueError):
+    """A configuration file or override is invalid: names the file, key and allowed range."""
+
+
+class SamplingParamsError(DualPathError, ValueError):
+    """A sampling parameter is out of range: names the parameter and its range."""
+
+
+class PromptTooLongError(DualPathError, ValueError):
+    """The prompt does not fit in the context window."""
+
+
+class TokenizerError(DualPathError, ValueError):
+    """A tokenizer description is unusable (missing vocabulary, bad ids)."""
+
+
+class ChatTemplateError(DualPathError, ValueError):
+    """The model has no chat template, or the template failed to render."""

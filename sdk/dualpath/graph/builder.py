@@ -1,0 +1,220 @@
+"""ONNX graphs for the dense math of a Llama-family model, split at attention.
+
+Attention is ours (compiled kernels over our KV cache), so the model becomes
+``num_layers + 1`` graphs, one per layer boundary:
+
+* part 0:            h -> q, k, v of layer 0 (RMSNorm, projections, RoPE)
+* part i (1..L-1):   h, attn -> h', q, k, v: closes layer i-1 (output projection,
+                     residual, RMSNorm, SwiGLU MLP, residual) and opens layer i
+* part L:            h, attn, rows -> logits: closes layer L-1 for the selected
+                     rows only, final RMSNorm, lm_head
+
+Shapes (T = tokens in this step, R = rows whose logits are wanted):
+    h, h'     (T, dim) f32          positions (T,) int64
+    q, attn   (T, num_heads * head_dim) f32
+    k, v      (T, num_kv_heads * head_dim) f32
+    rows      (R,) int64            logits (R, vocab_size) f32
+
+Weights are initializers whose data is *external*: every part points into one
+placeholder file, and the runtime hands ONNX Runtime the real arrays with
+``SessionOptions.add_initializer``, so the weights live in memory once, shared
+by every session (see ``runtime/session.py``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from ..models.spec import QUANT_BLOCK, ModelSpec, Weight
+
+OPSET = 23  # RMSNormalization
+IR_VERSION = 10
+PLACEHOLDER = "weights.placeholder"
+
+
+@dataclass
+class GraphPart:
+    """One ONNX graph and the weight arrays it needs (initializer name -> array)."""
+
+    index: int
+    model: onnx.ModelProto
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    weights: dict[str, np.ndarray] = field(default_factory=dict)
+    prepack: bool = False
+    """True when the part has quantized matmuls: MatMulNBits needs ONNX Runtime's
+    prepacking to be fast (measured ~100x), and the prepacked copy replaces ours."""
+
+
+class _Builder:
+    """Accumulates nodes and initializers for one part."""
+
+    def __init__(self, spec: ModelSpec, layout: dict[str, tuple[int, int]], accuracy_level: int):
+        self.spec = spec
+        self.cfg = spec.config
+        self.layout = layout
+        self.accuracy_level = accuracy_level
+        self.nodes: list[onnx.NodeProto] = []
+        self.inits: list[onnx.TensorProto] = []
+        self.weights: dict[str, np.ndarray] = {}
+        self.consts: dict[str, str] = {}
+        self.prepack = False
+        self._n = 0
+
+    def tmp(self, stem: str) -> str:
+        self._n += 1
+        return f"{stem}_{self._n}"
+
+    def node(self, op: str, inputs: list[str], stem: str, domain: str = "", **attrs) -> str:
+        out = self.tmp(stem)
+        self.nodes.append(helper.make_node(op, inputs, [out], domain=domain, **attrs))
+        return out
+
+    def const(self, key: str, array: np.ndarray) -> str:
+        if key not in self.consts:
+            name = f"const.{key}"
+            self.inits.append(numpy_helper.from_array(array, name))
+            self.consts[key] = name
+        return self.consts[key]
+
+    def external(self, name: str, array: np.ndarray) -> str:
+        """Declare ``array`` as an initializer whose bytes live outside the model."""
+        if name in self.weights:
+            return name
+        offset, length = self.layout[name]
+        t = TensorProto()
+        t.name = name
+        t.data_type = helper.np_dtype_to_tensor_dtype(array.dtype)
+        t.dims.extend(array.shape)
+        t.data_location = TensorProto.EXTERNAL
+        for key, value in (("location", PLACEHOLDER), ("offset", str(offset)), ("length", str(length))):
+            entry = t.external_data.add()
+            entry.key, entry.value = key, value
+        self.inits.append(t)
+        self.weights[name] = array
+        return name
+
+    # -- layers ---------------------------------------------------------------
+    def rmsnorm(self, x: str, weight: Weight) -> str:
+        w = self.external(f"{weight.name}.weight", weight.data)
+        return self.node("RMSNormalization", [x, w], "norm", axis=-1, epsilon=float(self.cfg.rms_eps))
+
+    def linear(self, x: str, weight: Weight) -> str:
+        """x (T, in) @ W^T -> (T, out), for W (out, in) in any supported dtype."""
+        if weight.dtype == "f32":
+            w = self.external(f"{weight.name}.weight", weight.data)
+            return self.node("Gemm", [x, w], "mm", transB=1)
+        bits = {"q8_0": 8, "q4_0": 4}[weight.dtype]
+        b = self.external(f"{weight.name}.weight", weight.data)
+        s = self.external(f"{weight.name}.scales", weight.scales)
+        self.prepack = True
+        out_features, in_features = weight.shape
+        return self.node("MatMulNBits", [x, b, s], "mmq", domain="com.microsoft", K=in_features, N=out_features,
+                         bits=bits, block_size=QUANT_BLOCK, accuracy_level=self.accuracy_level)
+
+    def rope_tables(self, positions: str) -> tuple[str, str]:
+        """cos, sin of shape (T, 1, head_dim / 2, 1) for adjacent-pair RoPE."""
+        hd = self.cfg.head_dim
+        # As run.c: freq_i = 1 / theta^(2i / head_dim), in float32.
+        inv_freq = (1.0 / np.power(np.float32(self.cfg.rope_theta),
+                                   np.arange(0, hd, 2, dtype=np.float32) / np.float32(hd))).astype(np.float32)
+        pos = self.node("Cast", [positions], "posf", to=TensorProto.FLOAT)
+        pos = self.node("Unsqueeze", [pos, self.const("axes_1", np.array([1], np.int64))], "pos2")
+        angles = self.node("Mul", [pos, self.const("inv_freq", inv_freq)], "ang")  # (T, hd/2)
+        shape = self.const("rope_shape", np.array([-1, 1, hd // 2, 1], np.int64))
+        cos = self.node("Reshape", [self.node("Cos", [angles], "cos"), shape], "cos4")
+        sin = self.node("Reshape", [self.node("Sin", [angles], "sin"), shape], "sin4")
+        return cos, sin
+
+    def rope(self, x: str, num_heads: int, cos: str, sin: str) -> str:
+        """Rotate adjacent pairs (x[2i], x[2i+1]) of every head (llama.cpp NORM RoPE, run.c)."""
+        hd = self.cfg.head_dim
+        x4 = self.node("Reshape", [x, self.const(f"pairs_{num_heads}", np.array([0, num_heads, hd // 2, 2], np.int64))], "rp")
+        x0, x1 = self.tmp("x0"), self.tmp("x1")
+        self.nodes.append(helper.make_node("Split", [x4], [x0, x1], axis=3, num_outputs=2))
+        o0 = self.node("Sub", [self.node("Mul", [x0, cos], "m"), self.node("Mul", [x1, sin], "m")], "o0")
+        o1 = self.node("Add", [self.node("Mul", [x0, sin], "m"), self.node("Mul", [x1, cos], "m")], "o1")
+        o = self.node("Concat", [o0, o1], "cat", axis=3)
+        return self.node("Reshape", [o, self.const(f"flat_{num_heads}", np.array([0, num_heads * hd], np.int64))], "rflat")
+
+    def open_layer(self, i: int, h: str, cos: str, sin: str) -> tuple[str, str, str]:
+        w = self.spec.weights
+        x = self.rmsnorm(h, w[f"blk.{i}.attn_norm"])
+        q = self.rope(self.linear(x, w[f"blk.{i}.attn_q"]), self.cfg.num_heads, cos, sin)
+        k = self.rope(self.linear(x, w[f"blk.{i}.attn_k"]), self.cfg.num_kv_heads, cos, sin)
+        v = self.linear(x, w[f"blk.{i}.attn_v"])
+        return q, k, v
+
+    def close_layer(self, i: int, h: str, attn: str) -> str:
+        w = self.spec.weights
+        h = self.node("Add", [h, self.linear(attn, w[f"blk.{i}.attn_output"])], "res")
+        x = self.rmsnorm(h, w[f"blk.{i}.ffn_norm"])
+        gate = self.linear(x, w[f"blk.{i}.ffn_gate"])
+        up = self.linear(x, w[f"blk.{i}.ffn_up"])
+        act = self.node("Mul", [self.node("Mul", [gate, self.node("Sigmoid", [gate], "sig")], "silu"), up], "glu")
+        return self.node("Add", [h, self.linear(act, w[f"blk.{i}.ffn_down"])], "res")
+
+    def finish(self, index: int, inputs, outputs, renames: dict[str, str]) -> GraphPart:
+        for final, internal in renames.items():
+            self.nodes.append(helper.make_node("Identity", [internal], [final]))
+        graph = helper.make_graph(self.nodes, f"part{index}", inputs, outputs, initializer=self.inits)
+        model = helper.make_model(graph, ir_version=IR_VERSION, producer_name="dualpath",
+                                  opset_imports=[helper.make_opsetid("", OPSET),
+                                                 helper.make_opsetid("com.microsoft", 1)])
+        return GraphPart(index, model, tuple(i.name for i in inputs), tuple(o.name for o in outputs),
+                         self.weights, self.prepack)
+
+
+def weight_layout(spec: ModelSpec) -> dict[str, tuple[int, int]]:
+    """Byte (offset, length) of every initializer inside the placeholder file."""
+    layout: dict[str, tuple[int, int]] = {}
+    offset = 0
+    for w in spec.weights.values():
+        for suffix, arr in (("weight", w.data), ("scales", w.scales)):
+            if arr is None:
+                continue
+            layout[f"{w.name}.{suffix}"] = (offset, int(arr.nbytes))
+            offset += -(-int(arr.nbytes) // 64) * 64
+    layout[""] = (offset, 0)  # total size
+    return layout
+
+
+def build_parts(spec: ModelSpec, accuracy_level: int = 4) -> list[GraphPart]:
+    """The ``num_layers + 1`` graphs of ``spec`` (see the module docstring)."""
+    cfg = spec.config
+    layout = weight_layout(spec)
+    F, I64 = TensorProto.FLOAT, TensorProto.INT64
+
+    def vi(name, elem, shape):
+        return helper.make_tensor_value_info(name, elem, shape)
+
+    h_in, pos_in = vi("h", F, ["T", cfg.dim]), vi("positions", I64, ["T"])
+    attn_in = vi("attn", F, ["T", cfg.q_dim])
+    qkv_out = [vi("q", F, ["T", cfg.q_dim]), vi("k", F, ["T", cfg.kv_dim]), vi("v", F, ["T", cfg.kv_dim])]
+    parts = []
+    for index in range(cfg.num_layers + 1):
+        b = _Builder(spec, layout, accuracy_level)
+        if index == cfg.num_layers:
+            rows = "rows"
+            h = b.node("Gather", ["h", rows], "hsel", axis=0)
+            attn = b.node("Gather", ["attn", rows], "asel", axis=0)
+            h = b.close_layer(index - 1, h, attn)
+            x = b.rmsnorm(h, spec.weights["output_norm"])
+            logits = b.linear(x, spec.output)
+            parts.append(b.finish(index, [h_in, attn_in, vi("rows", I64, ["R"])],
+                                  [vi("logits", F, ["R", cfg.vocab_size])], {"logits": logits}))
+            continue
+        cos, sin = b.rope_tables("positions")
+        if index == 0:
+            q, k, v = b.open_layer(0, "h", cos, sin)
+            parts.append(b.finish(index, [h_in, pos_in], qkv_out, {"q": q, "k": k, "v": v}))
+        else:
+            h = b.close_layer(index - 1, "h", "attn")
+            q, k, v = b.open_layer(index, h, cos, sin)
+            parts.append(b.finish(index, [h_in, attn_in, pos_in], [vi("h_out", F, ["T", cfg.dim])] + qkv_out,
+                                  {"h_out": h, "q": q, "k": k, "v": v}))
+    return parts

@@ -1,0 +1,132 @@
+"""llama2.c checkpoints (Karpathy's ``run.c`` format).
+
+Legacy ("version 0") layout, little-endian: 7 x int32
+``dim, hidden_dim, n_layers, n_heads, n_kv_heads, vocab_size, seq_len`` then float32
+arrays, row-major ``(out, in)``, each stacked over layers::
+
+    token_embedding (vocab, dim)          rms_att (L, dim)
+    wq (L, dim, dim)  wk (L, kv_dim, dim)  wv (L, kv_dim, dim)  wo (L, dim, dim)
+    rms_ffn (L, dim)  w1 (L, hidden, dim)  w2 (L, dim, hidden)  w3 (L, hidden, dim)
+    rms_final (dim)   freq_cis_real/imag (seq_len, head_dim / 2) each, unused
+    wcls (vocab, dim) only when vocab_size < 0 (classifier not shared)
+
+``export.py`` version 1 (magic ``ak42``, 256-byte header, fp32) is read too.
+Weights are zero-copy views of the memory-mapped file. RoPE theta is 10000 and
+the RMSNorm epsilon 1e-5, as in run.c.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+
+import numpy as np
+
+from ..errors import ModelLoadError
+from .spec import ModelConfig, ModelSpec, Weight, check_config, check_weights
+
+MAGIC_V1 = 0x616B3432  # "ak42"
+
+
+def load_llama2c(path: str | os.PathLike, tokenizer_path: str | os.PathLike | None = None) -> ModelSpec:
+    from ..tokenizer import load_llama2c_tokenizer
+
+    path = os.fspath(path)
+    if not os.path.isfile(path):
+        raise ModelLoadError(path, "no such file")
+    size = os.path.getsize(path)
+    with open(path, "rb") as f:
+        head = f.read(256)
+    if len(head) < 28:
+        raise ModelLoadError(path, f"truncated: {len(head)} bytes, a llama2.c header needs 28")
+    magic, version = struct.unpack_from("<Ii", head, 0)
+    if magic == MAGIC_V1:
+        if version != 1:
+            raise ModelLoadError(path, f"llama2.c export version {version} is not supported (supported: 0 and 1)")
+        if len(head) < 256:
+            raise ModelLoadError(path, "truncated version-1 header (needs 256 bytes)")
+        dim, hidden, n_layers, n_heads, n_kv, vocab, seq_len = struct.unpack_from("<7i", head, 8)
+        shared = bool(head[36])
+        offset = 256
+    else:
+        dim, hidden, n_layers, n_heads, n_kv, vocab, seq_len = struct.unpack_from("<7i", head, 0)
+        shared = vocab > 0
+        vocab = abs(vocab)
+        offset = 28
+    for name, value in (("dim", dim), ("hidden_dim", hidden), ("n_layers", n_layers), ("n_heads", n_heads),
+                        ("n_kv_heads", n_kv), ("vocab_size", vocab), ("seq_len", seq_len)):
+        if not 0 < value < (1 << 24):
+            raise ModelLoadError(path, f"header field {name}={value} is out of range: not a llama2.c checkpoint?")
+    if dim % n_heads:
+        raise ModelLoadError(path, f"dim={dim} is not a multiple of n_heads={n_heads}")
+    head_dim = dim // n_heads
+    cfg = ModelConfig(arch="llama", dim=dim, hidden_dim=hidden, num_layers=n_layers, num_heads=n_heads,
+                      num_kv_heads=n_kv, head_dim=head_dim, vocab_size=vocab, context_length=seq_len,
+                      tied_output=shared)
+    check_config(path, cfg)
+    kv_dim = cfg.kv_dim
+    L = n_layers
+    if magic == MAGIC_V1:
+        order = [("rms_att", (L, dim)), ("rms_ffn", (L, dim)), ("rms_final", (dim,)), ("tok", (vocab, dim)),
+                 ("wq", (L, dim, dim)), ("wk", (L, kv_dim, dim)), ("wv", (L, kv_dim, dim)),
+                 ("wo", (L, dim, dim)), ("w1", (L, hidden, dim)), ("w2", (L, dim, hidden)),
+                 ("w3", (L, hidden, dim))]
+    else:
+        order = [("tok", (vocab, dim)), ("rms_att", (L, dim)), ("wq", (L, dim, dim)), ("wk", (L, kv_dim, dim)),
+                 ("wv", (L, kv_dim, dim)), ("wo", (L, dim, dim)), ("rms_ffn", (L, dim)),
+                 ("w1", (L, hidden, dim)), ("w2", (L, dim, hidden)), ("w3", (L, hidden, dim)),
+                 ("rms_final", (dim,)), ("freq_cis", (2, seq_len, head_dim // 2))]
+    if not shared:
+        order.append(("wcls", (vocab, dim)))
+    num_floats = sum(int(np.prod(s)) for _, s in order)
+    expected = offset + 4 * num_floats
+    if size < expected:
+        raise ModelLoadError(path, f"truncated: {size} bytes, the header (dim={dim}, n_layers={L}, "
+                                   f"vocab={vocab}) needs {expected}")
+    if size > expected:
+        raise ModelLoadError(path, f"{size - expected} unexpected trailing bytes after {expected}: "
+                                   "wrong header or an unsupported llama2.c export version")
+    flat = np.memmap(path, dtype="<f4", mode="r", offset=offset, shape=(num_floats,))
+    arrays = {}
+    pos = 0
+    for name, shape in order:
+        n = int(np.prod(shape))
+        arrays[name] = flat[pos:pos + n].reshape(shape)
+        pos += n
+
+    weights: dict[str, Weight] = {}
+
+    def put(name, arr):
+        weights[name] = Weight(name, "f32", tuple(arr.shape), arr)
+
+    put("token_embd", arrays["tok"])
+    put("output_norm", arrays["rms_final"])
+    if not shared:
+        put("output", arrays["wcls"])
+    for i in range(L):
+        for name, key in (("attn_norm", "rms_att"), ("attn_q", "wq"), ("attn_k", "wk"), ("attn_v", "wv"),
+                          ("attn_output", "wo"), ("ffn_norm", "rms_ffn"), ("ffn_gate", "w1"),
+                          ("ffn_down", "w2"), ("ffn_up", "w3")):
+            put(f"blk.{i}.{name}", arrays[key][i])
+    check_weights(path, cfg, weights)
+
+    tok_path = _find_tokenizer(path, tokenizer_path, vocab)
+    tok = load_llama2c_tokenizer(tok_path, vocab_size=vocab)
+    return ModelSpec(path=path, format="llama2c", config=cfg, tokenizer=tok, weights=weights,
+                     metadata={"name": os.path.basename(path), "file_type": "F32",
+                               "tensor_types": ["F32"], "tokenizer_path": tok_path})
+
+
+def _find_tokenizer(path: str, tokenizer_path, vocab: int) -> str:
+    if tokenizer_path is not None:
+        tokenizer_path = os.fspath(tokenizer_path)
+        if not os.path.isfile(tokenizer_path):
+            raise ModelLoadError(tokenizer_path, "tokenizer file not found")
+        return tokenizer_path
+    folder = os.path.dirname(os.path.abspath(path))
+    candidates = [os.path.join(folder, f"tok{vocab}.bin"), os.path.join(folder, "tokenizer.bin")]
+    for c in candidates:
+        if os.path.isfile(c):
+            return c
+    raise ModelLoadError(path, "llama2.c checkpoints carry no tokenizer: pass tokenizer_path= "
+                               f"(looked for {', '.join(os.path.basename(c) for c in candidates)} beside the model)")

@@ -1,0 +1,172 @@
+"""One in-memory description of a Llama-family model: hyper-parameters + weights.
+
+Every loader (GGUF, llama2.c, ...) produces a ``ModelSpec``; the graph builder and
+the runtime read nothing else. Weight matrices are stored the way ONNX Runtime
+consumes them, so no second copy is ever made:
+
+* ``f32``: a float32 array ``(out_features, in_features)``, used by ``Gemm(transB=1)``.
+  For an F32 GGUF this is a read-only view of the memory-mapped file (zero copy).
+* ``q8_0`` / ``q4_0``: ``MatMulNBits`` blobs ``(out_features, in_features / 32, 32 | 16)``
+  uint8 (values stored unsigned: +128 for 8 bits, +8 for 4 bits, 4-bit low nibble
+  first) and fp32 ``scales`` ``(out_features * in_features / 32,)``. GGUF Q8_0 and
+  Q4_0 blocks map onto this exactly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..tokenizer.spec import TokenizerSpec
+
+QUANT_BLOCK = 32
+WEIGHT_DTYPES = ("f32", "q8_0", "q4_0")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Hyper-parameters of a Llama-family decoder."""
+
+    arch: str
+    dim: int
+    """Width of the residual stream (GGUF ``embedding_length``)."""
+    hidden_dim: int
+    """Width of the SwiGLU MLP (``feed_forward_length``)."""
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    vocab_size: int
+    context_length: int
+    """Trained context length: the default maximum number of positions."""
+    rope_theta: float = 10000.0
+    rope_dim: int = 0
+    """Rotated dimensions per head (0 = head_dim)."""
+    rms_eps: float = 1e-5
+    tied_output: bool = False
+    """The classifier is the token embedding (no separate ``output`` weight)."""
+
+    @property
+    def q_dim(self) -> int:
+        return self.num_heads * self.head_dim
+
+    @property
+    def kv_dim(self) -> int:
+        return self.num_kv_heads * self.head_dim
+
+
+@dataclass
+class Weight:
+    """One weight tensor in the layout ONNX Runtime consumes (see module docstring)."""
+
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    """Logical shape: ``(out_features, in_features)`` for matrices, ``(n,)`` for norms."""
+    data: np.ndarray
+    scales: np.ndarray | None = None
+    source_type: str = ""
+    """The type in the file (e.g. ``F16``), when it differs from ``dtype``."""
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.data.nbytes + (0 if self.scales is None else self.scales.nbytes))
+
+
+@dataclass
+class ModelSpec:
+    """A loaded model: where it came from, its hyper-parameters, tokenizer and weights.
+
+    Weight names follow GGUF without the ``.weight`` suffix: ``token_embd``,
+    ``output_norm``, ``output`` and ``blk.{i}.{attn_norm,attn_q,attn_k,attn_v,
+    attn_output,ffn_norm,ffn_gate,ffn_down,ffn_up}``.
+    """
+
+    path: str
+    format: str
+    config: ModelConfig
+    tokenizer: TokenizerSpec
+    weights: dict[str, Weight]
+    metadata: dict = field(default_factory=dict)
+    """A few descriptive strings from the file (name, file type), for ``dualpath info``."""
+
+    def weight(self, name: str) -> Weight:
+        return self.weights[name]
+
+    @property
+    def output(self) -> Weight:
+        return self.weights["token_embd"] if self.config.tied_output else self.weights["output"]
+
+    @property
+    def weight_bytes(self) -> int:
+        return sum(w.nbytes for w in self.weights.values())
+
+    def weight_types(self) -> dict[str, int]:
+        """Bytes per in-memory weight type."""
+        out: dict[str, int] = {}
+        for w in self.weights.values():
+            out[w.dtype] = out.get(w.dtype, 0) + w.nbytes
+        return out
+
+
+LAYER_TENSORS = ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output",
+                 "ffn_norm", "ffn_gate", "ffn_down", "ffn_up")
+
+
+def expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """Logical shape of every weight a model with ``cfg`` must have."""
+    shapes: dict[str, tuple[int, ...]] = {
+        "token_embd": (cfg.vocab_size, cfg.dim),
+        "output_norm": (cfg.dim,),
+    }
+    if not cfg.tied_output:
+        shapes["output"] = (cfg.vocab_size, cfg.dim)
+    per_layer = {
+        "attn_norm": (cfg.dim,),
+        "attn_q": (cfg.q_dim, cfg.dim),
+        "attn_k": (cfg.kv_dim, cfg.dim),
+        "attn_v": (cfg.kv_dim, cfg.dim),
+        "attn_output": (cfg.dim, cfg.q_dim),
+        "ffn_norm": (cfg.dim,),
+        "ffn_gate": (cfg.hidden_dim, cfg.dim),
+        "ffn_down": (cfg.dim, cfg.hidden_dim),
+        "ffn_up": (cfg.hidden_dim, cfg.dim),
+    }
+    for i in range(cfg.num_layers):
+        for name, shape in per_layer.items():
+            shapes[f"blk.{i}.{name}"] = shape
+    return shapes
+
+
+def check_config(path, cfg: ModelConfig) -> None:
+    """Raise ModelLoadError when hyper-parameters are inconsistent."""
+    from ..errors import ModelLoadError
+
+    for name in ("dim", "hidden_dim", "num_layers", "num_heads", "num_kv_heads", "head_dim",
+                 "vocab_size", "context_length"):
+        value = getattr(cfg, name)
+        if not isinstance(value, int) or value <= 0:
+            raise ModelLoadError(path, f"hyper-parameter {name}={value!r} must be a positive integer")
+    if cfg.num_heads % cfg.num_kv_heads:
+        raise ModelLoadError(path, f"num_heads={cfg.num_heads} is not a multiple of num_kv_heads={cfg.num_kv_heads}")
+    if cfg.head_dim % 2:
+        raise ModelLoadError(path, f"head_dim={cfg.head_dim} must be even for RoPE")
+    if cfg.rope_dim not in (0, cfg.head_dim):
+        raise ModelLoadError(path, f"partial rotary embeddings (rope dimension {cfg.rope_dim} of head_dim {cfg.head_dim}) are not supported")
+    if not (cfg.rms_eps > 0 and cfg.rope_theta > 0):
+        raise ModelLoadError(path, f"rms_eps={cfg.rms_eps} and rope_theta={cfg.rope_theta} must be positive")
+
+
+def check_weights(path, cfg: ModelConfig, weights: dict[str, Weight]) -> None:
+    """Raise ModelLoadError for a missing tensor or a shape mismatch."""
+    from ..errors import ModelLoadError
+
+    for name, shape in expected_shapes(cfg).items():
+        w = weights.get(name)
+        if w is None:
+            raise ModelLoadError(path, f"missing tensor {name!r} (expected shape {shape})")
+        if tuple(w.shape) != shape:
+            raise ModelLoadError(path, f"tensor {name!r} has shape {tuple(w.shape)}, expected {shape}")
+        if w.dtype != "f32" and len(shape) == 1:
+            raise ModelLoadError(path, f"tensor {name!r} is {w.dtype}; norm weights must be float")

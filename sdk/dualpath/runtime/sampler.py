@@ -1,0 +1,153 @@
+"""Token sampling: llama.cpp's default chain over one row of logits.
+
+Order: repetition penalty -> (temperature 0: argmax) -> top_k -> top_p -> min_p
+-> temperature -> draw. The filters see temperature-1 probabilities, as in
+llama.cpp; temperature only reshapes what survives them.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from dualpath.config import check_settings, setting
+from dualpath.errors import SamplingParamsError
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to pick each next token, and when to stop."""
+
+    max_tokens: int = setting(256, int, lambda v: v >= 1, ">= 1")
+    """Most tokens to generate."""
+    temperature: float = setting(0.8, float, lambda v: v >= 0, ">= 0 (0 = greedy)")
+    """Divides logits before the draw; 0 = greedy (argmax, lowest id on ties)."""
+    top_k: int = setting(40, int, lambda v: v >= 0, ">= 0 (0 = off)")
+    """Keep the k most likely tokens; 0 = off."""
+    top_p: float = setting(0.95, float, lambda v: 0 < v <= 1, "> 0 and <= 1 (1 = off)")
+    """Nucleus: keep the smallest most-likely set whose probability mass is >= top_p."""
+    min_p: float = setting(0.05, float, lambda v: 0 <= v <= 1, "between 0 and 1 (0 = off)")
+    """Drop tokens whose probability is below min_p times the top token's."""
+    repetition_penalty: float = setting(1.0, float, lambda v: v > 0, "> 0 (1 = off)")
+    """CTRL-style: a recent token's logit is divided by this if positive, else multiplied."""
+    repetition_window: int = setting(64, int, lambda v: v >= 0, ">= 0 (0 = off)")
+    """Tokens of history (the most recent) that the repetition penalty looks at."""
+    seed: int | None = setting(None, int, lambda v: v >= 0, "None or an integer >= 0", optional=True)
+    """Seed of the PCG64 generator; None = fresh OS entropy. Same seed, same tokens."""
+    stop: tuple[str, ...] = setting((), tuple, lambda v: all(isinstance(s, str) and s for s in v),
+                                    "a string or a sequence of non-empty strings")
+    """Stop generating when the output ends with one of these (a single str is wrapped)."""
+    ignore_eos: bool = setting(False, bool, None, "True or False")
+    """Keep generating past the end-of-sequence token."""
+
+    def __post_init__(self) -> None:
+        stop = self.stop
+        if isinstance(stop, str):
+            object.__setattr__(self, "stop", (stop,))
+        elif isinstance(stop, Sequence):
+            object.__setattr__(self, "stop", tuple(stop))
+        check_settings(self, "", SamplingParamsError)
+
+
+class Sampler:
+    """Picks one token id from a row of logits, under one ``SamplingParams``.
+
+    Owns its random generator, so a seeded sampler replays the same tokens for the
+    same logits and history. Not thread-safe: one sampler per request.
+    """
+
+    def __init__(self, params: SamplingParams, vocab_size: int):
+        if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size < 1:
+            raise SamplingParamsError(f"vocab_size={vocab_size!r} must be an integer >= 1")
+        self.params = params
+        self.vocab_size = vocab_size
+        self._rng = np.random.Generator(np.random.PCG64(params.seed))
+        self._logits = np.empty(vocab_size, np.float32)  # (vocab_size,) penalised copy of the caller's row
+        self._cdf = np.empty(vocab_size, np.float64)  # (vocab_size,) probabilities, then their running sum
+        self._mask = np.empty(vocab_size, np.bool_)  # (vocab_size,) min_p rejects, full-vocabulary path only
+
+    def sample(self, logits: np.ndarray, history: Sequence[int] | np.ndarray = ()) -> int:
+        """Next token id. ``logits`` (vocab_size,) is not modified; ``history`` is the
+        recent token ids, oldest first (only the last ``repetition_window`` are read)."""
+        p, n_vocab = self.params, self.vocab_size
+        if np.shape(logits) != (n_vocab,):
+            raise ValueError(f"logits shape {np.shape(logits)} must be ({n_vocab},)")
+        work = self._logits
+        np.copyto(work, logits, casting="same_kind")
+        self._penalise(work, history)
+        if p.temperature == 0.0 or p.top_k == 1:
+            return int(np.argmax(work))
+
+        top = float(work.max())
+        if not math.isfinite(top):
+            raise ValueError(f"logits have no finite maximum (max={top})")
+
+        # Candidates: ids (n,) token ids sorted by descending logit, vals (n,) their logits;
+        # or ids None and vals the whole vocabulary, unsorted, when no filter needs order.
+        mass = None  # what top_p is a fraction of: the candidates' own mass when None
+        if p.top_k and p.top_k < n_vocab:
+            ids = np.argpartition(work, n_vocab - p.top_k)[n_vocab - p.top_k:]
+        elif p.top_p < 1.0:
+            ids, mass = self._nucleus_superset(work, top)
+        else:
+            ids = None
+        if ids is not None:
+            ids = ids[np.argsort(-work[ids], kind="stable")]
+        vals = work if ids is None else work[ids]
+
+        if ids is not None and p.top_p < 1.0:
+            cdf = self._softmax_cdf(vals, top, 1.0)
+            mass = cdf[-1] if mass is None else mass
+            vals = vals[:min(int(np.searchsorted(cdf, p.top_p * mass)) + 1, len(vals))]
+        if p.min_p > 0.0:
+            floor = top + math.log(p.min_p)  # prob < min_p * max prob  <=>  logit < max logit + log(min_p)
+            if ids is None:
+                np.less(work, floor, out=self._mask)
+                np.copyto(work, -np.inf, where=self._mask)
+            else:
+                vals = vals[:int(np.count_nonzero(vals >= floor))]  # sorted: survivors are a prefix
+        if len(vals) == 1:
+            return 0 if ids is None else int(ids[0])
+
+        cdf = self._softmax_cdf(vals, top, p.temperature)
+        i = min(int(np.searchsorted(cdf, self._rng.random() * cdf[-1], side="right")), len(vals) - 1)
+        return i if ids is None else int(ids[i])
+
+    def _penalise(self, work: np.ndarray, history: Sequence[int] | np.ndarray) -> None:
+        """Apply the repetition penalty in place, once per distinct recent token."""
+        p = self.params
+        if p.repetition_penalty == 1.0 or p.repetition_window == 0 or len(history) == 0:
+            return
+        recent = np.unique(np.asarray(history[-p.repetition_window:], dtype=np.int64))
+        if recent[0] < 0 or recent[-1] >= self.vocab_size:
+            raise ValueError(f"history has token ids outside 0..{self.vocab_size - 1}")
+        vals = work[recent]
+        work[recent] = np.where(vals > 0, vals / p.repetition_penalty, vals * p.repetition_penalty)
+
+    def _nucleus_superset(self, work: np.ndarray, top: float) -> tuple[np.ndarray, float]:
+        """Ids (unsorted) of the k most likely tokens for the first k in 64, 512, ... whose mass
+        reaches top_p, and the whole vocabulary's mass: a nucleus usually costs one
+        argpartition instead of a sort of the whole vocabulary."""
+        n_vocab, probs = self.vocab_size, self._cdf
+        np.subtract(work, top, out=probs)
+        np.exp(probs, out=probs)
+        mass = float(probs.sum())
+        k = 64
+        while k < n_vocab:
+            ids = np.argpartition(work, n_vocab - k)[n_vocab - k:]
+            if probs[ids].sum() >= self.params.top_p * mass:
+                return ids, mass
+            k *= 8
+        return np.arange(n_vocab), mass
+
+    def _softmax_cdf(self, vals: np.ndarray, top: float, temperature: float) -> np.ndarray:
+        """Unnormalised running sum of exp((vals - top) / temperature), in the preallocated buffer."""
+        cdf = self._cdf[:len(vals)]
+        np.subtract(vals, top, out=cdf)
+        if temperature != 1.0:
+            cdf /= temperature
+        np.exp(cdf, out=cdf)
+        return np.cumsum(cdf, out=cdf)

@@ -1,0 +1,175 @@
+"""ONNX Runtime sessions for the graph parts, and the per-step runner.
+
+This module is the only place that imports onnxruntime.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import tempfile
+import time
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+
+from .._kernels import embed as _embed
+from ..cache.simple import SimpleKVCache
+from ..graph.builder import PLACEHOLDER, GraphPart, build_parts, weight_layout
+from ..models.spec import ModelSpec
+
+log = logging.getLogger(__name__)
+
+
+def create_sessions(parts: list[GraphPart], num_threads: int, spinning: bool = True,
+                    affinities: str | None = None) -> list[ort.InferenceSession]:
+    """One InferenceSession per part; every weight is handed over as an OrtValue over
+    our array (``add_initializer``), so it exists once whatever the number of sessions.
+
+    Float weights are used in place (prepacking off: measured no slower for Gemm
+    with transB). Parts with MatMulNBits need ONNX Runtime's prepacked layout to be
+    fast; there ONNX Runtime packs once and our unpacked arrays can be released.
+    """
+    total = max(off + n for off, n in _layout_of(parts).values()) if parts else 0
+    with tempfile.TemporaryDirectory(prefix="dualpath-onnx-") as folder:
+        with open(os.path.join(folder, PLACEHOLDER), "wb") as f:
+            f.truncate(total)  # sparse: never read, costs no memory
+        sessions = []
+        for part in parts:
+            path = os.path.join(folder, f"part{part.index}.onnx")
+            onnx.save(part.model, path)
+            so = ort.SessionOptions()
+            so.intra_op_num_threads = num_threads
+            so.inter_op_num_threads = 1
+            so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+            so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+            so.add_session_config_entry("session.intra_op.allow_spinning", "1" if spinning else "0")
+            so.add_session_config_entry("session.disable_prepacking", "0" if part.prepack else "1")
+            if affinities:
+                so.add_session_config_entry("session.intra_op_thread_affinities", affinities)
+            values = []
+            for name, array in part.weights.items():
+                value = ort.OrtValue.ortvalue_from_numpy(array)
+                values.append(value)
+                so.add_initializer(name, value)
+            sessions.append(ort.InferenceSession(path, so, providers=["CPUExecutionProvider"]))
+    return sessions
+
+
+def _layout_of(parts: list[GraphPart]) -> dict[str, tuple[int, int]]:
+    layout = {}
+    for part in parts:
+        for init in part.model.graph.initializer:
+            if init.data_location == onnx.TensorProto.EXTERNAL:
+                info = {e.key: e.value for e in init.external_data}
+                layout[init.name] = (int(info["offset"]), int(info["length"]))
+    return layout
+
+
+class _Binding:
+    """IOBindings of every part for one step size T, over the runner's buffers."""
+
+    def __init__(self, runner: "ModelRunner", num_tokens: int, num_rows: int):
+        T, R = num_tokens, num_rows
+        r = runner
+        self.bindings = []
+        h_src, h_dst = r.h_a, r.h_b
+        f32, i64 = np.float32, np.int64
+        for i, sess in enumerate(r.sessions):
+            b = sess.io_binding()
+
+            def bind_in(name, arr, rows, elem):
+                b.bind_input(name, "cpu", 0, elem, [rows] + list(arr.shape[1:]), arr.ctypes.data)
+
+            def bind_out(name, arr, rows):
+                b.bind_output(name, "cpu", 0, f32, [rows] + list(arr.shape[1:]), arr.ctypes.data)
+
+            if i == r.num_layers:
+                bind_in("h", h_src, T, f32)
+                bind_in("attn", r.attn, T, f32)
+                bind_in("rows", r.rows, R, i64)
+                bind_out("logits", r.logits, R)
+            else:
+                bind_in("h", h_src, T, f32)
+                bind_in("positions", r.positions, T, i64)
+                if i > 0:
+                    bind_in("attn", r.attn, T, f32)
+                    bind_out("h_out", h_dst, T)
+                    h_src, h_dst = h_dst, h_src
+                bind_out("q", r.q, T)
+                bind_out("k", r.k, T)
+                bind_out("v", r.v, T)
+            self.bindings.append(b)
+        self.ids = r.ids[:T]
+        self.h0 = r.h_a[:T]
+
+
+class ModelRunner:
+    """Runs token steps of one sequence: our embedding kernel, the ONNX parts, and our
+    attention over the KV cache between them. Buffers are allocated once; a decode
+    step allocates no Python objects per layer.
+    """
+
+    def __init__(self, spec: ModelSpec, *, num_threads: int, max_context_tokens: int,
+                 max_step_tokens: int, kv_dtype: str = "f32", accuracy_level: int = 4,
+                 spinning: bool = True):
+        cfg = spec.config
+        self.spec = spec
+        self.num_layers = cfg.num_layers
+        self.max_context_tokens = max_context_tokens
+        self.max_step_tokens = max_step_tokens
+        t0 = time.perf_counter()
+        parts = build_parts(spec, accuracy_level)
+        self.sessions = create_sessions(parts, num_threads, spinning)
+        self.load_seconds = time.perf_counter() - t0
+        emb = spec.weights["token_embd"]
+        self._emb_table, self._emb_scales, self._emb_dtype = emb.data, emb.scales, emb.dtype
+        T = max_step_tokens
+        self.ids = np.zeros(T, np.int64)                        # (T,)
+        self.positions = np.zeros(T, np.int64)                  # (T,)
+        self.rows = np.zeros(T, np.int64)                       # (R,) rows whose logits are wanted
+        self.h_a = np.zeros((T, cfg.dim), np.float32)           # (T, dim) residual, ping
+        self.h_b = np.zeros((T, cfg.dim), np.float32)           # (T, dim) residual, pong
+        self.q = np.zeros((T, cfg.q_dim), np.float32)           # (T, num_heads * head_dim)
+        self.k = np.zeros((T, cfg.kv_dim), np.float32)          # (T, num_kv_heads * head_dim)
+        self.v = np.zeros((T, cfg.kv_dim), np.float32)          # (T, num_kv_heads * head_dim)
+        self.attn = np.zeros((T, cfg.q_dim), np.float32)        # (T, num_heads * head_dim)
+        self.logits = np.zeros((T, cfg.vocab_size), np.float32)  # (R, vocab)
+        self._steps = np.arange(T, dtype=np.int64)
+        self.cache = SimpleKVCache(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, max_context_tokens, kv_dtype)
+        self.kv = self.cache.bind(self.q, self.k, self.v, self.attn, float(1.0 / np.sqrt(cfg.head_dim)))
+        self._decode = _Binding(self, 1, 1)
+
+    def forward(self, token_ids, all_logits: bool = False) -> np.ndarray:
+        """Append ``token_ids`` (at most max_step_tokens) at the end of the sequence and
+        return logits (R, vocab): the last position only, or every position."""
+        n = len(token_ids)
+        pos0 = self.cache.num_tokens
+        if not 1 <= n <= self.max_step_tokens:
+            raise ValueError(f"a step takes 1..{self.max_step_tokens} tokens, got {n}")
+        if pos0 + n > self.max_context_tokens:
+            raise ValueError(f"positions {pos0}..{pos0 + n - 1} exceed the context of {self.max_context_tokens}")
+        num_rows = n if all_logits else 1
+        binding = self._decode if n == 1 else _Binding(self, n, num_rows)
+        self.ids[:n] = token_ids
+        if n == 1:
+            self.positions[0] = pos0
+            self.rows[0] = 0
+        else:
+            np.add(self._steps[:n], pos0, out=self.positions[:n])
+            if all_logits:
+                self.rows[:n] = self._steps[:n]
+            else:
+                self.rows[0] = n - 1
+        _embed(binding.ids, self._emb_table, self._emb_scales, self._emb_dtype, binding.h0)
+        kv_step = self.kv.step
+        for layer, (sess, b) in enumerate(zip(self.sessions, binding.bindings)):
+            sess.run_with_iobinding(b)
+            if layer < self.num_layers:
+                kv_step(layer, pos0, n)
+        self.cache.num_tokens = pos0 + n
+        return self.logits[:num_rows]
+
+    def reset(self) -> None:
+        self.cache.reset()

@@ -1,0 +1,271 @@
+"""The tokenizer facade shared by every vocabulary type.
+
+A ``Tokenizer`` turns text into token ids and back. Subclasses only say how one
+fragment of plain text becomes ids (``_encode_fragment``) and what bytes a
+NORMAL piece stands for (``_normal_piece_bytes``); everything else lives here so
+that SentencePiece-style and byte-level vocabularies behave the same way:
+
+* special-token partitioning of the input (llama.cpp ``tokenizer_st_partition``),
+* BOS/EOS handling,
+* the per-token byte tables used by ``decode``, ``token_bytes`` and ``StreamDecoder``.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from typing import Iterable
+
+from ..errors import TokenizerError
+from .spec import (
+    TOKEN_BYTE,
+    TOKEN_CONTROL,
+    TOKEN_NORMAL,
+    TOKEN_UNKNOWN,
+    TOKEN_USER_DEFINED,
+    TokenizerSpec,
+)
+
+logger = logging.getLogger(__name__)
+
+_BYTE_PIECE = re.compile(r"<0x([0-9A-Fa-f]{2})>")
+
+
+class Tokenizer:
+    """Encode text to token ids and decode ids to text, for one vocabulary.
+
+    Invariants:
+
+    * ``decode(ids) == "".join(StreamDecoder(tok).feed(i) for i in ids) + flush()``.
+    * Special-token text in user input is plain text unless ``parse_special=True``;
+      USER_DEFINED tokens are always matched as whole tokens, as llama.cpp and
+      Hugging Face ``tokenizers`` do (that is what they exist for).
+    * Build one with ``build_tokenizer(spec)``, not with this class directly.
+    """
+
+    def __init__(self, spec: TokenizerSpec):
+        self._spec = spec
+        num_tokens = len(spec.tokens)
+        if num_tokens == 0:
+            raise TokenizerError("tokenizer vocabulary is empty")
+        for name in ("scores", "token_types"):
+            values = getattr(spec, name)
+            if values is not None and len(values) != num_tokens:
+                raise TokenizerError(
+                    f"tokenizer {name} has {len(values)} entries, expected one per token ({num_tokens})")
+        for name in ("bos_id", "eos_id", "unk_id", "eot_id"):
+            value = getattr(spec, name)
+            if value is not None and not 0 <= value < num_tokens:
+                raise TokenizerError(f"tokenizer {name}={value} is outside the vocabulary [0, {num_tokens})")
+
+        self._types: tuple[int, ...] = spec.token_types or (TOKEN_NORMAL,) * num_tokens
+        self._piece_to_id: dict[str, int] = {}
+        for token_id, piece in enumerate(spec.tokens):
+            other = self._piece_to_id.setdefault(piece, token_id)
+            if other != token_id:
+                raise TokenizerError(f"duplicate token in vocabulary: {piece!r} has ids {other} and {token_id}")
+
+        # Tokens split out of the input before BPE, longest text first (llama.cpp order).
+        # (text, id) pairs; the first list applies always, the second with parse_special.
+        special = sorted(
+            (i for i, t in enumerate(self._types) if t in (TOKEN_CONTROL, TOKEN_UNKNOWN, TOKEN_USER_DEFINED)),
+            key=lambda i: (-len(spec.tokens[i]), i))
+        self._split_always = [(spec.tokens[i], i) for i in special if self._types[i] == TOKEN_USER_DEFINED]
+        self._split_special = [(spec.tokens[i], i) for i in special]
+
+        # Per-token byte tables, indexed by token id (see _build_byte_tables).
+        self._bytes_plain: list[bytes] = []     # skip_special=True: control/unknown -> b""
+        self._bytes_special: list[bytes] = []   # skip_special=False: control text included
+        self._bytes_first: list[bytes] = []     # _bytes_plain with the dummy-prefix space removed
+        self._bytes_first_special: list[bytes] = []
+
+        stop = {spec.eos_id, spec.eot_id, spec.bos_id}
+        stop.discard(None)
+        self._stop_ids = frozenset(stop)
+
+    # ------------------------------------------------------------------ properties
+
+    @property
+    def spec(self) -> TokenizerSpec:
+        return self._spec
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self._spec.tokens)
+
+    @property
+    def bos_id(self) -> int | None:
+        return self._spec.bos_id
+
+    @property
+    def eos_id(self) -> int | None:
+        return self._spec.eos_id
+
+    @property
+    def eot_id(self) -> int | None:
+        return self._spec.eot_id
+
+    @property
+    def stop_ids(self) -> frozenset[int]:
+        """Token ids that end generation: EOS, EOT (when the model has one) and BOS.
+
+        BOS is included on purpose: llama2.c-trained models (e.g. stories260K) emit BOS to
+        start the next story instead of EOS, and llama2.c ``run.c`` stops generating there.
+        Chat models never emit BOS mid-sequence, so stopping on it costs them nothing.
+        """
+        return self._stop_ids
+
+    @property
+    def strips_leading_space(self) -> bool:
+        """Whether decode drops the space that the SentencePiece dummy prefix introduced."""
+        return False
+
+    def piece(self, token_id: int) -> str:
+        """The vocabulary text of ``token_id`` (for logs and debugging)."""
+        self._check_id(token_id)
+        return self._spec.tokens[token_id]
+
+    # ------------------------------------------------------------------ encode
+
+    def encode(self, text: str, add_bos: bool | None = None, *,
+               add_eos: bool | None = None, parse_special: bool = False) -> list[int]:
+        """Token ids of ``text``.
+
+        ``add_bos``/``add_eos``: None means the model's default (``spec.add_bos``/``add_eos``).
+        Empty text with BOS gives just ``[bos_id]`` (as llama2.c run.c and llama.cpp do).
+        ``parse_special``: match CONTROL tokens such as ``<|im_start|>`` in the text; by
+        default their text is tokenized as plain text.
+        """
+        if add_bos is None:
+            add_bos = self._spec.add_bos
+        if add_eos is None:
+            add_eos = self._spec.add_eos
+        text = _valid_unicode(text)
+        ids: list[int] = []
+        if add_bos:
+            if self._spec.bos_id is None:
+                raise TokenizerError("add_bos is set, but the tokenizer has no bos_id")
+            ids.append(self._spec.bos_id)
+        after_special = True  # llama.cpp: the first fragment counts as "after a special token"
+        for fragment in self._partition(text, parse_special):
+            if isinstance(fragment, int):
+                ids.append(fragment)
+                after_special = True
+            else:
+                ids.extend(self._encode_fragment(fragment, after_special))
+                after_special = False
+        if add_eos:
+            if self._spec.eos_id is None:
+                raise TokenizerError("add_eos is set, but the tokenizer has no eos_id")
+            ids.append(self._spec.eos_id)
+        return ids
+
+    def _partition(self, text: str, parse_special: bool) -> list[str | int]:
+        """Split ``text`` into plain-text fragments and special-token ids.
+
+        Same order as llama.cpp: one pass per special token, longest text first, each pass
+        splitting every remaining text fragment at that token's non-overlapping occurrences.
+        """
+        if not text:
+            return []
+        fragments: list[str | int] = [text]
+        for piece, token_id in (self._split_special if parse_special else self._split_always):
+            if not any(isinstance(f, str) and piece in f for f in fragments):
+                continue
+            out: list[str | int] = []
+            for fragment in fragments:
+                if isinstance(fragment, int) or piece not in fragment:
+                    out.append(fragment)
+                    continue
+                for j, part in enumerate(fragment.split(piece)):
+                    if j:
+                        out.append(token_id)
+                    if part:
+                        out.append(part)
+            fragments = out
+        return fragments
+
+    def _encode_fragment(self, text: str, after_special: bool) -> list[int]:
+        """Ids of one non-empty fragment of plain text."""
+        raise NotImplementedError
+
+    # ------------------------------------------------------------------ decode
+
+    def token_bytes(self, token_id: int) -> bytes:
+        """The raw bytes ``token_id`` contributes to decoded text.
+
+        Byte tokens give their one byte, U+2581 becomes a space, CONTROL/UNKNOWN give b"".
+        No leading-space rule is applied here.
+        """
+        self._check_id(token_id)
+        return self._bytes_plain[token_id]
+
+    def decode(self, ids: Iterable[int], skip_special: bool = True) -> str:
+        """Text of ``ids``: pieces joined as bytes, then decoded as UTF-8 (errors="replace").
+
+        ``skip_special``: CONTROL/UNKNOWN tokens (BOS, EOS, ...) produce no text.
+        For SentencePiece vocabularies the first piece that produces text loses one
+        leading space: the one the dummy prefix put there (run.c, llama.cpp, SentencePiece).
+        """
+        table = self._bytes_plain if skip_special else self._bytes_special
+        first = self._bytes_first if skip_special else self._bytes_first_special
+        num_tokens = len(table)
+        parts: list[bytes] = []
+        started = False
+        for token_id in ids:
+            if not 0 <= token_id < num_tokens:
+                self._check_id(token_id)
+            if started:
+                parts.append(table[token_id])
+            elif table[token_id]:
+                parts.append(first[token_id])
+                started = True
+        return b"".join(parts).decode("utf-8", errors="replace")
+
+    def _check_id(self, token_id: int) -> None:
+        if not 0 <= token_id < len(self._spec.tokens):
+            raise TokenizerError(f"token id {token_id} is outside the vocabulary [0, {len(self._spec.tokens)})")
+
+    def _normal_piece_bytes(self, piece: str) -> bytes:
+        """Bytes of a NORMAL piece."""
+        raise NotImplementedError
+
+    def _build_byte_tables(self) -> None:
+        """Fill the per-token byte tables. Subclasses call this at the end of __init__.
+
+        What each token type contributes mirrors llama.cpp ``token_to_piece``:
+        NORMAL -> its text (``_normal_piece_bytes``); BYTE ``<0xNN>`` -> that byte;
+        USER_DEFINED -> its text, always; CONTROL/UNKNOWN -> its text only when
+        special tokens are not skipped; UNUSED and undefined types -> nothing.
+        """
+        strip = self.strips_leading_space
+        for token_id, (piece, kind) in enumerate(zip(self._spec.tokens, self._types)):
+            special = b""
+            if kind == TOKEN_NORMAL:
+                plain = self._normal_piece_bytes(piece)
+            elif kind == TOKEN_BYTE:
+                match = _BYTE_PIECE.fullmatch(piece)
+                if match is None:
+                    raise TokenizerError(f"token {token_id} {piece!r} has type BYTE but is not of the form <0xNN>")
+                plain = bytes((int(match.group(1), 16),))
+            elif kind == TOKEN_USER_DEFINED:
+                plain = piece.encode("utf-8")
+            elif kind in (TOKEN_CONTROL, TOKEN_UNKNOWN):
+                plain, special = b"", piece.encode("utf-8")
+            else:
+                plain = b""
+            first = plain[1:] if strip and kind == TOKEN_NORMAL and plain[:1] == b" " else plain
+            self._bytes_plain.append(plain)
+            self._bytes_special.append(plain or special)
+            self._bytes_first.append(first)
+            self._bytes_first_special.append(first or special)
+
+
+def _valid_unicode(text: str) -> str:
+    """``text`` with lone surrogates (not encodable as UTF-8) replaced by U+FFFD."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        logger.warning("tokenizer input contains lone surrogates; they are replaced by U+FFFD")
+        text = text.encode("utf-8", errors="surrogatepass").decode("utf-8", errors="replace")
+    return text

@@ -1,0 +1,50 @@
+"""What a model file says about its tokenizer, before any tokenizer is built."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+# GGUF token types (llama.cpp's llama_token_type).
+TOKEN_NORMAL = 1
+TOKEN_UNKNOWN = 2
+TOKEN_CONTROL = 3
+TOKEN_USER_DEFINED = 4
+TOKEN_UNUSED = 5
+TOKEN_BYTE = 6
+
+
+@dataclass(frozen=True)
+class TokenizerSpec:
+    """The vocabulary and rules of one tokenizer, as a model file stores them.
+
+    ``model`` is GGUF's ``tokenizer.ggml.model``: ``"llama"`` (SentencePiece-style
+    BPE with scores and byte fallback; pieces use U+2581 for spaces) or ``"gpt2"``
+    (byte-level BPE with merges). llama2.c tokenizers are converted to ``"llama"``.
+    """
+
+    model: str
+    tokens: tuple[str, ...]
+    """Piece text per token id."""
+    scores: tuple[float, ...] | None = None
+    """Merge priority per token id (``llama``): higher merges first."""
+    token_types: tuple[int, ...] | None = None
+    """GGUF token type per token id (TOKEN_* above); None means all NORMAL."""
+    merges: tuple[str, ...] | None = None
+    """``"a b"`` merge rules in rank order (``gpt2``)."""
+    bos_id: int | None = None
+    eos_id: int | None = None
+    unk_id: int | None = None
+    eot_id: int | None = None
+    add_bos: bool = True
+    """Prepend BOS when encoding a prompt."""
+    add_eos: bool = False
+    add_space_prefix: bool = True
+    """SentencePiece dummy prefix: a leading space is added to non-empty text (``llama``)."""
+    pre: str | None = None
+    """GGUF ``tokenizer.ggml.pre``: the pre-tokenizer regex family (``gpt2``)."""
+    chat_template: str | None = None
+    extra: dict = field(default_factory=dict, compare=False)
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.tokens)

@@ -1,0 +1,133 @@
+"""SentencePiece-style BPE with scores and byte fallback (GGUF ``tokenizer.ggml.model == "llama"``).
+
+The algorithm is llama.cpp's ``llm_tokenizer_spm`` and llama2.c ``run.c`` ``encode``:
+
+1. spaces become U+2581 ("▁"); a leading "▁" (the dummy prefix) is added to non-empty
+   text when ``spec.add_space_prefix`` (llama.cpp adds it again after each special token);
+2. the text is split into code points;
+3. the adjacent pair whose concatenation is a vocabulary piece with the highest score
+   is merged, leftmost first on ties, until no pair is a piece;
+4. a code point that is not a piece becomes its UTF-8 bytes as ``<0xNN>`` tokens.
+
+Step 3 uses a heap of candidate pairs over a doubly linked list of symbols, so a
+prompt of n code points costs O(n log n), not O(n^2).
+
+Pieces of type CONTROL, UNKNOWN and BYTE are never produced by merging (as in
+SentencePiece): the text ``<s>`` in a prompt is three plain characters, not BOS.
+
+``spec.extra["remove_extra_whitespaces"]`` (GGUF ``tokenizer.ggml.remove_extra_whitespaces``,
+SentencePiece ``normalizer_spec.remove_extra_whitespaces``) makes the encoder strip leading and
+trailing spaces and collapse runs of spaces first, as the SentencePiece library does. It is off
+unless the model file sets it, because llama.cpp and run.c never do it.
+"""
+
+from __future__ import annotations
+
+import heapq
+import logging
+import re
+
+from .base import Tokenizer
+from .spec import TOKEN_BYTE, TOKEN_CONTROL, TOKEN_UNKNOWN, TokenizerSpec
+
+logger = logging.getLogger(__name__)
+
+SPACE_PIECE = "\u2581"  # "▁", SentencePiece's visible space
+_SPACE_RUNS = re.compile(" {2,}")
+
+
+class SpmTokenizer(Tokenizer):
+    """SentencePiece-style BPE tokenizer (Llama 1/2, Mistral v1, llama2.c models)."""
+
+    def __init__(self, spec: TokenizerSpec):
+        super().__init__(spec)
+        scores = spec.scores
+        if scores is None:
+            logger.warning("SentencePiece vocabulary has no scores; every merge gets score 0 (leftmost wins)")
+            scores = (0.0,) * len(spec.tokens)
+        # Pieces that merging (and the single code point lookup) may produce -> (score, id).
+        self._mergeable: dict[str, tuple[float, int]] = {
+            piece: (float(score), token_id)
+            for token_id, (piece, score, kind) in enumerate(zip(spec.tokens, scores, self._types))
+            if kind not in (TOKEN_CONTROL, TOKEN_UNKNOWN, TOKEN_BYTE)
+        }
+        # Byte fallback: byte value -> id of its <0xNN> token (the unknown token when missing).
+        self._byte_ids: list[int | None] = [None] * 256
+        for token_id, (piece, kind) in enumerate(zip(spec.tokens, self._types)):
+            if kind == TOKEN_BYTE and len(piece) == 6 and piece.startswith("<0x") and piece.endswith(">"):
+                self._byte_ids[int(piece[3:5], 16)] = token_id
+        missing = sum(b is None for b in self._byte_ids)
+        if missing:
+            logger.warning("SentencePiece vocabulary lacks %d of 256 byte tokens; those bytes encode as unk_id=%s",
+                           missing, spec.unk_id)
+        self._remove_extra_whitespaces = bool(spec.extra.get("remove_extra_whitespaces", False))
+        self._build_byte_tables()
+
+    @property
+    def strips_leading_space(self) -> bool:
+        return self._spec.add_space_prefix
+
+    def _normal_piece_bytes(self, piece: str) -> bytes:
+        return piece.replace(SPACE_PIECE, " ").encode("utf-8")
+
+    def _encode_fragment(self, text: str, after_special: bool) -> list[int]:
+        if self._remove_extra_whitespaces:
+            text = _SPACE_RUNS.sub(" ", text.strip(" "))
+            if not text:
+                return []
+        if after_special and self._spec.add_space_prefix:
+            text = " " + text
+        syms = list(text.replace(" ", SPACE_PIECE))  # symbol text; "" once merged into its left neighbour
+        num_syms = len(syms)
+        nxt = list(range(1, num_syms + 1))   # next live symbol, -1 at the end
+        nxt[-1] = -1
+        prv = list(range(-1, num_syms - 1))  # previous live symbol, -1 at the start
+        mergeable = self._mergeable
+
+        # Candidate merges: (-score, left index, merged text); the heap pops the highest
+        # score first and, on equal scores, the leftmost pair (llama.cpp llm_bigram_spm).
+        heap = []
+        for i in range(num_syms - 1):
+            merged = syms[i] + syms[i + 1]
+            hit = mergeable.get(merged)
+            if hit is not None:
+                heap.append((-hit[0], i, merged))
+        heapq.heapify(heap)
+        while heap:
+            _, left, merged = heapq.heappop(heap)
+            if not syms[left]:
+                continue  # the left symbol was merged away
+            right = nxt[left]
+            # Symbols only grow, so an unchanged concatenation means the pair is still current.
+            if right < 0 or syms[left] + syms[right] != merged:
+                continue
+            syms[left] = merged
+            syms[right] = ""
+            after = nxt[right]
+            nxt[left] = after
+            if after >= 0:
+                prv[after] = left
+            before = prv[left]
+            if before >= 0:
+                pair = syms[before] + merged
+                hit = mergeable.get(pair)
+                if hit is not None:
+                    heapq.heappush(heap, (-hit[0], before, pair))
+            if after >= 0:
+                pair = merged + syms[after]
+                hit = mergeable.get(pair)
+                if hit is not None:
+                    heapq.heappush(heap, (-hit[0], left, pair))
+
+        ids: list[int] = []
+        i = 0
+        while i >= 0:
+            hit = mergeable.get(syms[i])
+            if hit is not None:
+                ids.append(hit[1])
+            else:
+                for byte in syms[i].encode("utf-8"):
+                    token_id = self._byte_ids[byte]
+                    ids.append(self._spec.unk_id if token_id is None else token_id)
+            i = nxt[i]
+        return ids

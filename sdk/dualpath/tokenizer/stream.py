@@ -1,0 +1,50 @@
+"""Incremental detokenization for the generation loop."""
+
+from __future__ import annotations
+
+import codecs
+
+from .base import Tokenizer
+
+
+class StreamDecoder:
+    """Turns generated token ids into text deltas, one token at a time.
+
+    Invariant: ``"".join(feed(i) for i in ids) + flush() == tokenizer.decode(ids, skip_special)``.
+
+    * A UTF-8 character split over several byte-fallback tokens is held back until it is
+      complete; bytes that can no longer become valid UTF-8 are emitted as U+FFFD, exactly
+      once, when that becomes certain (Python's incremental UTF-8 decoder does this).
+    * The leading-space rule of ``decode`` applies to the first token that produces text.
+    * Cost per token: one table lookup and an incremental decode of that token's bytes;
+      the history is never decoded again.
+    """
+
+    __slots__ = ("_table", "_first", "_num_tokens", "_tokenizer", "_skip_special", "_started", "_utf8")
+
+    def __init__(self, tokenizer: Tokenizer, skip_special: bool = True):
+        self._tokenizer = tokenizer
+        self._skip_special = skip_special
+        self._table = tokenizer._bytes_plain if skip_special else tokenizer._bytes_special
+        self._first = tokenizer._bytes_first if skip_special else tokenizer._bytes_first_special
+        self._num_tokens = len(self._table)
+        self._started = False  # has a token produced text yet (the leading-space rule is spent)
+        self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+    def feed(self, token_id: int) -> str:
+        """The text that ``token_id`` completes (may be "" while a character is incomplete)."""
+        if not 0 <= token_id < self._num_tokens:
+            self._tokenizer._check_id(token_id)
+        if self._started:
+            return self._utf8.decode(self._table[token_id])
+        if not self._table[token_id]:
+            return ""
+        self._started = True
+        return self._utf8.decode(self._first[token_id])
+
+    def flush(self) -> str:
+        """End the sequence: U+FFFD for incomplete trailing bytes, then start afresh."""
+        tail = self._utf8.decode(b"", final=True)
+        self._utf8.reset()
+        self._started = False
+        return tail

@@ -1,0 +1,172 @@
+"""Config loading: defaults match the shipped YAML, bad input names file, key and range."""
+
+import dataclasses
+import os
+from pathlib import Path
+
+import pytest
+import yaml
+
+from dualpath.config import Config, DualPathConfig, RuntimeConfig, load_config, with_overrides
+from dualpath.errors import ConfigError
+
+DEFAULT_YAML = Path(__file__).resolve().parents[1] / "configs" / "default.yaml"
+
+
+def write(tmp_path, text: str) -> Path:
+    path = tmp_path / "x.yaml"
+    path.write_text(text)
+    return path
+
+
+def test_default_yaml_loads_to_exactly_the_code_defaults():
+    assert load_config(DEFAULT_YAML) == Config()
+
+
+def test_default_yaml_lists_every_key_of_every_section():
+    data = yaml.safe_load(DEFAULT_YAML.read_text())
+    sections = {f.name: f.metadata["section"] for f in dataclasses.fields(Config)}
+    assert set(data) == set(sections)
+    for name, cls in sections.items():
+        assert set(data[name]) == {f.name for f in dataclasses.fields(cls)}, name
+
+
+def test_every_setting_has_a_docstring_comment_in_default_yaml():
+    lines = [line for line in DEFAULT_YAML.read_text().splitlines() if line.startswith("  ")]
+    assert lines and all("# " in line for line in lines)
+
+
+def test_no_path_means_defaults():
+    assert load_config() == Config()
+
+
+@pytest.mark.parametrize("text", ["", "runtime:\n", "dualpath_config: {}\n"])
+def test_empty_file_or_section_means_defaults(tmp_path, text):
+    assert load_config(write(tmp_path, text)) == Config()
+
+
+def test_file_values_override_defaults_and_leave_the_rest(tmp_path):
+    path = write(tmp_path, "dualpath_config:\n  block_size: 4096\n  path_mode: random\n"
+                           "runtime:\n  num_threads: 3\n")
+    config = load_config(path)
+    assert config.dualpath_config == DualPathConfig(block_size=4096, path_mode="random")
+    assert config.runtime == RuntimeConfig(num_threads=3)
+
+
+@pytest.mark.parametrize("key, value, allowed", [
+    ("dualpath_config.block_size", "1000", "a power of two between 4096 (4 KiB) and 16777216 (16 MiB)"),
+    ("dualpath_config.block_size", "2048", "between 4096 (4 KiB) and 16777216 (16 MiB)"),
+    ("dualpath_config.block_size", "33554432", "between 4096 (4 KiB) and 16777216 (16 MiB)"),
+    ("dualpath_config.block_size", "true", "a power of two"),  # bool is not an int
+    ("dualpath_config.block_size", "'131072'", "a power of two"),  # a string is not a number
+    ("dualpath_config.block_size", "131072.0", "a power of two"),  # a float is not an int
+    ("dualpath_config.seq_path_threshold", "0", ">= 1"),
+    ("dualpath_config.locality_window", "-5", ">= 1"),
+    ("dualpath_config.prefetch_degree", "65", "between 0 and 64"),
+    ("dualpath_config.page_tokens", "24", "a power of two between 1 and 1024"),
+    ("dualpath_config.page_tokens", "2048", "a power of two between 1 and 1024"),
+    ("dualpath_config.locality_threshold", "1.5", "a number between 0 and 1"),
+    ("dualpath_config.locality_threshold", ".nan", "a number between 0 and 1"),
+    ("dualpath_config.locality_threshold", "false", "a number between 0 and 1"),
+    ("dualpath_config.locality_threshold", "1e-3", "1.0e-3"),  # YAML 1.1 string: the message says why
+    ("dualpath_config.path_mode", "both", "one of 'dual', 'sequential', 'random'"),
+    ("dualpath_config.kv_dtype", "bf16", "one of 'f16', 'f32'"),
+    ("dualpath_config.kv_dtype", "16", "one of 'f16', 'f32'"),
+    ("runtime.num_threads", "-1", "0 (all usable cores) or between 1 and 1024"),
+    ("runtime.num_threads", "1025", "0 (all usable cores) or between 1 and 1024"),
+    ("runtime.max_context_tokens", "-1", "0 (the model's trained context length) or >= 1"),
+    ("runtime.prefill_chunk_tokens", "0", "between 1 and 65536"),
+    ("runtime.prefill_chunk_tokens", "65537", "between 1 and 65536"),
+    ("runtime.quantized_matmul_accuracy", "5", "one of 0, 1, 2, 3, 4"),
+    ("runtime.intra_op_spinning", "1", "true or false"),
+    ("runtime.intra_op_spinning", "'yes'", "true or false"),
+])
+def test_bad_value_error_names_file_key_value_and_range(tmp_path, key, value, allowed):
+    section, name = key.split(".")
+    path = write(tmp_path, f"{section}:\n  {name}: {value}\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(path)
+    message = str(err.value)
+    assert message.startswith(f"{path}: {key}=")
+    assert "must be " in message and allowed in message
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("dualpath_config:\n  blok_size: 4096\n", "unknown key dualpath_config.blok_size (did you mean "
+                                              "dualpath_config.block_size?)"),
+    ("runtime:\n  threads: 2\n", "unknown key runtime.threads"),
+    ("scheduler:\n  x: 1\n", "unknown key scheduler.x; the top level has dualpath_config, runtime"),
+    ("num_threads: 2\n", "unknown key num_threads"),
+    ("runtime:\n  num_threads:\n    x: 1\n", "runtime.num_threads is a setting, not a section"),
+    ("runtime: 4\n", "runtime must be a mapping of num_threads"),
+    ("- runtime\n", "must be a mapping with keys dualpath_config, runtime, got list"),
+    ("runtime: [unclosed\n", "invalid YAML"),
+    ("runtime:\n  num_threads: 1\n  num_threads: 2\n", "duplicate key 'num_threads'"),
+    ("1: 2\n", "key 1 must be a string"),
+])
+def test_bad_structure_error_names_file_and_key(tmp_path, text, expected):
+    path = write(tmp_path, text)
+    with pytest.raises(ConfigError) as err:
+        load_config(path)
+    assert str(err.value).startswith(f"{path}: ")
+    assert expected in str(err.value)
+
+
+def test_missing_file_error_names_the_file(tmp_path):
+    path = tmp_path / "nope.yaml"
+    with pytest.raises(ConfigError, match="nope.yaml: cannot read config file"):
+        load_config(path)
+
+
+def test_config_error_is_a_value_error():
+    assert issubclass(ConfigError, ValueError)
+
+
+def test_dotted_and_nested_overrides_apply_on_top_of_the_file(tmp_path):
+    path = write(tmp_path, "runtime:\n  num_threads: 3\n  prefill_chunk_tokens: 64\n")
+    config = load_config(path, {"runtime.num_threads": 2,
+                                "dualpath_config": {"page_tokens": 32, "kv_dtype": "f32"}})
+    assert config.runtime == RuntimeConfig(num_threads=2, prefill_chunk_tokens=64)
+    assert config.dualpath_config == DualPathConfig(page_tokens=32, kv_dtype="f32")
+
+
+def test_override_errors_name_overrides_as_the_source(tmp_path):
+    path = write(tmp_path, "runtime:\n  num_threads: 3\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(path, {"runtime.num_threads": 0.5})
+    assert str(err.value).startswith("<overrides>: runtime.num_threads=0.5 must be ")
+    with pytest.raises(ConfigError, match=r"^<overrides>: unknown key runtime.nthreads"):
+        load_config(None, {"runtime": {"nthreads": 1}})
+
+
+def test_same_override_key_given_twice_raises():
+    with pytest.raises(ConfigError, match="runtime.num_threads is given twice"):
+        load_config(None, {"runtime": {"num_threads": 1}, "runtime.num_threads": 2})
+
+
+def test_with_overrides_returns_a_new_config_and_leaves_the_old_one():
+    base = Config()
+    new = with_overrides(base, {"dualpath_config.locality_threshold": 1})
+    assert base == Config()
+    assert new.dualpath_config.locality_threshold == 1.0
+    assert isinstance(new.dualpath_config.locality_threshold, float)  # int is stored as float
+
+
+def test_constructing_in_code_is_validated_too():
+    with pytest.raises(ConfigError, match=r"^dualpath_config.block_size=1000 must be a power of two"):
+        DualPathConfig(block_size=1000)
+    with pytest.raises(ConfigError, match=r"^runtime.num_threads=True must be .* \(got bool\)"):
+        RuntimeConfig(num_threads=True)
+    with pytest.raises(ConfigError, match=r"^runtime must be a RuntimeConfig, got dict"):
+        Config(runtime={"num_threads": 2})
+
+
+def test_configs_are_frozen():
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        Config().runtime.num_threads = 2
+
+
+def test_zero_threads_means_every_usable_core():
+    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    assert RuntimeConfig().effective_num_threads() == usable
+    assert RuntimeConfig(num_threads=3).effective_num_threads() == 3
