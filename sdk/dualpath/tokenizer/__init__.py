@@ -1,0 +1,27 @@
+"""Tokenizers built from what a model file says: SentencePiece-BPE ("llama") and byte-level BPE ("gpt2").
+
+The one entry point is ``build_tokenizer(spec)``; the rest of DualPath talks to the
+returned ``Tokenizer`` (``encode``, ``decode``, ``stop_ids``) and to ``StreamDecoder``
+in the generation loop.
+"""
+
+from __future__ import annotations
+
+from ..errors import TokenizerError
+from .base import Tokenizer
+from .llama2c import load_llama2c_tokenizer
+from .spec import TokenizerSpec
+from .stream import StreamDecoder
+
+__all__ = ["Tokenizer", "TokenizerSpec", "StreamDecoder", "build_tokenizer", "load_llama2c_tokenizer"]
+
+
+def build_tokenizer(spec: TokenizerSpec) -> Tokenizer:
+    """The tokenizer for ``spec.model``: ``"llama"`` -> SentencePiece-style BPE, ``"gpt2"`` -> byte-level BPE."""
+    if spec.model == "llama":
+        from .spm import SpmTokenizer
+        return SpmTokenizer(spec)
+    if spec.model == "gpt2":
+        from .bpe import ByteLevelBpeTokenizer  # imports Hugging Face tokenizers, only when needed
+        return ByteLevelBpeTokenizer(spec)
+    raise TokenizerError(f"tokenizer model {spec.model!r} is not supported; expected 'llama' or 'gpt2'")

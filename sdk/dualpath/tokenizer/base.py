@@ -207,8 +207,7 @@ class Tokenizer:
         For SentencePiece vocabularies the first piece that produces text loses one
         leading space: the one the dummy prefix put there (run.c, llama.cpp, SentencePiece).
         """
-        table = self._bytes_plain if skip_special else self._bytes_special
-        first = self._bytes_first if skip_special else self._bytes_first_special
+        table, first = self._decode_tables(skip_special)
         num_tokens = len(table)
         parts: list[bytes] = []
         started = False
@@ -221,6 +220,12 @@ class Tokenizer:
                 parts.append(first[token_id])
                 started = True
         return b"".join(parts).decode("utf-8", errors="replace")
+
+    def _decode_tables(self, skip_special: bool) -> tuple[list[bytes], list[bytes]]:
+        """(bytes per token id, the same for the first text-producing token) for decoding."""
+        if skip_special:
+            return self._bytes_plain, self._bytes_first
+        return self._bytes_special, self._bytes_first_special
 
     def _check_id(self, token_id: int) -> None:
         if not 0 <= token_id < len(self._spec.tokens):

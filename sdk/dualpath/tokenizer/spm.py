@@ -18,7 +18,8 @@ SentencePiece): the text ``<s>`` in a prompt is three plain characters, not BOS.
 ``spec.extra["remove_extra_whitespaces"]`` (GGUF ``tokenizer.ggml.remove_extra_whitespaces``,
 SentencePiece ``normalizer_spec.remove_extra_whitespaces``) makes the encoder strip leading and
 trailing spaces and collapse runs of spaces first, as the SentencePiece library does. It is off
-unless the model file sets it, because llama.cpp and run.c never do it.
+unless the spec sets it, because llama.cpp (which ignores that key for SPM vocabularies) and
+run.c never do it.
 """
 
 from __future__ import annotations
@@ -72,12 +73,19 @@ class SpmTokenizer(Tokenizer):
 
     def _encode_fragment(self, text: str, after_special: bool) -> list[int]:
         if self._remove_extra_whitespaces:
-            text = _SPACE_RUNS.sub(" ", text.strip(" "))
+            # SentencePiece's normalizer: drop leading spaces and collapse runs before escaping,
+            # drop trailing "▁" after escaping (so a literal "▁" at the end goes too).
+            text = _SPACE_RUNS.sub(" ", text.lstrip(" "))
             if not text:
                 return []
         if after_special and self._spec.add_space_prefix:
             text = " " + text
-        syms = list(text.replace(" ", SPACE_PIECE))  # symbol text; "" once merged into its left neighbour
+        text = text.replace(" ", SPACE_PIECE)
+        if self._remove_extra_whitespaces:
+            text = text.rstrip(SPACE_PIECE)
+            if not text:
+                return []
+        syms = list(text)  # symbol text; "" once merged into its left neighbour
         num_syms = len(syms)
         nxt = list(range(1, num_syms + 1))   # next live symbol, -1 at the end
         nxt[-1] = -1

@@ -25,8 +25,7 @@ class StreamDecoder:
     def __init__(self, tokenizer: Tokenizer, skip_special: bool = True):
         self._tokenizer = tokenizer
         self._skip_special = skip_special
-        self._table = tokenizer._bytes_plain if skip_special else tokenizer._bytes_special
-        self._first = tokenizer._bytes_first if skip_special else tokenizer._bytes_first_special
+        self._table, self._first = tokenizer._decode_tables(skip_special)
         self._num_tokens = len(self._table)
         self._started = False  # has a token produced text yet (the leading-space rule is spent)
         self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")

@@ -1,0 +1,23 @@
+"""DualPath: on-device LLM inference on the CPU.
+
+ONNX Runtime runs the dense math; the KV cache and attention are ours.
+
+    >>> import dualpath
+    >>> llm = dualpath.LLM("stories260K.gguf")
+    >>> llm.generate("Once upon a time", dualpath.SamplingParams(temperature=0)).text
+"""
+
+from .config import Config, DualPathConfig, RuntimeConfig, load_config
+from .errors import (ChatTemplateError, ConfigError, DualPathError, ModelLoadError, PromptTooLongError,
+                     SamplingParamsError, TokenizerError)
+from .llm import LLM
+from .runtime.generate import Completion, Timings, Usage
+from .runtime.sampler import SamplingParams
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "LLM", "SamplingParams", "Completion", "Usage", "Timings", "Config", "DualPathConfig", "RuntimeConfig",
+    "load_config", "DualPathError", "ModelLoadError", "ConfigError", "SamplingParamsError",
+    "PromptTooLongError", "TokenizerError", "ChatTemplateError",
+]

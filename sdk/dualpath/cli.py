@@ -1,0 +1,226 @@
+"""``dualpath``: the command line. Builds a config, calls the public API, prints."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+import time
+
+
+def _overrides(args) -> dict:
+    out = {}
+    for item in args.set or ():
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise SystemExit(f"dualpath: --set {item!r}: expected KEY=VALUE (e.g. runtime.num_threads=2)")
+        import yaml
+
+        out[key.strip()] = yaml.safe_load(value)
+    if getattr(args, "threads", None) is not None:
+        out["runtime.num_threads"] = args.threads
+    if getattr(args, "ctx_size", None) is not None:
+        out["runtime.max_context_tokens"] = args.ctx_size
+    if getattr(args, "kv_dtype", None) is not None:
+        out["dualpath_config.kv_dtype"] = args.kv_dtype
+    return out
+
+
+def _config(args):
+    from .config import load_config
+
+    return load_config(args.config, _overrides(args))
+
+
+def _model_path(args) -> str:
+    if args.model:
+        return args.model
+    from .models.synth import ensure_default_model
+
+    path, created = ensure_default_model()
+    print(f"dualpath: no --model given; using the built-in default model {path}\n"
+          f"dualpath: it has the stories15M shape with RANDOM weights (seed 0): its text is noise, "
+          f"its speed is real{' (synthesized just now)' if created else ''}.", file=sys.stderr)
+    return path
+
+
+def _sampling(args, prompt_tokens: int):
+    from .runtime.sampler import SamplingParams
+
+    max_tokens = args.max_tokens
+    if max_tokens is None:
+        # run.c's -n: positions in total, prompt included (the last generated token is not fed back)
+        max_tokens = max(args.steps - prompt_tokens + 1, 1)
+    return SamplingParams(max_tokens=max_tokens, temperature=args.temperature, top_k=args.top_k,
+                          top_p=args.top_p, min_p=args.min_p, repetition_penalty=args.repeat_penalty,
+                          seed=args.seed, stop=tuple(args.stop or ()), ignore_eos=args.ignore_eos)
+
+
+def cmd_run(args) -> int:
+    from .llm import LLM
+
+    llm = LLM(_model_path(args), _config(args), tokenizer_path=args.tokenizer)
+    prompt = args.prompt if args.prompt is not None else ""
+    ids = llm.tokenize(prompt)
+    params = _sampling(args, len(ids))
+    out = sys.stdout
+    if args.echo:
+        out.write(llm.detokenize(ids))
+        out.flush()
+    gen = llm.stream(ids, params)
+    for delta in gen:
+        out.write(delta)
+        out.flush()
+    out.write("\n")
+    out.flush()
+    c = gen.completion
+    t = c.timings
+    print(f"dualpath: {c.usage.prompt_tokens} prompt tokens at {t.prefill_tokens_per_s:.1f} tok/s, "
+          f"{c.usage.completion_tokens} generated at {t.decode_tokens_per_s:.1f} tok/s "
+          f"(finish: {c.finish_reason}, threads: {llm.config.runtime.effective_num_threads()})", file=sys.stderr)
+    return 0
+
+
+def cmd_tokenize(args) -> int:
+    from .models import load_model
+    from .tokenizer import build_tokenizer
+
+    spec = load_model(_model_path(args), args.tokenizer)
+    tok = build_tokenizer(spec.tokenizer)
+    ids = tok.encode(args.text, add_bos=not args.no_bos)
+    if args.ids_only:
+        print(json.dumps(ids))
+    else:
+        for i in ids:
+            print(f"{i:>8} {spec.tokenizer.tokens[i]!r}")
+    return 0
+
+
+def cmd_info(args) -> int:
+    import numpy as np
+    import onnxruntime
+
+    from . import __version__
+    from .platform.cpu import cpu_features, cpu_model, usable_cpus
+
+    cfg = _config(args)
+    print(f"dualpath {__version__}  onnxruntime {onnxruntime.__version__}  numpy {np.__version__}  "
+          f"python {sys.version.split()[0]}")
+    print(f"cpu: {cpu_model()}  ({usable_cpus()} usable cores)")
+    print(f"cpu features: {' '.join(cpu_features()) or '(none reported)'}")
+    print("kernels: kv_write=generic attention=generic embed=generic  (SIMD dispatch: not built yet)")
+    print("numa: not handled yet (single-node allocation)")
+    d = cfg.dualpath_config
+    print(f"dualpath_config: block_size={d.block_size} seq_path_threshold={d.seq_path_threshold} "
+          f"locality_window={d.locality_window} prefetch_degree={d.prefetch_degree} kv_dtype={d.kv_dtype}")
+    print(f"runtime: threads={cfg.runtime.effective_num_threads()} prefill_chunk={cfg.runtime.prefill_chunk_tokens} "
+          f"max_context={cfg.runtime.max_context_tokens or 'model'}")
+    if args.model:
+        from .models import load_model
+
+        spec = load_model(args.model, args.tokenizer)
+        m = spec.config
+        print(f"model: {spec.path}  format={spec.format}  name={spec.metadata.get('name', '')!r}")
+        print(f"  arch={m.arch} dim={m.dim} hidden_dim={m.hidden_dim} layers={m.num_layers} heads={m.num_heads} "
+              f"kv_heads={m.num_kv_heads} head_dim={m.head_dim} vocab={m.vocab_size} context={m.context_length}")
+        print(f"  rope_theta={m.rope_theta:g} rms_eps={m.rms_eps:g} tied_output={m.tied_output}")
+        print(f"  file tensor types: {', '.join(spec.metadata.get('tensor_types', []))}")
+        types = ", ".join(f"{k}: {v / 2**20:.1f} MiB" for k, v in spec.weight_types().items())
+        print(f"  weights in memory: {spec.weight_bytes / 2**20:.1f} MiB ({types})")
+        print(f"  tokenizer: {spec.tokenizer.model}, {spec.tokenizer.vocab_size} tokens, "
+              f"chat template: {'yes' if spec.tokenizer.chat_template else 'no'}")
+    return 0
+
+
+def cmd_synth(args) -> int:
+    from .models.synth import synth_gguf
+
+    t0 = time.perf_counter()
+    path = synth_gguf(args.out, args.preset, args.type, seed=args.seed, context_length=args.ctx)
+    print(f"wrote {path} ({os.path.getsize(path) / 2**20:.1f} MiB, {args.preset}, {args.type.upper()}, "
+          f"seed {args.seed}) in {time.perf_counter() - t0:.1f}s — random weights: its text is noise")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from .models.synth import PRESETS, TYPES
+
+    p = argparse.ArgumentParser(prog="dualpath", description="On-device LLM inference on the CPU.")
+    p.add_argument("-v", "--verbose", action="store_true", help="log what the library does")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    def model_args(sp):
+        sp.add_argument("-m", "--model", help="a .gguf file or a llama2.c .bin (default: the built-in synthetic model)")
+        sp.add_argument("--tokenizer", help="tokenizer for a llama2.c checkpoint (default: tok<vocab>.bin beside it)")
+
+    def config_args(sp):
+        sp.add_argument("-c", "--config", help="YAML config file (see configs/default.yaml)")
+        sp.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config key, e.g. runtime.num_threads=2")
+        sp.add_argument("-t", "--threads", type=int, help="threads (runtime.num_threads)")
+        sp.add_argument("--ctx-size", type=int, help="context window in tokens (runtime.max_context_tokens)")
+        sp.add_argument("--kv-dtype", choices=["f16", "f32"], help="KV cache element type")
+
+    r = sub.add_parser("run", help="generate text from a prompt, streamed to stdout")
+    model_args(r)
+    config_args(r)
+    r.add_argument("prompt", nargs="?", help="the prompt (default: empty, i.e. start from BOS)")
+    r.add_argument("-n", "--max-tokens", type=int, help="tokens to generate (default: up to --steps)")
+    r.add_argument("--steps", type=int, default=256, help="stop when prompt + generated reach this many positions, as llama2.c's -n (default 256)")
+    r.add_argument("--temperature", type=float, default=0.8)
+    r.add_argument("--top-k", type=int, default=40)
+    r.add_argument("--top-p", type=float, default=0.95)
+    r.add_argument("--min-p", type=float, default=0.05)
+    r.add_argument("--repeat-penalty", type=float, default=1.0)
+    r.add_argument("--seed", type=int)
+    r.add_argument("--stop", action="append", help="stop string (repeatable)")
+    r.add_argument("--ignore-eos", action="store_true")
+    r.add_argument("--no-echo", dest="echo", action="store_false", help="do not print the prompt before the output")
+    r.set_defaults(func=cmd_run)
+
+    t = sub.add_parser("tokenize", help="print the token ids of a text")
+    model_args(t)
+    t.add_argument("text")
+    t.add_argument("--no-bos", action="store_true")
+    t.add_argument("--ids-only", action="store_true", help="print a JSON list of ids")
+    t.set_defaults(func=cmd_tokenize)
+
+    i = sub.add_parser("info", help="versions, CPU features, kernels, and a model's hyper-parameters")
+    model_args(i)
+    config_args(i)
+    i.set_defaults(func=cmd_info)
+
+    s = sub.add_parser("synth", help="write a GGUF with random weights and real shapes (for benchmarks)")
+    s.add_argument("--preset", choices=list(PRESETS), default="stories15M")
+    s.add_argument("--type", default="F32", type=str.upper, choices=list(TYPES))
+    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--ctx", type=int, help="context_length to record (default: the preset's)")
+    s.add_argument("-o", "--out", required=True)
+    s.set_defaults(func=cmd_synth)
+
+    from .bench import add_bench_parser
+
+    add_bench_parser(sub)
+    return p
+
+
+def main(argv=None) -> int:
+    from .errors import DualPathError
+
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                        format="%(levelname)s %(name)s: %(message)s")
+    try:
+        return args.func(args)
+    except DualPathError as e:
+        print(f"dualpath: error: {e}", file=sys.stderr)
+        return 2
+    except BrokenPipeError:
+        return 0
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

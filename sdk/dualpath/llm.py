@@ -1,0 +1,104 @@
+"""The high-level API: ``LLM(model_path).generate(prompt, params)``."""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Iterator, Sequence
+
+from .config import Config, load_config
+from .errors import ChatTemplateError
+from .models import ModelSpec, load_model
+from .runtime.generate import Completion, Generation
+from .runtime.sampler import SamplingParams
+
+log = logging.getLogger(__name__)
+
+
+class LLM:
+    """A loaded model ready to generate text on the CPU.
+
+    ``config`` is a ``Config``, a path to a YAML file, or None for the defaults.
+    One LLM runs one sequence at a time; consecutive requests reuse the KV cache
+    of their common prompt prefix.
+    """
+
+    def __init__(self, model_path: str | os.PathLike, config: Config | str | os.PathLike | None = None,
+                 *, tokenizer_path: str | os.PathLike | None = None):
+        from .runtime.session import ModelRunner
+        from .tokenizer import build_tokenizer
+
+        if config is None or isinstance(config, (str, os.PathLike)):
+            config = load_config(config)
+        self.config = config
+        self.spec: ModelSpec = load_model(model_path, tokenizer_path)
+        self.tokenizer = build_tokenizer(self.spec.tokenizer)
+        rt = config.runtime
+        ctx = rt.max_context_tokens or self.spec.config.context_length
+        self.runner = ModelRunner(
+            self.spec,
+            num_threads=rt.effective_num_threads(),
+            max_context_tokens=ctx,
+            max_step_tokens=min(rt.prefill_chunk_tokens, ctx),
+            kv_dtype=config.dualpath_config.kv_dtype,
+            accuracy_level=rt.quantized_matmul_accuracy,
+            spinning=rt.intra_op_spinning,
+        )
+        self._cached_ids: list[int] = []
+        log.info("loaded %s (%s, %d layers, dim %d) in %.2fs", model_path, self.spec.format,
+                 self.spec.config.num_layers, self.spec.config.dim, self.runner.load_seconds)
+
+    @property
+    def context_tokens(self) -> int:
+        return self.runner.max_context_tokens
+
+    # -- tokens ----------------------------------------------------------------
+    def tokenize(self, text: str, add_bos: bool | None = None) -> list[int]:
+        return self.tokenizer.encode(text, add_bos=add_bos)
+
+    def detokenize(self, ids: Sequence[int]) -> str:
+        return self.tokenizer.decode(ids)
+
+    # -- generation ------------------------------------------------------------
+    def stream(self, prompt: str | Sequence[int], params: SamplingParams | None = None) -> Generation:
+        """Text deltas as they are generated; the returned object's ``completion``
+        holds the full result once iteration ends."""
+        ids = self.tokenize(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
+        return Generation(self.runner, self.tokenizer, ids, params or SamplingParams(), self._cached_ids)
+
+    def generate(self, prompt: str | Sequence[int], params: SamplingParams | None = None) -> Completion:
+        gen = self.stream(prompt, params)
+        for _ in gen:
+            pass
+        return gen.completion
+
+    def apply_chat_template(self, messages: Sequence[dict], add_generation_prompt: bool = True) -> str:
+        template = self.spec.tokenizer.chat_template
+        if not template:
+            raise ChatTemplateError(f"{self.spec.path}: the model has no chat template "
+                                    "(tokenizer.chat_template); use generate() with a plain prompt")
+        import jinja2
+        from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+        def raise_exception(message):
+            raise ChatTemplateError(f"chat template: {message}")
+
+        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+        env.globals["raise_exception"] = raise_exception
+        tok = self.tokenizer
+        try:
+            return env.from_string(template).render(
+                messages=list(messages), add_generation_prompt=add_generation_prompt,
+                bos_token=tok.spec.tokens[tok.bos_id] if tok.bos_id is not None else "",
+                eos_token=tok.spec.tokens[tok.eos_id] if tok.eos_id is not None else "")
+        except jinja2.TemplateError as e:
+            raise ChatTemplateError(f"{self.spec.path}: chat template failed to render: {e}") from e
+
+    def chat(self, messages: Sequence[dict], params: SamplingParams | None = None) -> Completion:
+        """Generate the assistant's reply to ``messages`` ([{"role", "content"}, ...])."""
+        text = self.apply_chat_template(messages)
+        bos = self.tokenizer.spec.tokens[self.tokenizer.bos_id] if self.tokenizer.bos_id is not None else None
+        # Templates usually write the BOS text themselves: do not add a second one.
+        add_bos = not (bos and text.startswith(bos))
+        ids = self.tokenizer.encode(text, add_bos=add_bos, parse_special=True)
+        return self.generate(ids, params)

@@ -1,0 +1,192 @@
+"""Synthetic GGUF models: random weights with the real shapes of known models.
+
+For performance work only. Files are written with the ``gguf`` package in the
+layout llama.cpp writes, so llama.cpp loads the very same file. Their text is
+noise: the weights are random.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+
+import numpy as np
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Shape:
+    dim: int
+    hidden_dim: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    vocab_size: int = 32000
+    context_length: int = 2048
+    rope_theta: float = 10000.0
+    rms_eps: float = 1e-5
+
+
+PRESETS: dict[str, Shape] = {
+    # Karpathy's tinyllamas (llama2.c), Llama-2 tokenizer size.
+    "stories15M": Shape(dim=288, hidden_dim=768, num_layers=6, num_heads=6, num_kv_heads=6),
+    "stories42M": Shape(dim=512, hidden_dim=1376, num_layers=8, num_heads=8, num_kv_heads=8),
+    "stories110M": Shape(dim=768, hidden_dim=2048, num_layers=12, num_heads=12, num_kv_heads=12),
+    # TinyLlama-1.1B: 22 layers, GQA 32 query heads over 4 KV heads.
+    "tinyllama-1.1b": Shape(dim=2048, hidden_dim=5632, num_layers=22, num_heads=32, num_kv_heads=4),
+}
+TYPES = ("F32", "F16", "Q8_0", "Q4_0")
+_FILE_TYPE = {"F32": 0, "F16": 1, "Q4_0": 2, "Q8_0": 7}
+
+
+def synth_vocab(vocab_size: int, seed: int = 0) -> tuple[list[str], list[float], list[int]]:
+    """A SentencePiece-style vocabulary: <unk>, <s>, </s>, 256 byte tokens, then pieces
+    built up as merges of shorter pieces (so BPE reaches them), scored by rank."""
+    from ..tokenizer.spec import TOKEN_BYTE, TOKEN_CONTROL, TOKEN_NORMAL, TOKEN_UNKNOWN
+
+    tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)]
+    types = [TOKEN_UNKNOWN, TOKEN_CONTROL, TOKEN_CONTROL] + [TOKEN_BYTE] * 256
+    chars = list("\u2581etaoinshrdlcumwfgypbvkjxqzETAOINSHRDLCUMWFGYPBVKJXQZ0123456789.,!?'\"-:;()")
+    pieces: list[str] = []
+    seen = set()
+    for c in chars:
+        pieces.append(c)
+        seen.add(c)
+    rng = np.random.default_rng(seed)
+    want = vocab_size - len(tokens)
+    while len(pieces) < want:
+        # Merge two existing pieces, favouring early (frequent) ones, as BPE training does.
+        a = pieces[int(rng.zipf(1.3)) % len(pieces)]
+        b = pieces[int(rng.zipf(1.3)) % len(pieces)]
+        p = a + b
+        if len(p) <= 16 and p not in seen and "\u2581" not in b:
+            seen.add(p)
+            pieces.append(p)
+    pieces = pieces[:want]
+    tokens += pieces
+    types += [TOKEN_NORMAL] * len(pieces)
+    scores = [0.0] * 259 + [-float(i) for i in range(len(pieces))]
+    return tokens, scores, types
+
+
+def synth_gguf(path: str | os.PathLike, preset: str = "stories15M", weight_type: str = "F32",
+               seed: int = 0, context_length: int | None = None) -> str:
+    """Write a GGUF with random weights in ``preset``'s shapes; returns the path."""
+    import gguf
+
+    if preset not in PRESETS:
+        raise ValueError(f"unknown preset {preset!r}; choose one of {', '.join(PRESETS)}")
+    weight_type = weight_type.upper()
+    if weight_type not in TYPES:
+        raise ValueError(f"unknown weight type {weight_type!r}; choose one of {', '.join(TYPES)}")
+    shape = PRESETS[preset]
+    ctx = context_length or shape.context_length
+    head_dim = shape.dim // shape.num_heads
+    kv_dim = head_dim * shape.num_kv_heads
+    path = os.fspath(path)
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    tmp = path + ".part"
+
+    w = gguf.GGUFWriter(tmp, "llama")
+    w.add_name(f"dualpath-synth-{preset}-{weight_type}-seed{seed}")
+    w.add_description("random weights with real shapes, written by `dualpath synth`; its text is noise")
+    w.add_context_length(ctx)
+    w.add_embedding_length(shape.dim)
+    w.add_feed_forward_length(shape.hidden_dim)
+    w.add_block_count(shape.num_layers)
+    w.add_head_count(shape.num_heads)
+    w.add_head_count_kv(shape.num_kv_heads)
+    w.add_rope_dimension_count(head_dim)
+    w.add_rope_freq_base(shape.rope_theta)
+    w.add_layer_norm_rms_eps(shape.rms_eps)
+    w.add_vocab_size(shape.vocab_size)
+    w.add_file_type(_FILE_TYPE[weight_type])
+    tokens, scores, types = synth_vocab(shape.vocab_size, seed)
+    w.add_tokenizer_model("llama")
+    w.add_token_list(tokens)
+    w.add_token_scores(scores)
+    w.add_token_types(types)
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    w.add_unk_token_id(0)
+    w.add_add_bos_token(True)
+    w.add_add_eos_token(False)
+
+    # (name, (out, in) or (n,), init std); names in llama.cpp's order.
+    tensors: list[tuple[str, tuple[int, ...], float]] = [("token_embd.weight", (shape.vocab_size, shape.dim), 0.02)]
+    for i in range(shape.num_layers):
+        p = f"blk.{i}."
+        tensors += [
+            (p + "attn_norm.weight", (shape.dim,), 0.0),
+            (p + "attn_q.weight", (shape.dim, shape.dim), 0.02),
+            (p + "attn_k.weight", (kv_dim, shape.dim), 0.02),
+            (p + "attn_v.weight", (kv_dim, shape.dim), 0.02),
+            (p + "attn_output.weight", (shape.dim, shape.dim), 0.02),
+            (p + "ffn_norm.weight", (shape.dim,), 0.0),
+            (p + "ffn_gate.weight", (shape.hidden_dim, shape.dim), 0.02),
+            (p + "ffn_down.weight", (shape.dim, shape.hidden_dim), 0.02),
+            (p + "ffn_up.weight", (shape.hidden_dim, shape.dim), 0.02),
+        ]
+    tensors += [("output_norm.weight", (shape.dim,), 0.0), ("output.weight", (shape.vocab_size, shape.dim), 0.02)]
+
+    rng = np.random.default_rng(seed)
+    qtype = getattr(gguf.GGMLQuantizationType, weight_type)
+
+    def make(shp, std):
+        if std == 0.0:  # norm weights: around 1, as trained models have
+            return (1.0 + 0.1 * rng.standard_normal(shp, dtype=np.float32)).astype(np.float32)
+        return rng.standard_normal(shp, dtype=np.float32) * np.float32(std)
+
+    def encode(arr):
+        if arr.ndim == 1 or weight_type == "F32":  # norms stay F32, as llama.cpp writes them
+            return arr, gguf.GGMLQuantizationType.F32
+        if weight_type == "F16":
+            return arr.astype(np.float16), gguf.GGMLQuantizationType.F16
+        return gguf.quants.quantize(arr, qtype), qtype
+
+    # Pass 1: tensor infos (shapes and byte sizes); pass 2 streams the data with the
+    # same seed, so the whole model is never in memory at once.
+    for name, shp, std in tensors:
+        nbytes, raw = _encoded_size(shp, weight_type if len(shp) == 2 else "F32")
+        if raw in ("F32", "F16"):
+            dtype, info_shape = np.dtype(np.float32 if raw == "F32" else np.float16), shp
+        else:  # quantized tensors are described by their byte shape
+            dtype, info_shape = np.dtype(np.uint8), (shp[0], nbytes // shp[0])
+        w.add_tensor_info(name, info_shape, dtype, nbytes, raw_dtype=getattr(gguf.GGMLQuantizationType, raw))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_ti_data_to_file()
+    for name, shp, std in tensors:
+        data, _ = encode(make(shp, std))
+        w.write_tensor_data(data)
+    w.close()
+    os.replace(tmp, path)
+    log.info("wrote %s (%s, %s)", path, preset, weight_type)
+    return path
+
+
+def _encoded_size(shape: tuple[int, ...], type_name: str) -> tuple[int, str]:
+    n = int(np.prod(shape))
+    if type_name == "F32":
+        return 4 * n, "F32"
+    if type_name == "F16":
+        return 2 * n, "F16"
+    block_bytes = {"Q8_0": 34, "Q4_0": 18}[type_name]
+    return n // 32 * block_bytes, type_name
+
+
+def default_model_path() -> str:
+    """The built-in default model: the stories15M shape, F32, seed 0, in the user's cache."""
+    root = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(root, "dualpath", "synth-stories15M-F32-seed0.gguf")
+
+
+def ensure_default_model() -> tuple[str, bool]:
+    """Path of the default model, synthesizing it on first use. Returns (path, created)."""
+    path = default_model_path()
+    if os.path.isfile(path):
+        return path, False
+    synth_gguf(path, "stories15M", "F32", seed=0)
+    return path, True
