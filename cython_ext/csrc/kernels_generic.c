@@ -1,5 +1,6 @@
 /* Scalar reference kernels: always built, the twin of every SIMD kernel. */
 #include <math.h>
+#include <stdlib.h>
 #include "dp_kernels.h"
 
 int dp_kv_write_generic(const float *src, int64_t src_stride, void *cache, int kv_dtype,
@@ -26,10 +27,36 @@ int dp_kv_write_generic(const float *src, int64_t src_stride, void *cache, int k
     return DP_OK;
 }
 
-static inline float kv_at(const void *base, int kv_dtype, int64_t i) {
-    return kv_dtype == DP_F32 ? ((const float *)base)[i]
-                              : dp_half_to_float(((const uint16_t *)base)[i]);
+/* Half -> float through a 256 KiB table (fits in L2): the scalar twin has no F16C. */
+static float half_table[65536];
+static volatile int half_table_ready = 0;
+
+static void init_half_table(void) {
+    if (half_table_ready) return;
+    for (uint32_t i = 0; i < 65536; i++) half_table[i] = dp_half_to_float((uint16_t)i);
+    half_table_ready = 1; /* idempotent: a race only writes the same values twice */
 }
+
+/* Load head_dim values of row `row` (f32 or f16) as float into dst. */
+static inline const float *kv_row(const void *base, int kv_dtype, int64_t row, int64_t head_dim, float *dst) {
+    if (kv_dtype == DP_F32) return (const float *)base + row * head_dim;
+    const uint16_t *h = (const uint16_t *)base + row * head_dim;
+    for (int64_t i = 0; i < head_dim; i++) dst[i] = half_table[h[i]];
+    return dst;
+}
+
+static inline float dot(const float *a, const float *b, int64_t n) {
+    /* Eight independent partial sums: instruction-level parallelism without -ffast-math. */
+    float s[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int j = 0; j < 8; j++) s[j] += a[i + j] * b[i + j];
+    float acc = ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
+    for (; i < n; i++) acc += a[i] * b[i];
+    return acc;
+}
+
+#define DP_MAX_HEAD_DIM 512
 
 int dp_attn_f32out_generic(const float *q, int64_t q_stride, const void *k, const void *v,
                            int kv_dtype, float *out, int64_t out_stride,
@@ -38,36 +65,47 @@ int dp_attn_f32out_generic(const float *q, int64_t q_stride, const void *k, cons
     if (!q || !k || !v || !out) return DP_ERR_ARG;
     if (num_heads <= 0 || num_kv_heads <= 0 || head_dim <= 0 || num_heads % num_kv_heads)
         return DP_ERR_ARG;
+    if (head_dim > DP_MAX_HEAD_DIM) return DP_ERR_ARG;
     if (kv_dtype != DP_F32 && kv_dtype != DP_F16) return DP_ERR_ARG;
     if (q_stride < num_heads * head_dim || out_stride < num_heads * head_dim) return DP_ERR_ARG;
     if (pos0 < 0 || num_tokens < 0 || pos0 + num_tokens > capacity) return DP_ERR_BOUNDS;
+    if (kv_dtype == DP_F16) init_half_table();
     const int64_t group = num_heads / num_kv_heads;
+    /* scores: (pos0 + num_tokens) floats, reused for every (token, head). */
+    float *scores = (float *)malloc((size_t)(pos0 + num_tokens) * sizeof(float));
+    if (!scores) return DP_ERR_NOMEM;
+    float row_buf[DP_MAX_HEAD_DIM];
     for (int64_t t = 0; t < num_tokens; t++) {
         const int64_t n_ctx = pos0 + t + 1; /* causal: keys [0, pos0 + t] */
         for (int64_t h = 0; h < num_heads; h++) {
             const float *qh = q + t * q_stride + h * head_dim;
             float *o = out + t * out_stride + h * head_dim;
-            const int64_t kv_base = (h / group) * capacity * head_dim;
-            /* Online softmax: running max m, running denominator l, o as accumulator. */
-            float m = -INFINITY, l = 0.0f;
+            const int64_t kv_row0 = (h / group) * capacity;
+            /* Pass 1: scores and their maximum. */
+            float m = -INFINITY;
+            for (int64_t j = 0; j < n_ctx; j++) {
+                const float s = dot(qh, kv_row(k, kv_dtype, kv_row0 + j, head_dim, row_buf), head_dim) * scale;
+                scores[j] = s;
+                if (s > m) m = s;
+            }
+            /* Pass 2: softmax weights. */
+            float l = 0.0f;
+            for (int64_t j = 0; j < n_ctx; j++) {
+                scores[j] = expf(scores[j] - m);
+                l += scores[j];
+            }
+            /* Pass 3: weighted sum of values. */
             for (int64_t i = 0; i < head_dim; i++) o[i] = 0.0f;
             for (int64_t j = 0; j < n_ctx; j++) {
-                const int64_t row = kv_base + j * head_dim;
-                float s = 0.0f;
-                for (int64_t i = 0; i < head_dim; i++) s += qh[i] * kv_at(k, kv_dtype, row + i);
-                s *= scale;
-                float m_new = s > m ? s : m;
-                float corr = expf(m - m_new);
-                float p = expf(s - m_new);
-                l = l * corr + p;
-                for (int64_t i = 0; i < head_dim; i++)
-                    o[i] = o[i] * corr + p * kv_at(v, kv_dtype, row + i);
-                m = m_new;
+                const float p = scores[j];
+                const float *vr = kv_row(v, kv_dtype, kv_row0 + j, head_dim, row_buf);
+                for (int64_t i = 0; i < head_dim; i++) o[i] += p * vr[i];
             }
             const float inv = 1.0f / l;
             for (int64_t i = 0; i < head_dim; i++) o[i] *= inv;
         }
     }
+    free(scores);
     return DP_OK;
 }
 

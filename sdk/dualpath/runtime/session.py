@@ -140,6 +140,8 @@ class ModelRunner:
         self.cache = SimpleKVCache(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, max_context_tokens, kv_dtype)
         self.kv = self.cache.bind(self.q, self.k, self.v, self.attn, float(1.0 / np.sqrt(cfg.head_dim)))
         self._decode = _Binding(self, 1, 1)
+        # (run, binding, layer) per part, built once: the decode loop creates no objects.
+        self._plan_cache: dict[int, list] = {}
 
     def forward(self, token_ids, all_logits: bool = False) -> np.ndarray:
         """Append ``token_ids`` (at most max_step_tokens) at the end of the sequence and
@@ -164,12 +166,21 @@ class ModelRunner:
                 self.rows[0] = n - 1
         _embed(binding.ids, self._emb_table, self._emb_scales, self._emb_dtype, binding.h0)
         kv_step = self.kv.step
-        for layer, (sess, b) in enumerate(zip(self.sessions, binding.bindings)):
-            sess.run_with_iobinding(b)
-            if layer < self.num_layers:
+        for run, b, layer in self._plan(binding):
+            run(b)
+            if layer >= 0:
                 kv_step(layer, pos0, n)
         self.cache.num_tokens = pos0 + n
         return self.logits[:num_rows]
+
+    def _plan(self, binding: _Binding) -> list:
+        plan = self._plan_cache.get(id(binding)) if binding is self._decode else None
+        if plan is None:
+            plan = [(sess.run_with_iobinding, b, layer if layer < self.num_layers else -1)
+                    for layer, (sess, b) in enumerate(zip(self.sessions, binding.bindings))]
+            if binding is self._decode:
+                self._plan_cache[id(binding)] = plan
+        return plan
 
     def reset(self) -> None:
         self.cache.reset()

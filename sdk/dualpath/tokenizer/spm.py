@@ -28,6 +28,7 @@ import heapq
 import logging
 import re
 
+from ..errors import TokenizerError
 from .base import Tokenizer
 from .spec import TOKEN_BYTE, TOKEN_CONTROL, TOKEN_UNKNOWN, TokenizerSpec
 
@@ -52,17 +53,17 @@ class SpmTokenizer(Tokenizer):
             for token_id, (piece, score, kind) in enumerate(zip(spec.tokens, scores, self._types))
             if kind not in (TOKEN_CONTROL, TOKEN_UNKNOWN, TOKEN_BYTE)
         }
+        self._build_byte_tables()  # also checks that BYTE pieces are <0xNN>
         # Byte fallback: byte value -> id of its <0xNN> token (the unknown token when missing).
         self._byte_ids: list[int | None] = [None] * 256
-        for token_id, (piece, kind) in enumerate(zip(spec.tokens, self._types)):
-            if kind == TOKEN_BYTE and len(piece) == 6 and piece.startswith("<0x") and piece.endswith(">"):
-                self._byte_ids[int(piece[3:5], 16)] = token_id
+        for token_id, kind in enumerate(self._types):
+            if kind == TOKEN_BYTE:
+                self._byte_ids[self._bytes_plain[token_id][0]] = token_id
         missing = sum(b is None for b in self._byte_ids)
         if missing:
             logger.warning("SentencePiece vocabulary lacks %d of 256 byte tokens; those bytes encode as unk_id=%s",
                            missing, spec.unk_id)
         self._remove_extra_whitespaces = bool(spec.extra.get("remove_extra_whitespaces", False))
-        self._build_byte_tables()
 
     @property
     def strips_leading_space(self) -> bool:
@@ -136,6 +137,13 @@ class SpmTokenizer(Tokenizer):
             else:
                 for byte in syms[i].encode("utf-8"):
                     token_id = self._byte_ids[byte]
-                    ids.append(self._spec.unk_id if token_id is None else token_id)
+                    if token_id is None:
+                        token_id = self._unk_for(syms[i])
+                    ids.append(token_id)
             i = nxt[i]
         return ids
+
+    def _unk_for(self, symbol: str) -> int:
+        if self._spec.unk_id is None:
+            raise TokenizerError(f"{symbol!r} is not in the vocabulary, which has neither its byte tokens nor an unk_id")
+        return self._spec.unk_id

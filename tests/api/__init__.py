@@ -1,0 +1,1 @@
+"""Tests of the public API: LLM, generation, the CLI."""
