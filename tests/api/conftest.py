@@ -88,6 +88,12 @@ def reference_dir(models_dir) -> Path:
 
 
 @pytest.fixture(scope="session")
+def reference_runs_by_name(reference_dir) -> dict[str, dict]:
+    runs = json.loads(_model_file(reference_dir, "greedy_token_ids.json").read_text(encoding="utf-8"))["runs"]
+    return {run["name"]: run for run in runs}
+
+
+@pytest.fixture(scope="session")
 def reference_logits(reference_dir) -> dict:
     return json.loads(_model_file(reference_dir, "once_upon_a_time_logits_pos0-4.json").read_text())
 

@@ -16,6 +16,10 @@ STEPS = 256  # run.c -n 256: prompt + generated positions
 FORMATS = ["gguf", "bin"]
 KV_DTYPES = ["f32", "f16"]
 KV_F32 = {"dualpath_config.kv_dtype": "f32"}
+# run.c keeps K and V in float32: with an f32 KV cache we match it to float32 rounding. An f16
+# cache rounds K and V to 11 significant bits (relative 2^-11), which moves these logits by up to
+# ~8e-3 (measured); the argmax, and every golden greedy id, still match.
+LOGITS_ATOL = {"f32": 1e-4, "f16": 2e-2}
 
 
 def greedy_params(num_prompt_tokens: int) -> SamplingParams:
@@ -99,7 +103,7 @@ def test_logits_fed_one_token_per_step_match_run_c(make_llm, reference_logits, f
     rows = _reference_rows(reference_logits)
     runner = make_llm(fmt, {"dualpath_config.kv_dtype": kv_dtype}).runner  # fresh: position 0
     got = np.stack([runner.forward([tok])[0].copy() for tok in reference_logits["input_ids"]])
-    np.testing.assert_allclose(got, rows, rtol=0, atol=1e-4)
+    np.testing.assert_allclose(got, rows, rtol=0, atol=LOGITS_ATOL[kv_dtype])
     assert list(got.argmax(axis=1)) == [403, 407, 261, 378, 432]
 
 
@@ -110,12 +114,14 @@ def test_logits_of_one_prefill_with_all_logits_match_run_c(make_llm, reference_l
     runner = make_llm(fmt, {"dualpath_config.kv_dtype": kv_dtype}).runner
     got = runner.forward(reference_logits["input_ids"], all_logits=True).copy()
     assert got.shape == (5, 512)
-    np.testing.assert_allclose(got, rows, rtol=0, atol=1e-4)
+    np.testing.assert_allclose(got, rows, rtol=0, atol=LOGITS_ATOL[kv_dtype])
+    assert list(got.argmax(axis=1)) == [403, 407, 261, 378, 432]
 
 
-def test_prefill_last_row_equals_all_logits_last_row(make_llm, reference_logits):
+def test_prefill_without_all_logits_returns_only_the_last_row(make_llm, reference_logits):
     ids = reference_logits["input_ids"]
     last = make_llm("gguf", KV_F32).runner.forward(ids)
     assert last.shape == (1, 512)
     every = make_llm("gguf", KV_F32).runner.forward(ids, all_logits=True)
-    np.testing.assert_array_equal(last[0], every[-1])
+    # Not bit-equal: one row and five rows go through different GEMM shapes.
+    np.testing.assert_allclose(last[0], every[-1], rtol=0, atol=1e-5)

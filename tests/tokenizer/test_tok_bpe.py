@@ -51,19 +51,14 @@ def bpe_spec() -> TokenizerSpec:
 
 
 def write_vocab_only_gguf(path, spec: TokenizerSpec) -> None:
-    """A GGUF that llama.cpp loads with vocab_only=True: llama hyper-parameters, a gpt2 tokenizer, no tensors."""
+    """A GGUF that llama.cpp loads with vocab_only=True: general.architecture, a gpt2 tokenizer, no tensors.
+
+    llama.cpp reads no hyper-parameters for a vocab_only load (checked with llama-cpp-python 0.3.36).
+    ``tokenizer.ggml.pre`` must be a name llama.cpp knows ("gpt-2", not "gpt2") or it refuses the file.
+    """
     import gguf
 
     writer = gguf.GGUFWriter(str(path), arch="llama")
-    # llama.cpp reads the architecture's hyper-parameters even for vocab_only loads.
-    writer.add_context_length(128)
-    writer.add_embedding_length(64)
-    writer.add_block_count(1)
-    writer.add_feed_forward_length(128)
-    writer.add_head_count(4)
-    writer.add_head_count_kv(4)
-    writer.add_rope_dimension_count(16)
-    writer.add_layer_norm_rms_eps(1e-5)
     writer.add_tokenizer_model(spec.model)
     writer.add_tokenizer_pre(spec.pre)
     writer.add_token_list(list(spec.tokens))

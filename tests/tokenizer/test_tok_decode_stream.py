@@ -120,3 +120,19 @@ def test_stream_decoder_starts_afresh_after_flush(stories_tok):
     first = "".join(dec.feed(i) for i in ids) + dec.flush()
     second = "".join(dec.feed(i) for i in ids) + dec.flush()
     assert first == second == "Once"
+
+
+def test_stream_after_a_prompt_keeps_the_space_of_the_first_generated_piece(stories_tok, reference_runs):
+    run = next(r for r in reference_runs if r["name"] == "greedy_once_upon_a_time")
+    prompt, generated = run["prompt_ids"], run["generated_ids"]
+    dec = StreamDecoder(stories_tok, prompt_ids=prompt)
+    deltas = [dec.feed(i) for i in generated] + [dec.flush()]
+    assert deltas[0] == ","  # 432 is ",", and the next piece " there" keeps its space
+    assert deltas[1].startswith(" ")
+    assert stories_tok.decode(prompt) + "".join(deltas) == stories_tok.decode(prompt + generated)
+
+
+def test_stream_with_a_prompt_of_only_bos_still_strips_the_dummy_prefix(stories_tok):
+    ids = stories_tok.encode("Once upon", add_bos=False)
+    dec = StreamDecoder(stories_tok, prompt_ids=[BOS])
+    assert "".join(dec.feed(i) for i in ids) + dec.flush() == "Once upon"

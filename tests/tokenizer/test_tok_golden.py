@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
 from dualpath.tokenizer import build_tokenizer
@@ -49,7 +51,7 @@ def test_token_bytes_reproduce_run_c_stdout_through_its_safe_printf_filter(stori
     for run in reference_runs:
         ids = run["prompt_ids"] + run["generated_ids"]
         out = []
-        for prev, token_id in zip(ids, ids[1:]):
+        for prev, token_id in itertools.pairwise(ids):
             piece = stories_tok.token_bytes(token_id)
             if prev == 1 and stories_tok.piece(token_id).startswith("\u2581"):
                 piece = piece[1:]

@@ -18,8 +18,13 @@ def load_model(path: str | os.PathLike, tokenizer_path: str | os.PathLike | None
         raise ModelLoadError(path, "is a folder; Hugging Face folders are not supported yet (pass a .gguf or llama2.c .bin)")
     if not os.path.isfile(path):
         raise ModelLoadError(path, "no such file")
-    with open(path, "rb") as f:
-        magic = f.read(4)
+    if os.path.getsize(path) == 0:
+        raise ModelLoadError(path, "empty file (0 bytes), not a model")
+    try:
+        with open(path, "rb") as f:
+            magic = f.read(4)
+    except OSError as e:
+        raise ModelLoadError(path, f"cannot read: {e.strerror or e}") from e
     if magic == b"GGUF":
         return load_gguf(path)
     if path.endswith(".gguf"):

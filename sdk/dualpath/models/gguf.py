@@ -32,6 +32,8 @@ def load_gguf(path: str | os.PathLike) -> ModelSpec:
     import gguf
 
     path = os.fspath(path)
+    if os.path.isdir(path):
+        raise ModelLoadError(path, "is a folder, not a GGUF file")
     if not os.path.isfile(path):
         raise ModelLoadError(path, "no such file")
     try:
@@ -39,6 +41,8 @@ def load_gguf(path: str | os.PathLike) -> ModelSpec:
             magic = f.read(4)
     except OSError as e:
         raise ModelLoadError(path, f"cannot read: {e.strerror}") from e
+    if not magic:
+        raise ModelLoadError(path, "empty file (0 bytes), not a GGUF file")
     if magic != b"GGUF":
         raise ModelLoadError(path, f"not a GGUF file (magic {magic!r}, expected b'GGUF')")
     try:
@@ -54,11 +58,18 @@ def load_gguf(path: str | os.PathLike) -> ModelSpec:
     tensors = {t.name: t for t in reader.tensors}
     dim = meta.require_int("llama.embedding_length")
     num_heads = meta.require_int("llama.attention.head_count")
+    if "llama.attention.key_length" not in meta.fields and num_heads > 0 and dim % num_heads:
+        raise ModelLoadError(path, f"llama.embedding_length={dim} is not a multiple of "
+                                   f"llama.attention.head_count={num_heads} (and no llama.attention.key_length)")
     head_dim = meta.get_int("llama.attention.key_length", dim // num_heads if num_heads else 0)
     vocab_size = meta.get_int("llama.vocab_size", 0)
-    tokens = meta.get("tokenizer.ggml.tokens")
+    tokens = meta.get_list("tokenizer.ggml.tokens", str)
     if not vocab_size:
         vocab_size = len(tokens) if tokens else 0
+    if not vocab_size and "token_embd.weight" in tensors:
+        # No vocabulary anywhere: take the size from the embedding, so that the error
+        # below is "no tokenizer", not a meaningless vocab_size=0.
+        vocab_size = int(tensors["token_embd.weight"].shape[-1])
     cfg = ModelConfig(
         arch=arch,
         dim=dim,
@@ -69,15 +80,15 @@ def load_gguf(path: str | os.PathLike) -> ModelSpec:
         head_dim=head_dim,
         vocab_size=vocab_size,
         context_length=meta.require_int("llama.context_length"),
-        rope_theta=float(meta.get("llama.rope.freq_base", 10000.0)),
+        rope_theta=meta.get_float("llama.rope.freq_base", 10000.0),
         rope_dim=meta.get_int("llama.rope.dimension_count", head_dim),
-        rms_eps=float(meta.get("llama.attention.layer_norm_rms_epsilon", 1e-5)),
+        rms_eps=meta.get_float("llama.attention.layer_norm_rms_epsilon", 1e-5),
         tied_output="output.weight" not in tensors,
     )
     scaling = meta.get("llama.rope.scaling.type")
     if scaling not in (None, "none", "linear") or "rope_freqs.weight" in tensors:
         raise ModelLoadError(path, f"RoPE scaling {scaling or 'rope_freqs'} is not supported yet")
-    if scaling == "linear" and float(meta.get("llama.rope.scaling.factor", 1.0)) != 1.0:
+    if scaling == "linear" and meta.get_float("llama.rope.scaling.factor", 1.0) != 1.0:
         raise ModelLoadError(path, "linear RoPE scaling is not supported yet")
     check_config(path, cfg)
 
@@ -128,6 +139,23 @@ class _Metadata:
         if isinstance(value, (list, tuple)) or isinstance(value, bool) or not isinstance(value, (int, np.integer)):
             raise ModelLoadError(self.path, f"metadata {key!r}={value!r} must be an integer")
         return int(value)
+
+    def get_float(self, key: str, default: float) -> float:
+        value = self.get(key, default)
+        if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+            raise ModelLoadError(self.path, f"metadata {key!r}={value!r} must be a number")
+        return float(value)
+
+    def get_list(self, key: str, item_type: type) -> list | None:
+        """An array of ``item_type`` (str, int or float), or None when the key is absent."""
+        value = self.get(key)
+        if value is None:
+            return None
+        kinds = {str: (str,), int: (int, np.integer), float: (int, float, np.integer, np.floating)}[item_type]
+        if not isinstance(value, list) or not all(isinstance(v, kinds) and not isinstance(v, bool) for v in value):
+            raise ModelLoadError(self.path, f"metadata {key!r} must be an array of {item_type.__name__}, "
+                                            f"got {type(value).__name__}")
+        return value
 
     def require_int(self, key: str) -> int:
         if key not in self.fields:
@@ -195,23 +223,26 @@ def ggml_to_nbits(raw: np.ndarray, type_name: str, shape: tuple[int, int]) -> tu
 
 def _tokenizer_spec(path: str, meta: _Metadata, vocab_size: int) -> TokenizerSpec:
     model = meta.get("tokenizer.ggml.model")
-    tokens = meta.get("tokenizer.ggml.tokens")
+    tokens = meta.get_list("tokenizer.ggml.tokens", str)
     if model is None or not tokens:
-        raise ModelLoadError(path, "no tokenizer in the file (tokenizer.ggml.model / tokens missing)")
+        missing = " and ".join(k for k, v in (("tokenizer.ggml.model", model), ("tokenizer.ggml.tokens", tokens))
+                               if not v)
+        raise ModelLoadError(path, f"no tokenizer in the file ({missing} missing)")
     if model not in ("llama", "gpt2"):
-        raise ModelLoadError(path, f"unsupported tokenizer model {model!r} (supported: 'llama', 'gpt2')")
+        raise ModelLoadError(path, f"unsupported tokenizer model {model!r} in tokenizer.ggml.model "
+                                   "(supported: 'llama', 'gpt2')")
     if len(tokens) != vocab_size:
         raise ModelLoadError(path, f"tokenizer has {len(tokens)} tokens but the model's vocab_size is {vocab_size}")
 
     def opt_id(key):
-        value = meta.get(key)
-        if value is None or not (0 <= int(value) < len(tokens)):
+        if key not in meta.fields:
             return None
-        return int(value)
+        value = meta.get_int(key, 0)
+        return value if 0 <= value < len(tokens) else None  # e.g. 0xFFFFFFFF: unset
 
-    scores = meta.get("tokenizer.ggml.scores")
-    types = meta.get("tokenizer.ggml.token_type")
-    merges = meta.get("tokenizer.ggml.merges")
+    scores = meta.get_list("tokenizer.ggml.scores", float)
+    types = meta.get_list("tokenizer.ggml.token_type", int)
+    merges = meta.get_list("tokenizer.ggml.merges", str)
     for key, arr in (("tokenizer.ggml.scores", scores), ("tokenizer.ggml.token_type", types)):
         if arr is not None and len(arr) != len(tokens):
             raise ModelLoadError(path, f"{key} has {len(arr)} entries, expected {len(tokens)}")
@@ -232,4 +263,5 @@ def _tokenizer_spec(path: str, meta: _Metadata, vocab_size: int) -> TokenizerSpe
         add_space_prefix=bool(meta.get("tokenizer.ggml.add_space_prefix", model == "llama")),
         pre=meta.get("tokenizer.ggml.pre"),
         chat_template=meta.get("tokenizer.chat_template"),
+        extra={"remove_extra_whitespaces": bool(meta.get("tokenizer.ggml.remove_extra_whitespaces", False))},
     )

@@ -17,6 +17,7 @@ the RMSNorm epsilon 1e-5, as in run.c.
 
 from __future__ import annotations
 
+import math
 import os
 import struct
 
@@ -32,11 +33,16 @@ def load_llama2c(path: str | os.PathLike, tokenizer_path: str | os.PathLike | No
     from ..tokenizer import load_llama2c_tokenizer
 
     path = os.fspath(path)
+    if os.path.isdir(path):
+        raise ModelLoadError(path, "is a folder, not a llama2.c checkpoint")
     if not os.path.isfile(path):
         raise ModelLoadError(path, "no such file")
     size = os.path.getsize(path)
-    with open(path, "rb") as f:
-        head = f.read(256)
+    try:
+        with open(path, "rb") as f:
+            head = f.read(256)
+    except OSError as e:
+        raise ModelLoadError(path, f"cannot read: {e.strerror or e}") from e
     if len(head) < 28:
         raise ModelLoadError(path, f"truncated: {len(head)} bytes, a llama2.c header needs 28")
     magic, version = struct.unpack_from("<Ii", head, 0)
@@ -78,7 +84,7 @@ def load_llama2c(path: str | os.PathLike, tokenizer_path: str | os.PathLike | No
                  ("rms_final", (dim,)), ("freq_cis", (2, seq_len, head_dim // 2))]
     if not shared:
         order.append(("wcls", (vocab, dim)))
-    num_floats = sum(int(np.prod(s)) for _, s in order)
+    num_floats = sum(math.prod(s) for _, s in order)  # Python ints: np.prod wraps around past 2**63
     expected = offset + 4 * num_floats
     if size < expected:
         raise ModelLoadError(path, f"truncated: {size} bytes, the header (dim={dim}, n_layers={L}, "
@@ -90,7 +96,7 @@ def load_llama2c(path: str | os.PathLike, tokenizer_path: str | os.PathLike | No
     arrays = {}
     pos = 0
     for name, shape in order:
-        n = int(np.prod(shape))
+        n = math.prod(shape)
         arrays[name] = flat[pos:pos + n].reshape(shape)
         pos += n
 

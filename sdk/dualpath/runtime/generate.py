@@ -79,6 +79,12 @@ class Generation:
         self._history = history  # token ids currently in the runner's KV cache
         self.completion: Completion | None = None
         ctx = runner.max_context_tokens
+        if not self.prompt_ids:
+            raise ValueError("prompt has no tokens; pass at least one token id (e.g. BOS)")
+        vocab_size = runner.spec.config.vocab_size
+        bad = next((t for t in self.prompt_ids if not 0 <= t < vocab_size), None)
+        if bad is not None:
+            raise ValueError(f"prompt token id {bad} is outside the vocabulary (0..{vocab_size - 1})")
         if len(prompt_ids) >= ctx:
             raise PromptTooLongError(
                 f"prompt has {len(prompt_ids)} tokens; the context window holds {ctx} "

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 import re
-from typing import Iterable
+from collections.abc import Iterable
 
 from ..errors import TokenizerError
 from .spec import (
@@ -65,11 +65,12 @@ class Tokenizer:
             if other != token_id:
                 raise TokenizerError(f"duplicate token in vocabulary: {piece!r} has ids {other} and {token_id}")
 
-        # Tokens split out of the input before BPE, longest text first (llama.cpp order).
+        # Tokens split out of the input before BPE, longest UTF-8 text first (llama.cpp order).
         # (text, id) pairs; the first list applies always, the second with parse_special.
         special = sorted(
-            (i for i, t in enumerate(self._types) if t in (TOKEN_CONTROL, TOKEN_UNKNOWN, TOKEN_USER_DEFINED)),
-            key=lambda i: (-len(spec.tokens[i]), i))
+            (i for i, t in enumerate(self._types)
+             if t in (TOKEN_CONTROL, TOKEN_UNKNOWN, TOKEN_USER_DEFINED) and spec.tokens[i]),
+            key=lambda i: (-len(spec.tokens[i].encode("utf-8")), i))
         self._split_always = [(spec.tokens[i], i) for i in special if self._types[i] == TOKEN_USER_DEFINED]
         self._split_special = [(spec.tokens[i], i) for i in special]
 
@@ -205,7 +206,8 @@ class Tokenizer:
 
         ``skip_special``: CONTROL/UNKNOWN tokens (BOS, EOS, ...) produce no text.
         For SentencePiece vocabularies the first piece that produces text loses one
-        leading space: the one the dummy prefix put there (run.c, llama.cpp, SentencePiece).
+        leading space: the one the dummy prefix put there (as run.c, SentencePiece and
+        llama-cpp-python's ``detokenize`` do).
         """
         table, first = self._decode_tables(skip_special)
         num_tokens = len(table)
@@ -236,7 +238,7 @@ class Tokenizer:
         raise NotImplementedError
 
     def _build_byte_tables(self) -> None:
-        """Fill the per-token byte tables. Subclasses call this at the end of __init__.
+        """Fill the per-token byte tables. Subclasses call this once in __init__.
 
         What each token type contributes mirrors llama.cpp ``token_to_piece``:
         NORMAL -> its text (``_normal_piece_bytes``); BYTE ``<0xNN>`` -> that byte;
@@ -244,7 +246,7 @@ class Tokenizer:
         special tokens are not skipped; UNUSED and undefined types -> nothing.
         """
         strip = self.strips_leading_space
-        for token_id, (piece, kind) in enumerate(zip(self._spec.tokens, self._types)):
+        for token_id, (piece, kind) in enumerate(zip(self._spec.tokens, self._types, strict=True)):
             special = b""
             if kind == TOKEN_NORMAL:
                 plain = self._normal_piece_bytes(piece)

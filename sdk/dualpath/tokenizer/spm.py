@@ -50,7 +50,7 @@ class SpmTokenizer(Tokenizer):
         # Pieces that merging (and the single code point lookup) may produce -> (score, id).
         self._mergeable: dict[str, tuple[float, int]] = {
             piece: (float(score), token_id)
-            for token_id, (piece, score, kind) in enumerate(zip(spec.tokens, scores, self._types))
+            for token_id, (piece, score, kind) in enumerate(zip(spec.tokens, scores, self._types, strict=True))
             if kind not in (TOKEN_CONTROL, TOKEN_UNKNOWN, TOKEN_BYTE)
         }
         self._build_byte_tables()  # also checks that BYTE pieces are <0xNN>
@@ -145,5 +145,6 @@ class SpmTokenizer(Tokenizer):
 
     def _unk_for(self, symbol: str) -> int:
         if self._spec.unk_id is None:
-            raise TokenizerError(f"{symbol!r} is not in the vocabulary, which has neither its byte tokens nor an unk_id")
+            raise TokenizerError(
+                f"{symbol!r} is not in the vocabulary, which has neither its byte tokens nor an unk_id")
         return self._spec.unk_id

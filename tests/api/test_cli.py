@@ -1,0 +1,124 @@
+"""The ``dualpath`` command line, run as a real process (``python -m dualpath.cli``).
+
+Every run gets ``XDG_CACHE_HOME`` under ``tmp_path`` so nothing is written to the user's cache.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from importlib import metadata
+
+import pytest
+
+import dualpath
+
+
+def dualpath_cli(args, tmp_path, timeout=120) -> subprocess.CompletedProcess:
+    env = dict(os.environ, XDG_CACHE_HOME=str(tmp_path / "xdg-cache"), PYTHONIOENCODING="utf-8")
+    return subprocess.run([sys.executable, "-m", "dualpath.cli", *map(str, args)], capture_output=True,
+                          env=env, timeout=timeout)
+
+
+def assert_clean_usage_error(proc, *fragments):
+    """Exit code 2, a one-line-per-problem message on stderr naming ``fragments``, no traceback."""
+    err = proc.stderr.decode()
+    assert proc.returncode == 2, err
+    assert "Traceback" not in err
+    assert err.startswith("dualpath: error: ")
+    for fragment in fragments:
+        assert fragment in err, err
+    assert proc.stdout == b""
+
+
+def test_console_script_is_declared_as_cli_main():
+    scripts = [e for e in metadata.entry_points(group="console_scripts") if e.name == "dualpath"]
+    assert [e.value for e in scripts] == ["dualpath.cli:main"]
+
+
+def test_run_gguf_greedy_stdout_equals_run_c_byte_for_byte(gguf_path, reference_dir, tmp_path):
+    proc = dualpath_cli(["run", "--model", gguf_path, "--temperature", "0", "Once upon a time"], tmp_path)
+    assert proc.returncode == 0, proc.stderr.decode()
+    assert proc.stdout == (reference_dir / "greedy_once_upon_a_time.txt").read_bytes()
+    # stderr: prompt and generation speeds, and why it stopped (256 steps)
+    err = proc.stderr.decode()
+    assert re.search(r"5 prompt tokens at [0-9.]+ tok/s, 252 generated at [0-9.]+ tok/s", err), err
+    assert "finish: length" in err
+    assert float(re.search(r"generated at ([0-9.]+) tok/s", err).group(1)) > 0
+
+
+def test_run_llama2c_bin_with_tokenizer_stdout_equals_run_c(bin_path, tok512_path, reference_dir, tmp_path):
+    proc = dualpath_cli(["run", "--model", bin_path, "--tokenizer", tok512_path, "--temperature", "0",
+                         "One day, a little dog named Max"], tmp_path)
+    assert proc.returncode == 0, proc.stderr.decode()
+    assert proc.stdout == (reference_dir / "greedy_one_day_a_little_dog.txt").read_bytes()
+    assert "finish: stop" in proc.stderr.decode()  # the model emitted BOS, as in run.c
+
+
+def test_run_without_model_synthesizes_random_default_and_says_so(tmp_path):
+    proc = dualpath_cli(["run", "-n", "8", "--seed", "1", "Hello"], tmp_path)
+    err = proc.stderr.decode()
+    assert proc.returncode == 0, err
+    assert "RANDOM weights" in err and "synthesized just now" in err
+    synthesized = list((tmp_path / "xdg-cache").rglob("*.gguf"))
+    assert len(synthesized) == 1, synthesized
+    assert str(synthesized[0]) in err
+    assert re.search(r"8 generated at [0-9.]+ tok/s", err), err
+    out = proc.stdout.decode()
+    assert out.startswith("Hello") and out.endswith("\n") and len(out) > len("Hello\n")
+    # a second run reuses the file instead of writing it again
+    again = dualpath_cli(["run", "-n", "2", "--seed", "1", "Hello"], tmp_path)
+    assert again.returncode == 0 and "synthesized just now" not in again.stderr.decode()
+
+
+def test_tokenize_ids_only_prints_run_c_prompt_ids_as_json(gguf_path, tmp_path):
+    proc = dualpath_cli(["tokenize", "--model", gguf_path, "--ids-only", "Once upon a time"], tmp_path)
+    assert proc.returncode == 0, proc.stderr.decode()
+    assert json.loads(proc.stdout) == [1, 403, 407, 261, 378]
+    no_bos = dualpath_cli(["tokenize", "--model", gguf_path, "--ids-only", "--no-bos", "Once upon a time"],
+                          tmp_path)
+    assert json.loads(no_bos.stdout) == [403, 407, 261, 378]
+
+
+def test_info_prints_hyper_parameters_ort_version_and_cpu_features(gguf_path, tmp_path):
+    import onnxruntime
+
+    proc = dualpath_cli(["info", "--model", gguf_path], tmp_path)
+    assert proc.returncode == 0, proc.stderr.decode()
+    out = proc.stdout.decode()
+    assert f"onnxruntime {onnxruntime.__version__}" in out
+    assert f"dualpath {dualpath.__version__}" in out
+    assert re.search(r"^cpu features: \S", out, re.M), out
+    for fact in ("dim=64", "hidden_dim=172", "layers=5", "heads=8", "kv_heads=4", "head_dim=8", "vocab=512",
+                 "rope_theta=10000", "rms_eps=1e-05", "chat template: no"):
+        assert fact in out, (fact, out)
+
+
+def test_synth_q8_0_writes_a_loadable_model(tmp_path):
+    out = tmp_path / "s15m-q8.gguf"
+    proc = dualpath_cli(["synth", "--preset", "stories15M", "--type", "Q8_0", "-o", out], tmp_path)
+    assert proc.returncode == 0, proc.stderr.decode()
+    assert out.is_file() and "random weights" in proc.stdout.decode()
+    llm = dualpath.LLM(out)
+    assert (llm.spec.config.dim, llm.spec.config.num_layers, llm.spec.config.vocab_size) == (288, 6, 32000)
+    c = llm.generate("Hello", dualpath.SamplingParams(max_tokens=3, seed=0))
+    assert len(c.token_ids) == 3 or c.finish_reason == "stop"
+
+
+def test_missing_model_file_exits_2_naming_the_file(tmp_path):
+    missing = tmp_path / "no-such-model.gguf"
+    proc = dualpath_cli(["run", "--model", missing, "x"], tmp_path)
+    assert_clean_usage_error(proc, str(missing))
+
+
+def test_unknown_set_key_exits_2_naming_the_key(gguf_path, tmp_path):
+    proc = dualpath_cli(["run", "--model", gguf_path, "--set", "runtime.num_thread=2", "x"], tmp_path)
+    assert_clean_usage_error(proc, "runtime.num_thread", "did you mean runtime.num_threads")
+
+
+def test_negative_temperature_exits_2_naming_the_parameter(gguf_path, tmp_path):
+    proc = dualpath_cli(["run", "--model", gguf_path, "--temperature", "-0.5", "x"], tmp_path)
+    assert_clean_usage_error(proc, "temperature=-0.5", ">= 0")
