@@ -11,14 +11,20 @@ import time
 
 
 def _overrides(args) -> dict:
+    from .errors import ConfigError
+
     out = {}
     for item in args.set or ():
         key, sep, value = item.partition("=")
-        if not sep:
-            raise SystemExit(f"dualpath: --set {item!r}: expected KEY=VALUE (e.g. runtime.num_threads=2)")
+        if not sep or not key.strip():
+            raise ConfigError(f"--set {item!r}: expected KEY=VALUE (e.g. runtime.num_threads=2)")
         import yaml
 
-        out[key.strip()] = yaml.safe_load(value)
+        try:
+            out[key.strip()] = yaml.safe_load(value)
+        except yaml.YAMLError as e:
+            problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+            raise ConfigError(f"--set {item!r}: the value is not valid YAML ({problem})") from None
     if getattr(args, "threads", None) is not None:
         out["runtime.num_threads"] = args.threads
     if getattr(args, "ctx_size", None) is not None:
@@ -65,11 +71,11 @@ def cmd_run(args) -> int:
     prompt = args.prompt if args.prompt is not None else ""
     ids = llm.tokenize(prompt)
     params = _sampling(args, len(ids))
+    gen = llm.stream(ids, params)  # checks the prompt fits before anything is printed
     out = sys.stdout
     if args.echo:
         out.write(llm.detokenize(ids))
         out.flush()
-    gen = llm.stream(ids, params)
     for delta in gen:
         out.write(delta)
         out.flush()

@@ -122,3 +122,18 @@ def test_unknown_set_key_exits_2_naming_the_key(gguf_path, tmp_path):
 def test_negative_temperature_exits_2_naming_the_parameter(gguf_path, tmp_path):
     proc = dualpath_cli(["run", "--model", gguf_path, "--temperature", "-0.5", "x"], tmp_path)
     assert_clean_usage_error(proc, "temperature=-0.5", ">= 0")
+
+
+@pytest.mark.parametrize("item, fragment", [
+    ("runtime.num_threads", "expected KEY=VALUE"),
+    ("=2", "expected KEY=VALUE"),
+    ("runtime.num_threads=[", "not valid YAML"),
+], ids=["no-equals", "no-key", "bad-yaml"])
+def test_malformed_set_exits_2_naming_the_item(gguf_path, tmp_path, item, fragment):
+    proc = dualpath_cli(["run", "--model", gguf_path, "--set", item, "x"], tmp_path)
+    assert_clean_usage_error(proc, repr(item), fragment)
+
+
+def test_prompt_longer_than_ctx_size_exits_2_naming_both_numbers(gguf_path, tmp_path):
+    proc = dualpath_cli(["run", "--model", gguf_path, "--ctx-size", "4", "Once upon a time"], tmp_path)
+    assert_clean_usage_error(proc, "5 tokens", "holds 4")

@@ -22,6 +22,34 @@ from ..models.spec import ModelSpec
 log = logging.getLogger(__name__)
 
 
+_global_pool_threads: int | None = None
+
+
+def _use_global_pool(num_threads: int) -> bool:
+    """Share one ONNX Runtime thread pool between all parts of a model.
+
+    With a pool per session, a model of L + 1 parts owns L + 1 pools whose idle
+    workers spin against the active one: on a 2-core machine that is worse than one
+    thread. The global pool is created once per process; a later model that asks for
+    another thread count gets per-session pools (and a log line saying so).
+    """
+    global _global_pool_threads
+    if _global_pool_threads is None:
+        try:
+            from onnxruntime.capi import _pybind_state
+
+            _pybind_state.set_global_thread_pool_sizes(num_threads, 1)
+            _global_pool_threads = num_threads
+        except Exception as e:  # an environment already exists (created outside DualPath)
+            log.warning("cannot create ONNX Runtime's global thread pool (%s); using per-session pools", e)
+            _global_pool_threads = 0
+    if _global_pool_threads == num_threads:
+        return True
+    log.warning("ONNX Runtime's global thread pool has %d threads, this model asks for %d: "
+                "using per-session pools", _global_pool_threads, num_threads)
+    return False
+
+
 def create_sessions(parts: list[GraphPart], num_threads: int, spinning: bool = True,
                     affinities: str | None = None) -> list[ort.InferenceSession]:
     """One InferenceSession per part; every weight is handed over as an OrtValue over
@@ -32,6 +60,7 @@ def create_sessions(parts: list[GraphPart], num_threads: int, spinning: bool = T
     fast; there ONNX Runtime packs once and our unpacked arrays can be released.
     """
     total = max(off + n for off, n in _layout_of(parts).values()) if parts else 0
+    shared_pool = affinities is None and _use_global_pool(num_threads)
     with tempfile.TemporaryDirectory(prefix="dualpath-onnx-") as folder:
         with open(os.path.join(folder, PLACEHOLDER), "wb") as f:
             f.truncate(total)  # sparse: never read, costs no memory
@@ -40,8 +69,11 @@ def create_sessions(parts: list[GraphPart], num_threads: int, spinning: bool = T
             path = os.path.join(folder, f"part{part.index}.onnx")
             onnx.save(part.model, path)
             so = ort.SessionOptions()
-            so.intra_op_num_threads = num_threads
-            so.inter_op_num_threads = 1
+            if shared_pool:
+                so.use_per_session_threads = False
+            else:
+                so.intra_op_num_threads = num_threads
+                so.inter_op_num_threads = 1
             so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
             so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
             so.add_session_config_entry("session.intra_op.allow_spinning", "1" if spinning else "0")
