@@ -8,7 +8,8 @@ ONNX Runtime runs the dense math; the KV cache and attention are ours.
 """
 
 from .config import Config, DualPathConfig, RuntimeConfig, load_config
-from .errors import (ChatTemplateError, ConfigError, DualPathError, ModelLoadError, PromptTooLongError,
+from .errors import (ChatTemplateError, ConfigError, DualPathError, InvalidPromptError, ModelLoadError,
+                     PromptTooLongError,
                      SamplingParamsError, TokenizerError)
 from .llm import LLM
 from .runtime.generate import Completion, Timings, Usage
@@ -19,5 +20,5 @@ __version__ = "0.1.0"
 __all__ = [
     "LLM", "SamplingParams", "Completion", "Usage", "Timings", "Config", "DualPathConfig", "RuntimeConfig",
     "load_config", "DualPathError", "ModelLoadError", "ConfigError", "SamplingParamsError",
-    "PromptTooLongError", "TokenizerError", "ChatTemplateError",
+    "PromptTooLongError", "InvalidPromptError", "TokenizerError", "ChatTemplateError",
 ]

@@ -26,7 +26,11 @@ class SamplingParamsError(DualPathError, ValueError):
     """A sampling parameter is out of range: names the parameter and its range."""
 
 
-class PromptTooLongError(DualPathError, ValueError):
+class InvalidPromptError(DualPathError, ValueError):
+    """The prompt is empty or holds token ids outside the vocabulary."""
+
+
+class PromptTooLongError(InvalidPromptError):
     """The prompt does not fit in the context window."""
 
 

@@ -8,7 +8,7 @@ from typing import Iterator
 
 import numpy as np
 
-from ..errors import PromptTooLongError
+from ..errors import InvalidPromptError, PromptTooLongError
 from .sampler import Sampler, SamplingParams
 
 
@@ -78,19 +78,31 @@ class Generation:
         self.prompt_ids = list(prompt_ids)
         self._history = history  # token ids currently in the runner's KV cache
         self.completion: Completion | None = None
+        self._it: Iterator[str] | None = None
         ctx = runner.max_context_tokens
         if not self.prompt_ids:
-            raise ValueError("prompt has no tokens; pass at least one token id (e.g. BOS)")
+            raise InvalidPromptError("prompt has no tokens; pass at least one token id (e.g. BOS)")
         vocab_size = runner.spec.config.vocab_size
         bad = next((t for t in self.prompt_ids if not 0 <= t < vocab_size), None)
         if bad is not None:
-            raise ValueError(f"prompt token id {bad} is outside the vocabulary (0..{vocab_size - 1})")
+            raise InvalidPromptError(f"prompt token id {bad} is outside the vocabulary (0..{vocab_size - 1})")
         if len(prompt_ids) >= ctx:
             raise PromptTooLongError(
                 f"prompt has {len(prompt_ids)} tokens; the context window holds {ctx} "
                 f"and needs room for at least one generated token")
 
     def __iter__(self) -> Iterator[str]:
+        """The deltas; iterating again continues the same generation, never restarts it."""
+        if self._it is None:
+            self._it = self._run()
+        return self._it
+
+    def close(self) -> None:
+        """Stop early. The KV cache keeps what was computed (and stays consistent)."""
+        if self._it is not None:
+            self._it.close()
+
+    def _run(self) -> Iterator[str]:
         from ..tokenizer import StreamDecoder
 
         runner, params = self.runner, self.params
