@@ -52,13 +52,19 @@ def worker(engine: str, model: str, ctx: int, decode: int, threads: int, chunk: 
                               n_batch=chunk, n_ubatch=chunk, verbose=False)
         rss_loaded = _peak_rss_mb()
         prompt = _prompt(llm.n_vocab(), ctx)
+        n_vocab = llm.n_vocab()
+
+        def last_logits():  # the raw logits of the last evaluated token, no copy
+            ptr = llama_cpp.llama_get_logits_ith(llm.ctx, -1)
+            return np.ctypeslib.as_array(ptr, shape=(n_vocab,))
+
         t0 = time.perf_counter()
         llm.eval(prompt)
         t1 = time.perf_counter()
-        token = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+        token = int(np.argmax(last_logits()))
         for _ in range(decode):
             llm.eval([token])
-            token = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+            token = int(np.argmax(last_logits()))
         t2 = time.perf_counter()
         return {"prefill_tps": ctx / (t1 - t0), "decode_tps": decode / (t2 - t1),
                 "peak_rss_mb": _peak_rss_mb(), "loaded_rss_mb": rss_loaded}

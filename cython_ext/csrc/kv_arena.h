@@ -1,0 +1,65 @@
+/* The dual-path KV arena: one aligned allocation, cut into blocks, read through tiles.
+ *
+ * Memory: num_layers regions of num_blocks * block_size bytes each. Block b of
+ * layer l starts at base + l * layer_bytes + b * block_size. Every layer advances
+ * through the same block ids, so one block table per sequence serves all layers.
+ *
+ * A *tile* holds P tokens of one layer in the layout a kernel streams:
+ *     K: (num_kv_heads, P, head_dim) then V: (num_kv_heads, P, head_dim), kv dtype
+ * tile_bytes(P) = 2 * num_kv_heads * P * head_dim * elem_bytes.
+ * The random path uses tiles of page_tokens (pages, several per block); the
+ * sequential path uses one tile per block (P = tokens_per_block), so a head's K
+ * rows run contiguously for a whole block. One kernel reads both.
+ *
+ * A *slot* (where one token is written) is int64[3]: (tile byte offset inside a
+ * layer region, row inside the tile, P).
+ * A *span* (kernel view) is int64[3]: (byte offset of its first tile, num_tokens, P);
+ * its tokens fill consecutive tiles of tile_bytes(P) in position order.
+ */
+#ifndef DP_KV_ARENA_H
+#define DP_KV_ARENA_H
+
+#include "dp_common.h"
+
+typedef struct {
+    char *base;            /* (num_layers, num_blocks, block_size) bytes, 2 MiB aligned */
+    int64_t block_size;
+    int64_t num_blocks;
+    int64_t num_layers;
+    int64_t num_kv_heads;
+    int64_t head_dim;
+    int kv_dtype;          /* DP_F32 or DP_F16 */
+    int64_t elem_bytes;
+    int64_t layer_bytes;   /* num_blocks * block_size */
+    int hugepages;         /* 1 when madvise(MADV_HUGEPAGE) was accepted */
+    int numa_node;         /* node the arena is bound to, -1 when not bound */
+} dp_arena;
+
+int dp_arena_init(dp_arena *a, int64_t block_size, int64_t num_blocks, int64_t num_layers,
+                  int64_t num_kv_heads, int64_t head_dim, int kv_dtype, int numa_node);
+void dp_arena_free(dp_arena *a);
+
+/* Write num_tokens rows of K and V (each (num_tokens, num_kv_heads * head_dim) f32,
+ * row stride `stride` floats) of `layer` at `slots` (num_tokens, 3). */
+int dp_kv_write_slots(const dp_arena *a, int64_t layer, const float *k, const float *v,
+                      int64_t stride, const int64_t *slots, int64_t num_tokens);
+
+/* Causal attention for num_tokens queries at positions [pos0, pos0 + num_tokens)
+ * over the sequence described by `spans` (num_spans, 3), which covers at least
+ * pos0 + num_tokens tokens.
+ *   q, out: (num_tokens, num_heads * head_dim) f32, row strides q_stride / out_stride
+ * prefetch_degree: tiles prefetched ahead when the next tile is not adjacent. */
+int dp_attn_spans_generic(const dp_arena *a, int64_t layer, const float *q, int64_t q_stride,
+                          float *out, int64_t out_stride, int64_t num_heads,
+                          const int64_t *spans, int64_t num_spans, int64_t pos0,
+                          int64_t num_tokens, float scale, int prefetch_degree);
+
+/* Copy every layer's K and V of num_tokens tokens from src slots to dst slots. */
+int dp_kv_copy_slots(const dp_arena *a, const int64_t *src, const int64_t *dst, int64_t num_tokens);
+
+/* Gather the first num_tokens tokens of `spans` of `layer` into dense f32 arrays
+ * k_out, v_out: (num_kv_heads, num_tokens, head_dim). For tests and migration checks. */
+int dp_kv_gather(const dp_arena *a, int64_t layer, const int64_t *spans, int64_t num_spans,
+                 int64_t num_tokens, float *k_out, float *v_out);
+
+#endif
