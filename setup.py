@@ -16,6 +16,13 @@ extensions = [
         extra_compile_args=["-O3", "-std=c11", "-fno-math-errno"],
         define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
     ),
+    Extension(
+        "dualpath._kvarena",
+        sources=["cython_ext/_kvarena.pyx", "cython_ext/csrc/kv_arena.c"],
+        include_dirs=["cython_ext", np.get_include()],
+        extra_compile_args=["-O3", "-std=c11", "-fno-math-errno"],
+        define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
+    ),
 ]
 
 setup(ext_modules=cythonize(extensions, include_path=["cython_ext"], language_level=3))

@@ -21,3 +21,30 @@ cdef extern from "csrc/dp_kernels.h" nogil:
                                int64_t capacity, int64_t pos0, int64_t num_tokens, float scale)
     int dp_embed_generic(const void *table, const float *scales, int dtype, int64_t vocab,
                          int64_t dim, const int64_t *ids, int64_t num_tokens, float *out)
+
+cdef extern from "csrc/kv_arena.h" nogil:
+    ctypedef struct dp_arena:
+        char *base
+        int64_t block_size
+        int64_t num_blocks
+        int64_t num_layers
+        int64_t num_kv_heads
+        int64_t head_dim
+        int kv_dtype
+        int64_t elem_bytes
+        int64_t layer_bytes
+        int hugepages
+        int numa_node
+
+    int dp_arena_init(dp_arena *a, int64_t block_size, int64_t num_blocks, int64_t num_layers,
+                      int64_t num_kv_heads, int64_t head_dim, int kv_dtype, int numa_node)
+    void dp_arena_free(dp_arena *a)
+    int dp_kv_write_slots(const dp_arena *a, int64_t layer, const float *k, const float *v,
+                          int64_t stride, const int64_t *slots, int64_t num_tokens)
+    int dp_attn_spans_generic(const dp_arena *a, int64_t layer, const float *q, int64_t q_stride,
+                              float *out, int64_t out_stride, int64_t num_heads,
+                              const int64_t *spans, int64_t num_spans, int64_t pos0,
+                              int64_t num_tokens, float scale, int prefetch_degree)
+    int dp_kv_copy_slots(const dp_arena *a, const int64_t *src, const int64_t *dst, int64_t num_tokens)
+    int dp_kv_gather(const dp_arena *a, int64_t layer, const int64_t *spans, int64_t num_spans,
+                     int64_t num_tokens, float *k_out, float *v_out)

@@ -1,0 +1,194 @@
+# cython: language_level=3, boundscheck=False, wraparound=False
+"""The KV arena (csrc/kv_arena.c) as a Python object, and the per-step stepper.
+
+``KVArena`` owns the one allocation. Slots and spans are int64 arrays of shape
+(n, 3) (see kv_arena.h). ``ArenaStepper`` binds q/k/v/out and the slot and span
+buffers once; ``step(layer, pos0, num_tokens, num_spans)`` writes the new rows and
+attends, with only small integers crossing the boundary.
+"""
+import numpy as np
+cimport numpy as cnp
+from libc.stdint cimport int64_t
+from dp_kernels cimport *
+
+cnp.import_array()
+
+
+cdef int _check(int status, str what) except -1:
+    if status == DP_OK:
+        return 0
+    if status == DP_ERR_BOUNDS:
+        raise IndexError(f"{what}: slot, span or position outside the arena")
+    if status == DP_ERR_NOMEM:
+        raise MemoryError(f"{what}: out of memory")
+    raise ValueError(f"{what}: invalid argument")
+
+
+def _req(a, str name, int ndim, dtype, int cols=0):
+    if not isinstance(a, np.ndarray) or a.ndim != ndim or a.dtype != dtype or not a.flags.c_contiguous:
+        raise ValueError(f"{name} must be a C-contiguous {ndim}-d {np.dtype(dtype)} array")
+    if cols and a.shape[1] != cols:
+        raise ValueError(f"{name} must have {cols} columns, got shape {a.shape}")
+
+
+cdef class KVArena:
+    """num_layers x num_blocks x block_size bytes of KV storage (see kv_arena.h)."""
+    cdef dp_arena a
+
+    def __cinit__(self, int64_t block_size, int64_t num_blocks, int64_t num_layers, int64_t num_kv_heads,
+                  int64_t head_dim, str kv_dtype="f16", int numa_node=-1):
+        if kv_dtype not in ("f16", "f32"):
+            raise ValueError(f"kv_dtype={kv_dtype!r} must be 'f16' or 'f32'")
+        st = dp_arena_init(&self.a, block_size, num_blocks, num_layers, num_kv_heads, head_dim,
+                           DP_F16 if kv_dtype == "f16" else DP_F32, numa_node)
+        if st == DP_ERR_ARG:
+            raise ValueError(f"arena: block_size={block_size} must be a power of two holding at least one "
+                             f"token ({2 * num_kv_heads * head_dim * (2 if kv_dtype == 'f16' else 4)} bytes), "
+                             f"num_blocks={num_blocks} >= 1, head_dim={head_dim} <= 512")
+        _check(st, f"arena of {num_layers} x {num_blocks} x {block_size} bytes")
+
+    def __dealloc__(self):
+        dp_arena_free(&self.a)
+
+    @property
+    def block_size(self): return self.a.block_size
+    @property
+    def num_blocks(self): return self.a.num_blocks
+    @property
+    def num_layers(self): return self.a.num_layers
+    @property
+    def num_kv_heads(self): return self.a.num_kv_heads
+    @property
+    def head_dim(self): return self.a.head_dim
+    @property
+    def kv_dtype(self): return "f32" if self.a.kv_dtype == DP_F32 else "f16"
+    @property
+    def nbytes(self): return self.a.layer_bytes * self.a.num_layers
+    @property
+    def hugepages(self): return bool(self.a.hugepages)
+    @property
+    def address(self): return <size_t>self.a.base
+
+    def tile_bytes(self, int64_t tile_tokens):
+        return 2 * self.a.num_kv_heads * tile_tokens * self.a.head_dim * self.a.elem_bytes
+
+    def write(self, int64_t layer, k, v, slots):
+        """k, v: (n, num_kv_heads * head_dim) f32; slots: (n, 3) int64."""
+        _req(k, "k", 2, np.float32, self.a.num_kv_heads * self.a.head_dim)
+        _req(v, "v", 2, np.float32, self.a.num_kv_heads * self.a.head_dim)
+        _req(slots, "slots", 2, np.int64, 3)
+        if k.shape[0] != slots.shape[0] or v.shape[0] != slots.shape[0]:
+            raise ValueError("k, v and slots must have the same number of rows")
+        cdef int st
+        cdef const float *kp = <const float *>cnp.PyArray_DATA(<cnp.ndarray>k)
+        cdef const float *vp = <const float *>cnp.PyArray_DATA(<cnp.ndarray>v)
+        cdef const int64_t *sp = <const int64_t *>cnp.PyArray_DATA(<cnp.ndarray>slots)
+        cdef int64_t n = slots.shape[0], stride = k.shape[1]
+        with nogil:
+            st = dp_kv_write_slots(&self.a, layer, kp, vp, stride, sp, n)
+        _check(st, f"write of {n} tokens to layer {layer}")
+
+    def copy(self, src_slots, dst_slots):
+        """Copy all layers' K/V of each src slot to the matching dst slot."""
+        _req(src_slots, "src_slots", 2, np.int64, 3)
+        _req(dst_slots, "dst_slots", 2, np.int64, 3)
+        if src_slots.shape[0] != dst_slots.shape[0]:
+            raise ValueError("src_slots and dst_slots must have the same length")
+        cdef int st
+        cdef const int64_t *s = <const int64_t *>cnp.PyArray_DATA(<cnp.ndarray>src_slots)
+        cdef const int64_t *d = <const int64_t *>cnp.PyArray_DATA(<cnp.ndarray>dst_slots)
+        cdef int64_t n = src_slots.shape[0]
+        with nogil:
+            st = dp_kv_copy_slots(&self.a, s, d, n)
+        _check(st, f"copy of {n} tokens")
+
+    def gather(self, int64_t layer, spans, int64_t num_tokens):
+        """Dense (k, v), each (num_kv_heads, num_tokens, head_dim) f32, read through spans."""
+        _req(spans, "spans", 2, np.int64, 3)
+        k = np.empty((self.a.num_kv_heads, num_tokens, self.a.head_dim), np.float32)
+        v = np.empty_like(k)
+        cdef int st
+        cdef const int64_t *sp = <const int64_t *>cnp.PyArray_DATA(<cnp.ndarray>spans)
+        cdef float *kp = <float *>cnp.PyArray_DATA(<cnp.ndarray>k)
+        cdef float *vp = <float *>cnp.PyArray_DATA(<cnp.ndarray>v)
+        cdef int64_t ns = spans.shape[0]
+        with nogil:
+            st = dp_kv_gather(&self.a, layer, sp, ns, num_tokens, kp, vp)
+        _check(st, f"gather of {num_tokens} tokens from layer {layer}")
+        return k, v
+
+    def attention(self, int64_t layer, q, spans, int64_t pos0, float scale=0.0, int prefetch_degree=0):
+        """Causal attention of q (T, num_heads, head_dim) f32 at positions [pos0, pos0 + T)."""
+        _req(q, "q", 3, np.float32)
+        _req(spans, "spans", 2, np.int64, 3)
+        if q.shape[2] != self.a.head_dim:
+            raise ValueError(f"q head_dim {q.shape[2]} != arena head_dim {self.a.head_dim}")
+        out = np.empty_like(q)
+        cdef int64_t T = q.shape[0], H = q.shape[1], hd = q.shape[2], ns = spans.shape[0]
+        cdef float sc = scale if scale > 0 else 1.0 / np.sqrt(hd)
+        cdef int st
+        cdef const float *qp = <const float *>cnp.PyArray_DATA(<cnp.ndarray>q)
+        cdef float *op = <float *>cnp.PyArray_DATA(<cnp.ndarray>out)
+        cdef const int64_t *sp = <const int64_t *>cnp.PyArray_DATA(<cnp.ndarray>spans)
+        with nogil:
+            st = dp_attn_spans_generic(&self.a, layer, qp, H * hd, op, H * hd, H, sp, ns, pos0, T, sc,
+                                       prefetch_degree)
+        _check(st, f"attention (layer {layer}, pos0 {pos0}, {T} tokens, {ns} spans)")
+        return out
+
+
+cdef class ArenaStepper:
+    """One layer step over bound buffers: write K/V at ``slots``, attend over ``spans``.
+
+    q, out: (max_tokens, num_heads * head_dim) f32; k, v: (max_tokens, kv_dim) f32
+    slots:  (max_tokens, 3) int64; spans: (max_spans, 3) int64
+    """
+    cdef KVArena arena
+    cdef readonly object q, k, v, out, slots, spans
+    cdef int64_t num_heads, max_tokens, max_spans, kv_stride, q_stride
+    cdef float scale
+    cdef int prefetch_degree
+
+    def __init__(self, KVArena arena, q, k, v, out, slots, spans, float scale, int prefetch_degree):
+        kv_dim = arena.num_kv_heads * arena.head_dim
+        for name, a in (("q", q), ("out", out)):
+            _req(a, name, 2, np.float32)
+        _req(k, "k", 2, np.float32, kv_dim)
+        _req(v, "v", 2, np.float32, kv_dim)
+        _req(slots, "slots", 2, np.int64, 3)
+        _req(spans, "spans", 2, np.int64, 3)
+        if q.shape != out.shape or q.shape[1] % arena.head_dim or q.shape[0] != k.shape[0] \
+                or k.shape != v.shape or slots.shape[0] != q.shape[0]:
+            raise ValueError("q/out/k/v/slots shapes are inconsistent")
+        self.arena = arena
+        self.q, self.k, self.v, self.out, self.slots, self.spans = q, k, v, out, slots, spans
+        self.num_heads = q.shape[1] // arena.head_dim
+        if self.num_heads % arena.num_kv_heads:
+            raise ValueError("num_heads must be a multiple of num_kv_heads")
+        self.max_tokens = q.shape[0]
+        self.max_spans = spans.shape[0]
+        self.kv_stride = kv_dim
+        self.q_stride = q.shape[1]
+        self.scale = scale
+        self.prefetch_degree = prefetch_degree
+
+    def step(self, int64_t layer, int64_t pos0, int64_t num_tokens, int64_t num_spans):
+        if num_tokens < 1 or num_tokens > self.max_tokens:
+            raise ValueError(f"num_tokens {num_tokens} out of range [1, {self.max_tokens}]")
+        if num_spans < 1 or num_spans > self.max_spans:
+            raise ValueError(f"num_spans {num_spans} out of range [1, {self.max_spans}]")
+        cdef int st
+        cdef const dp_arena *a = &self.arena.a
+        cdef const float *kp = <const float *>cnp.PyArray_DATA(<cnp.ndarray>self.k)
+        cdef const float *vp = <const float *>cnp.PyArray_DATA(<cnp.ndarray>self.v)
+        cdef const float *qp = <const float *>cnp.PyArray_DATA(<cnp.ndarray>self.q)
+        cdef float *op = <float *>cnp.PyArray_DATA(<cnp.ndarray>self.out)
+        cdef const int64_t *slp = <const int64_t *>cnp.PyArray_DATA(<cnp.ndarray>self.slots)
+        cdef const int64_t *spp = <const int64_t *>cnp.PyArray_DATA(<cnp.ndarray>self.spans)
+        with nogil:
+            st = dp_kv_write_slots(a, layer, kp, vp, self.kv_stride, slp, num_tokens)
+            if st == DP_OK:
+                st = dp_attn_spans_generic(a, layer, qp, self.q_stride, op, self.q_stride, self.num_heads,
+                                           spp, num_spans, pos0, num_tokens, self.scale, self.prefetch_degree)
+        if st != DP_OK:
+            _check(st, f"attention step (layer {layer}, pos0 {pos0}, {num_tokens} tokens, {num_spans} spans)")

@@ -1,0 +1,534 @@
+"""The dual-path KV cache: the one facade the scheduler and runner talk to.
+
+Memory is one ``KVArena`` (C): ``num_layers`` regions of ``num_blocks`` blocks of
+``block_size`` bytes; every layer uses the same block ids, so one page table per
+sequence serves all layers. A block is cut into *pages* of ``page_tokens`` tokens
+(the kernel's tile, see kv_arena.h). Both paths store pages; they differ only in
+how they find one:
+
+* **sequential path**: a sequence owns whole blocks (an *extent*, a run of
+  contiguous blocks) and fills their pages in order; the extent grows in place
+  while the next block is free, else a new extent is chained. The kernel view
+  merges adjacent pages, so it sees a few long contiguous spans.
+* **random path**: pages come one at a time from blocks shared by many sequences,
+  located through the prefix hash table (``hash(parent hash, page token ids,
+  salt) -> page``); pages nobody references stay cached in LRU order until
+  evicted.
+
+Interleaving: blocks start out tagged ``| 0 seq | 1 rand | 2 seq | 3 rand | ...``.
+New extents start on even blocks and random pages are carved from odd blocks
+first, so a request's extent sits beside the blocks that hold the shared-prefix
+pages it reads just before it (hybrid requests read both in one pass), and
+neither kind can fence the other out: under pressure either takes any free
+block, an extent grows over its odd neighbour when that is free, and freed blocks
+return to one pool. The balance between the kinds therefore follows demand.
+
+Every full page is hashed and can be shared, whichever path wrote it (except
+on the SEQUENTIAL prefill path, which serves long private documents).
+A shared page that would change is copied first (copy-on-write).
+
+Allocation failure is a value, ``NoRoom``, never an exception: the caller
+queues or preempts.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import struct
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .._kvarena import KVArena
+from ..config import DualPathConfig
+from ..scheduler.router import Path, Phase, route
+
+log = logging.getLogger(__name__)
+
+FREE, SEQ, RAND = 0, 1, 2
+
+
+@dataclass(frozen=True)
+class NoRoom:
+    """Not enough free or evictable pages for ``needed_pages`` more pages."""
+
+    needed_pages: int
+    free_pages: int
+
+    def __bool__(self) -> bool:  # so `if not result:` reads naturally
+        return False
+
+
+@dataclass(frozen=True)
+class Allocation:
+    """Where the new tokens go: slots (num_tokens, 3) int64 rows of (offset, row, P)."""
+
+    slots: np.ndarray
+    path: Path
+
+
+@dataclass
+class Sequence:
+    seq_id: int
+    salt: bytes
+    path: Path
+    register_pages: bool
+    """Hash full pages into the prefix table (not for SEQUENTIAL prefills)."""
+    pages: list[int] = field(default_factory=list)
+    """Page ids in position order; page i holds positions [i * P, (i + 1) * P)."""
+    tokens: list[int] = field(default_factory=list)
+    """Token id per position whose KV is (or is being) written."""
+    hashes: list[bytes] = field(default_factory=list)
+    """Chained hash per full page (also for pages not registered)."""
+    blocks: list[int] = field(default_factory=list)
+    """Blocks this sequence owns as extents (sequential path), in order."""
+    committed: int = 0
+    """Tokens whose KV is known written (after the step that wrote them)."""
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.tokens)
+
+
+@dataclass
+class CacheStats:
+    bytes_total: int
+    bytes_used_sequential: int
+    bytes_used_random: int
+    bytes_cached: int
+    bytes_free: int
+    token_bytes_needed: int
+    fragmentation: float
+    """Share of held page bytes not filled by tokens (partial pages, unused extent pages)."""
+    prefix_queries: int
+    prefix_hit_pages: int
+    evictions: int
+    migrations: int
+    cow_copies: int
+
+    @property
+    def prefix_hit_rate(self) -> float:
+        return self.prefix_hit_pages / self.prefix_queries if self.prefix_queries else 0.0
+
+
+class KVCacheManager:
+    """Allocate, free, fork, look up prefixes and migrate sequences (see module docstring)."""
+
+    def __init__(self, cfg: DualPathConfig, *, num_layers: int, num_kv_heads: int, head_dim: int,
+                 num_blocks: int, salt: bytes = b""):
+        self.cfg = cfg
+        self.page_tokens = P = cfg.page_tokens
+        self.arena = KVArena(cfg.block_size, num_blocks, num_layers, num_kv_heads, head_dim, cfg.kv_dtype)
+        self.page_bytes = self.arena.tile_bytes(P)
+        if self.page_bytes > cfg.block_size:
+            raise ValueError(f"dualpath_config.block_size={cfg.block_size} cannot hold one page of "
+                             f"page_tokens={P} tokens ({self.page_bytes} bytes for this model); "
+                             "raise block_size or lower page_tokens")
+        self.pages_per_block = cfg.block_size // self.page_bytes
+        self.num_blocks = num_blocks
+        self.salt = salt
+        npages = num_blocks * self.pages_per_block
+        self.block_state = [FREE] * num_blocks           # (num_blocks,) FREE / SEQ / RAND
+        self.block_live = [0] * num_blocks               # pages in use or cached per block
+        self.free_blocks = set(range(num_blocks))
+        self.rand_free: dict[int, list[int]] = {}        # RAND block -> its free page slots
+        self.page_ref = [0] * npages
+        self.page_hash: list[bytes | None] = [None] * npages
+        self.lru: OrderedDict[int, None] = OrderedDict()  # cached pages nobody references, oldest first
+        self.table: dict[bytes, int] = {}                 # prefix hash -> page
+        self.seqs: dict[int, Sequence] = {}
+        self._extent_used: dict[int, int] = {}             # SEQ block -> pages handed out, in order
+        self.evictions = self.migrations = self.cow_copies = 0
+        self.prefix_queries = self.prefix_hit_pages = 0
+
+    # -- pages and blocks ------------------------------------------------------
+    def page_offset(self, page: int) -> int:
+        b, s = divmod(page, self.pages_per_block)
+        return b * self.cfg.block_size + s * self.page_bytes
+
+    def _take_block(self, prefer_odd: bool) -> int | None:
+        if not self.free_blocks:
+            return None
+        parity = 1 if prefer_odd else 0
+        best = min((b for b in self.free_blocks if b % 2 == parity), default=None)
+        if best is None:
+            best = min(self.free_blocks)
+        self.free_blocks.discard(best)
+        return best
+
+    def _release_slot(self, page: int) -> None:
+        """A page holds nothing any more: give its slot back to its block."""
+        b, s = divmod(page, self.pages_per_block)
+        self.block_live[b] -= 1
+        if self.block_state[b] == SEQ:
+            return  # its owner still holds the block; the slot is reused only through the owner
+        if self.block_live[b] == 0:
+            self.rand_free.pop(b, None)
+            self.block_state[b] = FREE
+            self.free_blocks.add(b)
+        else:
+            self.rand_free.setdefault(b, []).append(s)
+
+    def _evict_one(self) -> bool:
+        if not self.lru:
+            return False
+        page, _ = self.lru.popitem(last=False)
+        h = self.page_hash[page]
+        if h is not None and self.table.get(h) == page:
+            del self.table[h]
+        self.page_hash[page] = None
+        self.evictions += 1
+        self._release_slot(page)
+        return True
+
+    def _random_page(self) -> int | None:
+        while True:
+            if self.rand_free:
+                b = min(self.rand_free)
+                slots = self.rand_free[b]
+                s = slots.pop()
+                if not slots:
+                    del self.rand_free[b]
+                self.block_live[b] += 1
+                return b * self.pages_per_block + s
+            b = self._take_block(prefer_odd=True)
+            if b is not None:
+                self.block_state[b] = RAND
+                self.rand_free[b] = list(range(self.pages_per_block - 1, -1, -1))
+                continue
+            if not self._evict_one():
+                return None
+
+    def _sequential_page(self, seq: Sequence) -> int | None:
+        """Next page of the sequence's extent: the next slot in its last block, the
+        next block in place when free, or a new extent."""
+        ppb = self.pages_per_block
+        if seq.blocks:
+            last = seq.blocks[-1]
+            used = self._extent_used.get(last, ppb)
+            if used < ppb:
+                self._extent_used[last] = used + 1
+                self.block_live[last] += 1
+                return last * ppb + used
+            nxt = last + 1
+            if nxt in self.free_blocks:  # grow in place
+                self.free_blocks.discard(nxt)
+                return self._own_block(seq, nxt)
+        b = self._take_block(prefer_odd=False)
+        if b is not None:
+            return self._own_block(seq, b)
+        # No free block: take a page from the random pool (evicting cached pages if
+        # needed) rather than fail; the kernel reads it the same way.
+        return self._random_page()
+
+    def _own_block(self, seq: Sequence, b: int) -> int:
+        self.block_state[b] = SEQ
+        seq.blocks.append(b)
+        self._extent_used[b] = 1
+        self.block_live[b] += 1
+        return b * self.pages_per_block
+
+    def _drop_extent_block(self, b: int) -> None:
+        """The owner lets go of an extent block: unused slots become free, the
+        block joins the random pool (its cached pages live on) or is freed."""
+        used = self._extent_used.pop(b, self.pages_per_block)
+        self.block_state[b] = RAND
+        live_slots = set()
+        for s in range(used):
+            p = b * self.pages_per_block + s
+            if self.page_ref[p] > 0 or p in self.lru:
+                live_slots.add(s)
+        if not live_slots:
+            self.block_state[b] = FREE
+            self.block_live[b] = 0
+            self.rand_free.pop(b, None)
+            self.free_blocks.add(b)
+        else:
+            self.block_live[b] = len(live_slots)
+            self.rand_free[b] = [s for s in range(self.pages_per_block - 1, -1, -1) if s not in live_slots]
+            if not self.rand_free[b]:
+                del self.rand_free[b]
+
+    def _unref(self, page: int) -> None:
+        self.page_ref[page] -= 1
+        assert self.page_ref[page] >= 0, "reference count went negative"
+        if self.page_ref[page] == 0:
+            b = page // self.pages_per_block
+            if self.page_hash[page] is not None and self.table.get(self.page_hash[page]) == page:
+                self.lru[page] = None  # cached: reusable until evicted
+            elif self.block_state[b] != SEQ:
+                self._release_slot(page)
+            else:
+                self.block_live[b] -= 1  # slot of a live extent: freed with the extent
+
+    # -- hashing ---------------------------------------------------------------
+    def _page_hash(self, parent: bytes, tokens) -> bytes:
+        h = hashlib.blake2b(digest_size=16)
+        h.update(parent)
+        h.update(struct.pack(f"<{len(tokens)}q", *tokens))
+        h.update(self.salt)
+        return h.digest()
+
+    # -- facade ----------------------------------------------------------------
+    def start(self, seq_id: int, prompt_ids, path: Path | None = None) -> int:
+        """Begin a sequence. Returns how many leading prompt tokens are already in the
+        cache (reused pages): the caller runs only the rest through the model."""
+        if seq_id in self.seqs:
+            raise ValueError(f"sequence {seq_id} already exists")
+        n = len(prompt_ids)
+        path = path or route(self.cfg, Phase.PREFILL, n)
+        seq = Sequence(seq_id, self.salt, path, register_pages=path is not Path.SEQUENTIAL)
+        self.seqs[seq_id] = seq
+        if path is Path.SEQUENTIAL:
+            return 0
+        P = self.page_tokens
+        parent = b""
+        # At least one prompt token must be run to get logits: never reuse the last one.
+        for i in range((n - 1) // P):
+            chunk = list(prompt_ids[i * P:(i + 1) * P])
+            h = self._page_hash(parent, chunk)
+            self.prefix_queries += 1
+            page = self.table.get(h)
+            if page is None:
+                break
+            self.prefix_hit_pages += 1
+            if self.page_ref[page] == 0:
+                self.lru.pop(page, None)
+            self.page_ref[page] += 1
+            seq.pages.append(page)
+            seq.tokens.extend(chunk)
+            seq.hashes.append(h)
+            parent = h
+        seq.committed = seq.num_tokens
+        return seq.num_tokens
+
+    def allocate(self, seq_id: int, token_ids, path: Path | None = None) -> Allocation | NoRoom:
+        """Room for ``token_ids`` appended to the sequence. ``path`` (SEQUENTIAL or RANDOM)
+        decides where new pages come from; by default the router decides from the
+        sequence's phase and measured locality."""
+        seq = self.seqs[seq_id]
+        n = len(token_ids)
+        P = self.page_tokens
+        if path is None:
+            if seq.num_tokens == 0 or seq.committed < seq.num_tokens:
+                path = seq.path
+            else:
+                path = route(self.cfg, Phase.DECODE, seq.num_tokens, self.locality_score(seq_id))
+        use_extent = path in (Path.SEQUENTIAL, Path.HYBRID)
+        taken: list[int] = []
+        # Copy-on-write: a shared, partly filled last page is copied before appending.
+        if seq.num_tokens % P and self.page_ref[seq.pages[-1]] > 1:
+            page = self._sequential_page(seq) if use_extent else self._random_page()
+            if page is None:
+                return NoRoom(1 + (seq.num_tokens % P + n - 1) // P, self.free_page_count())
+            self._copy_pages(seq.pages[-1], page, seq.num_tokens % P)
+            self._unref(seq.pages[-1])
+            self.page_ref[page] = 1
+            seq.pages[-1] = page
+            self.cow_copies += 1
+        need = (seq.num_tokens + n + P - 1) // P - len(seq.pages)
+        for _ in range(need):
+            page = self._sequential_page(seq) if use_extent else self._random_page()
+            if page is None:
+                for p in reversed(taken):  # all or nothing
+                    seq.pages.pop()
+                    self.page_ref[p] = 0
+                    self._give_back_new(seq, p)
+                return NoRoom(need, self.free_page_count())
+            self.page_ref[page] = 1
+            seq.pages.append(page)
+            taken.append(page)
+        start = seq.num_tokens
+        seq.tokens.extend(int(t) for t in token_ids)
+        slots = np.empty((n, 3), np.int64)
+        for i in range(n):
+            pos = start + i
+            slots[i, 0] = self.page_offset(seq.pages[pos // P])
+            slots[i, 1] = pos % P
+            slots[i, 2] = P
+        return Allocation(slots, path)
+
+    def _give_back_new(self, seq: Sequence, page: int) -> None:
+        b = page // self.pages_per_block
+        if self.block_state[b] == SEQ and seq.blocks and seq.blocks[-1] == b \
+                and self._extent_used.get(b) == page % self.pages_per_block + 1:
+            self._extent_used[b] -= 1
+            self.block_live[b] -= 1
+            if self._extent_used[b] == 0:
+                seq.blocks.pop()
+                self._extent_used.pop(b)
+                self.block_state[b] = FREE
+                self.free_blocks.add(b)
+        else:
+            self._release_slot(page)
+
+    def commit(self, seq_id: int) -> None:
+        """The step that wrote the sequence's pending tokens finished: full pages become
+        shareable (hashed into the prefix table)."""
+        seq = self.seqs[seq_id]
+        P = self.page_tokens
+        seq.committed = seq.num_tokens
+        while len(seq.hashes) < seq.num_tokens // P:
+            i = len(seq.hashes)
+            parent = seq.hashes[-1] if seq.hashes else b""
+            h = self._page_hash(parent, seq.tokens[i * P:(i + 1) * P])
+            seq.hashes.append(h)
+            page = seq.pages[i]
+            if seq.register_pages and h not in self.table and self.page_hash[page] is None:
+                self.table[h] = page
+                self.page_hash[page] = h
+
+    def free(self, seq_id: int) -> None:
+        """Release a sequence at once; its registered full pages stay cached (LRU)."""
+        seq = self.seqs.pop(seq_id)
+        for page in seq.pages:
+            self._unref(page)
+        for b in seq.blocks:
+            self._drop_extent_block(b)
+
+    def fork(self, parent_id: int, child_id: int) -> None:
+        """The child shares every page of the parent (copy-on-write on append)."""
+        parent = self.seqs[parent_id]
+        if child_id in self.seqs:
+            raise ValueError(f"sequence {child_id} already exists")
+        child = Sequence(child_id, parent.salt, parent.path, parent.register_pages, list(parent.pages),
+                         list(parent.tokens), list(parent.hashes), [], parent.committed)
+        for p in child.pages:
+            self.page_ref[p] += 1
+        self.seqs[child_id] = child
+
+    def migrate(self, seq_id: int, to: Path) -> bool | NoRoom:
+        """Move a sequence's tokens into a fresh extent (SEQUENTIAL) or into random
+        pages (RANDOM), bit-exact. Returns NoRoom (and changes nothing) when memory is short."""
+        seq = self.seqs[seq_id]
+        n = seq.num_tokens
+        if n == 0:
+            return True
+        P = self.page_tokens
+        old_pages, old_blocks = seq.pages, seq.blocks
+        seq.pages, seq.blocks = [], []
+        new: list[int] = []
+        for _ in range((n + P - 1) // P):
+            page = self._sequential_page(seq) if to is Path.SEQUENTIAL else self._random_page()
+            if page is None:
+                for p in reversed(new):  # all or nothing
+                    self.page_ref[p] = 0
+                    self._give_back_new(seq, p)
+                seq.pages, seq.blocks = old_pages, old_blocks
+                return NoRoom(len(old_pages), self.free_page_count())
+            self.page_ref[page] = 1
+            new.append(page)
+        for i, (src, dst) in enumerate(zip(old_pages, new)):
+            self._copy_pages(src, dst, min(P, n - i * P))
+        seq.pages = new
+        new_blocks = seq.blocks
+        for p in old_pages:
+            self._unref(p)
+        for b in old_blocks:
+            self._drop_extent_block(b)
+        seq.blocks = new_blocks
+        # Re-register the new full pages only where the old ones were not the table's.
+        for i, h in enumerate(seq.hashes):
+            if seq.register_pages and h not in self.table and self.page_hash[new[i]] is None:
+                self.table[h] = new[i]
+                self.page_hash[new[i]] = h
+        seq.path = to
+        self.migrations += 1
+        return True
+
+    def evict_all(self) -> int:
+        """Drop every cached page nobody references. Returns how many."""
+        n = 0
+        while self._evict_one():
+            n += 1
+        return n
+
+    def _copy_pages(self, src: int, dst: int, num_tokens: int) -> None:
+        P = self.page_tokens
+        rows = np.arange(num_tokens, dtype=np.int64)
+        s = np.stack([np.full(num_tokens, self.page_offset(src)), rows, np.full(num_tokens, P)], 1)
+        d = np.stack([np.full(num_tokens, self.page_offset(dst)), rows, np.full(num_tokens, P)], 1)
+        self.arena.copy(np.ascontiguousarray(s), np.ascontiguousarray(d))
+
+    # -- kernel view and measurements -----------------------------------------
+    def spans(self, seq_id: int, out: np.ndarray | None = None) -> np.ndarray:
+        """Kernel view: (num_spans, 3) int64 rows (byte offset, num_tokens, page_tokens);
+        physically adjacent pages are merged into one span."""
+        seq = self.seqs[seq_id]
+        P, pb = self.page_tokens, self.page_bytes
+        rows: list[list[int]] = []
+        remaining = seq.num_tokens
+        for page in seq.pages:
+            off = self.page_offset(page)
+            n = min(P, remaining)
+            remaining -= n
+            if rows and rows[-1][1] % P == 0 and rows[-1][0] + (rows[-1][1] // P) * pb == off:
+                rows[-1][1] += n
+            else:
+                rows.append([off, n, P])
+        arr = np.array(rows, dtype=np.int64).reshape(-1, 3)
+        if out is not None:
+            out[: len(arr)] = arr
+            return out[: len(arr)]
+        return arr
+
+    def locality_score(self, seq_id: int) -> float:
+        """Share of the sequence's KV reads in contiguous runs >= locality_window tokens."""
+        seq = self.seqs[seq_id]
+        if seq.num_tokens == 0:
+            return 0.0
+        sp = self.spans(seq_id)
+        long = sp[sp[:, 1] >= self.cfg.locality_window, 1].sum()
+        return float(long) / seq.num_tokens
+
+    def free_page_count(self) -> int:
+        free = sum(len(v) for v in self.rand_free.values()) + len(self.free_blocks) * self.pages_per_block
+        return free + len(self.lru)
+
+    def stats(self) -> CacheStats:
+        pb = self.page_bytes
+        seq_pages = sum(self._extent_used.values())
+        rand_live = sum(self.block_live[b] for b in range(self.num_blocks) if self.block_state[b] == RAND)
+        cached = len(self.lru)
+        held_pages = seq_pages + rand_live - cached
+        needed = sum(s.num_tokens for s in self.seqs.values())
+        shared_tokens = self._unique_tokens()
+        token_bytes = shared_tokens * pb // self.page_tokens
+        held = max(held_pages, 0) * pb
+        return CacheStats(
+            bytes_total=self.arena.nbytes // self.arena.num_layers * self.arena.num_layers,
+            bytes_used_sequential=seq_pages * pb * self.arena.num_layers,
+            bytes_used_random=(rand_live - cached) * pb * self.arena.num_layers,
+            bytes_cached=cached * pb * self.arena.num_layers,
+            bytes_free=self.free_page_count() * pb * self.arena.num_layers - cached * pb * self.arena.num_layers,
+            token_bytes_needed=needed * pb // self.page_tokens * self.arena.num_layers,
+            fragmentation=1.0 - token_bytes / held if held else 0.0,
+            prefix_queries=self.prefix_queries, prefix_hit_pages=self.prefix_hit_pages,
+            evictions=self.evictions, migrations=self.migrations, cow_copies=self.cow_copies)
+
+    def _unique_tokens(self) -> int:
+        """Tokens actually stored (a shared page counts once)."""
+        P = self.page_tokens
+        fill: dict[int, int] = {}
+        for s in self.seqs.values():
+            for i, p in enumerate(s.pages):
+                fill[p] = max(fill.get(p, 0), min(P, s.num_tokens - i * P))
+        return sum(fill.values())
+
+    def check_invariants(self) -> None:
+        """Raise AssertionError when the bookkeeping is inconsistent (tests)."""
+        refs = [0] * len(self.page_ref)
+        for s in self.seqs.values():
+            assert len(s.pages) == (s.num_tokens + self.page_tokens - 1) // self.page_tokens
+            for p in s.pages:
+                refs[p] += 1
+        assert refs == self.page_ref, "reference counts disagree with the page tables"
+        for p in self.lru:
+            assert self.page_ref[p] == 0 and self.page_hash[p] is not None
+        for h, p in self.table.items():
+            assert self.page_hash[p] == h
+        for b in range(self.num_blocks):
+            if b in self.free_blocks:
+                assert self.block_state[b] == FREE and self.block_live[b] == 0, f"block {b}"
