@@ -20,7 +20,7 @@ class LLM:
 
     ``config`` is a ``Config``, a path to a YAML file, or None for the defaults.
     One LLM runs one sequence at a time; consecutive requests reuse the KV cache
-    of their common prompt prefix.
+    pages of their common prompt prefix (page_tokens at a time).
     """
 
     def __init__(self, model_path: str | os.PathLike, config: Config | str | os.PathLike | None = None,
@@ -40,11 +40,10 @@ class LLM:
             num_threads=rt.effective_num_threads(),
             max_context_tokens=ctx,
             max_step_tokens=min(rt.prefill_chunk_tokens, ctx),
-            kv_dtype=config.dualpath_config.kv_dtype,
+            cache_config=config.dualpath_config,
             accuracy_level=rt.quantized_matmul_accuracy,
             spinning=rt.intra_op_spinning,
         )
-        self._cached_ids: list[int] = []
         log.info("loaded %s (%s, %d layers, dim %d) in %.2fs", model_path, self.spec.format,
                  self.spec.config.num_layers, self.spec.config.dim, self.runner.load_seconds)
 
@@ -64,7 +63,7 @@ class LLM:
         """Text deltas as they are generated; the returned object's ``completion``
         holds the full result once iteration ends."""
         ids = self.tokenize(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
-        return Generation(self.runner, self.tokenizer, ids, params or SamplingParams(), self._cached_ids)
+        return Generation(self.runner, self.tokenizer, ids, params or SamplingParams())
 
     def generate(self, prompt: str | Sequence[int], params: SamplingParams | None = None) -> Completion:
         gen = self.stream(prompt, params)

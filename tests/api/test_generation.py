@@ -160,28 +160,31 @@ def test_abandoned_stream_leaves_the_llm_consistent(llm, greedy_once):
 # -- prefix reuse ----------------------------------------------------------------
 
 def test_shared_prefix_is_reused_and_gives_the_same_ids_as_a_fresh_llm(make_llm):
+    # Reuse works a page at a time: page_tokens=4 so these short prompts share pages.
     first, second = "Once upon a time, there was a little girl", "Once upon a time, there was a big dog"
-    warm = make_llm("gguf")
+    small_pages = {"dualpath_config.page_tokens": 4}
+    warm = make_llm("gguf", small_pages)
     warm.generate(first, SamplingParams(temperature=0, max_tokens=20))
     reused = warm.generate(second, SamplingParams(temperature=0, max_tokens=40))
-    fresh = make_llm("gguf").generate(second, SamplingParams(temperature=0, max_tokens=40))
+    fresh = make_llm("gguf", small_pages).generate(second, SamplingParams(temperature=0, max_tokens=40))
 
     common = 0
     a, b = warm.tokenize(first), warm.tokenize(second)
     while a[common] == b[common]:
         common += 1
-    assert reused.usage.cached_prompt_tokens == common > 0
-    assert reused.timings.prefill_tokens == len(b) - common
+    assert reused.usage.cached_prompt_tokens == common // 4 * 4 > 0
+    assert reused.timings.prefill_tokens == len(b) - common // 4 * 4
     assert fresh.usage.cached_prompt_tokens == 0
     assert reused.token_ids == fresh.token_ids and reused.text == fresh.text
 
 
-def test_repeating_a_prompt_recomputes_only_its_last_token(make_llm):
-    warm = make_llm("gguf")
+def test_repeating_a_prompt_reuses_its_full_pages_but_recomputes_its_last_token(make_llm):
+    warm = make_llm("gguf", {"dualpath_config.page_tokens": 2})
     one = warm.generate(ONCE, GREEDY_40)
     two = warm.generate(ONCE, GREEDY_40)
-    assert two.usage.cached_prompt_tokens == len(two.prompt_token_ids) - 1
-    assert two.timings.prefill_tokens == 1
+    n = len(two.prompt_token_ids)
+    assert two.usage.cached_prompt_tokens == (n - 1) // 2 * 2
+    assert two.timings.prefill_tokens == n - (n - 1) // 2 * 2
     assert one.token_ids == two.token_ids
 
 

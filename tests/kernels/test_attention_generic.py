@@ -1,74 +1,141 @@
-"""The compiled generic kernels against the NumPy reference (kernels/reference.py)."""
+"""The generic kernels against the NumPy reference (kernels/reference.py).
+
+Attention reads the arena through spans; the same tokens are laid out as one
+contiguous run of pages (sequential path) and as scattered single pages (random
+path), and both must match the reference.
+"""
 
 import numpy as np
 import pytest
 
 from dualpath import _kernels
+from dualpath._kvarena import KVArena
 from dualpath.kernels import reference
 
-
-def _case(rng, num_heads, num_kv_heads, head_dim, capacity, dtype):
-    k = rng.standard_normal((num_kv_heads, capacity, head_dim)).astype(dtype)
-    v = rng.standard_normal((num_kv_heads, capacity, head_dim)).astype(dtype)
-    return k, v
+P = 16  # tokens per page
 
 
+def _fill(arena, rng, n_ctx, layout, kv_dtype):
+    """Write n_ctx random tokens to layer 0; return spans and dense (k, v) (kv_heads, n, hd)."""
+    nkv, hd = arena.num_kv_heads, arena.head_dim
+    pages_total = arena.num_blocks * (arena.block_size // arena.tile_bytes(P))
+    n_pages = -(-n_ctx // P)
+    if layout == "sequential":
+        pages = np.arange(n_pages)
+    else:  # random: distinct pages in shuffled order
+        pages = np.random.default_rng(n_ctx).permutation(pages_total)[:n_pages]
+    page_bytes = arena.tile_bytes(P)
+    ppb = arena.block_size // page_bytes
+    offs = np.array([(p // ppb) * arena.block_size + (p % ppb) * page_bytes for p in pages], np.int64)
+    pos = np.arange(n_ctx)
+    slots = np.stack([offs[pos // P], pos % P, np.full(n_ctx, P)], 1).astype(np.int64)
+    k = rng.standard_normal((n_ctx, nkv * hd)).astype(np.float32)
+    v = rng.standard_normal((n_ctx, nkv * hd)).astype(np.float32)
+    arena.write(0, k, v, slots)
+    spans = np.stack([offs, np.minimum(P, n_ctx - np.arange(n_pages) * P), np.full(n_pages, P)], 1).astype(np.int64)
+    dt = np.float16 if kv_dtype == "f16" else np.float32
+    dense = lambda a: a.reshape(n_ctx, nkv, hd).transpose(1, 0, 2).astype(dt)  # noqa: E731
+    return spans, dense(k), dense(v)
+
+
+@pytest.mark.parametrize("layout", ["sequential", "random"])
 @pytest.mark.parametrize("head_dim", [8, 64, 128])
 @pytest.mark.parametrize("group", [1, 2, 8])
-@pytest.mark.parametrize("kv_dtype,tol", [(np.float32, 1e-5), (np.float16, 2e-3)])
-def test_decode_attention_matches_reference(head_dim, group, kv_dtype, tol):
+@pytest.mark.parametrize("kv_dtype,tol", [("f32", 1e-5), ("f16", 2e-3)])
+def test_decode_attention_matches_reference(layout, head_dim, group, kv_dtype, tol):
     rng = np.random.default_rng(head_dim * 10 + group)
-    num_kv_heads = 2
-    num_heads = num_kv_heads * group
+    nkv = 2
+    arena = KVArena(1 << 17, 16, 1, nkv, head_dim, kv_dtype)
     for n_ctx in (1, 2, 17, 255, 1000):
-        k, v = _case(rng, num_heads, num_kv_heads, head_dim, 1024, kv_dtype)
-        q = rng.standard_normal((1, num_heads, head_dim)).astype(np.float32)
-        got = _kernels.attention(q, k, v, n_ctx - 1)
-        want = reference.attention(q, k, v, n_ctx - 1)
-        np.testing.assert_allclose(got, want, rtol=tol, atol=tol)
+        spans, k, v = _fill(arena, rng, n_ctx, layout, kv_dtype)
+        q = rng.standard_normal((1, nkv * group, head_dim)).astype(np.float32)
+        got = arena.attention(0, q, spans, n_ctx - 1, prefetch_degree=4)
+        np.testing.assert_allclose(got, reference.attention(q, k, v, n_ctx - 1), rtol=tol, atol=tol)
 
 
-@pytest.mark.parametrize("kv_dtype,tol", [(np.float32, 1e-5), (np.float16, 2e-3)])
-def test_causal_prefill_attention_matches_reference(kv_dtype, tol):
+@pytest.mark.parametrize("layout", ["sequential", "random"])
+@pytest.mark.parametrize("kv_dtype,tol", [("f32", 1e-5), ("f16", 2e-3)])
+def test_causal_prefill_attention_matches_reference(layout, kv_dtype, tol):
     rng = np.random.default_rng(7)
-    k, v = _case(rng, 8, 4, 64, 300, kv_dtype)
-    for pos0, n in ((0, 1), (0, 37), (5, 64), (100, 199)):
+    arena = KVArena(1 << 17, 8, 1, 4, 64, kv_dtype)
+    spans, k, v = _fill(arena, rng, 300, layout, kv_dtype)
+    for pos0, n in ((0, 1), (0, 37), (5, 64), (100, 200)):
         q = rng.standard_normal((n, 8, 64)).astype(np.float32)
-        np.testing.assert_allclose(_kernels.attention(q, k, v, pos0), reference.attention(q, k, v, pos0),
+        np.testing.assert_allclose(arena.attention(0, q, spans, pos0), reference.attention(q, k, v, pos0),
                                    rtol=tol, atol=tol)
 
 
-def test_attention_rejects_positions_past_the_cache():
-    k = np.zeros((1, 16, 8), np.float32)
-    q = np.zeros((4, 1, 8), np.float32)
-    with pytest.raises(IndexError, match="out of bounds"):
-        _kernels.attention(q, k, k, 13)  # positions 13..16 but capacity 16
-    with pytest.raises(ValueError, match="head_dim"):
-        _kernels.attention(np.zeros((1, 1, 4), np.float32), k, k, 0)
+def test_layouts_give_bit_identical_f32_attention():
+    # Same tokens, same order: the path only changes where they live, never the result.
+    rng = np.random.default_rng(3)
+    a = KVArena(1 << 17, 8, 1, 2, 64, "f32")
+    b = KVArena(1 << 17, 8, 1, 2, 64, "f32")
+    s1, k1, _ = _fill(a, np.random.default_rng(1), 500, "sequential", "f32")
+    s2, k2, _ = _fill(b, np.random.default_rng(1), 500, "random", "f32")
+    np.testing.assert_array_equal(k1, k2)
+    q = rng.standard_normal((3, 4, 64)).astype(np.float32)
+    np.testing.assert_array_equal(a.attention(0, q, s1, 497), b.attention(0, q, s2, 497))
 
 
-def test_kv_write_converts_to_f16_and_checks_bounds():
-    rng = np.random.default_rng(1)
-    src = rng.standard_normal((3, 2, 8)).astype(np.float32)
-    cache = np.zeros((2, 10, 8), np.float16)
-    _kernels.kv_write(src, cache, 4)
-    np.testing.assert_array_equal(cache[:, 4:7], src.transpose(1, 0, 2).astype(np.float16))
-    assert not cache[:, :4].any() and not cache[:, 7:].any()
+def test_arena_rejects_out_of_bounds_slots_spans_and_positions():
+    arena = KVArena(1 << 12, 4, 2, 1, 8, "f32")
+    k = np.zeros((1, 8), np.float32)
+    with pytest.raises(IndexError, match="outside the arena"):
+        arena.write(0, k, k, np.array([[4 * 4096, 0, 16]], np.int64))  # past the last block
     with pytest.raises(IndexError):
-        _kernels.kv_write(src, cache, 8)
+        arena.write(2, k, k, np.array([[0, 0, 16]], np.int64))  # no layer 2
+    with pytest.raises(IndexError):
+        arena.write(0, k, k, np.array([[0, 16, 16]], np.int64))  # row outside its page
+    spans = np.array([[0, 10, 16]], np.int64)
+    q = np.zeros((2, 1, 8), np.float32)
+    with pytest.raises(IndexError):
+        arena.attention(0, q, spans, 9)  # positions 9..10 but the spans hold 10 tokens
+    with pytest.raises(ValueError, match="head_dim"):
+        arena.attention(0, np.zeros((1, 1, 4), np.float32), spans, 0)
+    with pytest.raises(ValueError, match="power of two"):
+        KVArena(1000, 4, 1, 1, 8, "f32")
 
 
-def test_f16_conversion_rounds_like_numpy():
+def test_f16_storage_rounds_like_numpy():
     # Every finite half value and the halfway points between them round-trip like numpy.
     halves = np.arange(0, 1 << 16, dtype=np.uint32).astype(np.uint16).view(np.float16)
     finite = halves[np.isfinite(halves)].astype(np.float32)
     mids = ((finite[:-1].astype(np.float64) + finite[1:]) / 2).astype(np.float32)
     vals = np.concatenate([finite, mids, np.float32([1e-8, 7e4, -7e4, 65519.0, 65520.0])])
-    cache = np.zeros((1, vals.size, 1), np.float16)
-    _kernels.kv_write(vals.reshape(-1, 1, 1), cache, 0)
+    n = vals.size
+    pad = -n % 8
+    vals = np.concatenate([vals, np.zeros(pad, np.float32)])
+    rows = vals.reshape(-1, 8)  # one kv head of head_dim 8
+    arena = KVArena(1 << 20, 8, 1, 1, 8, "f16")
+    P_ = 1024
+    tile = arena.tile_bytes(P_)
+    t = np.arange(len(rows))
+    slots = np.stack([(t // P_) * tile, t % P_, np.full(len(rows), P_)], 1).astype(np.int64)
+    arena.write(0, rows, rows, slots)
+    spans = np.stack([np.arange(-(-len(rows) // P_)) * tile, np.minimum(P_, len(rows) - np.arange(-(-len(rows) // P_)) * P_),
+                      np.full(-(-len(rows) // P_), P_)], 1).astype(np.int64)
+    k, _ = arena.gather(0, spans, len(rows))
     with np.errstate(over="ignore"):  # 7e4 overflows to inf in both implementations
-        want = vals.astype(np.float16)
-    np.testing.assert_array_equal(cache.ravel().view(np.uint16), want.view(np.uint16))
+        want = rows.astype(np.float16).astype(np.float32)
+    np.testing.assert_array_equal(k[0], want)
+
+
+def test_copy_moves_every_layer_of_a_token():
+    rng = np.random.default_rng(4)
+    arena = KVArena(1 << 12, 4, 3, 2, 8, "f32")  # 4 tokens per page of 256 bytes... one page = 4 tokens
+    k = rng.standard_normal((2, 16)).astype(np.float32)
+    src = np.array([[0, 0, 4], [0, 1, 4]], np.int64)
+    dst = np.array([[4096 * 2, 3, 4], [4096 * 3, 0, 4]], np.int64)
+    for layer in range(3):
+        arena.write(layer, k + layer, -k - layer, src)
+    arena.copy(src, dst)
+    for layer in range(3):
+        for i in range(2):
+            page = np.array([[dst[i, 0], 4, 4]], np.int64)
+            kk, vv = arena.gather(layer, page, 4)  # (kv_heads, 4, head_dim)
+            row = dst[i, 1]
+            np.testing.assert_array_equal(kk[:, row].reshape(-1), k[i] + layer)
+            np.testing.assert_array_equal(vv[:, row].reshape(-1), -k[i] - layer)
 
 
 def test_embed_dequantizes_rows_of_every_layout():

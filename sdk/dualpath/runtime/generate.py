@@ -71,12 +71,11 @@ class Generation:
     out to be the start of a stop string, and the stop string itself is not emitted.
     """
 
-    def __init__(self, runner, tokenizer, prompt_ids: list[int], params: SamplingParams, history: list[int]):
+    def __init__(self, runner, tokenizer, prompt_ids: list[int], params: SamplingParams):
         self.runner = runner
         self.tokenizer = tokenizer
         self.params = params
         self.prompt_ids = list(prompt_ids)
-        self._history = history  # token ids currently in the runner's KV cache
         self.completion: Completion | None = None
         self._it: Iterator[str] | None = None
         ctx = runner.max_context_tokens
@@ -158,7 +157,6 @@ class Generation:
                 break
             logits = runner.forward((token,))[0]
             decode_steps += 1
-            self._history.append(token)
         if finish != "stop" or stop_reason in stop_ids:
             pending += decoder.flush()
         if pending:
@@ -176,21 +174,14 @@ class Generation:
         )
 
     def _prefill(self) -> tuple[np.ndarray, int]:
-        """Run the prompt through the model, reusing the longest cached prefix."""
-        runner, history, prompt = self.runner, self._history, self.prompt_ids
-        common = 0
-        limit = min(len(history), len(prompt) - 1)  # recompute at least the last prompt token
-        while common < limit and history[common] == prompt[common]:
-            common += 1
-        runner.cache.truncate(common)
-        del history[common:]
+        """Run the prompt through the model, reusing cached prefix pages."""
+        runner, prompt = self.runner, self.prompt_ids
+        cached = runner.begin(prompt)
         chunk = runner.max_step_tokens
         logits = None
-        for start in range(common, len(prompt), chunk):
-            piece = prompt[start:start + chunk]
-            logits = runner.forward(piece)[0]
-            history.extend(piece)
-        return logits, common
+        for start in range(cached, len(prompt), chunk):
+            logits = runner.forward(prompt[start:start + chunk], prefill=True)[0]
+        return logits, cached
 
 
 def _find_stop(text: str, stops: tuple[str, ...]) -> tuple[int, str] | None:

@@ -15,7 +15,11 @@ import onnx
 import onnxruntime as ort
 
 from .._kernels import embed as _embed
-from ..cache.simple import SimpleKVCache
+from .._kvarena import ArenaStepper
+from ..cache.manager import KVCacheManager, NoRoom
+from ..config import DualPathConfig
+from ..errors import DualPathError
+from ..scheduler.router import Path
 from ..graph.builder import PLACEHOLDER, GraphPart, build_parts, weight_layout
 from ..models.spec import ModelSpec
 
@@ -137,15 +141,20 @@ class _Binding:
         self.h0 = r.h_a[:T]
 
 
+class CacheFullError(DualPathError, MemoryError):
+    """The KV cache has no room for the step (single-sequence runner: it is sized
+    for twice the context, so this means a misconfigured cache size)."""
+
+
 class ModelRunner:
     """Runs token steps of one sequence: our embedding kernel, the ONNX parts, and our
-    attention over the KV cache between them. Buffers are allocated once; a decode
-    step allocates no Python objects per layer.
+    attention over the dual-path KV cache between them. Buffers are allocated once;
+    a decode step allocates no Python objects per layer.
     """
 
     def __init__(self, spec: ModelSpec, *, num_threads: int, max_context_tokens: int,
-                 max_step_tokens: int, kv_dtype: str = "f32", accuracy_level: int = 4,
-                 spinning: bool = True):
+                 max_step_tokens: int, cache_config: DualPathConfig | None = None,
+                 accuracy_level: int = 4, spinning: bool = True):
         cfg = spec.config
         self.spec = spec
         self.num_layers = cfg.num_layers
@@ -169,23 +178,65 @@ class ModelRunner:
         self.attn = np.zeros((T, cfg.q_dim), np.float32)        # (T, num_heads * head_dim)
         self.logits = np.zeros((T, cfg.vocab_size), np.float32)  # (R, vocab)
         self._steps = np.arange(T, dtype=np.int64)
-        self.cache = SimpleKVCache(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, max_context_tokens, kv_dtype)
-        self.kv = self.cache.bind(self.q, self.k, self.v, self.attn, float(1.0 / np.sqrt(cfg.head_dim)))
+        dp = cache_config or DualPathConfig()
+        self.cache_config = dp
+        P = dp.page_tokens
+        page_bytes = 2 * cfg.num_kv_heads * cfg.head_dim * (2 if dp.kv_dtype == "f16" else 4) * P
+        if page_bytes > dp.block_size:
+            from ..errors import ConfigError
+
+            raise ConfigError(f"dualpath_config.block_size={dp.block_size} cannot hold one page of "
+                              f"page_tokens={P} tokens of this model ({page_bytes} bytes); raise block_size")
+        pages_per_block = dp.block_size // page_bytes
+        # Room for the context twice over: the live sequence plus cached prefixes.
+        num_blocks = -(-2 * max_context_tokens // (P * pages_per_block)) + 2
+        self.cache = KVCacheManager(dp, num_layers=cfg.num_layers, num_kv_heads=cfg.num_kv_heads,
+                                    head_dim=cfg.head_dim, num_blocks=num_blocks, salt=spec.path.encode())
+        self.slots = np.zeros((T, 3), np.int64)                      # (T, 3) where new tokens go
+        self.spans = np.zeros((-(-max_context_tokens // P) + 1, 3), np.int64)  # (max_spans, 3) kernel view
+        self.kv = ArenaStepper(self.cache.arena, self.q, self.k, self.v, self.attn, self.slots, self.spans,
+                               float(1.0 / np.sqrt(cfg.head_dim)), dp.prefetch_degree)
+        self.seq_id = 0
+        self.cache.start(self.seq_id, [])
         self._decode = _Binding(self, 1, 1)
         # (run, binding, layer) per part, built once: the decode loop creates no objects.
         self._plan_cache: dict[int, list] = {}
 
-    def forward(self, token_ids, all_logits: bool = False) -> np.ndarray:
+    @property
+    def num_tokens(self) -> int:
+        """Positions of the current sequence held in the cache."""
+        return self.cache.seqs[self.seq_id].num_tokens
+
+    def begin(self, prompt_ids) -> int:
+        """Start a new sequence for ``prompt_ids``; the previous one is freed (its full
+        pages stay cached). Returns how many leading prompt tokens are reused from
+        the cache: the caller runs only the rest."""
+        self.cache.free(self.seq_id)
+        self.seq_id += 1
+        return self.cache.start(self.seq_id, prompt_ids)
+
+    def forward(self, token_ids, all_logits: bool = False, prefill: bool = False) -> np.ndarray:
         """Append ``token_ids`` (at most max_step_tokens) at the end of the sequence and
-        return logits (R, vocab): the last position only, or every position."""
+        return logits (R, vocab): the last position only, or every position.
+        ``prefill`` keeps the request's prefill path; otherwise the router decides."""
         n = len(token_ids)
-        pos0 = self.cache.num_tokens
+        pos0 = self.num_tokens
         if not 1 <= n <= self.max_step_tokens:
             raise ValueError(f"a step takes 1..{self.max_step_tokens} tokens, got {n}")
         if pos0 + n > self.max_context_tokens:
             raise ValueError(f"positions {pos0}..{pos0 + n - 1} exceed the context of {self.max_context_tokens}")
         num_rows = n if all_logits else 1
         binding = self._decode if n == 1 else _Binding(self, n, num_rows)
+        seq = self.cache.seqs[self.seq_id]
+        if not prefill and self.cache_config.path_mode == "dual" and seq.path is not Path.SEQUENTIAL \
+                and pos0 > self.cache_config.seq_path_threshold:
+            # Grown past the threshold on pages: move into an extent at this step boundary.
+            self.cache.migrate(self.seq_id, Path.SEQUENTIAL)
+        alloc = self.cache.allocate(self.seq_id, token_ids, seq.path if prefill else None)
+        if isinstance(alloc, NoRoom):
+            raise CacheFullError(f"KV cache full: {alloc.needed_pages} more pages needed, {alloc.free_pages} free")
+        self.slots[:n] = alloc.slots
+        num_spans = len(self.cache.spans(self.seq_id, out=self.spans))
         self.ids[:n] = token_ids
         if n == 1:
             self.positions[0] = pos0
@@ -201,8 +252,8 @@ class ModelRunner:
         for run, b, layer in self._plan(binding):
             run(b)
             if layer >= 0:
-                kv_step(layer, pos0, n)
-        self.cache.num_tokens = pos0 + n
+                kv_step(layer, pos0, n, num_spans)
+        self.cache.commit(self.seq_id)
         return self.logits[:num_rows]
 
     def _plan(self, binding: _Binding) -> list:
@@ -215,4 +266,5 @@ class ModelRunner:
         return plan
 
     def reset(self) -> None:
-        self.cache.reset()
+        """Forget the current sequence (cached pages stay reusable)."""
+        self.begin([])
