@@ -68,6 +68,8 @@ cdef class KVArena:
     def hugepages(self): return bool(self.a.hugepages)
     @property
     def address(self): return <size_t>self.a.base
+    @property
+    def numa_node(self): return self.a.numa_node
 
     def tile_bytes(self, int64_t tile_tokens):
         return 2 * self.a.num_kv_heads * tile_tokens * self.a.head_dim * self.a.elem_bytes

@@ -117,7 +117,16 @@ def cmd_info(args) -> int:
     print(f"cpu: {cpu_model()}  ({usable_cpus()} usable cores)")
     print(f"cpu features: {' '.join(cpu_features()) or '(none reported)'}")
     print("kernels: kv_write=generic attention=generic embed=generic  (SIMD dispatch: not built yet)")
-    print("numa: not handled yet (single-node allocation)")
+    d0 = cfg.dualpath_config
+    print(f"kv cache: one arena of {d0.block_size // 1024} KiB blocks, pages of {d0.page_tokens} tokens, "
+          f"path_mode={d0.path_mode}, kv_dtype={d0.kv_dtype}, huge pages requested (madvise)")
+    from .platform.cpu import numa_nodes
+
+    nodes = numa_nodes()
+    print(f"numa: {nodes} node{'s' if nodes != 1 else ''}; "
+          + ("binding the KV arena is a no-op here" if nodes <= 1 else
+             f"KV arena bound to node {cfg.dualpath_config.numa_node}" if cfg.dualpath_config.numa_node >= 0
+             else "KV arena unbound (set dualpath_config.numa_node to bind it)"))
     d = cfg.dualpath_config
     print(f"dualpath_config: block_size={d.block_size} seq_path_threshold={d.seq_path_threshold} "
           f"locality_window={d.locality_window} prefetch_degree={d.prefetch_degree} kv_dtype={d.kv_dtype}")

@@ -148,9 +148,10 @@ class DualPathConfig(_Section):
     seq_path_threshold: int = _int(8192, 1)
     """Context length in tokens from which a request takes the sequential path."""
     locality_window: int = _int(512, 1)
-    """Tokens of recent access history used to measure locality."""
+    """Contiguous run length (tokens) that counts as local: the locality score is the
+    share of a sequence's KV reads in runs at least this long."""
     prefetch_degree: int = _int(4, 0, 64)
-    """Blocks prefetched ahead on the sequential path (0 = no prefetch)."""
+    """Spans (pages) prefetched ahead by the attention kernel on the random path (0 = off)."""
     page_tokens: int = _int(16, 1, 1024, pow2=True)
     """Tokens per KV page."""
     locality_threshold: float = _float(0.5, 0.0, 1.0)
@@ -159,6 +160,8 @@ class DualPathConfig(_Section):
     """``dual`` routes per request; ``sequential`` or ``random`` force one path."""
     kv_dtype: str = _choice("f16", str, ("f16", "f32"))
     """Element type of cached keys and values."""
+    numa_node: int = _int(-1, -1, 63)
+    """NUMA node the arena is bound to (mbind before first touch); -1 = no binding."""
 
 
 @dataclass(frozen=True)

@@ -86,6 +86,11 @@ class Sequence:
     """Blocks this sequence owns as extents (sequential path), in order."""
     committed: int = 0
     """Tokens whose KV is known written (after the step that wrote them)."""
+    span_rows: np.ndarray = field(default_factory=lambda: np.zeros((8, 3), np.int64))
+    """Kernel view cache: (capacity, 3) rows (offset, tokens if every page were full, P)."""
+    span_n: int = 0
+    span_pages: int = 0
+    """Pages of ``pages`` already folded into ``span_rows``; -1 after a page changed place."""
 
     @property
     def num_tokens(self) -> int:
@@ -120,7 +125,11 @@ class KVCacheManager:
                  num_blocks: int, salt: bytes = b""):
         self.cfg = cfg
         self.page_tokens = P = cfg.page_tokens
-        self.arena = KVArena(cfg.block_size, num_blocks, num_layers, num_kv_heads, head_dim, cfg.kv_dtype)
+        self.arena = KVArena(cfg.block_size, num_blocks, num_layers, num_kv_heads, head_dim, cfg.kv_dtype,
+                             cfg.numa_node)
+        if cfg.numa_node >= 0 and self.arena.numa_node != cfg.numa_node:
+            log.warning("could not bind the KV arena to NUMA node %d (mbind refused); memory is unbound",
+                        cfg.numa_node)
         self.page_bytes = self.arena.tile_bytes(P)
         if self.page_bytes > cfg.block_size:
             raise ValueError(f"dualpath_config.block_size={cfg.block_size} cannot hold one page of "
@@ -327,6 +336,7 @@ class KVCacheManager:
             self._unref(seq.pages[-1])
             self.page_ref[page] = 1
             seq.pages[-1] = page
+            seq.span_pages = -1
             self.cow_copies += 1
         need = (seq.num_tokens + n + P - 1) // P - len(seq.pages)
         for _ in range(need):
@@ -334,6 +344,7 @@ class KVCacheManager:
             if page is None:
                 for p in reversed(taken):  # all or nothing
                     seq.pages.pop()
+                    seq.span_pages = -1
                     self.page_ref[p] = 0
                     self._give_back_new(seq, p)
                 return NoRoom(need, self.free_page_count())
@@ -343,11 +354,15 @@ class KVCacheManager:
         start = seq.num_tokens
         seq.tokens.extend(int(t) for t in token_ids)
         slots = np.empty((n, 3), np.int64)
-        for i in range(n):
-            pos = start + i
-            slots[i, 0] = self.page_offset(seq.pages[pos // P])
-            slots[i, 1] = pos % P
-            slots[i, 2] = P
+        if n == 1:
+            slots[0] = (self.page_offset(seq.pages[start // P]), start % P, P)
+        else:
+            pos = np.arange(start, start + n)
+            first = start // P
+            offs = np.array([self.page_offset(p) for p in seq.pages[first:]], np.int64)
+            slots[:, 0] = offs[pos // P - first]
+            slots[:, 1] = pos % P
+            slots[:, 2] = P
         return Allocation(slots, path)
 
     def _give_back_new(self, seq: Sequence, page: int) -> None:
@@ -423,6 +438,7 @@ class KVCacheManager:
         for i, (src, dst) in enumerate(zip(old_pages, new)):
             self._copy_pages(src, dst, min(P, n - i * P))
         seq.pages = new
+        seq.span_pages = -1
         new_blocks = seq.blocks
         for p in old_pages:
             self._unref(p)
@@ -455,24 +471,30 @@ class KVCacheManager:
     # -- kernel view and measurements -----------------------------------------
     def spans(self, seq_id: int, out: np.ndarray | None = None) -> np.ndarray:
         """Kernel view: (num_spans, 3) int64 rows (byte offset, num_tokens, page_tokens);
-        physically adjacent pages are merged into one span."""
+        physically adjacent pages are merged into one span. Kept incrementally: a step
+        folds in only the pages added since the last call."""
         seq = self.seqs[seq_id]
         P, pb = self.page_tokens, self.page_bytes
-        rows: list[list[int]] = []
-        remaining = seq.num_tokens
-        for page in seq.pages:
+        if seq.span_pages < 0:
+            seq.span_n = seq.span_pages = 0
+        rows = seq.span_rows
+        for page in seq.pages[seq.span_pages:]:
             off = self.page_offset(page)
-            n = min(P, remaining)
-            remaining -= n
-            if rows and rows[-1][1] % P == 0 and rows[-1][0] + (rows[-1][1] // P) * pb == off:
-                rows[-1][1] += n
+            r = seq.span_n
+            if r and rows[r - 1, 0] + (rows[r - 1, 1] // P) * pb == off:
+                rows[r - 1, 1] += P
             else:
-                rows.append([off, n, P])
-        arr = np.array(rows, dtype=np.int64).reshape(-1, 3)
-        if out is not None:
-            out[: len(arr)] = arr
-            return out[: len(arr)]
-        return arr
+                if r == len(rows):
+                    rows = seq.span_rows = np.concatenate([rows, np.zeros_like(rows)])
+                rows[r] = (off, P, P)
+                seq.span_n = r + 1
+        seq.span_pages = len(seq.pages)
+        r = seq.span_n
+        dst = out if out is not None else np.empty((r, 3), np.int64)
+        dst[:r] = rows[:r]
+        if r:
+            dst[r - 1, 1] -= len(seq.pages) * P - seq.num_tokens  # the last page may be partial
+        return dst[:r]
 
     def locality_score(self, seq_id: int) -> float:
         """Share of the sequence's KV reads in contiguous runs >= locality_window tokens."""

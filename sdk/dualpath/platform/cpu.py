@@ -46,3 +46,11 @@ def usable_cpus() -> int:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
         return os.cpu_count() or 1
+
+
+def numa_nodes(root: str = "/sys/devices/system/node") -> int:
+    """Online NUMA nodes (1 where the kernel exposes none)."""
+    try:
+        return max(1, sum(1 for n in os.listdir(root) if n.startswith("node") and n[4:].isdigit()))
+    except OSError:
+        return 1

@@ -228,9 +228,11 @@ class ModelRunner:
         num_rows = n if all_logits else 1
         binding = self._decode if n == 1 else _Binding(self, n, num_rows)
         seq = self.cache.seqs[self.seq_id]
-        if not prefill and self.cache_config.path_mode == "dual" and seq.path is not Path.SEQUENTIAL \
-                and pos0 > self.cache_config.seq_path_threshold:
-            # Grown past the threshold on pages: move into an extent at this step boundary.
+        dp = self.cache_config
+        if not prefill and dp.path_mode == "dual" and seq.path is not Path.SEQUENTIAL \
+                and pos0 > dp.seq_path_threshold and self.cache.locality_score(self.seq_id) < dp.locality_threshold:
+            # Grown past the threshold on scattered pages: move into an extent at this step
+            # boundary (a NoRoom answer just leaves it where it is).
             self.cache.migrate(self.seq_id, Path.SEQUENTIAL)
         alloc = self.cache.allocate(self.seq_id, token_ids, seq.path if prefill else None)
         if isinstance(alloc, NoRoom):

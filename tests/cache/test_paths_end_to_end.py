@@ -1,0 +1,127 @@
+"""The dual-path cache under the real model: every path gives the same tokens, and a
+shared prompt prefix is computed once."""
+
+import json
+import os
+from pathlib import Path as FsPath
+
+import pytest
+
+import dualpath
+from dualpath import SamplingParams
+from dualpath.scheduler.router import Path
+
+MODELS = FsPath(os.environ.get("DUALPATH_TEST_MODELS", FsPath(__file__).resolve().parents[2].parent / "shared" / "models"))
+GGUF = MODELS / "stories260K.gguf"
+pytestmark = pytest.mark.skipif(not GGUF.is_file(), reason=f"test model not found in {MODELS} (set DUALPATH_TEST_MODELS)")
+
+
+def _llm(**dp):
+    overrides = {"runtime.max_context_tokens": 1024}
+    overrides.update({f"dualpath_config.{k}": v for k, v in dp.items()})
+    return dualpath.LLM(GGUF, dualpath.load_config(None, overrides))
+
+
+def _runs():
+    return json.loads((MODELS / "reference" / "greedy_token_ids.json").read_text())["runs"]
+
+
+class CountingRunner:
+    """Counts the tokens that really go through the model."""
+
+    def __init__(self, llm):
+        self.tokens = 0
+        forward = llm.runner.forward
+
+        def counted(token_ids, *args, **kwargs):
+            self.tokens += len(token_ids)
+            return forward(token_ids, *args, **kwargs)
+
+        llm.runner.forward = counted
+
+
+@pytest.mark.parametrize("path_mode", ["dual", "sequential", "random"])
+@pytest.mark.parametrize("kv_dtype", ["f32", "f16"])
+def test_golden_ids_are_identical_on_every_path(path_mode, kv_dtype):
+    llm = _llm(path_mode=path_mode, kv_dtype=kv_dtype)
+    for run in _runs():
+        ids = run["prompt_ids"]
+        c = llm.generate(ids, SamplingParams(temperature=0, max_tokens=256 - len(ids) + 1))
+        assert list(c.token_ids) == run["generated_ids"], run["name"]
+
+
+@pytest.mark.parametrize("path_mode", ["dual", "random"])
+def test_shared_300_token_prefix_is_computed_once(path_mode):
+    story = _runs()[0]["generated_ids"] + _runs()[1]["generated_ids"]
+    prefix = [1] + story[:299]                         # 300 tokens
+    first, second = prefix + story[300:340], prefix + story[400:430]
+    llm = _llm(path_mode=path_mode)
+    counter = CountingRunner(llm)
+    greedy = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
+    llm.generate(first, greedy)
+    counter.tokens = 0
+    second_out = llm.generate(second, greedy)
+
+    page_tokens = llm.config.dualpath_config.page_tokens
+    shared_pages = 300 // page_tokens
+    cache = llm.runner.cache
+    seq = cache.seqs[llm.runner.seq_id]
+    # The second request holds the first request's pages for the shared prefix...
+    assert second_out.usage.cached_prompt_tokens == shared_pages * page_tokens
+    assert all(cache.page_ref[p] >= 1 and cache.page_hash[p] is not None for p in seq.pages[:shared_pages])
+    # ... and only the rest of its prompt went through the model (+19 decode steps).
+    assert counter.tokens == len(second) - shared_pages * page_tokens + 19
+
+    reuse_off = _llm(path_mode="sequential")  # the sequential path never reuses prefixes
+    reuse_off.generate(first, greedy)
+    baseline = reuse_off.generate(second, greedy)
+    assert baseline.usage.cached_prompt_tokens == 0
+    assert second_out.token_ids == baseline.token_ids
+
+
+def test_router_sends_long_prefills_to_extents_and_short_ones_to_the_hybrid_path():
+    llm = _llm(seq_path_threshold=64, page_tokens=4)
+    story = _runs()[0]["generated_ids"]
+    llm.generate([1] + story[:40], SamplingParams(temperature=0, max_tokens=2))
+    assert llm.runner.cache.seqs[llm.runner.seq_id].path is Path.HYBRID
+    llm.generate([1] + story[:100], SamplingParams(temperature=0, max_tokens=2))
+    seq = llm.runner.cache.seqs[llm.runner.seq_id]
+    assert seq.path is Path.SEQUENTIAL
+    assert len(llm.runner.cache.spans(llm.runner.seq_id)) == 1  # one contiguous extent
+
+
+def test_migrating_mid_generation_between_paths_does_not_change_the_output():
+    story = _runs()[0]["generated_ids"]
+    prompt = [1] + story[:30]
+    greedy = SamplingParams(temperature=0, max_tokens=60, ignore_eos=True)
+    ref = _llm(kv_dtype="f32").generate(prompt, greedy)
+
+    llm = _llm(kv_dtype="f32", page_tokens=4)
+    cache = llm.runner.cache
+    gen = llm.stream(prompt, greedy)
+    for i, _ in enumerate(gen):
+        sid = llm.runner.seq_id
+        if i == 10:
+            assert cache.migrate(sid, Path.RANDOM) is True
+        if i == 30:
+            assert cache.migrate(sid, Path.SEQUENTIAL) is True
+            assert len(cache.spans(sid)) == 1
+    assert cache.migrations == 2
+    assert gen.completion.token_ids == ref.token_ids
+
+
+def test_long_decode_on_scattered_pages_moves_into_an_extent_past_the_threshold():
+    story = _runs()[0]["generated_ids"]
+    llm = _llm(kv_dtype="f32", page_tokens=4, seq_path_threshold=40, locality_window=16)
+    cache = llm.runner.cache
+    # Interleave two sequences page by page so the second one's pages are scattered.
+    other = 10_000
+    cache.start(other, [])
+    gen = llm.stream([1] + story[:8], SamplingParams(temperature=0, max_tokens=50, ignore_eos=True))
+    for i, _ in enumerate(gen):
+        if i < 30:
+            alloc = cache.allocate(other, [5] * 4, Path.RANDOM)  # steal the next pages
+            assert alloc
+    seq = cache.seqs[llm.runner.seq_id]
+    assert cache.migrations >= 1 and seq.path is Path.SEQUENTIAL
+    assert cache.locality_score(llm.runner.seq_id) == 1.0
