@@ -156,13 +156,50 @@ static inline void prefetch_tiles(const dp_arena *a, const char *region, const i
     }
 }
 
+/* Dot products of q with `n` consecutive K rows starting at `rows`, into scores. */
+static inline void score_rows(const dp_arena *a, const float *q, const char *rows, int64_t n,
+                              float scale, float *scores, float *m) {
+    const int64_t hd = a->head_dim;
+    float buf[DP_MAX_HEAD_DIM];
+    for (int64_t r = 0; r < n; r++) {
+        const float *k;
+        if (a->kv_dtype == DP_F32) {
+            k = (const float *)rows + r * hd;
+        } else {
+            const uint16_t *h = (const uint16_t *)rows + r * hd;
+            for (int64_t e = 0; e < hd; e++) buf[e] = half_table[h[e]];
+            k = buf;
+        }
+        const float x = dot(q, k, hd) * scale;
+        scores[r] = x;
+        if (x > *m) *m = x;
+    }
+}
+
+/* o += sum_r p[r] * V[r] over `n` consecutive V rows starting at `rows`. */
+static inline void accumulate_rows(const dp_arena *a, const float *p, const char *rows, int64_t n, float *o) {
+    const int64_t hd = a->head_dim;
+    for (int64_t r = 0; r < n; r++) {
+        const float w = p[r];
+        if (a->kv_dtype == DP_F32) {
+            const float *v = (const float *)rows + r * hd;
+            for (int64_t e = 0; e < hd; e++) o[e] += w * v[e];
+        } else {
+            const uint16_t *v = (const uint16_t *)rows + r * hd;
+            for (int64_t e = 0; e < hd; e++) o[e] += w * half_table[v[e]];
+        }
+    }
+}
+
+/* The one attention core. Both paths are read the same way: spans -> tiles -> a run
+ * of contiguous K (then V) rows of one head; they differ only in span length. */
 int dp_attn_spans_generic(const dp_arena *a, int64_t layer, const float *q, int64_t q_stride,
                           float *out, int64_t out_stride, int64_t num_heads,
                           const int64_t *spans, int64_t num_spans, int64_t pos0,
                           int64_t num_tokens, float scale, int prefetch_degree) {
     if (!a || !a->base || !q || !out || !spans || num_heads <= 0) return DP_ERR_ARG;
     if (layer < 0 || layer >= a->num_layers) return DP_ERR_BOUNDS;
-    const int64_t hd = a->head_dim, nkv = a->num_kv_heads;
+    const int64_t hd = a->head_dim, nkv = a->num_kv_heads, eb = a->elem_bytes;
     if (num_heads % nkv || q_stride < num_heads * hd || out_stride < num_heads * hd) return DP_ERR_ARG;
     if (pos0 < 0 || num_tokens < 0) return DP_ERR_BOUNDS;
     int st = check_spans(a, spans, num_spans, pos0 + num_tokens);
@@ -171,26 +208,24 @@ int dp_attn_spans_generic(const dp_arena *a, int64_t layer, const float *q, int6
     const char *region = a->base + layer * a->layer_bytes;
     float *scores = (float *)malloc((size_t)(pos0 + num_tokens + 1) * sizeof(float));
     if (!scores) return DP_ERR_NOMEM;
-    float buf[DP_MAX_HEAD_DIM];
     for (int64_t t = 0; t < num_tokens; t++) {
         const int64_t n_ctx = pos0 + t + 1; /* causal: tokens [0, pos0 + t] */
         for (int64_t h = 0; h < num_heads; h++) {
             const int64_t kh = h / group;
             const float *qh = q + t * q_stride + h * hd;
             float *o = out + t * out_stride + h * hd;
-            /* Pass 1: scores, walking spans -> tiles -> rows in position order. */
+            /* Pass 1: scores, in position order. */
             float m = -INFINITY;
             int64_t j = 0;
             for (int64_t s = 0; s < num_spans && j < n_ctx; s++) {
                 const int64_t P = spans[3 * s + 2], tb = tile_bytes(a, P);
                 const int64_t n = spans[3 * s + 1] < n_ctx - j ? spans[3 * s + 1] : n_ctx - j;
-                if (prefetch_degree > 0 && P < n) prefetch_tiles(a, region, spans, num_spans, s, 0);
                 if (prefetch_degree > 0) prefetch_tiles(a, region, spans, num_spans, s, prefetch_degree);
-                for (int64_t i = 0; i < n; i++, j++) {
-                    const char *tile = region + spans[3 * s] + (i / P) * tb;
-                    const float x = dot(qh, load_row(a, tile, P, i % P, kh, 0, buf), hd) * scale;
-                    scores[j] = x;
-                    if (x > m) m = x;
+                const char *tile = region + spans[3 * s];
+                for (int64_t done = 0; done < n; done += P, tile += tb) {
+                    const int64_t rows = n - done < P ? n - done : P;
+                    score_rows(a, qh, tile + kh * P * hd * eb, rows, scale, scores + j, &m);
+                    j += rows;
                 }
             }
             /* Pass 2: softmax weights. */
@@ -205,11 +240,11 @@ int dp_attn_spans_generic(const dp_arena *a, int64_t layer, const float *q, int6
             for (int64_t s = 0; s < num_spans && j < n_ctx; s++) {
                 const int64_t P = spans[3 * s + 2], tb = tile_bytes(a, P);
                 const int64_t n = spans[3 * s + 1] < n_ctx - j ? spans[3 * s + 1] : n_ctx - j;
-                for (int64_t i = 0; i < n; i++, j++) {
-                    const char *tile = region + spans[3 * s] + (i / P) * tb;
-                    const float p = scores[j];
-                    const float *vr = load_row(a, tile, P, i % P, kh, 1, buf);
-                    for (int64_t e = 0; e < hd; e++) o[e] += p * vr[e];
+                const char *tile = region + spans[3 * s];
+                for (int64_t done = 0; done < n; done += P, tile += tb) {
+                    const int64_t rows = n - done < P ? n - done : P;
+                    accumulate_rows(a, scores + j, tile + (nkv + kh) * P * hd * eb, rows, o);
+                    j += rows;
                 }
             }
             const float inv = 1.0f / l;

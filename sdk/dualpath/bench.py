@@ -130,6 +130,9 @@ def add_bench_parser(sub) -> None:
     e.add_argument("--no-peer", action="store_true", help="measure DualPath only")
     e.add_argument("--json", help="also write the rows as JSON here")
     e.set_defaults(func=cmd_bench)
+    from .bench_cache import add_cache_parser
+
+    add_cache_parser(bs)
 
 
 if __name__ == "__main__":
