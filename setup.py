@@ -1,28 +1,51 @@
 """Builds DualPath's compiled extensions. Metadata lives in pyproject.toml.
 
 Every C file is compiled for the baseline of its target: no -march=native, so
-the wheel runs on any CPU of the architecture. SIMD kernels get their own flags
-per file and are chosen at run time.
+the wheel runs on any CPU of the architecture. Each SIMD kernel file is built
+into a small static library with its own flags and chosen at run time
+(csrc/cpu_features.c); nothing else is compiled with SIMD flags.
 """
+import platform
+
 import numpy as np
 from Cython.Build import cythonize
 from setuptools import Extension, setup
 
+CSRC = "cython_ext/csrc"
+COMMON = ["-O3", "-std=c11", "-fno-math-errno", "-fPIC"]
+machine = platform.machine().lower()
+if machine in ("x86_64", "amd64"):
+    ISA_LIBS = [
+        ("dp_isa_avx2", {"sources": [f"{CSRC}/attn_avx2.c"], "cflags": COMMON + ["-mavx2", "-mfma", "-mf16c"]}),
+        ("dp_isa_avx512", {"sources": [f"{CSRC}/attn_avx512.c"],
+                           "cflags": COMMON + ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx2", "-mfma", "-mf16c"]}),
+    ]
+elif machine in ("aarch64", "arm64"):
+    ISA_LIBS = [
+        ("dp_isa_neon", {"sources": [f"{CSRC}/attn_neon.c"], "cflags": COMMON}),
+        ("dp_isa_neon_fp16", {"sources": [f"{CSRC}/attn_neon_fp16.c"], "cflags": COMMON + ["-march=armv8.2-a+fp16"]}),
+    ]
+else:
+    ISA_LIBS = []
+
+BASE_SOURCES = [f"{CSRC}/kv_arena.c", f"{CSRC}/attn_generic.c", f"{CSRC}/cpu_features.c", f"{CSRC}/dp_pool.c"]
+
+
+def ext(name, sources, libraries=()):
+    return Extension(
+        name,
+        sources=sources,
+        include_dirs=["cython_ext", np.get_include()],
+        extra_compile_args=["-O3", "-std=c11", "-fno-math-errno"],
+        libraries=list(libraries) + ["pthread", "m"],
+        define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
+    )
+
+
 extensions = [
-    Extension(
-        "dualpath._kernels",
-        sources=["cython_ext/_kernels.pyx", "cython_ext/csrc/kernels_generic.c"],
-        include_dirs=["cython_ext", np.get_include()],
-        extra_compile_args=["-O3", "-std=c11", "-fno-math-errno"],
-        define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
-    ),
-    Extension(
-        "dualpath._kvarena",
-        sources=["cython_ext/_kvarena.pyx", "cython_ext/csrc/kv_arena.c"],
-        include_dirs=["cython_ext", np.get_include()],
-        extra_compile_args=["-O3", "-std=c11", "-fno-math-errno"],
-        define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
-    ),
+    ext("dualpath._kernels", ["cython_ext/_kernels.pyx", f"{CSRC}/kernels_generic.c"]),
+    # The ISA libraries come after the objects that reference them (static link order).
+    ext("dualpath._kvarena", ["cython_ext/_kvarena.pyx"] + BASE_SOURCES, [name for name, _ in ISA_LIBS]),
 ]
 
-setup(ext_modules=cythonize(extensions, include_path=["cython_ext"], language_level=3))
+setup(libraries=ISA_LIBS, ext_modules=cythonize(extensions, include_path=["cython_ext"], language_level=3))

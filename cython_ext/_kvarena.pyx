@@ -6,12 +6,98 @@
 buffers once; ``step(layer, pos0, num_tokens, num_spans)`` writes the new rows and
 attends, with only small integers crossing the boundary.
 """
+import os
+
 import numpy as np
 cimport numpy as cnp
 from libc.stdint cimport int64_t
+from libc.stdlib cimport malloc, free
 from dp_kernels cimport *
 
 cnp.import_array()
+
+# Run-time dispatch: the best kernel this CPU (and its OS) supports, minus what
+# DUALPATH_DISABLE_CPU_FEATURES=avx512,avx2 turns off. Chosen once at import.
+_DISABLED_ENV = os.environ.get("DUALPATH_DISABLE_CPU_FEATURES", "")
+cdef const dp_attn_ops *_default_ops = dp_select_ops(dp_parse_features(_DISABLED_ENV.encode()))
+_ISAS = ("generic", "avx2", "avx512", "neon", "neon_fp16")
+
+
+def cpu_features():
+    """Kernel-relevant features this CPU and OS support: a list of ISA names."""
+    cdef unsigned f = dp_cpu_features()
+    names = []
+    for bit, name in ((DP_CPU_AVX2, "avx2"), (DP_CPU_AVX512, "avx512"), (DP_CPU_NEON, "neon"),
+                      (DP_CPU_NEON_FP16, "neon_fp16")):
+        if f & bit:
+            names.append(name)
+    return names
+
+
+def available_kernels():
+    """Kernel ISAs usable here, best last ("generic" always)."""
+    return [n for n in _ISAS if dp_ops_by_name(n.encode()) != NULL]
+
+
+def default_kernel():
+    """The kernel chosen at import (after DUALPATH_DISABLE_CPU_FEATURES)."""
+    return (<bytes>_default_ops.name).decode()
+
+
+cdef const dp_attn_ops *_ops_for(str isa) except NULL:
+    if isa is None or isa == "":
+        return _default_ops
+    cdef const dp_attn_ops *ops = dp_ops_by_name(isa.encode())
+    if ops == NULL:
+        raise ValueError(f"kernel {isa!r} is not available on this CPU/build "
+                         f"(available: {', '.join(available_kernels())})")
+    return ops
+
+
+cdef class ThreadPool:
+    """The kernels' pthread pool: num_threads including the calling thread. Each
+    worker has a CPU per phase (prefill, decode); set_phase re-pins before the next job."""
+    cdef dp_pool *pool
+
+    def __cinit__(self, int num_threads):
+        if num_threads < 1 or num_threads > 256:
+            raise ValueError(f"num_threads={num_threads} must be between 1 and 256")
+        self.pool = dp_pool_create(num_threads)
+        if self.pool == NULL:
+            raise MemoryError("could not create the kernel thread pool")
+
+    def __dealloc__(self):
+        if self.pool != NULL:
+            dp_pool_destroy(self.pool)
+
+    @property
+    def num_threads(self):
+        return dp_pool_num_threads(self.pool)
+
+    def set_affinity(self, str phase, cpus):
+        """cpus[i] = the CPU of thread i (0 = the caller's slot, pinned by the caller) in
+        ``phase`` ("prefill" or "decode"); an empty list unpins."""
+        cdef int ph = DP_PHASE_PREFILL if phase == "prefill" else DP_PHASE_DECODE
+        if phase not in ("prefill", "decode"):
+            raise ValueError(f"phase={phase!r} must be 'prefill' or 'decode'")
+        cpus = [int(c) for c in cpus]
+        cdef int n = len(cpus)
+        cdef int *buf = <int *>malloc(max(n, 1) * sizeof(int))
+        for i in range(n):
+            buf[i] = cpus[i]
+        dp_pool_set_affinity(self.pool, ph, buf, n)
+        free(buf)
+
+    def set_phase(self, str phase):
+        if phase not in ("prefill", "decode"):
+            raise ValueError(f"phase={phase!r} must be 'prefill' or 'decode'")
+        dp_pool_set_phase(self.pool, DP_PHASE_PREFILL if phase == "prefill" else DP_PHASE_DECODE)
+
+    def worker_tids(self):
+        """Linux thread ids of the pool's threads (index 0: the last caller)."""
+        cdef int64_t tids[256]
+        cdef int n = dp_pool_worker_tids(self.pool, tids, 256)
+        return [tids[i] for i in range(n)]
 
 
 cdef int _check(int status, str what) except -1:
@@ -74,7 +160,7 @@ cdef class KVArena:
     def tile_bytes(self, int64_t tile_tokens):
         return 2 * self.a.num_kv_heads * tile_tokens * self.a.head_dim * self.a.elem_bytes
 
-    def write(self, int64_t layer, k, v, slots):
+    def write(self, int64_t layer, k, v, slots, str kernel=None):
         """k, v: (n, num_kv_heads * head_dim) f32; slots: (n, 3) int64."""
         _req(k, "k", 2, np.float32, self.a.num_kv_heads * self.a.head_dim)
         _req(v, "v", 2, np.float32, self.a.num_kv_heads * self.a.head_dim)
@@ -86,8 +172,9 @@ cdef class KVArena:
         cdef const float *vp = <const float *>cnp.PyArray_DATA(<cnp.ndarray>v)
         cdef const int64_t *sp = <const int64_t *>cnp.PyArray_DATA(<cnp.ndarray>slots)
         cdef int64_t n = slots.shape[0], stride = k.shape[1]
+        cdef const dp_attn_ops *ops = _ops_for(kernel)
         with nogil:
-            st = dp_kv_write_slots(&self.a, layer, kp, vp, stride, sp, n)
+            st = dp_kv_write_slots(&self.a, ops, layer, kp, vp, stride, sp, n)
         _check(st, f"write of {n} tokens to layer {layer}")
 
     def copy(self, src_slots, dst_slots):
@@ -119,8 +206,10 @@ cdef class KVArena:
         _check(st, f"gather of {num_tokens} tokens from layer {layer}")
         return k, v
 
-    def attention(self, int64_t layer, q, spans, int64_t pos0, float scale=0.0, int prefetch_degree=0):
-        """Causal attention of q (T, num_heads, head_dim) f32 at positions [pos0, pos0 + T)."""
+    def attention(self, int64_t layer, q, spans, int64_t pos0, float scale=0.0, int prefetch_degree=0,
+                  str kernel=None, ThreadPool pool=None):
+        """Causal attention of q (T, num_heads, head_dim) f32 at positions [pos0, pos0 + T),
+        with ``kernel`` (default: the dispatched one) on ``pool`` (default: this thread)."""
         _req(q, "q", 3, np.float32)
         _req(spans, "spans", 2, np.int64, 3)
         if q.shape[2] != self.a.head_dim:
@@ -132,9 +221,11 @@ cdef class KVArena:
         cdef const float *qp = <const float *>cnp.PyArray_DATA(<cnp.ndarray>q)
         cdef float *op = <float *>cnp.PyArray_DATA(<cnp.ndarray>out)
         cdef const int64_t *sp = <const int64_t *>cnp.PyArray_DATA(<cnp.ndarray>spans)
+        cdef const dp_attn_ops *ops = _ops_for(kernel)
+        cdef dp_pool *pp = pool.pool if pool is not None else NULL
         with nogil:
-            st = dp_attn_spans_generic(&self.a, layer, qp, H * hd, op, H * hd, H, sp, ns, pos0, T, sc,
-                                       prefetch_degree)
+            st = dp_attn_spans(&self.a, ops, pp, layer, qp, H * hd, op, H * hd, H, sp, ns, pos0, T, sc,
+                               prefetch_degree)
         _check(st, f"attention (layer {layer}, pos0 {pos0}, {T} tokens, {ns} spans)")
         return out
 
@@ -147,11 +238,14 @@ cdef class ArenaStepper:
     """
     cdef KVArena arena
     cdef readonly object q, k, v, out, slots, spans
+    cdef readonly ThreadPool pool
+    cdef const dp_attn_ops *ops
     cdef int64_t num_heads, max_tokens, max_spans, kv_stride, q_stride
     cdef float scale
     cdef int prefetch_degree
 
-    def __init__(self, KVArena arena, q, k, v, out, slots, spans, float scale, int prefetch_degree):
+    def __init__(self, KVArena arena, q, k, v, out, slots, spans, float scale, int prefetch_degree,
+                 ThreadPool pool=None, str kernel=None):
         kv_dim = arena.num_kv_heads * arena.head_dim
         for name, a in (("q", q), ("out", out)):
             _req(a, name, 2, np.float32)
@@ -173,6 +267,12 @@ cdef class ArenaStepper:
         self.q_stride = q.shape[1]
         self.scale = scale
         self.prefetch_degree = prefetch_degree
+        self.pool = pool
+        self.ops = _ops_for(kernel)
+
+    @property
+    def kernel(self):
+        return (<bytes>self.ops.name).decode()
 
     def step(self, int64_t layer, int64_t pos0, int64_t num_tokens, int64_t num_spans):
         if num_tokens < 1 or num_tokens > self.max_tokens:
@@ -187,10 +287,11 @@ cdef class ArenaStepper:
         cdef float *op = <float *>cnp.PyArray_DATA(<cnp.ndarray>self.out)
         cdef const int64_t *slp = <const int64_t *>cnp.PyArray_DATA(<cnp.ndarray>self.slots)
         cdef const int64_t *spp = <const int64_t *>cnp.PyArray_DATA(<cnp.ndarray>self.spans)
+        cdef dp_pool *pp = self.pool.pool if self.pool is not None else NULL
         with nogil:
-            st = dp_kv_write_slots(a, layer, kp, vp, self.kv_stride, slp, num_tokens)
+            st = dp_kv_write_slots(a, self.ops, layer, kp, vp, self.kv_stride, slp, num_tokens)
             if st == DP_OK:
-                st = dp_attn_spans_generic(a, layer, qp, self.q_stride, op, self.q_stride, self.num_heads,
-                                           spp, num_spans, pos0, num_tokens, self.scale, self.prefetch_degree)
+                st = dp_attn_spans(a, self.ops, pp, layer, qp, self.q_stride, op, self.q_stride, self.num_heads,
+                                   spp, num_spans, pos0, num_tokens, self.scale, self.prefetch_degree)
         if st != DP_OK:
             _check(st, f"attention step (layer {layer}, pos0 {pos0}, {num_tokens} tokens, {num_spans} spans)")

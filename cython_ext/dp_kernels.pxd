@@ -15,6 +15,32 @@ cdef extern from "csrc/dp_kernels.h" nogil:
     int dp_embed_generic(const void *table, const float *scales, int dtype, int64_t vocab,
                          int64_t dim, const int64_t *ids, int64_t num_tokens, float *out)
 
+cdef extern from "csrc/dp_attn_ops.h" nogil:
+    ctypedef struct dp_attn_ops:
+        const char *name
+    enum:
+        DP_CPU_AVX2
+        DP_CPU_AVX512
+        DP_CPU_NEON
+        DP_CPU_NEON_FP16
+    unsigned dp_cpu_features()
+    unsigned dp_parse_features(const char *list)
+    const dp_attn_ops *dp_select_ops(unsigned disabled)
+    const dp_attn_ops *dp_ops_by_name(const char *name)
+
+cdef extern from "csrc/dp_pool.h" nogil:
+    ctypedef struct dp_pool:
+        pass
+    enum:
+        DP_PHASE_PREFILL
+        DP_PHASE_DECODE
+    dp_pool *dp_pool_create(int num_threads)
+    void dp_pool_destroy(dp_pool *pool)
+    int dp_pool_num_threads(const dp_pool *pool)
+    int dp_pool_set_affinity(dp_pool *pool, int phase, const int *cpus, int num_cpus)
+    void dp_pool_set_phase(dp_pool *pool, int phase)
+    int dp_pool_worker_tids(const dp_pool *pool, int64_t *tids, int max)
+
 cdef extern from "csrc/kv_arena.h" nogil:
     ctypedef struct dp_arena:
         char *base
@@ -32,12 +58,12 @@ cdef extern from "csrc/kv_arena.h" nogil:
     int dp_arena_init(dp_arena *a, int64_t block_size, int64_t num_blocks, int64_t num_layers,
                       int64_t num_kv_heads, int64_t head_dim, int kv_dtype, int numa_node)
     void dp_arena_free(dp_arena *a)
-    int dp_kv_write_slots(const dp_arena *a, int64_t layer, const float *k, const float *v,
-                          int64_t stride, const int64_t *slots, int64_t num_tokens)
-    int dp_attn_spans_generic(const dp_arena *a, int64_t layer, const float *q, int64_t q_stride,
-                              float *out, int64_t out_stride, int64_t num_heads,
-                              const int64_t *spans, int64_t num_spans, int64_t pos0,
-                              int64_t num_tokens, float scale, int prefetch_degree)
+    int dp_kv_write_slots(const dp_arena *a, const dp_attn_ops *ops, int64_t layer, const float *k,
+                          const float *v, int64_t stride, const int64_t *slots, int64_t num_tokens)
+    int dp_attn_spans(const dp_arena *a, const dp_attn_ops *ops, dp_pool *pool, int64_t layer,
+                      const float *q, int64_t q_stride, float *out, int64_t out_stride, int64_t num_heads,
+                      const int64_t *spans, int64_t num_spans, int64_t pos0, int64_t num_tokens, float scale,
+                      int prefetch_degree)
     int dp_kv_copy_slots(const dp_arena *a, const int64_t *src, const int64_t *dst, int64_t num_tokens)
     int dp_kv_gather(const dp_arena *a, int64_t layer, const int64_t *spans, int64_t num_spans,
                      int64_t num_tokens, float *k_out, float *v_out)

@@ -6,18 +6,11 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 #include "kv_arena.h"
+#include "dp_attn_ops.h"
+#include "dp_pool.h"
 
 #define ARENA_ALIGN (2u << 20) /* 2 MiB: lets the kernel back the arena with huge pages */
 #define DP_MAX_HEAD_DIM 512
-
-static float half_table[65536];
-static volatile int half_table_ready = 0;
-
-static void init_half_table(void) {
-    if (half_table_ready) return;
-    for (uint32_t i = 0; i < 65536; i++) half_table[i] = dp_half_to_float((uint16_t)i);
-    half_table_ready = 1; /* idempotent: a race only writes the same values twice */
-}
 
 static inline int64_t tile_bytes(const dp_arena *a, int64_t P) {
     return 2 * a->num_kv_heads * P * a->head_dim * a->elem_bytes;
@@ -59,7 +52,6 @@ int dp_arena_init(dp_arena *a, int64_t block_size, int64_t num_blocks, int64_t n
 #endif
     /* Not zeroed: memory is committed as the cache first writes it, and a kernel
      * only reads rows that were written. */
-    if (kv_dtype == DP_F16) init_half_table();
     return DP_OK;
 }
 
@@ -85,8 +77,9 @@ static int check_slot(const dp_arena *a, const int64_t *s) {
     return DP_OK;
 }
 
-int dp_kv_write_slots(const dp_arena *a, int64_t layer, const float *k, const float *v,
-                      int64_t stride, const int64_t *slots, int64_t num_tokens) {
+int dp_kv_write_slots(const dp_arena *a, const dp_attn_ops *ops, int64_t layer, const float *k,
+                      const float *v, int64_t stride, const int64_t *slots, int64_t num_tokens) {
+    if (!ops) ops = &dp_ops_generic;
     if (!a || !a->base || !k || !v || !slots || num_tokens < 0) return DP_ERR_ARG;
     if (layer < 0 || layer >= a->num_layers) return DP_ERR_BOUNDS;
     const int64_t hd = a->head_dim;
@@ -104,8 +97,7 @@ int dp_kv_write_slots(const dp_arena *a, int64_t layer, const float *k, const fl
                 if (a->kv_dtype == DP_F32) {
                     memcpy(dst, src, (size_t)hd * sizeof(float));
                 } else {
-                    uint16_t *d = (uint16_t *)dst;
-                    for (int64_t i = 0; i < hd; i++) d[i] = dp_float_to_half(src[i]);
+                    ops->f32_to_f16(src, (uint16_t *)dst, hd);
                 }
             }
         }
@@ -125,27 +117,6 @@ static int check_spans(const dp_arena *a, const int64_t *spans, int64_t num_span
     return total < need ? DP_ERR_BOUNDS : DP_OK;
 }
 
-/* Row pointer of K or V for token j of a tile; f16 rows are widened into buf. */
-static inline const float *load_row(const dp_arena *a, const char *tile, int64_t P, int64_t row,
-                                    int64_t h, int is_v, float *buf) {
-    const char *p = tile + row_offset(a, P, row, h, is_v);
-    if (a->kv_dtype == DP_F32) return (const float *)p;
-    const uint16_t *hp = (const uint16_t *)p;
-    for (int64_t i = 0; i < a->head_dim; i++) buf[i] = half_table[hp[i]];
-    return buf;
-}
-
-static inline float dot(const float *x, const float *y, int64_t n) {
-    /* Eight independent partial sums: instruction-level parallelism without -ffast-math. */
-    float s[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-    int64_t i = 0;
-    for (; i + 8 <= n; i += 8)
-        for (int j = 0; j < 8; j++) s[j] += x[i + j] * y[i + j];
-    float acc = ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
-    for (; i < n; i++) acc += x[i] * y[i];
-    return acc;
-}
-
 static inline void prefetch_tiles(const dp_arena *a, const char *region, const int64_t *spans,
                                   int64_t num_spans, int64_t span, int degree) {
     /* Random path: the next spans are scattered pages; touch their first lines early. */
@@ -156,102 +127,198 @@ static inline void prefetch_tiles(const dp_arena *a, const char *region, const i
     }
 }
 
-/* Dot products of q with `n` consecutive K rows starting at `rows`, into scores. */
-static inline void score_rows(const dp_arena *a, const float *q, const char *rows, int64_t n,
-                              float scale, float *scores, float *m) {
-    const int64_t hd = a->head_dim;
-    float buf[DP_MAX_HEAD_DIM];
-    for (int64_t r = 0; r < n; r++) {
-        const float *k;
-        if (a->kv_dtype == DP_F32) {
-            k = (const float *)rows + r * hd;
-        } else {
-            const uint16_t *h = (const uint16_t *)rows + r * hd;
-            for (int64_t e = 0; e < hd; e++) buf[e] = half_table[h[e]];
-            k = buf;
+#define DP_GSLICE 16  /* query heads of one KV head handled together */
+#define DP_RUN 64     /* rows scored at once */
+
+typedef struct {
+    const dp_arena *a;
+    const dp_attn_ops *ops;
+    const char *region;
+    const float *q;
+    int64_t q_stride;
+    float *out;
+    int64_t out_stride;
+    int64_t num_heads, group, num_gslices;
+    const int64_t *spans;
+    int64_t num_spans;
+    const int64_t *span_start; /* (num_spans + 1,) first position of each span */
+    int64_t pos0, num_tokens;
+    float scale;
+    int prefetch_degree;
+    int64_t chunk;      /* context positions per task; chunked only for decode-like calls */
+    int64_t num_chunks; /* per (token, kv head, slice) */
+    float *partial;     /* chunked: (tasks, DP_GSLICE, head_dim + 2) = o, m, l */
+} attn_job;
+
+/* Online softmax over positions [lo, hi) for query heads g0..g0+gn of KV head kh. */
+static void attend_range(const attn_job *J, int64_t t, int64_t kh, int64_t g0, int64_t gn,
+                         int64_t lo, int64_t hi, float *m, float *l, float *o) {
+    const dp_arena *a = J->a;
+    const int64_t hd = a->head_dim, eb = a->elem_bytes, nkv = a->num_kv_heads;
+    const int f16 = a->kv_dtype == DP_F16;
+    float q[DP_GSLICE * 512];
+    float sc[DP_GSLICE * DP_RUN];
+    for (int64_t g = 0; g < gn; g++) {
+        memcpy(q + g * hd, J->q + t * J->q_stride + (kh * J->group + g0 + g) * hd, (size_t)hd * sizeof(float));
+        m[g] = -INFINITY;
+        l[g] = 0.0f;
+    }
+    memset(o, 0, (size_t)(gn * hd) * sizeof(float));
+    if (lo >= hi) return;
+    /* The span holding position lo (span_start is sorted). */
+    int64_t s = 0, lo_s = 0, hi_s = J->num_spans - 1;
+    while (lo_s <= hi_s) {
+        const int64_t mid = (lo_s + hi_s) / 2;
+        if (J->span_start[mid] <= lo) { s = mid; lo_s = mid + 1; } else { hi_s = mid - 1; }
+    }
+    int64_t pos = lo;
+    for (; s < J->num_spans && pos < hi; s++) {
+        const int64_t P = J->spans[3 * s + 2], tb = tile_bytes(a, P);
+        const int64_t span_end = J->span_start[s] + J->spans[3 * s + 1];
+        if (J->prefetch_degree > 0) prefetch_tiles(a, J->region, J->spans, J->num_spans, s, J->prefetch_degree);
+        while (pos < hi && pos < span_end) {
+            const int64_t i = pos - J->span_start[s];        /* index inside the span */
+            const char *tile = J->region + J->spans[3 * s] + (i / P) * tb;
+            const int64_t row = i % P;
+            int64_t n = P - row;                              /* rows left in this tile */
+            if (n > span_end - pos) n = span_end - pos;
+            if (n > hi - pos) n = hi - pos;
+            if (n > DP_RUN) n = DP_RUN;
+            const char *krows = tile + (kh * P + row) * hd * eb;
+            const char *vrows = tile + ((nkv + kh) * P + row) * hd * eb;
+            if (f16) J->ops->scores_f16(q, gn, hd, (const uint16_t *)krows, n, J->scale, sc, DP_RUN);
+            else J->ops->scores_f32(q, gn, hd, (const float *)krows, n, J->scale, sc, DP_RUN);
+            for (int64_t g = 0; g < gn; g++) {
+                float *sg = sc + g * DP_RUN, mx = m[g];
+                for (int64_t r = 0; r < n; r++) mx = sg[r] > mx ? sg[r] : mx;
+                if (mx > m[g]) { /* rescale what was accumulated under the old maximum */
+                    const float corr = expf(m[g] - mx);
+                    l[g] *= corr;
+                    for (int64_t e = 0; e < hd; e++) o[g * hd + e] *= corr;
+                    m[g] = mx;
+                }
+                l[g] += J->ops->exp_sum(sg, n, m[g]);
+            }
+            if (f16) J->ops->accum_f16(sc, DP_RUN, gn, hd, (const uint16_t *)vrows, n, o);
+            else J->ops->accum_f32(sc, DP_RUN, gn, hd, (const float *)vrows, n, o);
+            pos += n;
         }
-        const float x = dot(q, k, hd) * scale;
-        scores[r] = x;
-        if (x > *m) *m = x;
     }
 }
 
-/* o += sum_r p[r] * V[r] over `n` consecutive V rows starting at `rows`. */
-static inline void accumulate_rows(const dp_arena *a, const float *p, const char *rows, int64_t n, float *o) {
-    const int64_t hd = a->head_dim;
-    for (int64_t r = 0; r < n; r++) {
-        const float w = p[r];
-        if (a->kv_dtype == DP_F32) {
-            const float *v = (const float *)rows + r * hd;
-            for (int64_t e = 0; e < hd; e++) o[e] += w * v[e];
-        } else {
-            const uint16_t *v = (const uint16_t *)rows + r * hd;
-            for (int64_t e = 0; e < hd; e++) o[e] += w * half_table[v[e]];
+static void attn_task(void *ctx, int64_t task, int worker) {
+    (void)worker;
+    const attn_job *J = (const attn_job *)ctx;
+    const int64_t hd = J->a->head_dim, nkv = J->a->num_kv_heads;
+    int64_t rest = task;
+    const int64_t c = rest % J->num_chunks; rest /= J->num_chunks;
+    const int64_t gs = rest % J->num_gslices; rest /= J->num_gslices;
+    const int64_t kh = rest % nkv;
+    const int64_t t = rest / nkv;
+    const int64_t g0 = gs * DP_GSLICE;
+    const int64_t gn = J->group - g0 < DP_GSLICE ? J->group - g0 : DP_GSLICE;
+    const int64_t n_ctx = J->pos0 + t + 1; /* causal: positions [0, pos0 + t] */
+    float m[DP_GSLICE], l[DP_GSLICE];
+    if (J->num_chunks == 1) {
+        float o[DP_GSLICE * 512];
+        attend_range(J, t, kh, g0, gn, 0, n_ctx, m, l, o);
+        for (int64_t g = 0; g < gn; g++) {
+            float *dst = J->out + t * J->out_stride + (kh * J->group + g0 + g) * hd;
+            const float inv = 1.0f / l[g];
+            for (int64_t e = 0; e < hd; e++) dst[e] = o[g * hd + e] * inv;
         }
+        return;
+    }
+    float *part = J->partial + task * DP_GSLICE * (hd + 2);
+    const int64_t lo = c * J->chunk, hi = (c + 1) * J->chunk < n_ctx ? (c + 1) * J->chunk : n_ctx;
+    float o[DP_GSLICE * 512];
+    attend_range(J, t, kh, g0, gn, lo, hi, m, l, o);
+    for (int64_t g = 0; g < gn; g++) {
+        memcpy(part + g * (hd + 2), o + g * hd, (size_t)hd * sizeof(float));
+        part[g * (hd + 2) + hd] = m[g];
+        part[g * (hd + 2) + hd + 1] = l[g];
     }
 }
 
-/* The one attention core. Both paths are read the same way: spans -> tiles -> a run
- * of contiguous K (then V) rows of one head; they differ only in span length. */
-int dp_attn_spans_generic(const dp_arena *a, int64_t layer, const float *q, int64_t q_stride,
-                          float *out, int64_t out_stride, int64_t num_heads,
-                          const int64_t *spans, int64_t num_spans, int64_t pos0,
-                          int64_t num_tokens, float scale, int prefetch_degree) {
-    if (!a || !a->base || !q || !out || !spans || num_heads <= 0) return DP_ERR_ARG;
+/* Flash-decoding merge: combine the chunks' (o, m, l) of every (token, head). */
+static void merge_chunks(const attn_job *J) {
+    const int64_t hd = J->a->head_dim, nkv = J->a->num_kv_heads;
+    for (int64_t t = 0; t < J->num_tokens; t++)
+        for (int64_t kh = 0; kh < nkv; kh++)
+            for (int64_t gs = 0; gs < J->num_gslices; gs++) {
+                const int64_t g0 = gs * DP_GSLICE;
+                const int64_t gn = J->group - g0 < DP_GSLICE ? J->group - g0 : DP_GSLICE;
+                const int64_t base = ((t * nkv + kh) * J->num_gslices + gs) * J->num_chunks;
+                for (int64_t g = 0; g < gn; g++) {
+                    float M = -INFINITY, L = 0.0f;
+                    for (int64_t c = 0; c < J->num_chunks; c++) {
+                        const float mc = J->partial[(base + c) * DP_GSLICE * (hd + 2) + g * (hd + 2) + hd];
+                        M = mc > M ? mc : M;
+                    }
+                    float *dst = J->out + t * J->out_stride + (kh * J->group + g0 + g) * hd;
+                    for (int64_t e = 0; e < hd; e++) dst[e] = 0.0f;
+                    for (int64_t c = 0; c < J->num_chunks; c++) {
+                        const float *pc = J->partial + (base + c) * DP_GSLICE * (hd + 2) + g * (hd + 2);
+                        if (pc[hd + 1] == 0.0f) continue; /* empty chunk (past this token) */
+                        const float w = expf(pc[hd] - M);
+                        L += pc[hd + 1] * w;
+                        for (int64_t e = 0; e < hd; e++) dst[e] += pc[e] * w;
+                    }
+                    const float inv = 1.0f / L;
+                    for (int64_t e = 0; e < hd; e++) dst[e] *= inv;
+                }
+            }
+}
+
+int dp_attn_spans(const dp_arena *a, const dp_attn_ops *ops, dp_pool *pool, int64_t layer,
+                  const float *q, int64_t q_stride, float *out, int64_t out_stride, int64_t num_heads,
+                  const int64_t *spans, int64_t num_spans, int64_t pos0, int64_t num_tokens, float scale,
+                  int prefetch_degree) {
+    if (!a || !a->base || !ops || !q || !out || !spans || num_heads <= 0) return DP_ERR_ARG;
     if (layer < 0 || layer >= a->num_layers) return DP_ERR_BOUNDS;
-    const int64_t hd = a->head_dim, nkv = a->num_kv_heads, eb = a->elem_bytes;
+    const int64_t hd = a->head_dim, nkv = a->num_kv_heads;
     if (num_heads % nkv || q_stride < num_heads * hd || out_stride < num_heads * hd) return DP_ERR_ARG;
     if (pos0 < 0 || num_tokens < 0) return DP_ERR_BOUNDS;
+    if (num_tokens == 0) return DP_OK;
     int st = check_spans(a, spans, num_spans, pos0 + num_tokens);
     if (st != DP_OK) return st;
-    const int64_t group = num_heads / nkv;
-    const char *region = a->base + layer * a->layer_bytes;
-    float *scores = (float *)malloc((size_t)(pos0 + num_tokens + 1) * sizeof(float));
-    if (!scores) return DP_ERR_NOMEM;
-    for (int64_t t = 0; t < num_tokens; t++) {
-        const int64_t n_ctx = pos0 + t + 1; /* causal: tokens [0, pos0 + t] */
-        for (int64_t h = 0; h < num_heads; h++) {
-            const int64_t kh = h / group;
-            const float *qh = q + t * q_stride + h * hd;
-            float *o = out + t * out_stride + h * hd;
-            /* Pass 1: scores, in position order. */
-            float m = -INFINITY;
-            int64_t j = 0;
-            for (int64_t s = 0; s < num_spans && j < n_ctx; s++) {
-                const int64_t P = spans[3 * s + 2], tb = tile_bytes(a, P);
-                const int64_t n = spans[3 * s + 1] < n_ctx - j ? spans[3 * s + 1] : n_ctx - j;
-                if (prefetch_degree > 0) prefetch_tiles(a, region, spans, num_spans, s, prefetch_degree);
-                const char *tile = region + spans[3 * s];
-                for (int64_t done = 0; done < n; done += P, tile += tb) {
-                    const int64_t rows = n - done < P ? n - done : P;
-                    score_rows(a, qh, tile + kh * P * hd * eb, rows, scale, scores + j, &m);
-                    j += rows;
-                }
-            }
-            /* Pass 2: softmax weights. */
-            float l = 0.0f;
-            for (int64_t i = 0; i < n_ctx; i++) {
-                scores[i] = expf(scores[i] - m);
-                l += scores[i];
-            }
-            /* Pass 3: weighted sum of values, same walk. */
-            for (int64_t i = 0; i < hd; i++) o[i] = 0.0f;
-            j = 0;
-            for (int64_t s = 0; s < num_spans && j < n_ctx; s++) {
-                const int64_t P = spans[3 * s + 2], tb = tile_bytes(a, P);
-                const int64_t n = spans[3 * s + 1] < n_ctx - j ? spans[3 * s + 1] : n_ctx - j;
-                const char *tile = region + spans[3 * s];
-                for (int64_t done = 0; done < n; done += P, tile += tb) {
-                    const int64_t rows = n - done < P ? n - done : P;
-                    accumulate_rows(a, scores + j, tile + (nkv + kh) * P * hd * eb, rows, o);
-                    j += rows;
-                }
-            }
-            const float inv = 1.0f / l;
-            for (int64_t i = 0; i < hd; i++) o[i] *= inv;
+    attn_job J;
+    memset(&J, 0, sizeof J);
+    J.a = a; J.ops = ops; J.region = a->base + layer * a->layer_bytes;
+    J.q = q; J.q_stride = q_stride; J.out = out; J.out_stride = out_stride;
+    J.num_heads = num_heads; J.group = num_heads / nkv;
+    J.num_gslices = (J.group + DP_GSLICE - 1) / DP_GSLICE;
+    J.spans = spans; J.num_spans = num_spans; J.pos0 = pos0; J.num_tokens = num_tokens;
+    J.scale = scale; J.prefetch_degree = prefetch_degree;
+    int64_t *starts = (int64_t *)malloc((size_t)(num_spans + 1) * sizeof(int64_t));
+    if (!starts) return DP_ERR_NOMEM;
+    starts[0] = 0;
+    for (int64_t i = 0; i < num_spans; i++) starts[i + 1] = starts[i] + spans[3 * i + 1];
+    J.span_start = starts;
+    /* Enough independent (token, kv head, slice) rows to feed the pool? Else split
+     * the context too (flash-decoding) and merge the chunks afterwards. */
+    const int threads = pool ? dp_pool_num_threads(pool) : 1;
+    const int64_t rows = num_tokens * nkv * J.num_gslices;
+    const int64_t n_ctx = pos0 + num_tokens;
+    J.num_chunks = 1;
+    J.chunk = n_ctx;
+    if (rows < 4 * threads && n_ctx >= 1024) {
+        int64_t chunks = (4 * threads + rows - 1) / rows;
+        if (chunks > n_ctx / 512) chunks = n_ctx / 512;
+        if (chunks > 1) {
+            J.num_chunks = chunks;
+            J.chunk = (n_ctx + chunks - 1) / chunks;
         }
     }
-    free(scores);
+    const int64_t tasks = rows * J.num_chunks;
+    if (J.num_chunks > 1) {
+        J.partial = (float *)malloc((size_t)tasks * DP_GSLICE * (hd + 2) * sizeof(float));
+        if (!J.partial) { free(starts); return DP_ERR_NOMEM; }
+    }
+    dp_pool_run(pool, tasks, attn_task, &J);
+    if (J.num_chunks > 1) merge_chunks(&J);
+    free(J.partial);
+    free(starts);
     return DP_OK;
 }
 
@@ -284,16 +351,18 @@ int dp_kv_gather(const dp_arena *a, int64_t layer, const int64_t *spans, int64_t
     if (st != DP_OK) return st;
     const char *region = a->base + layer * a->layer_bytes;
     const int64_t hd = a->head_dim;
-    float buf[DP_MAX_HEAD_DIM];
     int64_t j = 0;
     for (int64_t s = 0; s < num_spans && j < num_tokens; s++) {
         const int64_t P = spans[3 * s + 2], tb = tile_bytes(a, P);
         for (int64_t i = 0; i < spans[3 * s + 1] && j < num_tokens; i++, j++) {
             const char *tile = region + spans[3 * s] + (i / P) * tb;
-            for (int64_t h = 0; h < a->num_kv_heads; h++) {
-                memcpy(k_out + (h * num_tokens + j) * hd, load_row(a, tile, P, i % P, h, 0, buf), (size_t)hd * 4);
-                memcpy(v_out + (h * num_tokens + j) * hd, load_row(a, tile, P, i % P, h, 1, buf), (size_t)hd * 4);
-            }
+            for (int64_t h = 0; h < a->num_kv_heads; h++)
+                for (int is_v = 0; is_v < 2; is_v++) {
+                    const char *src = tile + row_offset(a, P, i % P, h, is_v);
+                    float *dst = (is_v ? v_out : k_out) + (h * num_tokens + j) * hd;
+                    if (a->kv_dtype == DP_F32) memcpy(dst, src, (size_t)hd * sizeof(float));
+                    else for (int64_t e = 0; e < hd; e++) dst[e] = dp_half_to_float(((const uint16_t *)src)[e]);
+                }
         }
     }
     return DP_OK;

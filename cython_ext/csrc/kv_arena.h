@@ -39,20 +39,27 @@ int dp_arena_init(dp_arena *a, int64_t block_size, int64_t num_blocks, int64_t n
                   int64_t num_kv_heads, int64_t head_dim, int kv_dtype, int numa_node);
 void dp_arena_free(dp_arena *a);
 
+#include "dp_attn_ops.h"
+#include "dp_pool.h"
+
 /* Write num_tokens rows of K and V (each (num_tokens, num_kv_heads * head_dim) f32,
- * row stride `stride` floats) of `layer` at `slots` (num_tokens, 3). */
-int dp_kv_write_slots(const dp_arena *a, int64_t layer, const float *k, const float *v,
-                      int64_t stride, const int64_t *slots, int64_t num_tokens);
+ * row stride `stride` floats) of `layer` at `slots` (num_tokens, 3); f32 -> f16
+ * conversion through `ops` (NULL = generic). */
+int dp_kv_write_slots(const dp_arena *a, const dp_attn_ops *ops, int64_t layer, const float *k,
+                      const float *v, int64_t stride, const int64_t *slots, int64_t num_tokens);
 
 /* Causal attention for num_tokens queries at positions [pos0, pos0 + num_tokens)
  * over the sequence described by `spans` (num_spans, 3), which covers at least
- * pos0 + num_tokens tokens.
+ * pos0 + num_tokens tokens, with the building blocks `ops`, on `pool` (NULL = the
+ * calling thread only).
  *   q, out: (num_tokens, num_heads * head_dim) f32, row strides q_stride / out_stride
- * prefetch_degree: tiles prefetched ahead when the next tile is not adjacent. */
-int dp_attn_spans_generic(const dp_arena *a, int64_t layer, const float *q, int64_t q_stride,
-                          float *out, int64_t out_stride, int64_t num_heads,
-                          const int64_t *spans, int64_t num_spans, int64_t pos0,
-                          int64_t num_tokens, float scale, int prefetch_degree);
+ * Work is split over (token, KV head, slice of its query heads); a decode with
+ * too few of those also splits the context (flash-decoding) and merges.
+ * prefetch_degree: spans prefetched ahead (random path). */
+int dp_attn_spans(const dp_arena *a, const dp_attn_ops *ops, dp_pool *pool, int64_t layer,
+                  const float *q, int64_t q_stride, float *out, int64_t out_stride, int64_t num_heads,
+                  const int64_t *spans, int64_t num_spans, int64_t pos0, int64_t num_tokens, float scale,
+                  int prefetch_degree);
 
 /* Copy every layer's K and V of num_tokens tokens from src slots to dst slots. */
 int dp_kv_copy_slots(const dp_arena *a, const int64_t *src, const int64_t *dst, int64_t num_tokens);

@@ -37,6 +37,7 @@ import logging
 import statistics
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -93,9 +94,9 @@ class ThroughputWorkload:
     decode_prompt_tokens: int = 512
     """Prompt written (untimed) before the timed decode appends, so the router sees a
     sequence with a history, as in real decoding."""
-    decode_tokens: int = 1024
+    decode_tokens: int = 2048
     """Timed 1-token appends per sequence."""
-    prefill_tokens: int = 4096
+    prefill_tokens: int = 8192
     """Timed prompt tokens per sequence, in prefill_chunk_tokens chunks."""
     prefill_chunk_tokens: int = 512
     repeats: int = 5
@@ -153,7 +154,7 @@ def _manager(mode: str, shape: KVShape, num_blocks: int, base: DualPathConfig) -
                           num_blocks=num_blocks)
 
 
-def _geometry(shape: KVShape, base: DualPathConfig) -> dict:
+def kv_geometry(shape: KVShape, base: DualPathConfig) -> dict:
     """Per-layer bytes of one token, one page and one block, from a one-block manager."""
     m = _manager("dual", shape, 1, base)
     token_bytes = m.arena.tile_bytes(1)
@@ -215,8 +216,8 @@ def _stats_discrepancies(m: KVCacheManager, held: dict, needed_tokens: int, toke
     if st.token_bytes_needed != needed_tokens * token_bytes:
         logical = sum(s.num_tokens for s in m.seqs.values())
         out.append(f"stats token_bytes_needed={st.token_bytes_needed} counts every sequence's tokens "
-                   f"({logical}), a shared prefix once per sharer; distinct tokens need "
-                   f"{needed_tokens * token_bytes} bytes ({held['stored_tokens']} tokens physically stored)")
+                   f"({logical:,}: a shared prefix once per sharer), not the {needed_tokens:,} distinct "
+                   f"tokens the workload needs ({held['stored_tokens']:,} physically stored)")
     frag = 1.0 - held["stored_tokens"] / (held["pages"] * m.page_tokens) if held["pages"] else 0.0
     if abs(st.fragmentation - frag) > 1e-9:
         out.append(f"stats fragmentation={st.fragmentation:.6f} but 1 - stored tokens / held page "
@@ -238,8 +239,10 @@ def _stats_discrepancies(m: KVCacheManager, held: dict, needed_tokens: int, toke
 # ---------------------------------------------------------------------------
 
 def run_mixed(mode: str, requests: list[Request], w: MixedWorkload, shape: KVShape, base: DualPathConfig,
-              num_blocks: int, geo: dict) -> dict:
-    """All requests live at once, then all freed; one row of measurements."""
+              num_blocks: int, geo: dict,
+              on_full: Callable[[KVCacheManager], None] | None = None) -> dict:
+    """All requests live at once, then all freed; one row of measurements.
+    ``on_full(manager)`` is called while every request is live (for tests)."""
     t0 = time.perf_counter()
     m = _manager(mode, shape, num_blocks, base)
     scale = shape.num_layers
@@ -293,6 +296,8 @@ def run_mixed(mode: str, requests: list[Request], w: MixedWorkload, shape: KVSha
         "prefill_paths": dict(prefill_paths), "decode_paths": dict(decode_paths),
         "migrations": m.migrations, "stats_discrepancies": discrepancies, "seconds": seconds,
     }
+    if on_full is not None:
+        on_full(m)
     for sid in range(len(requests)):
         m.free(sid)
     m.evict_all()
@@ -389,16 +394,16 @@ def run_throughput(t: ThroughputWorkload, shape: KVShape, base: DualPathConfig, 
 
 def run_cache_bench(workload: MixedWorkload = MixedWorkload(), throughput: ThroughputWorkload | None = None,
                     shape: KVShape = KVShape(), base: DualPathConfig = DualPathConfig(),
-                    modes=MODES) -> dict:
-    """Run both measurements. ``throughput=None`` skips the timed part."""
-    geo = _geometry(shape, base)
+                    modes=MODES, on_full: Callable[[KVCacheManager], None] | None = None) -> dict:
+    """Run both measurements. ``throughput=None`` skips the timed part; ``on_full`` as in run_mixed."""
+    geo = kv_geometry(shape, base)
     requests, _ = make_requests(workload)
     num_blocks = blocks_for(requests, geo)
-    rows = [run_mixed(mode, requests, workload, shape, base, num_blocks, geo) for mode in modes]
+    rows = [run_mixed(mode, requests, workload, shape, base, num_blocks, geo, on_full) for mode in modes]
     rows.append(contiguous_row(requests, workload, shape, geo))
     for r in rows:
         for d in r.get("stats_discrepancies", []):
-            log.warning("bench cache (%s): %s", r["mode"], d)
+            log.info("bench cache (%s): %s", r["mode"], d)
     tp = run_throughput(throughput, shape, base, geo, modes) if throughput else []
     return {"shape": asdict(shape), "workload": asdict(workload),
             "throughput_workload": asdict(throughput) if throughput else None, "geometry": geo,

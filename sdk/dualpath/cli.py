@@ -116,7 +116,12 @@ def cmd_info(args) -> int:
           f"python {sys.version.split()[0]}")
     print(f"cpu: {cpu_model()}  ({usable_cpus()} usable cores)")
     print(f"cpu features: {' '.join(cpu_features()) or '(none reported)'}")
-    print("kernels: kv_write=generic attention=generic embed=generic  (SIMD dispatch: not built yet)")
+    from ._kvarena import available_kernels, cpu_features as kernel_features, default_kernel
+
+    disabled = os.environ.get("DUALPATH_DISABLE_CPU_FEATURES", "")
+    print(f"kernels: attention={default_kernel()} kv_write={default_kernel()} embed=generic  "
+          f"(available: {', '.join(available_kernels())}; usable ISA features: {', '.join(kernel_features()) or 'none'}"
+          f"{'; disabled by DUALPATH_DISABLE_CPU_FEATURES=' + disabled if disabled else ''})")
     d0 = cfg.dualpath_config
     print(f"kv cache: one arena of {d0.block_size // 1024} KiB blocks, pages of {d0.page_tokens} tokens, "
           f"path_mode={d0.path_mode}, kv_dtype={d0.kv_dtype}, huge pages requested (madvise)")

@@ -18,6 +18,7 @@ import logging
 import math
 import numbers
 import os
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar
@@ -190,6 +191,65 @@ class RuntimeConfig(_Section):
         return os.cpu_count() or 1
 
 
+_CPU_CLASSES_RE = r"\s*|\d+(-\d+)?:(prime|big|mid|little)(,\d+(-\d+)?:(prime|big|mid|little))*"
+
+
+@dataclass(frozen=True)
+class PowerConfig(_Section):
+    """The power-aware CPU scheduler: which cores prefill and decode run on, and when
+    ``auto`` switches between the performance, balanced and low_power profiles."""
+
+    _section: ClassVar[str] = "power"
+
+    profile: str = _choice("auto", str, ("auto", "performance", "balanced", "low_power"))
+    """``performance``, ``balanced``, ``low_power``, or ``auto`` (chosen from battery and temperature)."""
+    cpu_classes: str = setting("", str, lambda v: re.fullmatch(_CPU_CLASSES_RE, v) is not None,
+                               "\"\" (detect from sysfs) or CPUS:CLASS items joined by commas, CPUS a number "
+                               "or a range, CLASS prime, big, mid or little: \"0-3:little,4-7:big\"")
+    """Declared core classes instead of the detected ones, e.g. ``0:big,1:little``; CPUs
+    not named are left unused. The environment variable DUALPATH_CPU_CLASSES wins over it."""
+    pin_threads: bool = setting(True, bool, None, "true or false")
+    """Pin the calling thread, ONNX Runtime's workers and our pool to the phase's cores;
+    false leaves placement to the OS."""
+    use_smt: bool = setting(False, bool, None, "true or false")
+    """One thread per logical CPU (SMT siblings too) instead of one per physical core."""
+    prefill_max_threads: int = _int(0, 0, 1024, allowed="an integer: 0 (no cap) or between 1 and 1024")
+    """Cap on prefill threads; 0 = one per core of the prefill class."""
+    decode_max_threads: int = _int(0, 0, 1024, allowed="an integer: 0 (no cap) or between 1 and 1024")
+    """Cap on decode threads; 0 = one per core of the decode class."""
+    low_power_max_threads: int = _int(2, 0, 1024, allowed="an integer: 0 (no cap) or between 1 and 1024")
+    """Cap on the threads of each phase in low_power (which uses half the little cores, at least one)."""
+    low_power_prefill_chunk_tokens: int = _int(128, 1, 65536)
+    """Prompt tokens per prefill step in low_power (the smaller of this and runtime.prefill_chunk_tokens)."""
+    low_power_seq_path_threshold: int = _int(32768, 1)
+    """In low_power, contexts shorter than this take the random path (replaces
+    dualpath_config.seq_path_threshold when larger)."""
+    low_battery_pct: float = _float(20.0, 0.0, 100.0)
+    """auto: battery below this percentage while discharging -> low_power."""
+    resume_battery_pct: float = _float(30.0, 0.0, 100.0)
+    """auto: leave battery low_power only once above this percentage (or charging)."""
+    thermal_margin_c: float = _float(5.0, 0.0, 100.0)
+    """auto: a thermal zone within this many degrees C of its trip point -> low_power."""
+    thermal_hot_c: float = _float(85.0, 0.0, 150.0)
+    """auto: the hottest thermal zone at or above this (degrees C) -> low_power."""
+    battery_hot_c: float = _float(42.0, 0.0, 150.0)
+    """auto: a battery at or above this (degrees C) -> low_power."""
+    thermal_hysteresis_c: float = _float(5.0, 0.0, 100.0)
+    """auto: leave thermal low_power only once every limit above is this many degrees C away."""
+    min_switch_interval_s: float = _float(10.0, 0.0, 3600.0)
+    """auto: at least this many seconds between two profile switches."""
+    poll_interval_s: float = _float(5.0, 0.0, 3600.0)
+    """auto: read battery and temperature at most this often (seconds)."""
+    termux_timeout_s: float = _float(2.0, 0.1, 60.0)
+    """Seconds to wait for ``termux-battery-status`` (it can hang)."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.resume_battery_pct < self.low_battery_pct:
+            raise ConfigError(f"power.resume_battery_pct={self.resume_battery_pct!r} must be >= "
+                              f"power.low_battery_pct ({self.low_battery_pct!r}), or auto would flap")
+
+
 @dataclass(frozen=True)
 class Config(_Section):
     """Everything configurable, one field per YAML section."""
@@ -198,6 +258,8 @@ class Config(_Section):
     """The dual-path KV cache."""
     runtime: RuntimeConfig = section(RuntimeConfig)
     """ONNX Runtime sessions."""
+    power: PowerConfig = section(PowerConfig)
+    """Core placement and power profiles."""
 
 
 # ---------------------------------------------------------------------------

@@ -84,7 +84,7 @@ def test_router_sends_long_prefills_to_extents_and_short_ones_to_the_hybrid_path
     story = _runs()[0]["generated_ids"]
     llm.generate([1] + story[:40], SamplingParams(temperature=0, max_tokens=2))
     assert llm.runner.cache.seqs[llm.runner.seq_id].path is Path.HYBRID
-    llm.generate([1] + story[:100], SamplingParams(temperature=0, max_tokens=2))
+    llm.generate([1] + story[100:200], SamplingParams(temperature=0, max_tokens=2))  # no shared prefix
     seq = llm.runner.cache.seqs[llm.runner.seq_id]
     assert seq.path is Path.SEQUENTIAL
     assert len(llm.runner.cache.spans(llm.runner.seq_id)) == 1  # one contiguous extent

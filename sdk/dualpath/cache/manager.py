@@ -23,8 +23,8 @@ neither kind can fence the other out: under pressure either takes any free
 block, an extent grows over its odd neighbour when that is free, and freed blocks
 return to one pool. The balance between the kinds therefore follows demand.
 
-Every full page is hashed and can be shared, whichever path wrote it (except
-on the SEQUENTIAL prefill path, which serves long private documents).
+Every full page is hashed and can be shared, whichever path wrote it (except in
+the forced ``sequential`` path mode, the single-path baseline with no prefix cache).
 A shared page that would change is copied first (copy-on-write).
 
 Allocation failure is a value, ``NoRoom``, never an exception: the caller
@@ -75,7 +75,7 @@ class Sequence:
     salt: bytes
     path: Path
     register_pages: bool
-    """Hash full pages into the prefix table (not for SEQUENTIAL prefills)."""
+    """Hash full pages into the prefix table (off only in the forced sequential mode)."""
     pages: list[int] = field(default_factory=list)
     """Page ids in position order; page i holds positions [i * P, (i + 1) * P)."""
     tokens: list[int] = field(default_factory=list)
@@ -86,6 +86,8 @@ class Sequence:
     """Blocks this sequence owns as extents (sequential path), in order."""
     committed: int = 0
     """Tokens whose KV is known written (after the step that wrote them)."""
+    prompt_tokens: int = 0
+    """Length of the prompt given to start(): positions below it are prefill."""
     span_rows: np.ndarray = field(default_factory=lambda: np.zeros((8, 3), np.int64))
     """Kernel view cache: (capacity, 3) rows (offset, tokens if every page were full, P)."""
     span_n: int = 0
@@ -288,9 +290,13 @@ class KVCacheManager:
             raise ValueError(f"sequence {seq_id} already exists")
         n = len(prompt_ids)
         path = path or route(self.cfg, Phase.PREFILL, n)
-        seq = Sequence(seq_id, self.salt, path, register_pages=path is not Path.SEQUENTIAL)
+        # Prefix pages are looked up and registered whatever the route (a long document
+        # asked about twice is reused whole); only the forced sequential-only mode,
+        # the single-path baseline, has no prefix cache.
+        reuse = self.cfg.path_mode != "sequential"
+        seq = Sequence(seq_id, self.salt, path, register_pages=reuse, prompt_tokens=n)
         self.seqs[seq_id] = seq
-        if path is Path.SEQUENTIAL:
+        if not reuse:
             return 0
         P = self.page_tokens
         parent = b""
@@ -321,14 +327,19 @@ class KVCacheManager:
         n = len(token_ids)
         P = self.page_tokens
         if path is None:
-            if seq.num_tokens == 0 or seq.committed < seq.num_tokens:
-                path = seq.path
+            if seq.num_tokens < seq.prompt_tokens or seq.num_tokens == 0:
+                path = seq.path  # still the prompt: the request's prefill path
             else:
                 path = route(self.cfg, Phase.DECODE, seq.num_tokens, self.locality_score(seq_id))
         use_extent = path in (Path.SEQUENTIAL, Path.HYBRID)
         taken: list[int] = []
+        cow = bool(seq.num_tokens % P) and self.page_ref[seq.pages[-1]] > 1
+        need = (seq.num_tokens + n + P - 1) // P - len(seq.pages) + cow
+        room = self.free_page_count() + (self._extent_spare(seq) if use_extent else 0)
+        if need > room:  # decided before anything is taken or evicted
+            return NoRoom(need, room)
         # Copy-on-write: a shared, partly filled last page is copied before appending.
-        if seq.num_tokens % P and self.page_ref[seq.pages[-1]] > 1:
+        if cow:
             page = self._sequential_page(seq) if use_extent else self._random_page()
             if page is None:
                 return NoRoom(1 + (seq.num_tokens % P + n - 1) // P, self.free_page_count())
@@ -338,8 +349,7 @@ class KVCacheManager:
             seq.pages[-1] = page
             seq.span_pages = -1
             self.cow_copies += 1
-        need = (seq.num_tokens + n + P - 1) // P - len(seq.pages)
-        for _ in range(need):
+        for _ in range(need - cow):
             page = self._sequential_page(seq) if use_extent else self._random_page()
             if page is None:
                 for p in reversed(taken):  # all or nothing
@@ -347,7 +357,7 @@ class KVCacheManager:
                     seq.span_pages = -1
                     self.page_ref[p] = 0
                     self._give_back_new(seq, p)
-                return NoRoom(need, self.free_page_count())
+                return NoRoom(need, room)
             self.page_ref[page] = 1
             seq.pages.append(page)
             taken.append(page)
@@ -364,6 +374,12 @@ class KVCacheManager:
             slots[:, 1] = pos % P
             slots[:, 2] = P
         return Allocation(slots, path)
+
+    def _extent_spare(self, seq: Sequence) -> int:
+        """Pages still unused in the sequence's last extent block."""
+        if not seq.blocks:
+            return 0
+        return self.pages_per_block - self._extent_used.get(seq.blocks[-1], self.pages_per_block)
 
     def _give_back_new(self, seq: Sequence, page: int) -> None:
         b = page // self.pages_per_block
@@ -398,7 +414,9 @@ class KVCacheManager:
     def free(self, seq_id: int) -> None:
         """Release a sequence at once; its registered full pages stay cached (LRU)."""
         seq = self.seqs.pop(seq_id)
-        for page in seq.pages:
+        # Last page first: under pressure the LRU then evicts a prefix from its tail,
+        # so what stays cached is still a reachable prefix.
+        for page in reversed(seq.pages):
             self._unref(page)
         for b in seq.blocks:
             self._drop_extent_block(b)
@@ -409,7 +427,8 @@ class KVCacheManager:
         if child_id in self.seqs:
             raise ValueError(f"sequence {child_id} already exists")
         child = Sequence(child_id, parent.salt, parent.path, parent.register_pages, list(parent.pages),
-                         list(parent.tokens), list(parent.hashes), [], parent.committed)
+                         list(parent.tokens), list(parent.hashes), [], parent.committed,
+                         prompt_tokens=parent.prompt_tokens)
         for p in child.pages:
             self.page_ref[p] += 1
         self.seqs[child_id] = child
@@ -422,6 +441,10 @@ class KVCacheManager:
         if n == 0:
             return True
         P = self.page_tokens
+        need = (n + P - 1) // P
+        room = self.free_page_count()
+        if need > room:  # decided before anything is taken or evicted
+            return NoRoom(need, room)
         old_pages, old_blocks = seq.pages, seq.blocks
         seq.pages, seq.blocks = [], []
         new: list[int] = []
@@ -510,23 +533,27 @@ class KVCacheManager:
         return free + len(self.lru)
 
     def stats(self) -> CacheStats:
-        pb = self.page_bytes
-        seq_pages = sum(self._extent_used.values())
+        """Bytes are for all layers. ``token_bytes_needed`` counts the tokens stored once
+        each (a shared prefix page counts once); fragmentation compares it with the
+        bytes held: pages in use plus extent pages reserved but not handed out yet."""
+        pb = self.page_bytes * self.arena.num_layers
+        ppb = self.pages_per_block
+        extent_blocks = len(self._extent_used)
+        extent_pages_used = sum(self._extent_used.values())
         rand_live = sum(self.block_live[b] for b in range(self.num_blocks) if self.block_state[b] == RAND)
         cached = len(self.lru)
-        held_pages = seq_pages + rand_live - cached
-        needed = sum(s.num_tokens for s in self.seqs.values())
-        shared_tokens = self._unique_tokens()
-        token_bytes = shared_tokens * pb // self.page_tokens
-        held = max(held_pages, 0) * pb
+        # Cached pages sit in RAND blocks (a dropped extent becomes RAND).
+        in_use_random = rand_live - cached
+        held = (extent_blocks * ppb + in_use_random) * pb
+        stored = self._unique_tokens() * pb // self.page_tokens
         return CacheStats(
-            bytes_total=self.arena.nbytes // self.arena.num_layers * self.arena.num_layers,
-            bytes_used_sequential=seq_pages * pb * self.arena.num_layers,
-            bytes_used_random=(rand_live - cached) * pb * self.arena.num_layers,
-            bytes_cached=cached * pb * self.arena.num_layers,
-            bytes_free=self.free_page_count() * pb * self.arena.num_layers - cached * pb * self.arena.num_layers,
-            token_bytes_needed=needed * pb // self.page_tokens * self.arena.num_layers,
-            fragmentation=1.0 - token_bytes / held if held else 0.0,
+            bytes_total=self.num_blocks * ppb * pb,
+            bytes_used_sequential=extent_pages_used * pb,
+            bytes_used_random=in_use_random * pb,
+            bytes_cached=cached * pb,
+            bytes_free=(self.free_page_count() - cached) * pb,
+            token_bytes_needed=stored,
+            fragmentation=1.0 - stored / held if held else 0.0,
             prefix_queries=self.prefix_queries, prefix_hit_pages=self.prefix_hit_pages,
             evictions=self.evictions, migrations=self.migrations, cow_copies=self.cow_copies)
 

@@ -15,7 +15,7 @@ import onnx
 import onnxruntime as ort
 
 from .._kernels import embed as _embed
-from .._kvarena import ArenaStepper
+from .._kvarena import ArenaStepper, ThreadPool
 from ..cache.manager import KVCacheManager, NoRoom
 from ..config import DualPathConfig
 from ..errors import DualPathError
@@ -154,7 +154,7 @@ class ModelRunner:
 
     def __init__(self, spec: ModelSpec, *, num_threads: int, max_context_tokens: int,
                  max_step_tokens: int, cache_config: DualPathConfig | None = None,
-                 accuracy_level: int = 4, spinning: bool = True):
+                 accuracy_level: int = 4, spinning: bool = True, kernel: str | None = None):
         cfg = spec.config
         self.spec = spec
         self.num_layers = cfg.num_layers
@@ -194,8 +194,10 @@ class ModelRunner:
                                     head_dim=cfg.head_dim, num_blocks=num_blocks, salt=spec.path.encode())
         self.slots = np.zeros((T, 3), np.int64)                      # (T, 3) where new tokens go
         self.spans = np.zeros((-(-max_context_tokens // P) + 1, 3), np.int64)  # (max_spans, 3) kernel view
+        # Our kernels' own pool (ONNX Runtime has its own): same thread count.
+        self.pool = ThreadPool(num_threads)
         self.kv = ArenaStepper(self.cache.arena, self.q, self.k, self.v, self.attn, self.slots, self.spans,
-                               float(1.0 / np.sqrt(cfg.head_dim)), dp.prefetch_degree)
+                               float(1.0 / np.sqrt(cfg.head_dim)), dp.prefetch_degree, self.pool, kernel)
         self.seq_id = 0
         self.cache.start(self.seq_id, [])
         self._decode = _Binding(self, 1, 1)

@@ -1,21 +1,24 @@
-"""The generic kernels against the NumPy reference (kernels/reference.py).
+"""Every kernel ISA this machine has, against the NumPy reference (kernels/reference.py).
 
 Attention reads the arena through spans; the same tokens are laid out as one
 contiguous run of pages (sequential path) and as scattered single pages (random
-path), and both must match the reference.
+path), on one thread and on a pool (which splits long contexts and merges).
 """
 
 import numpy as np
 import pytest
 
 from dualpath import _kernels
-from dualpath._kvarena import KVArena
+from dualpath._kvarena import KVArena, ThreadPool, available_kernels
+
+KERNELS = available_kernels()
+POOL = ThreadPool(2)
 from dualpath.kernels import reference
 
 P = 16  # tokens per page
 
 
-def _fill(arena, rng, n_ctx, layout, kv_dtype):
+def _fill(arena, rng, n_ctx, layout, kv_dtype, kernel=None):
     """Write n_ctx random tokens to layer 0; return spans and dense (k, v) (kv_heads, n, hd)."""
     nkv, hd = arena.num_kv_heads, arena.head_dim
     pages_total = arena.num_blocks * (arena.block_size // arena.tile_bytes(P))
@@ -31,38 +34,67 @@ def _fill(arena, rng, n_ctx, layout, kv_dtype):
     slots = np.stack([offs[pos // P], pos % P, np.full(n_ctx, P)], 1).astype(np.int64)
     k = rng.standard_normal((n_ctx, nkv * hd)).astype(np.float32)
     v = rng.standard_normal((n_ctx, nkv * hd)).astype(np.float32)
-    arena.write(0, k, v, slots)
+    arena.write(0, k, v, slots, kernel=kernel)
     spans = np.stack([offs, np.minimum(P, n_ctx - np.arange(n_pages) * P), np.full(n_pages, P)], 1).astype(np.int64)
     dt = np.float16 if kv_dtype == "f16" else np.float32
     dense = lambda a: a.reshape(n_ctx, nkv, hd).transpose(1, 0, 2).astype(dt)  # noqa: E731
     return spans, dense(k), dense(v)
 
 
+@pytest.mark.parametrize("kernel", KERNELS)
 @pytest.mark.parametrize("layout", ["sequential", "random"])
 @pytest.mark.parametrize("head_dim", [8, 64, 128])
 @pytest.mark.parametrize("group", [1, 2, 8])
 @pytest.mark.parametrize("kv_dtype,tol", [("f32", 1e-5), ("f16", 2e-3)])
-def test_decode_attention_matches_reference(layout, head_dim, group, kv_dtype, tol):
+def test_decode_attention_matches_reference(kernel, layout, head_dim, group, kv_dtype, tol):
     rng = np.random.default_rng(head_dim * 10 + group)
     nkv = 2
-    arena = KVArena(1 << 17, 16, 1, nkv, head_dim, kv_dtype)
-    for n_ctx in (1, 2, 17, 255, 1000):
-        spans, k, v = _fill(arena, rng, n_ctx, layout, kv_dtype)
-        q = rng.standard_normal((1, nkv * group, head_dim)).astype(np.float32)
-        got = arena.attention(0, q, spans, n_ctx - 1, prefetch_degree=4)
-        np.testing.assert_allclose(got, reference.attention(q, k, v, n_ctx - 1), rtol=tol, atol=tol)
+    arena = KVArena(1 << 17, 64, 1, nkv, head_dim, kv_dtype)
+    for n_ctx in (1, 2, 17, 255, 1000, 4096):
+        spans, k, v = _fill(arena, rng, n_ctx, layout, kv_dtype, kernel)
+        for num_q in (1, 3):  # one token, and a multi-token decode step
+            q = rng.standard_normal((num_q, nkv * group, head_dim)).astype(np.float32)
+            pos0 = n_ctx - num_q if n_ctx >= num_q else 0
+            if pos0 + num_q > n_ctx:
+                continue
+            want = reference.attention(q, k, v, pos0)
+            for pool in (None, POOL):  # the pool splits long contexts (flash-decoding)
+                got = arena.attention(0, q, spans, pos0, prefetch_degree=4, kernel=kernel, pool=pool)
+                np.testing.assert_allclose(got, want, rtol=tol, atol=tol)
 
 
+@pytest.mark.parametrize("kernel", KERNELS)
 @pytest.mark.parametrize("layout", ["sequential", "random"])
 @pytest.mark.parametrize("kv_dtype,tol", [("f32", 1e-5), ("f16", 2e-3)])
-def test_causal_prefill_attention_matches_reference(layout, kv_dtype, tol):
+def test_causal_prefill_attention_matches_reference(kernel, layout, kv_dtype, tol):
     rng = np.random.default_rng(7)
     arena = KVArena(1 << 17, 8, 1, 4, 64, kv_dtype)
-    spans, k, v = _fill(arena, rng, 300, layout, kv_dtype)
+    spans, k, v = _fill(arena, rng, 300, layout, kv_dtype, kernel)
     for pos0, n in ((0, 1), (0, 37), (5, 64), (100, 200)):
         q = rng.standard_normal((n, 8, 64)).astype(np.float32)
-        np.testing.assert_allclose(arena.attention(0, q, spans, pos0), reference.attention(q, k, v, pos0),
-                                   rtol=tol, atol=tol)
+        want = reference.attention(q, k, v, pos0)
+        for pool in (None, POOL):
+            got = arena.attention(0, q, spans, pos0, kernel=kernel, pool=pool)
+            np.testing.assert_allclose(got, want, rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_f16_writes_round_like_the_generic_kernel(kernel):
+    rng = np.random.default_rng(11)
+    x = (rng.standard_normal((50, 2 * 64)) * 100).astype(np.float32)
+    spans = np.array([[0, 50, 64]], np.int64)
+    slots = np.stack([np.zeros(50), np.arange(50), np.full(50, 64)], 1).astype(np.int64)
+    a, b = KVArena(1 << 17, 1, 1, 2, 64, "f16"), KVArena(1 << 17, 1, 1, 2, 64, "f16")
+    a.write(0, x, x, slots, kernel="generic")
+    b.write(0, x, x, slots, kernel=kernel)
+    np.testing.assert_array_equal(a.gather(0, spans, 50)[0], b.gather(0, spans, 50)[0])
+
+
+def test_unavailable_kernel_is_an_error_not_a_silent_fallback():
+    arena = KVArena(1 << 12, 1, 1, 1, 8, "f32")
+    with pytest.raises(ValueError, match="not available"):
+        arena.attention(0, np.zeros((1, 1, 8), np.float32), np.array([[0, 1, 16]], np.int64), 0,
+                        kernel="neon" if "avx2" in KERNELS else "avx2")
 
 
 def test_layouts_give_bit_identical_f32_attention():

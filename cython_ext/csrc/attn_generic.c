@@ -1,0 +1,80 @@
+/* Scalar reference of every attention building block: always built, no flags. */
+#include <math.h>
+#include "dp_attn_ops.h"
+
+static float half_table[65536];
+static volatile int half_table_ready = 0;
+
+static void init_half_table(void) {
+    if (half_table_ready) return;
+    for (uint32_t i = 0; i < 65536; i++) half_table[i] = dp_half_to_float((uint16_t)i);
+    half_table_ready = 1; /* idempotent: a race only writes the same values twice */
+}
+
+static inline float dot(const float *x, const float *y, int64_t n) {
+    /* Eight independent partial sums: instruction-level parallelism without -ffast-math. */
+    float s[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int j = 0; j < 8; j++) s[j] += x[i + j] * y[i + j];
+    float acc = ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
+    for (; i < n; i++) acc += x[i] * y[i];
+    return acc;
+}
+
+static void scores_f32(const float *q, int64_t group, int64_t hd, const float *rows, int64_t n,
+                       float scale, float *scores, int64_t sstride) {
+    for (int64_t r = 0; r < n; r++)
+        for (int64_t g = 0; g < group; g++)
+            scores[g * sstride + r] = dot(q + g * hd, rows + r * hd, hd) * scale;
+}
+
+static void scores_f16(const float *q, int64_t group, int64_t hd, const uint16_t *rows, int64_t n,
+                       float scale, float *scores, int64_t sstride) {
+    float buf[512];
+    init_half_table();
+    for (int64_t r = 0; r < n; r++) {
+        for (int64_t e = 0; e < hd; e++) buf[e] = half_table[rows[r * hd + e]];
+        for (int64_t g = 0; g < group; g++) scores[g * sstride + r] = dot(q + g * hd, buf, hd) * scale;
+    }
+}
+
+static void accum_f32(const float *p, int64_t sstride, int64_t group, int64_t hd, const float *rows,
+                      int64_t n, float *o) {
+    for (int64_t r = 0; r < n; r++)
+        for (int64_t g = 0; g < group; g++) {
+            const float w = p[g * sstride + r];
+            float *og = o + g * hd;
+            for (int64_t e = 0; e < hd; e++) og[e] += w * rows[r * hd + e];
+        }
+}
+
+static void accum_f16(const float *p, int64_t sstride, int64_t group, int64_t hd, const uint16_t *rows,
+                      int64_t n, float *o) {
+    float buf[512];
+    init_half_table();
+    for (int64_t r = 0; r < n; r++) {
+        for (int64_t e = 0; e < hd; e++) buf[e] = half_table[rows[r * hd + e]];
+        for (int64_t g = 0; g < group; g++) {
+            const float w = p[g * sstride + r];
+            float *og = o + g * hd;
+            for (int64_t e = 0; e < hd; e++) og[e] += w * buf[e];
+        }
+    }
+}
+
+static void f32_to_f16(const float *src, uint16_t *dst, int64_t n) {
+    for (int64_t i = 0; i < n; i++) dst[i] = dp_float_to_half(src[i]);
+}
+
+
+static float exp_sum(float *x, int64_t n, float max) {
+    float s = 0.0f;
+    for (int64_t i = 0; i < n; i++) {
+        x[i] = expf(x[i] - max);
+        s += x[i];
+    }
+    return s;
+}
+
+const dp_attn_ops dp_ops_generic = {"generic", scores_f32, scores_f16, accum_f32, accum_f16, f32_to_f16, exp_sum};

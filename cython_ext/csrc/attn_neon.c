@@ -1,0 +1,107 @@
+/* AArch64 Advanced SIMD attention building blocks (baseline ARMv8-A: every aarch64
+ * CPU has them). f16 rows are widened with FCVTL, which is baseline too. */
+#include <arm_neon.h>
+#include "dp_attn_ops.h"
+
+static inline float32x4_t load_f16(const uint16_t *p) { return vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(p))); }
+
+#define DP_GROUP_TILE 8
+
+#define SCORES_BODY(LOAD, TAIL)                                                                  \
+    for (int64_t g0 = 0; g0 < group; g0 += DP_GROUP_TILE) {                                       \
+        const int64_t gn = group - g0 < DP_GROUP_TILE ? group - g0 : DP_GROUP_TILE;               \
+        for (int64_t r = 0; r < n; r++) {                                                         \
+            float32x4_t acc[DP_GROUP_TILE];                                                       \
+            for (int64_t g = 0; g < gn; g++) acc[g] = vdupq_n_f32(0.0f);                          \
+            int64_t e = 0;                                                                        \
+            for (; e + 4 <= hd; e += 4) {                                                         \
+                const float32x4_t k = LOAD(rows + r * hd + e);                                    \
+                for (int64_t g = 0; g < gn; g++)                                                  \
+                    acc[g] = vfmaq_f32(acc[g], vld1q_f32(q + (g0 + g) * hd + e), k);              \
+            }                                                                                     \
+            for (int64_t g = 0; g < gn; g++) {                                                    \
+                float s = vaddvq_f32(acc[g]);                                                     \
+                for (int64_t t = e; t < hd; t++) s += q[(g0 + g) * hd + t] * TAIL(rows[r * hd + t]); \
+                scores[(g0 + g) * sstride + r] = s * scale;                                       \
+            }                                                                                     \
+        }                                                                                         \
+    }
+
+#define F32_ID(x) (x)
+
+static void scores_f32(const float *q, int64_t group, int64_t hd, const float *rows, int64_t n,
+                       float scale, float *scores, int64_t sstride) {
+    SCORES_BODY(vld1q_f32, F32_ID)
+}
+
+static void scores_f16(const float *q, int64_t group, int64_t hd, const uint16_t *rows, int64_t n,
+                       float scale, float *scores, int64_t sstride) {
+    SCORES_BODY(load_f16, dp_half_to_float)
+}
+
+#define ACCUM_BODY(LOAD, TAIL)                                                                    \
+    int64_t e = 0;                                                                                \
+    for (; e + 4 <= hd; e += 4) {                                                                 \
+        for (int64_t g = 0; g < group; g++) {                                                     \
+            float32x4_t acc = vld1q_f32(o + g * hd + e);                                           \
+            const float *pg = p + g * sstride;                                                    \
+            for (int64_t r = 0; r < n; r++) acc = vfmaq_n_f32(acc, LOAD(rows + r * hd + e), pg[r]); \
+            vst1q_f32(o + g * hd + e, acc);                                                       \
+        }                                                                                         \
+    }                                                                                             \
+    for (; e < hd; e++)                                                                           \
+        for (int64_t g = 0; g < group; g++)                                                       \
+            for (int64_t r = 0; r < n; r++) o[g * hd + e] += p[g * sstride + r] * TAIL(rows[r * hd + e]);
+
+static void accum_f32(const float *p, int64_t sstride, int64_t group, int64_t hd, const float *rows,
+                      int64_t n, float *o) {
+    ACCUM_BODY(vld1q_f32, F32_ID)
+}
+
+static void accum_f16(const float *p, int64_t sstride, int64_t group, int64_t hd, const uint16_t *rows,
+                      int64_t n, float *o) {
+    ACCUM_BODY(load_f16, dp_half_to_float)
+}
+
+static void f32_to_f16(const float *src, uint16_t *dst, int64_t n) {
+    int64_t i = 0;
+    for (; i + 4 <= n; i += 4) vst1_u16(dst + i, vreinterpret_u16_f16(vcvt_f16_f32(vld1q_f32(src + i))));
+    for (; i < n; i++) dst[i] = dp_float_to_half(src[i]);
+}
+
+
+/* exp(x) for x <= 0 (Cephes-style): 2^k * P(r), |rel err| < 2e-7; x < -87 gives 0. */
+static inline float32x4_t exp4(float32x4_t x) {
+    x = vmaxq_f32(x, vdupq_n_f32(-87.0f));
+    const float32x4_t k = vrndnq_f32(vmulq_f32(x, vdupq_n_f32(1.44269504088896341f)));
+    float32x4_t r = vfmsq_f32(x, k, vdupq_n_f32(0.693359375f));
+    r = vfmsq_f32(r, k, vdupq_n_f32(-2.12194440e-4f));
+    float32x4_t y = vdupq_n_f32(1.9875691500e-4f);
+    y = vfmaq_f32(vdupq_n_f32(1.3981999507e-3f), y, r);
+    y = vfmaq_f32(vdupq_n_f32(8.3334519073e-3f), y, r);
+    y = vfmaq_f32(vdupq_n_f32(4.1665795894e-2f), y, r);
+    y = vfmaq_f32(vdupq_n_f32(1.6666665459e-1f), y, r);
+    y = vfmaq_f32(vdupq_n_f32(5.0000001201e-1f), y, r);
+    y = vfmaq_f32(vaddq_f32(r, vdupq_n_f32(1.0f)), y, vmulq_f32(r, r));
+    const int32x4_t e = vshlq_n_s32(vaddq_s32(vcvtq_s32_f32(k), vdupq_n_s32(127)), 23);
+    return vmulq_f32(y, vreinterpretq_f32_s32(e));
+}
+
+static float exp_sum(float *x, int64_t n, float max) {
+    const float32x4_t m = vdupq_n_f32(max);
+    float32x4_t acc = vdupq_n_f32(0.0f);
+    int64_t i = 0;
+    for (; i + 4 <= n; i += 4) {
+        const float32x4_t v = exp4(vsubq_f32(vld1q_f32(x + i), m));
+        vst1q_f32(x + i, v);
+        acc = vaddq_f32(acc, v);
+    }
+    float s = vaddvq_f32(acc);
+    for (; i < n; i++) {
+        x[i] = vgetq_lane_f32(exp4(vdupq_n_f32(x[i] - max)), 0);
+        s += x[i];
+    }
+    return s;
+}
+
+const dp_attn_ops dp_ops_neon = {"neon", scores_f32, scores_f16, accum_f32, accum_f16, f32_to_f16, exp_sum};

@@ -1,0 +1,61 @@
+/* The per-ISA building blocks of attention, and run-time dispatch between them.
+ *
+ * The span walker (kv_arena.c) owns the loop structure; an ISA supplies only the
+ * inner loops over a run of contiguous K or V rows of one KV head, for a group of
+ * query heads that share it (GQA: a row is loaded once for the whole group).
+ *
+ *   q:      (group, head_dim) f32, the query heads reading this KV head
+ *   rows:   (n, head_dim) of f32 or f16 (uint16 bits), contiguous
+ *   scores: (group, sstride) f32; scores[g * sstride + r] for r < n
+ *   o:      (group, head_dim) f32 accumulators
+ */
+#ifndef DP_ATTN_OPS_H
+#define DP_ATTN_OPS_H
+
+#include "dp_common.h"
+
+typedef struct {
+    const char *name;
+    /* scores[g, r] = scale * dot(q[g], row r) */
+    void (*scores_f32)(const float *q, int64_t group, int64_t head_dim, const float *rows, int64_t n,
+                       float scale, float *scores, int64_t sstride);
+    void (*scores_f16)(const float *q, int64_t group, int64_t head_dim, const uint16_t *rows, int64_t n,
+                       float scale, float *scores, int64_t sstride);
+    /* o[g] += sum_r p[g, r] * row r */
+    void (*accum_f32)(const float *p, int64_t sstride, int64_t group, int64_t head_dim, const float *rows,
+                      int64_t n, float *o);
+    void (*accum_f16)(const float *p, int64_t sstride, int64_t group, int64_t head_dim, const uint16_t *rows,
+                      int64_t n, float *o);
+    /* dst[i] = half(src[i]), round to nearest even */
+    void (*f32_to_f16)(const float *src, uint16_t *dst, int64_t n);
+    /* x[i] = exp(x[i] - max); returns the sum of the new x[i] (x[i] - max <= 0) */
+    float (*exp_sum)(float *x, int64_t n, float max);
+} dp_attn_ops;
+
+extern const dp_attn_ops dp_ops_generic;
+#if defined(__x86_64__) || defined(_M_X64)
+extern const dp_attn_ops dp_ops_avx2;
+extern const dp_attn_ops dp_ops_avx512;
+#endif
+#if defined(__aarch64__)
+extern const dp_attn_ops dp_ops_neon;
+extern const dp_attn_ops dp_ops_neon_fp16;
+#endif
+
+/* CPU features the kernels care about, checked against the OS (xgetbv / hwcaps). */
+enum {
+    DP_CPU_AVX2 = 1 << 0,     /* AVX2 + FMA + F16C, YMM state enabled by the OS */
+    DP_CPU_AVX512 = 1 << 1,   /* AVX-512 F/BW/VL, ZMM and opmask state enabled */
+    DP_CPU_NEON = 1 << 2,     /* AArch64 Advanced SIMD (baseline) */
+    DP_CPU_NEON_FP16 = 1 << 3 /* FP16 arithmetic (asimdhp) */
+};
+
+unsigned dp_cpu_features(void);
+/* Parse "avx512,avx2" style lists (DUALPATH_DISABLE_CPU_FEATURES) into a feature mask. */
+unsigned dp_parse_features(const char *list);
+/* The best ops the CPU supports with `disabled` features removed (generic at worst). */
+const dp_attn_ops *dp_select_ops(unsigned disabled);
+/* The ops named `name` if this CPU and build have them, else NULL. */
+const dp_attn_ops *dp_ops_by_name(const char *name);
+
+#endif
