@@ -181,6 +181,9 @@ class RuntimeConfig(_Section):
     """MatMulNBits ``accuracy_level``: 4 = int8 activations (as llama.cpp), 0 = unset."""
     intra_op_spinning: bool = setting(True, bool, None, "true or false")
     """Let idle ORT threads spin (lower latency, more power)."""
+    attention_kernel: str = _choice("auto", str, ("auto", "generic", "avx2", "avx512", "neon", "neon_fp16"))
+    """Attention kernel ISA: ``auto`` picks the best this CPU supports (minus
+    DUALPATH_DISABLE_CPU_FEATURES); naming one that is not available is an error."""
 
     def effective_num_threads(self) -> int:
         """``num_threads``, or the number of usable cores when it is 0."""
@@ -234,6 +237,9 @@ class PowerConfig(_Section):
     """auto: the hottest thermal zone at or above this (degrees C) -> low_power."""
     battery_hot_c: float = _float(42.0, 0.0, 150.0)
     """auto: a battery at or above this (degrees C) -> low_power."""
+    no_battery_profile: str = _choice("balanced", str, ("performance", "balanced", "low_power"))
+    """auto: the profile when no battery is readable (desktops, VMs, edge boxes, and phones
+    whose sysfs is denied without termux-api) and nothing is hot."""
     thermal_hysteresis_c: float = _float(5.0, 0.0, 100.0)
     """auto: leave thermal low_power only once every limit above is this many degrees C away."""
     min_switch_interval_s: float = _float(10.0, 0.0, 3600.0)

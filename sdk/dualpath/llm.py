@@ -43,6 +43,7 @@ class LLM:
             cache_config=config.dualpath_config,
             accuracy_level=rt.quantized_matmul_accuracy,
             spinning=rt.intra_op_spinning,
+            kernel=None if rt.attention_kernel == "auto" else rt.attention_kernel,
         )
         log.info("loaded %s (%s, %d layers, dim %d) in %.2fs", model_path, self.spec.format,
                  self.spec.config.num_layers, self.spec.config.dim, self.runner.load_seconds)
