@@ -93,6 +93,17 @@ cdef class ThreadPool:
             raise ValueError(f"phase={phase!r} must be 'prefill' or 'decode'")
         dp_pool_set_phase(self.pool, DP_PHASE_PREFILL if phase == "prefill" else DP_PHASE_DECODE)
 
+    def read(self, buf):
+        """Read a C-contiguous array once with every thread (a bandwidth probe)."""
+        if not isinstance(buf, np.ndarray) or not buf.flags.c_contiguous:
+            raise ValueError("buf must be a C-contiguous numpy array")
+        cdef const void *p = cnp.PyArray_DATA(<cnp.ndarray>buf)
+        cdef int64_t n = buf.nbytes
+        cdef unsigned long long r
+        with nogil:
+            r = dp_read_buffer(self.pool, p, n)
+        return r
+
     def worker_tids(self):
         """Linux thread ids of the pool's threads (index 0: the last caller)."""
         cdef int64_t tids[256]

@@ -40,6 +40,7 @@ cdef extern from "csrc/dp_pool.h" nogil:
     int dp_pool_set_affinity(dp_pool *pool, int phase, const int *cpus, int num_cpus)
     void dp_pool_set_phase(dp_pool *pool, int phase)
     int dp_pool_worker_tids(const dp_pool *pool, int64_t *tids, int max)
+    unsigned long long dp_read_buffer(dp_pool *pool, const void *buf, int64_t nbytes)
 
 cdef extern from "csrc/kv_arena.h" nogil:
     ctypedef struct dp_arena:

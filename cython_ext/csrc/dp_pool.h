@@ -27,5 +27,7 @@ void dp_pool_set_phase(dp_pool *pool, int phase);
 /* Linux thread ids of the workers (tids[0] is the caller's slot, 0 until it runs). */
 int dp_pool_worker_tids(const dp_pool *pool, int64_t *tids, int max);
 void dp_pool_run(dp_pool *pool, int64_t num_tasks, dp_task_fn fn, void *ctx);
+/* Read nbytes of buf once on the pool (a bandwidth probe); returns a checksum. */
+uint64_t dp_read_buffer(dp_pool *pool, const void *buf, int64_t nbytes);
 
 #endif

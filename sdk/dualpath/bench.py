@@ -130,6 +130,9 @@ def add_bench_parser(sub) -> None:
     e.add_argument("--no-peer", action="store_true", help="measure DualPath only")
     e.add_argument("--json", help="also write the rows as JSON here")
     e.set_defaults(func=cmd_bench)
+    from .bench_kernels import add_parser as add_kernels_parser
+
+    add_kernels_parser(bs)
     from .bench_cache import add_cache_parser
 
     add_cache_parser(bs)

@@ -1,0 +1,131 @@
+"""``dualpath bench kernels``: decode attention against this machine's read bandwidth.
+
+Decode attention streams every K and V row of the context once per step, so its
+ceiling is memory read bandwidth. Both are measured in the same run, on the same
+thread pool: the bandwidth probe reads a large buffer with each thread; the
+kernel reads the KV of one layer (K + V: context x num_kv_heads x head_dim x 2
+bytes x 2). Layers rotate through an arena larger than the last-level cache so
+every step comes from DRAM, as in a real model.
+
+Layouts: ``sequential`` = the sequence's pages back to back (one extent, one
+span); ``random`` = the same pages scattered in shuffled order (one span per page,
+software prefetch on).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+
+import numpy as np
+
+from ._kvarena import KVArena, ThreadPool, available_kernels, default_kernel
+
+NUM_HEADS, NUM_KV_HEADS, HEAD_DIM, PAGE_TOKENS = 32, 4, 64, 16
+BLOCK = 1 << 17
+
+
+def _median_time(fn, repeats: int) -> float:
+    fn()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def measure_bandwidth(pool: ThreadPool, nbytes: int = 1 << 30, repeats: int = 5) -> float:
+    buf = np.ones(nbytes // 8, np.uint64)
+    return nbytes / _median_time(lambda: pool.read(buf), repeats) / 1e9
+
+
+def _arena_for(ctx: int, layers: int, layout: str, seed: int = 0):
+    """An f16 arena holding `ctx` tokens in each of `layers` layers, and their spans."""
+    token_bytes = 2 * NUM_KV_HEADS * HEAD_DIM * 2
+    page_bytes = token_bytes * PAGE_TOKENS
+    ppb = BLOCK // page_bytes
+    pages = -(-ctx // PAGE_TOKENS)
+    blocks = -(-pages // ppb) + 1
+    arena = KVArena(BLOCK, blocks, layers, NUM_KV_HEADS, HEAD_DIM, "f16")
+    order = np.arange(pages) if layout == "sequential" else np.random.default_rng(seed).permutation(pages)
+    offs = np.array([(p // ppb) * BLOCK + (p % ppb) * page_bytes for p in order], np.int64)
+    pos = np.arange(ctx)
+    slots = np.stack([offs[pos // PAGE_TOKENS], pos % PAGE_TOKENS, np.full(ctx, PAGE_TOKENS)], 1).astype(np.int64)
+    rng = np.random.default_rng(seed)
+    k = rng.standard_normal((ctx, NUM_KV_HEADS * HEAD_DIM)).astype(np.float32)
+    for layer in range(layers):
+        arena.write(layer, k, k, slots)
+    if layout == "sequential":
+        spans = np.array([[offs[0], ctx, PAGE_TOKENS]], np.int64)
+    else:
+        n = np.minimum(PAGE_TOKENS, ctx - np.arange(pages) * PAGE_TOKENS)
+        spans = np.stack([offs, n, np.full(pages, PAGE_TOKENS)], 1).astype(np.int64)
+    return arena, spans
+
+
+def run_kernel_bench(contexts=(1024, 8192, 32768), threads=(1, 2), layouts=("sequential", "random"),
+                     kernel: str | None = None, repeats: int = 7, llc_bytes: int = 64 << 20) -> dict:
+    kernel = kernel or default_kernel()
+    rows = []
+    bandwidth = {}
+    for n_threads in threads:
+        pool = ThreadPool(n_threads)
+        bandwidth[n_threads] = measure_bandwidth(pool)
+        for ctx in contexts:
+            kv_bytes = ctx * NUM_KV_HEADS * HEAD_DIM * 2 * 2
+            layers = max(1, min(64, -(-2 * llc_bytes // kv_bytes)))  # > LLC in total: DRAM reads
+            q = np.random.default_rng(1).standard_normal((1, NUM_HEADS, HEAD_DIM)).astype(np.float32)
+            for layout in layouts:
+                arena, spans = _arena_for(ctx, layers, layout)
+                state = {"layer": 0}
+
+                def step():
+                    for _ in range(layers):  # one pass over every layer: each read once from DRAM
+                        arena.attention(state["layer"], q, spans, ctx - 1, prefetch_degree=4,
+                                        kernel=kernel, pool=pool)
+                        state["layer"] = (state["layer"] + 1) % layers
+
+                t = _median_time(step, repeats) / layers
+                rows.append({"kernel": kernel, "threads": n_threads, "context": ctx, "layout": layout,
+                             "us_per_layer": t * 1e6, "gb_per_s": kv_bytes / t / 1e9,
+                             "bandwidth_gb_per_s": bandwidth[n_threads],
+                             "share_of_bandwidth": kv_bytes / t / 1e9 / bandwidth[n_threads],
+                             "spans": int(len(spans)), "layers_rotated": layers})
+                del arena
+        del pool
+    return {"rows": rows, "bandwidth": bandwidth,
+            "shape": {"num_heads": NUM_HEADS, "num_kv_heads": NUM_KV_HEADS, "head_dim": HEAD_DIM,
+                      "kv_dtype": "f16", "page_tokens": PAGE_TOKENS}}
+
+
+def cmd_bench_kernels(args) -> int:
+    contexts = tuple(int(c) for c in args.contexts.split(","))
+    threads = tuple(int(t) for t in args.threads.split(","))
+    res = run_kernel_bench(contexts, threads, kernel=args.kernel, repeats=args.repeats)
+    s = res["shape"]
+    print(f"decode attention, 1 query token: {s['num_heads']} query heads, {s['num_kv_heads']} KV heads, "
+          f"head_dim {s['head_dim']}, {s['kv_dtype']} KV, pages of {s['page_tokens']} tokens; median of "
+          f"{args.repeats}; kernels available: {', '.join(available_kernels())}")
+    for n, bw in res["bandwidth"].items():
+        print(f"read bandwidth, {n} thread{'s' if n > 1 else ''}: {bw:.1f} GB/s (measured in this run)")
+    print(f"{'kernel':<8} {'thr':>3} {'context':>8} {'layout':<10} {'spans':>6} {'us/layer':>9} "
+          f"{'GB/s':>7} {'of bw':>6}")
+    for r in res["rows"]:
+        print(f"{r['kernel']:<8} {r['threads']:>3} {r['context']:>8} {r['layout']:<10} {r['spans']:>6} "
+              f"{r['us_per_layer']:>9.1f} {r['gb_per_s']:>7.1f} {r['share_of_bandwidth']:>6.0%}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(res, f, indent=1)
+    return 0
+
+
+def add_parser(bs) -> None:
+    k = bs.add_parser("kernels", help="decode attention GB/s beside the machine's read bandwidth")
+    k.add_argument("--contexts", default="1024,8192,32768")
+    k.add_argument("--threads", default="1,2")
+    k.add_argument("--kernel", help="force a kernel ISA (default: the dispatched one)")
+    k.add_argument("-r", "--repeats", type=int, default=7)
+    k.add_argument("--json")
+    k.set_defaults(func=cmd_bench_kernels)

@@ -1,0 +1,67 @@
+"""Thread placement: ONNX Runtime's affinity string, pinning the calling thread, and reading
+back where every thread of the process runs.
+
+ONNX Runtime facts this relies on (checked with onnxruntime 1.32, see FINDINGS.md):
+``session.intra_op_thread_affinities`` takes 1-based processor ids, exactly
+``intra_op_num_threads - 1`` groups separated by ``;`` (one per worker; the calling thread
+does part of the work and is never pinned by ORT), and an out-of-range id only logs an
+error. Workers pin themselves shortly after they start, so read placement after a warm-up run.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Sequence
+
+
+def ort_affinity_string(cpus: Sequence[int], num_threads: int) -> str:
+    """``session.intra_op_thread_affinities`` for ``num_threads`` intra-op threads where thread
+    ``i`` runs on ``cpus[i]``: thread 0 is the caller (pin it with ``pin_current_thread``),
+    threads 1.. are ORT's workers, one group each, 1-based. ``(4, 5, 6)``, 3 -> ``"6;7"``.
+    One thread -> ``""`` (no workers: set no entry)."""
+    cpus = list(cpus)
+    if num_threads < 1:
+        raise ValueError(f"num_threads={num_threads} must be >= 1")
+    if len(cpus) < num_threads:
+        raise ValueError(f"{num_threads} threads need {num_threads} cpus, got {len(cpus)}: {cpus}")
+    if any(not isinstance(c, int) or isinstance(c, bool) or c < 0 for c in cpus):
+        raise ValueError(f"cpus must be CPU numbers >= 0, got {cpus}")
+    if len(set(cpus[:num_threads])) != num_threads:
+        raise ValueError(f"cpus {cpus[:num_threads]} name a CPU twice: each thread needs its own")
+    return ";".join(str(c + 1) for c in cpus[1:num_threads])
+
+
+def pin_current_thread(cpus: Iterable[int]) -> set[int]:
+    """Restrict the calling thread (only it: Linux affinity is per thread) to ``cpus``;
+    returns its previous set so the caller can restore it. Raises OSError naming the CPUs
+    when the kernel refuses (a CPU offline or outside the process's cpuset)."""
+    wanted = set(cpus)
+    previous = os.sched_getaffinity(0)
+    try:
+        os.sched_setaffinity(0, wanted)
+    except OSError as e:
+        raise OSError(e.errno, f"cannot pin this thread to cpu {sorted(wanted)}: {e.strerror} "
+                               f"(allowed before: {sorted(previous)})") from None
+    return previous
+
+
+def thread_placement(pid: int | None = None) -> dict[int, tuple[str, int, frozenset[int]]]:
+    """``tid -> (name, last_cpu, allowed_cpus)`` for every thread of ``pid`` (default: this
+    process), from ``/proc/<pid>/task/<tid>/stat`` (field 39, the CPU it last ran on) and
+    ``sched_getaffinity(tid)``. Threads that exit while being read are left out."""
+    pid = os.getpid() if pid is None else pid
+    task_dir = f"/proc/{pid}/task"
+    placement: dict[int, tuple[str, int, frozenset[int]]] = {}
+    for entry in os.listdir(task_dir):
+        tid = int(entry)
+        try:
+            with open(f"{task_dir}/{entry}/stat", encoding="utf-8", errors="replace") as f:
+                stat = f.read()
+            allowed = frozenset(os.sched_getaffinity(tid))
+        except (OSError, ProcessLookupError):
+            continue
+        # "tid (comm) state ppid ...": comm may hold spaces and parentheses, so split at the last ')'.
+        name = stat[stat.index("(") + 1:stat.rindex(")")]
+        fields = stat[stat.rindex(")") + 2:].split()
+        placement[tid] = (name, int(fields[39 - 3]), allowed)  # fields[0] is field 3 (state)
+    return placement

@@ -1,0 +1,79 @@
+"""Text for ``dualpath info``: the topology table, classes, power state, profile and masks."""
+
+from __future__ import annotations
+
+from .power import PowerState
+from .profiles import PhasePlan, Plan
+from .topology import Topology, format_cpulist
+
+
+def _opt(value, fmt: str = "{}") -> str:
+    return "-" if value is None else fmt.format(value)
+
+
+def _table(rows: list[list[str]]) -> list[str]:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return ["  " + "  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in rows]
+
+
+def describe_topology(topology: Topology) -> list[str]:
+    lines = [f"CPU topology ({len(topology.cpus)} online CPUs; classes from {topology.source})"]
+    rows = [["cpu", "class", "core", "capacity", "max MHz", "clock domain", "smt siblings", "part"]]
+    for c in topology.cpus:
+        rows.append([str(c.cpu), c.cls or "unused", str(c.core), _opt(c.capacity),
+                     _opt(None if c.max_freq_khz is None else c.max_freq_khz // 1000),
+                     format_cpulist(c.freq_domain) or "-", format_cpulist(c.siblings), c.part or "-"])
+    lines += _table(rows)
+    if topology.offline:
+        lines.append(f"  offline (not used): cpu {format_cpulist(topology.offline)}")
+    if topology.uniform:
+        lines.append("Classes: all cores are equal (nothing tells them apart): "
+                     f"all = cpu {format_cpulist(topology.classes[0].cpus)}")
+    else:
+        lines.append("Classes (biggest first):")
+        for cls in topology.classes:
+            smt = f", {len(cls.cpus)} logical" if len(cls.cpus) != len(cls.cores) else ""
+            lines.append(f"  {cls.name:<7} cpu {format_cpulist(cls.cpus):<10} mask {cls.mask:#x}  "
+                         f"{len(cls.cores)} core{'s' if len(cls.cores) != 1 else ''}{smt}, capacity {_opt(cls.capacity)}, "
+                         f"max {_opt(None if cls.max_freq_khz is None else cls.max_freq_khz // 1000)} MHz")
+    return lines
+
+
+def describe_power(power: PowerState | None) -> list[str]:
+    if power is None:
+        return ["Power: not read"]
+    if not power.sources:
+        return ["Power: unknown (no battery, supply or thermal zone is readable)"]
+    batt = "battery unknown" if power.battery_pct is None else f"battery {power.battery_pct:g}%"
+    status = power.battery_status or "status unknown"
+    ac = {True: "external power connected", False: "no external power", None: "external power unknown"}
+    lines = [f"Power: {batt}, {status}, {ac[power.ac_online]}"
+             + ("" if power.battery_temp_c is None else f", battery {power.battery_temp_c:.1f} °C")
+             + f" (from {', '.join(power.sources)})"]
+    hot, tight = power.hottest, power.tightest
+    if hot is not None:
+        trip = "" if hot.trip_c is None else f", trip {hot.trip_c:.1f} °C"
+        lines.append(f"  hottest zone: {hot.type or hot.name} at {hot.temp_c:.1f} °C{trip}")
+    if tight is not None and tight is not hot:
+        lines.append(f"  closest to its trip: {tight.type or tight.name} at {tight.temp_c:.1f} °C, "
+                     f"trip {tight.trip_c:.1f} °C")
+    return lines
+
+
+def _phase(p: PhasePlan) -> str:
+    aff = p.ort_affinities
+    pin = ("pinned" if p.pinned else "not pinned (OS placement)")
+    return (f"  {p.phase:<8} {p.cls} cpu {format_cpulist(p.cpus)}, {p.num_threads} "
+            f"thread{'s' if p.num_threads != 1 else ''}, mask {p.mask:#x}, {pin}; caller on cpu {p.cpus[0]}"
+            + ("" if aff is None else f"; ORT intra_op_thread_affinities \"{aff}\""))
+
+
+def describe(topology: Topology, power_state: PowerState | None, plan: Plan) -> str:
+    """Several lines, no trailing newline."""
+    lines = describe_topology(topology) + describe_power(power_state)
+    chosen = plan.profile if plan.requested in ("", plan.profile) else f"{plan.profile} (auto)"
+    lines.append(f"Profile: {chosen}" + (f": {plan.reason}" if plan.reason else ""))
+    lines += [_phase(plan.prefill), _phase(plan.decode)]
+    lines.append(f"  path: sequential from {plan.path.seq_path_threshold} tokens, prefill chunk "
+                 f"{plan.path.prefill_chunk_tokens} tokens, spinning {'on' if plan.spinning else 'off'}")
+    return "\n".join(lines)
