@@ -1,9 +1,10 @@
 /* AVX2 + FMA + F16C attention building blocks. Compiled with -mavx2 -mfma -mf16c;
  * called only when dp_cpu_features() reports AVX2 (CPU and OS). */
 #include <immintrin.h>
+#include <math.h>
 #include "dp_attn_ops.h"
 
-static inline float hsum(__m256 v) {
+static inline __attribute__((unused)) float hsum(__m256 v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     s = _mm_add_ps(s, _mm_movehl_ps(s, s));
     s = _mm_add_ss(s, _mm_movehdup_ps(s));
@@ -14,63 +15,103 @@ static inline __m256 load_f16(const uint16_t *p) {
     return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
 }
 
-#define DP_GROUP_TILE 8 /* query heads per pass: accumulators stay in registers */
-
-#define SCORES_BODY(LOAD, TAIL)                                                                  \
-    for (int64_t g0 = 0; g0 < group; g0 += DP_GROUP_TILE) {                                       \
-        const int64_t gn = group - g0 < DP_GROUP_TILE ? group - g0 : DP_GROUP_TILE;               \
-        for (int64_t r = 0; r < n; r++) {                                                         \
-            __m256 acc[DP_GROUP_TILE];                                                            \
-            for (int64_t g = 0; g < gn; g++) acc[g] = _mm256_setzero_ps();                        \
-            int64_t e = 0;                                                                        \
-            for (; e + 8 <= hd; e += 8) {                                                         \
-                const __m256 k = LOAD(rows + r * hd + e);                                         \
-                for (int64_t g = 0; g < gn; g++)                                                  \
-                    acc[g] = _mm256_fmadd_ps(_mm256_loadu_ps(q + (g0 + g) * hd + e), k, acc[g]); \
-            }                                                                                     \
-            for (int64_t g = 0; g < gn; g++) {                                                    \
-                float s = hsum(acc[g]);                                                           \
-                for (int64_t t = e; t < hd; t++) s += q[(g0 + g) * hd + t] * TAIL(rows[r * hd + t]); \
-                scores[(g0 + g) * sstride + r] = s * scale;                                       \
-            }                                                                                     \
-        }                                                                                         \
-    }
-
 #define F32_ID(x) (x)
 
-static void scores_f32(const float *q, int64_t group, int64_t hd, const float *rows, int64_t n,
-                       float scale, float *scores, int64_t sstride) {
-    SCORES_BODY(_mm256_loadu_ps, F32_ID)
-}
+/* Scores of 8 tokens at a time (one vector of K^T per dimension) for G query heads:
+ * G accumulators stay in registers, no horizontal reductions; tails are scalar. */
+#define DEFINE_SCORES(NAME, T, LOAD, TAIL)                                                        \
+    static inline __attribute__((always_inline)) void NAME##_blk(                                  \
+        const float *q, const int G, int64_t hd, const T *kt, int64_t ldk, int64_t n, float scale,  \
+        float *scores, int64_t sstride) {                                                          \
+        int64_t r0 = 0;                                                                            \
+        for (; r0 + 8 <= n; r0 += 8) {                                                             \
+            __m256 acc[8];                                                                         \
+            for (int g = 0; g < G; g++) acc[g] = _mm256_setzero_ps();                              \
+            for (int64_t e = 0; e < hd; e++) {                                                     \
+                const __m256 k = LOAD(kt + e * ldk + r0);                                          \
+                for (int g = 0; g < G; g++)                                                        \
+                    acc[g] = _mm256_fmadd_ps(_mm256_broadcast_ss(q + g * hd + e), k, acc[g]);      \
+            }                                                                                      \
+            for (int g = 0; g < G; g++)                                                            \
+                _mm256_storeu_ps(scores + g * sstride + r0, _mm256_mul_ps(acc[g], _mm256_set1_ps(scale))); \
+        }                                                                                          \
+        for (; r0 < n; r0++)                                                                       \
+            for (int g = 0; g < G; g++) {                                                          \
+                float s = 0.0f;                                                                    \
+                for (int64_t e = 0; e < hd; e++) s += q[g * hd + e] * TAIL(kt[e * ldk + r0]);      \
+                scores[g * sstride + r0] = s * scale;                                              \
+            }                                                                                      \
+    }                                                                                              \
+    static void NAME(const float *q, int64_t group, int64_t hd, const T *kt, int64_t ldk, int64_t n, \
+                     float scale, float *scores, int64_t sstride) {                               \
+        int64_t g = 0;                                                                             \
+        for (; g + 8 <= group; g += 8) NAME##_blk(q + g * hd, 8, hd, kt, ldk, n, scale, scores + g * sstride, sstride); \
+        if (group - g >= 4) { NAME##_blk(q + g * hd, 4, hd, kt, ldk, n, scale, scores + g * sstride, sstride); g += 4; } \
+        if (group - g >= 2) { NAME##_blk(q + g * hd, 2, hd, kt, ldk, n, scale, scores + g * sstride, sstride); g += 2; } \
+        if (group - g >= 1) NAME##_blk(q + g * hd, 1, hd, kt, ldk, n, scale, scores + g * sstride, sstride); \
+    }
 
-static void scores_f16(const float *q, int64_t group, int64_t hd, const uint16_t *rows, int64_t n,
-                       float scale, float *scores, int64_t sstride) {
-    SCORES_BODY(load_f16, dp_half_to_float)
-}
+DEFINE_SCORES(scores_f32, float, _mm256_loadu_ps, F32_ID)
+DEFINE_SCORES(scores_f16, uint16_t, load_f16, dp_half_to_float)
 
-#define ACCUM_BODY(LOAD, TAIL)                                                                    \
-    int64_t e = 0;                                                                                \
-    for (; e + 8 <= hd; e += 8) {                                                                 \
-        for (int64_t g = 0; g < group; g++) {                                                     \
-            __m256 acc = _mm256_loadu_ps(o + g * hd + e);                                          \
-            const float *pg = p + g * sstride;                                                    \
-            for (int64_t r = 0; r < n; r++)                                                       \
-                acc = _mm256_fmadd_ps(_mm256_set1_ps(pg[r]), LOAD(rows + r * hd + e), acc);       \
-            _mm256_storeu_ps(o + g * hd + e, acc);                                                \
-        }                                                                                         \
-    }                                                                                             \
-    for (; e < hd; e++)                                                                           \
-        for (int64_t g = 0; g < group; g++)                                                       \
-            for (int64_t r = 0; r < n; r++) o[g * hd + e] += p[g * sstride + r] * TAIL(rows[r * hd + e]);
+/* o[g] += sum_r p[g, r] * V[r] from f32 rows; the accumulators of one query head stay
+ * in registers across the rows (C chunks of 8, a compile-time count). */
+static inline __attribute__((always_inline)) void accum_blk(const float *p, int64_t sstride, int64_t group,
+                                                            const int C, int64_t hd, const float *rows,
+                                                            int64_t n, float *o) {
+    for (int64_t g = 0; g < group; g++) {
+        __m256 acc[16];
+        for (int c = 0; c < C; c++) acc[c] = _mm256_loadu_ps(o + g * hd + 8 * c);
+        const float *pg = p + g * sstride;
+        for (int64_t r = 0; r < n; r++) {
+            const __m256 w = _mm256_broadcast_ss(pg + r);
+            for (int c = 0; c < C; c++) acc[c] = _mm256_fmadd_ps(w, _mm256_loadu_ps(rows + r * hd + 8 * c), acc[c]);
+        }
+        for (int c = 0; c < C; c++) _mm256_storeu_ps(o + g * hd + 8 * c, acc[c]);
+    }
+}
 
 static void accum_f32(const float *p, int64_t sstride, int64_t group, int64_t hd, const float *rows,
                       int64_t n, float *o) {
-    ACCUM_BODY(_mm256_loadu_ps, F32_ID)
+    if (hd == 64) { accum_blk(p, sstride, group, 8, 64, rows, n, o); return; }
+    if (hd == 128) { accum_blk(p, sstride, group, 16, 128, rows, n, o); return; }
+    int64_t e = 0;
+    for (; e + 8 <= hd; e += 8)
+        for (int64_t g = 0; g < group; g++) {
+            __m256 acc = _mm256_loadu_ps(o + g * hd + e);
+            for (int64_t r = 0; r < n; r++)
+                acc = _mm256_fmadd_ps(_mm256_broadcast_ss(p + g * sstride + r), _mm256_loadu_ps(rows + r * hd + e), acc);
+            _mm256_storeu_ps(o + g * hd + e, acc);
+        }
+    for (; e < hd; e++)
+        for (int64_t g = 0; g < group; g++)
+            for (int64_t r = 0; r < n; r++) o[g * hd + e] += p[g * sstride + r] * rows[r * hd + e];
 }
 
 static void accum_f16(const float *p, int64_t sstride, int64_t group, int64_t hd, const uint16_t *rows,
                       int64_t n, float *o) {
-    ACCUM_BODY(load_f16, dp_half_to_float)
+    /* Widen each V row once (not once per query head), then accumulate from L1. */
+    float buf[8192];
+    const int64_t step = 8192 / hd;
+    for (int64_t r0 = 0; r0 < n; r0 += step) {
+        const int64_t m = n - r0 < step ? n - r0 : step;
+        const int64_t total = m * hd;
+        int64_t i = 0;
+        for (; i + 8 <= total; i += 8) _mm256_storeu_ps(buf + i, load_f16(rows + r0 * hd + i));
+        for (; i < total; i++) buf[i] = dp_half_to_float(rows[r0 * hd + i]);
+        accum_f32(p + r0, sstride, group, hd, buf, m, o);
+    }
+}
+
+static float max_of(const float *x, int64_t n) {
+    __m256 m = _mm256_set1_ps(-INFINITY);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) m = _mm256_max_ps(m, _mm256_loadu_ps(x + i));
+    float t[8], r = -INFINITY;
+    _mm256_storeu_ps(t, m);
+    for (int j = 0; j < 8; j++) r = t[j] > r ? t[j] : r;
+    for (; i < n; i++) r = x[i] > r ? x[i] : r;
+    return r;
 }
 
 static void f32_to_f16(const float *src, uint16_t *dst, int64_t n) {
@@ -118,4 +159,4 @@ static float exp_sum(float *x, int64_t n, float max) {
     return s;
 }
 
-const dp_attn_ops dp_ops_avx2 = {"avx2", scores_f32, scores_f16, accum_f32, accum_f16, f32_to_f16, exp_sum};
+const dp_attn_ops dp_ops_avx2 = {"avx2", scores_f32, scores_f16, accum_f32, accum_f16, f32_to_f16, exp_sum, max_of};

@@ -2,6 +2,7 @@
  * -mavx512vl; called only when dp_cpu_features() reports AVX512 (CPU and OS).
  * Tails use masked loads, so any head_dim works at full width. */
 #include <immintrin.h>
+#include <math.h>
 #include "dp_attn_ops.h"
 
 static inline __m512 load_f32(const float *p, __mmask16 m) { return _mm512_maskz_loadu_ps(m, p); }
@@ -9,55 +10,100 @@ static inline __m512 load_f16(const uint16_t *p, __mmask16 m) {
     return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, p));
 }
 
-#define DP_GROUP_TILE 8
-
-#define SCORES_BODY(LOAD)                                                                        \
-    for (int64_t g0 = 0; g0 < group; g0 += DP_GROUP_TILE) {                                       \
-        const int64_t gn = group - g0 < DP_GROUP_TILE ? group - g0 : DP_GROUP_TILE;               \
-        for (int64_t r = 0; r < n; r++) {                                                         \
-            __m512 acc[DP_GROUP_TILE];                                                            \
-            for (int64_t g = 0; g < gn; g++) acc[g] = _mm512_setzero_ps();                        \
-            for (int64_t e = 0; e < hd; e += 16) {                                                \
-                const __mmask16 m = hd - e >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (hd - e)) - 1); \
-                const __m512 k = LOAD(rows + r * hd + e, m);                                      \
-                for (int64_t g = 0; g < gn; g++)                                                  \
-                    acc[g] = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, q + (g0 + g) * hd + e), k, acc[g]); \
-            }                                                                                     \
-            for (int64_t g = 0; g < gn; g++)                                                      \
-                scores[(g0 + g) * sstride + r] = _mm512_reduce_add_ps(acc[g]) * scale;             \
-        }                                                                                         \
+/* Scores of up to 16 tokens (one vector of K^T per dimension) for G query heads:
+ * G accumulators stay in registers; no horizontal reductions anywhere. */
+#define DEFINE_SCORES(NAME, T, LOAD)                                                              \
+    static inline __attribute__((always_inline)) void NAME##_blk(                                  \
+        const float *q, const int G, int64_t hd, const T *kt, int64_t ldk, int64_t n, float scale,  \
+        float *scores, int64_t sstride) {                                                          \
+        for (int64_t r0 = 0; r0 < n; r0 += 16) {                                                   \
+            const __mmask16 m = n - r0 >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - r0)) - 1); \
+            __m512 acc[8];                                                                         \
+            for (int g = 0; g < G; g++) acc[g] = _mm512_setzero_ps();                              \
+            for (int64_t e = 0; e < hd; e++) {                                                     \
+                const __m512 k = LOAD(kt + e * ldk + r0, m);                                       \
+                for (int g = 0; g < G; g++)                                                        \
+                    acc[g] = _mm512_fmadd_ps(_mm512_set1_ps(q[g * hd + e]), k, acc[g]);            \
+            }                                                                                      \
+            for (int g = 0; g < G; g++)                                                            \
+                _mm512_mask_storeu_ps(scores + g * sstride + r0, m, _mm512_mul_ps(acc[g], _mm512_set1_ps(scale))); \
+        }                                                                                          \
+    }                                                                                              \
+    static void NAME(const float *q, int64_t group, int64_t hd, const T *kt, int64_t ldk, int64_t n, \
+                     float scale, float *scores, int64_t sstride) {                               \
+        int64_t g = 0;                                                                             \
+        for (; g + 8 <= group; g += 8) NAME##_blk(q + g * hd, 8, hd, kt, ldk, n, scale, scores + g * sstride, sstride); \
+        if (group - g >= 4) { NAME##_blk(q + g * hd, 4, hd, kt, ldk, n, scale, scores + g * sstride, sstride); g += 4; } \
+        if (group - g >= 2) { NAME##_blk(q + g * hd, 2, hd, kt, ldk, n, scale, scores + g * sstride, sstride); g += 2; } \
+        if (group - g >= 1) NAME##_blk(q + g * hd, 1, hd, kt, ldk, n, scale, scores + g * sstride, sstride); \
     }
 
-static void scores_f32(const float *q, int64_t group, int64_t hd, const float *rows, int64_t n,
-                       float scale, float *scores, int64_t sstride) {
-    SCORES_BODY(load_f32)
-}
+DEFINE_SCORES(scores_f32, float, load_f32)
+DEFINE_SCORES(scores_f16, uint16_t, load_f16)
 
-static void scores_f16(const float *q, int64_t group, int64_t hd, const uint16_t *rows, int64_t n,
-                       float scale, float *scores, int64_t sstride) {
-    SCORES_BODY(load_f16)
-}
-
-#define ACCUM_BODY(LOAD)                                                                          \
-    for (int64_t e = 0; e < hd; e += 16) {                                                        \
-        const __mmask16 m = hd - e >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (hd - e)) - 1); \
-        for (int64_t g = 0; g < group; g++) {                                                     \
-            __m512 acc = _mm512_maskz_loadu_ps(m, o + g * hd + e);                                 \
-            const float *pg = p + g * sstride;                                                    \
-            for (int64_t r = 0; r < n; r++)                                                       \
-                acc = _mm512_fmadd_ps(_mm512_set1_ps(pg[r]), LOAD(rows + r * hd + e, m), acc);    \
-            _mm512_mask_storeu_ps(o + g * hd + e, m, acc);                                        \
-        }                                                                                         \
+/* o[g] += sum_r p[g, r] * V[r] from f32 rows: for each query head, the head_dim/16
+ * accumulators stay in registers across the rows (C chunks, a compile-time count). */
+static inline __attribute__((always_inline)) void accum_blk(const float *p, int64_t sstride, int64_t group,
+                                                            const int C, int64_t hd, const float *rows,
+                                                            int64_t n, float *o) {
+    for (int64_t g = 0; g < group; g++) {
+        __m512 acc[8];
+        for (int c = 0; c < C; c++) acc[c] = _mm512_loadu_ps(o + g * hd + 16 * c);
+        const float *pg = p + g * sstride;
+        for (int64_t r = 0; r < n; r++) {
+            const __m512 w = _mm512_set1_ps(pg[r]);
+            for (int c = 0; c < C; c++) acc[c] = _mm512_fmadd_ps(w, _mm512_loadu_ps(rows + r * hd + 16 * c), acc[c]);
+        }
+        for (int c = 0; c < C; c++) _mm512_storeu_ps(o + g * hd + 16 * c, acc[c]);
     }
+}
+
+static void accum_f32_any(const float *p, int64_t sstride, int64_t group, int64_t hd, const float *rows,
+                          int64_t n, float *o) {
+    for (int64_t e = 0; e < hd; e += 16) {
+        const __mmask16 m = hd - e >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (hd - e)) - 1);
+        for (int64_t g = 0; g < group; g++) {
+            __m512 acc = _mm512_maskz_loadu_ps(m, o + g * hd + e);
+            const float *pg = p + g * sstride;
+            for (int64_t r = 0; r < n; r++)
+                acc = _mm512_fmadd_ps(_mm512_set1_ps(pg[r]), _mm512_maskz_loadu_ps(m, rows + r * hd + e), acc);
+            _mm512_mask_storeu_ps(o + g * hd + e, m, acc);
+        }
+    }
+}
 
 static void accum_f32(const float *p, int64_t sstride, int64_t group, int64_t hd, const float *rows,
                       int64_t n, float *o) {
-    ACCUM_BODY(load_f32)
+    switch (hd) {
+        case 64: accum_blk(p, sstride, group, 4, 64, rows, n, o); break;
+        case 128: accum_blk(p, sstride, group, 8, 128, rows, n, o); break;
+        default: accum_f32_any(p, sstride, group, hd, rows, n, o);
+    }
 }
 
 static void accum_f16(const float *p, int64_t sstride, int64_t group, int64_t hd, const uint16_t *rows,
                       int64_t n, float *o) {
-    ACCUM_BODY(load_f16)
+    /* Widen each V row once (not once per query head), then accumulate from L1. */
+    float buf[8192];
+    const int64_t step = 8192 / hd;
+    for (int64_t r0 = 0; r0 < n; r0 += step) {
+        const int64_t m = n - r0 < step ? n - r0 : step;
+        const int64_t total = m * hd;
+        for (int64_t i = 0; i < total; i += 16) {
+            const __mmask16 k = total - i >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (total - i)) - 1);
+            _mm512_mask_storeu_ps(buf + i, k, load_f16(rows + r0 * hd + i, k));
+        }
+        accum_f32(p + r0, sstride, group, hd, buf, m, o);
+    }
+}
+
+static float max_of(const float *x, int64_t n) {
+    __m512 m = _mm512_set1_ps(-INFINITY);
+    for (int64_t i = 0; i < n; i += 16) {
+        const __mmask16 k = n - i >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - i)) - 1);
+        m = _mm512_mask_max_ps(m, k, m, _mm512_maskz_loadu_ps(k, x + i));
+    }
+    return _mm512_reduce_max_ps(m);
 }
 
 static void f32_to_f16(const float *src, uint16_t *dst, int64_t n) {
@@ -98,4 +144,4 @@ static float exp_sum(float *x, int64_t n, float max) {
     return _mm512_reduce_add_ps(acc);
 }
 
-const dp_attn_ops dp_ops_avx512 = {"avx512", scores_f32, scores_f16, accum_f32, accum_f16, f32_to_f16, exp_sum};
+const dp_attn_ops dp_ops_avx512 = {"avx512", scores_f32, scores_f16, accum_f32, accum_f16, f32_to_f16, exp_sum, max_of};

@@ -11,32 +11,39 @@ static void init_half_table(void) {
     half_table_ready = 1; /* idempotent: a race only writes the same values twice */
 }
 
-static inline float dot(const float *x, const float *y, int64_t n) {
-    /* Eight independent partial sums: instruction-level parallelism without -ffast-math. */
-    float s[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-    int64_t i = 0;
-    for (; i + 8 <= n; i += 8)
-        for (int j = 0; j < 8; j++) s[j] += x[i + j] * y[i + j];
-    float acc = ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
-    for (; i < n; i++) acc += x[i] * y[i];
-    return acc;
-}
-
-static void scores_f32(const float *q, int64_t group, int64_t hd, const float *rows, int64_t n,
+static void scores_f32(const float *q, int64_t group, int64_t hd, const float *kt, int64_t ldk, int64_t n,
                        float scale, float *scores, int64_t sstride) {
-    for (int64_t r = 0; r < n; r++)
-        for (int64_t g = 0; g < group; g++)
-            scores[g * sstride + r] = dot(q + g * hd, rows + r * hd, hd) * scale;
-}
-
-static void scores_f16(const float *q, int64_t group, int64_t hd, const uint16_t *rows, int64_t n,
-                       float scale, float *scores, int64_t sstride) {
-    float buf[512];
-    init_half_table();
-    for (int64_t r = 0; r < n; r++) {
-        for (int64_t e = 0; e < hd; e++) buf[e] = half_table[rows[r * hd + e]];
-        for (int64_t g = 0; g < group; g++) scores[g * sstride + r] = dot(q + g * hd, buf, hd) * scale;
+    for (int64_t g = 0; g < group; g++) {
+        float *sg = scores + g * sstride;
+        for (int64_t r = 0; r < n; r++) sg[r] = 0.0f;
+        for (int64_t e = 0; e < hd; e++) {
+            const float qe = q[g * hd + e];
+            const float *k = kt + e * ldk;
+            for (int64_t r = 0; r < n; r++) sg[r] += qe * k[r];
+        }
+        for (int64_t r = 0; r < n; r++) sg[r] *= scale;
     }
+}
+
+static void scores_f16(const float *q, int64_t group, int64_t hd, const uint16_t *kt, int64_t ldk, int64_t n,
+                       float scale, float *scores, int64_t sstride) {
+    float buf[64];
+    init_half_table();
+    for (int64_t g = 0; g < group; g++)
+        for (int64_t r = 0; r < n; r++) scores[g * sstride + r] = 0.0f;
+    for (int64_t e = 0; e < hd; e++) {
+        for (int64_t r0 = 0; r0 < n; r0 += 64) {
+            const int64_t m = n - r0 < 64 ? n - r0 : 64;
+            for (int64_t r = 0; r < m; r++) buf[r] = half_table[kt[e * ldk + r0 + r]];
+            for (int64_t g = 0; g < group; g++) {
+                const float qe = q[g * hd + e];
+                float *sg = scores + g * sstride + r0;
+                for (int64_t r = 0; r < m; r++) sg[r] += qe * buf[r];
+            }
+        }
+    }
+    for (int64_t g = 0; g < group; g++)
+        for (int64_t r = 0; r < n; r++) scores[g * sstride + r] *= scale;
 }
 
 static void accum_f32(const float *p, int64_t sstride, int64_t group, int64_t hd, const float *rows,
@@ -77,4 +84,10 @@ static float exp_sum(float *x, int64_t n, float max) {
     return s;
 }
 
-const dp_attn_ops dp_ops_generic = {"generic", scores_f32, scores_f16, accum_f32, accum_f16, f32_to_f16, exp_sum};
+static float max_of(const float *x, int64_t n) {
+    float m = x[0];
+    for (int64_t i = 1; i < n; i++) m = x[i] > m ? x[i] : m;
+    return m;
+}
+
+const dp_attn_ops dp_ops_generic = {"generic", scores_f32, scores_f16, accum_f32, accum_f16, f32_to_f16, exp_sum, max_of};

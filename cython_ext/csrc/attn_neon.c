@@ -5,39 +5,42 @@
 
 static inline float32x4_t load_f16(const uint16_t *p) { return vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(p))); }
 
-#define DP_GROUP_TILE 8
-
-#define SCORES_BODY(LOAD, TAIL)                                                                  \
-    for (int64_t g0 = 0; g0 < group; g0 += DP_GROUP_TILE) {                                       \
-        const int64_t gn = group - g0 < DP_GROUP_TILE ? group - g0 : DP_GROUP_TILE;               \
-        for (int64_t r = 0; r < n; r++) {                                                         \
-            float32x4_t acc[DP_GROUP_TILE];                                                       \
-            for (int64_t g = 0; g < gn; g++) acc[g] = vdupq_n_f32(0.0f);                          \
-            int64_t e = 0;                                                                        \
-            for (; e + 4 <= hd; e += 4) {                                                         \
-                const float32x4_t k = LOAD(rows + r * hd + e);                                    \
-                for (int64_t g = 0; g < gn; g++)                                                  \
-                    acc[g] = vfmaq_f32(acc[g], vld1q_f32(q + (g0 + g) * hd + e), k);              \
-            }                                                                                     \
-            for (int64_t g = 0; g < gn; g++) {                                                    \
-                float s = vaddvq_f32(acc[g]);                                                     \
-                for (int64_t t = e; t < hd; t++) s += q[(g0 + g) * hd + t] * TAIL(rows[r * hd + t]); \
-                scores[(g0 + g) * sstride + r] = s * scale;                                       \
-            }                                                                                     \
-        }                                                                                         \
-    }
-
 #define F32_ID(x) (x)
 
-static void scores_f32(const float *q, int64_t group, int64_t hd, const float *rows, int64_t n,
-                       float scale, float *scores, int64_t sstride) {
-    SCORES_BODY(vld1q_f32, F32_ID)
-}
+/* Scores of 4 tokens at a time (one vector of K^T per dimension) for G query heads:
+ * accumulators stay in registers, no horizontal reductions; tails are scalar. */
+#define DEFINE_SCORES(NAME, T, LOAD, TAIL)                                                        \
+    static inline __attribute__((always_inline)) void NAME##_blk(                                  \
+        const float *q, const int G, int64_t hd, const T *kt, int64_t ldk, int64_t n, float scale,  \
+        float *scores, int64_t sstride) {                                                          \
+        int64_t r0 = 0;                                                                            \
+        for (; r0 + 4 <= n; r0 += 4) {                                                             \
+            float32x4_t acc[8];                                                                    \
+            for (int g = 0; g < G; g++) acc[g] = vdupq_n_f32(0.0f);                                \
+            for (int64_t e = 0; e < hd; e++) {                                                     \
+                const float32x4_t k = LOAD(kt + e * ldk + r0);                                     \
+                for (int g = 0; g < G; g++) acc[g] = vfmaq_n_f32(acc[g], k, q[g * hd + e]);        \
+            }                                                                                      \
+            for (int g = 0; g < G; g++) vst1q_f32(scores + g * sstride + r0, vmulq_n_f32(acc[g], scale)); \
+        }                                                                                          \
+        for (; r0 < n; r0++)                                                                       \
+            for (int g = 0; g < G; g++) {                                                          \
+                float s = 0.0f;                                                                    \
+                for (int64_t e = 0; e < hd; e++) s += q[g * hd + e] * TAIL(kt[e * ldk + r0]);      \
+                scores[g * sstride + r0] = s * scale;                                              \
+            }                                                                                      \
+    }                                                                                              \
+    static void NAME(const float *q, int64_t group, int64_t hd, const T *kt, int64_t ldk, int64_t n, \
+                     float scale, float *scores, int64_t sstride) {                               \
+        int64_t g = 0;                                                                             \
+        for (; g + 8 <= group; g += 8) NAME##_blk(q + g * hd, 8, hd, kt, ldk, n, scale, scores + g * sstride, sstride); \
+        if (group - g >= 4) { NAME##_blk(q + g * hd, 4, hd, kt, ldk, n, scale, scores + g * sstride, sstride); g += 4; } \
+        if (group - g >= 2) { NAME##_blk(q + g * hd, 2, hd, kt, ldk, n, scale, scores + g * sstride, sstride); g += 2; } \
+        if (group - g >= 1) NAME##_blk(q + g * hd, 1, hd, kt, ldk, n, scale, scores + g * sstride, sstride); \
+    }
 
-static void scores_f16(const float *q, int64_t group, int64_t hd, const uint16_t *rows, int64_t n,
-                       float scale, float *scores, int64_t sstride) {
-    SCORES_BODY(load_f16, dp_half_to_float)
-}
+DEFINE_SCORES(scores_f32, float, vld1q_f32, F32_ID)
+DEFINE_SCORES(scores_f16, uint16_t, load_f16, dp_half_to_float)
 
 #define ACCUM_BODY(LOAD, TAIL)                                                                    \
     int64_t e = 0;                                                                                \
@@ -104,4 +107,13 @@ static float exp_sum(float *x, int64_t n, float max) {
     return s;
 }
 
-const dp_attn_ops dp_ops_neon = {"neon", scores_f32, scores_f16, accum_f32, accum_f16, f32_to_f16, exp_sum};
+static float max_of(const float *x, int64_t n) {
+    int64_t i = 0;
+    float32x4_t m = vdupq_n_f32(x[0]);
+    for (; i + 4 <= n; i += 4) m = vmaxq_f32(m, vld1q_f32(x + i));
+    float r = vmaxvq_f32(m);
+    for (; i < n; i++) r = x[i] > r ? x[i] : r;
+    return r;
+}
+
+const dp_attn_ops dp_ops_neon = {"neon", scores_f32, scores_f16, accum_f32, accum_f16, f32_to_f16, exp_sum, max_of};

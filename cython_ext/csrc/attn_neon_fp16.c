@@ -2,40 +2,39 @@
  * -march=armv8.2-a+fp16 and called only when getauxval(AT_HWCAP) has HWCAP_ASIMDHP:
  * on a Cortex-A53 these instructions raise SIGILL.
  *
- * f16 K rows: q is rounded to f16 once per call and each product is formed in f16
- * (one rounding, relative error <= 2^-11), then widened and summed in f32, eight
- * lanes per instruction instead of four. Everything else is the baseline NEON code. */
+ * f16 K: each product q[g, e] * k is formed in f16 (q rounded once, relative error
+ * about 2^-10 per product), then widened and summed in f32: eight tokens per
+ * instruction instead of four. Everything else is the baseline NEON code. */
 #include <arm_neon.h>
 #include "dp_attn_ops.h"
 
 extern const dp_attn_ops dp_ops_neon;
 
-static void scores_f16(const float *q, int64_t group, int64_t hd, const uint16_t *rows, int64_t n,
+static void scores_f16(const float *q, int64_t group, int64_t hd, const uint16_t *kt, int64_t ldk, int64_t n,
                        float scale, float *scores, int64_t sstride) {
-    if (hd % 8 || hd > 512 || group > 64) {
-        dp_ops_neon.scores_f16(q, group, hd, rows, n, scale, scores, sstride);
-        return;
-    }
+    /* 8 tokens per vector: q[g, e] (rounded to f16) times a row of K^T in f16, then
+     * widened and summed in f32. Tails go to the baseline kernel. */
+    const int64_t n8 = n / 8 * 8;
     for (int64_t g = 0; g < group; g++) {
-        float16_t qh[512];
-        for (int64_t e = 0; e < hd; e += 4)
-            vst1_f16(qh + e, vcvt_f16_f32(vld1q_f32(q + g * hd + e)));
-        for (int64_t r = 0; r < n; r++) {
-            const float16_t *k = (const float16_t *)(rows + r * hd);
-            float32x4_t acc = vdupq_n_f32(0.0f);
-            for (int64_t e = 0; e < hd; e += 8) {
-                const float16x8_t prod = vmulq_f16(vld1q_f16(qh + e), vld1q_f16(k + e));
-                acc = vaddq_f32(acc, vcvt_f32_f16(vget_low_f16(prod)));
-                acc = vaddq_f32(acc, vcvt_high_f32_f16(prod));
+        for (int64_t r0 = 0; r0 < n8; r0 += 8) {
+            float32x4_t lo = vdupq_n_f32(0.0f), hi = vdupq_n_f32(0.0f);
+            for (int64_t e = 0; e < hd; e++) {
+                const float16x8_t k = vld1q_f16((const float16_t *)(kt + e * ldk + r0));
+                const float16x8_t prod = vmulq_n_f16(k, (float16_t)q[g * hd + e]);
+                lo = vaddq_f32(lo, vcvt_f32_f16(vget_low_f16(prod)));
+                hi = vaddq_f32(hi, vcvt_high_f32_f16(prod));
             }
-            scores[g * sstride + r] = vaddvq_f32(acc) * scale;
+            vst1q_f32(scores + g * sstride + r0, vmulq_n_f32(lo, scale));
+            vst1q_f32(scores + g * sstride + r0 + 4, vmulq_n_f32(hi, scale));
         }
     }
+    if (n8 < n)
+        dp_ops_neon.scores_f16(q, group, hd, kt + n8, ldk, n - n8, scale, scores + n8, sstride);
 }
 
-static void scores_f32(const float *q, int64_t group, int64_t hd, const float *rows, int64_t n,
+static void scores_f32(const float *q, int64_t group, int64_t hd, const float *kt, int64_t ldk, int64_t n,
                        float scale, float *scores, int64_t sstride) {
-    dp_ops_neon.scores_f32(q, group, hd, rows, n, scale, scores, sstride);
+    dp_ops_neon.scores_f32(q, group, hd, kt, ldk, n, scale, scores, sstride);
 }
 
 static void accum_f32(const float *p, int64_t sstride, int64_t group, int64_t hd, const float *rows,
@@ -52,4 +51,6 @@ static void f32_to_f16(const float *src, uint16_t *dst, int64_t n) { dp_ops_neon
 
 static float exp_sum(float *x, int64_t n, float max) { return dp_ops_neon.exp_sum(x, n, max); }
 
-const dp_attn_ops dp_ops_neon_fp16 = {"neon_fp16", scores_f32, scores_f16, accum_f32, accum_f16, f32_to_f16, exp_sum};
+static float max_of(const float *x, int64_t n) { return dp_ops_neon.max_of(x, n); }
+
+const dp_attn_ops dp_ops_neon_fp16 = {"neon_fp16", scores_f32, scores_f16, accum_f32, accum_f16, f32_to_f16, exp_sum, max_of};

@@ -5,7 +5,8 @@
  * query heads that share it (GQA: a row is loaded once for the whole group).
  *
  *   q:      (group, head_dim) f32, the query heads reading this KV head
- *   rows:   (n, head_dim) of f32 or f16 (uint16 bits), contiguous
+ *   kt:     K transposed: element (token r, dim e) at kt[e * ldk + r], r < n
+ *   rows:   V: (n, head_dim) of f32 or f16 (uint16 bits), contiguous
  *   scores: (group, sstride) f32; scores[g * sstride + r] for r < n
  *   o:      (group, head_dim) f32 accumulators
  */
@@ -16,11 +17,11 @@
 
 typedef struct {
     const char *name;
-    /* scores[g, r] = scale * dot(q[g], row r) */
-    void (*scores_f32)(const float *q, int64_t group, int64_t head_dim, const float *rows, int64_t n,
-                       float scale, float *scores, int64_t sstride);
-    void (*scores_f16)(const float *q, int64_t group, int64_t head_dim, const uint16_t *rows, int64_t n,
-                       float scale, float *scores, int64_t sstride);
+    /* scores[g, r] = scale * sum_e q[g, e] * kt[e * ldk + r] */
+    void (*scores_f32)(const float *q, int64_t group, int64_t head_dim, const float *kt, int64_t ldk,
+                       int64_t n, float scale, float *scores, int64_t sstride);
+    void (*scores_f16)(const float *q, int64_t group, int64_t head_dim, const uint16_t *kt, int64_t ldk,
+                       int64_t n, float scale, float *scores, int64_t sstride);
     /* o[g] += sum_r p[g, r] * row r */
     void (*accum_f32)(const float *p, int64_t sstride, int64_t group, int64_t head_dim, const float *rows,
                       int64_t n, float *o);
@@ -30,6 +31,8 @@ typedef struct {
     void (*f32_to_f16)(const float *src, uint16_t *dst, int64_t n);
     /* x[i] = exp(x[i] - max); returns the sum of the new x[i] (x[i] - max <= 0) */
     float (*exp_sum)(float *x, int64_t n, float max);
+    /* max(x[0..n)), n >= 1 */
+    float (*max_of)(const float *x, int64_t n);
 } dp_attn_ops;
 
 extern const dp_attn_ops dp_ops_generic;

@@ -62,9 +62,14 @@ void dp_arena_free(dp_arena *a) {
     }
 }
 
-/* Byte offset of token `row` of kv head `h` (K, or V when is_v) inside a tile of P tokens. */
-static inline int64_t row_offset(const dp_arena *a, int64_t P, int64_t row, int64_t h, int is_v) {
-    return ((is_v ? a->num_kv_heads * P : 0) + h * P + row) * a->head_dim * a->elem_bytes;
+/* Byte offset of V row `row` of kv head `h` inside a tile of P tokens. */
+static inline int64_t v_offset(const dp_arena *a, int64_t P, int64_t row, int64_t h) {
+    return (a->num_kv_heads * P * a->head_dim + (h * P + row) * a->head_dim) * a->elem_bytes;
+}
+
+/* Byte offset of K element (token `row`, dim 0) of kv head `h`; dim e is e * P further. */
+static inline int64_t k_offset(const dp_arena *a, int64_t P, int64_t row, int64_t h) {
+    return (h * a->head_dim * P + row) * a->elem_bytes;
 }
 
 static int check_slot(const dp_arena *a, const int64_t *s) {
@@ -85,20 +90,23 @@ int dp_kv_write_slots(const dp_arena *a, const dp_attn_ops *ops, int64_t layer, 
     const int64_t hd = a->head_dim;
     if (stride < a->num_kv_heads * hd) return DP_ERR_ARG;
     char *region = a->base + layer * a->layer_bytes;
+    uint16_t half[DP_MAX_HEAD_DIM];
     for (int64_t t = 0; t < num_tokens; t++) {
         const int64_t *s = slots + 3 * t;
         int st = check_slot(a, s);
         if (st != DP_OK) return st;
-        for (int is_v = 0; is_v < 2; is_v++) {
-            const float *src_row = (is_v ? v : k) + t * stride;
-            for (int64_t h = 0; h < a->num_kv_heads; h++) {
-                char *dst = region + s[0] + row_offset(a, s[2], s[1], h, is_v);
-                const float *src = src_row + h * hd;
-                if (a->kv_dtype == DP_F32) {
-                    memcpy(dst, src, (size_t)hd * sizeof(float));
-                } else {
-                    ops->f32_to_f16(src, (uint16_t *)dst, hd);
-                }
+        const int64_t P = s[2];
+        for (int64_t h = 0; h < a->num_kv_heads; h++) {
+            const float *ks = k + t * stride + h * hd, *vs = v + t * stride + h * hd;
+            char *kd = region + s[0] + k_offset(a, P, s[1], h);
+            char *vd = region + s[0] + v_offset(a, P, s[1], h);
+            if (a->kv_dtype == DP_F32) {
+                memcpy(vd, vs, (size_t)hd * sizeof(float));
+                for (int64_t e = 0; e < hd; e++) ((float *)kd)[e * P] = ks[e];
+            } else {
+                ops->f32_to_f16(vs, (uint16_t *)vd, hd);
+                ops->f32_to_f16(ks, half, hd);
+                for (int64_t e = 0; e < hd; e++) ((uint16_t *)kd)[e * P] = half[e];
             }
         }
     }
@@ -184,13 +192,13 @@ static void attend_range(const attn_job *J, int64_t t, int64_t kh, int64_t g0, i
             if (n > span_end - pos) n = span_end - pos;
             if (n > hi - pos) n = hi - pos;
             if (n > DP_RUN) n = DP_RUN;
-            const char *krows = tile + (kh * P + row) * hd * eb;
+            const char *kt = tile + (kh * hd * P + row) * eb;           /* K^T, ldk = P */
             const char *vrows = tile + ((nkv + kh) * P + row) * hd * eb;
-            if (f16) J->ops->scores_f16(q, gn, hd, (const uint16_t *)krows, n, J->scale, sc, DP_RUN);
-            else J->ops->scores_f32(q, gn, hd, (const float *)krows, n, J->scale, sc, DP_RUN);
+            if (f16) J->ops->scores_f16(q, gn, hd, (const uint16_t *)kt, P, n, J->scale, sc, DP_RUN);
+            else J->ops->scores_f32(q, gn, hd, (const float *)kt, P, n, J->scale, sc, DP_RUN);
             for (int64_t g = 0; g < gn; g++) {
-                float *sg = sc + g * DP_RUN, mx = m[g];
-                for (int64_t r = 0; r < n; r++) mx = sg[r] > mx ? sg[r] : mx;
+                float *sg = sc + g * DP_RUN;
+                const float mx = J->ops->max_of(sg, n);
                 if (mx > m[g]) { /* rescale what was accumulated under the old maximum */
                     const float corr = expf(m[g] - mx);
                     l[g] *= corr;
@@ -324,7 +332,7 @@ int dp_attn_spans(const dp_arena *a, const dp_attn_ops *ops, dp_pool *pool, int6
 
 int dp_kv_copy_slots(const dp_arena *a, const int64_t *src, const int64_t *dst, int64_t num_tokens) {
     if (!a || !a->base || !src || !dst || num_tokens < 0) return DP_ERR_ARG;
-    const size_t row = (size_t)(a->head_dim * a->elem_bytes);
+    const size_t row = (size_t)(a->head_dim * a->elem_bytes), eb = (size_t)a->elem_bytes;
     for (int64_t t = 0; t < num_tokens; t++) {
         int st = check_slot(a, src + 3 * t);
         if (st == DP_OK) st = check_slot(a, dst + 3 * t);
@@ -334,10 +342,12 @@ int dp_kv_copy_slots(const dp_arena *a, const int64_t *src, const int64_t *dst, 
         char *region = a->base + l * a->layer_bytes;
         for (int64_t t = 0; t < num_tokens; t++) {
             const int64_t *s = src + 3 * t, *d = dst + 3 * t;
-            for (int is_v = 0; is_v < 2; is_v++)
-                for (int64_t h = 0; h < a->num_kv_heads; h++)
-                    memmove(region + d[0] + row_offset(a, d[2], d[1], h, is_v),
-                            region + s[0] + row_offset(a, s[2], s[1], h, is_v), row);
+            for (int64_t h = 0; h < a->num_kv_heads; h++) {
+                memmove(region + d[0] + v_offset(a, d[2], d[1], h), region + s[0] + v_offset(a, s[2], s[1], h), row);
+                for (int64_t e = 0; e < a->head_dim; e++)
+                    memmove(region + d[0] + k_offset(a, d[2], d[1], h) + e * d[2] * (int64_t)eb,
+                            region + s[0] + k_offset(a, s[2], s[1], h) + e * s[2] * (int64_t)eb, eb);
+            }
         }
     }
     return DP_OK;
@@ -356,13 +366,19 @@ int dp_kv_gather(const dp_arena *a, int64_t layer, const int64_t *spans, int64_t
         const int64_t P = spans[3 * s + 2], tb = tile_bytes(a, P);
         for (int64_t i = 0; i < spans[3 * s + 1] && j < num_tokens; i++, j++) {
             const char *tile = region + spans[3 * s] + (i / P) * tb;
-            for (int64_t h = 0; h < a->num_kv_heads; h++)
-                for (int is_v = 0; is_v < 2; is_v++) {
-                    const char *src = tile + row_offset(a, P, i % P, h, is_v);
-                    float *dst = (is_v ? v_out : k_out) + (h * num_tokens + j) * hd;
-                    if (a->kv_dtype == DP_F32) memcpy(dst, src, (size_t)hd * sizeof(float));
-                    else for (int64_t e = 0; e < hd; e++) dst[e] = dp_half_to_float(((const uint16_t *)src)[e]);
+            for (int64_t h = 0; h < a->num_kv_heads; h++) {
+                const char *vs = tile + v_offset(a, P, i % P, h), *ks = tile + k_offset(a, P, i % P, h);
+                float *vd = v_out + (h * num_tokens + j) * hd, *kd = k_out + (h * num_tokens + j) * hd;
+                for (int64_t e = 0; e < hd; e++) {
+                    if (a->kv_dtype == DP_F32) {
+                        vd[e] = ((const float *)vs)[e];
+                        kd[e] = ((const float *)ks)[e * P];
+                    } else {
+                        vd[e] = dp_half_to_float(((const uint16_t *)vs)[e]);
+                        kd[e] = dp_half_to_float(((const uint16_t *)ks)[e * P]);
+                    }
                 }
+            }
         }
     }
     return DP_OK;

@@ -5,7 +5,9 @@
  * through the same block ids, so one block table per sequence serves all layers.
  *
  * A *tile* holds P tokens of one layer in the layout a kernel streams:
- *     K: (num_kv_heads, P, head_dim) then V: (num_kv_heads, P, head_dim), kv dtype
+ *     K: (num_kv_heads, head_dim, P) -- transposed: one dimension of P tokens is
+ *        contiguous, so decode scores P tokens per vector with no reductions --
+ *     then V: (num_kv_heads, P, head_dim), kv dtype
  * tile_bytes(P) = 2 * num_kv_heads * P * head_dim * elem_bytes.
  * The random path uses tiles of page_tokens (pages, several per block); the
  * sequential path uses one tile per block (P = tokens_per_block), so a head's K
