@@ -2,6 +2,7 @@
 
 import json
 import os
+import threading
 import time
 
 import pytest
@@ -168,3 +169,30 @@ def test_broken_termux_output_is_unknown(tmp_path, body):
 def test_missing_termux_command_is_skipped(tmp_path):
     state = read_power_state(str(tmp_path / "sys"), termux_cmd=str(tmp_path / "no-such-command"))
     assert state == PowerState()
+
+
+def test_background_reader_answers_at_once_while_a_read_hangs():
+    from dualpath.platform.power import BackgroundPowerReader
+
+    calls = []
+    slow = threading.Event()
+
+    def reader():
+        calls.append(time.monotonic())
+        if len(calls) > 1:
+            slow.wait(5.0)  # later reads hang until released
+        return PowerState(battery_pct=float(len(calls)))
+
+    with BackgroundPowerReader(reader, interval_s=0.01) as bg:
+        assert bg().battery_pct == 1.0  # start() read once before returning
+        deadline = time.monotonic() + 2.0
+        while len(calls) < 2 and time.monotonic() < deadline:
+            time.sleep(0.005)
+        t0 = time.monotonic()
+        assert bg().battery_pct == 1.0  # the second read is hanging: the last state, at once
+        assert time.monotonic() - t0 < 0.05
+        slow.set()
+        while bg().battery_pct < 2.0 and time.monotonic() < deadline:
+            time.sleep(0.005)
+        assert bg().battery_pct >= 2.0
+    assert bg._thread is None  # closed and joined

@@ -4,10 +4,10 @@ that picks where prefill and decode run. Imports nothing above it (no onnxruntim
 from .affinity import ort_affinity_string, pin_current_thread, thread_placement
 from .describe import describe
 from .governor import Governor, Switch
-from .power import PowerState, ThermalZone, read_power_state
-from .profiles import PROFILES, PathPolicy, PhasePlan, Plan, resolve_plan
+from .power import BackgroundPowerReader, PowerState, ThermalZone, read_power_state
+from .profiles import PROFILES, PathPolicy, PhasePlan, Plan, SessionSpec, resolve_plan
 from .topology import CoreClass, CpuInfo, Topology, load_topology, read_topology
 
-__all__ = ["CoreClass", "CpuInfo", "Governor", "PROFILES", "PathPolicy", "PhasePlan", "Plan", "PowerState",
+__all__ = ["BackgroundPowerReader", "CoreClass", "CpuInfo", "Governor", "PROFILES", "PathPolicy", "PhasePlan", "Plan", "PowerState", "SessionSpec",
            "Switch", "ThermalZone", "Topology", "describe", "load_topology", "ort_affinity_string",
            "pin_current_thread", "read_power_state", "read_topology", "resolve_plan", "thread_placement"]

@@ -27,14 +27,15 @@ def describe_topology(topology: Topology) -> list[str]:
     if topology.offline:
         lines.append(f"  offline (not used): cpu {format_cpulist(topology.offline)}")
     if topology.uniform:
-        lines.append("Classes: all cores are equal (nothing tells them apart): "
-                     f"all = cpu {format_cpulist(topology.classes[0].cpus)}")
+        all_cpus = format_cpulist(topology.classes[0].cpus)
+        lines.append(f"Classes: all cores are equal (nothing tells them apart): all = cpu {all_cpus}")
     else:
         lines.append("Classes (biggest first):")
         for cls in topology.classes:
             smt = f", {len(cls.cpus)} logical" if len(cls.cpus) != len(cls.cores) else ""
+            cores = f"{len(cls.cores)} core{'s' if len(cls.cores) != 1 else ''}"
             lines.append(f"  {cls.name:<7} cpu {format_cpulist(cls.cpus):<10} mask {cls.mask:#x}  "
-                         f"{len(cls.cores)} core{'s' if len(cls.cores) != 1 else ''}{smt}, capacity {_opt(cls.capacity)}, "
+                         f"{cores}{smt}, capacity {_opt(cls.capacity)}, "
                          f"max {_opt(None if cls.max_freq_khz is None else cls.max_freq_khz // 1000)} MHz")
     return lines
 

@@ -33,7 +33,7 @@ from dataclasses import dataclass, replace
 from dualpath.config import Config
 
 from .power import PowerState, read_power_state
-from .profiles import PROFILES, PhasePlan, Plan, resolve_plan
+from .profiles import PROFILES, Plan, SessionSpec, resolve_plan
 from .topology import Topology
 
 log = logging.getLogger(__name__)
@@ -90,23 +90,15 @@ class Governor:
         """The current plan (None before the first ``choose()``)."""
         return self._plan
 
-    def cpu_sets(self) -> tuple[tuple[int, ...], ...]:
-        """Distinct ``PhasePlan.cpus`` over every reachable plan, in first-seen order: the
-        engine needs one ONNX Runtime session set per entry (thread count and affinities
-        are fixed per session)."""
-        seen: dict[tuple[int, ...], None] = {}
+    def session_specs(self) -> tuple[SessionSpec, ...]:
+        """Every distinct SessionSpec of every reachable plan, in first-seen order: the
+        engine builds one ONNX Runtime session set per entry, then runs a step on
+        ``sets[plan.prefill_spec]`` or ``sets[plan.decode_spec]``."""
+        seen: dict[SessionSpec, None] = {}
         for plan in self.plans.values():
-            for phase in (plan.prefill, plan.decode):
-                seen.setdefault(phase.cpus, None)
+            seen.setdefault(plan.prefill_spec, None)
+            seen.setdefault(plan.decode_spec, None)
         return tuple(seen)
-
-    def phase_plans(self) -> tuple[PhasePlan, ...]:
-        """Every distinct PhasePlan (by cpus) of every reachable plan."""
-        by_cpus: dict[tuple[int, ...], PhasePlan] = {}
-        for plan in self.plans.values():
-            for phase in (plan.prefill, plan.decode):
-                by_cpus.setdefault(phase.cpus, phase)
-        return tuple(by_cpus.values())
 
     def choose(self) -> Plan:
         """The plan for the next step. The same object is returned until a switch, so the

@@ -23,6 +23,8 @@ import re
 import shutil
 import signal
 import subprocess
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 
 log = logging.getLogger(__name__)
@@ -257,3 +259,50 @@ def _run_termux(cmd: str, timeout_s: float) -> dict | None:
         log.debug("%s printed no JSON", exe)
         return None
     return data if isinstance(data, dict) else None
+
+
+class BackgroundPowerReader:
+    """Reads the power state every ``interval_s`` on a daemon thread, so the governor's
+    ``choose()`` between decode steps never waits on ``termux-battery-status`` (about
+    0.5 s, or the whole timeout when it hangs). Calling it returns the latest state at once.
+
+    ``start()`` reads once before returning (so the first choice is informed) and starts
+    the thread; ``close()`` stops and joins it. Create it before pinning any thread: the
+    reader thread inherits the creating thread's CPU mask.
+    """
+
+    def __init__(self, reader: Callable[[], PowerState] = read_power_state, interval_s: float = 5.0):
+        self.reader = reader
+        self.interval_s = interval_s
+        self._state = PowerState()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> "BackgroundPowerReader":
+        if self._thread is None:
+            self._state = self.reader()
+            self._thread = threading.Thread(target=self._loop, name="dualpath-power", daemon=True)
+            self._thread.start()
+        return self
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            try:
+                self._state = self.reader()
+            except Exception:  # a reader bug must not kill the thread silently
+                log.exception("power state read failed; keeping the previous state")
+
+    def __call__(self) -> PowerState:
+        return self._state
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+
+    def __enter__(self) -> "BackgroundPowerReader":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.close()

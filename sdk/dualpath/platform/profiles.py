@@ -69,6 +69,29 @@ class PhasePlan:
 
 
 @dataclass(frozen=True)
+class SessionSpec:
+    """What one ONNX Runtime session set is built with (thread count, affinities and
+    spinning are fixed per session, so each distinct spec needs its own set)."""
+
+    cpus: tuple[int, ...]
+    """``cpus[i]`` is the CPU of intra-op thread ``i``; 0 is the caller."""
+    pinned: bool
+    spinning: bool
+
+    @property
+    def num_threads(self) -> int:
+        """``create_sessions(num_threads=...)``."""
+        return len(self.cpus)
+
+    @property
+    def affinities(self) -> str | None:
+        """``create_sessions(affinities=...)``: None when unpinned or single-threaded."""
+        if not self.pinned or len(self.cpus) == 1:
+            return None
+        return ort_affinity_string(self.cpus, len(self.cpus))
+
+
+@dataclass(frozen=True)
 class PathPolicy:
     """How requests use the dual-path cache under a profile (applies to new requests;
     the chunk size to the next prefill step)."""
@@ -96,6 +119,16 @@ class Plan:
     """Why ``auto`` chose it (empty for a fixed profile)."""
 
     ort_affinity_string = staticmethod(ort_affinity_string)
+
+    @property
+    def prefill_spec(self) -> SessionSpec:
+        """The session set prefill steps run on."""
+        return SessionSpec(self.prefill.cpus, self.prefill.pinned, self.spinning)
+
+    @property
+    def decode_spec(self) -> SessionSpec:
+        """The session set decode steps run on."""
+        return SessionSpec(self.decode.cpus, self.decode.pinned, self.spinning)
 
 
 def _usable(cls: CoreClass, topology: Topology, allowed: set[int] | None, use_smt: bool) -> tuple[int, ...]:
