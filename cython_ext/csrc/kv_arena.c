@@ -125,17 +125,7 @@ static int check_spans(const dp_arena *a, const int64_t *spans, int64_t num_span
     return total < need ? DP_ERR_BOUNDS : DP_OK;
 }
 
-static inline void prefetch_tiles(const dp_arena *a, const char *region, const int64_t *spans,
-                                  int64_t num_spans, int64_t span, int degree) {
-    /* Random path: the next spans are scattered pages; touch their first lines early. */
-    for (int d = 1; d <= degree && span + d < num_spans; d++) {
-        const char *p = region + spans[3 * (span + d)];
-        __builtin_prefetch(p, 0, 1);
-        __builtin_prefetch(p + tile_bytes(a, spans[3 * (span + d) + 2]) / 2, 0, 1);
-    }
-}
-
-#define DP_GSLICE 16  /* query heads of one KV head handled together */
+#define DP_GSLICE 16  /* query heads of one KV head scored in one call */
 #define DP_RUN 64     /* rows scored at once */
 
 typedef struct {
@@ -146,32 +136,39 @@ typedef struct {
     int64_t q_stride;
     float *out;
     int64_t out_stride;
-    int64_t num_heads, group, num_gslices;
+    int64_t num_heads, group;
     const int64_t *spans;
     int64_t num_spans;
     const int64_t *span_start; /* (num_spans + 1,) first position of each span */
     int64_t pos0, num_tokens;
     float scale;
     int prefetch_degree;
-    int64_t chunk;      /* context positions per task; chunked only for decode-like calls */
-    int64_t num_chunks; /* per (token, kv head, slice) */
-    float *partial;     /* chunked: (tasks, DP_GSLICE, head_dim + 2) = o, m, l */
+    int64_t chunk;      /* context positions per task */
+    int64_t num_chunks; /* per query token */
+    float *partial;     /* chunked: (tasks, num_heads, head_dim + 2) = o, m, l */
 } attn_job;
 
-/* Online softmax over positions [lo, hi) for query heads g0..g0+gn of KV head kh. */
-static void attend_range(const attn_job *J, int64_t t, int64_t kh, int64_t g0, int64_t gn,
-                         int64_t lo, int64_t hi, float *m, float *l, float *o) {
+static inline void prefetch_tile(const dp_arena *a, const char *tile, int64_t P) {
+    /* One line per 4 KiB page: the hardware prefetcher follows within a page. */
+    const int64_t tb = tile_bytes(a, P);
+    for (int64_t off = 0; off < tb; off += 4096) __builtin_prefetch(tile + off, 0, 1);
+}
+
+/* Online softmax of query token t, every head, over positions [lo, hi). The task
+ * streams whole tiles (every KV head of P tokens, contiguous) in position order,
+ * so reads are sequential and each K/V byte is loaded once for all heads.
+ *   q:    (num_heads, head_dim) copy of token t's queries
+ *   m, l: (num_heads,)  o: (num_heads, head_dim) */
+static void attend_range(const attn_job *J, const float *q, int64_t lo, int64_t hi, float *m, float *l,
+                         float *o, float *sc) {
     const dp_arena *a = J->a;
-    const int64_t hd = a->head_dim, eb = a->elem_bytes, nkv = a->num_kv_heads;
+    const int64_t hd = a->head_dim, eb = a->elem_bytes, nkv = a->num_kv_heads, H = J->num_heads;
     const int f16 = a->kv_dtype == DP_F16;
-    float q[DP_GSLICE * 512];
-    float sc[DP_GSLICE * DP_RUN];
-    for (int64_t g = 0; g < gn; g++) {
-        memcpy(q + g * hd, J->q + t * J->q_stride + (kh * J->group + g0 + g) * hd, (size_t)hd * sizeof(float));
-        m[g] = -INFINITY;
-        l[g] = 0.0f;
+    for (int64_t h = 0; h < H; h++) {
+        m[h] = -INFINITY;
+        l[h] = 0.0f;
     }
-    memset(o, 0, (size_t)(gn * hd) * sizeof(float));
+    memset(o, 0, (size_t)(H * hd) * sizeof(float));
     if (lo >= hi) return;
     /* The span holding position lo (span_start is sorted). */
     int64_t s = 0, lo_s = 0, hi_s = J->num_spans - 1;
@@ -183,99 +180,103 @@ static void attend_range(const attn_job *J, int64_t t, int64_t kh, int64_t g0, i
     for (; s < J->num_spans && pos < hi; s++) {
         const int64_t P = J->spans[3 * s + 2], tb = tile_bytes(a, P);
         const int64_t span_end = J->span_start[s] + J->spans[3 * s + 1];
-        if (J->prefetch_degree > 0) prefetch_tiles(a, J->region, J->spans, J->num_spans, s, J->prefetch_degree);
+        if (J->prefetch_degree > 0) /* random path: the next spans are scattered pages */
+            for (int d = 1; d <= J->prefetch_degree && s + d < J->num_spans; d++)
+                prefetch_tile(a, J->region + J->spans[3 * (s + d)], J->spans[3 * (s + d) + 2]);
+        int64_t i = pos - J->span_start[s];          /* index inside the span */
+        const char *tile = J->region + J->spans[3 * s] + (i / P) * tb;
+        int64_t row = i % P;
         while (pos < hi && pos < span_end) {
-            const int64_t i = pos - J->span_start[s];        /* index inside the span */
-            const char *tile = J->region + J->spans[3 * s] + (i / P) * tb;
-            const int64_t row = i % P;
-            int64_t n = P - row;                              /* rows left in this tile */
+            int64_t n = P - row;                      /* rows left in this tile */
             if (n > span_end - pos) n = span_end - pos;
             if (n > hi - pos) n = hi - pos;
             if (n > DP_RUN) n = DP_RUN;
-            const char *kt = tile + (kh * hd * P + row) * eb;           /* K^T, ldk = P */
-            const char *vrows = tile + ((nkv + kh) * P + row) * hd * eb;
-            if (f16) J->ops->scores_f16(q, gn, hd, (const uint16_t *)kt, P, n, J->scale, sc, DP_RUN);
-            else J->ops->scores_f32(q, gn, hd, (const float *)kt, P, n, J->scale, sc, DP_RUN);
-            for (int64_t g = 0; g < gn; g++) {
-                float *sg = sc + g * DP_RUN;
-                const float mx = J->ops->max_of(sg, n);
-                if (mx > m[g]) { /* rescale what was accumulated under the old maximum */
-                    const float corr = expf(m[g] - mx);
-                    l[g] *= corr;
-                    for (int64_t e = 0; e < hd; e++) o[g * hd + e] *= corr;
-                    m[g] = mx;
+            for (int64_t kh = 0; kh < nkv; kh++) {
+                const char *kt = tile + (kh * hd * P + row) * eb;             /* K^T, ldk = P */
+                const char *vrows = tile + ((nkv + kh) * P + row) * hd * eb;
+                for (int64_t g0 = 0; g0 < J->group; g0 += DP_GSLICE) {
+                    const int64_t gn = J->group - g0 < DP_GSLICE ? J->group - g0 : DP_GSLICE;
+                    const int64_t h0 = kh * J->group + g0;
+                    if (f16) J->ops->scores_f16(q + h0 * hd, gn, hd, (const uint16_t *)kt, P, n, J->scale, sc, DP_RUN);
+                    else J->ops->scores_f32(q + h0 * hd, gn, hd, (const float *)kt, P, n, J->scale, sc, DP_RUN);
+                    for (int64_t g = 0; g < gn; g++) {
+                        const int64_t h = h0 + g;
+                        float *sg = sc + g * DP_RUN;
+                        const float mx = J->ops->max_of(sg, n);
+                        if (mx > m[h]) { /* rescale what was accumulated under the old maximum */
+                            const float corr = expf(m[h] - mx);
+                            l[h] *= corr;
+                            for (int64_t e = 0; e < hd; e++) o[h * hd + e] *= corr;
+                            m[h] = mx;
+                        }
+                        l[h] += J->ops->exp_sum(sg, n, m[h]);
+                    }
+                    if (f16) J->ops->accum_f16(sc, DP_RUN, gn, hd, (const uint16_t *)vrows, n, o + h0 * hd);
+                    else J->ops->accum_f32(sc, DP_RUN, gn, hd, (const float *)vrows, n, o + h0 * hd);
                 }
-                l[g] += J->ops->exp_sum(sg, n, m[g]);
             }
-            if (f16) J->ops->accum_f16(sc, DP_RUN, gn, hd, (const uint16_t *)vrows, n, o);
-            else J->ops->accum_f32(sc, DP_RUN, gn, hd, (const float *)vrows, n, o);
             pos += n;
+            row += n;
+            if (row == P) {
+                row = 0;
+                tile += tb;
+            }
         }
     }
 }
 
+/* Task = (query token, context chunk). Scratch: q copy, m, l, o for every head. */
 static void attn_task(void *ctx, int64_t task, int worker) {
     (void)worker;
     const attn_job *J = (const attn_job *)ctx;
-    const int64_t hd = J->a->head_dim, nkv = J->a->num_kv_heads;
-    int64_t rest = task;
-    const int64_t c = rest % J->num_chunks; rest /= J->num_chunks;
-    const int64_t gs = rest % J->num_gslices; rest /= J->num_gslices;
-    const int64_t kh = rest % nkv;
-    const int64_t t = rest / nkv;
-    const int64_t g0 = gs * DP_GSLICE;
-    const int64_t gn = J->group - g0 < DP_GSLICE ? J->group - g0 : DP_GSLICE;
+    const int64_t hd = J->a->head_dim, H = J->num_heads;
+    const int64_t c = task % J->num_chunks, t = task / J->num_chunks;
     const int64_t n_ctx = J->pos0 + t + 1; /* causal: positions [0, pos0 + t] */
-    float m[DP_GSLICE], l[DP_GSLICE];
-    if (J->num_chunks == 1) {
-        float o[DP_GSLICE * 512];
-        attend_range(J, t, kh, g0, gn, 0, n_ctx, m, l, o);
-        for (int64_t g = 0; g < gn; g++) {
-            float *dst = J->out + t * J->out_stride + (kh * J->group + g0 + g) * hd;
-            const float inv = 1.0f / l[g];
-            for (int64_t e = 0; e < hd; e++) dst[e] = o[g * hd + e] * inv;
-        }
-        return;
-    }
-    float *part = J->partial + task * DP_GSLICE * (hd + 2);
+    float *scratch = (float *)malloc((size_t)(H * hd * 2 + 2 * H + DP_GSLICE * DP_RUN) * sizeof(float));
+    if (!scratch) return; /* cannot happen for sane sizes; the output keeps its old values */
+    float *q = scratch, *o = q + H * hd, *m = o + H * hd, *l = m + H, *sc = l + H;
+    memcpy(q, J->q + t * J->q_stride, (size_t)(H * hd) * sizeof(float));
     const int64_t lo = c * J->chunk, hi = (c + 1) * J->chunk < n_ctx ? (c + 1) * J->chunk : n_ctx;
-    float o[DP_GSLICE * 512];
-    attend_range(J, t, kh, g0, gn, lo, hi, m, l, o);
-    for (int64_t g = 0; g < gn; g++) {
-        memcpy(part + g * (hd + 2), o + g * hd, (size_t)hd * sizeof(float));
-        part[g * (hd + 2) + hd] = m[g];
-        part[g * (hd + 2) + hd + 1] = l[g];
+    attend_range(J, q, lo, hi, m, l, o, sc);
+    if (J->num_chunks == 1) {
+        float *dst = J->out + t * J->out_stride;
+        for (int64_t h = 0; h < H; h++) {
+            const float inv = 1.0f / l[h];
+            for (int64_t e = 0; e < hd; e++) dst[h * hd + e] = o[h * hd + e] * inv;
+        }
+    } else {
+        float *part = J->partial + task * H * (hd + 2);
+        for (int64_t h = 0; h < H; h++) {
+            memcpy(part + h * (hd + 2), o + h * hd, (size_t)hd * sizeof(float));
+            part[h * (hd + 2) + hd] = m[h];
+            part[h * (hd + 2) + hd + 1] = l[h];
+        }
     }
+    free(scratch);
 }
 
 /* Flash-decoding merge: combine the chunks' (o, m, l) of every (token, head). */
 static void merge_chunks(const attn_job *J) {
-    const int64_t hd = J->a->head_dim, nkv = J->a->num_kv_heads;
+    const int64_t hd = J->a->head_dim, H = J->num_heads;
     for (int64_t t = 0; t < J->num_tokens; t++)
-        for (int64_t kh = 0; kh < nkv; kh++)
-            for (int64_t gs = 0; gs < J->num_gslices; gs++) {
-                const int64_t g0 = gs * DP_GSLICE;
-                const int64_t gn = J->group - g0 < DP_GSLICE ? J->group - g0 : DP_GSLICE;
-                const int64_t base = ((t * nkv + kh) * J->num_gslices + gs) * J->num_chunks;
-                for (int64_t g = 0; g < gn; g++) {
-                    float M = -INFINITY, L = 0.0f;
-                    for (int64_t c = 0; c < J->num_chunks; c++) {
-                        const float mc = J->partial[(base + c) * DP_GSLICE * (hd + 2) + g * (hd + 2) + hd];
-                        M = mc > M ? mc : M;
-                    }
-                    float *dst = J->out + t * J->out_stride + (kh * J->group + g0 + g) * hd;
-                    for (int64_t e = 0; e < hd; e++) dst[e] = 0.0f;
-                    for (int64_t c = 0; c < J->num_chunks; c++) {
-                        const float *pc = J->partial + (base + c) * DP_GSLICE * (hd + 2) + g * (hd + 2);
-                        if (pc[hd + 1] == 0.0f) continue; /* empty chunk (past this token) */
-                        const float w = expf(pc[hd] - M);
-                        L += pc[hd + 1] * w;
-                        for (int64_t e = 0; e < hd; e++) dst[e] += pc[e] * w;
-                    }
-                    const float inv = 1.0f / L;
-                    for (int64_t e = 0; e < hd; e++) dst[e] *= inv;
-                }
+        for (int64_t h = 0; h < H; h++) {
+            float M = -INFINITY, L = 0.0f;
+            for (int64_t c = 0; c < J->num_chunks; c++) {
+                const float *pc = J->partial + ((t * J->num_chunks + c) * H + h) * (hd + 2);
+                if (pc[hd + 1] > 0.0f && pc[hd] > M) M = pc[hd];
             }
+            float *dst = J->out + t * J->out_stride + h * hd;
+            for (int64_t e = 0; e < hd; e++) dst[e] = 0.0f;
+            for (int64_t c = 0; c < J->num_chunks; c++) {
+                const float *pc = J->partial + ((t * J->num_chunks + c) * H + h) * (hd + 2);
+                if (pc[hd + 1] == 0.0f) continue; /* empty chunk (past this token) */
+                const float w = expf(pc[hd] - M);
+                L += pc[hd + 1] * w;
+                for (int64_t e = 0; e < hd; e++) dst[e] += pc[e] * w;
+            }
+            const float inv = 1.0f / L;
+            for (int64_t e = 0; e < hd; e++) dst[e] *= inv;
+        }
 }
 
 int dp_attn_spans(const dp_arena *a, const dp_attn_ops *ops, dp_pool *pool, int64_t layer,
@@ -295,7 +296,6 @@ int dp_attn_spans(const dp_arena *a, const dp_attn_ops *ops, dp_pool *pool, int6
     J.a = a; J.ops = ops; J.region = a->base + layer * a->layer_bytes;
     J.q = q; J.q_stride = q_stride; J.out = out; J.out_stride = out_stride;
     J.num_heads = num_heads; J.group = num_heads / nkv;
-    J.num_gslices = (J.group + DP_GSLICE - 1) / DP_GSLICE;
     J.spans = spans; J.num_spans = num_spans; J.pos0 = pos0; J.num_tokens = num_tokens;
     J.scale = scale; J.prefetch_degree = prefetch_degree;
     int64_t *starts = (int64_t *)malloc((size_t)(num_spans + 1) * sizeof(int64_t));
@@ -303,24 +303,23 @@ int dp_attn_spans(const dp_arena *a, const dp_attn_ops *ops, dp_pool *pool, int6
     starts[0] = 0;
     for (int64_t i = 0; i < num_spans; i++) starts[i + 1] = starts[i] + spans[3 * i + 1];
     J.span_start = starts;
-    /* Enough independent (token, kv head, slice) rows to feed the pool? Else split
-     * the context too (flash-decoding) and merge the chunks afterwards. */
+    /* Tasks are (token, context chunk). A decode step has too few tokens to feed
+     * the pool: split its context into chunks (flash-decoding) and merge after. */
     const int threads = pool ? dp_pool_num_threads(pool) : 1;
-    const int64_t rows = num_tokens * nkv * J.num_gslices;
     const int64_t n_ctx = pos0 + num_tokens;
     J.num_chunks = 1;
     J.chunk = n_ctx;
-    if (rows < 4 * threads && n_ctx >= 1024) {
-        int64_t chunks = (4 * threads + rows - 1) / rows;
-        if (chunks > n_ctx / 512) chunks = n_ctx / 512;
+    if (num_tokens < 4 * threads && threads > 1 && n_ctx >= 1024) {
+        int64_t chunks = (4 * threads + num_tokens - 1) / num_tokens;
+        if (chunks > n_ctx / 256) chunks = n_ctx / 256;
         if (chunks > 1) {
             J.num_chunks = chunks;
             J.chunk = (n_ctx + chunks - 1) / chunks;
         }
     }
-    const int64_t tasks = rows * J.num_chunks;
+    const int64_t tasks = num_tokens * J.num_chunks;
     if (J.num_chunks > 1) {
-        J.partial = (float *)malloc((size_t)tasks * DP_GSLICE * (hd + 2) * sizeof(float));
+        J.partial = (float *)malloc((size_t)tasks * num_heads * (hd + 2) * sizeof(float));
         if (!J.partial) { free(starts); return DP_ERR_NOMEM; }
     }
     dp_pool_run(pool, tasks, attn_task, &J);
