@@ -133,6 +133,9 @@ def add_bench_parser(sub) -> None:
     from .bench_kernels import add_parser as add_kernels_parser
 
     add_kernels_parser(bs)
+    from .bench_power import add_parser as add_power_parser
+
+    add_power_parser(bs)
     from .bench_cache import add_cache_parser
 
     add_cache_parser(bs)

@@ -137,6 +137,15 @@ def cmd_info(args) -> int:
           f"locality_window={d.locality_window} prefetch_degree={d.prefetch_degree} kv_dtype={d.kv_dtype}")
     print(f"runtime: threads={cfg.runtime.effective_num_threads()} prefill_chunk={cfg.runtime.prefill_chunk_tokens} "
           f"max_context={cfg.runtime.max_context_tokens or 'model'}")
+    from .platform import Governor, describe, load_topology, read_power_state
+
+    topology = load_topology(cfg.power.cpu_classes)
+    power = read_power_state(timeout_s=cfg.power.termux_timeout_s)
+    plan = Governor(topology, lambda: power, cfg).choose()
+    print(describe(topology, power, plan))
+    if topology.uniform or not cfg.power.pin_threads:
+        print("scheduling: cores are alike (or power.pin_threads is off): one unpinned session set on "
+              "ONNX Runtime's shared pool")
     if args.model:
         from .models import load_model
 

@@ -24,7 +24,7 @@ class LLM:
     """
 
     def __init__(self, model_path: str | os.PathLike, config: Config | str | os.PathLike | None = None,
-                 *, tokenizer_path: str | os.PathLike | None = None):
+                 *, tokenizer_path: str | os.PathLike | None = None, governor=None):
         from .runtime.session import ModelRunner
         from .tokenizer import build_tokenizer
 
@@ -35,6 +35,8 @@ class LLM:
         self.tokenizer = build_tokenizer(self.spec.tokenizer)
         rt = config.runtime
         ctx = rt.max_context_tokens or self.spec.config.context_length
+        self.governor = governor if governor is not None else _make_governor(config)
+        """The power-aware governor (platform.Governor), or None on uniform cores."""
         self.runner = ModelRunner(
             self.spec,
             num_threads=rt.effective_num_threads(),
@@ -44,6 +46,7 @@ class LLM:
             accuracy_level=rt.quantized_matmul_accuracy,
             spinning=rt.intra_op_spinning,
             kernel=None if rt.attention_kernel == "auto" else rt.attention_kernel,
+            governor=self.governor,
         )
         log.info("loaded %s (%s, %d layers, dim %d) in %.2fs", model_path, self.spec.format,
                  self.spec.config.num_layers, self.spec.config.dim, self.runner.load_seconds)
@@ -102,3 +105,26 @@ class LLM:
         add_bos = not (bos and text.startswith(bos))
         ids = self.tokenizer.encode(text, add_bos=add_bos, parse_special=True)
         return self.generate(ids, params)
+
+
+def _make_governor(config: Config):
+    """The power-aware governor, where it has something to decide: cores that differ
+    (big/little, P/E, or a ``power.cpu_classes`` override) with ``power.pin_threads``
+    on. On a machine whose cores are all alike, one unpinned session set on ONNX
+    Runtime's shared thread pool is faster and there is nothing to choose."""
+    import functools
+
+    from .platform import BackgroundPowerReader, Governor, load_topology, read_power_state
+
+    pc = config.power
+    if not pc.pin_threads:
+        return None
+    topology = load_topology(pc.cpu_classes)
+    if topology.uniform:
+        log.info("all cores are alike: no core classes to schedule on")
+        return None
+    reader = None
+    if pc.profile == "auto":
+        reader = BackgroundPowerReader(functools.partial(read_power_state, timeout_s=pc.termux_timeout_s),
+                                       interval_s=pc.poll_interval_s).start()
+    return Governor(topology, reader, config)

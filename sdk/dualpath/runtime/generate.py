@@ -177,7 +177,7 @@ class Generation:
         """Run the prompt through the model, reusing cached prefix pages."""
         runner, prompt = self.runner, self.prompt_ids
         cached = runner.begin(prompt)
-        chunk = runner.max_step_tokens
+        chunk = runner.prefill_chunk_tokens
         logits = None
         for start in range(cached, len(prompt), chunk):
             logits = runner.forward(prompt[start:start + chunk], prefill=True)[0]

@@ -22,6 +22,7 @@ from ..errors import DualPathError
 from ..scheduler.router import Path
 from ..graph.builder import PLACEHOLDER, GraphPart, build_parts, weight_layout
 from ..models.spec import ModelSpec
+from ..platform.affinity import pin_current_thread
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +56,7 @@ def _use_global_pool(num_threads: int) -> bool:
 
 
 def create_sessions(parts: list[GraphPart], num_threads: int, spinning: bool = True,
-                    affinities: str | None = None) -> list[ort.InferenceSession]:
+                    affinities: str | None = None, per_session_pools: bool = False) -> list[ort.InferenceSession]:
     """One InferenceSession per part; every weight is handed over as an OrtValue over
     our array (``add_initializer``), so it exists once whatever the number of sessions.
 
@@ -64,7 +65,13 @@ def create_sessions(parts: list[GraphPart], num_threads: int, spinning: bool = T
     fast; there ONNX Runtime packs once and our unpacked arrays can be released.
     """
     total = max(off + n for off, n in _layout_of(parts).values()) if parts else 0
-    shared_pool = affinities is None and _use_global_pool(num_threads)
+    if per_session_pools and _global_pool_threads:
+        from ..errors import DualPathError
+
+        raise DualPathError("pinned sessions need per-session ONNX Runtime thread pools, but this process "
+                            "already created ORT's global pool (an earlier unpinned LLM); create pinned "
+                            "LLMs first or set power.pin_threads: false")
+    shared_pool = not per_session_pools and affinities is None and _use_global_pool(num_threads)
     with tempfile.TemporaryDirectory(prefix="dualpath-onnx-") as folder:
         with open(os.path.join(folder, PLACEHOLDER), "wb") as f:
             f.truncate(total)  # sparse: never read, costs no memory
@@ -106,13 +113,14 @@ def _layout_of(parts: list[GraphPart]) -> dict[str, tuple[int, int]]:
 class _Binding:
     """IOBindings of every part for one step size T, over the runner's buffers."""
 
-    def __init__(self, runner: "ModelRunner", num_tokens: int, num_rows: int):
+    def __init__(self, runner: "ModelRunner", num_tokens: int, num_rows: int, sessions=None):
         T, R = num_tokens, num_rows
         r = runner
         self.bindings = []
         h_src, h_dst = r.h_a, r.h_b
         f32, i64 = np.float32, np.int64
-        for i, sess in enumerate(r.sessions):
+        self.sessions = sessions if sessions is not None else r.sessions
+        for i, sess in enumerate(self.sessions):
             b = sess.io_binding()
 
             def bind_in(name, arr, rows, elem):
@@ -154,7 +162,8 @@ class ModelRunner:
 
     def __init__(self, spec: ModelSpec, *, num_threads: int, max_context_tokens: int,
                  max_step_tokens: int, cache_config: DualPathConfig | None = None,
-                 accuracy_level: int = 4, spinning: bool = True, kernel: str | None = None):
+                 accuracy_level: int = 4, spinning: bool = True, kernel: str | None = None,
+                 governor=None):
         cfg = spec.config
         self.spec = spec
         self.num_layers = cfg.num_layers
@@ -162,7 +171,17 @@ class ModelRunner:
         self.max_step_tokens = max_step_tokens
         t0 = time.perf_counter()
         parts = build_parts(spec, accuracy_level)
-        self.sessions = create_sessions(parts, num_threads, spinning)
+        self.governor = governor
+        if governor is None:
+            self.sessions = create_sessions(parts, num_threads, spinning)
+            self.session_sets = {}
+        else:
+            # One session set per distinct (cores, threads, spinning) of every reachable
+            # profile: ORT pins its workers per session. All sets share the weights.
+            self.session_sets = {sp: create_sessions(parts, sp.num_threads, sp.spinning, sp.affinities,
+                                                     per_session_pools=True)
+                                 for sp in governor.session_specs()}
+            self.sessions = next(iter(self.session_sets.values()))
         self.load_seconds = time.perf_counter() - t0
         emb = spec.weights["token_embd"]
         self._emb_table, self._emb_scales, self._emb_dtype = emb.data, emb.scales, emb.dtype
@@ -194,15 +213,38 @@ class ModelRunner:
                                     head_dim=cfg.head_dim, num_blocks=num_blocks, salt=spec.path.encode())
         self.slots = np.zeros((T, 3), np.int64)                      # (T, 3) where new tokens go
         self.spans = np.zeros((-(-max_context_tokens // P) + 1, 3), np.int64)  # (max_spans, 3) kernel view
-        # Our kernels' own pool (ONNX Runtime has its own): same thread count.
-        self.pool = ThreadPool(num_threads)
-        self.kv = ArenaStepper(self.cache.arena, self.q, self.k, self.v, self.attn, self.slots, self.spans,
-                               float(1.0 / np.sqrt(cfg.head_dim)), dp.prefetch_degree, self.pool, kernel)
+        # Our kernels' own pool (ONNX Runtime has its own): same thread count and cores.
+        scale = float(1.0 / np.sqrt(cfg.head_dim))
+        self._sets = {}  # SessionSpec -> (sessions, kernel stepper, decode binding)
+        self.pool = None if governor is not None else ThreadPool(num_threads)
+        for sp, sessions in self.session_sets.items():
+            pool = ThreadPool(sp.num_threads)  # our kernels' workers, on the same cores as ORT's
+            if sp.pinned:
+                pool.set_affinity("prefill", list(sp.cpus))
+                pool.set_affinity("decode", list(sp.cpus))
+            stepper = ArenaStepper(self.cache.arena, self.q, self.k, self.v, self.attn, self.slots, self.spans,
+                                   scale, dp.prefetch_degree, pool, kernel)
+            self._sets[sp] = (sessions, stepper, None)
+        self.kv = (next(iter(self._sets.values()))[1] if self._sets else
+                   ArenaStepper(self.cache.arena, self.q, self.k, self.v, self.attn, self.slots, self.spans,
+                                scale, dp.prefetch_degree, self.pool, kernel))
         self.seq_id = 0
         self.cache.start(self.seq_id, [])
         self._decode = _Binding(self, 1, 1)
+        for sp, (sessions, stepper, _) in self._sets.items():
+            self._sets[sp] = (sessions, stepper, _Binding(self, 1, 1, sessions))
+        self.last_plan = None
+        """The governor's plan used by the last step (None without a governor)."""
         # (run, binding, layer) per part, built once: the decode loop creates no objects.
         self._plan_cache: dict[int, list] = {}
+
+    @property
+    def prefill_chunk_tokens(self) -> int:
+        """Prompt tokens per prefill step: the power plan's chunk (smaller in low_power)."""
+        if self.governor is not None:
+            plan = self.governor.choose()
+            return max(1, min(self.max_step_tokens, plan.path.prefill_chunk_tokens))
+        return self.max_step_tokens
 
     @property
     def num_tokens(self) -> int:
@@ -228,7 +270,17 @@ class ModelRunner:
         if pos0 + n > self.max_context_tokens:
             raise ValueError(f"positions {pos0}..{pos0 + n - 1} exceed the context of {self.max_context_tokens}")
         num_rows = n if all_logits else 1
-        binding = self._decode if n == 1 else _Binding(self, n, num_rows)
+        kv_stepper = self.kv
+        if self.governor is None:
+            binding = self._decode if n == 1 else _Binding(self, n, num_rows)
+        else:
+            # Between steps: the governor may switch profile; a step never changes set midway.
+            plan = self.last_plan = self.governor.choose()
+            phase, sp = (plan.prefill, plan.prefill_spec) if (prefill or n > 1) else (plan.decode, plan.decode_spec)
+            if phase.pinned:
+                pin_current_thread(phase.caller_cpus)
+            sessions, kv_stepper, decode_binding = self._sets[sp]
+            binding = decode_binding if n == 1 else _Binding(self, n, num_rows, sessions)
         seq = self.cache.seqs[self.seq_id]
         dp = self.cache_config
         if not prefill and dp.path_mode == "dual" and seq.path is not Path.SEQUENTIAL \
@@ -252,7 +304,7 @@ class ModelRunner:
             else:
                 self.rows[0] = n - 1
         _embed(binding.ids, self._emb_table, self._emb_scales, self._emb_dtype, binding.h0)
-        kv_step = self.kv.step
+        kv_step = kv_stepper.step
         for run, b, layer in self._plan(binding):
             run(b)
             if layer >= 0:
@@ -261,11 +313,12 @@ class ModelRunner:
         return self.logits[:num_rows]
 
     def _plan(self, binding: _Binding) -> list:
-        plan = self._plan_cache.get(id(binding)) if binding is self._decode else None
+        cacheable = binding is self._decode or any(binding is entry[2] for entry in self._sets.values())
+        plan = self._plan_cache.get(id(binding)) if cacheable else None
         if plan is None:
             plan = [(sess.run_with_iobinding, b, layer if layer < self.num_layers else -1)
-                    for layer, (sess, b) in enumerate(zip(self.sessions, binding.bindings))]
-            if binding is self._decode:
+                    for layer, (sess, b) in enumerate(zip(binding.sessions, binding.bindings))]
+            if cacheable:
                 self._plan_cache[id(binding)] = plan
         return plan
 
