@@ -143,8 +143,9 @@ typedef struct {
     int64_t pos0, num_tokens;
     float scale;
     int prefetch_degree;
-    int64_t chunk;      /* context positions per task */
-    int64_t num_chunks; /* per query token */
+    int64_t chunk;        /* context positions per task */
+    int64_t num_chunks;   /* per query block */
+    int64_t block_tokens; /* query tokens per task (prefill blocking; 1 when chunked) */
     float *partial;     /* chunked: (tasks, num_heads, head_dim + 2) = o, m, l */
 } attn_job;
 
@@ -154,21 +155,23 @@ static inline void prefetch_tile(const dp_arena *a, const char *tile, int64_t P)
     for (int64_t off = 0; off < tb; off += 4096) __builtin_prefetch(tile + off, 0, 1);
 }
 
-/* Online softmax of query token t, every head, over positions [lo, hi). The task
- * streams whole tiles (every KV head of P tokens, contiguous) in position order,
- * so reads are sequential and each K/V byte is loaded once for all heads.
- *   q:    (num_heads, head_dim) copy of token t's queries
- *   m, l: (num_heads,)  o: (num_heads, head_dim) */
-static void attend_range(const attn_job *J, const float *q, int64_t lo, int64_t hi, float *m, float *l,
-                         float *o, float *sc) {
+/* Online softmax for query tokens [t0, t0 + tq), every head, over positions [lo, hi).
+ * The task streams whole tiles (every KV head of P tokens, contiguous) in position
+ * order, so reads are sequential, and each K/V row is loaded once for all the query
+ * rows that read it: the heads of a GQA group and, in prefill, a block of tokens.
+ * Layout of q, o: (num_kv_heads, tq * group, head_dim); m, l: (num_kv_heads, tq * group);
+ * row r of KV head kh is token t0 + r / group, query head kh * group + r % group. */
+static void attend_range(const attn_job *J, int64_t t0, int64_t tq, const float *q, int64_t lo, int64_t hi,
+                         float *m, float *l, float *o, float *sc) {
     const dp_arena *a = J->a;
-    const int64_t hd = a->head_dim, eb = a->elem_bytes, nkv = a->num_kv_heads, H = J->num_heads;
+    const int64_t hd = a->head_dim, eb = a->elem_bytes, nkv = a->num_kv_heads, G = J->group;
+    const int64_t rows = tq * G; /* query rows per KV head */
     const int f16 = a->kv_dtype == DP_F16;
-    for (int64_t h = 0; h < H; h++) {
-        m[h] = -INFINITY;
-        l[h] = 0.0f;
+    for (int64_t r = 0; r < nkv * rows; r++) {
+        m[r] = -INFINITY;
+        l[r] = 0.0f;
     }
-    memset(o, 0, (size_t)(H * hd) * sizeof(float));
+    memset(o, 0, (size_t)(nkv * rows * hd) * sizeof(float));
     if (lo >= hi) return;
     /* The span holding position lo (span_start is sorted). */
     int64_t s = 0, lo_s = 0, hi_s = J->num_spans - 1;
@@ -194,25 +197,34 @@ static void attend_range(const attn_job *J, const float *q, int64_t lo, int64_t 
             for (int64_t kh = 0; kh < nkv; kh++) {
                 const char *kt = tile + (kh * hd * P + row) * eb;             /* K^T, ldk = P */
                 const char *vrows = tile + ((nkv + kh) * P + row) * hd * eb;
-                for (int64_t g0 = 0; g0 < J->group; g0 += DP_GSLICE) {
-                    const int64_t gn = J->group - g0 < DP_GSLICE ? J->group - g0 : DP_GSLICE;
-                    const int64_t h0 = kh * J->group + g0;
-                    if (f16) J->ops->scores_f16(q + h0 * hd, gn, hd, (const uint16_t *)kt, P, n, J->scale, sc, DP_RUN);
-                    else J->ops->scores_f32(q + h0 * hd, gn, hd, (const float *)kt, P, n, J->scale, sc, DP_RUN);
-                    for (int64_t g = 0; g < gn; g++) {
-                        const int64_t h = h0 + g;
+                for (int64_t r0 = 0; r0 < rows; r0 += DP_GSLICE) {
+                    const int64_t rn = rows - r0 < DP_GSLICE ? rows - r0 : DP_GSLICE;
+                    const int64_t base = kh * rows + r0;
+                    if (f16) J->ops->scores_f16(q + base * hd, rn, hd, (const uint16_t *)kt, P, n, J->scale, sc, DP_RUN);
+                    else J->ops->scores_f32(q + base * hd, rn, hd, (const float *)kt, P, n, J->scale, sc, DP_RUN);
+                    for (int64_t g = 0; g < rn; g++) {
                         float *sg = sc + g * DP_RUN;
-                        const float mx = J->ops->max_of(sg, n);
+                        /* Causal: this row's token sees positions < limit. */
+                        const int64_t limit = J->pos0 + t0 + (r0 + g) / G + 1;
+                        if (limit <= pos) { /* nothing visible in this run: add nothing */
+                            memset(sg, 0, (size_t)n * sizeof(float));
+                            continue;
+                        }
+                        const int64_t visible = limit - pos < n ? limit - pos : n;
+                        for (int64_t r = visible; r < n; r++) sg[r] = -INFINITY;
+                        const int64_t h = base + g;
+                        const float mx = J->ops->max_of(sg, visible);
                         if (mx > m[h]) { /* rescale what was accumulated under the old maximum */
                             const float corr = expf(m[h] - mx);
                             l[h] *= corr;
                             for (int64_t e = 0; e < hd; e++) o[h * hd + e] *= corr;
                             m[h] = mx;
                         }
-                        l[h] += J->ops->exp_sum(sg, n, m[h]);
+                        l[h] += J->ops->exp_sum(sg, visible, m[h]);
+                        for (int64_t r = visible; r < n; r++) sg[r] = 0.0f;
                     }
-                    if (f16) J->ops->accum_f16(sc, DP_RUN, gn, hd, (const uint16_t *)vrows, n, o + h0 * hd);
-                    else J->ops->accum_f32(sc, DP_RUN, gn, hd, (const float *)vrows, n, o + h0 * hd);
+                    if (f16) J->ops->accum_f16(sc, DP_RUN, rn, hd, (const uint16_t *)vrows, n, o + base * hd);
+                    else J->ops->accum_f32(sc, DP_RUN, rn, hd, (const float *)vrows, n, o + base * hd);
                 }
             }
             pos += n;
@@ -225,33 +237,39 @@ static void attend_range(const attn_job *J, const float *q, int64_t lo, int64_t 
     }
 }
 
-/* Task = (query token, context chunk). Scratch: q copy, m, l, o for every head. */
+/* Task = (block of query tokens, context chunk). Scratch: q, o, m, l of the block. */
 static void attn_task(void *ctx, int64_t task, int worker) {
     (void)worker;
     const attn_job *J = (const attn_job *)ctx;
-    const int64_t hd = J->a->head_dim, H = J->num_heads;
-    const int64_t c = task % J->num_chunks, t = task / J->num_chunks;
-    const int64_t n_ctx = J->pos0 + t + 1; /* causal: positions [0, pos0 + t] */
-    float *scratch = (float *)malloc((size_t)(H * hd * 2 + 2 * H + DP_GSLICE * DP_RUN) * sizeof(float));
+    const int64_t hd = J->a->head_dim, H = J->num_heads, nkv = J->a->num_kv_heads, G = J->group;
+    const int64_t c = task % J->num_chunks, b = task / J->num_chunks;
+    const int64_t t0 = b * J->block_tokens;
+    const int64_t tq = J->num_tokens - t0 < J->block_tokens ? J->num_tokens - t0 : J->block_tokens;
+    const int64_t rows = tq * G, n_ctx = J->pos0 + t0 + tq; /* the block's last token sees [0, n_ctx) */
+    float *scratch = (float *)malloc((size_t)(2 * tq * H * hd + 2 * tq * H + DP_GSLICE * DP_RUN) * sizeof(float));
     if (!scratch) return; /* cannot happen for sane sizes; the output keeps its old values */
-    float *q = scratch, *o = q + H * hd, *m = o + H * hd, *l = m + H, *sc = l + H;
-    memcpy(q, J->q + t * J->q_stride, (size_t)(H * hd) * sizeof(float));
+    float *q = scratch, *o = q + tq * H * hd, *m = o + tq * H * hd, *l = m + tq * H, *sc = l + tq * H;
+    for (int64_t tl = 0; tl < tq; tl++)  /* (token, head) -> (kv head, token, group member) */
+        for (int64_t kh = 0; kh < nkv; kh++)
+            memcpy(q + (kh * rows + tl * G) * hd, J->q + (t0 + tl) * J->q_stride + kh * G * hd,
+                   (size_t)(G * hd) * sizeof(float));
     const int64_t lo = c * J->chunk, hi = (c + 1) * J->chunk < n_ctx ? (c + 1) * J->chunk : n_ctx;
-    attend_range(J, q, lo, hi, m, l, o, sc);
-    if (J->num_chunks == 1) {
-        float *dst = J->out + t * J->out_stride;
-        for (int64_t h = 0; h < H; h++) {
-            const float inv = 1.0f / l[h];
-            for (int64_t e = 0; e < hd; e++) dst[h * hd + e] = o[h * hd + e] * inv;
-        }
-    } else {
-        float *part = J->partial + task * H * (hd + 2);
-        for (int64_t h = 0; h < H; h++) {
-            memcpy(part + h * (hd + 2), o + h * hd, (size_t)hd * sizeof(float));
-            part[h * (hd + 2) + hd] = m[h];
-            part[h * (hd + 2) + hd + 1] = l[h];
-        }
-    }
+    attend_range(J, t0, tq, q, lo, hi, m, l, o, sc);
+    for (int64_t tl = 0; tl < tq; tl++)
+        for (int64_t kh = 0; kh < nkv; kh++)
+            for (int64_t g = 0; g < G; g++) {
+                const int64_t r = kh * rows + tl * G + g, h = kh * G + g;
+                if (J->num_chunks == 1) {
+                    float *dst = J->out + (t0 + tl) * J->out_stride + h * hd;
+                    const float inv = 1.0f / l[r];
+                    for (int64_t e = 0; e < hd; e++) dst[e] = o[r * hd + e] * inv;
+                } else { /* decode: one token per task */
+                    float *part = J->partial + (task * H + h) * (hd + 2);
+                    memcpy(part, o + r * hd, (size_t)hd * sizeof(float));
+                    part[hd] = m[r];
+                    part[hd + 1] = l[r];
+                }
+            }
     free(scratch);
 }
 
@@ -317,7 +335,14 @@ int dp_attn_spans(const dp_arena *a, const dp_attn_ops *ops, dp_pool *pool, int6
             J.chunk = (n_ctx + chunks - 1) / chunks;
         }
     }
-    const int64_t tasks = num_tokens * J.num_chunks;
+    /* Prefill: a block of tokens shares each K/V load (about 16 query rows per KV head). */
+    J.block_tokens = 1;
+    if (J.num_chunks == 1) {
+        J.block_tokens = 16 / J.group > 1 ? 16 / J.group : 1;
+        while (J.block_tokens > 1 && (num_tokens + J.block_tokens - 1) / J.block_tokens < 2 * threads)
+            J.block_tokens /= 2;
+    }
+    const int64_t tasks = (num_tokens + J.block_tokens - 1) / J.block_tokens * J.num_chunks;
     if (J.num_chunks > 1) {
         J.partial = (float *)malloc((size_t)tasks * num_heads * (hd + 2) * sizeof(float));
         if (!J.partial) { free(starts); return DP_ERR_NOMEM; }
