@@ -54,27 +54,35 @@ static inline __m256 load_f16(const uint16_t *p) {
 DEFINE_SCORES(scores_f32, float, _mm256_loadu_ps, F32_ID)
 DEFINE_SCORES(scores_f16, uint16_t, load_f16, dp_half_to_float)
 
-/* o[g] += sum_r p[g, r] * V[r] from f32 rows; the accumulators of one query head stay
- * in registers across the rows (C chunks of 8, a compile-time count). */
-static inline __attribute__((always_inline)) void accum_blk(const float *p, int64_t sstride, int64_t group,
+/* o[g] += sum_r p[g, r] * V[r] from f32 rows. Blocks of GB query heads x C vectors of
+ * head_dim stay in registers (GB * C <= 12 accumulators); each V row is loaded once
+ * per block. */
+static inline __attribute__((always_inline)) void accum_blk(const float *p, int64_t sstride, const int GB,
                                                             const int C, int64_t hd, const float *rows,
                                                             int64_t n, float *o) {
-    for (int64_t g = 0; g < group; g++) {
-        __m256 acc[16];
-        for (int c = 0; c < C; c++) acc[c] = _mm256_loadu_ps(o + g * hd + 8 * c);
-        const float *pg = p + g * sstride;
-        for (int64_t r = 0; r < n; r++) {
-            const __m256 w = _mm256_broadcast_ss(pg + r);
-            for (int c = 0; c < C; c++) acc[c] = _mm256_fmadd_ps(w, _mm256_loadu_ps(rows + r * hd + 8 * c), acc[c]);
+    __m256 acc[16];
+    for (int g = 0; g < GB; g++)
+        for (int c = 0; c < C; c++) acc[g * C + c] = _mm256_loadu_ps(o + g * hd + 8 * c);
+    for (int64_t r = 0; r < n; r++) {
+        for (int c = 0; c < C; c++) {
+            const __m256 v = _mm256_loadu_ps(rows + r * hd + 8 * c);
+            for (int g = 0; g < GB; g++)
+                acc[g * C + c] = _mm256_fmadd_ps(_mm256_broadcast_ss(p + g * sstride + r), v, acc[g * C + c]);
         }
-        for (int c = 0; c < C; c++) _mm256_storeu_ps(o + g * hd + 8 * c, acc[c]);
     }
+    for (int g = 0; g < GB; g++)
+        for (int c = 0; c < C; c++) _mm256_storeu_ps(o + g * hd + 8 * c, acc[g * C + c]);
 }
 
 static void accum_f32(const float *p, int64_t sstride, int64_t group, int64_t hd, const float *rows,
                       int64_t n, float *o) {
-    if (hd == 64) { accum_blk(p, sstride, group, 8, 64, rows, n, o); return; }
-    if (hd == 128) { accum_blk(p, sstride, group, 16, 128, rows, n, o); return; }
+    if (hd == 64 || hd == 128) {
+        const int C = hd == 64 ? 8 : 16;
+        int64_t g = 0;
+        if (C == 8) for (; g < group; g++) accum_blk(p + g * sstride, sstride, 1, 8, 64, rows, n, o + g * 64);
+        else for (; g < group; g++) accum_blk(p + g * sstride, sstride, 1, 16, 128, rows, n, o + g * 128);
+        return;
+    }
     int64_t e = 0;
     for (; e + 8 <= hd; e += 8)
         for (int64_t g = 0; g < group; g++) {

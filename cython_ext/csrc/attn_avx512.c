@@ -41,21 +41,25 @@ static inline __m512 load_f16(const uint16_t *p, __mmask16 m) {
 DEFINE_SCORES(scores_f32, float, load_f32)
 DEFINE_SCORES(scores_f16, uint16_t, load_f16)
 
-/* o[g] += sum_r p[g, r] * V[r] from f32 rows: for each query head, the head_dim/16
- * accumulators stay in registers across the rows (C chunks, a compile-time count). */
-static inline __attribute__((always_inline)) void accum_blk(const float *p, int64_t sstride, int64_t group,
+/* o[g] += sum_r p[g, r] * V[r] from f32 rows. Blocks of GB query heads x C vectors of
+ * head_dim stay in registers (GB * C = 16 accumulators); each V row is loaded once
+ * per block, so the loop is bound by FMAs, not by loads. */
+static inline __attribute__((always_inline)) void accum_blk(const float *p, int64_t sstride, const int GB,
                                                             const int C, int64_t hd, const float *rows,
                                                             int64_t n, float *o) {
-    for (int64_t g = 0; g < group; g++) {
-        __m512 acc[8];
-        for (int c = 0; c < C; c++) acc[c] = _mm512_loadu_ps(o + g * hd + 16 * c);
-        const float *pg = p + g * sstride;
-        for (int64_t r = 0; r < n; r++) {
-            const __m512 w = _mm512_set1_ps(pg[r]);
-            for (int c = 0; c < C; c++) acc[c] = _mm512_fmadd_ps(w, _mm512_loadu_ps(rows + r * hd + 16 * c), acc[c]);
+    __m512 acc[16];
+    for (int g = 0; g < GB; g++)
+        for (int c = 0; c < C; c++) acc[g * C + c] = _mm512_loadu_ps(o + g * hd + 16 * c);
+    for (int64_t r = 0; r < n; r++) {
+        __m512 v[8];
+        for (int c = 0; c < C; c++) v[c] = _mm512_loadu_ps(rows + r * hd + 16 * c);
+        for (int g = 0; g < GB; g++) {
+            const __m512 w = _mm512_set1_ps(p[g * sstride + r]);
+            for (int c = 0; c < C; c++) acc[g * C + c] = _mm512_fmadd_ps(w, v[c], acc[g * C + c]);
         }
-        for (int c = 0; c < C; c++) _mm512_storeu_ps(o + g * hd + 16 * c, acc[c]);
     }
+    for (int g = 0; g < GB; g++)
+        for (int c = 0; c < C; c++) _mm512_storeu_ps(o + g * hd + 16 * c, acc[g * C + c]);
 }
 
 static void accum_f32_any(const float *p, int64_t sstride, int64_t group, int64_t hd, const float *rows,
@@ -74,10 +78,15 @@ static void accum_f32_any(const float *p, int64_t sstride, int64_t group, int64_
 
 static void accum_f32(const float *p, int64_t sstride, int64_t group, int64_t hd, const float *rows,
                       int64_t n, float *o) {
-    switch (hd) {
-        case 64: accum_blk(p, sstride, group, 4, 64, rows, n, o); break;
-        case 128: accum_blk(p, sstride, group, 8, 128, rows, n, o); break;
-        default: accum_f32_any(p, sstride, group, hd, rows, n, o);
+    int64_t g = 0;
+    if (hd == 64) {
+        for (; g + 4 <= group; g += 4) accum_blk(p + g * sstride, sstride, 4, 4, 64, rows, n, o + g * 64);
+        for (; g < group; g++) accum_blk(p + g * sstride, sstride, 1, 4, 64, rows, n, o + g * 64);
+    } else if (hd == 128) {
+        for (; g + 2 <= group; g += 2) accum_blk(p + g * sstride, sstride, 2, 8, 128, rows, n, o + g * 128);
+        for (; g < group; g++) accum_blk(p + g * sstride, sstride, 1, 8, 128, rows, n, o + g * 128);
+    } else {
+        accum_f32_any(p, sstride, group, hd, rows, n, o);
     }
 }
 

@@ -98,7 +98,7 @@ def cmd_bench(args) -> int:
         engines = ["dualpath"] + ([] if args.no_peer else ["llama.cpp"])
         if not args.no_peer:
             try:
-                import llama_cpp  # noqa: F401
+                import llama_cpp  # noqa: F401  (availability check)
             except ImportError:
                 print("dualpath bench: llama-cpp-python is not installed; measuring DualPath alone "
                       "(pip install llama-cpp-python, or pass --no-peer)", file=sys.stderr)

@@ -93,8 +93,6 @@ def run_kernel_bench(contexts=(1024, 8192, 32768), threads=(1, 2), layouts=("seq
                              "bandwidth_gb_per_s": bandwidth[n_threads],
                              "share_of_bandwidth": kv_bytes / t / 1e9 / bandwidth[n_threads],
                              "spans": int(len(spans)), "layers_rotated": layers})
-                del arena
-        del pool
     return {"rows": rows, "bandwidth": bandwidth,
             "shape": {"num_heads": NUM_HEADS, "num_kv_heads": NUM_KV_HEADS, "head_dim": HEAD_DIM,
                       "kv_dtype": "f16", "page_tokens": PAGE_TOKENS}}

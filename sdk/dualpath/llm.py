@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Iterator, Sequence
+from typing import Sequence
 
 from .config import Config, load_config
 from .errors import ChatTemplateError

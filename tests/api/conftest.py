@@ -9,18 +9,13 @@ place and never copied into the repository; derived files go to ``tmp_path``.
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest
 
 import dualpath
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-
-
-def models_dir_path() -> Path:
-    return Path(os.environ.get("DUALPATH_TEST_MODELS", REPO_ROOT.parent / "shared" / "models"))
+from tests_shared import models_dir_path, require_file
 
 
 def _reference_runs_or_none() -> list[dict] | None:
@@ -48,35 +43,13 @@ def reference_run(request):
     return run
 
 
-@pytest.fixture(scope="session")
-def models_dir() -> Path:
-    path = models_dir_path()
-    if not path.is_dir():
-        pytest.skip(f"test models folder {path} not found (set DUALPATH_TEST_MODELS to the folder "
-                    "holding stories260K.gguf, stories260K.bin, tok512.bin and reference/)")
-    return path
 
-
-def _model_file(models_dir: Path, name: str) -> Path:
-    path = models_dir / name
-    if not path.is_file():
-        pytest.skip(f"test file {path} not found")
-    return path
 
 
 @pytest.fixture(scope="session")
-def gguf_path(models_dir) -> Path:
-    return _model_file(models_dir, "stories260K.gguf")
+def bin_path(model_file) -> Path:
+    return model_file("stories260K.bin")
 
-
-@pytest.fixture(scope="session")
-def bin_path(models_dir) -> Path:
-    return _model_file(models_dir, "stories260K.bin")
-
-
-@pytest.fixture(scope="session")
-def tok512_path(models_dir) -> Path:
-    return _model_file(models_dir, "tok512.bin")
 
 
 @pytest.fixture(scope="session")
@@ -89,13 +62,13 @@ def reference_dir(models_dir) -> Path:
 
 @pytest.fixture(scope="session")
 def reference_runs_by_name(reference_dir) -> dict[str, dict]:
-    runs = json.loads(_model_file(reference_dir, "greedy_token_ids.json").read_text(encoding="utf-8"))["runs"]
+    runs = json.loads(require_file(reference_dir / "greedy_token_ids.json").read_text(encoding="utf-8"))["runs"]
     return {run["name"]: run for run in runs}
 
 
 @pytest.fixture(scope="session")
 def reference_logits(reference_dir) -> dict:
-    return json.loads(_model_file(reference_dir, "once_upon_a_time_logits_pos0-4.json").read_text())
+    return json.loads(require_file(reference_dir / "once_upon_a_time_logits_pos0-4.json").read_text())
 
 
 @pytest.fixture(scope="session")

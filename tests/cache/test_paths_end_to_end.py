@@ -2,16 +2,15 @@
 shared prompt prefix is computed once."""
 
 import json
-import os
-from pathlib import Path as FsPath
 
 import pytest
+from tests_shared import models_dir_path
 
 import dualpath
 from dualpath import SamplingParams
 from dualpath.scheduler.router import Path
 
-MODELS = FsPath(os.environ.get("DUALPATH_TEST_MODELS", FsPath(__file__).resolve().parents[2].parent / "shared" / "models"))
+MODELS = models_dir_path()
 GGUF = MODELS / "stories260K.gguf"
 pytestmark = pytest.mark.skipif(not GGUF.is_file(), reason=f"test model not found in {MODELS} (set DUALPATH_TEST_MODELS)")
 

@@ -4,15 +4,15 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
+from tests_shared import models_dir_path
 
 import dualpath
 from dualpath import SamplingParams
 from dualpath._kvarena import available_kernels
 
-MODELS = Path(os.environ.get("DUALPATH_TEST_MODELS", Path(__file__).resolve().parents[2].parent / "shared" / "models"))
+MODELS = models_dir_path()
 GGUF = MODELS / "stories260K.gguf"
 pytestmark = pytest.mark.skipif(not GGUF.is_file(), reason=f"test model not found in {MODELS} (set DUALPATH_TEST_MODELS)")
 

@@ -9,51 +9,23 @@ never into the repository.
 from __future__ import annotations
 
 import copy
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
-def _models_dir() -> Path:
-    return Path(os.environ.get("DUALPATH_TEST_MODELS", REPO_ROOT.parent / "shared" / "models"))
 
 
-@pytest.fixture(scope="session")
-def models_dir() -> Path:
-    path = _models_dir()
-    if not path.is_dir():
-        pytest.skip(f"test models folder {path} not found (set DUALPATH_TEST_MODELS)")
-    return path
-
-
-def _model_file(models_dir: Path, name: str) -> Path:
-    path = models_dir / name
-    if not path.is_file():
-        pytest.skip(f"test model file {path} not found (set DUALPATH_TEST_MODELS)")
-    return path
 
 
 @pytest.fixture(scope="session")
-def gguf_path(models_dir) -> Path:
-    """``stories260K.gguf``: GGUF v3, 48 F32 tensors, tokenizer inside."""
-    return _model_file(models_dir, "stories260K.gguf")
-
-
-@pytest.fixture(scope="session")
-def llama2c_path(models_dir) -> Path:
+def llama2c_path(model_file) -> Path:
     """``stories260K.bin``: llama2.c legacy checkpoint, the same weights as the GGUF."""
-    return _model_file(models_dir, "stories260K.bin")
+    return model_file("stories260K.bin")
 
-
-@pytest.fixture(scope="session")
-def tok512_path(models_dir) -> Path:
-    """``tok512.bin``: the llama2.c tokenizer of stories260K."""
-    return _model_file(models_dir, "tok512.bin")
 
 
 # --- GGUF rewriting -----------------------------------------------------------------------

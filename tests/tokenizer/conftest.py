@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import random
 from pathlib import Path
 
@@ -10,48 +9,27 @@ import pytest
 
 from dualpath.tokenizer import TokenizerSpec, build_tokenizer, load_llama2c_tokenizer
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 _NO_ID = 0xFFFFFFFF  # GGUF's "unset" token id
 
 
-def _models_dir() -> Path:
-    return Path(os.environ.get("DUALPATH_TEST_MODELS", REPO_ROOT.parent / "shared" / "models"))
+
+
 
 
 @pytest.fixture(scope="session")
-def models_dir() -> Path:
-    path = _models_dir()
-    if not path.is_dir():
-        pytest.skip(f"test models folder {path} not found (set DUALPATH_TEST_MODELS)")
-    return path
-
-
-def _model_file(models_dir: Path, name: str) -> Path:
-    path = models_dir / name
-    if not path.is_file():
-        pytest.skip(f"test model file {path} not found")
-    return path
+def tok512_bin(model_file) -> Path:
+    return model_file("tok512.bin")
 
 
 @pytest.fixture(scope="session")
-def gguf_path(models_dir) -> Path:
-    return _model_file(models_dir, "stories260K.gguf")
+def tok512_model(model_file) -> Path:
+    return model_file("tok512.model")
 
 
 @pytest.fixture(scope="session")
-def tok512_bin(models_dir) -> Path:
-    return _model_file(models_dir, "tok512.bin")
-
-
-@pytest.fixture(scope="session")
-def tok512_model(models_dir) -> Path:
-    return _model_file(models_dir, "tok512.model")
-
-
-@pytest.fixture(scope="session")
-def reference_runs(models_dir) -> list[dict]:
+def reference_runs(model_file) -> list[dict]:
     import json
-    return json.loads(_model_file(models_dir, "reference/greedy_token_ids.json").read_text())["runs"]
+    return json.loads(model_file("reference/greedy_token_ids.json").read_text())["runs"]
 
 
 def spec_from_gguf(path: Path) -> TokenizerSpec:

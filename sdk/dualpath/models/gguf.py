@@ -13,6 +13,7 @@ Supported: architecture ``llama`` with tensor types F32, F16, BF16, Q8_0 and Q4_
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 
@@ -98,20 +99,30 @@ def load_gguf(path: str | os.PathLike) -> ModelSpec:
             continue
         weights[name[: -len(".weight")]] = _convert(path, name, t)
     check_weights(path, cfg, weights)
+    # Zero copy pays when the file is mostly F32. When it is mostly converted weights
+    # (quantized or F16), the few F32 views (norms) would pin the whole mapping, whose
+    # pages the conversion touched: copy them so the mapping is released.
+    views = [w for w in weights.values() if not w.source_type and w.dtype == "f32"]
+    if sum(w.data.nbytes for w in views) < 0.05 * os.path.getsize(path):
+        for w in views:
+            w.data = np.array(w.data)
 
     tok = _tokenizer_spec(path, meta, cfg.vocab_size)
     file_type = meta.get("general.file_type")
+    metadata = {
+        "name": meta.get("general.name", ""),
+        "file_type": _FILE_TYPES.get(file_type, str(file_type)) if file_type is not None else "",
+        "tensor_types": sorted({t.tensor_type.name for t in tensors.values()}),
+    }
+    del reader, tensors, meta
+    gc.collect()  # the reader's memory map is released once nothing views it
     return ModelSpec(
         path=path,
         format="gguf",
         config=cfg,
         tokenizer=tok,
         weights=weights,
-        metadata={
-            "name": meta.get("general.name", ""),
-            "file_type": _FILE_TYPES.get(file_type, str(file_type)) if file_type is not None else "",
-            "tensor_types": sorted({t.tensor_type.name for t in tensors.values()}),
-        },
+        metadata=metadata,
     )
 
 

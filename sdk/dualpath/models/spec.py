@@ -68,10 +68,22 @@ class Weight:
     scales: np.ndarray | None = None
     source_type: str = ""
     """The type in the file (e.g. ``F16``), when it differs from ``dtype``."""
+    released_nbytes: int = 0
+    """Bytes handed over to ONNX Runtime (which keeps them packed) and dropped here."""
 
     @property
     def nbytes(self) -> int:
-        return int(self.data.nbytes + (0 if self.scales is None else self.scales.nbytes))
+        own = (0 if self.data is None else self.data.nbytes) + (0 if self.scales is None else self.scales.nbytes)
+        return int(own + self.released_nbytes)
+
+    def release(self, kind: str) -> None:
+        """Forget ``data`` (kind "weight") or ``scales``: ONNX Runtime owns them now."""
+        if kind == "weight" and self.data is not None:
+            self.released_nbytes += self.data.nbytes
+            self.data = None
+        elif kind == "scales" and self.scales is not None:
+            self.released_nbytes += self.scales.nbytes
+            self.scales = None
 
 
 @dataclass

@@ -20,7 +20,7 @@ from ..cache.manager import KVCacheManager, NoRoom
 from ..config import DualPathConfig
 from ..errors import DualPathError
 from ..scheduler.router import Path
-from ..graph.builder import PLACEHOLDER, GraphPart, build_parts, weight_layout
+from ..graph.builder import PLACEHOLDER, GraphPart, build_parts
 from ..models.spec import ModelSpec
 from ..platform.affinity import pin_current_thread
 
@@ -56,7 +56,8 @@ def _use_global_pool(num_threads: int) -> bool:
 
 
 def create_sessions(parts: list[GraphPart], num_threads: int, spinning: bool = True,
-                    affinities: str | None = None, per_session_pools: bool = False) -> list[ort.InferenceSession]:
+                    affinities: str | None = None, per_session_pools: bool = False,
+                    own_prepacked: bool = False) -> list[ort.InferenceSession]:
     """One InferenceSession per part; every weight is handed over as an OrtValue over
     our array (``add_initializer``), so it exists once whatever the number of sessions.
 
@@ -78,7 +79,14 @@ def create_sessions(parts: list[GraphPart], num_threads: int, spinning: bool = T
         sessions = []
         for part in parts:
             path = os.path.join(folder, f"part{part.index}.onnx")
-            onnx.save(part.model, path)
+            model = part.model
+            if part.prepack and own_prepacked:
+                # ONNX Runtime packs these weights into its own layout. Hand it the bytes
+                # through a file it reads itself, so that after packing nothing of ours
+                # (and no second unpacked copy) stays resident: the caller then drops
+                # its arrays (``own_prepacked``).
+                model = _with_weights_in_file(part, os.path.join(folder, f"part{part.index}.bin"))
+            onnx.save(model, path)
             so = ort.SessionOptions()
             if shared_pool:
                 so.use_per_session_threads = False
@@ -92,12 +100,48 @@ def create_sessions(parts: list[GraphPart], num_threads: int, spinning: bool = T
             if affinities:
                 so.add_session_config_entry("session.intra_op_thread_affinities", affinities)
             values = []
-            for name, array in part.weights.items():
-                value = ort.OrtValue.ortvalue_from_numpy(array)
-                values.append(value)
-                so.add_initializer(name, value)
+            if not (part.prepack and own_prepacked):
+                for name, array in part.weights.items():
+                    value = ort.OrtValue.ortvalue_from_numpy(array)
+                    values.append(value)
+                    so.add_initializer(name, value)
             sessions.append(ort.InferenceSession(path, so, providers=["CPUExecutionProvider"]))
     return sessions
+
+
+def _with_weights_in_file(part: GraphPart, path: str) -> onnx.ModelProto:
+    """A copy of the part whose external initializers point into ``path``, written now."""
+    model = onnx.ModelProto()
+    model.CopyFrom(part.model)
+    offsets = {}
+    with open(path, "wb") as f:
+        for name, array in part.weights.items():
+            f.write(b"\0" * (-f.tell() % 64))
+            offsets[name] = (f.tell(), array.nbytes)
+            f.write(np.ascontiguousarray(array).data)
+    for init in model.graph.initializer:
+        if init.name in offsets:
+            del init.external_data[:]
+            for key, value in (("location", os.path.basename(path)), ("offset", str(offsets[init.name][0])),
+                               ("length", str(offsets[init.name][1]))):
+                entry = init.external_data.add()
+                entry.key, entry.value = key, value
+    return model
+
+
+def _release_prepacked(spec: ModelSpec, parts: list[GraphPart]) -> None:
+    """Drop our arrays of weights ONNX Runtime now holds packed (one session set only:
+    several sets share our arrays instead). The embedding stays: our kernel reads it."""
+    keep = {"token_embd.weight", "token_embd.scales"}
+    names = {n for part in parts if part.prepack for n in part.weights if n not in keep}
+    for name in names:
+        base, _, kind = name.rpartition(".")
+        w = spec.weights.get(base)
+        if w is not None:
+            w.release(kind)
+    for part in parts:
+        if part.prepack:
+            part.weights.clear()
 
 
 def _layout_of(parts: list[GraphPart]) -> dict[str, tuple[int, int]]:
@@ -173,8 +217,9 @@ class ModelRunner:
         parts = build_parts(spec, accuracy_level)
         self.governor = governor
         if governor is None:
-            self.sessions = create_sessions(parts, num_threads, spinning)
+            self.sessions = create_sessions(parts, num_threads, spinning, own_prepacked=True)
             self.session_sets = {}
+            _release_prepacked(spec, parts)
         else:
             # One session set per distinct (cores, threads, spinning) of every reachable
             # profile: ORT pins its workers per session. All sets share the weights.

@@ -1,0 +1,42 @@
+"""Shared fixtures: where the real test model lives.
+
+The shared models (stories260K.gguf, stories260K.bin, tok512.bin, tok512.model and
+reference/) are found through ``$DUALPATH_TEST_MODELS`` (default
+``<repo>/../shared/models``). Tests that need them skip, naming the folder, where
+it is absent. They are never copied into the repository.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests_shared import models_dir_path, require_file  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def models_dir() -> Path:
+    path = models_dir_path()
+    if not path.is_dir():
+        pytest.skip(f"test models folder {path} not found (set DUALPATH_TEST_MODELS to the folder "
+                    "holding stories260K.gguf, stories260K.bin, tok512.bin and reference/)")
+    return path
+
+
+@pytest.fixture(scope="session")
+def model_file(models_dir):
+    """``model_file(name)``: the path of a file of the test-model folder, or a skip."""
+    return lambda name: require_file(models_dir / name)
+
+
+@pytest.fixture(scope="session")
+def gguf_path(model_file) -> Path:
+    """``stories260K.gguf``: GGUF v3, 48 F32 tensors, tokenizer inside."""
+    return model_file("stories260K.gguf")
+
+
+@pytest.fixture(scope="session")
+def tok512_path(model_file) -> Path:
+    """``tok512.bin``: the llama2.c tokenizer of stories260K."""
+    return model_file("tok512.bin")
