@@ -1,5 +1,7 @@
 /* The dual-path KV arena and the generic (scalar) kernels that read it. */
+#ifndef _GNU_SOURCE
 #define _GNU_SOURCE
+#endif
 #include <math.h>
 #include <stdlib.h>
 #include <sys/mman.h>
