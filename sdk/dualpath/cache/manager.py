@@ -43,7 +43,7 @@ import numpy as np
 
 from .._kvarena import KVArena
 from ..config import DualPathConfig
-from ..scheduler.router import Path, Phase, route
+from .routing import Path, Phase, route
 
 log = logging.getLogger(__name__)
 
