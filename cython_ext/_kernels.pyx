@@ -10,23 +10,7 @@ cnp.import_array()
 
 
 
-cdef int _check(int status, str what) except -1:
-    if status == DP_OK:
-        return 0
-    if status == DP_ERR_BOUNDS:
-        raise IndexError(f"{what}: position or index out of bounds")
-    if status == DP_ERR_NOMEM:
-        raise MemoryError(what)
-    raise ValueError(f"{what}: invalid argument (shape, stride or dtype)")
-
-
-def _require(a, str name, int ndim, dtype=None):
-    if a.ndim != ndim:
-        raise ValueError(f"{name} must have {ndim} dimensions, got shape {a.shape}")
-    if not a.flags.c_contiguous:
-        raise ValueError(f"{name} must be C-contiguous")
-    if dtype is not None and a.dtype != dtype:
-        raise TypeError(f"{name} must be {np.dtype(dtype)}, got {a.dtype}")
+include "dp_checks.pxi"
 
 
 def embed(ids, table, scales=None, str dtype="f32", out=None):
@@ -64,5 +48,5 @@ def embed(ids, table, scales=None, str dtype="f32", out=None):
     cdef int64_t n = ids.shape[0]
     with nogil:
         st = dp_embed_generic(tp, sp, code, vocab, dim, ip, n, op)
-    _check(st, f"embed(vocab={vocab})")
+    _check(st, f"embed(vocab={vocab})", "the embedding table")
     return out

@@ -111,21 +111,7 @@ cdef class ThreadPool:
         return [tids[i] for i in range(n)]
 
 
-cdef int _check(int status, str what) except -1:
-    if status == DP_OK:
-        return 0
-    if status == DP_ERR_BOUNDS:
-        raise IndexError(f"{what}: slot, span or position outside the arena")
-    if status == DP_ERR_NOMEM:
-        raise MemoryError(f"{what}: out of memory")
-    raise ValueError(f"{what}: invalid argument")
-
-
-def _req(a, str name, int ndim, dtype, int cols=0):
-    if not isinstance(a, np.ndarray) or a.ndim != ndim or a.dtype != dtype or not a.flags.c_contiguous:
-        raise ValueError(f"{name} must be a C-contiguous {ndim}-d {np.dtype(dtype)} array")
-    if cols and a.shape[1] != cols:
-        raise ValueError(f"{name} must have {cols} columns, got shape {a.shape}")
+include "dp_checks.pxi"
 
 
 cdef class KVArena:
@@ -142,7 +128,7 @@ cdef class KVArena:
             raise ValueError(f"arena: block_size={block_size} must be a power of two holding at least one "
                              f"token ({2 * num_kv_heads * head_dim * (2 if kv_dtype == 'f16' else 4)} bytes), "
                              f"num_blocks={num_blocks} >= 1, head_dim={head_dim} <= 512")
-        _check(st, f"arena of {num_layers} x {num_blocks} x {block_size} bytes")
+        _check(st, f"arena of {num_layers} x {num_blocks} x {block_size} bytes", "the arena")
 
     def __dealloc__(self):
         dp_arena_free(&self.a)
@@ -173,9 +159,9 @@ cdef class KVArena:
 
     def write(self, int64_t layer, k, v, slots, str kernel=None):
         """k, v: (n, num_kv_heads * head_dim) f32; slots: (n, 3) int64."""
-        _req(k, "k", 2, np.float32, self.a.num_kv_heads * self.a.head_dim)
-        _req(v, "v", 2, np.float32, self.a.num_kv_heads * self.a.head_dim)
-        _req(slots, "slots", 2, np.int64, 3)
+        _require(k, "k", 2, np.float32, self.a.num_kv_heads * self.a.head_dim)
+        _require(v, "v", 2, np.float32, self.a.num_kv_heads * self.a.head_dim)
+        _require(slots, "slots", 2, np.int64, 3)
         if k.shape[0] != slots.shape[0] or v.shape[0] != slots.shape[0]:
             raise ValueError("k, v and slots must have the same number of rows")
         cdef int st
@@ -186,12 +172,12 @@ cdef class KVArena:
         cdef const dp_attn_ops *ops = _ops_for(kernel)
         with nogil:
             st = dp_kv_write_slots(&self.a, ops, layer, kp, vp, stride, sp, n)
-        _check(st, f"write of {n} tokens to layer {layer}")
+        _check(st, f"write of {n} tokens to layer {layer}", "the arena")
 
     def copy(self, src_slots, dst_slots):
         """Copy all layers' K/V of each src slot to the matching dst slot."""
-        _req(src_slots, "src_slots", 2, np.int64, 3)
-        _req(dst_slots, "dst_slots", 2, np.int64, 3)
+        _require(src_slots, "src_slots", 2, np.int64, 3)
+        _require(dst_slots, "dst_slots", 2, np.int64, 3)
         if src_slots.shape[0] != dst_slots.shape[0]:
             raise ValueError("src_slots and dst_slots must have the same length")
         cdef int st
@@ -200,11 +186,11 @@ cdef class KVArena:
         cdef int64_t n = src_slots.shape[0]
         with nogil:
             st = dp_kv_copy_slots(&self.a, s, d, n)
-        _check(st, f"copy of {n} tokens")
+        _check(st, f"copy of {n} tokens", "the arena")
 
     def gather(self, int64_t layer, spans, int64_t num_tokens):
         """Dense (k, v), each (num_kv_heads, num_tokens, head_dim) f32, read through spans."""
-        _req(spans, "spans", 2, np.int64, 3)
+        _require(spans, "spans", 2, np.int64, 3)
         k = np.empty((self.a.num_kv_heads, num_tokens, self.a.head_dim), np.float32)
         v = np.empty_like(k)
         cdef int st
@@ -214,15 +200,15 @@ cdef class KVArena:
         cdef int64_t ns = spans.shape[0]
         with nogil:
             st = dp_kv_gather(&self.a, layer, sp, ns, num_tokens, kp, vp)
-        _check(st, f"gather of {num_tokens} tokens from layer {layer}")
+        _check(st, f"gather of {num_tokens} tokens from layer {layer}", "the arena")
         return k, v
 
     def attention(self, int64_t layer, q, spans, int64_t pos0, float scale=0.0, int prefetch_degree=0,
                   str kernel=None, ThreadPool pool=None):
         """Causal attention of q (T, num_heads, head_dim) f32 at positions [pos0, pos0 + T),
         with ``kernel`` (default: the dispatched one) on ``pool`` (default: this thread)."""
-        _req(q, "q", 3, np.float32)
-        _req(spans, "spans", 2, np.int64, 3)
+        _require(q, "q", 3, np.float32)
+        _require(spans, "spans", 2, np.int64, 3)
         if q.shape[2] != self.a.head_dim:
             raise ValueError(f"q head_dim {q.shape[2]} != arena head_dim {self.a.head_dim}")
         out = np.empty_like(q)
@@ -237,7 +223,7 @@ cdef class KVArena:
         with nogil:
             st = dp_attn_spans(&self.a, ops, pp, layer, qp, H * hd, op, H * hd, H, sp, ns, pos0, T, sc,
                                prefetch_degree)
-        _check(st, f"attention (layer {layer}, pos0 {pos0}, {T} tokens, {ns} spans)")
+        _check(st, f"attention (layer {layer}, pos0 {pos0}, {T} tokens, {ns} spans)", "the arena")
         return out
 
 
@@ -259,11 +245,11 @@ cdef class ArenaStepper:
                  ThreadPool pool=None, str kernel=None):
         kv_dim = arena.num_kv_heads * arena.head_dim
         for name, a in (("q", q), ("out", out)):
-            _req(a, name, 2, np.float32)
-        _req(k, "k", 2, np.float32, kv_dim)
-        _req(v, "v", 2, np.float32, kv_dim)
-        _req(slots, "slots", 2, np.int64, 3)
-        _req(spans, "spans", 2, np.int64, 3)
+            _require(a, name, 2, np.float32)
+        _require(k, "k", 2, np.float32, kv_dim)
+        _require(v, "v", 2, np.float32, kv_dim)
+        _require(slots, "slots", 2, np.int64, 3)
+        _require(spans, "spans", 2, np.int64, 3)
         if q.shape != out.shape or q.shape[1] % arena.head_dim or q.shape[0] != k.shape[0] \
                 or k.shape != v.shape or slots.shape[0] != q.shape[0]:
             raise ValueError("q/out/k/v/slots shapes are inconsistent")
@@ -305,4 +291,4 @@ cdef class ArenaStepper:
                 st = dp_attn_spans(a, self.ops, pp, layer, qp, self.q_stride, op, self.q_stride, self.num_heads,
                                    spp, num_spans, pos0, num_tokens, self.scale, self.prefetch_degree)
         if st != DP_OK:
-            _check(st, f"attention step (layer {layer}, pos0 {pos0}, {num_tokens} tokens, {num_spans} spans)")
+            _check(st, f"attention step (layer {layer}, pos0 {pos0}, {num_tokens} tokens, {num_spans} spans)", "the arena")

@@ -45,6 +45,8 @@ class GraphPart:
     inputs: tuple[str, ...]
     outputs: tuple[str, ...]
     weights: dict[str, np.ndarray] = field(default_factory=dict)
+    placeholder_bytes: int = 0
+    """Size of the placeholder file every part's external initializers point into."""
     prepack: bool = False
     """True when the part has quantized matmuls: MatMulNBits needs ONNX Runtime's
     prepacking to be fast (measured ~100x), and the prepacked copy replaces ours."""
@@ -166,7 +168,7 @@ class _Builder:
                                   opset_imports=[helper.make_opsetid("", OPSET),
                                                  helper.make_opsetid("com.microsoft", 1)])
         return GraphPart(index, model, tuple(i.name for i in inputs), tuple(o.name for o in outputs),
-                         self.weights, self.prepack)
+                         self.weights, self.layout[""][0], self.prepack)
 
 
 def weight_layout(spec: ModelSpec) -> dict[str, tuple[int, int]]:

@@ -28,7 +28,7 @@ log = logging.getLogger(__name__)
 
 
 _global_pool_threads: int | None = None
-_env_allocator = False
+_env_allocator: bool | None = None
 
 
 def _use_env_allocator() -> bool:
@@ -36,15 +36,15 @@ def _use_env_allocator() -> bool:
     of the L + 1 parts (times the session sets) keeps its own peak of activation
     buffers: on TinyLlama-1.1B that was most of the memory above the weights."""
     global _env_allocator
-    if not _env_allocator:
+    if _env_allocator is None:  # tried once per process
         try:
             info = ort.OrtMemoryInfo("Cpu", ort.OrtAllocatorType.ORT_ARENA_ALLOCATOR, 0, ort.OrtMemType.DEFAULT)
             ort.create_and_register_allocator(info, ort.OrtArenaCfg(0, -1, -1, -1))
             _env_allocator = True
         except Exception as e:  # e.g. already registered by the application
             log.warning("cannot register a shared ONNX Runtime allocator (%s); one arena per session", e)
-            _env_allocator = None
-    return bool(_env_allocator)
+            _env_allocator = False
+    return _env_allocator
 
 
 def _use_global_pool(num_threads: int) -> bool:
@@ -52,8 +52,9 @@ def _use_global_pool(num_threads: int) -> bool:
 
     With a pool per session, a model of L + 1 parts owns L + 1 pools whose idle
     workers spin against the active one: on a 2-core machine that is worse than one
-    thread. The global pool is created once per process; a later model that asks for
-    another thread count gets per-session pools (and a log line saying so).
+    thread. The global pool is created once per process, and once it exists ONNX
+    Runtime refuses sessions with pools of their own: a later model that asks for
+    another thread count shares it anyway (with a log line saying so).
     """
     global _global_pool_threads
     if _global_pool_threads is None:
@@ -65,27 +66,28 @@ def _use_global_pool(num_threads: int) -> bool:
         except Exception as e:  # an environment already exists (created outside DualPath)
             log.warning("cannot create ONNX Runtime's global thread pool (%s); using per-session pools", e)
             _global_pool_threads = 0
-    if _global_pool_threads == num_threads:
-        return True
-    log.warning("ONNX Runtime's global thread pool has %d threads, this model asks for %d: "
-                "using per-session pools", _global_pool_threads, num_threads)
-    return False
+    if not _global_pool_threads:
+        return False
+    if _global_pool_threads != num_threads:
+        log.warning("ONNX Runtime's global thread pool has %d threads; this model asked for %d and "
+                    "shares it (ORT fixes the pool size once per process)", _global_pool_threads, num_threads)
+    return True
 
 
 def create_sessions(parts: list[GraphPart], num_threads: int, spinning: bool = True,
                     affinities: str | None = None, per_session_pools: bool = False,
                     own_prepacked: bool = False) -> list[ort.InferenceSession]:
-    """One InferenceSession per part; every weight is handed over as an OrtValue over
-    our array (``add_initializer``), so it exists once whatever the number of sessions.
+    """One InferenceSession per part.
 
-    Float weights are used in place (prepacking off: measured no slower for Gemm
-    with transB). Parts with MatMulNBits need ONNX Runtime's prepacked layout to be
-    fast; there ONNX Runtime packs once and our unpacked arrays can be released.
+    Float weights are handed over as OrtValues over our arrays (``add_initializer``),
+    used in place with prepacking off (measured no slower for Gemm with transB), so
+    they exist once whatever the number of sessions. Parts with MatMulNBits need ONNX
+    Runtime's prepacked layout to be fast: with ``own_prepacked`` ORT reads their
+    weights from a file of its own and the caller drops its arrays after packing;
+    otherwise they are shared OrtValues too, and each session packs its own copy.
     """
-    total = max(off + n for off, n in _layout_of(parts).values()) if parts else 0
+    total = parts[0].placeholder_bytes if parts else 0
     if per_session_pools and _global_pool_threads:
-        from ..errors import DualPathError
-
         raise DualPathError("pinned sessions need per-session ONNX Runtime thread pools, but this process "
                             "already created ORT's global pool (an earlier unpinned LLM); create pinned "
                             "LLMs first or set power.pin_threads: false")
@@ -161,16 +163,6 @@ def _release_prepacked(spec: ModelSpec, parts: list[GraphPart]) -> None:
     for part in parts:
         if part.prepack:
             part.weights.clear()
-
-
-def _layout_of(parts: list[GraphPart]) -> dict[str, tuple[int, int]]:
-    layout = {}
-    for part in parts:
-        for init in part.model.graph.initializer:
-            if init.data_location == onnx.TensorProto.EXTERNAL:
-                info = {e.key: e.value for e in init.external_data}
-                layout[init.name] = (int(info["offset"]), int(info["length"]))
-    return layout
 
 
 class _Binding:

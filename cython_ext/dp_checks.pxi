@@ -1,0 +1,31 @@
+# Argument checks and C status codes -> Python exceptions, shared by the extension
+# modules (``include``d, so each module compiles its own copy of this one source).
+import numpy as np
+
+
+class ArrayDTypeError(TypeError, ValueError):
+    """An array has the wrong element type (a TypeError, and a ValueError like every
+    other bad-argument error of these modules)."""
+
+
+cdef int _check(int status, str what, str outside) except -1:
+    """Raise for a non-OK status; ``outside`` names what a bounds error left."""
+    if status == DP_OK:
+        return 0
+    if status == DP_ERR_BOUNDS:
+        raise IndexError(f"{what}: position, index, slot or span outside {outside}")
+    if status == DP_ERR_NOMEM:
+        raise MemoryError(f"{what}: out of memory")
+    raise ValueError(f"{what}: invalid argument (shape, stride or dtype)")
+
+
+def _require(a, str name, int ndim, dtype=None, int cols=0):
+    """``a`` is a C-contiguous ndim-d numpy array (of ``dtype``, with ``cols`` columns)."""
+    if not isinstance(a, np.ndarray) or a.ndim != ndim:
+        raise ValueError(f"{name} must be a {ndim}-d numpy array, got {getattr(a, 'shape', type(a).__name__)}")
+    if not a.flags.c_contiguous:
+        raise ValueError(f"{name} must be C-contiguous")
+    if dtype is not None and a.dtype != dtype:
+        raise ArrayDTypeError(f"{name} must be {np.dtype(dtype)}, got {a.dtype}")
+    if cols and a.shape[1] != cols:
+        raise ValueError(f"{name} must have {cols} columns, got shape {a.shape}")
