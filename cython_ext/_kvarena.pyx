@@ -232,17 +232,19 @@ cdef class ArenaStepper:
 
     q, out: (max_tokens, num_heads * head_dim) f32; k, v: (max_tokens, kv_dim) f32
     slots:  (max_tokens, 3) int64; spans: (max_spans, 3) int64
+    seqs:   (max_seqs, 5) int64 rows (row0, num_tokens, pos0, span0, num_spans) for
+            ``step_batch`` (see dp_attn_batch); optional
     """
     cdef KVArena arena
-    cdef readonly object q, k, v, out, slots, spans
+    cdef readonly object q, k, v, out, slots, spans, seqs
     cdef readonly ThreadPool pool
     cdef const dp_attn_ops *ops
-    cdef int64_t num_heads, max_tokens, max_spans, kv_stride, q_stride
+    cdef int64_t num_heads, max_tokens, max_spans, kv_stride, q_stride, max_seqs
     cdef float scale
     cdef int prefetch_degree
 
     def __init__(self, KVArena arena, q, k, v, out, slots, spans, float scale, int prefetch_degree,
-                 ThreadPool pool=None, str kernel=None):
+                 ThreadPool pool=None, str kernel=None, seqs=None):
         kv_dim = arena.num_kv_heads * arena.head_dim
         for name, a in (("q", q), ("out", out)):
             _require(a, name, 2, np.float32)
@@ -255,6 +257,10 @@ cdef class ArenaStepper:
             raise ValueError("q/out/k/v/slots shapes are inconsistent")
         self.arena = arena
         self.q, self.k, self.v, self.out, self.slots, self.spans = q, k, v, out, slots, spans
+        if seqs is not None:
+            _require(seqs, "seqs", 2, np.int64, 5)
+        self.seqs = seqs
+        self.max_seqs = seqs.shape[0] if seqs is not None else 0
         self.num_heads = q.shape[1] // arena.head_dim
         if self.num_heads % arena.num_kv_heads:
             raise ValueError("num_heads must be a multiple of num_kv_heads")
@@ -292,3 +298,31 @@ cdef class ArenaStepper:
                                    spp, num_spans, pos0, num_tokens, self.scale, self.prefetch_degree)
         if st != DP_OK:
             _check(st, f"attention step (layer {layer}, pos0 {pos0}, {num_tokens} tokens, {num_spans} spans)", "the arena")
+
+    def step_batch(self, int64_t layer, int64_t num_rows, int64_t num_seqs, int64_t num_spans):
+        """Write the K/V of rows [0, num_rows) at their slots, then attend for every
+        sequence of ``seqs[:num_seqs]`` over ``spans[:num_spans]``: one pool run."""
+        if num_rows < 1 or num_rows > self.max_tokens:
+            raise ValueError(f"num_rows {num_rows} out of range [1, {self.max_tokens}]")
+        if num_seqs < 1 or num_seqs > self.max_seqs:
+            raise ValueError(f"num_seqs {num_seqs} out of range [1, {self.max_seqs}]")
+        if num_spans < 1 or num_spans > self.max_spans:
+            raise ValueError(f"num_spans {num_spans} out of range [1, {self.max_spans}]")
+        cdef int st
+        cdef const dp_arena *a = &self.arena.a
+        cdef const float *kp = <const float *>cnp.PyArray_DATA(<cnp.ndarray>self.k)
+        cdef const float *vp = <const float *>cnp.PyArray_DATA(<cnp.ndarray>self.v)
+        cdef const float *qp = <const float *>cnp.PyArray_DATA(<cnp.ndarray>self.q)
+        cdef float *op = <float *>cnp.PyArray_DATA(<cnp.ndarray>self.out)
+        cdef const int64_t *slp = <const int64_t *>cnp.PyArray_DATA(<cnp.ndarray>self.slots)
+        cdef const int64_t *spp = <const int64_t *>cnp.PyArray_DATA(<cnp.ndarray>self.spans)
+        cdef const int64_t *sqp = <const int64_t *>cnp.PyArray_DATA(<cnp.ndarray>self.seqs)
+        cdef dp_pool *pp = self.pool.pool if self.pool is not None else NULL
+        with nogil:
+            st = dp_kv_write_slots(a, self.ops, layer, kp, vp, self.kv_stride, slp, num_rows)
+            if st == DP_OK:
+                st = dp_attn_batch(a, self.ops, pp, layer, qp, self.q_stride, op, self.q_stride, self.num_heads,
+                                   num_rows, sqp, num_seqs, spp, num_spans, self.scale, self.prefetch_degree)
+        if st != DP_OK:
+            _check(st, f"batched attention step (layer {layer}, {num_rows} rows, {num_seqs} sequences)",
+                   "the arena")

@@ -65,6 +65,10 @@ cdef extern from "csrc/kv_arena.h" nogil:
                       const float *q, int64_t q_stride, float *out, int64_t out_stride, int64_t num_heads,
                       const int64_t *spans, int64_t num_spans, int64_t pos0, int64_t num_tokens, float scale,
                       int prefetch_degree)
+    int dp_attn_batch(const dp_arena *a, const dp_attn_ops *ops, dp_pool *pool, int64_t layer,
+                      const float *q, int64_t q_stride, float *out, int64_t out_stride, int64_t num_heads,
+                      int64_t num_rows, const int64_t *seqs, int64_t num_seqs, const int64_t *spans,
+                      int64_t spans_len, float scale, int prefetch_degree)
     int dp_kv_copy_slots(const dp_arena *a, const int64_t *src, const int64_t *dst, int64_t num_tokens)
     int dp_kv_gather(const dp_arena *a, int64_t layer, const int64_t *spans, int64_t num_spans,
                      int64_t num_tokens, float *k_out, float *v_out)

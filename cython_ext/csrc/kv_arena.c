@@ -299,61 +299,148 @@ static void merge_chunks(const attn_job *J) {
         }
 }
 
-int dp_attn_spans(const dp_arena *a, const dp_attn_ops *ops, dp_pool *pool, int64_t layer,
-                  const float *q, int64_t q_stride, float *out, int64_t out_stride, int64_t num_heads,
-                  const int64_t *spans, int64_t num_spans, int64_t pos0, int64_t num_tokens, float scale,
-                  int prefetch_degree) {
-    if (!a || !a->base || !ops || !q || !out || !spans || num_heads <= 0) return DP_ERR_ARG;
-    if (layer < 0 || layer >= a->num_layers) return DP_ERR_BOUNDS;
-    const int64_t hd = a->head_dim, nkv = a->num_kv_heads;
-    if (num_heads % nkv || q_stride < num_heads * hd || out_stride < num_heads * hd) return DP_ERR_ARG;
-    if (pos0 < 0 || num_tokens < 0) return DP_ERR_BOUNDS;
-    if (num_tokens == 0) return DP_OK;
-    int st = check_spans(a, spans, num_spans, pos0 + num_tokens);
-    if (st != DP_OK) return st;
-    attn_job J;
-    memset(&J, 0, sizeof J);
-    J.a = a; J.ops = ops; J.region = a->base + layer * a->layer_bytes;
-    J.q = q; J.q_stride = q_stride; J.out = out; J.out_stride = out_stride;
-    J.num_heads = num_heads; J.group = num_heads / nkv;
-    J.spans = spans; J.num_spans = num_spans; J.pos0 = pos0; J.num_tokens = num_tokens;
-    J.scale = scale; J.prefetch_degree = prefetch_degree;
+/* Set up one sequence's job: chunking and blocking depend only on this sequence
+ * and the thread count, never on what else is in the batch, so a sequence's
+ * result is bit-identical alone or batched. Returns its task count, or -1. */
+static int64_t attn_setup(attn_job *J, const dp_arena *a, const dp_attn_ops *ops, int64_t layer,
+                          const float *q, int64_t q_stride, float *out, int64_t out_stride, int64_t num_heads,
+                          const int64_t *spans, int64_t num_spans, int64_t pos0, int64_t num_tokens,
+                          float scale, int prefetch_degree, int threads) {
+    memset(J, 0, sizeof *J);
+    J->a = a; J->ops = ops; J->region = a->base + layer * a->layer_bytes;
+    J->q = q; J->q_stride = q_stride; J->out = out; J->out_stride = out_stride;
+    J->num_heads = num_heads; J->group = num_heads / a->num_kv_heads;
+    J->spans = spans; J->num_spans = num_spans; J->pos0 = pos0; J->num_tokens = num_tokens;
+    J->scale = scale; J->prefetch_degree = prefetch_degree;
     int64_t *starts = (int64_t *)malloc((size_t)(num_spans + 1) * sizeof(int64_t));
-    if (!starts) return DP_ERR_NOMEM;
+    if (!starts) return -1;
     starts[0] = 0;
     for (int64_t i = 0; i < num_spans; i++) starts[i + 1] = starts[i] + spans[3 * i + 1];
-    J.span_start = starts;
+    J->span_start = starts;
     /* Tasks are (token, context chunk). A decode step has too few tokens to feed
      * the pool: split its context into chunks (flash-decoding) and merge after. */
-    const int threads = pool ? dp_pool_num_threads(pool) : 1;
     const int64_t n_ctx = pos0 + num_tokens;
-    J.num_chunks = 1;
-    J.chunk = n_ctx;
+    J->num_chunks = 1;
+    J->chunk = n_ctx;
     if (num_tokens < 4 * threads && threads > 1 && n_ctx >= 1024) {
         int64_t chunks = (4 * threads + num_tokens - 1) / num_tokens;
         if (chunks > n_ctx / 256) chunks = n_ctx / 256;
         if (chunks > 1) {
-            J.num_chunks = chunks;
-            J.chunk = (n_ctx + chunks - 1) / chunks;
+            J->num_chunks = chunks;
+            J->chunk = (n_ctx + chunks - 1) / chunks;
         }
     }
     /* Prefill: a block of tokens shares each K/V load (about 16 query rows per KV head). */
-    J.block_tokens = 1;
-    if (J.num_chunks == 1) {
-        J.block_tokens = 16 / J.group > 1 ? 16 / J.group : 1;
-        while (J.block_tokens > 1 && (num_tokens + J.block_tokens - 1) / J.block_tokens < 2 * threads)
-            J.block_tokens /= 2;
+    J->block_tokens = 1;
+    if (J->num_chunks == 1) {
+        J->block_tokens = 16 / J->group > 1 ? 16 / J->group : 1;
+        while (J->block_tokens > 1 && (num_tokens + J->block_tokens - 1) / J->block_tokens < 2 * threads)
+            J->block_tokens /= 2;
     }
-    const int64_t tasks = (num_tokens + J.block_tokens - 1) / J.block_tokens * J.num_chunks;
-    if (J.num_chunks > 1) {
-        J.partial = (float *)malloc((size_t)tasks * num_heads * (hd + 2) * sizeof(float));
-        if (!J.partial) { free(starts); return DP_ERR_NOMEM; }
+    const int64_t tasks = (num_tokens + J->block_tokens - 1) / J->block_tokens * J->num_chunks;
+    if (J->num_chunks > 1) {
+        J->partial = (float *)malloc((size_t)tasks * num_heads * (a->head_dim + 2) * sizeof(float));
+        if (!J->partial) { free(starts); J->span_start = NULL; return -1; }
     }
+    return tasks;
+}
+
+static void attn_release(attn_job *J) {
+    free(J->partial);
+    free((void *)J->span_start);
+    J->partial = NULL;
+    J->span_start = NULL;
+}
+
+static int check_attn_args(const dp_arena *a, const dp_attn_ops *ops, int64_t layer, const float *q,
+                           int64_t q_stride, const float *out, int64_t out_stride, int64_t num_heads,
+                           const int64_t *spans) {
+    if (!a || !a->base || !ops || !q || !out || !spans || num_heads <= 0) return DP_ERR_ARG;
+    if (layer < 0 || layer >= a->num_layers) return DP_ERR_BOUNDS;
+    const int64_t hd = a->head_dim;
+    if (num_heads % a->num_kv_heads || q_stride < num_heads * hd || out_stride < num_heads * hd) return DP_ERR_ARG;
+    return DP_OK;
+}
+
+int dp_attn_spans(const dp_arena *a, const dp_attn_ops *ops, dp_pool *pool, int64_t layer,
+                  const float *q, int64_t q_stride, float *out, int64_t out_stride, int64_t num_heads,
+                  const int64_t *spans, int64_t num_spans, int64_t pos0, int64_t num_tokens, float scale,
+                  int prefetch_degree) {
+    int st = check_attn_args(a, ops, layer, q, q_stride, out, out_stride, num_heads, spans);
+    if (st != DP_OK) return st;
+    if (pos0 < 0 || num_tokens < 0) return DP_ERR_BOUNDS;
+    if (num_tokens == 0) return DP_OK;
+    st = check_spans(a, spans, num_spans, pos0 + num_tokens);
+    if (st != DP_OK) return st;
+    attn_job J;
+    const int threads = pool ? dp_pool_num_threads(pool) : 1;
+    const int64_t tasks = attn_setup(&J, a, ops, layer, q, q_stride, out, out_stride, num_heads, spans,
+                                     num_spans, pos0, num_tokens, scale, prefetch_degree, threads);
+    if (tasks < 0) return DP_ERR_NOMEM;
     dp_pool_run(pool, tasks, attn_task, &J);
     if (J.num_chunks > 1) merge_chunks(&J);
-    free(J.partial);
-    free(starts);
+    attn_release(&J);
     return DP_OK;
+}
+
+typedef struct {
+    attn_job *jobs;
+    int64_t *task_end; /* (num_seqs,) exclusive prefix sums of the jobs' task counts */
+    int64_t num_seqs;
+} batch_job;
+
+static void batch_task(void *ctx, int64_t task, int worker) {
+    const batch_job *B = (const batch_job *)ctx;
+    int64_t lo = 0, hi = B->num_seqs - 1; /* the first job whose task_end > task */
+    while (lo < hi) {
+        const int64_t mid = (lo + hi) / 2;
+        if (B->task_end[mid] > task) hi = mid; else lo = mid + 1;
+    }
+    attn_task(&B->jobs[lo], task - (lo ? B->task_end[lo - 1] : 0), worker);
+}
+
+int dp_attn_batch(const dp_arena *a, const dp_attn_ops *ops, dp_pool *pool, int64_t layer,
+                  const float *q, int64_t q_stride, float *out, int64_t out_stride, int64_t num_heads,
+                  int64_t num_rows, const int64_t *seqs, int64_t num_seqs, const int64_t *spans,
+                  int64_t spans_len, float scale, int prefetch_degree) {
+    int st = check_attn_args(a, ops, layer, q, q_stride, out, out_stride, num_heads, spans);
+    if (st != DP_OK) return st;
+    if (!seqs || num_seqs < 0 || num_rows < 0 || spans_len < 0) return DP_ERR_ARG;
+    if (num_seqs == 0) return DP_OK;
+    for (int64_t i = 0; i < num_seqs; i++) {
+        const int64_t *d = seqs + 5 * i; /* row0, num_tokens, pos0, span0, num_spans */
+        if (d[0] < 0 || d[1] < 1 || d[0] + d[1] > num_rows || d[2] < 0 || d[3] < 0 || d[4] < 0 ||
+            d[3] + d[4] > spans_len)
+            return DP_ERR_BOUNDS;
+        st = check_spans(a, spans + 3 * d[3], d[4], d[2] + d[1]);
+        if (st != DP_OK) return st;
+    }
+    batch_job B;
+    B.num_seqs = num_seqs;
+    B.jobs = (attn_job *)calloc((size_t)num_seqs, sizeof(attn_job));
+    B.task_end = (int64_t *)malloc((size_t)num_seqs * sizeof(int64_t));
+    if (!B.jobs || !B.task_end) { free(B.jobs); free(B.task_end); return DP_ERR_NOMEM; }
+    const int threads = pool ? dp_pool_num_threads(pool) : 1;
+    int64_t total = 0;
+    st = DP_OK;
+    for (int64_t i = 0; i < num_seqs; i++) {
+        const int64_t *d = seqs + 5 * i;
+        const int64_t tasks = attn_setup(&B.jobs[i], a, ops, layer, q + d[0] * q_stride, q_stride,
+                                         out + d[0] * out_stride, out_stride, num_heads, spans + 3 * d[3], d[4],
+                                         d[2], d[1], scale, prefetch_degree, threads);
+        if (tasks < 0) { st = DP_ERR_NOMEM; B.num_seqs = i; break; }
+        total += tasks;
+        B.task_end[i] = total;
+    }
+    if (st == DP_OK) {
+        dp_pool_run(pool, total, batch_task, &B);
+        for (int64_t i = 0; i < num_seqs; i++)
+            if (B.jobs[i].num_chunks > 1) merge_chunks(&B.jobs[i]);
+    }
+    for (int64_t i = 0; i < B.num_seqs; i++) attn_release(&B.jobs[i]);
+    free(B.jobs);
+    free(B.task_end);
+    return st;
 }
 
 int dp_kv_copy_slots(const dp_arena *a, const int64_t *src, const int64_t *dst, int64_t num_tokens) {

@@ -63,6 +63,17 @@ int dp_attn_spans(const dp_arena *a, const dp_attn_ops *ops, dp_pool *pool, int6
                   const int64_t *spans, int64_t num_spans, int64_t pos0, int64_t num_tokens, float scale,
                   int prefetch_degree);
 
+/* The same for a batch of sequences in one call (one pool run covers them all).
+ * seqs: (num_seqs, 5) int64 rows (row0, num_tokens, pos0, span0, num_spans): the
+ * sequence's queries are rows [row0, row0 + num_tokens) of q/out (which have
+ * num_rows rows), its kernel view is spans[span0 : span0 + num_spans]. Each
+ * sequence is split exactly as dp_attn_spans would split it alone, so its output
+ * does not depend on the rest of the batch. */
+int dp_attn_batch(const dp_arena *a, const dp_attn_ops *ops, dp_pool *pool, int64_t layer,
+                  const float *q, int64_t q_stride, float *out, int64_t out_stride, int64_t num_heads,
+                  int64_t num_rows, const int64_t *seqs, int64_t num_seqs, const int64_t *spans,
+                  int64_t spans_len, float scale, int prefetch_degree);
+
 /* Copy every layer's K and V of num_tokens tokens from src slots to dst slots. */
 int dp_kv_copy_slots(const dp_arena *a, const int64_t *src, const int64_t *dst, int64_t num_tokens);
 

@@ -139,6 +139,9 @@ def add_bench_parser(sub) -> None:
     from .bench_cache import add_cache_parser
 
     add_cache_parser(bs)
+    from .bench_serve import add_parser as add_serve_parser
+
+    add_serve_parser(bs)
 
 
 if __name__ == "__main__":

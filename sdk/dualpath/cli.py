@@ -173,6 +173,36 @@ def cmd_synth(args) -> int:
     return 0
 
 
+def cmd_serve(args) -> int:
+    from .errors import DualPathError
+
+    try:
+        import uvicorn
+
+        from .server import create_app
+    except ImportError as e:
+        raise DualPathError(f"the server needs the [server] extra: pip install 'dualpath[server]' ({e})") from None
+    from .llm import LLM
+
+    overrides = _overrides(args)
+    for key in ("host", "port", "api_key"):
+        value = getattr(args, key)
+        if value is not None:
+            overrides[f"server.{key}"] = value
+    from .config import load_config
+
+    cfg = load_config(args.config, overrides)
+    llm = LLM(_model_path(args), cfg, tokenizer_path=args.tokenizer)
+    app = create_app(llm)
+    sc = cfg.server
+    print(f"dualpath: serving {app.state.server.model_name} on http://{sc.host}:{sc.port}/v1 "
+          f"({cfg.runtime.max_num_seqs} requests at once, {llm.runner.kv_cache_tokens} KV tokens, "
+          f"api key {'required' if sc.api_key else 'off'})", file=sys.stderr, flush=True)
+    uvicorn.run(app, host=sc.host, port=sc.port, log_level="info" if args.verbose else "warning",
+                timeout_graceful_shutdown=5)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     from .models.synth import PRESETS, TYPES
 
@@ -227,6 +257,15 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--ctx", type=int, help="context_length to record (default: the preset's)")
     s.add_argument("-o", "--out", required=True)
     s.set_defaults(func=cmd_synth)
+
+    sv = sub.add_parser("serve", help="an OpenAI-compatible HTTP server (needs the [server] extra)")
+    model_args(sv)
+    config_args(sv)
+    sv.add_argument("--host", help="bind address (server.host, default 127.0.0.1: loopback only)")
+    sv.add_argument("--port", type=int, help="TCP port (server.port, default 8080)")
+    sv.add_argument("--api-key", help="require 'Authorization: Bearer KEY' (server.api_key; "
+                                      "env DUALPATH_API_KEY)", default=os.environ.get("DUALPATH_API_KEY"))
+    sv.set_defaults(func=cmd_serve)
 
     from .bench import add_bench_parser
 

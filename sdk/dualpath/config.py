@@ -184,6 +184,18 @@ class RuntimeConfig(_Section):
     attention_kernel: str = _choice("auto", str, ("auto", "generic", "avx2", "avx512", "neon", "neon_fp16"))
     """Attention kernel ISA: ``auto`` picks the best this CPU supports (minus
     DUALPATH_DISABLE_CPU_FEATURES); naming one that is not available is an error."""
+    max_num_seqs: int = _int(8, 1, 1024)
+    """Requests the engine runs at once (decoding or in prefill); the rest wait in the queue."""
+    max_batch_tokens: int = _int(0, 0, 1 << 20, allowed="an integer: 0 (prefill_chunk_tokens + max_num_seqs) "
+                                                        "or between 1 and 1048576")
+    """Tokens per engine step, all requests together (decode tokens first, then
+    prefill chunks); 0 = one prefill chunk plus a decode token per running request."""
+    kv_cache_tokens: int = _int(0, 0, allowed="an integer: 0 (twice the context) or >= 1")
+    """Tokens the KV cache holds, all requests together (at least one full context);
+    0 = twice the context window. When it is full the engine preempts (recompute)."""
+
+    def effective_max_batch_tokens(self) -> int:
+        return self.max_batch_tokens or self.prefill_chunk_tokens + self.max_num_seqs
 
     def effective_num_threads(self) -> int:
         """``num_threads``, or the number of usable cores when it is 0."""
@@ -257,6 +269,26 @@ class PowerConfig(_Section):
 
 
 @dataclass(frozen=True)
+class ServerConfig(_Section):
+    """The OpenAI-compatible HTTP server (``dualpath serve``)."""
+
+    _section: ClassVar[str] = "server"
+
+    host: str = setting("127.0.0.1", str, lambda v: bool(v.strip()), "a host name or address")
+    """Address to bind: loopback unless told otherwise."""
+    port: int = _int(8080, 0, 65535)
+    """TCP port; 0 = any free port."""
+    api_key: str = setting("", str, None, "a string ('' = no authentication)")
+    """When set, every /v1 request needs ``Authorization: Bearer <api_key>``."""
+    max_body_bytes: int = _int(1 << 20, 1024, 1 << 30)
+    """Largest request body accepted (413 above it)."""
+    max_queued_requests: int = _int(64, 0, 1 << 20)
+    """Requests waiting for a slot beyond the running ones; more get 429 with Retry-After."""
+    model_name: str = setting("", str, None, "a string ('' = the model file's name)")
+    """The model id that /v1/models lists and requests may name."""
+
+
+@dataclass(frozen=True)
 class Config(_Section):
     """Everything configurable, one field per YAML section."""
 
@@ -266,6 +298,8 @@ class Config(_Section):
     """ONNX Runtime sessions."""
     power: PowerConfig = section(PowerConfig)
     """Core placement and power profiles."""
+    server: ServerConfig = section(ServerConfig)
+    """The HTTP server."""
 
 
 # ---------------------------------------------------------------------------

@@ -9,7 +9,8 @@ from typing import Sequence
 from .config import Config, load_config
 from .errors import ChatTemplateError
 from .models import ModelSpec, load_model
-from .runtime.generate import Completion, Generation
+from .runtime.engine import Engine, SyncStream
+from .runtime.generate import Completion
 from .runtime.sampler import SamplingParams
 
 log = logging.getLogger(__name__)
@@ -19,8 +20,9 @@ class LLM:
     """A loaded model ready to generate text on the CPU.
 
     ``config`` is a ``Config``, a path to a YAML file, or None for the defaults.
-    One LLM runs one sequence at a time; consecutive requests reuse the KV cache
-    pages of their common prompt prefix (page_tokens at a time).
+    Requests go through ``engine`` (continuous batching): several ``stream``s can be
+    interleaved, and requests reuse the KV cache pages of a common prompt prefix
+    (page_tokens at a time). ``engine.submit`` is the async API.
     """
 
     def __init__(self, model_path: str | os.PathLike, config: Config | str | os.PathLike | None = None,
@@ -35,19 +37,33 @@ class LLM:
         self.tokenizer = build_tokenizer(self.spec.tokenizer)
         rt = config.runtime
         ctx = rt.max_context_tokens or self.spec.config.context_length
+        if rt.kv_cache_tokens and rt.kv_cache_tokens < ctx:
+            from .errors import ConfigError
+
+            raise ConfigError(f"runtime.kv_cache_tokens={rt.kv_cache_tokens} must hold at least one full "
+                              f"context ({ctx} tokens), or one request could never finish")
         self.governor = governor if governor is not None else _make_governor(config)
         """The power-aware governor (platform.Governor), or None on uniform cores."""
+        chunk = min(rt.prefill_chunk_tokens, ctx)
+        batch_tokens = max(rt.effective_max_batch_tokens(), 1)
         self.runner = ModelRunner(
             self.spec,
             num_threads=rt.effective_num_threads(),
             max_context_tokens=ctx,
-            max_step_tokens=min(rt.prefill_chunk_tokens, ctx),
+            max_step_tokens=max(chunk, batch_tokens),
             cache_config=config.dualpath_config,
             accuracy_level=rt.quantized_matmul_accuracy,
             spinning=rt.intra_op_spinning,
             kernel=None if rt.attention_kernel == "auto" else rt.attention_kernel,
             governor=self.governor,
+            max_num_seqs=rt.max_num_seqs,
+            kv_cache_tokens=rt.kv_cache_tokens,
         )
+        self.engine = Engine(self.runner, self.tokenizer, max_num_seqs=rt.max_num_seqs,
+                             max_batch_tokens=batch_tokens, governor=self.governor,
+                             max_queued_requests=config.server.max_queued_requests,
+                             profile_name=config.power.profile)
+        """The continuous-batching engine every request goes through."""
         log.info("loaded %s (%s, %d layers, dim %d) in %.2fs", model_path, self.spec.format,
                  self.spec.config.num_layers, self.spec.config.dim, self.runner.load_seconds)
 
@@ -67,7 +83,7 @@ class LLM:
         """Text deltas as they are generated; the returned object's ``completion``
         holds the full result once iteration ends."""
         ids = self.tokenize(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
-        return Generation(self.runner, self.tokenizer, ids, params or SamplingParams())
+        return Generation(self.engine, ids, params or SamplingParams())
 
     def generate(self, prompt: str | Sequence[int], params: SamplingParams | None = None) -> Completion:
         gen = self.stream(prompt, params)
@@ -97,14 +113,56 @@ class LLM:
         except jinja2.TemplateError as e:
             raise ChatTemplateError(f"{self.spec.path}: chat template failed to render: {e}") from e
 
-    def chat(self, messages: Sequence[dict], params: SamplingParams | None = None) -> Completion:
-        """Generate the assistant's reply to ``messages`` ([{"role", "content"}, ...])."""
+    def chat_prompt_ids(self, messages: Sequence[dict]) -> list[int]:
+        """The prompt token ids of ``messages`` rendered by the chat template."""
         text = self.apply_chat_template(messages)
         bos = self.tokenizer.spec.tokens[self.tokenizer.bos_id] if self.tokenizer.bos_id is not None else None
         # Templates usually write the BOS text themselves: do not add a second one.
         add_bos = not (bos and text.startswith(bos))
-        ids = self.tokenizer.encode(text, add_bos=add_bos, parse_special=True)
-        return self.generate(ids, params)
+        return self.tokenizer.encode(text, add_bos=add_bos, parse_special=True)
+
+    def chat(self, messages: Sequence[dict], params: SamplingParams | None = None) -> Completion:
+        """Generate the assistant's reply to ``messages`` ([{"role", "content"}, ...])."""
+        return self.generate(self.chat_prompt_ids(messages), params)
+
+
+class Generation:
+    """Text deltas of one request, as they are generated; ``completion`` is set once
+    it ends. Iterating again continues the same generation, never restarts it."""
+
+    def __init__(self, engine: Engine, prompt_ids: list[int], params: SamplingParams):
+        self._stream = SyncStream(engine, prompt_ids, params)
+        self.completion: Completion | None = None
+        self.request = self._stream.request
+        """The engine's Request (its ``seq_id`` names its KV cache sequence while it runs)."""
+        self.request_id = self.request.request_id
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> str:
+        while True:
+            delta = self._stream.next_delta()
+            if delta is None:
+                raise StopIteration
+            if delta.completion is not None:
+                self.completion = delta.completion
+            if delta.text:
+                return delta.text
+
+    def __del__(self) -> None:
+        stream = getattr(self, "_stream", None)
+        if stream is not None and not stream.done:
+            stream.engine.abort(self.request_id)  # dropped unfinished: nobody reads it
+
+    def close(self) -> None:
+        """Stop early: the request ends (finish_reason ``abort``) and frees its cache;
+        its full prompt pages stay in the prefix cache."""
+        if not self._stream.done:
+            self._stream.engine.abort(self.request_id)
+            while (delta := self._stream.next_delta()) is not None:
+                if delta.completion is not None:
+                    self.completion = delta.completion
 
 
 def _make_governor(config: Config):

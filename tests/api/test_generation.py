@@ -8,6 +8,7 @@ import pytest
 
 import dualpath
 from dualpath import (ChatTemplateError, PromptTooLongError, SamplingParams, SamplingParamsError)
+from tests_shared import write_gguf_with_chat_template
 
 ONCE = "Once upon a time"
 ZOE = "Zoë saw a café 🐶"
@@ -153,7 +154,16 @@ def test_abandoned_stream_leaves_the_llm_consistent(llm, greedy_once):
     for _ in range(5):
         next(deltas)
     deltas.close()  # what a consumer breaking out of its loop does
-    assert gen.completion is None
+    assert gen.completion.finish_reason == "abort" and len(gen.completion.token_ids) == 5
+    assert not llm.engine.has_work()
+    assert llm.generate(ONCE, GREEDY_40).token_ids == greedy_once.token_ids
+
+
+def test_a_dropped_stream_is_aborted(llm, greedy_once):
+    gen = llm.stream(ONCE, GREEDY_40)
+    next(gen)
+    del gen  # never closed, never finished: the engine must not keep running it
+    assert not llm.engine.has_work()
     assert llm.generate(ONCE, GREEDY_40).token_ids == greedy_once.token_ids
 
 
@@ -208,28 +218,6 @@ def test_chat_without_a_template_raises_a_clear_error(llm, gguf_path):
     with pytest.raises(ChatTemplateError, match=r"no chat template") as info:
         llm.chat([{"role": "user", "content": "Hi"}], GREEDY_40)
     assert str(gguf_path) in str(info.value) and "tokenizer.chat_template" in str(info.value)
-
-
-def write_gguf_with_chat_template(src: Path, dst: Path, template: str) -> Path:
-    """Copy GGUF ``src`` to ``dst`` field by field and tensor by tensor, adding ``tokenizer.chat_template``."""
-    import gguf
-
-    reader = gguf.GGUFReader(str(src))
-    writer = gguf.GGUFWriter(str(dst), reader.fields["general.architecture"].contents())
-    for key, field in reader.fields.items():
-        if key.startswith("GGUF.") or key == "general.architecture":
-            continue  # GGUFWriter writes these itself
-        vtype = field.types[0]
-        sub_type = field.types[-1] if vtype == gguf.GGUFValueType.ARRAY else None
-        writer.add_key_value(key, field.contents(), vtype, sub_type=sub_type)
-    writer.add_string("tokenizer.chat_template", template)
-    for t in reader.tensors:  # t.data is (ne1, ne0) row-major, as GGUFWriter wants it
-        writer.add_tensor(t.name, t.data, raw_dtype=t.tensor_type)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return dst
 
 
 CHAT_TEMPLATE = "{% for m in messages %}{{ m['content'] }}\n{% endfor %}"

@@ -30,13 +30,13 @@ class CountingRunner:
 
     def __init__(self, llm):
         self.tokens = 0
-        forward = llm.runner.forward
+        run = llm.runner.run
 
-        def counted(token_ids, *args, **kwargs):
-            self.tokens += len(token_ids)
-            return forward(token_ids, *args, **kwargs)
+        def counted(entries):
+            self.tokens += sum(len(e.token_ids) for e in entries)
+            return run(entries)
 
-        llm.runner.forward = counted
+        llm.runner.run = counted
 
 
 @pytest.mark.parametrize("path_mode", ["dual", "sequential", "random"])
@@ -59,15 +59,18 @@ def test_shared_300_token_prefix_is_computed_once(path_mode):
     greedy = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
     llm.generate(first, greedy)
     counter.tokens = 0
-    second_out = llm.generate(second, greedy)
+    gen = llm.stream(second, greedy)
+    next(gen)
 
     page_tokens = llm.config.dualpath_config.page_tokens
     shared_pages = 300 // page_tokens
     cache = llm.runner.cache
-    seq = cache.seqs[llm.runner.seq_id]
+    seq = cache.seqs[gen.request.seq_id]
     # The second request holds the first request's pages for the shared prefix...
-    assert second_out.usage.cached_prompt_tokens == shared_pages * page_tokens
     assert all(cache.page_ref[p] >= 1 and cache.page_hash[p] is not None for p in seq.pages[:shared_pages])
+    list(gen)
+    second_out = gen.completion
+    assert second_out.usage.cached_prompt_tokens == shared_pages * page_tokens
     # ... and only the rest of its prompt went through the model (+19 decode steps).
     assert counter.tokens == len(second) - shared_pages * page_tokens + 19
 
@@ -81,12 +84,16 @@ def test_shared_300_token_prefix_is_computed_once(path_mode):
 def test_router_sends_long_prefills_to_extents_and_short_ones_to_the_hybrid_path():
     llm = _llm(seq_path_threshold=64, page_tokens=4)
     story = _runs()[0]["generated_ids"]
-    llm.generate([1] + story[:40], SamplingParams(temperature=0, max_tokens=2))
-    assert llm.runner.cache.seqs[llm.runner.seq_id].path is Path.HYBRID
-    llm.generate([1] + story[100:200], SamplingParams(temperature=0, max_tokens=2))  # no shared prefix
-    seq = llm.runner.cache.seqs[llm.runner.seq_id]
+    gen = llm.stream([1] + story[:40], SamplingParams(temperature=0, max_tokens=2))
+    next(gen)
+    assert llm.runner.cache.seqs[gen.request.seq_id].path is Path.HYBRID
+    list(gen)
+    gen = llm.stream([1] + story[100:200], SamplingParams(temperature=0, max_tokens=2))  # no shared prefix
+    next(gen)
+    seq = llm.runner.cache.seqs[gen.request.seq_id]
     assert seq.path is Path.SEQUENTIAL
-    assert len(llm.runner.cache.spans(llm.runner.seq_id)) == 1  # one contiguous extent
+    assert len(llm.runner.cache.spans(gen.request.seq_id)) == 1  # one contiguous extent
+    list(gen)
 
 
 def test_migrating_mid_generation_between_paths_does_not_change_the_output():
@@ -99,7 +106,7 @@ def test_migrating_mid_generation_between_paths_does_not_change_the_output():
     cache = llm.runner.cache
     gen = llm.stream(prompt, greedy)
     for i, _ in enumerate(gen):
-        sid = llm.runner.seq_id
+        sid = gen.request.seq_id
         if i == 10:
             assert cache.migrate(sid, Path.RANDOM) is True
         if i == 30:
@@ -117,10 +124,11 @@ def test_long_decode_on_scattered_pages_moves_into_an_extent_past_the_threshold(
     other = 10_000
     cache.start(other, [])
     gen = llm.stream([1] + story[:8], SamplingParams(temperature=0, max_tokens=50, ignore_eos=True))
+    seen = None
     for i, _ in enumerate(gen):
         if i < 30:
             alloc = cache.allocate(other, [5] * 4, Path.RANDOM)  # steal the next pages
             assert alloc
-    seq = cache.seqs[llm.runner.seq_id]
-    assert cache.migrations >= 1 and seq.path is Path.SEQUENTIAL
-    assert cache.locality_score(llm.runner.seq_id) == 1.0
+        if gen.request.seq_id is not None:  # still running: how its cache looks now
+            seen = (cache.seqs[gen.request.seq_id].path, cache.locality_score(gen.request.seq_id))
+    assert cache.migrations >= 1 and seen == (Path.SEQUENTIAL, 1.0)

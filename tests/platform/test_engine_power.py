@@ -35,13 +35,13 @@ cfg = dualpath.load_config(None, {"power.cpu_classes": "0:big,1:little", "power.
 llm = dualpath.LLM(%(model)r, cfg)
 runner = llm.runner
 records = []
-forward = runner.forward
-def spy(ids, *a, **k):
-    out = forward(ids, *a, **k)
+run = runner.run
+def spy(entries):
+    out = run(entries)
     plan = runner.last_plan
-    phase = "prefill" if (k.get("prefill") or len(ids) > 1) else "decode"
+    phase = "prefill" if any(len(e.token_ids) > 1 for e in entries) else "decode"
     sp = plan.prefill_spec if phase == "prefill" else plan.decode_spec
-    _, stepper, _ = runner._sets[sp]
+    _, stepper = runner._sets[sp]
     me = thread_placement()[__import__("threading").get_native_id()]
     pool_tids = [t for t in stepper.pool.worker_tids()[1:] if t]
     placement = thread_placement()
@@ -49,7 +49,7 @@ def spy(ids, *a, **k):
                     "pool": [[placement[t][1], sorted(placement[t][2])] for t in pool_tids if t in placement],
                     "phase_cpus": list(sp.cpus)})
     return out
-runner.forward = spy
+runner.run = spy
 llm.generate("Once upon a time", dualpath.SamplingParams(temperature=0, max_tokens=3))   # warm-up
 records.clear()
 llm.generate("One day, a little dog named Max", dualpath.SamplingParams(temperature=0, max_tokens=8))
@@ -155,15 +155,15 @@ cfg = dualpath.load_config(None, {"power.cpu_classes": "0:big,1:little", "power.
 gov = Governor(load_topology("0:big,1:little"), reader, cfg, clock)
 llm = dualpath.LLM(%(model)r, cfg, governor=gov)
 runner = llm.runner
-forward = runner.forward
+run = runner.run
 profiles = []
-def step(ids, *a, **k):   # one simulated second per step
-    out = forward(ids, *a, **k)
+def step(entries):   # one simulated second per step
+    out = run(entries)
     profiles.append(runner.last_plan.profile)
     state["i"] += 1
     clock.now += 1.0
     return out
-runner.forward = step
+runner.run = step
 c = llm.generate("Once upon a time", dualpath.SamplingParams(temperature=0, max_tokens=60))
 switches = [[s.time_s, s.old, s.new] for s in gov.switches]
 print(json.dumps({"ids": list(c.token_ids), "profiles": profiles, "switches": switches}))

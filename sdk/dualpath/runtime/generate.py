@@ -1,15 +1,13 @@
-"""The generation loop for one sequence: prefill, then sample / step until a stop."""
+"""What one request produces: text deltas with stop strings held back, and the
+final ``Completion``. The engine (runtime/engine.py) samples the tokens; this
+module turns them into text."""
 
 from __future__ import annotations
 
-import time
-from dataclasses import dataclass, field
-from typing import Iterator
-
-import numpy as np
+from dataclasses import dataclass
 
 from ..errors import InvalidPromptError, PromptTooLongError
-from .sampler import Sampler, SamplingParams
+from .sampler import SamplingParams
 
 
 @dataclass(frozen=True)
@@ -17,7 +15,7 @@ class Usage:
     prompt_tokens: int
     completion_tokens: int
     cached_prompt_tokens: int = 0
-    """Prompt tokens whose KV was reused from the previous request (no prefill)."""
+    """Prompt tokens whose KV was reused from the cache (no prefill)."""
 
     @property
     def total_tokens(self) -> int:
@@ -27,6 +25,7 @@ class Usage:
 @dataclass(frozen=True)
 class Timings:
     prefill_ms: float
+    """From submission to the first token (queueing included)."""
     decode_ms: float
     prefill_tokens: int
     decode_tokens: int
@@ -50,138 +49,74 @@ class Completion:
     """Generated token ids, without a final stop token."""
     prompt_token_ids: tuple[int, ...]
     finish_reason: str
-    """``stop`` (end-of-sequence token or stop string), ``length`` (max_tokens) or
-    ``context_full`` (no position left in the context window)."""
+    """``stop`` (end-of-sequence token or stop string), ``length`` (max_tokens),
+    ``context_full`` (no position left in the context window) or ``abort``."""
     usage: Usage
     timings: Timings
     stop_reason: int | str | None = None
     """The stop token id or stop string that ended generation, if any."""
 
 
-@dataclass
-class _State:
-    text_parts: list[str] = field(default_factory=list)
-    ids: list[int] = field(default_factory=list)
+def check_prompt(prompt_ids: list[int], vocab_size: int, context_tokens: int) -> None:
+    """Raise InvalidPromptError / PromptTooLongError for a prompt no request can run."""
+    if not prompt_ids:
+        raise InvalidPromptError("prompt has no tokens; pass at least one token id (e.g. BOS)")
+    bad = next((t for t in prompt_ids if not 0 <= t < vocab_size), None)
+    if bad is not None:
+        raise InvalidPromptError(f"prompt token id {bad} is outside the vocabulary (0..{vocab_size - 1})")
+    if len(prompt_ids) >= context_tokens:
+        raise PromptTooLongError(
+            f"prompt has {len(prompt_ids)} tokens; the context window holds {context_tokens} "
+            f"and needs room for at least one generated token")
 
 
-class Generation:
-    """Iterates text deltas of one generation; ``completion`` is set once it ends.
+class TextStream:
+    """Generated tokens -> text deltas.
 
     Stop strings are held back: a delta never contains text that could still turn
     out to be the start of a stop string, and the stop string itself is not emitted.
+    The prompt goes through the stream decoder silently first, so the leading-space
+    rule and UTF-8 boundaries apply to the whole sequence.
     """
 
-    def __init__(self, runner, tokenizer, prompt_ids: list[int], params: SamplingParams):
-        self.runner = runner
-        self.tokenizer = tokenizer
-        self.params = params
-        self.prompt_ids = list(prompt_ids)
-        self.completion: Completion | None = None
-        self._it: Iterator[str] | None = None
-        ctx = runner.max_context_tokens
-        if not self.prompt_ids:
-            raise InvalidPromptError("prompt has no tokens; pass at least one token id (e.g. BOS)")
-        vocab_size = runner.spec.config.vocab_size
-        bad = next((t for t in self.prompt_ids if not 0 <= t < vocab_size), None)
-        if bad is not None:
-            raise InvalidPromptError(f"prompt token id {bad} is outside the vocabulary (0..{vocab_size - 1})")
-        if len(prompt_ids) >= ctx:
-            raise PromptTooLongError(
-                f"prompt has {len(prompt_ids)} tokens; the context window holds {ctx} "
-                f"and needs room for at least one generated token")
-
-    def __iter__(self) -> Iterator[str]:
-        """The deltas; iterating again continues the same generation, never restarts it."""
-        if self._it is None:
-            self._it = self._run()
-        return self._it
-
-    def close(self) -> None:
-        """Stop early. The KV cache keeps what was computed (and stays consistent)."""
-        if self._it is not None:
-            self._it.close()
-
-    def _run(self) -> Iterator[str]:
+    def __init__(self, tokenizer, prompt_ids, params: SamplingParams):
         from ..tokenizer import StreamDecoder
 
-        runner, params = self.runner, self.params
-        sampler = Sampler(params, runner.spec.config.vocab_size)
-        stop_ids = frozenset() if params.ignore_eos else self.tokenizer.stop_ids
-        decoder = StreamDecoder(self.tokenizer)
+        self.decoder = StreamDecoder(tokenizer)
+        for t in prompt_ids:
+            self.decoder.feed(t)
+        self.stops = params.stop
+        self.hold = max((len(s) for s in self.stops), default=1) - 1
+        self.pending = ""
+        self.emitted: list[str] = []
 
-        t0 = time.perf_counter()
-        logits, cached = self._prefill()
-        t1 = time.perf_counter()
-        ids = np.zeros(runner.max_context_tokens, np.int64)  # (context,) every token so far
-        n = len(self.prompt_ids)
-        ids[:n] = self.prompt_ids
-        # The prompt is decoded through the stream decoder silently so that the
-        # leading-space rule and UTF-8 boundaries apply to the whole sequence.
-        for t in self.prompt_ids:
-            decoder.feed(t)
-        generated: list[int] = []
-        pending = ""
-        emitted: list[str] = []
-        finish, stop_reason = "length", None
-        decode_steps = 0
-        stops = params.stop
-        hold = max((len(s) for s in stops), default=1) - 1
-        while True:
-            token = sampler.sample(logits, ids[:n])
-            if token in stop_ids:
-                finish, stop_reason = "stop", token
-                break
-            generated.append(token)
-            ids[n] = token
-            n += 1
-            pending += decoder.feed(token)
-            if stops:
-                cut = _find_stop(pending, stops)
-                if cut is not None:
-                    pending, stop_reason = pending[:cut[0]], cut[1]
-                    finish = "stop"
-                    break
-                if len(pending) > hold:
-                    safe = len(pending) - hold
-                    emitted.append(pending[:safe])
-                    yield pending[:safe]
-                    pending = pending[safe:]
-            elif pending:
-                emitted.append(pending)
-                yield pending
-                pending = ""
-            if len(generated) >= params.max_tokens:
-                break
-            if n >= runner.max_context_tokens:
-                finish = "context_full"
-                break
-            logits = runner.forward((token,))[0]
-            decode_steps += 1
-        if finish != "stop" or stop_reason in stop_ids:
-            pending += decoder.flush()
-        if pending:
-            emitted.append(pending)
-            yield pending
-        t2 = time.perf_counter()
-        self.completion = Completion(
-            text="".join(emitted),
-            token_ids=tuple(generated),
-            prompt_token_ids=tuple(self.prompt_ids),
-            finish_reason=finish,
-            usage=Usage(len(self.prompt_ids), len(generated), cached),
-            timings=Timings((t1 - t0) * 1e3, (t2 - t1) * 1e3, len(self.prompt_ids) - cached, decode_steps),
-            stop_reason=stop_reason,
-        )
+    def push(self, token: int) -> tuple[str, str | None]:
+        """(delta, matched stop string or None) after one generated token."""
+        self.pending += self.decoder.feed(token)
+        if self.stops:
+            cut = _find_stop(self.pending, self.stops)
+            if cut is not None:
+                self.pending = self.pending[:cut[0]]
+                return self._take(len(self.pending)), cut[1]
+            return self._take(len(self.pending) - self.hold), None
+        return self._take(len(self.pending)), None
 
-    def _prefill(self) -> tuple[np.ndarray, int]:
-        """Run the prompt through the model, reusing cached prefix pages."""
-        runner, prompt = self.runner, self.prompt_ids
-        cached = runner.begin(prompt)
-        chunk = runner.prefill_chunk_tokens
-        logits = None
-        for start in range(cached, len(prompt), chunk):
-            logits = runner.forward(prompt[start:start + chunk], prefill=True)[0]
-        return logits, cached
+    def finish(self, flush: bool) -> str:
+        """The last delta; ``flush`` decodes any incomplete byte sequence left."""
+        if flush:
+            self.pending += self.decoder.flush()
+        return self._take(len(self.pending))
+
+    @property
+    def text(self) -> str:
+        return "".join(self.emitted)
+
+    def _take(self, n: int) -> str:
+        if n <= 0:
+            return ""
+        out, self.pending = self.pending[:n], self.pending[n:]
+        self.emitted.append(out)
+        return out
 
 
 def _find_stop(text: str, stops: tuple[str, ...]) -> tuple[int, str] | None:

@@ -202,6 +202,10 @@ class _Binding:
             self.bindings.append(b)
         self.ids = r.ids[:T]
         self.h0 = r.h_a[:T]
+        # (run, binding, layer) per part, built once: a step creates no objects per layer.
+        L = r.num_layers
+        self.plan = [(sess.run_with_iobinding, b, layer if layer < L else -1)
+                     for layer, (sess, b) in enumerate(zip(self.sessions, self.bindings))]
 
 
 class CacheFullError(DualPathError, MemoryError):
@@ -209,21 +213,39 @@ class CacheFullError(DualPathError, MemoryError):
     for twice the context, so this means a misconfigured cache size)."""
 
 
+class StepEntry:
+    """One sequence's part of a batched step (see ``ModelRunner.run``)."""
+
+    __slots__ = ("seq_id", "token_ids", "slots", "logits")
+
+    def __init__(self, seq_id: int, token_ids, slots: np.ndarray, logits: bool):
+        self.seq_id = seq_id
+        self.token_ids = token_ids
+        self.slots = slots      # (n, 3) from the cache's Allocation
+        self.logits = logits    # wants the logits of its last token
+
+
 class ModelRunner:
-    """Runs token steps of one sequence: our embedding kernel, the ONNX parts, and our
-    attention over the dual-path KV cache between them. Buffers are allocated once;
-    a decode step allocates no Python objects per layer.
+    """Runs steps over many sequences at once: our embedding kernel, the ONNX parts,
+    and our attention over the dual-path KV cache between them. A step's rows are
+    the sequences' new tokens back to back; one attention call per layer covers
+    every sequence. Buffers are allocated once; a step allocates no Python objects
+    per layer.
+
+    The single-sequence API (``begin`` / ``forward``) is the same machinery with
+    one sequence, for benchmarks and tests; the engine uses ``allocate`` / ``run``.
     """
 
     def __init__(self, spec: ModelSpec, *, num_threads: int, max_context_tokens: int,
                  max_step_tokens: int, cache_config: DualPathConfig | None = None,
                  accuracy_level: int = 4, spinning: bool = True, kernel: str | None = None,
-                 governor=None):
+                 governor=None, max_num_seqs: int = 1, kv_cache_tokens: int = 0):
         cfg = spec.config
         self.spec = spec
         self.num_layers = cfg.num_layers
         self.max_context_tokens = max_context_tokens
-        self.max_step_tokens = max_step_tokens
+        self.max_step_tokens = T = max_step_tokens
+        self.max_num_seqs = max(1, max_num_seqs)
         t0 = time.perf_counter()
         parts = build_parts(spec, accuracy_level)
         self.governor = governor
@@ -244,7 +266,6 @@ class ModelRunner:
         self.load_seconds = time.perf_counter() - t0
         emb = spec.weights["token_embd"]
         self._emb_table, self._emb_scales, self._emb_dtype = emb.data, emb.scales, emb.dtype
-        T = max_step_tokens
         self.ids = np.zeros(T, np.int64)                        # (T,)
         self.positions = np.zeros(T, np.int64)                  # (T,)
         self.rows = np.zeros(T, np.int64)                       # (R,) rows whose logits are wanted
@@ -266,36 +287,43 @@ class ModelRunner:
             raise ConfigError(f"dualpath_config.block_size={dp.block_size} cannot hold one page of "
                               f"page_tokens={P} tokens of this model ({page_bytes} bytes); raise block_size")
         pages_per_block = dp.block_size // page_bytes
-        # Room for the context twice over: the live sequence plus cached prefixes.
-        num_blocks = -(-2 * max_context_tokens // (P * pages_per_block)) + 2
+        # Default room: the context twice over (the live sequence plus cached prefixes).
+        cache_tokens = kv_cache_tokens or 2 * max_context_tokens
+        num_blocks = max(1, -(-cache_tokens // (P * pages_per_block)))
+        if not kv_cache_tokens:
+            num_blocks += 2
         self.cache = KVCacheManager(dp, num_layers=cfg.num_layers, num_kv_heads=cfg.num_kv_heads,
                                     head_dim=cfg.head_dim, num_blocks=num_blocks, salt=spec.path.encode())
-        self.slots = np.zeros((T, 3), np.int64)                      # (T, 3) where new tokens go
-        self.spans = np.zeros((-(-max_context_tokens // P) + 1, 3), np.int64)  # (max_spans, 3) kernel view
+        self.kv_cache_tokens = num_blocks * pages_per_block * P
+        """Tokens the KV cache holds (all sequences together)."""
+        self.slots = np.zeros((T, 3), np.int64)                 # (T, 3) where new tokens go
+        # Kernel view of every sequence of a step, back to back: no more spans than
+        # pages in the cache plus one partial page per sequence.
+        max_spans = min(self.max_num_seqs * (-(-max_context_tokens // P) + 1),
+                        num_blocks * pages_per_block + self.max_num_seqs)
+        self.spans = np.zeros((max_spans, 3), np.int64)         # (max_spans, 3)
+        self.seqs = np.zeros((self.max_num_seqs, 5), np.int64)   # (S, 5) row0, n, pos0, span0, num_spans
         # Our kernels' own pool (ONNX Runtime has its own): same thread count and cores.
         scale = float(1.0 / np.sqrt(cfg.head_dim))
-        self._sets = {}  # SessionSpec -> (sessions, kernel stepper, decode binding)
+
+        def stepper(pool):
+            return ArenaStepper(self.cache.arena, self.q, self.k, self.v, self.attn, self.slots, self.spans,
+                                scale, dp.prefetch_degree, pool, kernel, self.seqs)
+
+        self._sets = {}  # SessionSpec -> (sessions, kernel stepper)
         self.pool = None if governor is not None else ThreadPool(num_threads)
         for sp, sessions in self.session_sets.items():
             pool = ThreadPool(sp.num_threads)  # our kernels' workers, on the same cores as ORT's
             if sp.pinned:
                 pool.set_affinity("prefill", list(sp.cpus))
                 pool.set_affinity("decode", list(sp.cpus))
-            stepper = ArenaStepper(self.cache.arena, self.q, self.k, self.v, self.attn, self.slots, self.spans,
-                                   scale, dp.prefetch_degree, pool, kernel)
-            self._sets[sp] = (sessions, stepper, None)
-        self.kv = (next(iter(self._sets.values()))[1] if self._sets else
-                   ArenaStepper(self.cache.arena, self.q, self.k, self.v, self.attn, self.slots, self.spans,
-                                scale, dp.prefetch_degree, self.pool, kernel))
-        self.seq_id = 0
-        self.cache.start(self.seq_id, [])
-        self._decode = _Binding(self, 1, 1)
-        for sp, (sessions, stepper, _) in self._sets.items():
-            self._sets[sp] = (sessions, stepper, _Binding(self, 1, 1, sessions))
+            self._sets[sp] = (sessions, stepper(pool))
+        self.kv = next(iter(self._sets.values()))[1] if self._sets else stepper(self.pool)
+        self._bindings: dict[tuple, _Binding] = {}  # (T, R, sessions id) -> binding, most recent last
         self.last_plan = None
         """The governor's plan used by the last step (None without a governor)."""
-        # (run, binding, layer) per part, built once: the decode loop creates no objects.
-        self._plan_cache: dict[int, list] = {}
+        self.seq_id = 0
+        self.cache.start(self.seq_id, [])
 
     @property
     def prefill_chunk_tokens(self) -> int:
@@ -305,6 +333,86 @@ class ModelRunner:
             return max(1, min(self.max_step_tokens, plan.path.prefill_chunk_tokens))
         return self.max_step_tokens
 
+    # -- batched steps (the engine) ---------------------------------------------
+    def allocate(self, seq_id: int, token_ids, prefill: bool):
+        """Cache room for ``token_ids`` appended to sequence ``seq_id``: an Allocation
+        (its ``slots`` go into a StepEntry) or NoRoom (the caller queues or preempts).
+        ``prefill`` keeps the request's prefill path; otherwise the router decides."""
+        seq = self.cache.seqs[seq_id]
+        n = len(token_ids)
+        if seq.num_tokens + n > self.max_context_tokens:
+            raise ValueError(f"positions {seq.num_tokens}..{seq.num_tokens + n - 1} exceed the context "
+                             f"of {self.max_context_tokens}")
+        dp = self.cache_config
+        if not prefill and dp.path_mode == "dual" and seq.path is not Path.SEQUENTIAL \
+                and seq.num_tokens > dp.seq_path_threshold \
+                and self.cache.locality_score(seq_id) < dp.locality_threshold:
+            # Grown past the threshold on scattered pages: move into an extent at this step
+            # boundary (a NoRoom answer just leaves it where it is).
+            self.cache.migrate(seq_id, Path.SEQUENTIAL)
+        return self.cache.allocate(seq_id, token_ids, seq.path if prefill else None)
+
+    def run(self, entries: list[StepEntry]) -> np.ndarray:
+        """One step over ``entries`` (allocated, at most max_num_seqs, at most
+        max_step_tokens tokens together). Returns logits (R, vocab): one row per entry
+        with ``logits``, in entry order. The cache commits every sequence after."""
+        S = len(entries)
+        if not 1 <= S <= self.max_num_seqs:
+            raise ValueError(f"a step takes 1..{self.max_num_seqs} sequences, got {S}")
+        row = R = span = 0
+        prefill = False
+        cache = self.cache
+        for i, e in enumerate(entries):
+            n = len(e.token_ids)
+            seq = cache.seqs[e.seq_id]
+            pos0 = seq.num_tokens - n  # allocate() already appended the tokens
+            if row + n > self.max_step_tokens:
+                raise ValueError(f"a step takes at most {self.max_step_tokens} tokens")
+            self.ids[row:row + n] = e.token_ids
+            self.slots[row:row + n] = e.slots
+            np.add(self._steps[:n], pos0, out=self.positions[row:row + n])
+            ns = len(cache.spans(e.seq_id, out=self.spans[span:]))
+            self.seqs[i] = (row, n, pos0, span, ns)
+            if e.logits:
+                self.rows[R] = row + n - 1
+                R += 1
+            prefill = prefill or n > 1 or seq.num_tokens <= seq.prompt_tokens
+            row += n
+            span += ns
+        logits = self._execute(row, max(R, 1), prefill, S, span)
+        for e in entries:
+            cache.commit(e.seq_id)
+        return logits[:R]
+
+    def _binding(self, T: int, R: int, sessions) -> _Binding:
+        key = (T, R, id(sessions))
+        b = self._bindings.pop(key, None)
+        if b is None:
+            b = _Binding(self, T, R, sessions)
+            if len(self._bindings) >= 64:  # prefill remainders: keep the recent ones
+                self._bindings.pop(next(iter(self._bindings)))
+        self._bindings[key] = b
+        return b
+
+    def _execute(self, T: int, R: int, prefill: bool, num_seqs: int, num_spans: int) -> np.ndarray:
+        kv_stepper, sessions = self.kv, self.sessions
+        if self.governor is not None:
+            # Between steps: the governor may switch profile; a step never changes set midway.
+            plan = self.last_plan = self.governor.choose()
+            phase, sp = (plan.prefill, plan.prefill_spec) if prefill else (plan.decode, plan.decode_spec)
+            if phase.pinned:
+                pin_current_thread(phase.caller_cpus)
+            sessions, kv_stepper = self._sets[sp]
+        binding = self._binding(T, R, sessions)
+        _embed(binding.ids, self._emb_table, self._emb_scales, self._emb_dtype, binding.h0)
+        kv_step = kv_stepper.step_batch
+        for run, b, layer in binding.plan:
+            run(b)
+            if layer >= 0:
+                kv_step(layer, T, num_seqs, num_spans)
+        return self.logits
+
+    # -- one sequence (benchmarks, tests) -----------------------------------------
     @property
     def num_tokens(self) -> int:
         """Positions of the current sequence held in the cache."""
@@ -320,66 +428,26 @@ class ModelRunner:
 
     def forward(self, token_ids, all_logits: bool = False, prefill: bool = False) -> np.ndarray:
         """Append ``token_ids`` (at most max_step_tokens) at the end of the sequence and
-        return logits (R, vocab): the last position only, or every position.
-        ``prefill`` keeps the request's prefill path; otherwise the router decides."""
+        return logits (R, vocab): the last position only, or every position."""
         n = len(token_ids)
-        pos0 = self.num_tokens
         if not 1 <= n <= self.max_step_tokens:
             raise ValueError(f"a step takes 1..{self.max_step_tokens} tokens, got {n}")
-        if pos0 + n > self.max_context_tokens:
-            raise ValueError(f"positions {pos0}..{pos0 + n - 1} exceed the context of {self.max_context_tokens}")
-        num_rows = n if all_logits else 1
-        kv_stepper = self.kv
-        if self.governor is None:
-            binding = self._decode if n == 1 else _Binding(self, n, num_rows)
-        else:
-            # Between steps: the governor may switch profile; a step never changes set midway.
-            plan = self.last_plan = self.governor.choose()
-            phase, sp = (plan.prefill, plan.prefill_spec) if (prefill or n > 1) else (plan.decode, plan.decode_spec)
-            if phase.pinned:
-                pin_current_thread(phase.caller_cpus)
-            sessions, kv_stepper, decode_binding = self._sets[sp]
-            binding = decode_binding if n == 1 else _Binding(self, n, num_rows, sessions)
-        seq = self.cache.seqs[self.seq_id]
-        dp = self.cache_config
-        if not prefill and dp.path_mode == "dual" and seq.path is not Path.SEQUENTIAL \
-                and pos0 > dp.seq_path_threshold and self.cache.locality_score(self.seq_id) < dp.locality_threshold:
-            # Grown past the threshold on scattered pages: move into an extent at this step
-            # boundary (a NoRoom answer just leaves it where it is).
-            self.cache.migrate(self.seq_id, Path.SEQUENTIAL)
-        alloc = self.cache.allocate(self.seq_id, token_ids, seq.path if prefill else None)
+        alloc = self.allocate(self.seq_id, token_ids, prefill)
         if isinstance(alloc, NoRoom):
             raise CacheFullError(f"KV cache full: {alloc.needed_pages} more pages needed, {alloc.free_pages} free")
-        self.slots[:n] = alloc.slots
-        num_spans = len(self.cache.spans(self.seq_id, out=self.spans))
+        if not all_logits:
+            return self.run([StepEntry(self.seq_id, token_ids, alloc.slots, True)])
+        seq = self.cache.seqs[self.seq_id]
+        pos0 = seq.num_tokens - n
         self.ids[:n] = token_ids
-        if n == 1:
-            self.positions[0] = pos0
-            self.rows[0] = 0
-        else:
-            np.add(self._steps[:n], pos0, out=self.positions[:n])
-            if all_logits:
-                self.rows[:n] = self._steps[:n]
-            else:
-                self.rows[0] = n - 1
-        _embed(binding.ids, self._emb_table, self._emb_scales, self._emb_dtype, binding.h0)
-        kv_step = kv_stepper.step
-        for run, b, layer in self._plan(binding):
-            run(b)
-            if layer >= 0:
-                kv_step(layer, pos0, n, num_spans)
+        self.slots[:n] = alloc.slots
+        np.add(self._steps[:n], pos0, out=self.positions[:n])
+        self.rows[:n] = self._steps[:n]
+        ns = len(self.cache.spans(self.seq_id, out=self.spans))
+        self.seqs[0] = (0, n, pos0, 0, ns)
+        logits = self._execute(n, n, True, 1, ns)
         self.cache.commit(self.seq_id)
-        return self.logits[:num_rows]
-
-    def _plan(self, binding: _Binding) -> list:
-        cacheable = binding is self._decode or any(binding is entry[2] for entry in self._sets.values())
-        plan = self._plan_cache.get(id(binding)) if cacheable else None
-        if plan is None:
-            plan = [(sess.run_with_iobinding, b, layer if layer < self.num_layers else -1)
-                    for layer, (sess, b) in enumerate(zip(binding.sessions, binding.bindings))]
-            if cacheable:
-                self._plan_cache[id(binding)] = plan
-        return plan
+        return logits[:n]
 
     def reset(self) -> None:
         """Forget the current sequence (cached pages stay reusable)."""

@@ -1,0 +1,210 @@
+"""``dualpath bench serve``: latency under load, the cache's path modes side by side.
+
+The ``mixed`` workload, fixed by ``--seed``: short chats that share one system
+prompt (each with its own user turn), and long documents, arriving on a Poisson
+schedule. Every path mode (``dual``, ``sequential``, ``random``) serves the same
+schedule through the engine's async API (``engine.submit``; no HTTP, so the
+figures are the engine's), each run in a fresh process, modes interleaved run by
+run. Reported per mode, as medians over runs: P50/P99 time to first token, P50/P99
+time per output token, peak KV memory held by requests (sampled every 10 ms),
+and what the router decided (requests per path, migrations, prefix hits).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+
+def workload(seed: int, requests: int, rate: float, vocab: int, system_tokens: int, doc_tokens: int,
+             doc_share: float) -> list[dict]:
+    """The seeded schedule: [{"at": seconds, "kind", "prompt": ids, "max_tokens"}]."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    system = [1] + rng.integers(3, vocab, system_tokens).tolist()
+    out, t = [], 0.0
+    for _ in range(requests):
+        t += float(rng.exponential(1.0 / rate))
+        if rng.random() < doc_share:
+            n = int(doc_tokens * rng.uniform(0.5, 1.0))
+            out.append({"at": t, "kind": "document", "prompt": [1] + rng.integers(3, vocab, n).tolist(),
+                        "max_tokens": 32})
+        else:
+            user = rng.integers(3, vocab, int(rng.integers(16, 48))).tolist()
+            out.append({"at": t, "kind": "chat", "prompt": system + user, "max_tokens": int(rng.integers(16, 64))})
+    return out
+
+
+def worker(model: str, mode: str, args: dict) -> dict:
+    import asyncio
+
+    import numpy as np
+
+    from .config import load_config
+    from .llm import LLM
+    from .runtime.sampler import SamplingParams
+
+    cfg = load_config(None, {
+        "runtime.num_threads": args["threads"], "runtime.max_context_tokens": args["ctx"],
+        "runtime.max_num_seqs": args["max_num_seqs"], "runtime.kv_cache_tokens": args["kv_cache_tokens"],
+        "dualpath_config.path_mode": mode, "server.max_queued_requests": 100000})
+    llm = LLM(model, cfg)
+    engine = llm.engine
+    schedule = workload(args["seed"], args["requests"], args["rate"], llm.spec.config.vocab_size,
+                        args["system_tokens"], args["doc_tokens"], args["doc_share"])
+    results: list[dict] = []
+    peak = {"held": 0, "with_cached": 0}
+    paths: dict[str, int] = {}
+
+    async def one(item, t0):
+        await asyncio.sleep(max(0.0, t0 + item["at"] - time.perf_counter()))
+        start = time.perf_counter()
+        params = SamplingParams(temperature=0, max_tokens=item["max_tokens"], ignore_eos=True)
+        handle = await engine.submit(item["prompt"], params)
+        times = []
+        async for d in handle:
+            if d.token_ids:
+                times.append(time.perf_counter())
+        path = handle.request.path.value if handle.request.path else "?"
+        paths[path] = paths.get(path, 0) + 1
+        ttft = times[0] - start
+        tpot = (times[-1] - times[0]) / (len(times) - 1) if len(times) > 1 else None
+        results.append({"kind": item["kind"], "ttft": ttft, "tpot": tpot, "tokens": len(times),
+                        "cached": handle.completion.usage.cached_prompt_tokens})
+
+    async def sample_memory(stop):
+        while not stop.is_set():
+            s = engine.cache_stats()
+            held = s.bytes_used_sequential + s.bytes_used_random
+            peak["held"] = max(peak["held"], held)
+            peak["with_cached"] = max(peak["with_cached"], held + s.bytes_cached)
+            await asyncio.sleep(0.01)
+
+    async def main():
+        stop = asyncio.Event()
+        sampler = asyncio.ensure_future(sample_memory(stop))
+        t0 = time.perf_counter()
+        await asyncio.gather(*(one(item, t0) for item in schedule))
+        stop.set()
+        await sampler
+        return time.perf_counter() - t0
+
+    wall = asyncio.run(main())
+    engine.shutdown()
+    stats = llm.runner.cache.stats()
+    ttft = np.array([r["ttft"] for r in results])
+    tpot = np.array([r["tpot"] for r in results if r["tpot"] is not None])
+    chat_ttft = np.array([r["ttft"] for r in results if r["kind"] == "chat"])
+    return {
+        "mode": mode, "wall_s": wall, "requests": len(results),
+        "ttft_p50_ms": float(np.percentile(ttft, 50) * 1e3), "ttft_p99_ms": float(np.percentile(ttft, 99) * 1e3),
+        "tpot_p50_ms": float(np.percentile(tpot, 50) * 1e3), "tpot_p99_ms": float(np.percentile(tpot, 99) * 1e3),
+        "chat_ttft_p50_ms": float(np.percentile(chat_ttft, 50) * 1e3) if len(chat_ttft) else 0.0,
+        "peak_kv_mb": peak["held"] / 2**20, "peak_kv_with_cached_mb": peak["with_cached"] / 2**20,
+        "kv_capacity_mb": stats.bytes_total / 2**20,
+        "paths": paths, "migrations": stats.migrations, "prefix_hit_rate": stats.prefix_hit_rate,
+        "cached_prompt_tokens": sum(r["cached"] for r in results),
+        "preemptions": engine.scheduler.preemptions,
+        "generated_tokens": sum(r["tokens"] for r in results),
+    }
+
+
+def _default_model(ctx: int) -> str:
+    from .models.synth import synth_gguf
+
+    folder = os.path.join(os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "dualpath")
+    os.makedirs(folder, exist_ok=True)
+    path = os.path.join(folder, f"stories15M-F32-ctx{ctx}-seed0.gguf")
+    if not os.path.exists(path):
+        print(f"synthesizing {path} (stories15M shape, random weights)", file=sys.stderr)
+        synth_gguf(path + ".tmp", "stories15M", "F32", seed=0, context_length=ctx)
+        os.replace(path + ".tmp", path)
+    return path
+
+
+def cmd_bench_serve(args) -> int:
+    if args.workload != "mixed":
+        raise SystemExit(f"unknown workload {args.workload!r} (available: mixed)")
+    model = args.model or _default_model(args.ctx)
+    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    for m in modes:
+        if m not in ("dual", "sequential", "random"):
+            raise SystemExit(f"unknown path mode {m!r}: dual, sequential or random")
+    params = {"threads": args.threads, "ctx": args.ctx, "max_num_seqs": args.max_num_seqs,
+              "kv_cache_tokens": args.kv_cache_tokens or 4 * args.ctx, "seed": args.seed,
+              "requests": args.requests, "rate": args.rate, "system_tokens": args.system_tokens,
+              "doc_tokens": args.doc_tokens, "doc_share": args.doc_share}
+    print(f"model {model}; workload mixed: {args.requests} requests at {args.rate:g}/s (seed {args.seed}), "
+          f"{1 - args.doc_share:.0%} chats sharing a {args.system_tokens}-token system prompt, "
+          f"{args.doc_share:.0%} documents of {args.doc_tokens // 2}-{args.doc_tokens} tokens; "
+          f"{args.threads} threads, {args.max_num_seqs} requests at once, "
+          f"KV cache {params['kv_cache_tokens']} tokens", flush=True)
+    runs: dict[str, list[dict]] = {m: [] for m in modes}
+    for r in range(args.repeats):
+        for m in modes:  # interleaved: drift hits every mode alike
+            cmd = [sys.executable, "-m", "dualpath.bench_serve", "_worker", model, m, json.dumps(params)]
+            out = subprocess.run(cmd, capture_output=True, text=True)
+            if out.returncode != 0:
+                print(out.stderr[-3000:], file=sys.stderr)
+                raise SystemExit(f"bench serve worker ({m}) failed")
+            row = json.loads(out.stdout.strip().splitlines()[-1])
+            runs[m].append(row)
+            print(f"  run {r + 1}/{args.repeats} {m:>10}: TTFT p50 {row['ttft_p50_ms']:.0f} ms "
+                  f"p99 {row['ttft_p99_ms']:.0f} ms, TPOT p50 {row['tpot_p50_ms']:.1f} ms "
+                  f"p99 {row['tpot_p99_ms']:.1f} ms, wall {row['wall_s']:.1f}s", flush=True)
+
+    def med(m, key):
+        return statistics.median(row[key] for row in runs[m])
+
+    print(f"\nmedians of {args.repeats} run(s):")
+    head = (f"{'mode':>10} | {'TTFT p50':>9} | {'TTFT p99':>9} | {'TPOT p50':>9} | {'TPOT p99':>9} | "
+            f"{'chat TTFT p50':>13} | {'peak KV':>8} | {'+cached':>8} | router (requests per path; migrations; "
+            f"prefix hits; preemptions)")
+    print(head)
+    print("-" * len(head))
+    for m in modes:
+        last = runs[m][-1]
+        paths = ", ".join(f"{k} {v}" for k, v in sorted(last["paths"].items()))
+        print(f"{m:>10} | {med(m, 'ttft_p50_ms'):7.0f}ms | {med(m, 'ttft_p99_ms'):7.0f}ms | "
+              f"{med(m, 'tpot_p50_ms'):7.1f}ms | {med(m, 'tpot_p99_ms'):7.1f}ms | {med(m, 'chat_ttft_p50_ms'):11.0f}ms | "
+              f"{med(m, 'peak_kv_mb'):6.1f}MB | {med(m, 'peak_kv_with_cached_mb'):6.1f}MB | {paths}; "
+              f"{last['migrations']}; {last['prefix_hit_rate']:.0%}; {last['preemptions']}")
+    if "dual" in runs and len(modes) > 1:
+        for m in modes:
+            if m != "dual":
+                print(f"dual vs {m}: TTFT p99 {1 - med('dual', 'ttft_p99_ms') / med(m, 'ttft_p99_ms'):+.0%} lower, "
+                      f"TPOT p99 {1 - med('dual', 'tpot_p99_ms') / med(m, 'tpot_p99_ms'):+.0%} lower")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"params": params, "model": model, "runs": runs}, f, indent=1)
+    return 0
+
+
+def add_parser(bs) -> None:
+    s = bs.add_parser("serve", help="latency under a mixed load, path modes dual/sequential/random side by side")
+    s.add_argument("--workload", default="mixed", help="the request mix (mixed)")
+    s.add_argument("-m", "--model", help="GGUF file (default: a stories15M-shaped synth model, random weights)")
+    s.add_argument("--modes", default="dual,sequential,random", help="path modes to compare")
+    s.add_argument("--requests", type=int, default=48)
+    s.add_argument("--rate", type=float, default=1.0, help="mean arrivals per second (Poisson)")
+    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--ctx", type=int, default=8192, help="context window (runtime.max_context_tokens)")
+    s.add_argument("--system-tokens", type=int, default=384, help="shared system prompt length")
+    s.add_argument("--doc-tokens", type=int, default=6144, help="longest document (documents are 50-100%%)")
+    s.add_argument("--doc-share", type=float, default=0.15, help="share of requests that are documents")
+    s.add_argument("--max-num-seqs", type=int, default=8)
+    s.add_argument("--kv-cache-tokens", type=int, default=0, help="KV cache size (default 4 x ctx)")
+    s.add_argument("-t", "--threads", type=int, default=2)
+    s.add_argument("-r", "--repeats", type=int, default=1)
+    s.add_argument("--json", help="also write every run as JSON here")
+    s.set_defaults(func=cmd_bench_serve)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) >= 2 and sys.argv[1] == "_worker":
+        print(json.dumps(worker(sys.argv[2], sys.argv[3], json.loads(sys.argv[4]))))

@@ -1,0 +1,409 @@
+"""The continuous-batching engine: many requests, one model, one KV cache.
+
+Each ``step()`` asks the scheduler (scheduler/batch.py) for a batch of decode
+tokens and prefill chunks, runs it through the model in one pass (one attention
+call per layer covers every sequence), samples one token for every request whose
+known tokens are all computed, and hands each request its text delta.
+
+Three ways to drive it:
+
+* ``LLM.generate/stream`` (synchronous): the caller's thread steps the engine
+  until its request ends, unless the background loop runs;
+* ``await engine.submit(prompt, params)``: an async iterator of ``Delta``s, the
+  background loop (a thread, started on first use) doing the steps;
+* ``engine.step()`` by hand (tests, benchmarks).
+
+``abort(request_id)`` ends a request and frees its cache before the next step
+(at once when no step is running). A failing step fails the requests in it
+(their consumers get the exception), never the engine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import queue
+import threading
+import time
+from dataclasses import dataclass
+from typing import AsyncIterator, Sequence
+
+import numpy as np
+
+from ..errors import DualPathError
+from ..scheduler.batch import BatchScheduler, Status
+from .generate import Completion, TextStream, Timings, Usage, check_prompt
+from .metrics import EngineMetrics
+from .sampler import Sampler, SamplingParams
+
+log = logging.getLogger(__name__)
+
+
+class QueueFullError(DualPathError):
+    """The engine's queue of waiting requests is full; retry later."""
+
+    def __init__(self, waiting: int, limit: int):
+        super().__init__(f"{waiting} requests are already waiting (limit {limit}); retry later")
+        self.waiting, self.limit = waiting, limit
+
+
+@dataclass(frozen=True)
+class Delta:
+    """What one step produced for a request."""
+
+    text: str
+    """New text (may be empty: held back for a possible stop string, or a partial
+    UTF-8 character)."""
+    token_ids: tuple[int, ...]
+    """New generated token ids (empty on the final delta of a stop token)."""
+    finish_reason: str | None = None
+    """Set on the last delta: ``stop``, ``length``, ``context_full`` or ``abort``."""
+    completion: Completion | None = None
+    """Set on the last delta."""
+
+
+class Request:
+    """One generation inside the engine (its state between steps)."""
+
+    def __init__(self, request_id: str, prompt_ids: list[int], params: SamplingParams, tokenizer,
+                 context_tokens: int, vocab_size: int, sink):
+        self.request_id = request_id
+        self.prompt_ids = prompt_ids
+        self.params = params
+        self.sampler = Sampler(params, vocab_size)
+        self.stream = TextStream(tokenizer, prompt_ids, params)
+        self.stop_ids = frozenset() if params.ignore_eos else tokenizer.stop_ids
+        self.context_tokens = context_tokens
+        self.ids = np.zeros(context_tokens, np.int64)  # (context,) prompt then generated tokens
+        self.n = len(prompt_ids)
+        self.ids[:self.n] = prompt_ids
+        self.generated: list[int] = []
+        self.sink = sink
+        # scheduler state
+        self.status = Status.WAITING
+        self.seq_id: int | None = None
+        self.computed = 0
+        self.cached_tokens: int | None = None
+        self.preemptions = 0
+        self.path = None
+        """The path the router gave the request when it (last) started."""
+        # timing
+        self.arrival = time.perf_counter()
+        self.first_token_time: float | None = None
+        self.decode_steps = 0
+        self.completion: Completion | None = None
+
+
+class Engine:
+    """Schedules and runs many requests over one ``ModelRunner`` (see module doc)."""
+
+    def __init__(self, runner, tokenizer, *, max_num_seqs: int, max_batch_tokens: int,
+                 max_queued_requests: int | None = None, governor=None, profile_name: str = ""):
+        self.runner = runner
+        self.tokenizer = tokenizer
+        self.governor = governor
+        self.max_queued_requests = max_queued_requests
+        self.scheduler = BatchScheduler(runner, max_num_seqs=max_num_seqs,
+                                        max_batch_tokens=min(max_batch_tokens, runner.max_step_tokens))
+        self.metrics = EngineMetrics()
+        self._profile_name = profile_name
+        self._ids = itertools.count()
+        self._requests: dict[str, Request] = {}
+        self._aborts: set[str] = set()
+        self._mu = threading.Lock()             # queue, requests, aborts
+        self._step_lock = threading.Lock()      # one step at a time
+        self._wake = threading.Condition(self._mu)
+        self._thread: threading.Thread | None = None
+        self._stopping = False
+
+    # -- requests --------------------------------------------------------------
+    @property
+    def context_tokens(self) -> int:
+        return self.runner.max_context_tokens
+
+    def add_request(self, prompt_ids: Sequence[int], params: SamplingParams | None = None, *,
+                    request_id: str | None = None, sink=None) -> Request:
+        """Queue a request; ``sink(delta: Delta | None, error: BaseException | None)`` gets
+        its output from the stepping thread. Raises for a prompt no request can run,
+        and QueueFullError when ``max_queued_requests`` are already waiting."""
+        ids = [int(t) for t in prompt_ids]
+        check_prompt(ids, self.runner.spec.config.vocab_size, self.context_tokens)
+        params = params or SamplingParams()
+        with self._mu:
+            waiting = len(self.scheduler.waiting)
+            if self.max_queued_requests is not None and waiting >= self.max_queued_requests:
+                raise QueueFullError(waiting, self.max_queued_requests)
+            rid = request_id or f"req-{next(self._ids)}"
+            if rid in self._requests:
+                raise ValueError(f"request id {rid!r} is already in use")
+            req = Request(rid, ids, params, self.tokenizer, self.context_tokens,
+                          self.runner.spec.config.vocab_size, sink)
+            self._requests[rid] = req
+            self.scheduler.add(req)
+            self._wake.notify()
+        return req
+
+    def abort(self, request_id: str) -> bool:
+        """End a request (finish_reason ``abort``); its cache is freed before the next
+        step, or now when no step is running. False when it is unknown or done."""
+        with self._mu:
+            if request_id not in self._requests:
+                return False
+            self._aborts.add(request_id)
+        if self._step_lock.acquire(blocking=False):
+            try:
+                self._apply_aborts()
+            finally:
+                self._step_lock.release()
+        return True
+
+    def has_work(self) -> bool:
+        with self._mu:
+            return self.scheduler.has_work()
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.scheduler.waiting)
+
+    @property
+    def num_running(self) -> int:
+        return len(self.scheduler.running)
+
+    # -- stepping ----------------------------------------------------------------
+    def step(self) -> int:
+        """Run one iteration. Returns how many requests were in it (0 = nothing to do)."""
+        with self._step_lock:
+            self._apply_aborts()
+            with self._mu:
+                batch = self.scheduler.schedule()
+            if not batch:
+                return 0
+            t0 = time.perf_counter()
+            try:
+                logits = self.runner.run([s.entry for s in batch])
+            except Exception as e:  # fail these requests, keep serving the others
+                log.exception("engine step failed")
+                with self._mu:
+                    for s in batch:
+                        self._end(s.request, error=e)
+                return len(batch)
+            now = time.perf_counter()
+            row = 0
+            new_tokens = 0
+            with self._mu:
+                for s in batch:
+                    req = s.request
+                    if not s.logits:
+                        continue
+                    self._advance(req, logits[row], now)
+                    row += 1
+                    new_tokens += 1
+            self.metrics.on_step(now, now - t0, sum(s.num_tokens for s in batch), new_tokens)
+            return len(batch)
+
+    def run_until_done(self) -> None:
+        while self.step():
+            pass
+
+    def _advance(self, req: Request, logits: np.ndarray, now: float) -> None:
+        """Sample the request's next token and deliver its delta (holding _mu)."""
+        if req.first_token_time is None:
+            req.first_token_time = now
+            self.metrics.on_first_token(now - req.arrival)
+        else:
+            req.decode_steps += 1
+        token = req.sampler.sample(logits, req.ids[:req.n])
+        if token in req.stop_ids:
+            self._end(req, "stop", token)
+            return
+        req.generated.append(token)
+        req.ids[req.n] = token
+        req.n += 1
+        text, stop = req.stream.push(token)
+        if stop is not None:
+            self._end(req, "stop", stop, text=text, token=token)
+        elif len(req.generated) >= req.params.max_tokens:
+            self._end(req, "length", text=text, token=token)
+        elif req.n >= req.context_tokens:
+            self._end(req, "context_full", text=text, token=token)
+        elif req.sink is not None:
+            req.sink(Delta(text, (token,)), None)
+
+    def _end(self, req: Request, finish: str = "abort", stop_reason=None, *, text: str = "",
+             token: int | None = None, error: BaseException | None = None) -> None:
+        """Finish a request (holding _mu): free its cache, deliver the last delta."""
+        self.scheduler.remove(req)
+        self._requests.pop(req.request_id, None)
+        self._aborts.discard(req.request_id)
+        if error is not None:
+            if req.sink is not None:
+                req.sink(None, error)
+            return
+        flush = finish != "stop" or stop_reason in req.stop_ids
+        text += req.stream.finish(flush)
+        now = time.perf_counter()
+        first = req.first_token_time or now
+        cached = req.cached_tokens or 0
+        req.completion = Completion(
+            text=req.stream.text,
+            token_ids=tuple(req.generated),
+            prompt_token_ids=tuple(req.prompt_ids),
+            finish_reason=finish,
+            usage=Usage(len(req.prompt_ids), len(req.generated), cached),
+            timings=Timings((first - req.arrival) * 1e3, (now - first) * 1e3, len(req.prompt_ids) - cached,
+                            req.decode_steps),
+            stop_reason=stop_reason,
+        )
+        self.metrics.on_finish(req, now)
+        if req.sink is not None:
+            req.sink(Delta(text, () if token is None else (token,), finish, req.completion), None)
+
+    def _apply_aborts(self) -> None:
+        with self._mu:
+            for rid in list(self._aborts):
+                req = self._requests.get(rid)
+                if req is not None:
+                    self._end(req, "abort")
+            self._aborts.clear()
+
+    # -- background loop -----------------------------------------------------------
+    @property
+    def running_in_background(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def start(self) -> None:
+        """Step in a background thread whenever there is work (idempotent)."""
+        with self._mu:
+            if self.running_in_background:
+                return
+            self._stopping = False
+            self._thread = threading.Thread(target=self._loop, name="dualpath-engine", daemon=True)
+            self._thread.start()
+
+    def shutdown(self) -> None:
+        """Stop the background loop, aborting what is left."""
+        with self._mu:
+            self._stopping = True
+            self._aborts.update(self._requests)
+            self._wake.notify_all()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        with self._step_lock:
+            self._apply_aborts()
+
+    def _loop(self) -> None:
+        while True:
+            with self._mu:
+                while not self._stopping and not self.scheduler.has_work() and not self._aborts:
+                    self._wake.wait()
+                if self._stopping:
+                    return
+            self.step()
+
+    # -- async API -----------------------------------------------------------------
+    async def submit(self, prompt: str | Sequence[int], params: SamplingParams | None = None, *,
+                     request_id: str | None = None) -> "RequestHandle":
+        """Queue a request; the handle is an async iterator of ``Delta``s."""
+        ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+        handle = RequestHandle(self, asyncio.get_running_loop())
+        handle.request = self.add_request(ids, params, request_id=request_id, sink=handle._sink)
+        self.start()
+        return handle
+
+    # -- metrics ---------------------------------------------------------------------
+    @property
+    def power_profile(self) -> str:
+        plan = getattr(self.runner, "last_plan", None)
+        if plan is not None:
+            return getattr(plan, "profile", None) or self._profile_name
+        return self._profile_name
+
+    def cache_stats(self):
+        """The KV cache's CacheStats, read between the engine thread's updates."""
+        with self._mu:
+            return self.runner.cache.stats()
+
+    def metrics_text(self) -> str:
+        """Prometheus text exposition of the engine's state."""
+        with self._mu:
+            stats = self.runner.cache.stats()
+            return self.metrics.render(waiting=len(self.scheduler.waiting), running=len(self.scheduler.running),
+                                       cache=stats, preemptions=self.scheduler.preemptions,
+                                       profile=self.power_profile)
+
+
+class RequestHandle:
+    """An async iterator of one request's ``Delta``s; ``completion`` once it ends."""
+
+    def __init__(self, engine: Engine, loop: asyncio.AbstractEventLoop):
+        self.engine = engine
+        self.request: Request | None = None
+        self._loop = loop
+        self._queue: asyncio.Queue = asyncio.Queue()
+        self._done = False
+
+    @property
+    def request_id(self) -> str:
+        return self.request.request_id
+
+    @property
+    def completion(self) -> Completion | None:
+        return self.request.completion if self.request else None
+
+    def _sink(self, delta: Delta | None, error: BaseException | None) -> None:
+        try:
+            self._loop.call_soon_threadsafe(self._queue.put_nowait, (delta, error))
+        except RuntimeError:  # the event loop is closed: nobody is listening
+            pass
+
+    def __aiter__(self) -> AsyncIterator[Delta]:
+        return self
+
+    async def __anext__(self) -> Delta:
+        if self._done:
+            raise StopAsyncIteration
+        delta, error = await self._queue.get()
+        if error is not None:
+            self._done = True
+            raise error
+        if delta.finish_reason is not None:
+            self._done = True
+        return delta
+
+    def abort(self) -> None:
+        self.engine.abort(self.request_id)
+
+
+class SyncStream:
+    """Deltas of one request for a synchronous caller: steps the engine itself unless
+    the background loop runs."""
+
+    def __init__(self, engine: Engine, prompt_ids: Sequence[int], params: SamplingParams):
+        self.engine = engine
+        self._q: queue.SimpleQueue = queue.SimpleQueue()
+        self.request = engine.add_request(prompt_ids, params, sink=lambda d, e: self._q.put((d, e)))
+        self.done = False
+
+    def next_delta(self) -> Delta | None:
+        """The next delta; None once the request has ended."""
+        if self.done:
+            return None
+        while True:
+            try:
+                delta, error = self._q.get_nowait()
+                break
+            except queue.Empty:
+                pass
+            if self.engine.running_in_background:
+                delta, error = self._q.get()
+                break
+            if not self.engine.step() and self._q.empty():
+                raise DualPathError(f"request {self.request.request_id} made no progress")
+        if error is not None:
+            self.done = True
+            raise error
+        if delta.finish_reason is not None:
+            self.done = True
+        return delta

@@ -1,0 +1,363 @@
+"""The OpenAI-compatible HTTP server: a Starlette app over one ``LLM``'s engine.
+
+Routes: ``POST /v1/completions``, ``POST /v1/chat/completions`` (JSON, or
+server-sent events with ``"stream": true``), ``GET /v1/models``, ``GET /health``,
+``GET /metrics`` (Prometheus text).
+
+Errors are OpenAI-style objects ``{"error": {"message", "type", "param", "code"}}``:
+400 for malformed JSON or bad parameters, 401 for a missing or wrong API key,
+404 for an unknown model or route, 413 for a body over ``server.max_body_bytes``,
+429 (with ``Retry-After``) when ``server.max_queued_requests`` are waiting.
+A client that disconnects aborts its request, which frees its cache.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import json
+import logging
+import os
+import time
+import uuid
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from ..errors import ChatTemplateError, DualPathError, InvalidPromptError, PromptTooLongError, SamplingParamsError
+from ..runtime.engine import QueueFullError
+from ..runtime.sampler import SamplingParams
+
+log = logging.getLogger(__name__)
+
+_FINISH = {"stop": "stop", "length": "length", "context_full": "length", "abort": "stop"}
+
+
+class APIError(Exception):
+    def __init__(self, status: int, message: str, *, type_: str = "invalid_request_error",
+                 param: str | None = None, code: str | None = None, headers: dict | None = None):
+        super().__init__(message)
+        self.status, self.message, self.type, self.param, self.code = status, message, type_, param, code
+        self.headers = headers or {}
+
+    def response(self) -> JSONResponse:
+        body = {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+        return JSONResponse(body, status_code=self.status, headers=self.headers)
+
+
+def _bad(message: str, param: str | None = None, code: str | None = None) -> APIError:
+    return APIError(400, message, param=param, code=code)
+
+
+# -- request parsing ---------------------------------------------------------------
+
+def _get(body: dict, key: str, kinds: tuple, default: Any = None, *, check=None, allowed: str = "") -> Any:
+    value = body.get(key, default)
+    if value is None:
+        return default
+    if isinstance(value, bool) and bool not in kinds:
+        raise _bad(f"'{key}' must be {allowed or ' or '.join(k.__name__ for k in kinds)}, got {value!r}", key)
+    if not isinstance(value, kinds):
+        raise _bad(f"'{key}' must be {allowed or ' or '.join(k.__name__ for k in kinds)}, "
+                   f"got {type(value).__name__}", key)
+    if check is not None and not check(value):
+        raise _bad(f"'{key}'={value!r} must be {allowed}", key)
+    return value
+
+
+def sampling_params(body: dict, default_max_tokens: int | None, context_tokens: int) -> SamplingParams:
+    """OpenAI request fields -> SamplingParams (OpenAI's defaults: temperature 1,
+    top_p 1, no top_k or min_p unless given as extra fields)."""
+    n = _get(body, "n", (int,), 1)
+    if n != 1:
+        raise _bad("only n=1 is supported", "n")
+    max_tokens = _get(body, "max_completion_tokens", (int,), None) or _get(body, "max_tokens", (int,), None)
+    if max_tokens is None:
+        max_tokens = default_max_tokens or context_tokens
+    stop = body.get("stop")
+    if stop is None:
+        stop = ()
+    elif isinstance(stop, str):
+        stop = (stop,)
+    elif isinstance(stop, list) and all(isinstance(s, str) for s in stop) and len(stop) <= 16:
+        stop = tuple(s for s in stop if s)
+    else:
+        raise _bad("'stop' must be a string or a list of at most 16 strings", "stop")
+    num = (int, float)
+    try:
+        return SamplingParams(
+            max_tokens=max_tokens,
+            temperature=float(_get(body, "temperature", num, 1.0)),
+            top_p=float(_get(body, "top_p", num, 1.0)),
+            top_k=_get(body, "top_k", (int,), 0),
+            min_p=float(_get(body, "min_p", num, 0.0)),
+            repetition_penalty=float(_get(body, "repetition_penalty", num, 1.0)),
+            seed=_get(body, "seed", (int,), None),
+            stop=stop,
+            ignore_eos=_get(body, "ignore_eos", (bool,), False),
+        )
+    except SamplingParamsError as e:
+        raise _bad(str(e), code="invalid_value") from None
+
+
+def _usage(c) -> dict:
+    u = c.usage
+    return {"prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens,
+            "total_tokens": u.total_tokens,
+            "prompt_tokens_details": {"cached_tokens": u.cached_prompt_tokens}}
+
+
+class Server:
+    """State shared by the routes: the LLM, its engine, the server config."""
+
+    def __init__(self, llm, model_name: str | None = None):
+        self.llm = llm
+        self.engine = llm.engine
+        self.cfg = llm.config.server
+        self.model_name = model_name or self.cfg.model_name or os.path.basename(str(llm.spec.path))
+        self.created = int(time.time())
+
+    # -- plumbing --------------------------------------------------------------
+    def _check_auth(self, request: Request) -> None:
+        key = self.cfg.api_key
+        if not key:
+            return
+        header = request.headers.get("authorization", "")
+        scheme, _, token = header.partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), key.encode()):
+            raise APIError(401, "invalid or missing API key: send 'Authorization: Bearer <key>'",
+                           type_="authentication_error", code="invalid_api_key")
+
+    async def _json(self, request: Request) -> dict:
+        limit = self.cfg.max_body_bytes
+        length = request.headers.get("content-length")
+        if length is not None and length.isdigit() and int(length) > limit:
+            raise APIError(413, f"request body of {length} bytes is over the limit of {limit} bytes",
+                           code="request_too_large")
+        chunks, size = [], 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise APIError(413, f"request body is over the limit of {limit} bytes", code="request_too_large")
+            chunks.append(chunk)
+        raw = b"".join(chunks)
+        try:
+            body = json.loads(raw)
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise _bad(f"the request body is not valid JSON: {e}", code="invalid_json") from None
+        if not isinstance(body, dict):
+            raise _bad("the request body must be a JSON object", code="invalid_json")
+        model = body.get("model")
+        if model is not None and model != self.model_name:
+            raise APIError(404, f"the model '{model}' does not exist; this server serves '{self.model_name}'",
+                           param="model", code="model_not_found")
+        return body
+
+    async def _submit(self, ids: list[int], params: SamplingParams):
+        try:
+            return await self.engine.submit(ids, params)
+        except QueueFullError as e:
+            raise APIError(429, str(e), type_="rate_limit_error", code="queue_full",
+                           headers={"Retry-After": "1"}) from None
+        except PromptTooLongError as e:
+            raise _bad(str(e), "prompt", "context_length_exceeded") from None
+        except InvalidPromptError as e:
+            raise _bad(str(e), "prompt") from None
+
+    # -- routes ----------------------------------------------------------------
+    async def health(self, request: Request) -> Response:
+        return JSONResponse({"status": "ok", "model": self.model_name, "running": self.engine.num_running,
+                             "waiting": self.engine.num_waiting})
+
+    async def metrics(self, request: Request) -> Response:
+        return PlainTextResponse(self.engine.metrics_text(), media_type="text/plain; version=0.0.4")
+
+    async def models(self, request: Request) -> Response:
+        self._check_auth(request)
+        return JSONResponse({"object": "list", "data": [
+            {"id": self.model_name, "object": "model", "created": self.created, "owned_by": "dualpath",
+             "context_length": self.engine.context_tokens}]})
+
+    async def completions(self, request: Request) -> Response:
+        self._check_auth(request)
+        body = await self._json(request)
+        prompt = body.get("prompt")
+        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+            prompt = prompt[0]
+        if isinstance(prompt, str):
+            ids = self.llm.tokenize(prompt)
+        elif isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool)
+                                                         for t in prompt):
+            ids = list(prompt)
+        else:
+            raise _bad("'prompt' must be a string, a list of token ids, or a list holding one of those", "prompt")
+        params = sampling_params(body, 16, self.engine.context_tokens)
+        stream = _get(body, "stream", (bool,), False)
+        echo = _get(body, "echo", (bool,), False)
+        handle = await self._submit(ids, params)
+        rid = f"cmpl-{uuid.uuid4().hex}"
+        created = int(time.time())
+        prefix = self.llm.detokenize(ids) if echo else ""
+
+        def chunk(text: str, finish: str | None) -> dict:
+            return {"id": rid, "object": "text_completion", "created": created, "model": self.model_name,
+                    "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish}]}
+
+        if stream:
+            include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+
+            async def events():
+                if prefix:
+                    yield _sse(chunk(prefix, None))
+                async for d in handle:
+                    if d.finish_reason is not None:
+                        yield _sse(chunk(d.text, _FINISH[d.finish_reason]))
+                        if include_usage:
+                            yield _sse({**chunk("", None), "choices": [], "usage": _usage(d.completion)})
+                    elif d.text:
+                        yield _sse(chunk(d.text, None))
+                yield "data: [DONE]\n\n"
+
+            return _event_stream(events(), handle)
+        c = await _collect(request, handle)
+        out = chunk(prefix + c.text, _FINISH[c.finish_reason])
+        out["usage"] = _usage(c)
+        return JSONResponse(out)
+
+    async def chat_completions(self, request: Request) -> Response:
+        self._check_auth(request)
+        body = await self._json(request)
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages:
+            raise _bad("'messages' must be a non-empty list of {role, content} objects", "messages")
+        clean = []
+        for i, m in enumerate(messages):
+            if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+                raise _bad(f"messages[{i}] must be an object with a string 'role'", "messages")
+            content = m.get("content")
+            if isinstance(content, list):  # content parts: text only
+                texts = []
+                for part in content:
+                    if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+                        raise _bad(f"messages[{i}].content: only text parts are supported", "messages")
+                    texts.append(part["text"])
+                content = "".join(texts)
+            if content is None:
+                content = ""
+            if not isinstance(content, str):
+                raise _bad(f"messages[{i}].content must be a string or a list of text parts", "messages")
+            clean.append({"role": m["role"], "content": content})
+        params = sampling_params(body, None, self.engine.context_tokens)
+        stream = _get(body, "stream", (bool,), False)
+        try:
+            ids = self.llm.chat_prompt_ids(clean)
+        except ChatTemplateError as e:
+            raise _bad(str(e), "messages", "chat_template") from None
+        handle = await self._submit(ids, params)
+        rid = f"chatcmpl-{uuid.uuid4().hex}"
+        created = int(time.time())
+
+        def chunk(delta: dict, finish: str | None) -> dict:
+            return {"id": rid, "object": "chat.completion.chunk", "created": created, "model": self.model_name,
+                    "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]}
+
+        if stream:
+            include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+
+            async def events():
+                yield _sse(chunk({"role": "assistant", "content": ""}, None))
+                async for d in handle:
+                    if d.text:
+                        yield _sse(chunk({"content": d.text}, None))
+                    if d.finish_reason is not None:
+                        yield _sse(chunk({}, _FINISH[d.finish_reason]))
+                        if include_usage:
+                            yield _sse({**chunk({}, None), "choices": [], "usage": _usage(d.completion)})
+                yield "data: [DONE]\n\n"
+
+            return _event_stream(events(), handle)
+        c = await _collect(request, handle)
+        return JSONResponse({
+            "id": rid, "object": "chat.completion", "created": created, "model": self.model_name,
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": c.text}, "logprobs": None,
+                         "finish_reason": _FINISH[c.finish_reason]}],
+            "usage": _usage(c)})
+
+
+def _sse(obj: dict) -> str:
+    return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
+
+
+def _event_stream(events, handle) -> StreamingResponse:
+    async def guarded():
+        # Starlette cancels this generator when the client disconnects: abort then.
+        try:
+            async for e in events:
+                yield e
+        finally:
+            if handle.completion is None:
+                handle.abort()
+
+    return StreamingResponse(guarded(), media_type="text/event-stream",
+                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+
+async def _collect(request: Request, handle):
+    """Wait for a non-streamed request, aborting it if the client goes away."""
+
+    async def watch():
+        while True:
+            message = await request.receive()
+            if message["type"] == "http.disconnect":
+                handle.abort()
+                return
+
+    watcher = asyncio.ensure_future(watch())
+    try:
+        async for _ in handle:
+            pass
+    finally:
+        watcher.cancel()
+    return handle.completion
+
+
+def create_app(llm, *, model_name: str | None = None) -> Starlette:
+    """The ASGI app serving ``llm`` (its engine's background loop starts on the first request)."""
+    server = Server(llm, model_name)
+
+    def wrap(fn):
+        async def endpoint(request: Request) -> Response:
+            try:
+                return await fn(request)
+            except APIError as e:
+                return e.response()
+            except DualPathError as e:
+                return APIError(400, str(e)).response()
+        return endpoint
+
+    async def not_found(request: Request, exc) -> Response:
+        return APIError(404, f"no route {request.method} {request.url.path}", code="not_found").response()
+
+    async def bad_method(request: Request, exc) -> Response:
+        return APIError(405, f"method {request.method} is not allowed on {request.url.path}",
+                        code="method_not_allowed").response()
+
+    routes = [
+        Route("/health", wrap(server.health), methods=["GET"]),
+        Route("/metrics", wrap(server.metrics), methods=["GET"]),
+        Route("/v1/models", wrap(server.models), methods=["GET"]),
+        Route("/v1/completions", wrap(server.completions), methods=["POST"]),
+        Route("/v1/chat/completions", wrap(server.chat_completions), methods=["POST"]),
+    ]
+    @contextlib.asynccontextmanager
+    async def lifespan(app):
+        yield
+        llm.engine.shutdown()
+
+    app = Starlette(routes=routes, exception_handlers={404: not_found, 405: bad_method}, lifespan=lifespan)
+    app.state.server = server
+    return app

@@ -1,0 +1,199 @@
+"""The continuous-batching engine on stories260K: batch invariance, chunked prefill,
+preemption under a small cache, aborts, per-request seeds, the async API, queue limits."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+import dualpath
+from dualpath import SamplingParams
+from dualpath.cache.routing import Path
+from dualpath.runtime.engine import QueueFullError
+from dualpath.scheduler.batch import Status
+
+NAMES = ["Lily", "Tom", "Sue", "Max", "Ben", "Anna", "Sam", "Mia", "Tim", "Lucy", "Jack", "Zoe", "Bob", "Kate",
+         "Leo", "Amy"]
+PROMPTS = [f"{name} and the {thing}" for name, thing in zip(NAMES, [
+    "dog", "big tree", "red ball", "cat", "sun", "little bird", "car", "park", "boat", "cake", "fish", "moon",
+    "toy", "flower", "rain", "box"])]
+
+
+def make_llm(gguf_path, **overrides) -> dualpath.LLM:
+    base = {"runtime.max_context_tokens": 256}
+    base.update(overrides)
+    return dualpath.LLM(gguf_path, dualpath.load_config(None, base))
+
+
+@pytest.fixture(scope="module")
+def solo(gguf_path):
+    """Greedy token ids of every prompt, each run alone (one request at a time)."""
+    llm = make_llm(gguf_path, **{"runtime.max_num_seqs": 1})
+    params = SamplingParams(temperature=0, max_tokens=64, ignore_eos=True)
+    return {p: llm.generate(p, params).token_ids for p in PROMPTS}
+
+
+def run_together(llm, prompts, params):
+    """Submit every prompt, then step until all end; the completions in order."""
+    engine = llm.engine
+    reqs = [engine.add_request(llm.tokenize(p), params) for p in prompts]
+    widest = 0
+    while engine.step():
+        widest = max(widest, engine.num_running)
+    return [r.completion for r in reqs], widest
+
+
+def test_sixteen_concurrent_greedy_requests_match_their_solo_runs(gguf_path, solo):
+    llm = make_llm(gguf_path, **{"runtime.max_num_seqs": 16})
+    params = SamplingParams(temperature=0, max_tokens=64, ignore_eos=True)
+    completions, widest = run_together(llm, PROMPTS, params)
+    assert widest == 16  # they really ran in one batch
+    for p, c in zip(PROMPTS, completions):
+        assert c.token_ids == solo[p], p
+        assert c.finish_reason == "length"
+    assert not llm.runner.cache.seqs.keys() - {llm.runner.seq_id}  # every request let go of its cache
+
+
+def test_chunked_prefill_in_a_mixed_batch_matches_solo(gguf_path, solo):
+    # 8-token prefill chunks: every prompt is cut, and chunks share steps with decodes.
+    llm = make_llm(gguf_path, **{"runtime.max_num_seqs": 4, "runtime.prefill_chunk_tokens": 4,
+                                 "runtime.max_batch_tokens": 8})
+    params = SamplingParams(temperature=0, max_tokens=64, ignore_eos=True)
+    completions, _ = run_together(llm, PROMPTS[:6], params)
+    for p, c in zip(PROMPTS, completions):
+        assert c.token_ids == solo[p], p
+
+
+def test_preemption_under_a_cache_for_about_three_requests(gguf_path, solo):
+    # 4 KiB blocks = 32 tokens of stories260K (f16 KV); 384 tokens = 12 blocks: about
+    # three requests of 5 + 64 tokens with their partly filled pages, and 12 at once.
+    llm = make_llm(gguf_path, **{"runtime.max_num_seqs": 12, "runtime.kv_cache_tokens": 384,
+                                 "dualpath_config.block_size": 4096})
+    assert llm.runner.kv_cache_tokens == 384
+    params = SamplingParams(temperature=0, max_tokens=100, ignore_eos=True)
+    completions, _ = run_together(llm, PROMPTS[:12], SamplingParams(temperature=0, max_tokens=64, ignore_eos=True))
+    assert llm.engine.scheduler.preemptions > 0
+    for p, c in zip(PROMPTS, completions):
+        assert c.token_ids == solo[p], p
+    llm.runner.cache.check_invariants()
+    del params
+
+
+def test_seeded_sampling_is_the_same_alone_and_batched(gguf_path):
+    llm = make_llm(gguf_path, **{"runtime.max_num_seqs": 8})
+    params = [SamplingParams(temperature=1.0, max_tokens=40, seed=s) for s in range(4)]
+    alone = [llm.generate(PROMPTS[0], p).token_ids for p in params]
+    engine = llm.engine
+    reqs = [engine.add_request(llm.tokenize(PROMPTS[0]), p) for p in params]
+    engine.run_until_done()
+    assert [r.completion.token_ids for r in reqs] == alone
+    assert len(set(alone)) == 4  # the seeds really differ
+
+
+def test_abort_frees_the_cache_at_once(gguf_path):
+    llm = make_llm(gguf_path, **{"runtime.max_num_seqs": 4})
+    engine, cache = llm.engine, llm.runner.cache
+    params = SamplingParams(temperature=0, max_tokens=200, ignore_eos=True)
+    reqs = [engine.add_request(llm.tokenize(p), params) for p in PROMPTS[:3]]
+    for _ in range(20):
+        engine.step()
+    victim = reqs[1]
+    seq_id = victim.seq_id
+    assert seq_id in cache.seqs
+    used = cache.stats().bytes_used_random + cache.stats().bytes_used_sequential
+    assert engine.abort(victim.request_id)
+    assert seq_id not in cache.seqs and victim.status is Status.FINISHED
+    after = cache.stats().bytes_used_random + cache.stats().bytes_used_sequential
+    assert after < used
+    assert victim.completion.finish_reason == "abort" and len(victim.completion.token_ids) == 20
+    engine.run_until_done()
+    assert [r.completion.finish_reason for r in reqs] == ["length", "abort", "length"]
+    assert not engine.abort(victim.request_id)  # already over
+    cache.check_invariants()
+
+
+def test_generation_close_aborts_the_request(gguf_path):
+    llm = make_llm(gguf_path)
+    gen = llm.stream(PROMPTS[0], SamplingParams(temperature=0, max_tokens=100, ignore_eos=True))
+    next(gen)
+    gen.close()
+    assert gen.completion.finish_reason == "abort"
+    assert not llm.engine.has_work()
+
+
+def test_async_submit_streams_deltas_that_add_up(gguf_path, solo):
+    llm = make_llm(gguf_path, **{"runtime.max_num_seqs": 4})
+    params = SamplingParams(temperature=0, max_tokens=64, ignore_eos=True)
+
+    async def one(prompt):
+        handle = await llm.engine.submit(prompt, params)
+        deltas = [d async for d in handle]
+        return deltas, handle.completion
+
+    async def main():
+        return await asyncio.gather(*(one(p) for p in PROMPTS[:4]))
+
+    try:
+        results = asyncio.run(main())
+    finally:
+        llm.engine.shutdown()
+    for p, (deltas, c) in zip(PROMPTS, results):
+        assert c.token_ids == solo[p]
+        assert "".join(d.text for d in deltas) == c.text
+        assert sum(len(d.token_ids) for d in deltas) == len(c.token_ids)
+        assert deltas[-1].finish_reason == "length" and all(d.finish_reason is None for d in deltas[:-1])
+
+
+def test_a_full_queue_refuses_with_queue_full_error(gguf_path):
+    llm = make_llm(gguf_path, **{"server.max_queued_requests": 2})
+    ids = llm.tokenize(PROMPTS[0])
+    llm.engine.add_request(ids)
+    llm.engine.add_request(ids)
+    with pytest.raises(QueueFullError, match=r"2 requests are already waiting \(limit 2\)"):
+        llm.engine.add_request(ids)
+    llm.engine.shutdown()
+    assert not llm.engine.has_work()
+
+
+def test_the_router_sends_long_prompts_to_the_sequential_path(gguf_path):
+    llm = make_llm(gguf_path, **{"dualpath_config.seq_path_threshold": 32, "runtime.max_num_seqs": 2})
+    engine = llm.engine
+    long_prompt = llm.tokenize(" ".join(NAMES * 3))
+    assert len(long_prompt) > 32
+    long_req = engine.add_request(long_prompt, SamplingParams(temperature=0, max_tokens=4))
+    short_req = engine.add_request(llm.tokenize(PROMPTS[0]), SamplingParams(temperature=0, max_tokens=4))
+    engine.step()
+    seqs = llm.runner.cache.seqs
+    assert seqs[long_req.seq_id].path is Path.SEQUENTIAL
+    assert seqs[short_req.seq_id].path is Path.HYBRID
+    engine.run_until_done()
+
+
+def test_a_shared_prefix_is_reused_across_requests(gguf_path):
+    llm = make_llm(gguf_path, **{"runtime.max_num_seqs": 4})
+    system = "Once upon a time there was a little girl named Lily who loved to play in the park with her dog."
+    params = SamplingParams(temperature=0, max_tokens=8)
+    first = llm.generate(system + " One day", params)
+    engine = llm.engine
+    reqs = [engine.add_request(llm.tokenize(system + tail), params) for tail in (" The end", " She ran", " It was")]
+    engine.run_until_done()
+    page = llm.config.dualpath_config.page_tokens
+    assert first.usage.cached_prompt_tokens == 0
+    for r in reqs:
+        assert r.completion.usage.cached_prompt_tokens >= page  # the system prompt's full pages
+    assert llm.runner.cache.stats().prefix_hit_rate > 0
+
+
+def test_a_bad_prompt_is_refused_before_it_is_queued(gguf_path):
+    llm = make_llm(gguf_path)
+    with pytest.raises(dualpath.PromptTooLongError, match="context window holds 256"):
+        llm.engine.add_request([1] * 300)
+    with pytest.raises(dualpath.InvalidPromptError, match="outside the vocabulary"):
+        llm.engine.add_request([1, 99999])
+    assert not llm.engine.has_work()
+
+
+def test_kv_cache_smaller_than_the_context_is_a_config_error(gguf_path):
+    with pytest.raises(dualpath.ConfigError, match="kv_cache_tokens=100 must hold at least one full context"):
+        make_llm(gguf_path, **{"runtime.kv_cache_tokens": 100})
