@@ -31,7 +31,7 @@ def workload(seed: int, requests: int, rate: float, vocab: int, system_tokens: i
     for _ in range(requests):
         t += float(rng.exponential(1.0 / rate))
         if rng.random() < doc_share:
-            n = int(doc_tokens * rng.uniform(0.5, 1.0))
+            n = int(doc_tokens * rng.uniform(0.7, 1.0))
             out.append({"at": t, "kind": "document", "prompt": [1] + rng.integers(3, vocab, n).tolist(),
                         "max_tokens": 32})
         else:
@@ -100,11 +100,18 @@ def worker(model: str, mode: str, args: dict) -> dict:
     ttft = np.array([r["ttft"] for r in results])
     tpot = np.array([r["tpot"] for r in results if r["tpot"] is not None])
     chat_ttft = np.array([r["ttft"] for r in results if r["kind"] == "chat"])
+    doc_ttft = np.array([r["ttft"] for r in results if r["kind"] == "document"])
+    chat_tpot = np.array([r["tpot"] for r in results if r["kind"] == "chat" and r["tpot"] is not None])
     return {
         "mode": mode, "wall_s": wall, "requests": len(results),
         "ttft_p50_ms": float(np.percentile(ttft, 50) * 1e3), "ttft_p99_ms": float(np.percentile(ttft, 99) * 1e3),
         "tpot_p50_ms": float(np.percentile(tpot, 50) * 1e3), "tpot_p99_ms": float(np.percentile(tpot, 99) * 1e3),
         "chat_ttft_p50_ms": float(np.percentile(chat_ttft, 50) * 1e3) if len(chat_ttft) else 0.0,
+        "chat_ttft_p99_ms": float(np.percentile(chat_ttft, 99) * 1e3) if len(chat_ttft) else 0.0,
+        "chat_tpot_p99_ms": float(np.percentile(chat_tpot, 99) * 1e3) if len(chat_tpot) else 0.0,
+        "doc_ttft_p50_ms": float(np.percentile(doc_ttft, 50) * 1e3) if len(doc_ttft) else 0.0,
+        "doc_ttft_p99_ms": float(np.percentile(doc_ttft, 99) * 1e3) if len(doc_ttft) else 0.0,
+        "documents": int(len(doc_ttft)),
         "peak_kv_mb": peak["held"] / 2**20, "peak_kv_with_cached_mb": peak["with_cached"] / 2**20,
         "kv_capacity_mb": stats.bytes_total / 2**20,
         "paths": paths, "migrations": stats.migrations, "prefix_hit_rate": stats.prefix_hit_rate,
@@ -130,7 +137,7 @@ def _default_model(ctx: int) -> str:
 def cmd_bench_serve(args) -> int:
     if args.workload != "mixed":
         raise SystemExit(f"unknown workload {args.workload!r} (available: mixed)")
-    model = args.model or _default_model(args.ctx)
+    model = args.model or _default_model(max(args.ctx, 2048))
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     for m in modes:
         if m not in ("dual", "sequential", "random"):
@@ -141,7 +148,7 @@ def cmd_bench_serve(args) -> int:
               "doc_tokens": args.doc_tokens, "doc_share": args.doc_share}
     print(f"model {model}; workload mixed: {args.requests} requests at {args.rate:g}/s (seed {args.seed}), "
           f"{1 - args.doc_share:.0%} chats sharing a {args.system_tokens}-token system prompt, "
-          f"{args.doc_share:.0%} documents of {args.doc_tokens // 2}-{args.doc_tokens} tokens; "
+          f"{args.doc_share:.0%} documents of {int(args.doc_tokens * 0.7)}-{args.doc_tokens} tokens; "
           f"{args.threads} threads, {args.max_num_seqs} requests at once, "
           f"KV cache {params['kv_cache_tokens']} tokens", flush=True)
     runs: dict[str, list[dict]] = {m: [] for m in modes}
@@ -163,15 +170,17 @@ def cmd_bench_serve(args) -> int:
 
     print(f"\nmedians of {args.repeats} run(s):")
     head = (f"{'mode':>10} | {'TTFT p50':>9} | {'TTFT p99':>9} | {'TPOT p50':>9} | {'TPOT p99':>9} | "
-            f"{'chat TTFT p50':>13} | {'peak KV':>8} | {'+cached':>8} | router (requests per path; migrations; "
-            f"prefix hits; preemptions)")
+            f"{'chat TTFT p50/p99':>17} | {'doc TTFT p50/p99':>16} | {'peak KV':>8} | {'+cached':>8} | "
+            f"router (requests per path; migrations; prefix hits; preemptions)")
     print(head)
     print("-" * len(head))
     for m in modes:
         last = runs[m][-1]
         paths = ", ".join(f"{k} {v}" for k, v in sorted(last["paths"].items()))
         print(f"{m:>10} | {med(m, 'ttft_p50_ms'):7.0f}ms | {med(m, 'ttft_p99_ms'):7.0f}ms | "
-              f"{med(m, 'tpot_p50_ms'):7.1f}ms | {med(m, 'tpot_p99_ms'):7.1f}ms | {med(m, 'chat_ttft_p50_ms'):11.0f}ms | "
+              f"{med(m, 'tpot_p50_ms'):7.1f}ms | {med(m, 'tpot_p99_ms'):7.1f}ms | "
+              f"{med(m, 'chat_ttft_p50_ms'):6.0f} / {med(m, 'chat_ttft_p99_ms'):6.0f}ms | "
+              f"{med(m, 'doc_ttft_p50_ms'):5.0f} / {med(m, 'doc_ttft_p99_ms'):6.0f}ms | "
               f"{med(m, 'peak_kv_mb'):6.1f}MB | {med(m, 'peak_kv_with_cached_mb'):6.1f}MB | {paths}; "
               f"{last['migrations']}; {last['prefix_hit_rate']:.0%}; {last['preemptions']}")
     if "dual" in runs and len(modes) > 1:
@@ -190,19 +199,177 @@ def add_parser(bs) -> None:
     s.add_argument("--workload", default="mixed", help="the request mix (mixed)")
     s.add_argument("-m", "--model", help="GGUF file (default: a stories15M-shaped synth model, random weights)")
     s.add_argument("--modes", default="dual,sequential,random", help="path modes to compare")
-    s.add_argument("--requests", type=int, default=48)
-    s.add_argument("--rate", type=float, default=1.0, help="mean arrivals per second (Poisson)")
+    s.add_argument("--requests", type=int, default=40)
+    s.add_argument("--rate", type=float, default=0.5, help="mean arrivals per second (Poisson)")
     s.add_argument("--seed", type=int, default=0)
-    s.add_argument("--ctx", type=int, default=8192, help="context window (runtime.max_context_tokens)")
+    s.add_argument("--ctx", type=int, default=16384, help="context window (runtime.max_context_tokens)")
     s.add_argument("--system-tokens", type=int, default=384, help="shared system prompt length")
-    s.add_argument("--doc-tokens", type=int, default=6144, help="longest document (documents are 50-100%%)")
-    s.add_argument("--doc-share", type=float, default=0.15, help="share of requests that are documents")
+    s.add_argument("--doc-tokens", type=int, default=12288,
+                   help="longest document (documents are 70-100%%: past the default seq_path_threshold)")
+    s.add_argument("--doc-share", type=float, default=0.1, help="share of requests that are documents")
     s.add_argument("--max-num-seqs", type=int, default=8)
     s.add_argument("--kv-cache-tokens", type=int, default=0, help="KV cache size (default 4 x ctx)")
     s.add_argument("-t", "--threads", type=int, default=2)
     s.add_argument("-r", "--repeats", type=int, default=1)
     s.add_argument("--json", help="also write every run as JSON here")
     s.set_defaults(func=cmd_bench_serve)
+
+    lo = bs.add_parser("load", help="N concurrent streaming clients against a live dualpath serve")
+    lo.add_argument("-m", "--model", help="GGUF file (default: a stories15M-shaped synth model, random weights)")
+    lo.add_argument("--clients", type=int, default=64)
+    lo.add_argument("--duration", type=float, default=60.0, help="seconds of sending (requests in flight finish)")
+    lo.add_argument("--max-tokens", type=int, default=64)
+    lo.add_argument("--max-num-seqs", type=int, default=16)
+    lo.add_argument("--seed", type=int, default=0)
+    lo.add_argument("-t", "--threads", type=int, default=2)
+    lo.add_argument("--set", action="append", metavar="KEY=VALUE", help="server config override")
+    lo.add_argument("--json")
+    lo.set_defaults(func=cmd_bench_load)
+
+
+# -- bench load: many streaming clients against a live server -----------------------
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _metric(text: str, name: str) -> float:
+    for line in text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.rsplit(" ", 1)[1])
+    raise KeyError(name)
+
+
+def load_test(model: str, *, clients: int, duration_s: float, max_tokens: int, seed: int = 0,
+              server_args: tuple[str, ...] = (), log=print) -> dict:
+    """Start ``dualpath serve`` on loopback, run ``clients`` streaming clients that send
+    completions back to back for ``duration_s``, then check that the server holds no
+    request and no KV cache block. Returns the figures (latencies in ms)."""
+    import asyncio
+
+    import httpx
+    import numpy as np
+
+    port = _free_port()
+    cmd = [sys.executable, "-m", "dualpath.cli", "serve", "--model", model, "--port", str(port), *server_args]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.time() + 120
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"dualpath serve exited: {proc.stderr.read()[-2000:]}")
+            try:
+                if httpx.get(base + "/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.time() > deadline:
+                raise RuntimeError("dualpath serve did not come up in 120 s")
+            time.sleep(0.2)
+        words = ["Once", "upon", "a", "time", "there", "was", "a", "little", "girl", "dog", "named", "Lily",
+                 "Tom", "who", "loved", "to", "play", "in", "the", "park", "sun", "big", "red", "ball"]
+        ttft, tpot, failures, done = [], [], [], [0]
+
+        async def client(i: int, http: httpx.AsyncClient, stop_at: float):
+            rng = np.random.default_rng(seed * 1000 + i)
+            while time.perf_counter() < stop_at:
+                prompt = " ".join(rng.choice(words, int(rng.integers(3, 24))))
+                body = {"prompt": prompt, "max_tokens": int(rng.integers(max_tokens // 2, max_tokens + 1)),
+                        "temperature": 0.8, "seed": int(rng.integers(1 << 30)), "stream": True}
+                t0 = time.perf_counter()
+                times = []
+                try:
+                    async with http.stream("POST", "/v1/completions", json=body) as r:
+                        if r.status_code != 200:
+                            failures.append(f"HTTP {r.status_code}: {(await r.aread())[:200]!r}")
+                            continue
+                        finished = False
+                        async for line in r.aiter_lines():
+                            if not line.startswith("data: ") or line == "data: [DONE]":
+                                continue
+                            choice = json.loads(line[6:])["choices"][0]
+                            times.append(time.perf_counter())
+                            finished = finished or choice["finish_reason"] is not None
+                        if not finished:
+                            failures.append("stream ended without a finish_reason")
+                            continue
+                except httpx.HTTPError as e:
+                    failures.append(f"{type(e).__name__}: {e}")
+                    continue
+                done[0] += 1
+                ttft.append(times[0] - t0)
+                if len(times) > 2:
+                    tpot.append((times[-1] - times[0]) / (len(times) - 1))
+
+        async def main():
+            limits = httpx.Limits(max_connections=clients + 8, max_keepalive_connections=clients + 8)
+            async with httpx.AsyncClient(base_url=base, timeout=httpx.Timeout(600.0), limits=limits) as http:
+                stop_at = time.perf_counter() + duration_s
+                t0 = time.perf_counter()
+                await asyncio.gather(*(client(i, http, stop_at) for i in range(clients)))
+                return time.perf_counter() - t0
+
+        wall = asyncio.run(main())
+        time.sleep(0.2)
+        metrics = httpx.get(base + "/metrics", timeout=10).text
+        held = {use: _metric_labeled(metrics, "dualpath_kv_cache_bytes", f'use="{use}"')
+                for use in ("sequential", "random")}
+        out = {
+            "clients": clients, "wall_s": wall, "requests": done[0], "failures": len(failures),
+            "failure_examples": failures[:5],
+            "ttft_p50_ms": float(np.percentile(ttft, 50) * 1e3) if ttft else None,
+            "ttft_p99_ms": float(np.percentile(ttft, 99) * 1e3) if ttft else None,
+            "tpot_p50_ms": float(np.percentile(tpot, 50) * 1e3) if tpot else None,
+            "tpot_p99_ms": float(np.percentile(tpot, 99) * 1e3) if tpot else None,
+            "running_after": _metric(metrics, "dualpath_running_requests"),
+            "waiting_after": _metric(metrics, "dualpath_queue_depth"),
+            "kv_bytes_held_after": held["sequential"] + held["random"],
+            "generated_tokens": _metric(metrics, "dualpath_generation_tokens_total"),
+        }
+        return out
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def _metric_labeled(text: str, name: str, label: str) -> float:
+    prefix = f"{name}{{{label}}} "
+    for line in text.splitlines():
+        if line.startswith(prefix):
+            return float(line[len(prefix):])
+    raise KeyError(prefix)
+
+
+def cmd_bench_load(args) -> int:
+    model = args.model or _default_model(2048)
+    server_args = ["--set", f"runtime.max_num_seqs={args.max_num_seqs}",
+                   "--set", f"server.max_queued_requests={args.clients}", "-t", str(args.threads)]
+    for item in args.set or ():
+        server_args += ["--set", item]
+    print(f"{args.clients} streaming clients for {args.duration:g}s against dualpath serve ({model}, "
+          f"{args.max_num_seqs} requests at once)", flush=True)
+    r = load_test(model, clients=args.clients, duration_s=args.duration, max_tokens=args.max_tokens,
+                  seed=args.seed, server_args=tuple(server_args))
+    print(f"requests completed: {r['requests']} in {r['wall_s']:.1f}s, failed: {r['failures']}")
+    for e in r["failure_examples"]:
+        print(f"  failure: {e}")
+    print(f"TTFT p50 {r['ttft_p50_ms']:.0f} ms, p99 {r['ttft_p99_ms']:.0f} ms; "
+          f"TPOT p50 {r['tpot_p50_ms']:.1f} ms, p99 {r['tpot_p99_ms']:.1f} ms")
+    print(f"after: running {r['running_after']:.0f}, waiting {r['waiting_after']:.0f}, "
+          f"KV bytes held {r['kv_bytes_held_after']:.0f}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(r, f, indent=1)
+    ok = r["failures"] == 0 and r["kv_bytes_held_after"] == 0 and r["running_after"] == 0
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":

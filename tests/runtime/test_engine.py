@@ -146,10 +146,10 @@ def test_async_submit_streams_deltas_that_add_up(gguf_path, solo):
 
 
 def test_a_full_queue_refuses_with_queue_full_error(gguf_path):
-    llm = make_llm(gguf_path, **{"server.max_queued_requests": 2})
+    llm = make_llm(gguf_path, **{"server.max_queued_requests": 2, "runtime.max_num_seqs": 3})
     ids = llm.tokenize(PROMPTS[0])
-    llm.engine.add_request(ids)
-    llm.engine.add_request(ids)
+    for _ in range(3 + 2):  # three take the free slots at the next step, two wait beyond them
+        llm.engine.add_request(ids)
     with pytest.raises(QueueFullError, match=r"2 requests are already waiting \(limit 2\)"):
         llm.engine.add_request(ids)
     llm.engine.shutdown()

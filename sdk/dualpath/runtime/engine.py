@@ -131,7 +131,9 @@ class Engine:
         check_prompt(ids, self.runner.spec.config.vocab_size, self.context_tokens)
         params = params or SamplingParams()
         with self._mu:
-            waiting = len(self.scheduler.waiting)
+            # Queued beyond the free sequence slots (those start at the next step).
+            sch = self.scheduler
+            waiting = len(sch.waiting) - max(0, sch.max_num_seqs - len(sch.running))
             if self.max_queued_requests is not None and waiting >= self.max_queued_requests:
                 raise QueueFullError(waiting, self.max_queued_requests)
             rid = request_id or f"req-{next(self._ids)}"
