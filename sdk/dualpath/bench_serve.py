@@ -52,7 +52,7 @@ def worker(model: str, mode: str, args: dict) -> dict:
     cfg = load_config(None, {
         "runtime.num_threads": args["threads"], "runtime.max_context_tokens": args["ctx"],
         "runtime.max_num_seqs": args["max_num_seqs"], "runtime.kv_cache_tokens": args["kv_cache_tokens"],
-        "dualpath_config.path_mode": mode, "server.max_queued_requests": 100000})
+        "dualpath_config.path_mode": mode, "server.max_queued_requests": 100000, **args.get("overrides", {})})
     llm = LLM(model, cfg)
     engine = llm.engine
     schedule = workload(args["seed"], args["requests"], args["rate"], llm.spec.config.vocab_size,
@@ -134,6 +134,18 @@ def _default_model(ctx: int) -> str:
     return path
 
 
+def _overrides(items) -> dict:
+    import yaml
+
+    out = {}
+    for item in items or ():
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise SystemExit(f"--set {item!r}: expected KEY=VALUE")
+        out[key.strip()] = yaml.safe_load(value)
+    return out
+
+
 def cmd_bench_serve(args) -> int:
     if args.workload != "mixed":
         raise SystemExit(f"unknown workload {args.workload!r} (available: mixed)")
@@ -145,7 +157,7 @@ def cmd_bench_serve(args) -> int:
     params = {"threads": args.threads, "ctx": args.ctx, "max_num_seqs": args.max_num_seqs,
               "kv_cache_tokens": args.kv_cache_tokens or 4 * args.ctx, "seed": args.seed,
               "requests": args.requests, "rate": args.rate, "system_tokens": args.system_tokens,
-              "doc_tokens": args.doc_tokens, "doc_share": args.doc_share}
+              "doc_tokens": args.doc_tokens, "doc_share": args.doc_share, "overrides": _overrides(args.set)}
     print(f"model {model}; workload mixed: {args.requests} requests at {args.rate:g}/s (seed {args.seed}), "
           f"{1 - args.doc_share:.0%} chats sharing a {args.system_tokens}-token system prompt, "
           f"{args.doc_share:.0%} documents of {int(args.doc_tokens * 0.7)}-{args.doc_tokens} tokens; "
@@ -211,6 +223,7 @@ def add_parser(bs) -> None:
     s.add_argument("--kv-cache-tokens", type=int, default=0, help="KV cache size (default 4 x ctx)")
     s.add_argument("-t", "--threads", type=int, default=2)
     s.add_argument("-r", "--repeats", type=int, default=1)
+    s.add_argument("--set", action="append", metavar="KEY=VALUE", help="config override for every mode")
     s.add_argument("--json", help="also write every run as JSON here")
     s.set_defaults(func=cmd_bench_serve)
 

@@ -179,6 +179,8 @@ class Engine:
             self._apply_aborts()
             with self._mu:
                 batch = self.scheduler.schedule()
+                for req, why in self.scheduler.failed:
+                    self._end(req, error=DualPathError(why))
             if not batch:
                 return 0
             t0 = time.perf_counter()
@@ -302,7 +304,13 @@ class Engine:
                     self._wake.wait()
                 if self._stopping:
                     return
-            self.step()
+            try:
+                self.step()
+            except Exception as e:  # a bug outside the model run: fail what is in flight, keep serving
+                log.exception("engine step failed outside the model run")
+                with self._mu:
+                    for req in list(self._requests.values()):
+                        self._end(req, error=e)
 
     # -- async API -----------------------------------------------------------------
     async def submit(self, prompt: str | Sequence[int], params: SamplingParams | None = None, *,

@@ -3,24 +3,27 @@
 Every step mixes decode tokens and prefill chunks under a token budget
 (``runtime.max_batch_tokens``):
 
-1. Running requests, oldest first: a decoding request gets its one token; one in
-   prefill gets its next chunk of ``prefill_chunk_tokens`` (chunk boundaries are
-   fixed per request, so a prompt is cut the same way alone or in a batch).
-2. Waiting requests, first come first served, while a sequence slot, the budget
-   and the cache allow. A request starts by looking its prompt up in the prefix
-   cache; the router (cache/routing.py) picks its path from its length.
+1. Decoding requests, oldest first: one token each.
+2. Prompt chunks (at most ``prefill_chunk_tokens``, cut shorter only to fill the
+   budget), shortest remaining prompt first, aged by waiting time: running
+   requests continue their prompt, waiting ones start while a sequence slot and
+   the cache allow. A short chat is never stuck behind a long document's prefill,
+   and the document still moves on with the budget the chats leave. A request
+   starts by looking its prompt up in the prefix cache; the router
+   (cache/routing.py) picks its path from its length.
 
 When the cache has no room for a running request, the newest running request not
 yet scheduled in this step is *preempted by recompute*: its cache pages are
 released (full pages stay in the prefix cache, so much of the recompute is often
 a cache hit), and it goes back to the front of the queue with its prompt plus
 the tokens generated so far. Its sampler keeps its state, so it resumes with the
-same output. New requests never preempt running ones; they wait.
+same output. Prompt chunks never preempt; they wait for room.
 """
 
 from __future__ import annotations
 
 import enum
+import time
 from collections import deque
 from typing import TYPE_CHECKING
 
@@ -29,6 +32,10 @@ from ..cache.manager import NoRoom
 if TYPE_CHECKING:
     from ..runtime.engine import Request
     from ..runtime.session import ModelRunner
+
+
+_MIN_CHUNK = 32
+"""A prompt chunk cut short by the step's budget is at least this many tokens."""
 
 
 class Status(enum.Enum):
@@ -58,6 +65,8 @@ class BatchScheduler:
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.preemptions = 0
+        self.failed: list[tuple[Request, str]] = []
+        """Requests the last schedule() found the cache can never hold, with why."""
         self._next_seq = 1 << 20  # seq ids above the runner's own single-sequence ids
 
     def add(self, request: Request) -> None:
@@ -68,68 +77,100 @@ class BatchScheduler:
         return bool(self.waiting or self.running)
 
     def schedule(self) -> list[Scheduled]:
+        """The next step's work. Requests the cache can never hold go to ``failed``."""
         from ..runtime.session import StepEntry
 
+        self.failed = []
         budget = self.max_batch_tokens
         chunk = self.runner.prefill_chunk_tokens
         out: list[Scheduled] = []
         taken: set[int] = set()
-        i = 0
-        while i < len(self.running):
-            req = self.running[i]
-            todo = req.n - req.computed
-            n = min(todo, chunk)
-            if n > budget:
-                if not out:  # never an empty step: the first request may use a smaller chunk
-                    n = budget
-                else:
-                    i += 1
-                    continue
-            tokens = req.ids[req.computed:req.computed + n].tolist()
-            alloc = self.runner.allocate(req.seq_id, tokens, prefill=todo > 1)
-            while isinstance(alloc, NoRoom):
-                victim = next((r for r in reversed(self.running) if id(r) not in taken and r is not req), None)
-                if victim is None:
-                    break
-                if self.running.index(victim) < i:
-                    i -= 1
-                self.preempt(victim)
-                alloc = self.runner.allocate(req.seq_id, tokens, prefill=todo > 1)
-            if isinstance(alloc, NoRoom):
-                self.preempt(req)  # wait until the scheduled requests let go of memory
-                continue
+
+        def add(req, n, alloc):
+            tokens = alloc_tokens[0]
             req.computed += n
             logits = req.computed == req.n
             out.append(Scheduled(req, n, logits, StepEntry(req.seq_id, tokens, alloc.slots, logits)))
             taken.add(id(req))
-            budget -= n
-            i += 1
-        while self.waiting and len(self.running) < self.max_num_seqs and budget > 0:
-            req = self.waiting[0]
-            seq_id = self._next_seq
-            self._next_seq += 1
-            prompt = req.ids[:req.n].tolist()
-            cached = self.cache.start(seq_id, prompt)
-            n = min(req.n - cached, chunk)
-            if n > budget and out:  # the whole chunk next step (fixed chunk boundaries)
-                self.cache.free(seq_id)
-                break
-            n = min(n, budget)
-            tokens = prompt[cached:cached + n]
-            alloc = self.runner.allocate(seq_id, tokens, prefill=True)
+
+        alloc_tokens = [None]
+
+        def allocate(req, n, prefill, preempt_others):
+            tokens = alloc_tokens[0] = req.ids[req.computed:req.computed + n].tolist()
+            alloc = self.runner.allocate(req.seq_id, tokens, prefill=prefill)
+            while isinstance(alloc, NoRoom) and preempt_others:
+                victim = next((r for r in reversed(self.running) if id(r) not in taken and r is not req), None)
+                if victim is None:
+                    break
+                self.preempt(victim)
+                alloc = self.runner.allocate(req.seq_id, tokens, prefill=prefill)
+            return alloc
+
+        # 1. A token for every decoding request, oldest first; one that finds no room
+        #    preempts the newest request not yet scheduled (or waits itself).
+        for req in list(self.running):
+            if req.status is not Status.RUNNING or req.n - req.computed != 1 or budget < 1:
+                continue
+            alloc = allocate(req, 1, False, True)
             if isinstance(alloc, NoRoom):
-                self.cache.free(seq_id)
+                self.preempt(req)
+                continue
+            add(req, 1, alloc)
+            budget -= 1
+        # 2. Prefill chunks, shortest remaining prompt first (aged by waiting time, so a
+        #    long document is not starved): a short chat is not stuck behind a long
+        #    document's prefill. Running prompts continue; waiting requests start.
+        now = time.perf_counter()
+        candidates = [r for r in self.running if r.n - r.computed > 1] + list(self.waiting)
+        candidates.sort(key=lambda r: (r.n - r.computed) / (1.0 + now - r.arrival))
+        for req in candidates:
+            if budget < 1:
                 break
-            self.waiting.popleft()
-            req.seq_id, req.status = seq_id, Status.RUNNING
-            req.path = self.cache.seqs[seq_id].path
-            if req.cached_tokens is None:
-                req.cached_tokens = cached
-            req.computed = cached + n
-            self.running.append(req)
-            logits = req.computed == req.n
-            out.append(Scheduled(req, n, logits, StepEntry(seq_id, tokens, alloc.slots, logits)))
-            budget -= n
+            if req.status is Status.RUNNING:
+                if id(req) in taken:
+                    continue
+                todo = req.n - req.computed
+                n = min(todo, chunk, budget)
+                if n < min(todo, chunk, _MIN_CHUNK):  # only a sliver of budget left
+                    continue
+                alloc = allocate(req, n, True, False)
+                if isinstance(alloc, NoRoom):
+                    continue  # waits for decoders to finish or be preempted
+                add(req, n, alloc)
+                budget -= n
+            elif len(self.running) < self.max_num_seqs:
+                seq_id = self._next_seq
+                self._next_seq += 1
+                prompt = req.ids[:req.n].tolist()
+                cached = self.cache.start(seq_id, prompt)
+                todo = req.n - cached
+                n = min(todo, chunk, budget)
+                if n < min(todo, chunk, _MIN_CHUNK):
+                    self.cache.free(seq_id)
+                    continue
+                req.seq_id, req.computed = seq_id, cached
+                alloc = allocate(req, n, True, False)
+                if isinstance(alloc, NoRoom):
+                    self.cache.free(seq_id)
+                    req.seq_id, req.computed = None, 0
+                    continue
+                self.waiting.remove(req)
+                req.status = Status.RUNNING
+                req.path = self.cache.seqs[seq_id].path
+                if req.cached_tokens is None:
+                    req.cached_tokens = cached
+                self.running.append(req)
+                add(req, n, alloc)
+                budget -= n
+        if not out and self.running:
+            # Nothing fits: every running request is mid-prompt and the cache is full.
+            # Let the newest go (recompute later) so the others can move on.
+            if len(self.running) > 1:
+                self.preempt(self.running[-1])
+            elif self.cache.evict_all() == 0:
+                req = self.running[0]
+                self.failed.append((req, f"the KV cache ({self.runner.kv_cache_tokens} tokens) cannot hold "
+                                         f"request {req.request_id} ({req.n} tokens)"))
         return out
 
     def preempt(self, req: Request) -> None:
