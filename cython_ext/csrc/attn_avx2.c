@@ -74,25 +74,35 @@ static inline __attribute__((always_inline)) void accum_blk(const float *p, int6
         for (int c = 0; c < C; c++) _mm256_storeu_ps(o + g * hd + 8 * c, acc[g * C + c]);
 }
 
+#define ACCUM_CASE(CC, GBB)                                                                        \
+    case CC:                                                                                       \
+        for (; g + GBB <= group; g += GBB)                                                         \
+            accum_blk(p + g * sstride, sstride, GBB, CC, hd, rows, n, o + g * hd);                 \
+        for (; g < group; g++) accum_blk(p + g * sstride, sstride, 1, CC, hd, rows, n, o + g * hd); \
+        return;
+
 static void accum_f32(const float *p, int64_t sstride, int64_t group, int64_t hd, const float *rows,
                       int64_t n, float *o) {
-    if (hd == 64 || hd == 128) {
-        const int C = hd == 64 ? 8 : 16;
-        int64_t g = 0;
-        if (C == 8) for (; g < group; g++) accum_blk(p + g * sstride, sstride, 1, 8, 64, rows, n, o + g * 64);
-        else for (; g < group; g++) accum_blk(p + g * sstride, sstride, 1, 16, 128, rows, n, o + g * 128);
-        return;
+    int64_t g = 0;
+    if (hd % 8 == 0) { /* GB * C <= 12 (or C alone) independent FMA chains */
+        switch (hd / 8) {
+            ACCUM_CASE(1, 8) ACCUM_CASE(2, 6) ACCUM_CASE(3, 4) ACCUM_CASE(4, 3) ACCUM_CASE(5, 2)
+            ACCUM_CASE(6, 2) ACCUM_CASE(7, 1) ACCUM_CASE(8, 1) ACCUM_CASE(9, 1) ACCUM_CASE(10, 1)
+            ACCUM_CASE(11, 1) ACCUM_CASE(12, 1) ACCUM_CASE(13, 1) ACCUM_CASE(14, 1) ACCUM_CASE(15, 1)
+            ACCUM_CASE(16, 1)
+            default: break;
+        }
     }
     int64_t e = 0;
     for (; e + 8 <= hd; e += 8)
-        for (int64_t g = 0; g < group; g++) {
+        for (g = 0; g < group; g++) {
             __m256 acc = _mm256_loadu_ps(o + g * hd + e);
             for (int64_t r = 0; r < n; r++)
                 acc = _mm256_fmadd_ps(_mm256_broadcast_ss(p + g * sstride + r), _mm256_loadu_ps(rows + r * hd + e), acc);
             _mm256_storeu_ps(o + g * hd + e, acc);
         }
     for (; e < hd; e++)
-        for (int64_t g = 0; g < group; g++)
+        for (g = 0; g < group; g++)
             for (int64_t r = 0; r < n; r++) o[g * hd + e] += p[g * sstride + r] * rows[r * hd + e];
 }
 

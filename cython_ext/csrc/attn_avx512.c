@@ -42,24 +42,28 @@ DEFINE_SCORES(scores_f32, float, load_f32)
 DEFINE_SCORES(scores_f16, uint16_t, load_f16)
 
 /* o[g] += sum_r p[g, r] * V[r] from f32 rows. Blocks of GB query heads x C vectors of
- * head_dim stay in registers (GB * C = 16 accumulators); each V row is loaded once
- * per block, so the loop is bound by FMAs, not by loads. */
+ * head_dim (the last one masked, so any head_dim works) stay in registers
+ * (GB * C <= 16 accumulators); each V row is loaded once per block, and GB * C
+ * independent FMA chains keep the FMA units busy. */
 static inline __attribute__((always_inline)) void accum_blk(const float *p, int64_t sstride, const int GB,
-                                                            const int C, int64_t hd, const float *rows,
-                                                            int64_t n, float *o) {
+                                                            const int C, int64_t hd, __mmask16 last,
+                                                            const float *rows, int64_t n, float *o) {
     __m512 acc[16];
     for (int g = 0; g < GB; g++)
-        for (int c = 0; c < C; c++) acc[g * C + c] = _mm512_loadu_ps(o + g * hd + 16 * c);
+        for (int c = 0; c < C; c++)
+            acc[g * C + c] = _mm512_maskz_loadu_ps(c == C - 1 ? last : (__mmask16)0xffff, o + g * hd + 16 * c);
     for (int64_t r = 0; r < n; r++) {
         __m512 v[8];
-        for (int c = 0; c < C; c++) v[c] = _mm512_loadu_ps(rows + r * hd + 16 * c);
+        for (int c = 0; c < C; c++)
+            v[c] = _mm512_maskz_loadu_ps(c == C - 1 ? last : (__mmask16)0xffff, rows + r * hd + 16 * c);
         for (int g = 0; g < GB; g++) {
             const __m512 w = _mm512_set1_ps(p[g * sstride + r]);
             for (int c = 0; c < C; c++) acc[g * C + c] = _mm512_fmadd_ps(w, v[c], acc[g * C + c]);
         }
     }
     for (int g = 0; g < GB; g++)
-        for (int c = 0; c < C; c++) _mm512_storeu_ps(o + g * hd + 16 * c, acc[g * C + c]);
+        for (int c = 0; c < C; c++)
+            _mm512_mask_storeu_ps(o + g * hd + 16 * c, c == C - 1 ? last : (__mmask16)0xffff, acc[g * C + c]);
 }
 
 static void accum_f32_any(const float *p, int64_t sstride, int64_t group, int64_t hd, const float *rows,
@@ -76,17 +80,27 @@ static void accum_f32_any(const float *p, int64_t sstride, int64_t group, int64_
     }
 }
 
+#define ACCUM_CASE(CC, GBB)                                                                        \
+    case CC:                                                                                       \
+        for (; g + GBB <= group; g += GBB)                                                         \
+            accum_blk(p + g * sstride, sstride, GBB, CC, hd, last, rows, n, o + g * hd);           \
+        for (; g < group; g++) accum_blk(p + g * sstride, sstride, 1, CC, hd, last, rows, n, o + g * hd); \
+        break;
+
 static void accum_f32(const float *p, int64_t sstride, int64_t group, int64_t hd, const float *rows,
                       int64_t n, float *o) {
+    const __mmask16 last = hd % 16 ? (__mmask16)((1u << (hd % 16)) - 1) : (__mmask16)0xffff;
     int64_t g = 0;
-    if (hd == 64) {
-        for (; g + 4 <= group; g += 4) accum_blk(p + g * sstride, sstride, 4, 4, 64, rows, n, o + g * 64);
-        for (; g < group; g++) accum_blk(p + g * sstride, sstride, 1, 4, 64, rows, n, o + g * 64);
-    } else if (hd == 128) {
-        for (; g + 2 <= group; g += 2) accum_blk(p + g * sstride, sstride, 2, 8, 128, rows, n, o + g * 128);
-        for (; g < group; g++) accum_blk(p + g * sstride, sstride, 1, 8, 128, rows, n, o + g * 128);
-    } else {
-        accum_f32_any(p, sstride, group, hd, rows, n, o);
+    switch ((hd + 15) / 16) {
+        ACCUM_CASE(1, 8)
+        ACCUM_CASE(2, 8)
+        ACCUM_CASE(3, 5)
+        ACCUM_CASE(4, 4)
+        ACCUM_CASE(5, 3)
+        ACCUM_CASE(6, 2)
+        ACCUM_CASE(7, 2)
+        ACCUM_CASE(8, 2)
+        default: accum_f32_any(p, sstride, group, hd, rows, n, o);
     }
 }
 

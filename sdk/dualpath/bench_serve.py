@@ -6,7 +6,7 @@ schedule. Every path mode (``dual``, ``sequential``, ``random``) serves the same
 schedule through the engine's async API (``engine.submit``; no HTTP, so the
 figures are the engine's), each run in a fresh process, modes interleaved run by
 run. Reported per mode, as medians over runs: P50/P99 time to first token, P50/P99
-time per output token, peak KV memory held by requests (sampled every 10 ms),
+time per output token, peak KV memory held by requests (after every step),
 and what the router decided (requests per path, migrations, prefix hits).
 """
 
@@ -58,7 +58,6 @@ def worker(model: str, mode: str, args: dict) -> dict:
     schedule = workload(args["seed"], args["requests"], args["rate"], llm.spec.config.vocab_size,
                         args["system_tokens"], args["doc_tokens"], args["doc_share"])
     results: list[dict] = []
-    peak = {"held": 0, "with_cached": 0}
     paths: dict[str, int] = {}
 
     async def one(item, t0):
@@ -77,26 +76,15 @@ def worker(model: str, mode: str, args: dict) -> dict:
         results.append({"kind": item["kind"], "ttft": ttft, "tpot": tpot, "tokens": len(times),
                         "cached": handle.completion.usage.cached_prompt_tokens})
 
-    async def sample_memory(stop):
-        while not stop.is_set():
-            s = engine.cache_stats()
-            held = s.bytes_used_sequential + s.bytes_used_random
-            peak["held"] = max(peak["held"], held)
-            peak["with_cached"] = max(peak["with_cached"], held + s.bytes_cached)
-            await asyncio.sleep(0.01)
-
     async def main():
-        stop = asyncio.Event()
-        sampler = asyncio.ensure_future(sample_memory(stop))
         t0 = time.perf_counter()
         await asyncio.gather(*(one(item, t0) for item in schedule))
-        stop.set()
-        await sampler
         return time.perf_counter() - t0
 
     wall = asyncio.run(main())
     engine.shutdown()
     stats = llm.runner.cache.stats()
+    steps = np.array([t for t, _ in engine.metrics.step_log])
     ttft = np.array([r["ttft"] for r in results])
     tpot = np.array([r["tpot"] for r in results if r["tpot"] is not None])
     chat_ttft = np.array([r["ttft"] for r in results if r["kind"] == "chat"])
@@ -112,7 +100,9 @@ def worker(model: str, mode: str, args: dict) -> dict:
         "doc_ttft_p50_ms": float(np.percentile(doc_ttft, 50) * 1e3) if len(doc_ttft) else 0.0,
         "doc_ttft_p99_ms": float(np.percentile(doc_ttft, 99) * 1e3) if len(doc_ttft) else 0.0,
         "documents": int(len(doc_ttft)),
-        "peak_kv_mb": peak["held"] / 2**20, "peak_kv_with_cached_mb": peak["with_cached"] / 2**20,
+        "peak_kv_mb": engine.metrics.peak_kv_bytes_held / 2**20,
+        "step_p50_ms": float(np.percentile(steps, 50) * 1e3), "step_p99_ms": float(np.percentile(steps, 99) * 1e3),
+        "steps": len(steps),
         "kv_capacity_mb": stats.bytes_total / 2**20,
         "paths": paths, "migrations": stats.migrations, "prefix_hit_rate": stats.prefix_hit_rate,
         "cached_prompt_tokens": sum(r["cached"] for r in results),
@@ -182,7 +172,7 @@ def cmd_bench_serve(args) -> int:
 
     print(f"\nmedians of {args.repeats} run(s):")
     head = (f"{'mode':>10} | {'TTFT p50':>9} | {'TTFT p99':>9} | {'TPOT p50':>9} | {'TPOT p99':>9} | "
-            f"{'chat TTFT p50/p99':>17} | {'doc TTFT p50/p99':>16} | {'peak KV':>8} | {'+cached':>8} | "
+            f"{'chat TTFT p50/p99':>17} | {'doc TTFT p50/p99':>16} | {'step p50/p99':>14} | {'peak KV':>8} | "
             f"router (requests per path; migrations; prefix hits; preemptions)")
     print(head)
     print("-" * len(head))
@@ -193,7 +183,7 @@ def cmd_bench_serve(args) -> int:
               f"{med(m, 'tpot_p50_ms'):7.1f}ms | {med(m, 'tpot_p99_ms'):7.1f}ms | "
               f"{med(m, 'chat_ttft_p50_ms'):6.0f} / {med(m, 'chat_ttft_p99_ms'):6.0f}ms | "
               f"{med(m, 'doc_ttft_p50_ms'):5.0f} / {med(m, 'doc_ttft_p99_ms'):6.0f}ms | "
-              f"{med(m, 'peak_kv_mb'):6.1f}MB | {med(m, 'peak_kv_with_cached_mb'):6.1f}MB | {paths}; "
+              f"{med(m, 'step_p50_ms'):4.0f} / {med(m, 'step_p99_ms'):5.0f}ms | {med(m, 'peak_kv_mb'):6.1f}MB | {paths}; "
               f"{last['migrations']}; {last['prefix_hit_rate']:.0%}; {last['preemptions']}")
     if "dual" in runs and len(modes) > 1:
         for m in modes:

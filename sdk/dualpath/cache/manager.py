@@ -528,6 +528,12 @@ class KVCacheManager:
         long = sp[sp[:, 1] >= self.cfg.locality_window, 1].sum()
         return float(long) / seq.num_tokens
 
+    def bytes_held(self) -> int:
+        """KV bytes (all layers) held by sequences: pages in use plus the unused rest of
+        their extents; cached and free pages excluded. Cheap enough for every step."""
+        total = self.num_blocks * self.pages_per_block
+        return (total - self.free_page_count()) * self.page_bytes * self.arena.num_layers
+
     def free_page_count(self) -> int:
         free = sum(len(v) for v in self.rand_free.values()) + len(self.free_blocks) * self.pages_per_block
         return free + len(self.lru)

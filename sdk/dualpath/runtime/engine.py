@@ -203,7 +203,10 @@ class Engine:
                     self._advance(req, logits[row], now)
                     row += 1
                     new_tokens += 1
-            self.metrics.on_step(now, now - t0, sum(s.num_tokens for s in batch), new_tokens)
+                held = self.runner.cache.bytes_held()
+            m = self.metrics
+            m.peak_kv_bytes_held = max(m.peak_kv_bytes_held, held)
+            m.on_step(now, now - t0, sum(s.num_tokens for s in batch), new_tokens)
             return len(batch)
 
     def run_until_done(self) -> None:

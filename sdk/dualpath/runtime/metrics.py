@@ -49,11 +49,16 @@ class EngineMetrics:
         self.finished: collections.Counter[str] = collections.Counter()
         self.rate_window_s = rate_window_s
         self._recent: collections.deque[tuple[float, int]] = collections.deque()  # (time, generated)
+        self.step_log: collections.deque[tuple[float, int]] = collections.deque(maxlen=100000)
+        """(seconds, tokens) of recent steps, for benchmarks."""
+        self.peak_kv_bytes_held = 0
+        """Most KV cache bytes held by requests after any step (extents counted whole)."""
 
     def on_step(self, now: float, seconds: float, tokens: int, generated: int) -> None:
         with self._lock:
             self.steps += 1
             self.step_tokens += tokens
+            self.step_log.append((seconds, tokens))
             self.generation_tokens += generated
             self._recent.append((now, generated))
             while self._recent and self._recent[0][0] < now - self.rate_window_s:

@@ -4,8 +4,10 @@ Every step mixes decode tokens and prefill chunks under a token budget
 (``runtime.max_batch_tokens``):
 
 1. Decoding requests, oldest first: one token each.
-2. Prompt chunks (at most ``prefill_chunk_tokens``, cut shorter only to fill the
-   budget), shortest remaining prompt first, aged by waiting time: running
+2. Prompt chunks (at most ``prefill_chunk_tokens``, cut shorter to fit the budget,
+   where, beside decoding requests, a prompt token counts for more at long context,
+   see ``attention_tokens``),
+   shortest remaining prompt first, aged by waiting time: running
    requests continue their prompt, waiting ones start while a sequence slot and
    the cache allow. A short chat is never stuck behind a long document's prefill,
    and the document still moves on with the budget the chats leave. A request
@@ -62,6 +64,14 @@ class BatchScheduler:
         self.cache = runner.cache
         self.max_num_seqs = max_num_seqs
         self.max_batch_tokens = max_batch_tokens
+        c = runner.spec.config
+        dense = c.num_layers * (2 * c.dim * c.q_dim + 2 * c.dim * c.kv_dim + 3 * c.dim * c.hidden_dim)
+        self.attention_tokens = dense / (2 * c.num_layers * c.q_dim)
+        """Context length at which a prompt token's attention costs as much as its dense
+        math (multiply-adds: QK and PV per context position against the projections and
+        MLP). A prompt chunk at position p costs n * (1 + (p + n / 2) / this) budget
+        tokens: at long context a chunk gets fewer tokens, so a step stays short and
+        the requests decoding beside it keep their pace."""
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.preemptions = 0
@@ -120,6 +130,8 @@ class BatchScheduler:
         # 2. Prefill chunks, shortest remaining prompt first (aged by waiting time, so a
         #    long document is not starved): a short chat is not stuck behind a long
         #    document's prefill. Running prompts continue; waiting requests start.
+        # With nobody decoding there is no pace to keep: chunks count plain tokens.
+        weighted = bool(out)
         now = time.perf_counter()
         candidates = [r for r in self.running if r.n - r.computed > 1] + list(self.waiting)
         candidates.sort(key=lambda r: (r.n - r.computed) / (1.0 + now - r.arrival))
@@ -130,21 +142,21 @@ class BatchScheduler:
                 if id(req) in taken:
                     continue
                 todo = req.n - req.computed
-                n = min(todo, chunk, budget)
+                n, cost = self._chunk(req.computed, min(todo, chunk), budget, weighted)
                 if n < min(todo, chunk, _MIN_CHUNK):  # only a sliver of budget left
                     continue
                 alloc = allocate(req, n, True, False)
                 if isinstance(alloc, NoRoom):
                     continue  # waits for decoders to finish or be preempted
                 add(req, n, alloc)
-                budget -= n
+                budget -= cost
             elif len(self.running) < self.max_num_seqs:
                 seq_id = self._next_seq
                 self._next_seq += 1
                 prompt = req.ids[:req.n].tolist()
                 cached = self.cache.start(seq_id, prompt)
                 todo = req.n - cached
-                n = min(todo, chunk, budget)
+                n, cost = self._chunk(cached, min(todo, chunk), budget, weighted)
                 if n < min(todo, chunk, _MIN_CHUNK):
                     self.cache.free(seq_id)
                     continue
@@ -161,7 +173,7 @@ class BatchScheduler:
                     req.cached_tokens = cached
                 self.running.append(req)
                 add(req, n, alloc)
-                budget -= n
+                budget -= cost
         if not out and self.running:
             # Nothing fits: every running request is mid-prompt and the cache is full.
             # Let the newest go (recompute later) so the others can move on.
@@ -172,6 +184,25 @@ class BatchScheduler:
                 self.failed.append((req, f"the KV cache ({self.runner.kv_cache_tokens} tokens) cannot hold "
                                          f"request {req.request_id} ({req.n} tokens)"))
         return out
+
+    def _chunk(self, pos: int, want: int, budget: float, weighted: bool) -> tuple[int, float]:
+        """(tokens, cost) of the largest chunk of at most ``want`` tokens from position
+        ``pos`` whose cost fits ``budget`` (see ``attention_tokens``; unweighted, a
+        token costs 1)."""
+        if not weighted:
+            n = int(min(want, budget))
+            return n, float(n)
+        K = self.attention_tokens
+
+        def cost(n):
+            return n * (1.0 + (pos + n / 2.0) / K)
+
+        n = want
+        if cost(n) > budget:
+            # n * (1 + (pos + n/2) / K) = budget: the positive root of a quadratic
+            a, b = 0.5 / K, 1.0 + pos / K
+            n = min(want, int((-b + (b * b + 4 * a * budget) ** 0.5) / (2 * a)))
+        return max(n, 0), cost(max(n, 0))
 
     def preempt(self, req: Request) -> None:
         """Release the request's cache and queue it first, to be recomputed."""
