@@ -333,6 +333,7 @@ def load_test(model: str, *, clients: int, duration_s: float, max_tokens: int, s
             "waiting_after": _metric(metrics, "dualpath_queue_depth"),
             "kv_bytes_held_after": held["sequential"] + held["random"],
             "generated_tokens": _metric(metrics, "dualpath_generation_tokens_total"),
+            "preemptions": _metric(metrics, "dualpath_preemptions_total"),
         }
         return out
     finally:
@@ -367,7 +368,7 @@ def cmd_bench_load(args) -> int:
     print(f"TTFT p50 {r['ttft_p50_ms']:.0f} ms, p99 {r['ttft_p99_ms']:.0f} ms; "
           f"TPOT p50 {r['tpot_p50_ms']:.1f} ms, p99 {r['tpot_p99_ms']:.1f} ms")
     print(f"after: running {r['running_after']:.0f}, waiting {r['waiting_after']:.0f}, "
-          f"KV bytes held {r['kv_bytes_held_after']:.0f}")
+          f"KV bytes held {r['kv_bytes_held_after']:.0f}; preemptions {r['preemptions']:.0f}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(r, f, indent=1)

@@ -199,7 +199,7 @@ def cmd_serve(args) -> int:
           f"({cfg.runtime.max_num_seqs} requests at once, {llm.runner.kv_cache_tokens} KV tokens, "
           f"api key {'required' if sc.api_key else 'off'})", file=sys.stderr, flush=True)
     uvicorn.run(app, host=sc.host, port=sc.port, log_level="info" if args.verbose else "warning",
-                timeout_graceful_shutdown=5)
+                timeout_graceful_shutdown=5, timeout_keep_alive=75)
     return 0
 
 

@@ -6,8 +6,8 @@ Every step mixes decode tokens and prefill chunks under a token budget
 1. Decoding requests, oldest first: one token each.
 2. Prompt chunks (at most ``prefill_chunk_tokens``, cut shorter to fit the budget,
    where, beside decoding requests, a prompt token counts for more at long context,
-   see ``attention_tokens``),
-   shortest remaining prompt first, aged by waiting time: running
+   see ``attention_tokens``), fewest remaining chunks first (each second of waiting
+   counts as one chunk less; first come first served among equals): running
    requests continue their prompt, waiting ones start while a sequence slot and
    the cache allow. A short chat is never stuck behind a long document's prefill,
    and the document still moves on with the budget the chats leave. A request
@@ -134,7 +134,9 @@ class BatchScheduler:
         weighted = bool(out)
         now = time.perf_counter()
         candidates = [r for r in self.running if r.n - r.computed > 1] + list(self.waiting)
-        candidates.sort(key=lambda r: (r.n - r.computed) / (1.0 + now - r.arrival))
+        # Priority classes by prompt chunks still to run; a second of waiting promotes a
+        # request by one class; first come first served within a class.
+        candidates.sort(key=lambda r: (max(1, -(-(r.n - r.computed) // chunk) - int(now - r.arrival)), r.arrival))
         for req in candidates:
             if budget < 1:
                 break
@@ -151,6 +153,11 @@ class BatchScheduler:
                 add(req, n, alloc)
                 budget -= cost
             elif len(self.running) < self.max_num_seqs:
+                # Admit only with room to spare: the prompt's pages plus a page for every
+                # running request to grow into, or the newcomer is preempted next step.
+                P = self.cache.page_tokens
+                if self.cache.free_page_count() < -(-(req.n + 1) // P) + len(self.running):
+                    continue
                 seq_id = self._next_seq
                 self._next_seq += 1
                 prompt = req.ids[:req.n].tolist()
