@@ -197,3 +197,23 @@ def test_a_bad_prompt_is_refused_before_it_is_queued(gguf_path):
 def test_kv_cache_smaller_than_the_context_is_a_config_error(gguf_path):
     with pytest.raises(dualpath.ConfigError, match="kv_cache_tokens=100 must hold at least one full context"):
         make_llm(gguf_path, **{"runtime.kv_cache_tokens": 100})
+
+
+def test_many_requests_reading_one_long_shared_prefix_from_a_small_cache(gguf_path):
+    # 8 requests each read the same 11 prefix pages: the step's kernel view (8 x 12
+    # spans) is larger than the cache has pages (16 here).
+    llm = make_llm(gguf_path, **{"runtime.max_num_seqs": 8, "runtime.kv_cache_tokens": 256,
+                                 "dualpath_config.block_size": 4096})
+    prefix = llm.tokenize(" ".join(NAMES * 4))[:210]
+    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    solo = llm.generate(prefix + [300], params).token_ids
+    engine = llm.engine
+    reqs = [engine.add_request(prefix + [300], params) for _ in range(8)]
+    widest = 0
+    while engine.step():
+        widest = max(widest, engine.num_running)
+    assert widest >= 2
+    assert all(r.completion.token_ids == solo for r in reqs)
+    full_pages = (len(prefix) + 1 - 1) // 16 * 16  # the last prompt token always runs
+    assert all(r.completion.usage.cached_prompt_tokens == full_pages for r in reqs)
+    llm.runner.cache.check_invariants()

@@ -297,10 +297,10 @@ class ModelRunner:
         self.kv_cache_tokens = num_blocks * pages_per_block * P
         """Tokens the KV cache holds (all sequences together)."""
         self.slots = np.zeros((T, 3), np.int64)                 # (T, 3) where new tokens go
-        # Kernel view of every sequence of a step, back to back: no more spans than
-        # pages in the cache plus one partial page per sequence.
-        max_spans = min(self.max_num_seqs * (-(-max_context_tokens // P) + 1),
-                        num_blocks * pages_per_block + self.max_num_seqs)
+        # Kernel view of every sequence of a step, back to back: a sequence has at most
+        # one span per page (shared prefix pages appear in every sequence that reads
+        # them), 24 bytes per page_tokens of context: nothing beside the KV itself.
+        max_spans = self.max_num_seqs * (-(-max_context_tokens // P) + 1)
         self.spans = np.zeros((max_spans, 3), np.int64)         # (max_spans, 3)
         self.seqs = np.zeros((self.max_num_seqs, 5), np.int64)   # (S, 5) row0, n, pos0, span0, num_spans
         # Our kernels' own pool (ONNX Runtime has its own): same thread count and cores.

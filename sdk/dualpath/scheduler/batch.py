@@ -6,8 +6,8 @@ Every step mixes decode tokens and prefill chunks under a token budget
 1. Decoding requests, oldest first: one token each.
 2. Prompt chunks (at most ``prefill_chunk_tokens``, cut shorter to fit the budget,
    where, beside decoding requests, a prompt token counts for more at long context,
-   see ``attention_tokens``), fewest remaining chunks first (each second of waiting
-   counts as one chunk less; first come first served among equals): running
+   see ``attention_tokens``), fewest remaining chunks first (each second in the
+   queue counts as one chunk less; first come first served among equals): running
    requests continue their prompt, waiting ones start while a sequence slot and
    the cache allow. A short chat is never stuck behind a long document's prefill,
    and the document still moves on with the budget the chats leave. A request
@@ -134,9 +134,17 @@ class BatchScheduler:
         weighted = bool(out)
         now = time.perf_counter()
         candidates = [r for r in self.running if r.n - r.computed > 1] + list(self.waiting)
-        # Priority classes by prompt chunks still to run; a second of waiting promotes a
-        # request by one class; first come first served within a class.
-        candidates.sort(key=lambda r: (max(1, -(-(r.n - r.computed) // chunk) - int(now - r.arrival)), r.arrival))
+        # Priority classes by prompt chunks still to run, first come first served within
+        # a class. A second in the queue promotes a waiting request by one class (so a
+        # long document gets a slot); a running prompt is not promoted, so it never
+        # holds up the short prompts behind it, and moves on with what they leave.
+        def priority(r):
+            chunks = -(-(r.n - r.computed) // chunk)
+            if r.status is Status.WAITING:
+                chunks = max(1, chunks - int(now - r.arrival))
+            return chunks, r.arrival
+
+        candidates.sort(key=priority)
         for req in candidates:
             if budget < 1:
                 break
@@ -153,16 +161,16 @@ class BatchScheduler:
                 add(req, n, alloc)
                 budget -= cost
             elif len(self.running) < self.max_num_seqs:
-                # Admit only with room to spare: the prompt's pages plus a page for every
-                # running request to grow into, or the newcomer is preempted next step.
-                P = self.cache.page_tokens
-                if self.cache.free_page_count() < -(-(req.n + 1) // P) + len(self.running):
-                    continue
                 seq_id = self._next_seq
                 self._next_seq += 1
                 prompt = req.ids[:req.n].tolist()
                 cached = self.cache.start(seq_id, prompt)
                 todo = req.n - cached
+                # Admit only with room to spare: the uncached prompt's pages plus a page for
+                # every running request to grow into, or the newcomer is preempted next step.
+                if self.cache.free_page_count() < -(-todo // self.cache.page_tokens) + 1 + len(self.running):
+                    self.cache.free(seq_id)
+                    continue
                 n, cost = self._chunk(cached, min(todo, chunk), budget, weighted)
                 if n < min(todo, chunk, _MIN_CHUNK):
                     self.cache.free(seq_id)
