@@ -2,9 +2,10 @@
 """The KV arena (csrc/kv_arena.c) as a Python object, and the per-step stepper.
 
 ``KVArena`` owns the one allocation. Slots and spans are int64 arrays of shape
-(n, 3) (see kv_arena.h). ``ArenaStepper`` binds q/k/v/out and the slot and span
-buffers once; ``step(layer, pos0, num_tokens, num_spans)`` writes the new rows and
-attends, with only small integers crossing the boundary.
+(n, 3) (see kv_arena.h). ``ArenaStepper`` binds q/k/v/out and the slot, span and
+step-table buffers once; ``step_batch(layer, num_rows, num_seqs, num_spans)`` writes
+the new rows and attends for every sequence of the step, with only small integers
+crossing the boundary.
 """
 import os
 
@@ -228,7 +229,8 @@ cdef class KVArena:
 
 
 cdef class ArenaStepper:
-    """One layer step over bound buffers: write K/V at ``slots``, attend over ``spans``.
+    """One layer step over bound buffers: write K/V at ``slots``, then attend for every
+    sequence of the step over its ``spans`` (``step_batch``; one sequence is a batch of one).
 
     q, out: (max_tokens, num_heads * head_dim) f32; k, v: (max_tokens, kv_dim) f32
     slots:  (max_tokens, 3) int64; spans: (max_spans, 3) int64
@@ -276,28 +278,6 @@ cdef class ArenaStepper:
     @property
     def kernel(self):
         return (<bytes>self.ops.name).decode()
-
-    def step(self, int64_t layer, int64_t pos0, int64_t num_tokens, int64_t num_spans):
-        if num_tokens < 1 or num_tokens > self.max_tokens:
-            raise ValueError(f"num_tokens {num_tokens} out of range [1, {self.max_tokens}]")
-        if num_spans < 1 or num_spans > self.max_spans:
-            raise ValueError(f"num_spans {num_spans} out of range [1, {self.max_spans}]")
-        cdef int st
-        cdef const dp_arena *a = &self.arena.a
-        cdef const float *kp = <const float *>cnp.PyArray_DATA(<cnp.ndarray>self.k)
-        cdef const float *vp = <const float *>cnp.PyArray_DATA(<cnp.ndarray>self.v)
-        cdef const float *qp = <const float *>cnp.PyArray_DATA(<cnp.ndarray>self.q)
-        cdef float *op = <float *>cnp.PyArray_DATA(<cnp.ndarray>self.out)
-        cdef const int64_t *slp = <const int64_t *>cnp.PyArray_DATA(<cnp.ndarray>self.slots)
-        cdef const int64_t *spp = <const int64_t *>cnp.PyArray_DATA(<cnp.ndarray>self.spans)
-        cdef dp_pool *pp = self.pool.pool if self.pool is not None else NULL
-        with nogil:
-            st = dp_kv_write_slots(a, self.ops, layer, kp, vp, self.kv_stride, slp, num_tokens)
-            if st == DP_OK:
-                st = dp_attn_spans(a, self.ops, pp, layer, qp, self.q_stride, op, self.q_stride, self.num_heads,
-                                   spp, num_spans, pos0, num_tokens, self.scale, self.prefetch_degree)
-        if st != DP_OK:
-            _check(st, f"attention step (layer {layer}, pos0 {pos0}, {num_tokens} tokens, {num_spans} spans)", "the arena")
 
     def step_batch(self, int64_t layer, int64_t num_rows, int64_t num_seqs, int64_t num_spans):
         """Write the K/V of rows [0, num_rows) at their slots, then attend for every
