@@ -321,7 +321,7 @@ def load_test(model: str, *, clients: int, duration_s: float, max_tokens: int, s
         time.sleep(0.2)
         metrics = httpx.get(base + "/metrics", timeout=10).text
         held = {use: _metric_labeled(metrics, "dualpath_kv_cache_bytes", f'use="{use}"')
-                for use in ("sequential", "random")}
+                for use in ("sequential", "random", "cached", "free")}
         out = {
             "clients": clients, "wall_s": wall, "requests": done[0], "failures": len(failures),
             "failure_examples": failures[:5],
@@ -332,6 +332,9 @@ def load_test(model: str, *, clients: int, duration_s: float, max_tokens: int, s
             "running_after": _metric(metrics, "dualpath_running_requests"),
             "waiting_after": _metric(metrics, "dualpath_queue_depth"),
             "kv_bytes_held_after": held["sequential"] + held["random"],
+            # Every block free, or holding only prefix pages nobody references (evictable).
+            "kv_bytes_free_or_cached_after": held["free"] + held["cached"],
+            "kv_capacity_bytes": _metric(metrics, "dualpath_kv_cache_capacity_bytes"),
             "generated_tokens": _metric(metrics, "dualpath_generation_tokens_total"),
             "preemptions": _metric(metrics, "dualpath_preemptions_total"),
         }

@@ -25,4 +25,5 @@ def test_64_streaming_clients_all_succeed_and_free_every_block(gguf_path):
     assert r["requests"] >= 64  # every client finished at least one request
     assert r["running_after"] == 0 and r["waiting_after"] == 0
     assert r["kv_bytes_held_after"] == 0
+    assert r["kv_bytes_free_or_cached_after"] == r["kv_capacity_bytes"]  # no block leaked
     assert r["generated_tokens"] > 0
