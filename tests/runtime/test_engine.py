@@ -217,3 +217,25 @@ def test_many_requests_reading_one_long_shared_prefix_from_a_small_cache(gguf_pa
     full_pages = (len(prefix) + 1 - 1) // 16 * 16  # the last prompt token always runs
     assert all(r.completion.usage.cached_prompt_tokens == full_pages for r in reqs)
     llm.runner.cache.check_invariants()
+
+
+def test_a_failing_step_fails_its_requests_and_the_engine_keeps_serving(gguf_path, solo):
+    llm = make_llm(gguf_path, **{"runtime.max_num_seqs": 2})
+    engine, runner = llm.engine, llm.runner
+    params = SamplingParams(temperature=0, max_tokens=64, ignore_eos=True)
+    errors = []
+    doomed = engine.add_request(llm.tokenize(PROMPTS[0]), params, sink=lambda d, e: e and errors.append(e))
+    real_run = runner.run
+
+    def broken(entries):  # fault injection: the model run raises once
+        runner.run = real_run
+        raise MemoryError("injected failure")
+
+    runner.run = broken
+    engine.step()
+    assert len(errors) == 1 and "injected failure" in str(errors[0])
+    assert doomed.status is Status.FINISHED and doomed.seq_id is None
+    assert set(runner.cache.seqs) == {runner.seq_id}  # its cache was freed
+    c = llm.generate(PROMPTS[1], params)  # the engine still serves, with the same output
+    assert c.token_ids == solo[PROMPTS[1]]
+    runner.cache.check_invariants()
