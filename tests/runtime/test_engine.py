@@ -239,3 +239,19 @@ def test_a_failing_step_fails_its_requests_and_the_engine_keeps_serving(gguf_pat
     c = llm.generate(PROMPTS[1], params)  # the engine still serves, with the same output
     assert c.token_ids == solo[PROMPTS[1]]
     runner.cache.check_invariants()
+
+
+def test_a_step_where_no_request_samples_runs_after_a_longer_one(gguf_path):
+    # A 39-token step leaves its sampled row (38) behind; a 3-token mid-prompt chunk
+    # that samples nothing must not read that row (ORT's Gather would be out of bounds).
+    from dualpath.runtime.session import StepEntry
+
+    llm = make_llm(gguf_path)
+    runner = llm.runner
+    runner.cache.start(5000, [])
+    prompt = llm.tokenize(" ".join(NAMES * 2))[:42]
+    alloc = runner.allocate(5000, prompt[:39], True)
+    assert runner.run([StepEntry(5000, prompt[:39], alloc.slots, True)]).shape[0] == 1
+    alloc = runner.allocate(5000, prompt[39:], True)
+    assert runner.run([StepEntry(5000, prompt[39:], alloc.slots, False)]).shape[0] == 0
+    assert runner.cache.seqs[5000].num_tokens == 42

@@ -379,6 +379,8 @@ class ModelRunner:
             prefill = prefill or n > 1 or seq.num_tokens <= seq.prompt_tokens
             row += n
             span += ns
+        if R == 0:  # no entry samples: lm_head still runs on one row, make it a valid one
+            self.rows[0] = 0
         logits = self._execute(row, max(R, 1), prefill, S, span)
         for e in entries:
             cache.commit(e.seq_id)
