@@ -60,7 +60,7 @@ class LLM:
             kv_cache_tokens=rt.kv_cache_tokens,
         )
         self.engine = Engine(self.runner, self.tokenizer, max_num_seqs=rt.max_num_seqs,
-                             max_batch_tokens=batch_tokens, governor=self.governor,
+                             max_batch_tokens=batch_tokens,
                              max_queued_requests=config.server.max_queued_requests,
                              profile_name=config.power.profile)
         """The continuous-batching engine every request goes through."""

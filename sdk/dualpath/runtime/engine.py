@@ -99,10 +99,9 @@ class Engine:
     """Schedules and runs many requests over one ``ModelRunner`` (see module doc)."""
 
     def __init__(self, runner, tokenizer, *, max_num_seqs: int, max_batch_tokens: int,
-                 max_queued_requests: int | None = None, governor=None, profile_name: str = ""):
-        self.runner = runner
+                 max_queued_requests: int | None = None, profile_name: str = ""):
+        self.runner = runner  # it consults the power governor at every step
         self.tokenizer = tokenizer
-        self.governor = governor
         self.max_queued_requests = max_queued_requests
         self.scheduler = BatchScheduler(runner, max_num_seqs=max_num_seqs,
                                         max_batch_tokens=min(max_batch_tokens, runner.max_step_tokens))
@@ -333,11 +332,6 @@ class Engine:
             return getattr(plan, "profile", None) or self._profile_name
         return self._profile_name
 
-    def cache_stats(self):
-        """The KV cache's CacheStats, read between the engine thread's updates."""
-        with self._mu:
-            return self.runner.cache.stats()
-
     def metrics_text(self) -> str:
         """Prometheus text exposition of the engine's state."""
         with self._mu:
@@ -347,7 +341,21 @@ class Engine:
                                        profile=self.power_profile)
 
 
-class RequestHandle:
+class _Consumer:
+    """What a request's consumer shares: turning sink items into deltas."""
+
+    done = False
+
+    def _receive(self, delta: Delta | None, error: BaseException | None) -> Delta:
+        """The delta of one sink item (raising the error it carries); ``done`` after the last."""
+        if error is not None:
+            self.done = True
+            raise error
+        self.done = delta.finish_reason is not None
+        return delta
+
+
+class RequestHandle(_Consumer):
     """An async iterator of one request's ``Delta``s; ``completion`` once it ends."""
 
     def __init__(self, engine: Engine, loop: asyncio.AbstractEventLoop):
@@ -355,7 +363,6 @@ class RequestHandle:
         self.request: Request | None = None
         self._loop = loop
         self._queue: asyncio.Queue = asyncio.Queue()
-        self._done = False
 
     @property
     def request_id(self) -> str:
@@ -375,21 +382,15 @@ class RequestHandle:
         return self
 
     async def __anext__(self) -> Delta:
-        if self._done:
+        if self.done:
             raise StopAsyncIteration
-        delta, error = await self._queue.get()
-        if error is not None:
-            self._done = True
-            raise error
-        if delta.finish_reason is not None:
-            self._done = True
-        return delta
+        return self._receive(*await self._queue.get())
 
     def abort(self) -> None:
         self.engine.abort(self.request_id)
 
 
-class SyncStream:
+class SyncStream(_Consumer):
     """Deltas of one request for a synchronous caller: steps the engine itself unless
     the background loop runs."""
 
@@ -397,7 +398,6 @@ class SyncStream:
         self.engine = engine
         self._q: queue.SimpleQueue = queue.SimpleQueue()
         self.request = engine.add_request(prompt_ids, params, sink=lambda d, e: self._q.put((d, e)))
-        self.done = False
 
     def next_delta(self) -> Delta | None:
         """The next delta; None once the request has ended."""
@@ -414,9 +414,4 @@ class SyncStream:
                 break
             if not self.engine.step() and self._q.empty():
                 raise DualPathError(f"request {self.request.request_id} made no progress")
-        if error is not None:
-            self.done = True
-            raise error
-        if delta.finish_reason is not None:
-            self.done = True
-        return delta
+        return self._receive(delta, error)

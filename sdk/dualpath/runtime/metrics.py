@@ -44,7 +44,6 @@ class EngineMetrics:
         self.e2e = Histogram(_LATENCY_BUCKETS)
         self.prompt_tokens = 0
         self.generation_tokens = 0
-        self.step_tokens = 0
         self.steps = 0
         self.finished: collections.Counter[str] = collections.Counter()
         self.rate_window_s = rate_window_s
@@ -57,7 +56,6 @@ class EngineMetrics:
     def on_step(self, now: float, seconds: float, tokens: int, generated: int) -> None:
         with self._lock:
             self.steps += 1
-            self.step_tokens += tokens
             self.step_log.append((seconds, tokens))
             self.generation_tokens += generated
             self._recent.append((now, generated))

@@ -352,10 +352,11 @@ class ModelRunner:
             self.cache.migrate(seq_id, Path.SEQUENTIAL)
         return self.cache.allocate(seq_id, token_ids, seq.path if prefill else None)
 
-    def run(self, entries: list[StepEntry]) -> np.ndarray:
+    def run(self, entries: list[StepEntry], all_rows: bool = False) -> np.ndarray:
         """One step over ``entries`` (allocated, at most max_num_seqs, at most
         max_step_tokens tokens together). Returns logits (R, vocab): one row per entry
-        with ``logits``, in entry order. The cache commits every sequence after."""
+        with ``logits``, in entry order, or with ``all_rows`` one per token of the step.
+        The cache commits every sequence after."""
         S = len(entries)
         if not 1 <= S <= self.max_num_seqs:
             raise ValueError(f"a step takes 1..{self.max_num_seqs} sequences, got {S}")
@@ -379,7 +380,10 @@ class ModelRunner:
             prefill = prefill or n > 1 or seq.num_tokens <= seq.prompt_tokens
             row += n
             span += ns
-        if R == 0:  # no entry samples: lm_head still runs on one row, make it a valid one
+        if all_rows:
+            R = row
+            self.rows[:R] = self._steps[:R]
+        elif R == 0:  # no entry samples: lm_head still runs on one row, make it a valid one
             self.rows[0] = 0
         logits = self._execute(row, max(R, 1), prefill, S, span)
         for e in entries:
@@ -437,19 +441,7 @@ class ModelRunner:
         alloc = self.allocate(self.seq_id, token_ids, prefill)
         if isinstance(alloc, NoRoom):
             raise CacheFullError(f"KV cache full: {alloc.needed_pages} more pages needed, {alloc.free_pages} free")
-        if not all_logits:
-            return self.run([StepEntry(self.seq_id, token_ids, alloc.slots, True)])
-        seq = self.cache.seqs[self.seq_id]
-        pos0 = seq.num_tokens - n
-        self.ids[:n] = token_ids
-        self.slots[:n] = alloc.slots
-        np.add(self._steps[:n], pos0, out=self.positions[:n])
-        self.rows[:n] = self._steps[:n]
-        ns = len(self.cache.spans(self.seq_id, out=self.spans))
-        self.seqs[0] = (0, n, pos0, 0, ns)
-        logits = self._execute(n, n, True, 1, ns)
-        self.cache.commit(self.seq_id)
-        return logits[:n]
+        return self.run([StepEntry(self.seq_id, token_ids, alloc.slots, True)], all_rows=all_logits)
 
     def reset(self) -> None:
         """Forget the current sequence (cached pages stay reusable)."""

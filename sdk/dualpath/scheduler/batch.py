@@ -96,17 +96,9 @@ class BatchScheduler:
         out: list[Scheduled] = []
         taken: set[int] = set()
 
-        def add(req, n, alloc):
-            tokens = alloc_tokens[0]
-            req.computed += n
-            logits = req.computed == req.n
-            out.append(Scheduled(req, n, logits, StepEntry(req.seq_id, tokens, alloc.slots, logits)))
-            taken.add(id(req))
-
-        alloc_tokens = [None]
-
         def allocate(req, n, prefill, preempt_others):
-            tokens = alloc_tokens[0] = req.ids[req.computed:req.computed + n].tolist()
+            """Room for the request's next n tokens: (Allocation or NoRoom, the tokens)."""
+            tokens = req.ids[req.computed:req.computed + n].tolist()
             alloc = self.runner.allocate(req.seq_id, tokens, prefill=prefill)
             while isinstance(alloc, NoRoom) and preempt_others:
                 victim = next((r for r in reversed(self.running) if id(r) not in taken and r is not req), None)
@@ -114,23 +106,27 @@ class BatchScheduler:
                     break
                 self.preempt(victim)
                 alloc = self.runner.allocate(req.seq_id, tokens, prefill=prefill)
-            return alloc
+            return alloc, tokens
+
+        def add(req, alloc, tokens):
+            req.computed += len(tokens)
+            logits = req.computed == req.n
+            out.append(Scheduled(req, len(tokens), logits, StepEntry(req.seq_id, tokens, alloc.slots, logits)))
+            taken.add(id(req))
 
         # 1. A token for every decoding request, oldest first; one that finds no room
         #    preempts the newest request not yet scheduled (or waits itself).
         for req in list(self.running):
             if req.status is not Status.RUNNING or req.n - req.computed != 1 or budget < 1:
                 continue
-            alloc = allocate(req, 1, False, True)
+            alloc, tokens = allocate(req, 1, False, True)
             if isinstance(alloc, NoRoom):
                 self.preempt(req)
                 continue
-            add(req, 1, alloc)
+            add(req, alloc, tokens)
             budget -= 1
-        # 2. Prefill chunks, shortest remaining prompt first (aged by waiting time, so a
-        #    long document is not starved): a short chat is not stuck behind a long
-        #    document's prefill. Running prompts continue; waiting requests start.
-        # With nobody decoding there is no pace to keep: chunks count plain tokens.
+        # 2. Prompt chunks: running prompts continue, waiting requests start. With nobody
+        #    decoding there is no pace to keep: chunks count plain tokens.
         weighted = bool(out)
         now = time.perf_counter()
         candidates = [r for r in self.running if r.n - r.computed > 1] + list(self.waiting)
@@ -155,10 +151,10 @@ class BatchScheduler:
                 n, cost = self._chunk(req.computed, min(todo, chunk), budget, weighted)
                 if n < min(todo, chunk, _MIN_CHUNK):  # only a sliver of budget left
                     continue
-                alloc = allocate(req, n, True, False)
+                alloc, tokens = allocate(req, n, True, False)
                 if isinstance(alloc, NoRoom):
                     continue  # waits for decoders to finish or be preempted
-                add(req, n, alloc)
+                add(req, alloc, tokens)
                 budget -= cost
             elif len(self.running) < self.max_num_seqs:
                 seq_id = self._next_seq
@@ -176,7 +172,7 @@ class BatchScheduler:
                     self.cache.free(seq_id)
                     continue
                 req.seq_id, req.computed = seq_id, cached
-                alloc = allocate(req, n, True, False)
+                alloc, tokens = allocate(req, n, True, False)
                 if isinstance(alloc, NoRoom):
                     self.cache.free(seq_id)
                     req.seq_id, req.computed = None, 0
@@ -187,7 +183,7 @@ class BatchScheduler:
                 if req.cached_tokens is None:
                     req.cached_tokens = cached
                 self.running.append(req)
-                add(req, n, alloc)
+                add(req, alloc, tokens)
                 budget -= cost
         if not out and self.running:
             # Nothing fits: every running request is mid-prompt and the cache is full.
