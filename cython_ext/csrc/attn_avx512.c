@@ -5,133 +5,133 @@
 #include <math.h>
 #include "dp_attn_ops.h"
 
-static inline __m512 load_f32(const float *p, __mmask16 m) { return _mm512_maskz_loadu_ps(m, p); }
-static inline __m512 load_f16(const uint16_t *p, __mmask16 m) {
+/* Full vectors use plain loads; only a tail uses a masked load (measured here, a
+ * masked 16-bit load in the scores loop doubles its time). */
+static inline __m512 ld_f32(const float *p) { return _mm512_loadu_ps(p); }
+static inline __m512 ld_f16(const uint16_t *p) { return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p)); }
+static inline __m512 ldm_f32(const float *p, __mmask16 m) { return _mm512_maskz_loadu_ps(m, p); }
+static inline __m512 ldm_f16(const uint16_t *p, __mmask16 m) {
     return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, p));
 }
+static inline __mmask16 tail_mask(int64_t left) {
+    return left >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1);
+}
 
-/* Scores of up to 16 tokens (one vector of K^T per dimension) for G query heads:
- * G accumulators stay in registers; no horizontal reductions anywhere. */
-#define DEFINE_SCORES(NAME, T, LOAD)                                                              \
+/* Scores of 16 tokens (one vector of K^T per dimension) for G query heads: G
+ * accumulators stay in registers; no horizontal reductions anywhere. The tail
+ * (n % 16 tokens) is a separate function: merged into one loop, the compiler
+ * turns every load into the masked one. */
+#define DEFINE_SCORES(NAME, T, LD, LDM)                                                           \
     static inline __attribute__((always_inline)) void NAME##_blk(                                  \
         const float *q, const int G, int64_t hd, const T *kt, int64_t ldk, int64_t n, float scale,  \
         float *scores, int64_t sstride) {                                                          \
-        for (int64_t r0 = 0; r0 < n; r0 += 16) {                                                   \
-            const __mmask16 m = n - r0 >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - r0)) - 1); \
+        const __m512 sv = _mm512_set1_ps(scale);                                                   \
+        for (int64_t r0 = 0; r0 + 16 <= n; r0 += 16) {                                             \
             __m512 acc[8];                                                                         \
             for (int g = 0; g < G; g++) acc[g] = _mm512_setzero_ps();                              \
             for (int64_t e = 0; e < hd; e++) {                                                     \
-                const __m512 k = LOAD(kt + e * ldk + r0, m);                                       \
+                const __m512 k = LD(kt + e * ldk + r0);                                            \
                 for (int g = 0; g < G; g++)                                                        \
                     acc[g] = _mm512_fmadd_ps(_mm512_set1_ps(q[g * hd + e]), k, acc[g]);            \
             }                                                                                      \
-            for (int g = 0; g < G; g++)                                                            \
-                _mm512_mask_storeu_ps(scores + g * sstride + r0, m, _mm512_mul_ps(acc[g], _mm512_set1_ps(scale))); \
+            for (int g = 0; g < G; g++) _mm512_storeu_ps(scores + g * sstride + r0, _mm512_mul_ps(acc[g], sv)); \
+        }                                                                                          \
+    }                                                                                              \
+    static __attribute__((noinline)) void NAME##_tail(const float *q, int64_t group, int64_t hd,   \
+                                                      const T *kt, int64_t ldk, int64_t n,         \
+                                                      float scale, float *scores, int64_t sstride) { \
+        const __mmask16 m = tail_mask(n);                                                          \
+        for (int64_t g = 0; g < group; g++) {                                                      \
+            __m512 acc = _mm512_setzero_ps();                                                      \
+            for (int64_t e = 0; e < hd; e++)                                                       \
+                acc = _mm512_fmadd_ps(_mm512_set1_ps(q[g * hd + e]), LDM(kt + e * ldk, m), acc);   \
+            _mm512_mask_storeu_ps(scores + g * sstride, m, _mm512_mul_ps(acc, _mm512_set1_ps(scale))); \
         }                                                                                          \
     }                                                                                              \
     static void NAME(const float *q, int64_t group, int64_t hd, const T *kt, int64_t ldk, int64_t n, \
                      float scale, float *scores, int64_t sstride) {                               \
+        if (n >= 16) {                                                                             \
+            int64_t g = 0;                                                                         \
+            for (; g + 8 <= group; g += 8) NAME##_blk(q + g * hd, 8, hd, kt, ldk, n, scale, scores + g * sstride, sstride); \
+            if (group - g >= 4) { NAME##_blk(q + g * hd, 4, hd, kt, ldk, n, scale, scores + g * sstride, sstride); g += 4; } \
+            if (group - g >= 2) { NAME##_blk(q + g * hd, 2, hd, kt, ldk, n, scale, scores + g * sstride, sstride); g += 2; } \
+            if (group - g >= 1) NAME##_blk(q + g * hd, 1, hd, kt, ldk, n, scale, scores + g * sstride, sstride); \
+        }                                                                                          \
+        const int64_t full = n & ~(int64_t)15;                                                     \
+        if (full < n) NAME##_tail(q, group, hd, kt + full, ldk, n - full, scale, scores + full, sstride); \
+    }
+
+DEFINE_SCORES(scores_f32, float, ld_f32, ldm_f32)
+DEFINE_SCORES(scores_f16, uint16_t, ld_f16, ldm_f16)
+
+/* o[g] += sum_r p[g, r] * V[r]. A block of GB query heads x C vectors of 16 dims
+ * (GB * C <= 16 accumulators) stays in registers while every row of V streams by;
+ * an f16 row is widened in registers, once per block. Head blocks of 16, 8, 4, 2, 1
+ * with C = 16 / GB (at most 8): for a GQA group of 8 and head_dim 64 that is two
+ * passes of 8 heads x 32 dims, each reading its own half of every V row. */
+#define DEFINE_ACCUM(NAME, T, LD, LDM)                                                            \
+    static inline __attribute__((always_inline)) void NAME##_blk(                                  \
+        const float *p, int64_t sstride, const int GB, const int C, const T *rows, int64_t hd,    \
+        int64_t n, float *o, const int masked, __mmask16 last) {                                   \
+        __m512 acc[16];                                                                            \
+        for (int g = 0; g < GB; g++)                                                               \
+            for (int c = 0; c < C; c++)                                                            \
+                acc[g * C + c] = masked && c == C - 1 ? ldm_f32(o + g * hd + 16 * c, last)         \
+                                                      : ld_f32(o + g * hd + 16 * c);               \
+        for (int64_t r = 0; r < n; r++) {                                                          \
+            __m512 v[8];                                                                           \
+            for (int c = 0; c < C; c++)                                                            \
+                v[c] = masked && c == C - 1 ? LDM(rows + r * hd + 16 * c, last) : LD(rows + r * hd + 16 * c); \
+            for (int g = 0; g < GB; g++) {                                                         \
+                const __m512 w = _mm512_set1_ps(p[g * sstride + r]);                               \
+                for (int c = 0; c < C; c++) acc[g * C + c] = _mm512_fmadd_ps(w, v[c], acc[g * C + c]); \
+            }                                                                                      \
+        }                                                                                          \
+        for (int g = 0; g < GB; g++)                                                               \
+            for (int c = 0; c < C; c++) {                                                          \
+                if (masked && c == C - 1) _mm512_mask_storeu_ps(o + g * hd + 16 * c, last, acc[g * C + c]); \
+                else _mm512_storeu_ps(o + g * hd + 16 * c, acc[g * C + c]);                        \
+            }                                                                                      \
+    }                                                                                              \
+    /* GB heads, every dim: chunks of C full vectors, then single vectors (the last masked). */    \
+    static inline __attribute__((always_inline)) void NAME##_heads(                                \
+        const float *p, int64_t sstride, const int GB, const int C, const T *rows, int64_t hd,    \
+        int64_t n, float *o) {                                                                     \
+        int64_t e = 0;                                                                             \
+        for (; e + 16 * C <= hd; e += 16 * C) NAME##_blk(p, sstride, GB, C, rows + e, hd, n, o + e, 0, 0xffff); \
+        for (; e + 16 <= hd; e += 16) NAME##_blk(p, sstride, GB, 1, rows + e, hd, n, o + e, 0, 0xffff); \
+        if (e < hd) NAME##_blk(p, sstride, GB, 1, rows + e, hd, n, o + e, 1, tail_mask(hd - e));  \
+    }                                                                                              \
+    static void NAME(const float *p, int64_t sstride, int64_t group, int64_t hd, const T *rows,   \
+                     int64_t n, float *o) {                                                        \
         int64_t g = 0;                                                                             \
-        for (; g + 8 <= group; g += 8) NAME##_blk(q + g * hd, 8, hd, kt, ldk, n, scale, scores + g * sstride, sstride); \
-        if (group - g >= 4) { NAME##_blk(q + g * hd, 4, hd, kt, ldk, n, scale, scores + g * sstride, sstride); g += 4; } \
-        if (group - g >= 2) { NAME##_blk(q + g * hd, 2, hd, kt, ldk, n, scale, scores + g * sstride, sstride); g += 2; } \
-        if (group - g >= 1) NAME##_blk(q + g * hd, 1, hd, kt, ldk, n, scale, scores + g * sstride, sstride); \
+        for (; g + 16 <= group; g += 16) NAME##_heads(p + g * sstride, sstride, 16, 1, rows, hd, n, o + g * hd); \
+        if (group - g >= 8) { NAME##_heads(p + g * sstride, sstride, 8, 2, rows, hd, n, o + g * hd); g += 8; } \
+        if (group - g >= 4) { NAME##_heads(p + g * sstride, sstride, 4, 4, rows, hd, n, o + g * hd); g += 4; } \
+        if (group - g >= 2) { NAME##_heads(p + g * sstride, sstride, 2, 8, rows, hd, n, o + g * hd); g += 2; } \
+        if (group - g >= 1) NAME##_heads(p + g * sstride, sstride, 1, 8, rows, hd, n, o + g * hd); \
     }
 
-DEFINE_SCORES(scores_f32, float, load_f32)
-DEFINE_SCORES(scores_f16, uint16_t, load_f16)
-
-/* o[g] += sum_r p[g, r] * V[r] from f32 rows. Blocks of GB query heads x C vectors of
- * head_dim (the last one masked, so any head_dim works) stay in registers
- * (GB * C <= 16 accumulators); each V row is loaded once per block, and GB * C
- * independent FMA chains keep the FMA units busy. */
-static inline __attribute__((always_inline)) void accum_blk(const float *p, int64_t sstride, const int GB,
-                                                            const int C, int64_t hd, __mmask16 last,
-                                                            const float *rows, int64_t n, float *o) {
-    __m512 acc[16];
-    for (int g = 0; g < GB; g++)
-        for (int c = 0; c < C; c++)
-            acc[g * C + c] = _mm512_maskz_loadu_ps(c == C - 1 ? last : (__mmask16)0xffff, o + g * hd + 16 * c);
-    for (int64_t r = 0; r < n; r++) {
-        __m512 v[8];
-        for (int c = 0; c < C; c++)
-            v[c] = _mm512_maskz_loadu_ps(c == C - 1 ? last : (__mmask16)0xffff, rows + r * hd + 16 * c);
-        for (int g = 0; g < GB; g++) {
-            const __m512 w = _mm512_set1_ps(p[g * sstride + r]);
-            for (int c = 0; c < C; c++) acc[g * C + c] = _mm512_fmadd_ps(w, v[c], acc[g * C + c]);
-        }
-    }
-    for (int g = 0; g < GB; g++)
-        for (int c = 0; c < C; c++)
-            _mm512_mask_storeu_ps(o + g * hd + 16 * c, c == C - 1 ? last : (__mmask16)0xffff, acc[g * C + c]);
-}
-
-static void accum_f32_any(const float *p, int64_t sstride, int64_t group, int64_t hd, const float *rows,
-                          int64_t n, float *o) {
-    for (int64_t e = 0; e < hd; e += 16) {
-        const __mmask16 m = hd - e >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (hd - e)) - 1);
-        for (int64_t g = 0; g < group; g++) {
-            __m512 acc = _mm512_maskz_loadu_ps(m, o + g * hd + e);
-            const float *pg = p + g * sstride;
-            for (int64_t r = 0; r < n; r++)
-                acc = _mm512_fmadd_ps(_mm512_set1_ps(pg[r]), _mm512_maskz_loadu_ps(m, rows + r * hd + e), acc);
-            _mm512_mask_storeu_ps(o + g * hd + e, m, acc);
-        }
-    }
-}
-
-#define ACCUM_CASE(CC, GBB)                                                                        \
-    case CC:                                                                                       \
-        for (; g + GBB <= group; g += GBB)                                                         \
-            accum_blk(p + g * sstride, sstride, GBB, CC, hd, last, rows, n, o + g * hd);           \
-        for (; g < group; g++) accum_blk(p + g * sstride, sstride, 1, CC, hd, last, rows, n, o + g * hd); \
-        break;
-
-static void accum_f32(const float *p, int64_t sstride, int64_t group, int64_t hd, const float *rows,
-                      int64_t n, float *o) {
-    const __mmask16 last = hd % 16 ? (__mmask16)((1u << (hd % 16)) - 1) : (__mmask16)0xffff;
-    int64_t g = 0;
-    switch ((hd + 15) / 16) {
-        ACCUM_CASE(1, 8)
-        ACCUM_CASE(2, 8)
-        ACCUM_CASE(3, 5)
-        ACCUM_CASE(4, 4)
-        ACCUM_CASE(5, 3)
-        ACCUM_CASE(6, 2)
-        ACCUM_CASE(7, 2)
-        ACCUM_CASE(8, 2)
-        default: accum_f32_any(p, sstride, group, hd, rows, n, o);
-    }
-}
-
-static void accum_f16(const float *p, int64_t sstride, int64_t group, int64_t hd, const uint16_t *rows,
-                      int64_t n, float *o) {
-    /* Widen each V row once (not once per query head), then accumulate from L1. */
-    float buf[8192];
-    const int64_t step = 8192 / hd;
-    for (int64_t r0 = 0; r0 < n; r0 += step) {
-        const int64_t m = n - r0 < step ? n - r0 : step;
-        const int64_t total = m * hd;
-        for (int64_t i = 0; i < total; i += 16) {
-            const __mmask16 k = total - i >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (total - i)) - 1);
-            _mm512_mask_storeu_ps(buf + i, k, load_f16(rows + r0 * hd + i, k));
-        }
-        accum_f32(p + r0, sstride, group, hd, buf, m, o);
-    }
-}
+DEFINE_ACCUM(accum_f32, float, ld_f32, ldm_f32)
+DEFINE_ACCUM(accum_f16, uint16_t, ld_f16, ldm_f16)
 
 static float max_of(const float *x, int64_t n) {
-    __m512 m = _mm512_set1_ps(-INFINITY);
-    for (int64_t i = 0; i < n; i += 16) {
-        const __mmask16 k = n - i >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - i)) - 1);
-        m = _mm512_mask_max_ps(m, k, m, _mm512_maskz_loadu_ps(k, x + i));
+    __m512 m0 = _mm512_set1_ps(-INFINITY), m1 = m0;
+    int64_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+        m0 = _mm512_max_ps(m0, _mm512_loadu_ps(x + i));
+        m1 = _mm512_max_ps(m1, _mm512_loadu_ps(x + i + 16));
     }
-    return _mm512_reduce_max_ps(m);
+    for (; i < n; i += 16) {
+        const __mmask16 k = tail_mask(n - i);
+        m0 = _mm512_mask_max_ps(m0, k, m0, _mm512_maskz_loadu_ps(k, x + i));
+    }
+    return _mm512_reduce_max_ps(_mm512_max_ps(m0, m1));
 }
 
 static void f32_to_f16(const float *src, uint16_t *dst, int64_t n) {
     for (int64_t i = 0; i < n; i += 16) {
-        const __mmask16 m = n - i >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - i)) - 1);
+        const __mmask16 m = tail_mask(n - i);
         _mm256_mask_storeu_epi16(dst + i, m, _mm512_cvtps_ph(_mm512_maskz_loadu_ps(m, src + i), _MM_FROUND_TO_NEAREST_INT));
     }
 }
@@ -158,8 +158,14 @@ static inline __m512 exp512(__m512 x) {
 static float exp_sum(float *x, int64_t n, float max) {
     const __m512 m = _mm512_set1_ps(max);
     __m512 acc = _mm512_setzero_ps();
-    for (int64_t i = 0; i < n; i += 16) {
-        const __mmask16 k = n - i >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - i)) - 1);
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        const __m512 v = exp512(_mm512_sub_ps(_mm512_loadu_ps(x + i), m));
+        _mm512_storeu_ps(x + i, v);
+        acc = _mm512_add_ps(acc, v);
+    }
+    if (i < n) {
+        const __mmask16 k = tail_mask(n - i);
         const __m512 v = exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, x + i), m));
         _mm512_mask_storeu_ps(x + i, k, v);
         acc = _mm512_add_ps(acc, _mm512_maskz_mov_ps(k, v));

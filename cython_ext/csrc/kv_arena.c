@@ -128,7 +128,13 @@ static int check_spans(const dp_arena *a, const int64_t *spans, int64_t num_span
 }
 
 #define DP_GSLICE 16  /* query heads of one KV head scored in one call */
-#define DP_RUN 64     /* rows scored at once */
+#define DP_RUN 128    /* positions per softmax pass; a run may cover several tiles */
+
+/* A piece of a run: n consecutive positions from row `row` of one tile. */
+typedef struct {
+    const char *tile;
+    int64_t P, row, n;
+} run_seg;
 
 typedef struct {
     const dp_arena *a;
@@ -157,85 +163,144 @@ static inline void prefetch_tile(const dp_arena *a, const char *tile, int64_t P)
     for (int64_t off = 0; off < tb; off += 4096) __builtin_prefetch(tile + off, 0, 1);
 }
 
+/* Where the next run starts: span s, its tile and row. */
+typedef struct {
+    int64_t s, pos, span_end, P, tb, row;
+    const char *tile;
+} run_cursor;
+
+static void cursor_init(const attn_job *J, run_cursor *c, int64_t lo) {
+    /* The last span starting at or before lo (span_start is sorted); gather_run enters
+     * it, skipping empty spans. */
+    int64_t s = 0, lo_s = 0, hi_s = J->num_spans - 1;
+    while (lo_s <= hi_s) {
+        const int64_t mid = (lo_s + hi_s) / 2;
+        if (J->span_start[mid] <= lo) { s = mid; lo_s = mid + 1; } else { hi_s = mid - 1; }
+    }
+    c->s = s - 1;
+    c->pos = lo;
+    c->span_end = lo;
+    c->P = 1;
+    c->tb = 0;
+    c->row = 0;
+    c->tile = NULL;
+}
+
+/* Up to DP_RUN positions from c->pos (below hi) as segments of whole tiles' rows;
+ * returns how many. */
+static int64_t gather_run(const attn_job *J, run_cursor *c, int64_t hi, run_seg *seg, int64_t *ns) {
+    int64_t n_run = 0;
+    *ns = 0;
+    while (n_run < DP_RUN && c->pos < hi) {
+        if (c->pos >= c->span_end) { /* enter the span holding pos (check_spans: one exists) */
+            do { c->s++; } while (J->span_start[c->s] + J->spans[3 * c->s + 1] <= c->pos);
+            c->P = J->spans[3 * c->s + 2];
+            c->tb = tile_bytes(J->a, c->P);
+            c->span_end = J->span_start[c->s] + J->spans[3 * c->s + 1];
+            const int64_t i = c->pos - J->span_start[c->s]; /* index inside the span */
+            c->tile = J->region + J->spans[3 * c->s] + (i / c->P) * c->tb;
+            c->row = i % c->P;
+            /* Random path: the next spans are scattered pages. */
+            for (int d = 1; d <= J->prefetch_degree && c->s + d < J->num_spans; d++)
+                prefetch_tile(J->a, J->region + J->spans[3 * (c->s + d)], J->spans[3 * (c->s + d) + 2]);
+        }
+        int64_t n = c->P - c->row; /* rows left in this tile */
+        if (n > c->span_end - c->pos) n = c->span_end - c->pos;
+        if (n > hi - c->pos) n = hi - c->pos;
+        if (n > DP_RUN - n_run) n = DP_RUN - n_run;
+        seg[(*ns)++] = (run_seg){c->tile, c->P, c->row, n};
+        c->pos += n;
+        n_run += n;
+        c->row += n;
+        if (c->row == c->P) {
+            c->row = 0;
+            c->tile += c->tb;
+        }
+    }
+    return n_run;
+}
+
+/* One run for every query row: scores, online softmax, accumulation. */
+static void attend_run(const attn_job *J, int64_t t0, int64_t tq, const float *q, const run_seg *seg, int64_t ns,
+                       int64_t rpos, int64_t rn_run, float *m, float *l, float *o, float *sc) {
+    const dp_arena *a = J->a;
+    const int64_t hd = a->head_dim, eb = a->elem_bytes, nkv = a->num_kv_heads, G = J->group;
+    const int64_t rows = tq * G;
+    const int f16 = a->kv_dtype == DP_F16;
+    /* Three passes over the run, each reading the tiles in address order: the K
+     * halves (every KV head), then the softmax in L1, then the V halves. */
+    for (int64_t j = 0, off = 0; j < ns; off += seg[j].n, j++) {
+        const int64_t Pj = seg[j].P;
+        for (int64_t kh = 0; kh < nkv; kh++) {
+            const char *kt = seg[j].tile + (kh * hd * Pj + seg[j].row) * eb; /* K^T, ldk = P */
+            for (int64_t r0 = 0; r0 < rows; r0 += DP_GSLICE) {
+                const int64_t rn = rows - r0 < DP_GSLICE ? rows - r0 : DP_GSLICE;
+                const int64_t base = kh * rows + r0;
+                if (f16) J->ops->scores_f16(q + base * hd, rn, hd, (const uint16_t *)kt, Pj, seg[j].n, J->scale, sc + base * DP_RUN + off, DP_RUN);
+                else J->ops->scores_f32(q + base * hd, rn, hd, (const float *)kt, Pj, seg[j].n, J->scale, sc + base * DP_RUN + off, DP_RUN);
+            }
+        }
+    }
+    for (int64_t h = 0; h < nkv * rows; h++) {
+        float *sg = sc + h * DP_RUN;
+        /* Causal: this row's token sees positions < limit. */
+        const int64_t limit = J->pos0 + t0 + (h % rows) / G + 1;
+        if (limit <= rpos) { /* nothing visible in this run: add nothing */
+            memset(sg, 0, (size_t)rn_run * sizeof(float));
+            continue;
+        }
+        const int64_t visible = limit - rpos < rn_run ? limit - rpos : rn_run;
+        const float mx = J->ops->max_of(sg, visible);
+        if (mx > m[h]) { /* rescale what was accumulated under the old maximum */
+            const float corr = expf(m[h] - mx);
+            l[h] *= corr;
+            for (int64_t e = 0; e < hd; e++) o[h * hd + e] *= corr;
+            m[h] = mx;
+        }
+        l[h] += J->ops->exp_sum(sg, visible, m[h]);
+        for (int64_t r = visible; r < rn_run; r++) sg[r] = 0.0f;
+    }
+    for (int64_t j = 0, off = 0; j < ns; off += seg[j].n, j++) {
+        const int64_t Pj = seg[j].P;
+        for (int64_t kh = 0; kh < nkv; kh++) {
+            const char *vrows = seg[j].tile + ((nkv + kh) * Pj + seg[j].row) * hd * eb;
+            for (int64_t r0 = 0; r0 < rows; r0 += DP_GSLICE) {
+                const int64_t rn = rows - r0 < DP_GSLICE ? rows - r0 : DP_GSLICE;
+                const int64_t base = kh * rows + r0;
+                if (f16) J->ops->accum_f16(sc + base * DP_RUN + off, DP_RUN, rn, hd, (const uint16_t *)vrows, seg[j].n, o + base * hd);
+                else J->ops->accum_f32(sc + base * DP_RUN + off, DP_RUN, rn, hd, (const float *)vrows, seg[j].n, o + base * hd);
+            }
+        }
+    }
+}
+
 /* Online softmax for query tokens [t0, t0 + tq), every head, over positions [lo, hi).
  * The task streams whole tiles (every KV head of P tokens, contiguous) in position
  * order, so reads are sequential, and each K/V row is loaded once for all the query
  * rows that read it: the heads of a GQA group and, in prefill, a block of tokens.
+ * Positions go in runs of up to DP_RUN, gathered across tiles and spans (a page of
+ * the random path holds only a few tokens), so the softmax bookkeeping and the
+ * calls into the ISA's building blocks are paid per run, not per page.
  * Layout of q, o: (num_kv_heads, tq * group, head_dim); m, l: (num_kv_heads, tq * group);
  * row r of KV head kh is token t0 + r / group, query head kh * group + r % group. */
 static void attend_range(const attn_job *J, int64_t t0, int64_t tq, const float *q, int64_t lo, int64_t hi,
                          float *m, float *l, float *o, float *sc) {
-    const dp_arena *a = J->a;
-    const int64_t hd = a->head_dim, eb = a->elem_bytes, nkv = a->num_kv_heads, G = J->group;
-    const int64_t rows = tq * G; /* query rows per KV head */
-    const int f16 = a->kv_dtype == DP_F16;
+    const int64_t hd = J->a->head_dim, nkv = J->a->num_kv_heads, rows = tq * J->group; /* rows per KV head */
     for (int64_t r = 0; r < nkv * rows; r++) {
         m[r] = -INFINITY;
         l[r] = 0.0f;
     }
     memset(o, 0, (size_t)(nkv * rows * hd) * sizeof(float));
     if (lo >= hi) return;
-    /* The span holding position lo (span_start is sorted). */
-    int64_t s = 0, lo_s = 0, hi_s = J->num_spans - 1;
-    while (lo_s <= hi_s) {
-        const int64_t mid = (lo_s + hi_s) / 2;
-        if (J->span_start[mid] <= lo) { s = mid; lo_s = mid + 1; } else { hi_s = mid - 1; }
-    }
-    int64_t pos = lo;
-    for (; s < J->num_spans && pos < hi; s++) {
-        const int64_t P = J->spans[3 * s + 2], tb = tile_bytes(a, P);
-        const int64_t span_end = J->span_start[s] + J->spans[3 * s + 1];
-        if (J->prefetch_degree > 0) /* random path: the next spans are scattered pages */
-            for (int d = 1; d <= J->prefetch_degree && s + d < J->num_spans; d++)
-                prefetch_tile(a, J->region + J->spans[3 * (s + d)], J->spans[3 * (s + d) + 2]);
-        int64_t i = pos - J->span_start[s];          /* index inside the span */
-        const char *tile = J->region + J->spans[3 * s] + (i / P) * tb;
-        int64_t row = i % P;
-        while (pos < hi && pos < span_end) {
-            int64_t n = P - row;                      /* rows left in this tile */
-            if (n > span_end - pos) n = span_end - pos;
-            if (n > hi - pos) n = hi - pos;
-            if (n > DP_RUN) n = DP_RUN;
-            for (int64_t kh = 0; kh < nkv; kh++) {
-                const char *kt = tile + (kh * hd * P + row) * eb;             /* K^T, ldk = P */
-                const char *vrows = tile + ((nkv + kh) * P + row) * hd * eb;
-                for (int64_t r0 = 0; r0 < rows; r0 += DP_GSLICE) {
-                    const int64_t rn = rows - r0 < DP_GSLICE ? rows - r0 : DP_GSLICE;
-                    const int64_t base = kh * rows + r0;
-                    if (f16) J->ops->scores_f16(q + base * hd, rn, hd, (const uint16_t *)kt, P, n, J->scale, sc, DP_RUN);
-                    else J->ops->scores_f32(q + base * hd, rn, hd, (const float *)kt, P, n, J->scale, sc, DP_RUN);
-                    for (int64_t g = 0; g < rn; g++) {
-                        float *sg = sc + g * DP_RUN;
-                        /* Causal: this row's token sees positions < limit. */
-                        const int64_t limit = J->pos0 + t0 + (r0 + g) / G + 1;
-                        if (limit <= pos) { /* nothing visible in this run: add nothing */
-                            memset(sg, 0, (size_t)n * sizeof(float));
-                            continue;
-                        }
-                        const int64_t visible = limit - pos < n ? limit - pos : n;
-                        for (int64_t r = visible; r < n; r++) sg[r] = -INFINITY;
-                        const int64_t h = base + g;
-                        const float mx = J->ops->max_of(sg, visible);
-                        if (mx > m[h]) { /* rescale what was accumulated under the old maximum */
-                            const float corr = expf(m[h] - mx);
-                            l[h] *= corr;
-                            for (int64_t e = 0; e < hd; e++) o[h * hd + e] *= corr;
-                            m[h] = mx;
-                        }
-                        l[h] += J->ops->exp_sum(sg, visible, m[h]);
-                        for (int64_t r = visible; r < n; r++) sg[r] = 0.0f;
-                    }
-                    if (f16) J->ops->accum_f16(sc, DP_RUN, rn, hd, (const uint16_t *)vrows, n, o + base * hd);
-                    else J->ops->accum_f32(sc, DP_RUN, rn, hd, (const float *)vrows, n, o + base * hd);
-                }
-            }
-            pos += n;
-            row += n;
-            if (row == P) {
-                row = 0;
-                tile += tb;
-            }
-        }
+    run_cursor cur;
+    run_seg seg[DP_RUN];
+    cursor_init(J, &cur, lo);
+    for (;;) {
+        const int64_t run_pos = cur.pos;
+        int64_t ns;
+        const int64_t n_run = gather_run(J, &cur, hi, seg, &ns);
+        if (n_run == 0) break;
+        attend_run(J, t0, tq, q, seg, ns, run_pos, n_run, m, l, o, sc);
     }
 }
 
@@ -248,7 +313,7 @@ static void attn_task(void *ctx, int64_t task, int worker) {
     const int64_t t0 = b * J->block_tokens;
     const int64_t tq = J->num_tokens - t0 < J->block_tokens ? J->num_tokens - t0 : J->block_tokens;
     const int64_t rows = tq * G, n_ctx = J->pos0 + t0 + tq; /* the block's last token sees [0, n_ctx) */
-    float *scratch = (float *)malloc((size_t)(2 * tq * H * hd + 2 * tq * H + DP_GSLICE * DP_RUN) * sizeof(float));
+    float *scratch = (float *)malloc((size_t)(2 * tq * H * hd + 2 * tq * H + tq * H * DP_RUN) * sizeof(float));
     if (!scratch) return; /* cannot happen for sane sizes; the output keeps its old values */
     float *q = scratch, *o = q + tq * H * hd, *m = o + tq * H * hd, *l = m + tq * H, *sc = l + tq * H;
     for (int64_t tl = 0; tl < tq; tl++)  /* (token, head) -> (kv head, token, group member) */
