@@ -17,8 +17,9 @@ static inline __mmask16 tail_mask(int64_t left) {
     return left >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1);
 }
 
-/* Scores of 16 tokens (one vector of K^T per dimension) for G query heads: G
- * accumulators stay in registers; no horizontal reductions anywhere. The tail
+/* Scores of 16 tokens (one vector of K^T per dimension) for G <= 16 query rows: G
+ * accumulators stay in registers, each K vector is widened once for all of them;
+ * no horizontal reductions anywhere. The tail
  * (n % 16 tokens) is a separate function: merged into one loop, the compiler
  * turns every load into the masked one. */
 #define DEFINE_SCORES(NAME, T, LD, LDM)                                                           \
@@ -27,7 +28,7 @@ static inline __mmask16 tail_mask(int64_t left) {
         float *scores, int64_t sstride) {                                                          \
         const __m512 sv = _mm512_set1_ps(scale);                                                   \
         for (int64_t r0 = 0; r0 + 16 <= n; r0 += 16) {                                             \
-            __m512 acc[8];                                                                         \
+            __m512 acc[16];                                                                        \
             for (int g = 0; g < G; g++) acc[g] = _mm512_setzero_ps();                              \
             for (int64_t e = 0; e < hd; e++) {                                                     \
                 const __m512 k = LD(kt + e * ldk + r0);                                            \
@@ -52,7 +53,8 @@ static inline __mmask16 tail_mask(int64_t left) {
                      float scale, float *scores, int64_t sstride) {                               \
         if (n >= 16) {                                                                             \
             int64_t g = 0;                                                                         \
-            for (; g + 8 <= group; g += 8) NAME##_blk(q + g * hd, 8, hd, kt, ldk, n, scale, scores + g * sstride, sstride); \
+            for (; g + 16 <= group; g += 16) NAME##_blk(q + g * hd, 16, hd, kt, ldk, n, scale, scores + g * sstride, sstride); \
+            if (group - g >= 8) { NAME##_blk(q + g * hd, 8, hd, kt, ldk, n, scale, scores + g * sstride, sstride); g += 8; } \
             if (group - g >= 4) { NAME##_blk(q + g * hd, 4, hd, kt, ldk, n, scale, scores + g * sstride, sstride); g += 4; } \
             if (group - g >= 2) { NAME##_blk(q + g * hd, 2, hd, kt, ldk, n, scale, scores + g * sstride, sstride); g += 2; } \
             if (group - g >= 1) NAME##_blk(q + g * hd, 1, hd, kt, ldk, n, scale, scores + g * sstride, sstride); \

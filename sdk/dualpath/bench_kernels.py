@@ -10,6 +10,13 @@ every step comes from DRAM, as in a real model.
 Layouts: ``sequential`` = the sequence's pages back to back (one extent, one
 span); ``random`` = the same pages scattered in shuffled order (one span per page,
 software prefetch on).
+
+Two ceilings frame the figures, measured in the same run: ``cached`` runs the
+kernel over a context small enough to stay in the caches (its compute rate, with
+no DRAM traffic), and ``1 head/kv`` reads the longest context from DRAM with one
+query head per KV head (an eighth of the arithmetic: how close the kernel's access
+pattern gets to the bandwidth when compute is nearly free). Decode can beat
+neither.
 """
 
 from __future__ import annotations
@@ -65,34 +72,55 @@ def _arena_for(ctx: int, layers: int, layout: str, seed: int = 0):
     return arena, spans
 
 
+def _layer_rate(arena, spans, ctx: int, layers: int, num_heads: int, kernel: str, pool, repeats: int,
+                passes: int = 1) -> float:
+    """Seconds per layer: every layer once per pass, in rotation (each read once from DRAM
+    when the layers together exceed the last-level cache)."""
+    q = np.random.default_rng(1).standard_normal((1, num_heads, HEAD_DIM)).astype(np.float32)
+    state = {"layer": 0}
+
+    def step():
+        for _ in range(layers * passes):
+            arena.attention(state["layer"], q, spans, ctx - 1, prefetch_degree=4, kernel=kernel, pool=pool)
+            state["layer"] = (state["layer"] + 1) % layers
+
+    return _median_time(step, repeats) / (layers * passes)
+
+
 def run_kernel_bench(contexts=(1024, 8192, 32768), threads=(1, 2), layouts=("sequential", "random"),
-                     kernel: str | None = None, repeats: int = 7, llc_bytes: int = 64 << 20) -> dict:
+                     kernel: str | None = None, repeats: int = 7, llc_bytes: int = 64 << 20,
+                     ceilings: bool = True, cached_context: int = 4096, bandwidth_bytes: int = 1 << 30) -> dict:
     kernel = kernel or default_kernel()
     rows = []
     bandwidth = {}
+
+    def row(n_threads, ctx, layout, heads, t, spans, layers):
+        kv_bytes = ctx * NUM_KV_HEADS * HEAD_DIM * 2 * 2
+        rows.append({"kernel": kernel, "threads": n_threads, "context": ctx, "layout": layout,
+                     "query_heads": heads, "us_per_layer": t * 1e6, "gb_per_s": kv_bytes / t / 1e9,
+                     "bandwidth_gb_per_s": bandwidth[n_threads],
+                     "share_of_bandwidth": kv_bytes / t / 1e9 / bandwidth[n_threads],
+                     "spans": int(len(spans)), "layers_rotated": layers})
+
     for n_threads in threads:
         pool = ThreadPool(n_threads)
-        bandwidth[n_threads] = measure_bandwidth(pool)
+        bandwidth[n_threads] = measure_bandwidth(pool, bandwidth_bytes)
         for ctx in contexts:
             kv_bytes = ctx * NUM_KV_HEADS * HEAD_DIM * 2 * 2
             layers = max(1, min(64, -(-2 * llc_bytes // kv_bytes)))  # > LLC in total: DRAM reads
-            q = np.random.default_rng(1).standard_normal((1, NUM_HEADS, HEAD_DIM)).astype(np.float32)
             for layout in layouts:
                 arena, spans = _arena_for(ctx, layers, layout)
-                state = {"layer": 0}
-
-                def step():
-                    for _ in range(layers):  # one pass over every layer: each read once from DRAM
-                        arena.attention(state["layer"], q, spans, ctx - 1, prefetch_degree=4,
-                                        kernel=kernel, pool=pool)
-                        state["layer"] = (state["layer"] + 1) % layers
-
-                t = _median_time(step, repeats) / layers
-                rows.append({"kernel": kernel, "threads": n_threads, "context": ctx, "layout": layout,
-                             "us_per_layer": t * 1e6, "gb_per_s": kv_bytes / t / 1e9,
-                             "bandwidth_gb_per_s": bandwidth[n_threads],
-                             "share_of_bandwidth": kv_bytes / t / 1e9 / bandwidth[n_threads],
-                             "spans": int(len(spans)), "layers_rotated": layers})
+                row(n_threads, ctx, layout, NUM_HEADS,
+                    _layer_rate(arena, spans, ctx, layers, NUM_HEADS, kernel, pool, repeats), spans, layers)
+                if ceilings and layout == "sequential" and ctx == max(contexts):
+                    row(n_threads, ctx, "1 head/kv", NUM_KV_HEADS,
+                        _layer_rate(arena, spans, ctx, layers, NUM_KV_HEADS, kernel, pool, repeats), spans, layers)
+                del arena
+        if ceilings:  # one small layer, read over and over: it stays in the caches
+            arena, spans = _arena_for(cached_context, 1, "sequential")
+            row(n_threads, cached_context, "cached", NUM_HEADS,
+                _layer_rate(arena, spans, cached_context, 1, NUM_HEADS, kernel, pool, repeats, passes=32),
+                spans, 1)
     return {"rows": rows, "bandwidth": bandwidth,
             "shape": {"num_heads": NUM_HEADS, "num_kv_heads": NUM_KV_HEADS, "head_dim": HEAD_DIM,
                       "kv_dtype": "f16", "page_tokens": PAGE_TOKENS}}
@@ -101,18 +129,22 @@ def run_kernel_bench(contexts=(1024, 8192, 32768), threads=(1, 2), layouts=("seq
 def cmd_bench_kernels(args) -> int:
     contexts = tuple(int(c) for c in args.contexts.split(","))
     threads = tuple(int(t) for t in args.threads.split(","))
-    res = run_kernel_bench(contexts, threads, kernel=args.kernel, repeats=args.repeats)
+    res = run_kernel_bench(contexts, threads, kernel=args.kernel, repeats=args.repeats,
+                           ceilings=not args.no_ceilings)
     s = res["shape"]
     print(f"decode attention, 1 query token: {s['num_heads']} query heads, {s['num_kv_heads']} KV heads, "
           f"head_dim {s['head_dim']}, {s['kv_dtype']} KV, pages of {s['page_tokens']} tokens; median of "
           f"{args.repeats}; kernels available: {', '.join(available_kernels())}")
     for n, bw in res["bandwidth"].items():
         print(f"read bandwidth, {n} thread{'s' if n > 1 else ''}: {bw:.1f} GB/s (measured in this run)")
-    print(f"{'kernel':<8} {'thr':>3} {'context':>8} {'layout':<10} {'spans':>6} {'us/layer':>9} "
+    print(f"{'kernel':<8} {'thr':>3} {'context':>8} {'layout':<10} {'heads':>5} {'spans':>6} {'us/layer':>9} "
           f"{'GB/s':>7} {'of bw':>6}")
     for r in res["rows"]:
-        print(f"{r['kernel']:<8} {r['threads']:>3} {r['context']:>8} {r['layout']:<10} {r['spans']:>6} "
-              f"{r['us_per_layer']:>9.1f} {r['gb_per_s']:>7.1f} {r['share_of_bandwidth']:>6.0%}")
+        print(f"{r['kernel']:<8} {r['threads']:>3} {r['context']:>8} {r['layout']:<10} {r['query_heads']:>5} "
+              f"{r['spans']:>6} {r['us_per_layer']:>9.1f} {r['gb_per_s']:>7.1f} {r['share_of_bandwidth']:>6.0%}")
+    print("ceilings: 'cached' = the same kernel on a context that stays in the caches (compute rate, "
+          "no DRAM); '1 head/kv' = the longest context from DRAM with 4 query heads (an eighth of the "
+          "arithmetic)")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(res, f, indent=1)
@@ -125,5 +157,6 @@ def add_parser(bs) -> None:
     k.add_argument("--threads", default="1,2")
     k.add_argument("--kernel", help="force a kernel ISA (default: the dispatched one)")
     k.add_argument("-r", "--repeats", type=int, default=7)
+    k.add_argument("--no-ceilings", action="store_true", help="skip the cached and 1 head/kv ceiling rows")
     k.add_argument("--json")
     k.set_defaults(func=cmd_bench_kernels)
