@@ -19,22 +19,32 @@ static inline __mmask16 tail_mask(int64_t left) {
 
 /* Scores of 16 tokens (one vector of K^T per dimension) for G <= 16 query rows: G
  * accumulators stay in registers, each K vector is widened once for all of them;
- * no horizontal reductions anywhere. The tail
- * (n % 16 tokens) is a separate function: merged into one loop, the compiler
- * turns every load into the masked one. */
+ * no horizontal reductions anywhere. Small groups (MHA: G = 1) split the dimensions
+ * over U partial sums, so that U * G >= 4 FMA chains hide the FMA latency. The tail
+ * (n % 16 tokens) is a separate function: merged into one loop, the compiler turns
+ * every load into the masked one. */
 #define DEFINE_SCORES(NAME, T, LD, LDM)                                                           \
     static inline __attribute__((always_inline)) void NAME##_blk(                                  \
         const float *q, const int G, int64_t hd, const T *kt, int64_t ldk, int64_t n, float scale,  \
         float *scores, int64_t sstride) {                                                          \
+        const int U = G >= 8 ? 1 : G >= 4 ? 2 : 4;                                                 \
         const __m512 sv = _mm512_set1_ps(scale);                                                   \
         for (int64_t r0 = 0; r0 + 16 <= n; r0 += 16) {                                             \
             __m512 acc[16];                                                                        \
-            for (int g = 0; g < G; g++) acc[g] = _mm512_setzero_ps();                              \
-            for (int64_t e = 0; e < hd; e++) {                                                     \
+            for (int i = 0; i < U * G; i++) acc[i] = _mm512_setzero_ps();                          \
+            int64_t e = 0;                                                                         \
+            for (; e + U <= hd; e += U)                                                            \
+                for (int u = 0; u < U; u++) {                                                      \
+                    const __m512 k = LD(kt + (e + u) * ldk + r0);                                  \
+                    for (int g = 0; g < G; g++)                                                    \
+                        acc[u * G + g] = _mm512_fmadd_ps(_mm512_set1_ps(q[g * hd + e + u]), k, acc[u * G + g]); \
+                }                                                                                  \
+            for (; e < hd; e++) {                                                                  \
                 const __m512 k = LD(kt + e * ldk + r0);                                            \
-                for (int g = 0; g < G; g++)                                                        \
-                    acc[g] = _mm512_fmadd_ps(_mm512_set1_ps(q[g * hd + e]), k, acc[g]);            \
+                for (int g = 0; g < G; g++) acc[g] = _mm512_fmadd_ps(_mm512_set1_ps(q[g * hd + e]), k, acc[g]); \
             }                                                                                      \
+            for (int u = 1; u < U; u++)                                                            \
+                for (int g = 0; g < G; g++) acc[g] = _mm512_add_ps(acc[g], acc[u * G + g]);        \
             for (int g = 0; g < G; g++) _mm512_storeu_ps(scores + g * sstride + r0, _mm512_mul_ps(acc[g], sv)); \
         }                                                                                          \
     }                                                                                              \
@@ -69,18 +79,36 @@ DEFINE_SCORES(scores_f16, uint16_t, ld_f16, ldm_f16)
 /* o[g] += sum_r p[g, r] * V[r]. A block of GB query heads x C vectors of 16 dims
  * (GB * C <= 16 accumulators) stays in registers while every row of V streams by;
  * an f16 row is widened in registers, once per block. Head blocks of 16, 8, 4, 2, 1
- * with C = 16 / GB (at most 8): for a GQA group of 8 and head_dim 64 that is two
- * passes of 8 heads x 32 dims, each reading its own half of every V row. */
+ * take C = 16 / GB vectors at a time (at most 8), then the rest of head_dim in one
+ * block (its last vector masked when head_dim % 16): for a GQA group of 8 and head_dim
+ * 64, two passes of 8 heads x 32 dims, each reading its own half of every V row. A
+ * block of at most 4 accumulators (MHA) also splits the rows over 2 partial sums,
+ * so that enough FMA chains hide the FMA latency. */
 #define DEFINE_ACCUM(NAME, T, LD, LDM)                                                            \
     static inline __attribute__((always_inline)) void NAME##_blk(                                  \
         const float *p, int64_t sstride, const int GB, const int C, const T *rows, int64_t hd,    \
         int64_t n, float *o, const int masked, __mmask16 last) {                                   \
+        const int U = GB * C <= 4 ? 2 : 1, A = GB * C;                                             \
         __m512 acc[16];                                                                            \
         for (int g = 0; g < GB; g++)                                                               \
             for (int c = 0; c < C; c++)                                                            \
                 acc[g * C + c] = masked && c == C - 1 ? ldm_f32(o + g * hd + 16 * c, last)         \
                                                       : ld_f32(o + g * hd + 16 * c);               \
-        for (int64_t r = 0; r < n; r++) {                                                          \
+        for (int i = A; i < U * A; i++) acc[i] = _mm512_setzero_ps();                              \
+        int64_t r = 0;                                                                             \
+        for (; r + U <= n; r += U)                                                                 \
+            for (int u = 0; u < U; u++) {                                                          \
+                __m512 v[8];                                                                       \
+                for (int c = 0; c < C; c++)                                                        \
+                    v[c] = masked && c == C - 1 ? LDM(rows + (r + u) * hd + 16 * c, last)          \
+                                                : LD(rows + (r + u) * hd + 16 * c);                \
+                for (int g = 0; g < GB; g++) {                                                     \
+                    const __m512 w = _mm512_set1_ps(p[g * sstride + r + u]);                       \
+                    for (int c = 0; c < C; c++)                                                    \
+                        acc[u * A + g * C + c] = _mm512_fmadd_ps(w, v[c], acc[u * A + g * C + c]); \
+                }                                                                                  \
+            }                                                                                      \
+        for (; r < n; r++) {                                                                       \
             __m512 v[8];                                                                           \
             for (int c = 0; c < C; c++)                                                            \
                 v[c] = masked && c == C - 1 ? LDM(rows + r * hd + 16 * c, last) : LD(rows + r * hd + 16 * c); \
@@ -89,29 +117,43 @@ DEFINE_SCORES(scores_f16, uint16_t, ld_f16, ldm_f16)
                 for (int c = 0; c < C; c++) acc[g * C + c] = _mm512_fmadd_ps(w, v[c], acc[g * C + c]); \
             }                                                                                      \
         }                                                                                          \
+        for (int i = A; i < U * A; i++) acc[i - A] = _mm512_add_ps(acc[i - A], acc[i]);            \
         for (int g = 0; g < GB; g++)                                                               \
             for (int c = 0; c < C; c++) {                                                          \
                 if (masked && c == C - 1) _mm512_mask_storeu_ps(o + g * hd + 16 * c, last, acc[g * C + c]); \
                 else _mm512_storeu_ps(o + g * hd + 16 * c, acc[g * C + c]);                        \
             }                                                                                      \
     }                                                                                              \
-    /* GB heads, every dim: chunks of C full vectors, then single vectors (the last masked). */    \
+    /* GB heads, every dim: chunks of CM = 16 / GB vectors, then the rest in one block. */         \
     static inline __attribute__((always_inline)) void NAME##_heads(                                \
-        const float *p, int64_t sstride, const int GB, const int C, const T *rows, int64_t hd,    \
-        int64_t n, float *o) {                                                                     \
+        const float *p, int64_t sstride, const int GB, const T *rows, int64_t hd, int64_t n,       \
+        float *o) {                                                                                \
+        const int CM = GB >= 16 ? 1 : GB == 8 ? 2 : GB == 4 ? 4 : 8;                               \
         int64_t e = 0;                                                                             \
-        for (; e + 16 * C <= hd; e += 16 * C) NAME##_blk(p, sstride, GB, C, rows + e, hd, n, o + e, 0, 0xffff); \
-        for (; e + 16 <= hd; e += 16) NAME##_blk(p, sstride, GB, 1, rows + e, hd, n, o + e, 0, 0xffff); \
-        if (e < hd) NAME##_blk(p, sstride, GB, 1, rows + e, hd, n, o + e, 1, tail_mask(hd - e));  \
+        for (; e + 16 * CM <= hd; e += 16 * CM) NAME##_blk(p, sstride, GB, CM, rows + e, hd, n, o + e, 0, 0xffff); \
+        const int64_t rest = hd - e, nv = (rest + 15) / 16;                                        \
+        if (rest == 0) return;                                                                     \
+        const int mk = rest % 16 != 0;                                                             \
+        const __mmask16 last = tail_mask(rest - 16 * (nv - 1));                                    \
+        switch (nv) { /* nv <= CM, so GB * nv <= 16 */                                              \
+            case 1: NAME##_blk(p, sstride, GB, 1, rows + e, hd, n, o + e, mk, last); break;        \
+            case 2: NAME##_blk(p, sstride, GB, GB <= 8 ? 2 : 1, rows + e, hd, n, o + e, mk, last); break; \
+            case 3: NAME##_blk(p, sstride, GB, GB <= 4 ? 3 : 1, rows + e, hd, n, o + e, mk, last); break; \
+            case 4: NAME##_blk(p, sstride, GB, GB <= 4 ? 4 : 1, rows + e, hd, n, o + e, mk, last); break; \
+            case 5: NAME##_blk(p, sstride, GB, GB <= 2 ? 5 : 1, rows + e, hd, n, o + e, mk, last); break; \
+            case 6: NAME##_blk(p, sstride, GB, GB <= 2 ? 6 : 1, rows + e, hd, n, o + e, mk, last); break; \
+            case 7: NAME##_blk(p, sstride, GB, GB <= 2 ? 7 : 1, rows + e, hd, n, o + e, mk, last); break; \
+            default: NAME##_blk(p, sstride, GB, GB <= 2 ? 8 : 1, rows + e, hd, n, o + e, mk, last); break; \
+        }                                                                                          \
     }                                                                                              \
     static void NAME(const float *p, int64_t sstride, int64_t group, int64_t hd, const T *rows,   \
                      int64_t n, float *o) {                                                        \
         int64_t g = 0;                                                                             \
-        for (; g + 16 <= group; g += 16) NAME##_heads(p + g * sstride, sstride, 16, 1, rows, hd, n, o + g * hd); \
-        if (group - g >= 8) { NAME##_heads(p + g * sstride, sstride, 8, 2, rows, hd, n, o + g * hd); g += 8; } \
-        if (group - g >= 4) { NAME##_heads(p + g * sstride, sstride, 4, 4, rows, hd, n, o + g * hd); g += 4; } \
-        if (group - g >= 2) { NAME##_heads(p + g * sstride, sstride, 2, 8, rows, hd, n, o + g * hd); g += 2; } \
-        if (group - g >= 1) NAME##_heads(p + g * sstride, sstride, 1, 8, rows, hd, n, o + g * hd); \
+        for (; g + 16 <= group; g += 16) NAME##_heads(p + g * sstride, sstride, 16, rows, hd, n, o + g * hd); \
+        if (group - g >= 8) { NAME##_heads(p + g * sstride, sstride, 8, rows, hd, n, o + g * hd); g += 8; } \
+        if (group - g >= 4) { NAME##_heads(p + g * sstride, sstride, 4, rows, hd, n, o + g * hd); g += 4; } \
+        if (group - g >= 2) { NAME##_heads(p + g * sstride, sstride, 2, rows, hd, n, o + g * hd); g += 2; } \
+        if (group - g >= 1) NAME##_heads(p + g * sstride, sstride, 1, rows, hd, n, o + g * hd);   \
     }
 
 DEFINE_ACCUM(accum_f32, float, ld_f32, ldm_f32)

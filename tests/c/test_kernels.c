@@ -120,9 +120,9 @@ int main(void) {
     for (int i = 0; i < 5; i++) {
         const dp_attn_ops *ops = dp_ops_by_name(names[i]);
         if (!ops) { printf("skip %s (not on this CPU/build)\n", names[i]); continue; }
-        const int64_t hds[] = {8, 48, 64, 80, 128}, groups[] = {1, 2, 8}, ctxs[] = {1, 17, 300, 2048};
+        const int64_t hds[] = {8, 48, 64, 80, 120, 128}, groups[] = {1, 2, 8}, ctxs[] = {1, 17, 300, 2048};
         for (int d = 0; d < 2; d++)
-            for (int a = 0; a < 5; a++)
+            for (int a = 0; a < 6; a++)
                 for (int b = 0; b < 3; b++)
                     for (int c = 0; c < 4; c++)
                         for (int sc = 0; sc < 2; sc++) {

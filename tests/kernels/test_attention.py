@@ -43,7 +43,7 @@ def _fill(arena, rng, n_ctx, layout, kv_dtype, kernel=None):
 
 @pytest.mark.parametrize("kernel", KERNELS)
 @pytest.mark.parametrize("layout", ["sequential", "random"])
-@pytest.mark.parametrize("head_dim", [8, 48, 64, 80, 128])
+@pytest.mark.parametrize("head_dim", [8, 48, 64, 80, 120, 128])
 @pytest.mark.parametrize("group", [1, 2, 8])
 @pytest.mark.parametrize("kv_dtype,tol", [("f32", 1e-5), ("f16", 2e-3)])
 def test_decode_attention_matches_reference(kernel, layout, head_dim, group, kv_dtype, tol):
