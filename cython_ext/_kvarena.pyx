@@ -105,6 +105,17 @@ cdef class ThreadPool:
             r = dp_read_buffer(self.pool, p, n)
         return r
 
+    def fma(self, int64_t iters, str kernel=None):
+        """Run ``kernel``'s f32 FMA peak probe (default: the dispatched kernel) for
+        ``iters`` rounds on every thread at once; returns the flops done in all."""
+        if iters < 0:
+            raise ValueError(f"iters={iters} must be >= 0")
+        cdef const dp_attn_ops *ops = _ops_for(kernel)
+        cdef int64_t flops
+        with nogil:
+            flops = dp_run_fma_probe(self.pool, ops.fma_probe, iters)
+        return flops
+
     def worker_tids(self):
         """Linux thread ids of the pool's threads (index 0: the last caller)."""
         cdef int64_t tids[256]

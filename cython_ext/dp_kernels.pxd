@@ -18,6 +18,7 @@ cdef extern from "csrc/dp_kernels.h" nogil:
 cdef extern from "csrc/dp_attn_ops.h" nogil:
     ctypedef struct dp_attn_ops:
         const char *name
+        int64_t (*fma_probe)(int64_t iters, float *sink) noexcept nogil
     enum:
         DP_CPU_AVX2
         DP_CPU_AVX512
@@ -41,6 +42,7 @@ cdef extern from "csrc/dp_pool.h" nogil:
     void dp_pool_set_phase(dp_pool *pool, int phase)
     int dp_pool_worker_tids(const dp_pool *pool, int64_t *tids, int max)
     unsigned long long dp_read_buffer(dp_pool *pool, const void *buf, int64_t nbytes)
+    int64_t dp_run_fma_probe(dp_pool *pool, int64_t (*probe)(int64_t iters, float *sink), int64_t iters)
 
 cdef extern from "csrc/kv_arena.h" nogil:
     ctypedef struct dp_arena:

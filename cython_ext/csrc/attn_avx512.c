@@ -217,4 +217,17 @@ static float exp_sum(float *x, int64_t n, float max) {
     return _mm512_reduce_add_ps(acc);
 }
 
-const dp_attn_ops dp_ops_avx512 = {"avx512", scores_f32, scores_f16, accum_f32, accum_f16, f32_to_f16, exp_sum, max_of};
+static int64_t fma_probe(int64_t iters, float *sink) {
+    /* 12 independent chains: enough to cover the FMA latency on two FMA units. */
+    __m512 x[12];
+    for (int j = 0; j < 12; j++) x[j] = _mm512_set1_ps(0.001f * (float)j);
+    const __m512 m = _mm512_set1_ps(0.999999f), c = _mm512_set1_ps(1e-7f);
+    for (int64_t i = 0; i < iters; i++)
+        for (int j = 0; j < 12; j++) x[j] = _mm512_fmadd_ps(x[j], m, c);
+    __m512 s = x[0];
+    for (int j = 1; j < 12; j++) s = _mm512_add_ps(s, x[j]);
+    *sink = _mm512_reduce_add_ps(s);
+    return iters * 12 * 16 * 2;
+}
+
+const dp_attn_ops dp_ops_avx512 = {"avx512", scores_f32, scores_f16, accum_f32, accum_f16, f32_to_f16, exp_sum, max_of, fma_probe};

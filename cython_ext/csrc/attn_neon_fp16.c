@@ -53,4 +53,6 @@ static float exp_sum(float *x, int64_t n, float max) { return dp_ops_neon.exp_su
 
 static float max_of(const float *x, int64_t n) { return dp_ops_neon.max_of(x, n); }
 
-const dp_attn_ops dp_ops_neon_fp16 = {"neon_fp16", scores_f32, scores_f16, accum_f32, accum_f16, f32_to_f16, exp_sum, max_of};
+static int64_t fma_probe(int64_t iters, float *sink) { return dp_ops_neon.fma_probe(iters, sink); }
+
+const dp_attn_ops dp_ops_neon_fp16 = {"neon_fp16", scores_f32, scores_f16, accum_f32, accum_f16, f32_to_f16, exp_sum, max_of, fma_probe};

@@ -33,6 +33,10 @@ typedef struct {
     float (*exp_sum)(float *x, int64_t n, float max);
     /* max(x[0..n)), n >= 1 */
     float (*max_of)(const float *x, int64_t n);
+    /* Arithmetic peak probe (dualpath bench kernels): `iters` rounds of independent f32
+     * FMA chains at this ISA's widest vectors, enough chains to hide the FMA latency.
+     * Returns the flops done (2 per lane per FMA); *sink receives their result. */
+    int64_t (*fma_probe)(int64_t iters, float *sink);
 } dp_attn_ops;
 
 extern const dp_attn_ops dp_ops_generic;

@@ -192,3 +192,32 @@ uint64_t dp_read_buffer(dp_pool *pool, const void *buf, int64_t nbytes) {
     for (int i = 0; i < DP_POOL_MAX_THREADS; i++) r ^= J.sink[i * 8];
     return r;
 }
+
+/* ---- arithmetic peak probe (for `dualpath bench kernels`) ---------------------- */
+typedef struct {
+    int64_t (*probe)(int64_t, float *);
+    int64_t iters;
+    int64_t flops[DP_POOL_MAX_THREADS * 8]; /* per task, a cache line apart */
+    float sink[DP_POOL_MAX_THREADS * 16];
+} fma_job;
+
+static void fma_task(void *ctx, int64_t task, int worker) {
+    (void)worker;
+    fma_job *J = (fma_job *)ctx;
+    J->flops[task * 8] = J->probe(J->iters, &J->sink[task * 16]);
+}
+
+int64_t dp_run_fma_probe(dp_pool *pool, int64_t (*probe)(int64_t iters, float *sink), int64_t iters) {
+    if (!probe || iters < 0) return 0;
+    fma_job *J = (fma_job *)calloc(1, sizeof *J);
+    if (!J) return 0;
+    J->probe = probe;
+    J->iters = iters;
+    /* One task per thread: every thread computes at the same time. */
+    const int threads = pool ? pool->num_threads : 1;
+    dp_pool_run(pool, threads, fma_task, J);
+    int64_t total = 0;
+    for (int i = 0; i < threads; i++) total += J->flops[i * 8];
+    free(J);
+    return total;
+}

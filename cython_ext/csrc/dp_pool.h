@@ -29,5 +29,8 @@ int dp_pool_worker_tids(const dp_pool *pool, int64_t *tids, int max);
 void dp_pool_run(dp_pool *pool, int64_t num_tasks, dp_task_fn fn, void *ctx);
 /* Read nbytes of buf once on the pool (a bandwidth probe); returns a checksum. */
 uint64_t dp_read_buffer(dp_pool *pool, const void *buf, int64_t nbytes);
+/* Run `probe` (an ISA's fma_probe) for `iters` rounds on every thread at once (an
+ * arithmetic peak probe); returns the flops done by all threads together. */
+int64_t dp_run_fma_probe(dp_pool *pool, int64_t (*probe)(int64_t iters, float *sink), int64_t iters);
 
 #endif

@@ -17,6 +17,13 @@ no DRAM traffic), and ``1 head/kv`` reads the longest context from DRAM with one
 query head per KV head (an eighth of the arithmetic: how close the kernel's access
 pattern gets to the bandwidth when compute is nearly free). Decode can beat
 neither.
+
+A third line frames the arithmetic: the kernel ISA's f32 FMA peak on the same
+threads, measured in the same run. Decode attention does 4 * group * head_dim flops
+per KV head and position (scores and accumulation, f32: the f16 tolerance rules out
+f16 arithmetic) over 2 * head_dim * 2 bytes of f16 K and V, so `group` flops per KV
+byte: the FMA peak divided by `group` is a rate no f16 kernel can pass, before it
+pays for widening f16 to f32.
 """
 
 from __future__ import annotations
@@ -46,6 +53,13 @@ def _median_time(fn, repeats: int) -> float:
 def measure_bandwidth(pool: ThreadPool, nbytes: int = 1 << 30, repeats: int = 5) -> float:
     buf = np.ones(nbytes // 8, np.uint64)
     return nbytes / _median_time(lambda: pool.read(buf), repeats) / 1e9
+
+
+def measure_fma_peak(pool: ThreadPool, kernel: str | None = None, iters: int = 1 << 22,
+                     repeats: int = 5) -> float:
+    """GFLOP/s of f32 FMAs at the kernel ISA's widest vectors, every pool thread at once."""
+    flops = pool.fma(iters, kernel)
+    return flops / _median_time(lambda: pool.fma(iters, kernel), repeats) / 1e9
 
 
 def _arena_for(ctx: int, layers: int, layout: str, seed: int = 0):
@@ -93,6 +107,7 @@ def run_kernel_bench(contexts=(1024, 8192, 32768), threads=(1, 2), layouts=("seq
     kernel = kernel or default_kernel()
     rows = []
     bandwidth = {}
+    fma_gflops = {}
 
     def row(n_threads, ctx, layout, heads, t, spans, layers):
         kv_bytes = ctx * NUM_KV_HEADS * HEAD_DIM * 2 * 2
@@ -105,6 +120,7 @@ def run_kernel_bench(contexts=(1024, 8192, 32768), threads=(1, 2), layouts=("seq
     for n_threads in threads:
         pool = ThreadPool(n_threads)
         bandwidth[n_threads] = measure_bandwidth(pool, bandwidth_bytes)
+        fma_gflops[n_threads] = measure_fma_peak(pool, kernel)
         for ctx in contexts:
             kv_bytes = ctx * NUM_KV_HEADS * HEAD_DIM * 2 * 2
             layers = max(1, min(64, -(-2 * llc_bytes // kv_bytes)))  # > LLC in total: DRAM reads
@@ -121,7 +137,9 @@ def run_kernel_bench(contexts=(1024, 8192, 32768), threads=(1, 2), layouts=("seq
             row(n_threads, cached_context, "cached", NUM_HEADS,
                 _layer_rate(arena, spans, cached_context, 1, NUM_HEADS, kernel, pool, repeats, passes=32),
                 spans, 1)
-    return {"rows": rows, "bandwidth": bandwidth,
+    group = NUM_HEADS // NUM_KV_HEADS
+    return {"kernel": kernel, "rows": rows, "bandwidth": bandwidth, "fma_gflops": fma_gflops,
+            "arithmetic_ceiling_gb_per_s": {n: g / group for n, g in fma_gflops.items()},
             "shape": {"num_heads": NUM_HEADS, "num_kv_heads": NUM_KV_HEADS, "head_dim": HEAD_DIM,
                       "kv_dtype": "f16", "page_tokens": PAGE_TOKENS}}
 
@@ -137,6 +155,12 @@ def cmd_bench_kernels(args) -> int:
           f"{args.repeats}; kernels available: {', '.join(available_kernels())}")
     for n, bw in res["bandwidth"].items():
         print(f"read bandwidth, {n} thread{'s' if n > 1 else ''}: {bw:.1f} GB/s (measured in this run)")
+    group = s["num_heads"] // s["num_kv_heads"]
+    for n, g in res["fma_gflops"].items():
+        print(f"f32 FMA peak ({res['kernel']}), {n} "
+              f"thread{'s' if n > 1 else ''}: {g:.0f} GFLOP/s; at {group} flops per f16 KV byte, arithmetic "
+              f"alone caps decode attention at {res['arithmetic_ceiling_gb_per_s'][n]:.1f} GB/s "
+              f"(before widening f16)")
     print(f"{'kernel':<8} {'thr':>3} {'context':>8} {'layout':<10} {'heads':>5} {'spans':>6} {'us/layer':>9} "
           f"{'GB/s':>7} {'of bw':>6}")
     for r in res["rows"]:

@@ -138,6 +138,12 @@ int main(void) {
         ops->f32_to_f16(src, got, 1000);
         for (int j = 0; j < 1000; j++) same &= got[j] == dp_float_to_half(src[j]);
         check(same, names[i]);
+        /* The FMA peak probe counts its flops exactly: linear in rounds, per thread. */
+        float sink = 0.0f;
+        const int64_t one = ops->fma_probe(1000, &sink);
+        check(one > 0 && one % 1000 == 0 && ops->fma_probe(0, &sink) == 0, "fma_probe counts flops");
+        check(dp_run_fma_probe(pool, ops->fma_probe, 1000) == 2 * one, "fma_probe on the pool");
+        check(dp_run_fma_probe(NULL, ops->fma_probe, 1000) == one, "fma_probe on the caller");
     }
     dp_pool_destroy(pool);
     printf("%d passed, %d failed\n", passed, failed);

@@ -1,6 +1,10 @@
 """`dualpath bench kernels` measures what it says: every layout and both ceilings, each
-rate set against the bandwidth measured in the same run."""
+rate set against the bandwidth measured in the same run, and the FMA peak that frames
+the arithmetic."""
 
+import pytest
+
+from dualpath._kvarena import ThreadPool, available_kernels
 from dualpath.bench_kernels import HEAD_DIM, NUM_HEADS, NUM_KV_HEADS, run_kernel_bench
 
 
@@ -24,3 +28,25 @@ def test_rows_cover_layouts_and_ceilings():
         assert r["query_heads"] in (NUM_HEADS, NUM_KV_HEADS)
     # random pages: one span per 16-token page; sequential: one span
     assert rows[(1, 1000, "random")]["spans"] == 63 and rows[(1, 1000, "sequential")]["spans"] == 1
+
+
+def test_fma_peak_counts_every_thread():
+    # flops are counted, not estimated: linear in rounds, one probe per thread, per ISA
+    for kernel in available_kernels():
+        one = ThreadPool(1).fma(1000, kernel)
+        assert one > 0 and one % 1000 == 0
+        assert ThreadPool(1).fma(3000, kernel) == 3 * one
+        assert ThreadPool(2).fma(1000, kernel) == 2 * one
+        assert ThreadPool(1).fma(0, kernel) == 0
+    with pytest.raises(ValueError, match="iters"):
+        ThreadPool(1).fma(-1)
+    with pytest.raises(ValueError, match="not available"):
+        ThreadPool(1).fma(10, "sse9")
+
+
+def test_arithmetic_ceiling_is_fma_peak_over_group():
+    res = run_kernel_bench(contexts=(256,), threads=(1,), repeats=1, llc_bytes=1 << 20, ceilings=False,
+                           bandwidth_bytes=16 << 20)
+    group = NUM_HEADS // NUM_KV_HEADS
+    assert res["fma_gflops"][1] > 0
+    assert res["arithmetic_ceiling_gb_per_s"][1] == res["fma_gflops"][1] / group
