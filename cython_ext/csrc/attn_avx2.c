@@ -190,4 +190,5 @@ static int64_t fma_probe(int64_t iters, float *sink) {
     return iters * 12 * 8 * 2;
 }
 
-const dp_attn_ops dp_ops_avx2 = {"avx2", scores_f32, scores_f16, accum_f32, accum_f16, f32_to_f16, exp_sum, max_of, fma_probe};
+const dp_attn_ops dp_ops_avx2 = {"avx2", scores_f32, scores_f16, accum_f32, accum_f16, f32_to_f16, exp_sum, max_of, fma_probe,
+                                   NULL, NULL}; /* no run ops: the walker calls per piece */

@@ -59,8 +59,9 @@ static inline __mmask16 tail_mask(int64_t left) {
             _mm512_mask_storeu_ps(scores + g * sstride, m, _mm512_mul_ps(acc, _mm512_set1_ps(scale))); \
         }                                                                                          \
     }                                                                                              \
-    static void NAME(const float *q, int64_t group, int64_t hd, const T *kt, int64_t ldk, int64_t n, \
-                     float scale, float *scores, int64_t sstride) {                               \
+    static inline __attribute__((always_inline)) void NAME##_one(                                  \
+        const float *q, int64_t group, int64_t hd, const T *kt, int64_t ldk, int64_t n, float scale, \
+        float *scores, int64_t sstride) {                                                          \
         if (n >= 16) {                                                                             \
             int64_t g = 0;                                                                         \
             for (; g + 16 <= group; g += 16) NAME##_blk(q + g * hd, 16, hd, kt, ldk, n, scale, scores + g * sstride, sstride); \
@@ -71,6 +72,17 @@ static inline __mmask16 tail_mask(int64_t left) {
         }                                                                                          \
         const int64_t full = n & ~(int64_t)15;                                                     \
         if (full < n) NAME##_tail(q, group, hd, kt + full, ldk, n - full, scale, scores + full, sstride); \
+    }                                                                                              \
+    static void NAME(const float *q, int64_t group, int64_t hd, const T *kt, int64_t ldk, int64_t n, \
+                     float scale, float *scores, int64_t sstride) {                               \
+        NAME##_one(q, group, hd, kt, ldk, n, scale, scores, sstride);                              \
+    }                                                                                              \
+    static __attribute__((unused)) void NAME##_run(const float *q, int64_t group, int64_t hd,      \
+                                                   const dp_seg *segs, int64_t ns, float scale,    \
+                                                   float *scores, int64_t sstride) {               \
+        for (int64_t j = 0, off = 0; j < ns; off += segs[j].n, j++)                                \
+            NAME##_one(q, group, hd, (const T *)segs[j].ptr, segs[j].ld, segs[j].n, scale,         \
+                       scores + off, sstride);                                                     \
     }
 
 DEFINE_SCORES(scores_f32, float, ld_f32, ldm_f32)
@@ -86,8 +98,8 @@ DEFINE_SCORES(scores_f16, uint16_t, ld_f16, ldm_f16)
  * so that enough FMA chains hide the FMA latency. */
 #define DEFINE_ACCUM(NAME, T, LD, LDM)                                                            \
     static inline __attribute__((always_inline)) void NAME##_blk(                                  \
-        const float *p, int64_t sstride, const int GB, const int C, const T *rows, int64_t hd,    \
-        int64_t n, float *o, const int masked, __mmask16 last) {                                   \
+        const float *p0, int64_t sstride, const int GB, const int C, const dp_seg *segs, int64_t ns, \
+        int64_t e0, int64_t hd, float *o, const int masked, __mmask16 last) {                      \
         const int U = GB * C <= 4 ? 2 : 1, A = GB * C;                                             \
         __m512 acc[16];                                                                            \
         for (int g = 0; g < GB; g++)                                                               \
@@ -95,6 +107,10 @@ DEFINE_SCORES(scores_f16, uint16_t, ld_f16, ldm_f16)
                 acc[g * C + c] = masked && c == C - 1 ? ldm_f32(o + g * hd + 16 * c, last)         \
                                                       : ld_f32(o + g * hd + 16 * c);               \
         for (int i = A; i < U * A; i++) acc[i] = _mm512_setzero_ps();                              \
+        for (int64_t j = 0, off = 0; j < ns; off += segs[j].n, j++) {                              \
+        const T *rows = (const T *)segs[j].ptr + e0;                                               \
+        const float *p = p0 + off;                                                                 \
+        const int64_t n = segs[j].n;                                                               \
         int64_t r = 0;                                                                             \
         for (; r + U <= n; r += U)                                                                 \
             for (int u = 0; u < U; u++) {                                                          \
@@ -117,6 +133,7 @@ DEFINE_SCORES(scores_f16, uint16_t, ld_f16, ldm_f16)
                 for (int c = 0; c < C; c++) acc[g * C + c] = _mm512_fmadd_ps(w, v[c], acc[g * C + c]); \
             }                                                                                      \
         }                                                                                          \
+        }                                                                                          \
         for (int i = A; i < U * A; i++) acc[i - A] = _mm512_add_ps(acc[i - A], acc[i]);            \
         for (int g = 0; g < GB; g++)                                                               \
             for (int c = 0; c < C; c++) {                                                          \
@@ -126,34 +143,39 @@ DEFINE_SCORES(scores_f16, uint16_t, ld_f16, ldm_f16)
     }                                                                                              \
     /* GB heads, every dim: chunks of CM = 16 / GB vectors, then the rest in one block. */         \
     static inline __attribute__((always_inline)) void NAME##_heads(                                \
-        const float *p, int64_t sstride, const int GB, const T *rows, int64_t hd, int64_t n,       \
+        const float *p, int64_t sstride, const int GB, const dp_seg *segs, int64_t ns, int64_t hd, \
         float *o) {                                                                                \
         const int CM = GB >= 16 ? 1 : GB == 8 ? 2 : GB == 4 ? 4 : 8;                               \
         int64_t e = 0;                                                                             \
-        for (; e + 16 * CM <= hd; e += 16 * CM) NAME##_blk(p, sstride, GB, CM, rows + e, hd, n, o + e, 0, 0xffff); \
+        for (; e + 16 * CM <= hd; e += 16 * CM) NAME##_blk(p, sstride, GB, CM, segs, ns, e, hd, o + e, 0, 0xffff); \
         const int64_t rest = hd - e, nv = (rest + 15) / 16;                                        \
         if (rest == 0) return;                                                                     \
         const int mk = rest % 16 != 0;                                                             \
         const __mmask16 last = tail_mask(rest - 16 * (nv - 1));                                    \
         switch (nv) { /* nv <= CM, so GB * nv <= 16 */                                              \
-            case 1: NAME##_blk(p, sstride, GB, 1, rows + e, hd, n, o + e, mk, last); break;        \
-            case 2: NAME##_blk(p, sstride, GB, GB <= 8 ? 2 : 1, rows + e, hd, n, o + e, mk, last); break; \
-            case 3: NAME##_blk(p, sstride, GB, GB <= 4 ? 3 : 1, rows + e, hd, n, o + e, mk, last); break; \
-            case 4: NAME##_blk(p, sstride, GB, GB <= 4 ? 4 : 1, rows + e, hd, n, o + e, mk, last); break; \
-            case 5: NAME##_blk(p, sstride, GB, GB <= 2 ? 5 : 1, rows + e, hd, n, o + e, mk, last); break; \
-            case 6: NAME##_blk(p, sstride, GB, GB <= 2 ? 6 : 1, rows + e, hd, n, o + e, mk, last); break; \
-            case 7: NAME##_blk(p, sstride, GB, GB <= 2 ? 7 : 1, rows + e, hd, n, o + e, mk, last); break; \
-            default: NAME##_blk(p, sstride, GB, GB <= 2 ? 8 : 1, rows + e, hd, n, o + e, mk, last); break; \
+            case 1: NAME##_blk(p, sstride, GB, 1, segs, ns, e, hd, o + e, mk, last); break;        \
+            case 2: NAME##_blk(p, sstride, GB, GB <= 8 ? 2 : 1, segs, ns, e, hd, o + e, mk, last); break; \
+            case 3: NAME##_blk(p, sstride, GB, GB <= 4 ? 3 : 1, segs, ns, e, hd, o + e, mk, last); break; \
+            case 4: NAME##_blk(p, sstride, GB, GB <= 4 ? 4 : 1, segs, ns, e, hd, o + e, mk, last); break; \
+            case 5: NAME##_blk(p, sstride, GB, GB <= 2 ? 5 : 1, segs, ns, e, hd, o + e, mk, last); break; \
+            case 6: NAME##_blk(p, sstride, GB, GB <= 2 ? 6 : 1, segs, ns, e, hd, o + e, mk, last); break; \
+            case 7: NAME##_blk(p, sstride, GB, GB <= 2 ? 7 : 1, segs, ns, e, hd, o + e, mk, last); break; \
+            default: NAME##_blk(p, sstride, GB, GB <= 2 ? 8 : 1, segs, ns, e, hd, o + e, mk, last); break; \
         }                                                                                          \
     }                                                                                              \
+    static void NAME##_run(const float *p, int64_t sstride, int64_t group, int64_t hd,            \
+                           const dp_seg *segs, int64_t ns, float *o) {                             \
+        int64_t g = 0;                                                                             \
+        for (; g + 16 <= group; g += 16) NAME##_heads(p + g * sstride, sstride, 16, segs, ns, hd, o + g * hd); \
+        if (group - g >= 8) { NAME##_heads(p + g * sstride, sstride, 8, segs, ns, hd, o + g * hd); g += 8; } \
+        if (group - g >= 4) { NAME##_heads(p + g * sstride, sstride, 4, segs, ns, hd, o + g * hd); g += 4; } \
+        if (group - g >= 2) { NAME##_heads(p + g * sstride, sstride, 2, segs, ns, hd, o + g * hd); g += 2; } \
+        if (group - g >= 1) NAME##_heads(p + g * sstride, sstride, 1, segs, ns, hd, o + g * hd);   \
+    } \
     static void NAME(const float *p, int64_t sstride, int64_t group, int64_t hd, const T *rows,   \
                      int64_t n, float *o) {                                                        \
-        int64_t g = 0;                                                                             \
-        for (; g + 16 <= group; g += 16) NAME##_heads(p + g * sstride, sstride, 16, rows, hd, n, o + g * hd); \
-        if (group - g >= 8) { NAME##_heads(p + g * sstride, sstride, 8, rows, hd, n, o + g * hd); g += 8; } \
-        if (group - g >= 4) { NAME##_heads(p + g * sstride, sstride, 4, rows, hd, n, o + g * hd); g += 4; } \
-        if (group - g >= 2) { NAME##_heads(p + g * sstride, sstride, 2, rows, hd, n, o + g * hd); g += 2; } \
-        if (group - g >= 1) NAME##_heads(p + g * sstride, sstride, 1, rows, hd, n, o + g * hd);   \
+        const dp_seg one = {rows, hd, n};                                                          \
+        NAME##_run(p, sstride, group, hd, &one, 1, o);                                             \
     }
 
 DEFINE_ACCUM(accum_f32, float, ld_f32, ldm_f32)
@@ -230,4 +252,5 @@ static int64_t fma_probe(int64_t iters, float *sink) {
     return iters * 12 * 16 * 2;
 }
 
-const dp_attn_ops dp_ops_avx512 = {"avx512", scores_f32, scores_f16, accum_f32, accum_f16, f32_to_f16, exp_sum, max_of, fma_probe};
+const dp_attn_ops dp_ops_avx512 = {"avx512", scores_f32, scores_f16, accum_f32, accum_f16, f32_to_f16, exp_sum, max_of, fma_probe,
+                                   scores_f16_run, accum_f16_run};

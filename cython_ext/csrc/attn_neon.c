@@ -129,4 +129,5 @@ static int64_t fma_probe(int64_t iters, float *sink) {
     return iters * 16 * 4 * 2;
 }
 
-const dp_attn_ops dp_ops_neon = {"neon", scores_f32, scores_f16, accum_f32, accum_f16, f32_to_f16, exp_sum, max_of, fma_probe};
+const dp_attn_ops dp_ops_neon = {"neon", scores_f32, scores_f16, accum_f32, accum_f16, f32_to_f16, exp_sum, max_of, fma_probe,
+                                   NULL, NULL}; /* no run ops: the walker calls per piece */

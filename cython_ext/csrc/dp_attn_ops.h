@@ -15,6 +15,13 @@
 
 #include "dp_common.h"
 
+/* One piece of a run: n consecutive positions of one KV head inside one tile.
+ * K: ptr = K^T of row 0 of the piece, ld = the tile's P; V: ptr = row 0, ld unused. */
+typedef struct {
+    const void *ptr;
+    int64_t ld, n;
+} dp_seg;
+
 typedef struct {
     const char *name;
     /* scores[g, r] = scale * sum_e q[g, e] * kt[e * ldk + r] */
@@ -37,6 +44,14 @@ typedef struct {
      * FMA chains at this ISA's widest vectors, enough chains to hide the FMA latency.
      * Returns the flops done (2 per lane per FMA); *sink receives their result. */
     int64_t (*fma_probe)(int64_t iters, float *sink);
+    /* Optional (NULL: the span walker calls the ops above once per piece): the same
+     * over a whole run of f16 pieces, back to back: scores[g, off_j + r] for piece j
+     * at offset off_j = n_0 + ... + n_(j-1); accumulators stay in registers across
+     * the pieces instead of going through o at every tile. */
+    void (*scores_f16_run)(const float *q, int64_t group, int64_t head_dim, const dp_seg *segs, int64_t ns,
+                           float scale, float *scores, int64_t sstride);
+    void (*accum_f16_run)(const float *p, int64_t sstride, int64_t group, int64_t head_dim, const dp_seg *segs,
+                          int64_t ns, float *o);
 } dp_attn_ops;
 
 extern const dp_attn_ops dp_ops_generic;

@@ -220,27 +220,54 @@ static int64_t gather_run(const attn_job *J, run_cursor *c, int64_t hi, run_seg 
     return n_run;
 }
 
-/* One run for every query row: scores, online softmax, accumulation. */
-static void attend_run(const attn_job *J, int64_t t0, int64_t tq, const float *q, const run_seg *seg, int64_t ns,
-                       int64_t rpos, int64_t rn_run, float *m, float *l, float *o, float *sc) {
+/* The K pass (scores) or the V pass (accumulation) of one run, every KV head.
+ * An ISA with run ops takes one KV head's pieces of the whole run in one call, so
+ * its accumulators stay in registers across tiles; otherwise each piece is one call,
+ * the tiles read in address order (every KV head of a tile, then the next tile). */
+static void run_pass(const attn_job *J, int values, int64_t rows, const float *q, const run_seg *seg, int64_t ns,
+                     float *o, float *sc) {
     const dp_arena *a = J->a;
-    const int64_t hd = a->head_dim, eb = a->elem_bytes, nkv = a->num_kv_heads, G = J->group;
-    const int64_t rows = tq * G;
+    const dp_attn_ops *ops = J->ops;
+    const int64_t hd = a->head_dim, eb = a->elem_bytes, nkv = a->num_kv_heads;
     const int f16 = a->kv_dtype == DP_F16;
-    /* Three passes over the run, each reading the tiles in address order: the K
-     * halves (every KV head), then the softmax in L1, then the V halves. */
+    if (f16 && ops->scores_f16_run && ops->accum_f16_run) {
+        dp_seg ps[DP_RUN];
+        for (int64_t kh = 0; kh < nkv; kh++) {
+            for (int64_t j = 0; j < ns; j++)
+                ps[j] = values ? (dp_seg){seg[j].tile + ((nkv + kh) * seg[j].P + seg[j].row) * hd * eb, hd, seg[j].n}
+                               : (dp_seg){seg[j].tile + (kh * hd * seg[j].P + seg[j].row) * eb, seg[j].P, seg[j].n};
+            for (int64_t r0 = 0; r0 < rows; r0 += DP_GSLICE) {
+                const int64_t rn = rows - r0 < DP_GSLICE ? rows - r0 : DP_GSLICE, base = kh * rows + r0;
+                if (values) ops->accum_f16_run(sc + base * DP_RUN, DP_RUN, rn, hd, ps, ns, o + base * hd);
+                else ops->scores_f16_run(q + base * hd, rn, hd, ps, ns, J->scale, sc + base * DP_RUN, DP_RUN);
+            }
+        }
+        return;
+    }
     for (int64_t j = 0, off = 0; j < ns; off += seg[j].n, j++) {
         const int64_t Pj = seg[j].P;
         for (int64_t kh = 0; kh < nkv; kh++) {
-            const char *kt = seg[j].tile + (kh * hd * Pj + seg[j].row) * eb; /* K^T, ldk = P */
+            const char *kt = seg[j].tile + (kh * hd * Pj + seg[j].row) * eb;          /* K^T, ldk = P */
+            const char *vr = seg[j].tile + ((nkv + kh) * Pj + seg[j].row) * hd * eb; /* V rows */
             for (int64_t r0 = 0; r0 < rows; r0 += DP_GSLICE) {
-                const int64_t rn = rows - r0 < DP_GSLICE ? rows - r0 : DP_GSLICE;
-                const int64_t base = kh * rows + r0;
-                if (f16) J->ops->scores_f16(q + base * hd, rn, hd, (const uint16_t *)kt, Pj, seg[j].n, J->scale, sc + base * DP_RUN + off, DP_RUN);
-                else J->ops->scores_f32(q + base * hd, rn, hd, (const float *)kt, Pj, seg[j].n, J->scale, sc + base * DP_RUN + off, DP_RUN);
+                const int64_t rn = rows - r0 < DP_GSLICE ? rows - r0 : DP_GSLICE, base = kh * rows + r0;
+                float *sg = sc + base * DP_RUN + off;
+                if (values && f16) ops->accum_f16(sg, DP_RUN, rn, hd, (const uint16_t *)vr, seg[j].n, o + base * hd);
+                else if (values) ops->accum_f32(sg, DP_RUN, rn, hd, (const float *)vr, seg[j].n, o + base * hd);
+                else if (f16) ops->scores_f16(q + base * hd, rn, hd, (const uint16_t *)kt, Pj, seg[j].n, J->scale, sg, DP_RUN);
+                else ops->scores_f32(q + base * hd, rn, hd, (const float *)kt, Pj, seg[j].n, J->scale, sg, DP_RUN);
             }
         }
     }
+}
+
+/* One run for every query row: scores (the K pass), the online softmax in L1, then
+ * the accumulation (the V pass). */
+static void attend_run(const attn_job *J, int64_t t0, int64_t tq, const float *q, const run_seg *seg, int64_t ns,
+                       int64_t rpos, int64_t rn_run, float *m, float *l, float *o, float *sc) {
+    const int64_t hd = J->a->head_dim, nkv = J->a->num_kv_heads, G = J->group;
+    const int64_t rows = tq * G;
+    run_pass(J, 0, rows, q, seg, ns, o, sc);
     for (int64_t h = 0; h < nkv * rows; h++) {
         float *sg = sc + h * DP_RUN;
         /* Causal: this row's token sees positions < limit. */
@@ -260,18 +287,7 @@ static void attend_run(const attn_job *J, int64_t t0, int64_t tq, const float *q
         l[h] += J->ops->exp_sum(sg, visible, m[h]);
         for (int64_t r = visible; r < rn_run; r++) sg[r] = 0.0f;
     }
-    for (int64_t j = 0, off = 0; j < ns; off += seg[j].n, j++) {
-        const int64_t Pj = seg[j].P;
-        for (int64_t kh = 0; kh < nkv; kh++) {
-            const char *vrows = seg[j].tile + ((nkv + kh) * Pj + seg[j].row) * hd * eb;
-            for (int64_t r0 = 0; r0 < rows; r0 += DP_GSLICE) {
-                const int64_t rn = rows - r0 < DP_GSLICE ? rows - r0 : DP_GSLICE;
-                const int64_t base = kh * rows + r0;
-                if (f16) J->ops->accum_f16(sc + base * DP_RUN + off, DP_RUN, rn, hd, (const uint16_t *)vrows, seg[j].n, o + base * hd);
-                else J->ops->accum_f32(sc + base * DP_RUN + off, DP_RUN, rn, hd, (const float *)vrows, seg[j].n, o + base * hd);
-            }
-        }
-    }
+    run_pass(J, 1, rows, q, seg, ns, o, sc);
 }
 
 /* Online softmax for query tokens [t0, t0 + tq), every head, over positions [lo, hi).

@@ -112,6 +112,56 @@ static void run_case(const dp_attn_ops *ops, dp_pool *pool, int kv_dtype, int64_
     dp_arena_free(&a);
 }
 
+/* An ISA's run ops equal its per-piece ops over the same pieces: scores bit for bit
+ * (each 16-token vector is one dot product either way), accumulation to rounding
+ * (partial sums are reduced once per run instead of once per piece). Pieces of
+ * uneven length, tile pitch and offset, as gather_run hands them over. */
+static void run_ops_case(const dp_attn_ops *ops, int64_t group, int64_t hd) {
+    enum { NS = 7 };
+    const int64_t lens[NS] = {5, 16, 16, 11, 1, 16, 9}, lds[NS] = {16, 16, 32, 16, 16, 64, 16};
+    int64_t total = 0;
+    for (int j = 0; j < NS; j++) total += lens[j];
+    const int64_t sstride = total + 3;
+    uint16_t *kt[NS], *vr[NS];
+    dp_seg ks[NS], vs[NS];
+    for (int j = 0; j < NS; j++) {
+        const int64_t row = lds[j] - lens[j]; /* the piece ends at its tile's last row */
+        kt[j] = (uint16_t *)malloc((size_t)(hd * lds[j]) * sizeof(uint16_t));
+        vr[j] = (uint16_t *)malloc((size_t)(lens[j] * hd) * sizeof(uint16_t));
+        for (int64_t i = 0; i < hd * lds[j]; i++) kt[j][i] = dp_float_to_half(frand());
+        for (int64_t i = 0; i < lens[j] * hd; i++) vr[j][i] = dp_float_to_half(frand());
+        ks[j] = (dp_seg){kt[j] + row, lds[j], lens[j]};
+        vs[j] = (dp_seg){vr[j], hd, lens[j]};
+    }
+    float *q = (float *)malloc((size_t)(group * hd) * sizeof(float));
+    float *s1 = (float *)calloc((size_t)(group * sstride), sizeof(float));
+    float *s2 = (float *)calloc((size_t)(group * sstride), sizeof(float));
+    float *o1 = (float *)malloc((size_t)(group * hd) * sizeof(float));
+    float *o2 = (float *)malloc((size_t)(group * hd) * sizeof(float));
+    for (int64_t i = 0; i < group * hd; i++) { q[i] = frand(); o1[i] = o2[i] = frand(); }
+    int64_t off = 0;
+    for (int j = 0; j < NS; off += lens[j], j++)
+        ops->scores_f16(q, group, hd, (const uint16_t *)ks[j].ptr, lds[j], lens[j], 0.3f, s1 + off, sstride);
+    ops->scores_f16_run(q, group, hd, ks, NS, 0.3f, s2, sstride);
+    check(memcmp(s1, s2, (size_t)(group * sstride) * sizeof(float)) == 0, "run scores == per-piece scores");
+    off = 0;
+    for (int j = 0; j < NS; off += lens[j], j++)
+        ops->accum_f16(s1 + off, sstride, group, hd, vr[j], lens[j], o1);
+    ops->accum_f16_run(s1, sstride, group, hd, vs, NS, o2);
+    double worst = 0, scale = 0; /* error against the largest output: sums cancel */
+    for (int64_t i = 0; i < group * hd; i++) scale = fabs((double)o1[i]) > scale ? fabs((double)o1[i]) : scale;
+    for (int64_t i = 0; i < group * hd; i++) {
+        const double err = fabs((double)o1[i] - o2[i]) / scale;
+        worst = err > worst ? err : worst;
+    }
+    char what[120];
+    snprintf(what, sizeof what, "%s run accumulation == per-piece group=%lld hd=%lld (worst %.2g)", ops->name,
+             (long long)group, (long long)hd, worst);
+    check(worst < 1e-5, what);
+    for (int j = 0; j < NS; j++) { free(kt[j]); free(vr[j]); }
+    free(q); free(s1); free(s2); free(o1); free(o2);
+}
+
 int main(void) {
     const char *names[] = {"generic", "avx2", "avx512", "neon", "neon_fp16"};
     const dp_attn_ops *best = dp_select_ops(dp_parse_features(getenv("DUALPATH_DISABLE_CPU_FEATURES")));
@@ -138,6 +188,12 @@ int main(void) {
         ops->f32_to_f16(src, got, 1000);
         for (int j = 0; j < 1000; j++) same &= got[j] == dp_float_to_half(src[j]);
         check(same, names[i]);
+        if (ops->scores_f16_run || ops->accum_f16_run) {
+            check(ops->scores_f16_run && ops->accum_f16_run, "run ops come in pairs");
+            const int64_t hds[] = {8, 48, 64, 120, 128}, groups[] = {1, 3, 8, 16, 20};
+            for (int a = 0; a < 5; a++)
+                for (int b = 0; b < 5; b++) run_ops_case(ops, groups[b], hds[a]);
+        }
         /* The FMA peak probe counts its flops exactly: linear in rounds, per thread. */
         float sink = 0.0f;
         const int64_t one = ops->fma_probe(1000, &sink);
