@@ -12,7 +12,7 @@ static uint64_t xgetbv0(void) {
     return ((uint64_t)hi << 32) | lo;
 }
 
-unsigned dp_cpu_features(void) {
+static unsigned detect(void) {
     unsigned eax, ebx, ecx, edx, f = 0;
     if (!__get_cpuid(1, &eax, &ebx, &ecx, &edx)) return 0;
     const int osxsave = (ecx >> 27) & 1, fma = (ecx >> 12) & 1, f16c = (ecx >> 29) & 1, avx = (ecx >> 28) & 1;
@@ -32,14 +32,26 @@ unsigned dp_cpu_features(void) {
 #ifndef HWCAP_ASIMDHP
 #define HWCAP_ASIMDHP (1 << 10)
 #endif
-unsigned dp_cpu_features(void) {
+static unsigned detect(void) {
     unsigned f = DP_CPU_NEON; /* Advanced SIMD is mandatory on AArch64 */
     if (getauxval(AT_HWCAP) & HWCAP_ASIMDHP) f |= DP_CPU_NEON_FP16;
     return f;
 }
 #else
-unsigned dp_cpu_features(void) { return 0; }
+static unsigned detect(void) { return 0; }
 #endif
+
+unsigned dp_cpu_features(void) {
+    /* Detected once: CPUID traps to the hypervisor in a VM (microseconds), and the
+     * kernels are looked up by name on every call that names one. */
+    static unsigned cached; /* bit 31: detected */
+    unsigned f = __atomic_load_n(&cached, __ATOMIC_RELAXED);
+    if (!(f & 0x80000000u)) {
+        f = detect() | 0x80000000u;
+        __atomic_store_n(&cached, f, __ATOMIC_RELAXED);
+    }
+    return f & 0x7fffffffu;
+}
 
 unsigned dp_parse_features(const char *list) {
     unsigned mask = 0;

@@ -5,7 +5,10 @@ ceiling is memory read bandwidth. Both are measured in the same run, on the same
 thread pool: the bandwidth probe reads a large buffer with each thread; the
 kernel reads the KV of one layer (K + V: context x num_kv_heads x head_dim x 2
 bytes x 2). Layers rotate through an arena larger than the last-level cache so
-every step comes from DRAM, as in a real model.
+every step comes from DRAM, as in a real model. Every kernel repeat follows its
+own bandwidth probe, and a row's share of the bandwidth is the median of the
+per-pair ratios: this machine's speed drifts by up to 2x within a run, and a ratio
+of two medians taken minutes apart would measure the drift.
 
 Layouts: ``sequential`` = the sequence's pages back to back (one extent, one
 span); ``random`` = the same pages scattered in shuffled order (one span per page,
@@ -50,9 +53,22 @@ def _median_time(fn, repeats: int) -> float:
     return statistics.median(times)
 
 
-def measure_bandwidth(pool: ThreadPool, nbytes: int = 1 << 30, repeats: int = 5) -> float:
-    buf = np.ones(nbytes // 8, np.uint64)
-    return nbytes / _median_time(lambda: pool.read(buf), repeats) / 1e9
+def _timed(fn) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def _paired(kernel_step, probe, repeats: int) -> tuple[list[float], list[float]]:
+    """Seconds of each kernel step and of the bandwidth probe taken right before it:
+    a ratio within a pair holds even when this machine's speed drifts during a run."""
+    kernel_step()
+    probe()
+    tk, tp = [], []
+    for _ in range(repeats):
+        tp.append(_timed(probe))
+        tk.append(_timed(kernel_step))
+    return tk, tp
 
 
 def measure_fma_peak(pool: ThreadPool, kernel: str | None = None, iters: int = 1 << 22,
@@ -86,10 +102,9 @@ def _arena_for(ctx: int, layers: int, layout: str, seed: int = 0):
     return arena, spans
 
 
-def _layer_rate(arena, spans, ctx: int, layers: int, num_heads: int, kernel: str, pool, repeats: int,
-                passes: int = 1) -> float:
-    """Seconds per layer: every layer once per pass, in rotation (each read once from DRAM
-    when the layers together exceed the last-level cache)."""
+def _layer_step(arena, spans, ctx: int, layers: int, num_heads: int, kernel: str, pool, passes: int = 1):
+    """One step: every layer once per pass, in rotation (each read once from DRAM when
+    the layers together exceed the last-level cache). Returns (step, layer calls)."""
     q = np.random.default_rng(1).standard_normal((1, num_heads, HEAD_DIM)).astype(np.float32)
     state = {"layer": 0}
 
@@ -98,45 +113,48 @@ def _layer_rate(arena, spans, ctx: int, layers: int, num_heads: int, kernel: str
             arena.attention(state["layer"], q, spans, ctx - 1, prefetch_degree=4, kernel=kernel, pool=pool)
             state["layer"] = (state["layer"] + 1) % layers
 
-    return _median_time(step, repeats) / (layers * passes)
+    return step, layers * passes
 
 
 def run_kernel_bench(contexts=(1024, 8192, 32768), threads=(1, 2), layouts=("sequential", "random"),
                      kernel: str | None = None, repeats: int = 7, llc_bytes: int = 64 << 20,
-                     ceilings: bool = True, cached_context: int = 4096, bandwidth_bytes: int = 1 << 30) -> dict:
+                     ceilings: bool = True, cached_context: int = 4096, bandwidth_bytes: int = 512 << 20) -> dict:
     kernel = kernel or default_kernel()
     rows = []
     bandwidth = {}
     fma_gflops = {}
+    buf = np.ones(bandwidth_bytes // 8, np.uint64)
 
-    def row(n_threads, ctx, layout, heads, t, spans, layers):
+    def row(pool, ctx, layout, heads, arena, spans, layers, passes=1):
+        step, calls = _layer_step(arena, spans, ctx, layers, heads, kernel, pool, passes)
+        tk, tp = _paired(step, lambda: pool.read(buf), repeats)
         kv_bytes = ctx * NUM_KV_HEADS * HEAD_DIM * 2 * 2
-        rows.append({"kernel": kernel, "threads": n_threads, "context": ctx, "layout": layout,
-                     "query_heads": heads, "us_per_layer": t * 1e6, "gb_per_s": kv_bytes / t / 1e9,
-                     "bandwidth_gb_per_s": bandwidth[n_threads],
-                     "share_of_bandwidth": kv_bytes / t / 1e9 / bandwidth[n_threads],
+        rates = [kv_bytes * calls / t / 1e9 for t in tk]
+        bws = [bandwidth_bytes / t / 1e9 for t in tp]
+        shares = [r / b for r, b in zip(rates, bws)]
+        bandwidth.setdefault(pool.num_threads, []).extend(bws)
+        rows.append({"kernel": kernel, "threads": pool.num_threads, "context": ctx, "layout": layout,
+                     "query_heads": heads, "us_per_layer": statistics.median(tk) / calls * 1e6,
+                     "gb_per_s": statistics.median(rates), "bandwidth_gb_per_s": statistics.median(bws),
+                     "share_of_bandwidth": statistics.median(shares), "shares": shares,
                      "spans": int(len(spans)), "layers_rotated": layers})
 
     for n_threads in threads:
         pool = ThreadPool(n_threads)
-        bandwidth[n_threads] = measure_bandwidth(pool, bandwidth_bytes)
         fma_gflops[n_threads] = measure_fma_peak(pool, kernel)
         for ctx in contexts:
             kv_bytes = ctx * NUM_KV_HEADS * HEAD_DIM * 2 * 2
             layers = max(1, min(64, -(-2 * llc_bytes // kv_bytes)))  # > LLC in total: DRAM reads
             for layout in layouts:
                 arena, spans = _arena_for(ctx, layers, layout)
-                row(n_threads, ctx, layout, NUM_HEADS,
-                    _layer_rate(arena, spans, ctx, layers, NUM_HEADS, kernel, pool, repeats), spans, layers)
+                row(pool, ctx, layout, NUM_HEADS, arena, spans, layers)
                 if ceilings and layout == "sequential" and ctx == max(contexts):
-                    row(n_threads, ctx, "1 head/kv", NUM_KV_HEADS,
-                        _layer_rate(arena, spans, ctx, layers, NUM_KV_HEADS, kernel, pool, repeats), spans, layers)
+                    row(pool, ctx, "1 head/kv", NUM_KV_HEADS, arena, spans, layers)
                 del arena
         if ceilings:  # one small layer, read over and over: it stays in the caches
             arena, spans = _arena_for(cached_context, 1, "sequential")
-            row(n_threads, cached_context, "cached", NUM_HEADS,
-                _layer_rate(arena, spans, cached_context, 1, NUM_HEADS, kernel, pool, repeats, passes=32),
-                spans, 1)
+            row(pool, cached_context, "cached", NUM_HEADS, arena, spans, 1, passes=32)
+    bandwidth = {n: statistics.median(v) for n, v in bandwidth.items()}
     group = NUM_HEADS // NUM_KV_HEADS
     return {"kernel": kernel, "rows": rows, "bandwidth": bandwidth, "fma_gflops": fma_gflops,
             "arithmetic_ceiling_gb_per_s": {n: g / group for n, g in fma_gflops.items()},
@@ -154,7 +172,8 @@ def cmd_bench_kernels(args) -> int:
           f"head_dim {s['head_dim']}, {s['kv_dtype']} KV, pages of {s['page_tokens']} tokens; median of "
           f"{args.repeats}; kernels available: {', '.join(available_kernels())}")
     for n, bw in res["bandwidth"].items():
-        print(f"read bandwidth, {n} thread{'s' if n > 1 else ''}: {bw:.1f} GB/s (measured in this run)")
+        print(f"read bandwidth, {n} thread{'s' if n > 1 else ''}: {bw:.1f} GB/s (median of the probes, one "
+              f"before every kernel repeat)")
     group = s["num_heads"] // s["num_kv_heads"]
     for n, g in res["fma_gflops"].items():
         print(f"f32 FMA peak ({res['kernel']}), {n} "
@@ -162,10 +181,11 @@ def cmd_bench_kernels(args) -> int:
               f"alone caps decode attention at {res['arithmetic_ceiling_gb_per_s'][n]:.1f} GB/s "
               f"(before widening f16)")
     print(f"{'kernel':<8} {'thr':>3} {'context':>8} {'layout':<10} {'heads':>5} {'spans':>6} {'us/layer':>9} "
-          f"{'GB/s':>7} {'of bw':>6}")
+          f"{'GB/s':>7} {'bw':>6} {'of bw':>6}")
     for r in res["rows"]:
         print(f"{r['kernel']:<8} {r['threads']:>3} {r['context']:>8} {r['layout']:<10} {r['query_heads']:>5} "
-              f"{r['spans']:>6} {r['us_per_layer']:>9.1f} {r['gb_per_s']:>7.1f} {r['share_of_bandwidth']:>6.0%}")
+              f"{r['spans']:>6} {r['us_per_layer']:>9.1f} {r['gb_per_s']:>7.1f} "
+              f"{r['bandwidth_gb_per_s']:>6.1f} {r['share_of_bandwidth']:>6.0%}")
     print("ceilings: 'cached' = the same kernel on a context that stays in the caches (compute rate, "
           "no DRAM); '1 head/kv' = the longest context from DRAM with 4 query heads (an eighth of the "
           "arithmetic)")
