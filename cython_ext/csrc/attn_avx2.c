@@ -177,18 +177,8 @@ static float exp_sum(float *x, int64_t n, float max) {
     return s;
 }
 
-static int64_t fma_probe(int64_t iters, float *sink) {
-    /* 12 independent chains: enough to cover the FMA latency on two FMA units. */
-    __m256 x[12];
-    for (int j = 0; j < 12; j++) x[j] = _mm256_set1_ps(0.001f * (float)j);
-    const __m256 m = _mm256_set1_ps(0.999999f), c = _mm256_set1_ps(1e-7f);
-    for (int64_t i = 0; i < iters; i++)
-        for (int j = 0; j < 12; j++) x[j] = _mm256_fmadd_ps(x[j], m, c);
-    __m256 s = x[0];
-    for (int j = 1; j < 12; j++) s = _mm256_add_ps(s, x[j]);
-    *sink = hsum(s);
-    return iters * 12 * 8 * 2;
-}
+/* 12 independent chains: enough to cover the FMA latency on two FMA units. */
+DP_DEFINE_FMA_PROBE(__m256, 12, 8, _mm256_set1_ps, _mm256_fmadd_ps, _mm256_add_ps, hsum)
 
 const dp_attn_ops dp_ops_avx2 = {"avx2", scores_f32, scores_f16, accum_f32, accum_f16, f32_to_f16, exp_sum, max_of, fma_probe,
                                    NULL, NULL}; /* no run ops: the walker calls per piece */

@@ -108,31 +108,31 @@ DEFINE_SCORES(scores_f16, uint16_t, ld_f16, ldm_f16)
                                                       : ld_f32(o + g * hd + 16 * c);               \
         for (int i = A; i < U * A; i++) acc[i] = _mm512_setzero_ps();                              \
         for (int64_t j = 0, off = 0; j < ns; off += segs[j].n, j++) {                              \
-        const T *rows = (const T *)segs[j].ptr + e0;                                               \
-        const float *p = p0 + off;                                                                 \
-        const int64_t n = segs[j].n;                                                               \
-        int64_t r = 0;                                                                             \
-        for (; r + U <= n; r += U)                                                                 \
-            for (int u = 0; u < U; u++) {                                                          \
+            const T *rows = (const T *)segs[j].ptr + e0;                                           \
+            const float *p = p0 + off;                                                             \
+            const int64_t n = segs[j].n;                                                           \
+            int64_t r = 0;                                                                         \
+            for (; r + U <= n; r += U)                                                             \
+                for (int u = 0; u < U; u++) {                                                      \
+                    __m512 v[8];                                                                   \
+                    for (int c = 0; c < C; c++)                                                    \
+                        v[c] = masked && c == C - 1 ? LDM(rows + (r + u) * hd + 16 * c, last)      \
+                                                    : LD(rows + (r + u) * hd + 16 * c);            \
+                    for (int g = 0; g < GB; g++) {                                                 \
+                        const __m512 w = _mm512_set1_ps(p[g * sstride + r + u]);                   \
+                        for (int c = 0; c < C; c++)                                                \
+                            acc[u * A + g * C + c] = _mm512_fmadd_ps(w, v[c], acc[u * A + g * C + c]); \
+                    }                                                                              \
+                }                                                                                  \
+            for (; r < n; r++) {                                                                   \
                 __m512 v[8];                                                                       \
                 for (int c = 0; c < C; c++)                                                        \
-                    v[c] = masked && c == C - 1 ? LDM(rows + (r + u) * hd + 16 * c, last)          \
-                                                : LD(rows + (r + u) * hd + 16 * c);                \
+                    v[c] = masked && c == C - 1 ? LDM(rows + r * hd + 16 * c, last) : LD(rows + r * hd + 16 * c); \
                 for (int g = 0; g < GB; g++) {                                                     \
-                    const __m512 w = _mm512_set1_ps(p[g * sstride + r + u]);                       \
-                    for (int c = 0; c < C; c++)                                                    \
-                        acc[u * A + g * C + c] = _mm512_fmadd_ps(w, v[c], acc[u * A + g * C + c]); \
+                    const __m512 w = _mm512_set1_ps(p[g * sstride + r]);                           \
+                    for (int c = 0; c < C; c++) acc[g * C + c] = _mm512_fmadd_ps(w, v[c], acc[g * C + c]); \
                 }                                                                                  \
             }                                                                                      \
-        for (; r < n; r++) {                                                                       \
-            __m512 v[8];                                                                           \
-            for (int c = 0; c < C; c++)                                                            \
-                v[c] = masked && c == C - 1 ? LDM(rows + r * hd + 16 * c, last) : LD(rows + r * hd + 16 * c); \
-            for (int g = 0; g < GB; g++) {                                                         \
-                const __m512 w = _mm512_set1_ps(p[g * sstride + r]);                               \
-                for (int c = 0; c < C; c++) acc[g * C + c] = _mm512_fmadd_ps(w, v[c], acc[g * C + c]); \
-            }                                                                                      \
-        }                                                                                          \
         }                                                                                          \
         for (int i = A; i < U * A; i++) acc[i - A] = _mm512_add_ps(acc[i - A], acc[i]);            \
         for (int g = 0; g < GB; g++)                                                               \
@@ -171,7 +171,7 @@ DEFINE_SCORES(scores_f16, uint16_t, ld_f16, ldm_f16)
         if (group - g >= 4) { NAME##_heads(p + g * sstride, sstride, 4, segs, ns, hd, o + g * hd); g += 4; } \
         if (group - g >= 2) { NAME##_heads(p + g * sstride, sstride, 2, segs, ns, hd, o + g * hd); g += 2; } \
         if (group - g >= 1) NAME##_heads(p + g * sstride, sstride, 1, segs, ns, hd, o + g * hd);   \
-    } \
+    }                                                                                              \
     static void NAME(const float *p, int64_t sstride, int64_t group, int64_t hd, const T *rows,   \
                      int64_t n, float *o) {                                                        \
         const dp_seg one = {rows, hd, n};                                                          \
@@ -239,18 +239,8 @@ static float exp_sum(float *x, int64_t n, float max) {
     return _mm512_reduce_add_ps(acc);
 }
 
-static int64_t fma_probe(int64_t iters, float *sink) {
-    /* 12 independent chains: enough to cover the FMA latency on two FMA units. */
-    __m512 x[12];
-    for (int j = 0; j < 12; j++) x[j] = _mm512_set1_ps(0.001f * (float)j);
-    const __m512 m = _mm512_set1_ps(0.999999f), c = _mm512_set1_ps(1e-7f);
-    for (int64_t i = 0; i < iters; i++)
-        for (int j = 0; j < 12; j++) x[j] = _mm512_fmadd_ps(x[j], m, c);
-    __m512 s = x[0];
-    for (int j = 1; j < 12; j++) s = _mm512_add_ps(s, x[j]);
-    *sink = _mm512_reduce_add_ps(s);
-    return iters * 12 * 16 * 2;
-}
+/* 12 independent chains: enough to cover the FMA latency on two FMA units. */
+DP_DEFINE_FMA_PROBE(__m512, 12, 16, _mm512_set1_ps, _mm512_fmadd_ps, _mm512_add_ps, _mm512_reduce_add_ps)
 
 const dp_attn_ops dp_ops_avx512 = {"avx512", scores_f32, scores_f16, accum_f32, accum_f16, f32_to_f16, exp_sum, max_of, fma_probe,
                                    scores_f16_run, accum_f16_run};

@@ -90,16 +90,11 @@ static float max_of(const float *x, int64_t n) {
     return m;
 }
 
-static int64_t fma_probe(int64_t iters, float *sink) {
-    /* 8 scalar chains: the reference's own rate, not the machine's vector peak. */
-    float x[8];
-    for (int j = 0; j < 8; j++) x[j] = 0.001f * (float)j;
-    const float m = 0.999999f, c = 1e-7f;
-    for (int64_t i = 0; i < iters; i++)
-        for (int j = 0; j < 8; j++) x[j] = x[j] * m + c;
-    *sink = x[0] + x[1] + x[2] + x[3] + x[4] + x[5] + x[6] + x[7];
-    return iters * 8 * 2;
-}
+/* 8 scalar chains: the reference's own rate, not the machine's vector peak. */
+static inline float scalar_set(float v) { return v; }
+static inline float scalar_fma(float x, float m, float c) { return x * m + c; }
+static inline float scalar_add(float a, float b) { return a + b; }
+DP_DEFINE_FMA_PROBE(float, 8, 1, scalar_set, scalar_fma, scalar_add, scalar_set)
 
 const dp_attn_ops dp_ops_generic = {"generic", scores_f32, scores_f16, accum_f32, accum_f16, f32_to_f16, exp_sum, max_of, fma_probe,
                                    NULL, NULL}; /* no run ops: the walker calls per piece */

@@ -116,18 +116,9 @@ static float max_of(const float *x, int64_t n) {
     return r;
 }
 
-static int64_t fma_probe(int64_t iters, float *sink) {
-    /* 16 independent chains: enough to cover the FMA latency on two FMA units. */
-    float32x4_t x[16];
-    for (int j = 0; j < 16; j++) x[j] = vdupq_n_f32(0.001f * (float)j);
-    const float32x4_t m = vdupq_n_f32(0.999999f), c = vdupq_n_f32(1e-7f);
-    for (int64_t i = 0; i < iters; i++)
-        for (int j = 0; j < 16; j++) x[j] = vfmaq_f32(c, x[j], m);
-    float32x4_t s = x[0];
-    for (int j = 1; j < 16; j++) s = vaddq_f32(s, x[j]);
-    *sink = vaddvq_f32(s);
-    return iters * 16 * 4 * 2;
-}
+/* 16 independent chains: enough to cover the FMA latency on two FMA units. */
+static inline float32x4_t neon_fma(float32x4_t x, float32x4_t m, float32x4_t c) { return vfmaq_f32(c, x, m); }
+DP_DEFINE_FMA_PROBE(float32x4_t, 16, 4, vdupq_n_f32, neon_fma, vaddq_f32, vaddvq_f32)
 
 const dp_attn_ops dp_ops_neon = {"neon", scores_f32, scores_f16, accum_f32, accum_f16, f32_to_f16, exp_sum, max_of, fma_probe,
                                    NULL, NULL}; /* no run ops: the walker calls per piece */

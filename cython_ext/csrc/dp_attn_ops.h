@@ -54,6 +54,22 @@ typedef struct {
                           int64_t ns, float *o);
 } dp_attn_ops;
 
+/* The fma_probe of an ISA file, from its vector type and operations: CHAINS
+ * independent chains x = x * m + c of LANES-wide vectors, summed into *sink at the
+ * end so none is dead code. */
+#define DP_DEFINE_FMA_PROBE(VT, CHAINS, LANES, SET, FMA, ADD, REDUCE)                   \
+    static int64_t fma_probe(int64_t iters, float *sink) {                               \
+        VT x[CHAINS];                                                                    \
+        for (int j = 0; j < CHAINS; j++) x[j] = SET(0.001f * (float)j);                  \
+        const VT m = SET(0.999999f), c = SET(1e-7f);                                     \
+        for (int64_t i = 0; i < iters; i++)                                              \
+            for (int j = 0; j < CHAINS; j++) x[j] = FMA(x[j], m, c);                     \
+        VT s = x[0];                                                                     \
+        for (int j = 1; j < CHAINS; j++) s = ADD(s, x[j]);                               \
+        *sink = REDUCE(s);                                                               \
+        return iters * CHAINS * LANES * 2;                                               \
+    }
+
 extern const dp_attn_ops dp_ops_generic;
 #if defined(__x86_64__) || defined(_M_X64)
 extern const dp_attn_ops dp_ops_avx2;

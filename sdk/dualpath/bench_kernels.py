@@ -43,16 +43,6 @@ NUM_HEADS, NUM_KV_HEADS, HEAD_DIM, PAGE_TOKENS = 32, 4, 64, 16
 BLOCK = 1 << 17
 
 
-def _median_time(fn, repeats: int) -> float:
-    fn()
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
-
-
 def _timed(fn) -> float:
     t0 = time.perf_counter()
     fn()
@@ -74,8 +64,13 @@ def _paired(kernel_step, probe, repeats: int) -> tuple[list[float], list[float]]
 def measure_fma_peak(pool: ThreadPool, kernel: str | None = None, iters: int = 1 << 22,
                      repeats: int = 5) -> float:
     """GFLOP/s of f32 FMAs at the kernel ISA's widest vectors, every pool thread at once."""
-    flops = pool.fma(iters, kernel)
-    return flops / _median_time(lambda: pool.fma(iters, kernel), repeats) / 1e9
+    flops = pool.fma(iters, kernel)  # also the warm-up
+    return flops / statistics.median(_timed(lambda: pool.fma(iters, kernel)) for _ in range(repeats)) / 1e9
+
+
+def _kv_bytes(ctx: int) -> int:
+    """Bytes of one layer's f16 K and V for ctx positions."""
+    return ctx * NUM_KV_HEADS * HEAD_DIM * 2 * 2
 
 
 def _arena_for(ctx: int, layers: int, layout: str, seed: int = 0):
@@ -128,8 +123,7 @@ def run_kernel_bench(contexts=(1024, 8192, 32768), threads=(1, 2), layouts=("seq
     def row(pool, ctx, layout, heads, arena, spans, layers, passes=1):
         step, calls = _layer_step(arena, spans, ctx, layers, heads, kernel, pool, passes)
         tk, tp = _paired(step, lambda: pool.read(buf), repeats)
-        kv_bytes = ctx * NUM_KV_HEADS * HEAD_DIM * 2 * 2
-        rates = [kv_bytes * calls / t / 1e9 for t in tk]
+        rates = [_kv_bytes(ctx) * calls / t / 1e9 for t in tk]
         bws = [bandwidth_bytes / t / 1e9 for t in tp]
         shares = [r / b for r, b in zip(rates, bws)]
         bandwidth.setdefault(pool.num_threads, []).extend(bws)
@@ -143,8 +137,7 @@ def run_kernel_bench(contexts=(1024, 8192, 32768), threads=(1, 2), layouts=("seq
         pool = ThreadPool(n_threads)
         fma_gflops[n_threads] = measure_fma_peak(pool, kernel)
         for ctx in contexts:
-            kv_bytes = ctx * NUM_KV_HEADS * HEAD_DIM * 2 * 2
-            layers = max(1, min(64, -(-2 * llc_bytes // kv_bytes)))  # > LLC in total: DRAM reads
+            layers = max(1, min(64, -(-2 * llc_bytes // _kv_bytes(ctx))))  # > LLC in total: DRAM reads
             for layout in layouts:
                 arena, spans = _arena_for(ctx, layers, layout)
                 row(pool, ctx, layout, NUM_HEADS, arena, spans, layers)
