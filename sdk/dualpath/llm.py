@@ -58,6 +58,7 @@ class LLM:
             governor=self.governor,
             max_num_seqs=rt.max_num_seqs,
             kv_cache_tokens=rt.kv_cache_tokens,
+            power_config=config.power,
         )
         self.engine = Engine(self.runner, self.tokenizer, max_num_seqs=rt.max_num_seqs,
                              max_batch_tokens=batch_tokens,

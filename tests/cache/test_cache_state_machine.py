@@ -16,7 +16,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from dualpath.cache.manager import KVCacheManager, NoRoom
 from dualpath.config import DualPathConfig
-from dualpath.scheduler.router import Path
+from dualpath.cache.policy import Path
 
 LAYERS, KV_HEADS, HEAD_DIM = 2, 2, 32
 KV_DIM = KV_HEADS * HEAD_DIM

@@ -20,7 +20,7 @@ import numpy as np
 
 from dualpath.cache.manager import KVCacheManager, NoRoom
 from dualpath.config import DualPathConfig
-from dualpath.scheduler.router import Path
+from dualpath.cache.policy import Path
 
 P = 4                          # tokens per page
 PAGE_BYTES = 2048              # 2 (K, V) * 2 heads * 4 tokens * 32 dims * 4 bytes

@@ -8,7 +8,7 @@ from tests_shared import models_dir_path
 
 import dualpath
 from dualpath import SamplingParams
-from dualpath.scheduler.router import Path
+from dualpath.cache.policy import Path
 
 MODELS = models_dir_path()
 GGUF = MODELS / "stories260K.gguf"

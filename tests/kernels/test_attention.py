@@ -1,4 +1,4 @@
-"""Every kernel ISA this machine has, against the NumPy reference (kernels/reference.py).
+"""Every kernel ISA this machine has, against the NumPy reference (tests/kernels/attention_reference.py).
 
 Attention reads the arena through spans; the same tokens are laid out as one
 contiguous run of pages (sequential path) and as scattered single pages (random
@@ -8,12 +8,12 @@ path), on one thread and on a pool (which splits long contexts and merges).
 import numpy as np
 import pytest
 
-from dualpath import _kernels
-from dualpath._kvarena import KVArena, ThreadPool, available_kernels
+from dualpath import kernels as _kernels
+from dualpath.kernels import KVArena, ThreadPool, available_kernels
 
 KERNELS = available_kernels()
 POOL = ThreadPool(2)
-from dualpath.kernels import reference
+import attention_reference as reference
 
 P = 16  # tokens per page
 

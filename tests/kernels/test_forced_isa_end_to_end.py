@@ -10,7 +10,7 @@ from tests_shared import models_dir_path
 
 import dualpath
 from dualpath import SamplingParams
-from dualpath._kvarena import available_kernels
+from dualpath.kernels import available_kernels
 
 MODELS = models_dir_path()
 GGUF = MODELS / "stories260K.gguf"
@@ -33,7 +33,7 @@ def test_golden_ids_with_each_forced_kernel(kernel, kv_dtype):
 
 def test_disabling_cpu_features_falls_back_and_info_says_so():
     env = dict(os.environ, DUALPATH_DISABLE_CPU_FEATURES="avx512,avx2,neon_fp16,neon")
-    code = ("import dualpath._kvarena as k, dualpath, json;"
+    code = ("import dualpath.kernels as k, dualpath, json;"
             f"llm = dualpath.LLM({str(GGUF)!r});"
             "c = llm.generate('Once upon a time', dualpath.SamplingParams(temperature=0, max_tokens=8));"
             "print(json.dumps([k.default_kernel(), llm.runner.kv.kernel, c.text]))")

@@ -23,7 +23,6 @@ def test_ort_affinity_string_is_one_based_with_threads_minus_one_groups(cpus, th
     s = ort_affinity_string(cpus, threads)
     assert s == expected
     assert s.count(";") == threads - 2 if threads > 1 else s == ""  # threads - 1 groups
-    assert Plan.ort_affinity_string(cpus, threads) == expected  # the same function, on the Plan
 
 
 @pytest.mark.parametrize("cpus, threads, message", [

@@ -2,7 +2,8 @@
 
 from platform_testlib import fixture_topology
 
-from dualpath.config import Config, PowerConfig
+from dualpath.cache.policy import PathPolicy
+from dualpath.config import Config, DualPathConfig, PowerConfig
 from dualpath.platform.describe import describe
 from dualpath.platform.governor import Governor
 from dualpath.platform.power import PowerState, ThermalZone
@@ -29,7 +30,7 @@ Power: battery 55%, discharging, no external power, battery 31.5 °C (from power
 Profile: balanced (auto): on battery (55%)
   prefill  big cpu 3-6, 4 threads, mask 0x78, pinned; caller on cpu 3; ORT intra_op_thread_affinities "5;6;7"
   decode   little cpu 0-2, 3 threads, mask 0x7, pinned; caller on cpu 0; ORT intra_op_thread_affinities "2;3"
-  path: sequential from 8192 tokens, prefill chunk 512 tokens, spinning on"""
+  path: sequential from 8192 tokens, decode by locality >= 0.5 over 512-token runs, prefill chunk 512 tokens, spinning on"""
 
 
 def test_describe_golden_snapdragon_8gen2_on_battery():
@@ -40,7 +41,8 @@ def test_describe_golden_snapdragon_8gen2_on_battery():
                        sources=("power_supply", "thermal"))
     gov = Governor(topo, lambda: power, Config(), allowed_cpus=range(8))
     plan = gov.choose()  # reads the power state
-    assert describe(topo, gov.power, plan) == GOLDEN_8GEN2
+    path = PathPolicy.from_config(DualPathConfig(), PowerConfig(), plan.profile).summary()
+    assert describe(topo, gov.power, plan, path) == GOLDEN_8GEN2
 
 
 def test_describe_says_when_all_cores_are_equal_and_power_is_unknown():

@@ -7,7 +7,8 @@ from platform_testlib import MACHINES, fixture_topology
 
 from dualpath.config import Config, PowerConfig, RuntimeConfig, load_config, with_overrides
 from dualpath.errors import ConfigError
-from dualpath.platform.profiles import PROFILES, PathPolicy, resolve_plan
+from dualpath.cache.policy import PathPolicy
+from dualpath.platform.profiles import PROFILES, resolve_plan
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 
@@ -76,18 +77,18 @@ def test_plan_core_sets_threads_and_affinities_are_exact(name, profile):
         assert {topo.cpu(c).cls for c in phase.cpus} == {phase.cls}
 
 
-def test_path_policy_and_spinning_per_profile():
+def test_prefill_chunk_and_spinning_per_profile():
     topo = fixture_topology("rk3588")
     for profile in ("performance", "balanced"):
         plan = resolve_plan(profile, topo)
-        assert plan.path == PathPolicy(seq_path_threshold=8192, prefill_chunk_tokens=512)
+        assert plan.prefill_chunk_tokens == 512
         assert plan.spinning is True
     low = resolve_plan("low_power", topo)
-    assert low.path == PathPolicy(seq_path_threshold=32768, prefill_chunk_tokens=128)
+    assert low.prefill_chunk_tokens == 128
     assert low.spinning is False
     no_spin = Config(runtime=RuntimeConfig(intra_op_spinning=False, prefill_chunk_tokens=64))
     assert resolve_plan("balanced", topo, no_spin).spinning is False
-    assert resolve_plan("low_power", topo, no_spin).path.prefill_chunk_tokens == 64  # the smaller one
+    assert resolve_plan("low_power", topo, no_spin).prefill_chunk_tokens == 64  # the smaller one
 
 
 def test_thread_caps_apply_per_phase_and_runtime_num_threads_caps_both():
@@ -149,7 +150,9 @@ def test_low_power_yaml_runs_on_one_little_core_of_8gen2_without_spinning():
     config = load_config(CONFIGS / "low_power.yaml")
     plan = resolve_plan(config.power.profile, fixture_topology("snapdragon_8gen2"), config)
     assert (plan.prefill.cpus, plan.decode.cpus, plan.spinning) == ((0,), (0,), False)
-    assert plan.path == PathPolicy(seq_path_threshold=32768, prefill_chunk_tokens=128)
+    assert plan.prefill_chunk_tokens == 128
+    policy = PathPolicy.from_config(config.dualpath_config, config.power, plan.profile)
+    assert policy.seq_path_threshold == 32768
 
 
 @pytest.mark.parametrize("key, value, message", [

@@ -9,9 +9,9 @@ import pytest
 
 import dualpath
 from dualpath import SamplingParams
-from dualpath.cache.routing import Path
+from dualpath.cache.policy import Path
 from dualpath.runtime.engine import QueueFullError
-from dualpath.scheduler.batch import Status
+from dualpath.scheduler.request import Status
 
 NAMES = ["Lily", "Tom", "Sue", "Max", "Ben", "Anna", "Sam", "Mia", "Tim", "Lucy", "Jack", "Zoe", "Bob", "Kate",
          "Leo", "Amy"]
@@ -244,14 +244,15 @@ def test_a_failing_step_fails_its_requests_and_the_engine_keeps_serving(gguf_pat
 def test_a_step_where_no_request_samples_runs_after_a_longer_one(gguf_path):
     # A 39-token step leaves its sampled row (38) behind; a 3-token mid-prompt chunk
     # that samples nothing must not read that row (ORT's Gather would be out of bounds).
-    from dualpath.runtime.session import StepEntry
+    from dualpath.scheduler.batch import SeqStep
 
     llm = make_llm(gguf_path)
     runner = llm.runner
-    runner.cache.start(5000, [])
     prompt = llm.tokenize(" ".join(NAMES * 2))[:42]
-    alloc = runner.allocate(5000, prompt[:39], True)
-    assert runner.run([StepEntry(5000, prompt[:39], alloc.slots, True)]).shape[0] == 1
-    alloc = runner.allocate(5000, prompt[39:], True)
-    assert runner.run([StepEntry(5000, prompt[39:], alloc.slots, False)]).shape[0] == 0
-    assert runner.cache.seqs[5000].num_tokens == 42
+    seq = runner.cache.new_seq_id()
+    runner.cache.start(seq, prompt)
+    alloc = runner.cache.allocate(seq, prompt[:39])
+    assert runner.run([SeqStep(None, seq, prompt[:39], alloc, True)]).shape[0] == 1
+    alloc = runner.cache.allocate(seq, prompt[39:])
+    assert runner.run([SeqStep(None, seq, prompt[39:], alloc, False)]).shape[0] == 0
+    assert runner.cache.num_tokens(seq) == 42

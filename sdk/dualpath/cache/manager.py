@@ -27,8 +27,14 @@ Every full page is hashed and can be shared, whichever path wrote it (except in
 the forced ``sequential`` path mode, the single-path baseline with no prefix cache).
 A shared page that would change is copied first (copy-on-write).
 
+Which path a sequence's tokens take, and when it migrates, is decided by the
+cache's ``policy`` (cache/policy.py), the one home of those rules; the runner
+swaps in the power profile's policy between steps.
+
 Allocation failure is a value, ``NoRoom``, never an exception: the caller
-queues or preempts.
+queues or preempts. Callers (the scheduler, the runner, the benchmarks) use
+only the methods below the ``facade`` line and the result types; the page
+tables are the manager's own.
 """
 
 from __future__ import annotations
@@ -41,9 +47,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .._kvarena import KVArena
+from ..kernels import KVArena
 from ..config import DualPathConfig
-from .routing import Path, Phase, route
+from .policy import Path, PathPolicy, Phase
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +73,10 @@ class Allocation:
 
     slots: np.ndarray
     path: Path
+    pos0: int = 0
+    """Position of the first new token."""
+    prefill: bool = False
+    """The tokens are (or end) the sequence's prompt: a prefill step for the kernels."""
 
 
 @dataclass
@@ -126,6 +136,9 @@ class KVCacheManager:
     def __init__(self, cfg: DualPathConfig, *, num_layers: int, num_kv_heads: int, head_dim: int,
                  num_blocks: int, salt: bytes = b""):
         self.cfg = cfg
+        self.policy = PathPolicy.from_config(cfg)
+        """The path rules in force; the runner replaces it when the power profile changes
+        (it applies to new requests and to the next decode step of running ones)."""
         self.page_tokens = P = cfg.page_tokens
         self.arena = KVArena(cfg.block_size, num_blocks, num_layers, num_kv_heads, head_dim, cfg.kv_dtype,
                              cfg.numa_node)
@@ -150,6 +163,7 @@ class KVCacheManager:
         self.lru: OrderedDict[int, None] = OrderedDict()  # cached pages nobody references, oldest first
         self.table: dict[bytes, int] = {}                 # prefix hash -> page
         self.seqs: dict[int, Sequence] = {}
+        self._next_seq_id = 0
         self._extent_used: dict[int, int] = {}             # SEQ block -> pages handed out, in order
         self.evictions = self.migrations = self.cow_copies = 0
         self.prefix_queries = self.prefix_hit_pages = 0
@@ -283,13 +297,41 @@ class KVCacheManager:
         return h.digest()
 
     # -- facade ----------------------------------------------------------------
+    def new_seq_id(self) -> int:
+        """A sequence id no live or past sequence of this cache has used: the one id
+        allocator for every caller (scheduler, runner, benchmarks)."""
+        while self._next_seq_id in self.seqs:  # skip ids a caller chose itself (tests)
+            self._next_seq_id += 1
+        self._next_seq_id += 1
+        return self._next_seq_id - 1
+
+    def num_tokens(self, seq_id: int) -> int:
+        """Positions of the sequence in the cache (including tokens allocated this step)."""
+        return len(self.seqs[seq_id].tokens)
+
+    def path_of(self, seq_id: int) -> Path:
+        """The path the sequence was started on (or migrated to)."""
+        return self.seqs[seq_id].path
+
+    def has_sequence(self, seq_id: int) -> bool:
+        return seq_id in self.seqs
+
+    @property
+    def num_sequences(self) -> int:
+        return len(self.seqs)
+
+    @property
+    def capacity_tokens(self) -> int:
+        """Tokens the cache holds, all sequences together."""
+        return self.num_blocks * self.pages_per_block * self.page_tokens
+
     def start(self, seq_id: int, prompt_ids, path: Path | None = None) -> int:
         """Begin a sequence. Returns how many leading prompt tokens are already in the
         cache (reused pages): the caller runs only the rest through the model."""
         if seq_id in self.seqs:
             raise ValueError(f"sequence {seq_id} already exists")
         n = len(prompt_ids)
-        path = path or route(self.cfg, Phase.PREFILL, n)
+        path = path or self.policy.route(Phase.PREFILL, n)
         # Prefix pages are looked up and registered whatever the route (a long document
         # asked about twice is reused whole); only the forced sequential-only mode,
         # the single-path baseline, has no prefix cache.
@@ -321,16 +363,23 @@ class KVCacheManager:
 
     def allocate(self, seq_id: int, token_ids, path: Path | None = None) -> Allocation | NoRoom:
         """Room for ``token_ids`` appended to the sequence. ``path`` (SEQUENTIAL or RANDOM)
-        decides where new pages come from; by default the router decides from the
-        sequence's phase and measured locality."""
+        decides where new pages come from. By default the policy decides: within the
+        prompt, the request's prefill path; past it, a decode step, which first
+        migrates a long scattered sequence into an extent (a NoRoom answer to that
+        leaves it where it is) and then routes by measured locality."""
         seq = self.seqs[seq_id]
         n = len(token_ids)
         P = self.page_tokens
+        start = seq.num_tokens
         if path is None:
-            if seq.num_tokens < seq.prompt_tokens or seq.num_tokens == 0:
+            if start < seq.prompt_tokens or start == 0:
                 path = seq.path  # still the prompt: the request's prefill path
             else:
-                path = route(self.cfg, Phase.DECODE, seq.num_tokens, self.locality_score(seq_id))
+                policy = self.policy
+                locality = self.locality_score(seq_id)
+                if policy.migrates(seq.path, start, locality) and self.migrate(seq_id, Path.SEQUENTIAL) is True:
+                    locality = self.locality_score(seq_id)
+                path = policy.route(Phase.DECODE, start, locality)
         use_extent = path in (Path.SEQUENTIAL, Path.HYBRID)
         taken: list[int] = []
         cow = bool(seq.num_tokens % P) and self.page_ref[seq.pages[-1]] > 1
@@ -361,7 +410,6 @@ class KVCacheManager:
             self.page_ref[page] = 1
             seq.pages.append(page)
             taken.append(page)
-        start = seq.num_tokens
         seq.tokens.extend(int(t) for t in token_ids)
         slots = np.empty((n, 3), np.int64)
         if n == 1:
@@ -373,7 +421,7 @@ class KVCacheManager:
             slots[:, 0] = offs[pos // P - first]
             slots[:, 1] = pos % P
             slots[:, 2] = P
-        return Allocation(slots, path)
+        return Allocation(slots, path, start, n > 1 or start + n <= seq.prompt_tokens)
 
     def _extent_spare(self, seq: Sequence) -> int:
         """Pages still unused in the sequence's last extent block."""
@@ -525,7 +573,7 @@ class KVCacheManager:
         if seq.num_tokens == 0:
             return 0.0
         sp = self.spans(seq_id)
-        long = sp[sp[:, 1] >= self.cfg.locality_window, 1].sum()
+        long = sp[sp[:, 1] >= self.policy.locality_window, 1].sum()
         return float(long) / seq.num_tokens
 
     def bytes_held(self) -> int:

@@ -1,0 +1,18 @@
+"""The compiled kernels, the only Python entry to them.
+
+Two extension modules sit underneath (built by setup.py from cython_ext/):
+
+* ``_kvarena``: the KV arena (one allocation cut into blocks), the per-step
+  attention stepper, the kernels' thread pool, and the run-time ISA dispatch;
+* ``_kernels``: the token-embedding gather (f32, f16, Q8_0, Q4_0 tables).
+
+Every other module imports these names from here, never from the extension
+modules, so the compiled surface is one list (``__all__``) and a test checks it.
+The NumPy oracle the kernels are tested against lives with the tests
+(tests/kernels/attention_reference.py).
+"""
+
+from .._kernels import embed
+from .._kvarena import ArenaStepper, KVArena, ThreadPool, available_kernels, cpu_features, default_kernel
+
+__all__ = ["ArenaStepper", "KVArena", "ThreadPool", "available_kernels", "cpu_features", "default_kernel", "embed"]

@@ -21,7 +21,6 @@ import numpy as np
 from ..tokenizer.spec import TokenizerSpec
 
 QUANT_BLOCK = 32
-WEIGHT_DTYPES = ("f32", "q8_0", "q4_0")
 
 
 @dataclass(frozen=True)
@@ -102,9 +101,6 @@ class ModelSpec:
     weights: dict[str, Weight]
     metadata: dict = field(default_factory=dict)
     """A few descriptive strings from the file (name, file type), for ``dualpath info``."""
-
-    def weight(self, name: str) -> Weight:
-        return self.weights[name]
 
     @property
     def output(self) -> Weight:

@@ -5,9 +5,9 @@ from .affinity import ort_affinity_string, pin_current_thread, thread_placement
 from .describe import describe
 from .governor import Governor, Switch
 from .power import BackgroundPowerReader, PowerState, ThermalZone, read_power_state
-from .profiles import PROFILES, PathPolicy, PhasePlan, Plan, SessionSpec, resolve_plan
+from .profiles import PROFILES, PhasePlan, Plan, SessionSpec, resolve_plan
 from .topology import CoreClass, CpuInfo, Topology, load_topology, read_topology
 
-__all__ = ["BackgroundPowerReader", "CoreClass", "CpuInfo", "Governor", "PROFILES", "PathPolicy", "PhasePlan", "Plan", "PowerState", "SessionSpec",
+__all__ = ["BackgroundPowerReader", "CoreClass", "CpuInfo", "Governor", "PROFILES", "PhasePlan", "Plan", "PowerState", "SessionSpec",
            "Switch", "ThermalZone", "Topology", "describe", "load_topology", "ort_affinity_string",
            "pin_current_thread", "read_power_state", "read_topology", "resolve_plan", "thread_placement"]

@@ -1,7 +1,8 @@
 """Thread placement: ONNX Runtime's affinity string, pinning the calling thread, and reading
 back where every thread of the process runs.
 
-ONNX Runtime facts this relies on (checked with onnxruntime 1.32, see FINDINGS.md):
+ONNX Runtime facts this relies on (checked with onnxruntime 1.32 by
+tests/platform/ort_placement_probe.py, which reads the placement back):
 ``session.intra_op_thread_affinities`` takes 1-based processor ids, exactly
 ``intra_op_num_threads - 1`` groups separated by ``;`` (one per worker; the calling thread
 does part of the work and is never pinned by ORT), and an out-of-range id only logs an

@@ -69,12 +69,13 @@ def _phase(p: PhasePlan) -> str:
             + ("" if aff is None else f"; ORT intra_op_thread_affinities \"{aff}\""))
 
 
-def describe(topology: Topology, power_state: PowerState | None, plan: Plan) -> str:
-    """Several lines, no trailing newline."""
+def describe(topology: Topology, power_state: PowerState | None, plan: Plan, path: str = "") -> str:
+    """Several lines, no trailing newline. ``path`` is the profile's cache-path rule in
+    words (``PathPolicy.summary()``: the path policy lives above this layer)."""
     lines = describe_topology(topology) + describe_power(power_state)
     chosen = plan.profile if plan.requested in ("", plan.profile) else f"{plan.profile} (auto)"
     lines.append(f"Profile: {chosen}" + (f": {plan.reason}" if plan.reason else ""))
     lines += [_phase(plan.prefill), _phase(plan.decode)]
-    lines.append(f"  path: sequential from {plan.path.seq_path_threshold} tokens, prefill chunk "
-                 f"{plan.path.prefill_chunk_tokens} tokens, spinning {'on' if plan.spinning else 'off'}")
+    lines.append(f"  {'path: ' + path + ', ' if path else ''}prefill chunk {plan.prefill_chunk_tokens} tokens, "
+                 f"spinning {'on' if plan.spinning else 'off'}")
     return "\n".join(lines)

@@ -10,8 +10,9 @@ Rules (a parallel region never spans two classes: its slowest thread sets the pa
   ``performance`` it runs on the class with the most cores (a tie goes to the bigger
   class), still one class.
 - **low_power** runs both phases on the little class with half its cores (at least one,
-  at most ``power.low_power_max_threads``), spinning off, a smaller prefill chunk, and
-  the random path for contexts below ``power.low_power_seq_path_threshold``.
+  at most ``power.low_power_max_threads``), spinning off and a smaller prefill chunk.
+  Its cache-path override (``power.low_power_seq_path_threshold``) is applied by the
+  path policy (cache/policy.py), the one home of the path rules.
 - One thread per physical core unless ``power.use_smt``; caps: ``power.prefill_max_threads``,
   ``power.decode_max_threads`` and ``runtime.num_threads`` (when not 0).
 - Only CPUs in ``allowed_cpus`` (the process's affinity at start) are used.
@@ -92,17 +93,6 @@ class SessionSpec:
 
 
 @dataclass(frozen=True)
-class PathPolicy:
-    """How requests use the dual-path cache under a profile (applies to new requests;
-    the chunk size to the next prefill step)."""
-
-    seq_path_threshold: int
-    """Context tokens from which a request takes the sequential path."""
-    prefill_chunk_tokens: int
-    """Prompt tokens per prefill step."""
-
-
-@dataclass(frozen=True)
 class Plan:
     """A resolved profile: the one thing the engine reads from the governor."""
 
@@ -110,15 +100,14 @@ class Plan:
     """``performance``, ``balanced`` or ``low_power``."""
     prefill: PhasePlan
     decode: PhasePlan
-    path: PathPolicy
+    prefill_chunk_tokens: int
+    """Prompt tokens per prefill step (applies from the next step)."""
     spinning: bool
     """``session.intra_op.allow_spinning`` for both phases."""
     requested: str = field(default="", compare=False)
     """The profile asked for (``auto`` or the same as ``profile``)."""
     reason: str = field(default="", compare=False)
     """Why ``auto`` chose it (empty for a fixed profile)."""
-
-    ort_affinity_string = staticmethod(ort_affinity_string)
 
     @property
     def prefill_spec(self) -> SessionSpec:
@@ -155,7 +144,7 @@ def resolve_plan(profile: str, topology: Topology, config: Config | None = None,
     if profile not in PROFILES:
         raise ConfigError(f"power.profile={profile!r} must be one of {', '.join(PROFILES)} here")
     config = config or Config()
-    pc, rt, dp = config.power, config.runtime, config.dualpath_config
+    pc, rt = config.power, config.runtime
     allowed = None if allowed_cpus is None else set(allowed_cpus)
     classes = [(cls, _usable(cls, topology, allowed, pc.use_smt)) for cls in topology.classes]
     classes = [(cls, cpus) for cls, cpus in classes if cpus]
@@ -190,10 +179,7 @@ def resolve_plan(profile: str, topology: Topology, config: Config | None = None,
         profile=profile,
         prefill=PhasePlan("prefill", prefill[0].name, threads(prefill, pc.prefill_max_threads), pc.pin_threads),
         decode=PhasePlan("decode", decode[0].name, threads(decode, pc.decode_max_threads), pc.pin_threads),
-        path=PathPolicy(
-            seq_path_threshold=max(dp.seq_path_threshold, pc.low_power_seq_path_threshold) if low
-            else dp.seq_path_threshold,
-            prefill_chunk_tokens=min(rt.prefill_chunk_tokens, pc.low_power_prefill_chunk_tokens) if low
-            else rt.prefill_chunk_tokens),
+        prefill_chunk_tokens=min(rt.prefill_chunk_tokens, pc.low_power_prefill_chunk_tokens) if low
+        else rt.prefill_chunk_tokens,
         spinning=False if low else rt.intra_op_spinning,
         requested=requested or profile, reason=reason)

@@ -32,7 +32,8 @@ from typing import AsyncIterator, Sequence
 import numpy as np
 
 from ..errors import DualPathError
-from ..scheduler.batch import BatchScheduler, Status
+from ..scheduler.batch import BatchScheduler, attention_tokens
+from ..scheduler.request import Request
 from .generate import Completion, TextStream, Timings, Usage, check_prompt
 from .metrics import EngineMetrics
 from .sampler import Sampler, SamplingParams
@@ -63,33 +64,18 @@ class Delta:
     """Set on the last delta."""
 
 
-class Request:
-    """One generation inside the engine (its state between steps)."""
+class EngineRequest(Request):
+    """A scheduler Request plus what generating text needs: sampler, text stream and
+    the sink its deltas go to."""
 
     def __init__(self, request_id: str, prompt_ids: list[int], params: SamplingParams, tokenizer,
                  context_tokens: int, vocab_size: int, sink):
-        self.request_id = request_id
-        self.prompt_ids = prompt_ids
+        super().__init__(request_id, prompt_ids, context_tokens)
         self.params = params
         self.sampler = Sampler(params, vocab_size)
         self.stream = TextStream(tokenizer, prompt_ids, params)
         self.stop_ids = frozenset() if params.ignore_eos else tokenizer.stop_ids
-        self.context_tokens = context_tokens
-        self.ids = np.zeros(context_tokens, np.int64)  # (context,) prompt then generated tokens
-        self.n = len(prompt_ids)
-        self.ids[:self.n] = prompt_ids
-        self.generated: list[int] = []
         self.sink = sink
-        # scheduler state
-        self.status = Status.WAITING
-        self.seq_id: int | None = None
-        self.computed = 0
-        self.cached_tokens: int | None = None
-        self.preemptions = 0
-        self.path = None
-        """The path the router gave the request when it (last) started."""
-        # timing
-        self.arrival = time.perf_counter()
         self.first_token_time: float | None = None
         self.decode_steps = 0
         self.completion: Completion | None = None
@@ -103,14 +89,16 @@ class Engine:
         self.runner = runner  # it consults the power governor at every step
         self.tokenizer = tokenizer
         self.max_queued_requests = max_queued_requests
-        self.scheduler = BatchScheduler(runner, max_num_seqs=max_num_seqs,
-                                        max_batch_tokens=min(max_batch_tokens, runner.max_step_tokens))
+        self.scheduler = BatchScheduler(runner.cache, max_num_seqs=max_num_seqs,
+                                        max_batch_tokens=min(max_batch_tokens, runner.max_step_tokens),
+                                        attention_tokens=attention_tokens(runner.spec.config))
         self.metrics = EngineMetrics()
         self._profile_name = profile_name
         self._ids = itertools.count()
-        self._requests: dict[str, Request] = {}
+        self._requests: dict[str, EngineRequest] = {}
         self._aborts: set[str] = set()
-        self._mu = threading.Lock()             # queue, requests, aborts
+        self._mu = threading.Lock()             # queue, requests, aborts (held briefly: never
+        #                                         across the model run or sampling)
         self._step_lock = threading.Lock()      # one step at a time
         self._wake = threading.Condition(self._mu)
         self._thread: threading.Thread | None = None
@@ -122,7 +110,7 @@ class Engine:
         return self.runner.max_context_tokens
 
     def add_request(self, prompt_ids: Sequence[int], params: SamplingParams | None = None, *,
-                    request_id: str | None = None, sink=None) -> Request:
+                    request_id: str | None = None, sink=None) -> EngineRequest:
         """Queue a request; ``sink(delta: Delta | None, error: BaseException | None)`` gets
         its output from the stepping thread. Raises for a prompt no request can run,
         and QueueFullError when ``max_queued_requests`` are already waiting."""
@@ -138,7 +126,7 @@ class Engine:
             rid = request_id or f"req-{next(self._ids)}"
             if rid in self._requests:
                 raise ValueError(f"request id {rid!r} is already in use")
-            req = Request(rid, ids, params, self.tokenizer, self.context_tokens,
+            req = EngineRequest(rid, ids, params, self.tokenizer, self.context_tokens,
                           self.runner.spec.config.vocab_size, sink)
             self._requests[rid] = req
             self.scheduler.add(req)
@@ -173,47 +161,53 @@ class Engine:
 
     # -- stepping ----------------------------------------------------------------
     def step(self) -> int:
-        """Run one iteration. Returns how many requests were in it (0 = nothing to do)."""
+        """Run one iteration. Returns how many requests were in it (0 = nothing to do).
+
+        ``_mu`` is held only to schedule and to finish requests: the event loop's
+        submits and ``/metrics`` never wait for the model run or for sampling. Only this
+        thread touches a running request's sampler, tokens and stream."""
         with self._step_lock:
             self._apply_aborts()
+            chunk_tokens = self.runner.plan_step()
             with self._mu:
-                batch = self.scheduler.schedule()
-                for req, why in self.scheduler.failed:
+                plan = self.scheduler.schedule(chunk_tokens)
+                for req, why in plan.failed:
                     self._end(req, error=DualPathError(why))
-            if not batch:
+            if not plan:
                 return 0
             t0 = time.perf_counter()
             try:
-                logits = self.runner.run([s.entry for s in batch])
+                logits = self.runner.run(plan.seqs)
             except Exception as e:  # fail these requests, keep serving the others
                 log.exception("engine step failed")
                 with self._mu:
-                    for s in batch:
+                    for s in plan.seqs:
                         self._end(s.request, error=e)
-                return len(batch)
+                return len(plan.seqs)
             now = time.perf_counter()
             row = 0
-            new_tokens = 0
-            with self._mu:
-                for s in batch:
-                    req = s.request
-                    if not s.logits:
-                        continue
-                    self._advance(req, logits[row], now)
+            ended = []
+            for s in plan.seqs:
+                if s.logits:
+                    end = self._advance(s.request, logits[row], now)
+                    if end is not None:
+                        ended.append(end)
                     row += 1
-                    new_tokens += 1
-                held = self.runner.cache.bytes_held()
+            with self._mu:
+                for req, finish, kwargs in ended:
+                    self._end(req, finish, **kwargs)
             m = self.metrics
-            m.peak_kv_bytes_held = max(m.peak_kv_bytes_held, held)
-            m.on_step(now, now - t0, sum(s.num_tokens for s in batch), new_tokens)
-            return len(batch)
+            m.peak_kv_bytes_held = max(m.peak_kv_bytes_held, self.runner.cache.bytes_held())
+            m.on_step(now, now - t0, plan.num_tokens, row)
+            return len(plan.seqs)
 
     def run_until_done(self) -> None:
         while self.step():
             pass
 
-    def _advance(self, req: Request, logits: np.ndarray, now: float) -> None:
-        """Sample the request's next token and deliver its delta (holding _mu)."""
+    def _advance(self, req: EngineRequest, logits: np.ndarray, now: float):
+        """Sample the request's next token and deliver its delta (not holding _mu).
+        Returns ``(request, finish_reason, _end keywords)`` when the request ends."""
         if req.first_token_time is None:
             req.first_token_time = now
             self.metrics.on_first_token(now - req.arrival)
@@ -221,22 +215,20 @@ class Engine:
             req.decode_steps += 1
         token = req.sampler.sample(logits, req.ids[:req.n])
         if token in req.stop_ids:
-            self._end(req, "stop", token)
-            return
-        req.generated.append(token)
-        req.ids[req.n] = token
-        req.n += 1
+            return req, "stop", {"stop_reason": token}
+        req.append(token)
         text, stop = req.stream.push(token)
         if stop is not None:
-            self._end(req, "stop", stop, text=text, token=token)
-        elif len(req.generated) >= req.params.max_tokens:
-            self._end(req, "length", text=text, token=token)
-        elif req.n >= req.context_tokens:
-            self._end(req, "context_full", text=text, token=token)
-        elif req.sink is not None:
+            return req, "stop", {"stop_reason": stop, "text": text, "token": token}
+        if len(req.generated) >= req.params.max_tokens:
+            return req, "length", {"text": text, "token": token}
+        if req.n >= req.context_tokens:
+            return req, "context_full", {"text": text, "token": token}
+        if req.sink is not None:
             req.sink(Delta(text, (token,)), None)
+        return None
 
-    def _end(self, req: Request, finish: str = "abort", stop_reason=None, *, text: str = "",
+    def _end(self, req: EngineRequest, finish: str = "abort", stop_reason=None, *, text: str = "",
              token: int | None = None, error: BaseException | None = None) -> None:
         """Finish a request (holding _mu): free its cache, deliver the last delta."""
         self.scheduler.remove(req)
@@ -360,7 +352,7 @@ class RequestHandle(_Consumer):
 
     def __init__(self, engine: Engine, loop: asyncio.AbstractEventLoop):
         self.engine = engine
-        self.request: Request | None = None
+        self.request: EngineRequest | None = None
         self._loop = loop
         self._queue: asyncio.Queue = asyncio.Queue()
 

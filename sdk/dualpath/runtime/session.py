@@ -14,15 +14,15 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
-from .._kernels import embed as _embed
-from .._kvarena import ArenaStepper, ThreadPool
 from ..cache.manager import KVCacheManager, NoRoom
-from ..config import DualPathConfig
-from ..errors import DualPathError
-from ..scheduler.router import Path
+from ..cache.policy import PathPolicy
+from ..config import DualPathConfig, PowerConfig
+from ..errors import ConfigError, DualPathError
 from ..graph.builder import PLACEHOLDER, GraphPart, build_parts
+from ..kernels import ArenaStepper, ThreadPool, embed as _embed
 from ..models.spec import ModelSpec
 from ..platform.affinity import pin_current_thread
+from ..scheduler.batch import SeqStep
 
 log = logging.getLogger(__name__)
 
@@ -74,9 +74,19 @@ def _use_global_pool(num_threads: int) -> bool:
     return True
 
 
+class SessionSet(list):
+    """The InferenceSessions of one set (one per graph part), and the OrtValues handed to
+    them with ``add_initializer``: ONNX Runtime reads those in place and requires them
+    to outlive the sessions, so they live exactly as long as this list."""
+
+    def __init__(self, sessions: list[ort.InferenceSession], initializers: list[ort.OrtValue]):
+        super().__init__(sessions)
+        self.initializers = initializers
+
+
 def create_sessions(parts: list[GraphPart], num_threads: int, spinning: bool = True,
                     affinities: str | None = None, per_session_pools: bool = False,
-                    own_prepacked: bool = False) -> list[ort.InferenceSession]:
+                    own_prepacked: bool = False) -> SessionSet:
     """One InferenceSession per part.
 
     Float weights are handed over as OrtValues over our arrays (``add_initializer``),
@@ -96,6 +106,7 @@ def create_sessions(parts: list[GraphPart], num_threads: int, spinning: bool = T
         with open(os.path.join(folder, PLACEHOLDER), "wb") as f:
             f.truncate(total)  # sparse: never read, costs no memory
         sessions = []
+        values = []  # every add_initializer OrtValue: kept alive with the sessions
         for part in parts:
             path = os.path.join(folder, f"part{part.index}.onnx")
             model = part.model
@@ -120,14 +131,13 @@ def create_sessions(parts: list[GraphPart], num_threads: int, spinning: bool = T
             so.add_session_config_entry("session.disable_prepacking", "0" if part.prepack else "1")
             if affinities:
                 so.add_session_config_entry("session.intra_op_thread_affinities", affinities)
-            values = []
             if not (part.prepack and own_prepacked):
                 for name, array in part.weights.items():
                     value = ort.OrtValue.ortvalue_from_numpy(array)
                     values.append(value)
                     so.add_initializer(name, value)
             sessions.append(ort.InferenceSession(path, so, providers=["CPUExecutionProvider"]))
-    return sessions
+    return SessionSet(sessions, values)
 
 
 def _with_weights_in_file(part: GraphPart, path: str) -> onnx.ModelProto:
@@ -213,18 +223,6 @@ class CacheFullError(DualPathError, MemoryError):
     for twice the context, so this means a misconfigured cache size)."""
 
 
-class StepEntry:
-    """One sequence's part of a batched step (see ``ModelRunner.run``)."""
-
-    __slots__ = ("seq_id", "token_ids", "slots", "logits")
-
-    def __init__(self, seq_id: int, token_ids, slots: np.ndarray, logits: bool):
-        self.seq_id = seq_id
-        self.token_ids = token_ids
-        self.slots = slots      # (n, 3) from the cache's Allocation
-        self.logits = logits    # wants the logits of its last token
-
-
 class ModelRunner:
     """Runs steps over many sequences at once: our embedding kernel, the ONNX parts,
     and our attention over the dual-path KV cache between them. A step's rows are
@@ -233,13 +231,15 @@ class ModelRunner:
     per layer.
 
     The single-sequence API (``begin`` / ``forward``) is the same machinery with
-    one sequence, for benchmarks and tests; the engine uses ``allocate`` / ``run``.
+    one sequence, for benchmarks and tests; the engine calls ``plan_step`` and then
+    ``run`` with the scheduler's ``StepPlan``.
     """
 
     def __init__(self, spec: ModelSpec, *, num_threads: int, max_context_tokens: int,
                  max_step_tokens: int, cache_config: DualPathConfig | None = None,
                  accuracy_level: int = 4, spinning: bool = True, kernel: str | None = None,
-                 governor=None, max_num_seqs: int = 1, kv_cache_tokens: int = 0):
+                 governor=None, max_num_seqs: int = 1, kv_cache_tokens: int = 0,
+                 power_config: PowerConfig | None = None):
         cfg = spec.config
         self.spec = spec
         self.num_layers = cfg.num_layers
@@ -282,8 +282,6 @@ class ModelRunner:
         P = dp.page_tokens
         page_bytes = 2 * cfg.num_kv_heads * cfg.head_dim * (2 if dp.kv_dtype == "f16" else 4) * P
         if page_bytes > dp.block_size:
-            from ..errors import ConfigError
-
             raise ConfigError(f"dualpath_config.block_size={dp.block_size} cannot hold one page of "
                               f"page_tokens={P} tokens of this model ({page_bytes} bytes); raise block_size")
         pages_per_block = dp.block_size // page_bytes
@@ -294,8 +292,15 @@ class ModelRunner:
             num_blocks += 2
         self.cache = KVCacheManager(dp, num_layers=cfg.num_layers, num_kv_heads=cfg.num_kv_heads,
                                     head_dim=cfg.head_dim, num_blocks=num_blocks, salt=spec.path.encode())
-        self.kv_cache_tokens = num_blocks * pages_per_block * P
+        self.kv_cache_tokens = self.cache.capacity_tokens
         """Tokens the KV cache holds (all sequences together)."""
+        # The path policy of every profile the governor can choose, built once: a step
+        # only swaps which one the cache applies.
+        # Without a governor the configured profile holds for good ("auto" then has nothing
+        # to choose from and overrides nothing).
+        names = governor.plans if governor is not None else (power_config.profile if power_config else "",)
+        self._policies = {name: PathPolicy.from_config(dp, power_config, name) for name in names}
+        self.cache.policy = next(iter(self._policies.values()))
         self.slots = np.zeros((T, 3), np.int64)                 # (T, 3) where new tokens go
         # Kernel view of every sequence of a step, back to back: a sequence has at most
         # one span per page (shared prefix pages appear in every sequence that reads
@@ -321,63 +326,49 @@ class ModelRunner:
         self.kv = next(iter(self._sets.values()))[1] if self._sets else stepper(self.pool)
         self._bindings: dict[tuple, _Binding] = {}  # (T, R, sessions id) -> binding, most recent last
         self.last_plan = None
-        """The governor's plan used by the last step (None without a governor)."""
-        self.seq_id = 0
+        """The governor's plan of the last ``plan_step`` (None without a governor)."""
+        self.seq_id = self.cache.new_seq_id()
         self.cache.start(self.seq_id, [])
 
-    @property
-    def prefill_chunk_tokens(self) -> int:
-        """Prompt tokens per prefill step: the power plan's chunk (smaller in low_power)."""
-        if self.governor is not None:
-            plan = self.governor.choose()
-            return max(1, min(self.max_step_tokens, plan.path.prefill_chunk_tokens))
-        return self.max_step_tokens
-
     # -- batched steps (the engine) ---------------------------------------------
-    def allocate(self, seq_id: int, token_ids, prefill: bool):
-        """Cache room for ``token_ids`` appended to sequence ``seq_id``: an Allocation
-        (its ``slots`` go into a StepEntry) or NoRoom (the caller queues or preempts).
-        ``prefill`` keeps the request's prefill path; otherwise the router decides."""
-        seq = self.cache.seqs[seq_id]
-        n = len(token_ids)
-        if seq.num_tokens + n > self.max_context_tokens:
-            raise ValueError(f"positions {seq.num_tokens}..{seq.num_tokens + n - 1} exceed the context "
-                             f"of {self.max_context_tokens}")
-        dp = self.cache_config
-        if not prefill and dp.path_mode == "dual" and seq.path is not Path.SEQUENTIAL \
-                and seq.num_tokens > dp.seq_path_threshold \
-                and self.cache.locality_score(seq_id) < dp.locality_threshold:
-            # Grown past the threshold on scattered pages: move into an extent at this step
-            # boundary (a NoRoom answer just leaves it where it is).
-            self.cache.migrate(seq_id, Path.SEQUENTIAL)
-        return self.cache.allocate(seq_id, token_ids, seq.path if prefill else None)
+    def plan_step(self) -> int:
+        """Before each step: consult the governor once (it may switch profile between
+        steps, never within one), hand its path policy to the cache, and return the
+        prompt tokens a prefill chunk may have (the plan's chunk, smaller in low_power)."""
+        if self.governor is None:
+            return self.max_step_tokens
+        plan = self.last_plan = self.governor.choose()
+        self.cache.policy = self._policies[plan.profile]
+        return max(1, min(self.max_step_tokens, plan.prefill_chunk_tokens))
 
-    def run(self, entries: list[StepEntry], all_rows: bool = False) -> np.ndarray:
-        """One step over ``entries`` (allocated, at most max_num_seqs, at most
-        max_step_tokens tokens together). Returns logits (R, vocab): one row per entry
-        with ``logits``, in entry order, or with ``all_rows`` one per token of the step.
+    def run(self, steps: list[SeqStep], all_rows: bool = False) -> np.ndarray:
+        """One step over ``steps`` (allocated, at most max_num_seqs, at most
+        max_step_tokens tokens together). Returns logits (R, vocab): one row per step
+        with ``logits``, in step order, or with ``all_rows`` one per token of the step.
         The cache commits every sequence after."""
-        S = len(entries)
+        S = len(steps)
         if not 1 <= S <= self.max_num_seqs:
             raise ValueError(f"a step takes 1..{self.max_num_seqs} sequences, got {S}")
         row = R = span = 0
         prefill = False
         cache = self.cache
-        for i, e in enumerate(entries):
+        for i, e in enumerate(steps):
             n = len(e.token_ids)
-            seq = cache.seqs[e.seq_id]
-            pos0 = seq.num_tokens - n  # allocate() already appended the tokens
+            alloc = e.alloc
+            pos0 = alloc.pos0
             if row + n > self.max_step_tokens:
                 raise ValueError(f"a step takes at most {self.max_step_tokens} tokens")
+            if pos0 + n > self.max_context_tokens:
+                raise ValueError(f"positions {pos0}..{pos0 + n - 1} exceed the context of {self.max_context_tokens}")
             self.ids[row:row + n] = e.token_ids
-            self.slots[row:row + n] = e.slots
+            self.slots[row:row + n] = alloc.slots
             np.add(self._steps[:n], pos0, out=self.positions[row:row + n])
             ns = len(cache.spans(e.seq_id, out=self.spans[span:]))
             self.seqs[i] = (row, n, pos0, span, ns)
             if e.logits:
                 self.rows[R] = row + n - 1
                 R += 1
-            prefill = prefill or n > 1 or seq.num_tokens <= seq.prompt_tokens
+            prefill = prefill or alloc.prefill
             row += n
             span += ns
         if all_rows:
@@ -386,7 +377,7 @@ class ModelRunner:
         elif R == 0:  # no entry samples: lm_head still runs on one row, make it a valid one
             self.rows[0] = 0
         logits = self._execute(row, max(R, 1), prefill, S, span)
-        for e in entries:
+        for e in steps:
             cache.commit(e.seq_id)
         return logits[:R]
 
@@ -402,9 +393,9 @@ class ModelRunner:
 
     def _execute(self, T: int, R: int, prefill: bool, num_seqs: int, num_spans: int) -> np.ndarray:
         kv_stepper, sessions = self.kv, self.sessions
-        if self.governor is not None:
-            # Between steps: the governor may switch profile; a step never changes set midway.
-            plan = self.last_plan = self.governor.choose()
+        plan = self.last_plan
+        if plan is not None:
+            # The plan_step() plan: a step never changes session set midway.
             phase, sp = (plan.prefill, plan.prefill_spec) if prefill else (plan.decode, plan.decode_spec)
             if phase.pinned:
                 pin_current_thread(phase.caller_cpus)
@@ -422,26 +413,30 @@ class ModelRunner:
     @property
     def num_tokens(self) -> int:
         """Positions of the current sequence held in the cache."""
-        return self.cache.seqs[self.seq_id].num_tokens
+        return self.cache.num_tokens(self.seq_id)
 
     def begin(self, prompt_ids) -> int:
         """Start a new sequence for ``prompt_ids``; the previous one is freed (its full
         pages stay cached). Returns how many leading prompt tokens are reused from
         the cache: the caller runs only the rest."""
         self.cache.free(self.seq_id)
-        self.seq_id += 1
+        self.seq_id = self.cache.new_seq_id()
         return self.cache.start(self.seq_id, prompt_ids)
 
-    def forward(self, token_ids, all_logits: bool = False, prefill: bool = False) -> np.ndarray:
+    def forward(self, token_ids, all_logits: bool = False) -> np.ndarray:
         """Append ``token_ids`` (at most max_step_tokens) at the end of the sequence and
         return logits (R, vocab): the last position only, or every position."""
         n = len(token_ids)
         if not 1 <= n <= self.max_step_tokens:
             raise ValueError(f"a step takes 1..{self.max_step_tokens} tokens, got {n}")
-        alloc = self.allocate(self.seq_id, token_ids, prefill)
+        if self.num_tokens + n > self.max_context_tokens:
+            raise ValueError(f"positions {self.num_tokens}..{self.num_tokens + n - 1} exceed the context "
+                             f"of {self.max_context_tokens}")
+        self.plan_step()
+        alloc = self.cache.allocate(self.seq_id, token_ids)
         if isinstance(alloc, NoRoom):
             raise CacheFullError(f"KV cache full: {alloc.needed_pages} more pages needed, {alloc.free_pages} free")
-        return self.run([StepEntry(self.seq_id, token_ids, alloc.slots, True)], all_rows=all_logits)
+        return self.run([SeqStep(None, self.seq_id, token_ids, alloc, True)], all_rows=all_logits)
 
     def reset(self) -> None:
         """Forget the current sequence (cached pages stay reusable)."""

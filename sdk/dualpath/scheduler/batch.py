@@ -4,80 +4,101 @@ Every step mixes decode tokens and prefill chunks under a token budget
 (``runtime.max_batch_tokens``):
 
 1. Decoding requests, oldest first: one token each.
-2. Prompt chunks (at most ``prefill_chunk_tokens``, cut shorter to fit the budget,
+2. Prompt chunks (at most the step's ``chunk_tokens``, cut shorter to fit the budget,
    where, beside decoding requests, a prompt token counts for more at long context,
    see ``attention_tokens``), fewest remaining chunks first (each second in the
    queue counts as one chunk less; first come first served among equals): running
    requests continue their prompt, waiting ones start while a sequence slot and
    the cache allow. A short chat is never stuck behind a long document's prefill,
    and the document still moves on with the budget the chats leave. A request
-   starts by looking its prompt up in the prefix cache; the router
-   (cache/routing.py) picks its path from its length.
+   starts by looking its prompt up in the prefix cache; the cache's path policy
+   (cache/policy.py) picks its path from its length.
 
 When the cache has no room for a running request, the newest running request not
 yet scheduled in this step is *preempted by recompute*: its cache pages are
 released (full pages stay in the prefix cache, so much of the recompute is often
 a cache hit), and it goes back to the front of the queue with its prompt plus
-the tokens generated so far. Its sampler keeps its state, so it resumes with the
-same output. Prompt chunks never preempt; they wait for room.
+the tokens generated so far. Prompt chunks never preempt; they wait for room.
+
+The scheduler talks to the cache only through its facade (``start``,
+``allocate``, ``free``, ``free_page_count``, ``evict_all``, ``new_seq_id``) and
+hands the runner a ``StepPlan``: nothing here knows about ONNX Runtime.
 """
 
 from __future__ import annotations
 
-import enum
 import time
 from collections import deque
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, field
 
-from ..cache.manager import NoRoom
+from ..cache.manager import Allocation, KVCacheManager, NoRoom
+from ..models.spec import ModelConfig
+from .request import Request, Status
 
-if TYPE_CHECKING:
-    from ..runtime.engine import Request
-    from ..runtime.session import ModelRunner
-
+__all__ = ["BatchScheduler", "SeqStep", "Status", "StepPlan", "attention_tokens"]
 
 _MIN_CHUNK = 32
 """A prompt chunk cut short by the step's budget is at least this many tokens."""
 
 
-class Status(enum.Enum):
-    WAITING = "waiting"
-    RUNNING = "running"
-    FINISHED = "finished"
+def attention_tokens(c: ModelConfig) -> float:
+    """Context length at which a prompt token's attention costs as much as its dense
+    math (multiply-adds: QK and PV per context position against the projections and
+    MLP). A prompt chunk at position p costs n * (1 + (p + n / 2) / this) budget
+    tokens: at long context a chunk gets fewer tokens, so a step stays short and the
+    requests decoding beside it keep their pace."""
+    dense = c.num_layers * (2 * c.dim * c.q_dim + 2 * c.dim * c.kv_dim + 3 * c.dim * c.hidden_dim)
+    return dense / (2 * c.num_layers * c.q_dim)
 
 
-class Scheduled:
-    """One request's part of a step."""
+class SeqStep:
+    """One sequence's part of a step: what the runner needs to run it."""
 
-    __slots__ = ("request", "num_tokens", "logits", "entry")
+    __slots__ = ("request", "seq_id", "token_ids", "alloc", "logits")
 
-    def __init__(self, request: Request, num_tokens: int, logits: bool, entry):
-        self.request = request
-        self.num_tokens = num_tokens
-        self.logits = logits   # the chunk ends the known tokens: sample after it
-        self.entry = entry     # runtime.session.StepEntry
+    def __init__(self, request: Request | None, seq_id: int, token_ids: list[int], alloc: Allocation,
+                 logits: bool):
+        self.request = request     # None for the runner's own single-sequence steps
+        self.seq_id = seq_id
+        self.token_ids = token_ids
+        self.alloc = alloc         # where the tokens' KV goes (slots, first position, prefill or not)
+        self.logits = logits       # the chunk ends the known tokens: sample after it
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+
+@dataclass
+class StepPlan:
+    """The next step: its sequences in run order, and the requests that failed."""
+
+    seqs: list[SeqStep] = field(default_factory=list)
+    failed: list[tuple[Request, str]] = field(default_factory=list)
+    """Requests the cache can never hold, with why (the engine fails them)."""
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(len(s.token_ids) for s in self.seqs)
+
+    def __bool__(self) -> bool:
+        return bool(self.seqs)
 
 
 class BatchScheduler:
-    def __init__(self, runner: ModelRunner, *, max_num_seqs: int, max_batch_tokens: int):
-        self.runner = runner
-        self.cache = runner.cache
+    """Waiting and running requests over one cache (see the module docstring)."""
+
+    def __init__(self, cache: KVCacheManager, *, max_num_seqs: int, max_batch_tokens: int,
+                 attention_tokens: float):
+        self.cache = cache
         self.max_num_seqs = max_num_seqs
         self.max_batch_tokens = max_batch_tokens
-        c = runner.spec.config
-        dense = c.num_layers * (2 * c.dim * c.q_dim + 2 * c.dim * c.kv_dim + 3 * c.dim * c.hidden_dim)
-        self.attention_tokens = dense / (2 * c.num_layers * c.q_dim)
-        """Context length at which a prompt token's attention costs as much as its dense
-        math (multiply-adds: QK and PV per context position against the projections and
-        MLP). A prompt chunk at position p costs n * (1 + (p + n / 2) / this) budget
-        tokens: at long context a chunk gets fewer tokens, so a step stays short and
-        the requests decoding beside it keep their pace."""
+        self.attention_tokens = attention_tokens
+        """See ``attention_tokens()``: the context length at which a prompt token's
+        attention costs as much as its dense math."""
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.preemptions = 0
-        self.failed: list[tuple[Request, str]] = []
-        """Requests the last schedule() found the cache can never hold, with why."""
-        self._next_seq = 1 << 20  # seq ids above the runner's own single-sequence ids
 
     def add(self, request: Request) -> None:
         request.status = Status.WAITING
@@ -86,32 +107,32 @@ class BatchScheduler:
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
 
-    def schedule(self) -> list[Scheduled]:
-        """The next step's work. Requests the cache can never hold go to ``failed``."""
-        from ..runtime.session import StepEntry
-
-        self.failed = []
+    def schedule(self, chunk_tokens: int) -> StepPlan:
+        """The next step's work, prompt chunks of at most ``chunk_tokens`` (the power
+        plan's prefill chunk). Requests the cache can never hold go to ``failed``."""
+        plan = StepPlan()
         budget = self.max_batch_tokens
-        chunk = self.runner.prefill_chunk_tokens
-        out: list[Scheduled] = []
+        chunk = max(1, chunk_tokens)
+        out = plan.seqs
         taken: set[int] = set()
+        cache = self.cache
 
-        def allocate(req, n, prefill, preempt_others):
-            """Room for the request's next n tokens: (Allocation or NoRoom, the tokens)."""
+        def allocate(req, n, preempt_others):
+            """Room for the request's next n tokens: (Allocation or NoRoom, the tokens).
+            The cache's policy picks the path (the prompt's path within the prompt)."""
             tokens = req.ids[req.computed:req.computed + n].tolist()
-            alloc = self.runner.allocate(req.seq_id, tokens, prefill=prefill)
+            alloc = cache.allocate(req.seq_id, tokens)
             while isinstance(alloc, NoRoom) and preempt_others:
                 victim = next((r for r in reversed(self.running) if id(r) not in taken and r is not req), None)
                 if victim is None:
                     break
                 self.preempt(victim)
-                alloc = self.runner.allocate(req.seq_id, tokens, prefill=prefill)
+                alloc = cache.allocate(req.seq_id, tokens)
             return alloc, tokens
 
         def add(req, alloc, tokens):
             req.computed += len(tokens)
-            logits = req.computed == req.n
-            out.append(Scheduled(req, len(tokens), logits, StepEntry(req.seq_id, tokens, alloc.slots, logits)))
+            out.append(SeqStep(req, req.seq_id, tokens, alloc, req.computed == req.n))
             taken.add(id(req))
 
         # 1. A token for every decoding request, oldest first; one that finds no room
@@ -119,7 +140,7 @@ class BatchScheduler:
         for req in list(self.running):
             if req.status is not Status.RUNNING or req.n - req.computed != 1 or budget < 1:
                 continue
-            alloc, tokens = allocate(req, 1, False, True)
+            alloc, tokens = allocate(req, 1, True)
             if isinstance(alloc, NoRoom):
                 self.preempt(req)
                 continue
@@ -151,35 +172,34 @@ class BatchScheduler:
                 n, cost = self._chunk(req.computed, min(todo, chunk), budget, weighted)
                 if n < min(todo, chunk, _MIN_CHUNK):  # only a sliver of budget left
                     continue
-                alloc, tokens = allocate(req, n, True, False)
+                alloc, tokens = allocate(req, n, False)
                 if isinstance(alloc, NoRoom):
                     continue  # waits for decoders to finish or be preempted
                 add(req, alloc, tokens)
                 budget -= cost
             elif len(self.running) < self.max_num_seqs:
-                seq_id = self._next_seq
-                self._next_seq += 1
+                seq_id = cache.new_seq_id()
                 prompt = req.ids[:req.n].tolist()
-                cached = self.cache.start(seq_id, prompt)
+                cached = cache.start(seq_id, prompt)
                 todo = req.n - cached
                 # Admit only with room to spare: the uncached prompt's pages plus a page for
                 # every running request to grow into, or the newcomer is preempted next step.
-                if self.cache.free_page_count() < -(-todo // self.cache.page_tokens) + 1 + len(self.running):
-                    self.cache.free(seq_id)
+                if cache.free_page_count() < -(-todo // cache.page_tokens) + 1 + len(self.running):
+                    cache.free(seq_id)
                     continue
                 n, cost = self._chunk(cached, min(todo, chunk), budget, weighted)
                 if n < min(todo, chunk, _MIN_CHUNK):
-                    self.cache.free(seq_id)
+                    cache.free(seq_id)
                     continue
                 req.seq_id, req.computed = seq_id, cached
-                alloc, tokens = allocate(req, n, True, False)
+                alloc, tokens = allocate(req, n, False)
                 if isinstance(alloc, NoRoom):
-                    self.cache.free(seq_id)
+                    cache.free(seq_id)
                     req.seq_id, req.computed = None, 0
                     continue
                 self.waiting.remove(req)
                 req.status = Status.RUNNING
-                req.path = self.cache.seqs[seq_id].path
+                req.path = cache.path_of(seq_id)
                 if req.cached_tokens is None:
                     req.cached_tokens = cached
                 self.running.append(req)
@@ -190,11 +210,11 @@ class BatchScheduler:
             # Let the newest go (recompute later) so the others can move on.
             if len(self.running) > 1:
                 self.preempt(self.running[-1])
-            elif self.cache.evict_all() == 0:
+            elif cache.evict_all() == 0:
                 req = self.running[0]
-                self.failed.append((req, f"the KV cache ({self.runner.kv_cache_tokens} tokens) cannot hold "
+                plan.failed.append((req, f"the KV cache ({cache.capacity_tokens} tokens) cannot hold "
                                          f"request {req.request_id} ({req.n} tokens)"))
-        return out
+        return plan
 
     def _chunk(self, pos: int, want: int, budget: float, weighted: bool) -> tuple[int, float]:
         """(tokens, cost) of the largest chunk of at most ``want`` tokens from position

@@ -1,0 +1,60 @@
+"""A request as the scheduler sees it: its tokens and where it stands between steps.
+
+It lives here, below the runtime, so that the scheduler and the engine share one
+type without importing each other (vLLM's ``v1/request.py`` does the same). The
+engine subclasses it with what generating text needs (sampler, text stream,
+output sink); the scheduler never reads those.
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+
+import numpy as np
+
+from ..cache.policy import Path
+
+
+class Status(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+class Request:
+    """One generation between steps.
+
+    Invariants: ``ids[:n]`` are the known tokens (prompt, then generated ones);
+    ``computed <= n`` of them have KV in the cache, in sequence ``seq_id``, while
+    RUNNING; a WAITING request holds no cache (``seq_id`` None, ``computed`` 0).
+    """
+
+    def __init__(self, request_id: str, prompt_ids: list[int], context_tokens: int,
+                 arrival: float | None = None):
+        self.request_id = request_id
+        self.prompt_ids = prompt_ids
+        self.context_tokens = context_tokens
+        self.ids = np.zeros(context_tokens, np.int64)  # (context,) prompt then generated tokens
+        self.n = len(prompt_ids)
+        """Known tokens: the prompt plus the tokens generated so far."""
+        self.ids[:self.n] = prompt_ids
+        self.generated: list[int] = []
+        self.status = Status.WAITING
+        self.seq_id: int | None = None
+        """The cache sequence holding its KV while RUNNING."""
+        self.computed = 0
+        """Known tokens whose KV is in the cache (or scheduled in the current step)."""
+        self.cached_tokens: int | None = None
+        """Prompt tokens found in the prefix cache when it first started."""
+        self.preemptions = 0
+        self.path: Path | None = None
+        """The path the router gave the request when it (last) started."""
+        self.arrival = time.perf_counter() if arrival is None else arrival
+        """``time.perf_counter()`` when it was queued: first come, first served."""
+
+    def append(self, token: int) -> None:
+        """A generated token becomes known (its KV is computed by the next step)."""
+        self.generated.append(token)
+        self.ids[self.n] = token
+        self.n += 1
