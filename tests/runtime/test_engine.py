@@ -256,3 +256,58 @@ def test_a_step_where_no_request_samples_runs_after_a_longer_one(gguf_path):
     alloc = runner.cache.allocate(seq, prompt[39:])
     assert runner.run([SeqStep(None, seq, prompt[39:], alloc, False)]).shape[0] == 0
     assert runner.cache.num_tokens(seq) == 42
+
+
+def test_submits_and_metrics_do_not_wait_for_a_step_that_is_sampling(gguf_path):
+    # While the stepping thread samples (here held inside the sampler), the event loop's
+    # calls (add_request for a submit, metrics_text for /metrics) take the engine lock;
+    # they must get it: the step holds it only to schedule and to finish requests.
+    import threading
+
+    llm = make_llm(gguf_path)
+    engine = llm.engine
+    req = engine.add_request(llm.tokenize(PROMPTS[0]), SamplingParams(temperature=0, max_tokens=2))
+    entered, release = threading.Event(), threading.Event()
+    sample = req.sampler.sample
+
+    def held_sample(logits, history):
+        entered.set()
+        release.wait(300)  # set by the test (long after done.wait gives up, if it does)
+        return sample(logits, history)
+
+    req.sampler.sample = held_sample
+    stepper = threading.Thread(target=engine.step)
+    stepper.start()
+    try:
+        assert entered.wait(30), "the step never reached sampling"
+        done = threading.Event()
+        got = {}
+
+        def event_loop_calls():
+            got["metrics"] = engine.metrics_text()
+            got["request"] = engine.add_request(llm.tokenize(PROMPTS[1]), SamplingParams(max_tokens=1))
+            done.set()
+
+        threading.Thread(target=event_loop_calls, daemon=True).start()
+        assert done.wait(10), "metrics_text/add_request waited for the sampling step"
+        assert "dualpath_running_requests 1" in got["metrics"]
+    finally:
+        release.set()
+        stepper.join(30)
+    engine.run_until_done()
+    assert req.completion is not None and got["request"].completion is not None
+
+
+def test_the_sessions_keep_alive_the_ort_values_they_read_in_place(gguf_path):
+    # ONNX Runtime requires add_initializer's OrtValues to outlive the session: the
+    # session set holds one per shared weight of every part that reads ours in place.
+    import onnxruntime as ort
+
+    llm = make_llm(gguf_path)
+    values = llm.runner.sessions.initializers
+    assert values and all(isinstance(v, ort.OrtValue) for v in values)
+    # Each is a view of one of our weight arrays (no copy), held for the sessions' life.
+    ours = {a.ctypes.data for w in llm.spec.weights.values() for a in (w.data, w.scales) if a is not None}
+    assert {v.data_ptr() for v in values} <= ours
+    ids = llm.tokenize(PROMPTS[0])
+    assert llm.generate(ids, SamplingParams(temperature=0, max_tokens=4)).token_ids  # still valid
