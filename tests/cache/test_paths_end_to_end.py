@@ -96,6 +96,27 @@ def test_router_sends_long_prefills_to_extents_and_short_ones_to_the_hybrid_path
     list(gen)
 
 
+def test_low_power_keeps_a_document_below_its_threshold_on_pages():
+    # seq_path_threshold 64, low_power's 256: a 101-token prompt is a document for the
+    # balanced profile (its own extent) and stays on pages under low_power, with the
+    # same greedy output.
+    story = _runs()[0]["generated_ids"]
+    seen = {}
+    for profile in ("balanced", "low_power"):
+        overrides = {"runtime.max_context_tokens": 1024, "dualpath_config.seq_path_threshold": 64,
+                     "dualpath_config.page_tokens": 4, "power.profile": profile,
+                     "power.low_power_seq_path_threshold": 256}
+        llm = dualpath.LLM(GGUF, dualpath.load_config(None, overrides))
+        gen = llm.stream([1] + story[100:200], SamplingParams(temperature=0, max_tokens=8))
+        next(gen)
+        assert llm.runner.cache.path_of(gen.request.seq_id) is gen.request.path
+        list(gen)
+        seen[profile] = (gen.request.path, gen.completion.token_ids)
+    assert seen["balanced"][0] is Path.SEQUENTIAL
+    assert seen["low_power"][0] is Path.HYBRID
+    assert seen["balanced"][1] == seen["low_power"][1] and len(seen["low_power"][1]) == 8
+
+
 def test_migrating_mid_generation_between_paths_does_not_change_the_output():
     story = _runs()[0]["generated_ids"]
     prompt = [1] + story[:30]
