@@ -18,6 +18,8 @@ def embed(ids, table, scales=None, str dtype="f32", out=None):
     (num_tokens, dim) f32. ``table`` is (vocab, dim) f32, or a MatMulNBits blob
     (vocab, dim/32, 32|16) uint8 with ``scales`` (vocab * dim/32,) f32 for q8_0/q4_0."""
     _require(ids, "ids", 1, np.int64)
+    if not isinstance(table, np.ndarray) or table.ndim < 1:
+        raise ValueError(f"table must be a numpy array, got {type(table).__name__}")
     cdef int code
     cdef int64_t vocab = table.shape[0], dim
     if dtype == "f32":

@@ -17,6 +17,20 @@ from dp_kernels cimport *
 
 cnp.import_array()
 
+include "dp_checks.pxi"
+
+
+cdef str _bad_slot(const dp_arena *a, slots, str name):
+    """" (slots[i] = (offset, row, tile_tokens))" for the first slot the arena refuses,
+    or "" (an error path only: the C call already refused the batch)."""
+    cdef int64_t bad = -1
+    cdef const int64_t *sp = <const int64_t *>cnp.PyArray_DATA(<cnp.ndarray>slots)
+    dp_kv_check_slots(a, sp, slots.shape[0], &bad)
+    if bad < 0:
+        return ""
+    return f" ({name}[{bad}] = (offset {slots[bad, 0]}, row {slots[bad, 1]}, tile_tokens {slots[bad, 2]}))"
+
+
 # Run-time dispatch: the best kernel this CPU (and its OS) supports, minus what
 # DUALPATH_DISABLE_CPU_FEATURES=avx512,avx2 turns off. Chosen once at import.
 _DISABLED_ENV = os.environ.get("DUALPATH_DISABLE_CPU_FEATURES", "")
@@ -61,11 +75,10 @@ cdef class ThreadPool:
     cdef dp_pool *pool
 
     def __cinit__(self, int num_threads):
-        if num_threads < 1 or num_threads > 256:
-            raise ValueError(f"num_threads={num_threads} must be between 1 and 256")
-        self.pool = dp_pool_create(num_threads)
-        if self.pool == NULL:
-            raise MemoryError("could not create the kernel thread pool")
+        if num_threads < 1 or num_threads > DP_POOL_MAX_THREADS:
+            raise ValueError(f"num_threads={num_threads} must be between 1 and {DP_POOL_MAX_THREADS}")
+        st = dp_pool_create(num_threads, &self.pool)
+        _check(st, f"kernel thread pool of {num_threads} threads ({num_threads - 1} workers)", "the pool")
 
     def __dealloc__(self):
         if self.pool != NULL:
@@ -77,17 +90,24 @@ cdef class ThreadPool:
 
     def set_affinity(self, str phase, cpus):
         """cpus[i] = the CPU of thread i (0 = the caller's slot, pinned by the caller) in
-        ``phase`` ("prefill" or "decode"); an empty list unpins."""
-        cdef int ph = DP_PHASE_PREFILL if phase == "prefill" else DP_PHASE_DECODE
+        ``phase`` ("prefill" or "decode"); an empty list unpins; -1 leaves a thread unpinned."""
         if phase not in ("prefill", "decode"):
             raise ValueError(f"phase={phase!r} must be 'prefill' or 'decode'")
+        cdef int ph = DP_PHASE_PREFILL if phase == "prefill" else DP_PHASE_DECODE
         cpus = [int(c) for c in cpus]
-        cdef int n = len(cpus)
+        for c in cpus:
+            if c < -1 or c >= DP_POOL_MAX_CPUS:
+                raise ValueError(f"set_affinity({phase!r}): cpu {c} must be -1 (unpinned) or in "
+                                 f"[0, {DP_POOL_MAX_CPUS})")
+        cdef int n = len(cpus), i, st
         cdef int *buf = <int *>malloc(max(n, 1) * sizeof(int))
+        if buf == NULL:
+            raise MemoryError(f"set_affinity({phase!r}): out of memory for {n} cpus")
         for i in range(n):
             buf[i] = cpus[i]
-        dp_pool_set_affinity(self.pool, ph, buf, n)
+        st = dp_pool_set_affinity(self.pool, ph, buf, n)
         free(buf)
+        _check(st, f"set_affinity({phase!r}, {cpus})", "the pool")
 
     def set_phase(self, str phase):
         if phase not in ("prefill", "decode"):
@@ -112,18 +132,24 @@ cdef class ThreadPool:
             raise ValueError(f"iters={iters} must be >= 0")
         cdef const dp_attn_ops *ops = _ops_for(kernel)
         cdef int64_t flops
+        cdef int st
         with nogil:
-            flops = dp_run_fma_probe(self.pool, ops.fma_probe, iters)
+            st = dp_run_fma_probe(self.pool, ops.fma_probe, iters, &flops)
+        _check(st, f"FMA probe of {iters} rounds", "the pool")
         return flops
 
     def worker_tids(self):
         """Linux thread ids of the pool's threads (index 0: the last caller)."""
-        cdef int64_t tids[256]
-        cdef int n = dp_pool_worker_tids(self.pool, tids, 256)
+        cdef int64_t tids[DP_POOL_MAX_THREADS]
+        cdef int n = dp_pool_worker_tids(self.pool, tids, DP_POOL_MAX_THREADS)
         return [tids[i] for i in range(n)]
 
-
-include "dp_checks.pxi"
+    @staticmethod
+    def _fail_thread_creation_after(int64_t n):
+        """Test only, process-wide: the next ``n`` worker threads that pools start
+        start, and every later one fails to (pthread_create), until called again;
+        n < 0 ends it."""
+        dp_test_fail_thread_create_after(n)
 
 
 cdef class KVArena:
@@ -139,11 +165,20 @@ cdef class KVArena:
         if st == DP_ERR_ARG:
             raise ValueError(f"arena: block_size={block_size} must be a power of two holding at least one "
                              f"token ({2 * num_kv_heads * head_dim * (2 if kv_dtype == 'f16' else 4)} bytes), "
-                             f"num_blocks={num_blocks} >= 1, head_dim={head_dim} <= 512")
+                             f"num_blocks={num_blocks} >= 1, num_layers={num_layers} >= 1, "
+                             f"num_kv_heads={num_kv_heads} >= 1, head_dim={head_dim} in [1, {DP_MAX_HEAD_DIM}], "
+                             f"and the arena must fit in memory")
         _check(st, f"arena of {num_layers} x {num_blocks} x {block_size} bytes", "the arena")
 
     def __dealloc__(self):
         dp_arena_free(&self.a)
+
+    @staticmethod
+    def _fail_allocations_after(int64_t n):
+        """Test only, process-wide: the next ``n`` allocations of the C code (arenas,
+        attention buffers, pools) succeed and every one after them fails, until
+        called again; n < 0 ends it."""
+        dp_test_fail_alloc_after(n)
 
     @property
     def block_size(self): return self.a.block_size
@@ -170,7 +205,8 @@ cdef class KVArena:
         return 2 * self.a.num_kv_heads * tile_tokens * self.a.head_dim * self.a.elem_bytes
 
     def write(self, int64_t layer, k, v, slots, str kernel=None):
-        """k, v: (n, num_kv_heads * head_dim) f32; slots: (n, 3) int64."""
+        """k, v: (n, num_kv_heads * head_dim) f32; slots: (n, 3) int64. Every slot is
+        checked before the first write: a refused write leaves the arena as it was."""
         _require(k, "k", 2, np.float32, self.a.num_kv_heads * self.a.head_dim)
         _require(v, "v", 2, np.float32, self.a.num_kv_heads * self.a.head_dim)
         _require(slots, "slots", 2, np.int64, 3)
@@ -184,10 +220,13 @@ cdef class KVArena:
         cdef const dp_attn_ops *ops = _ops_for(kernel)
         with nogil:
             st = dp_kv_write_slots(&self.a, ops, layer, kp, vp, stride, sp, n)
-        _check(st, f"write of {n} tokens to layer {layer}", "the arena")
+        if st != DP_OK:
+            _check(st, f"write of {n} tokens to layer {layer}{_bad_slot(&self.a, slots, 'slots')}; nothing written",
+                   "the arena")
 
     def copy(self, src_slots, dst_slots):
-        """Copy all layers' K/V of each src slot to the matching dst slot."""
+        """Copy all layers' K/V of each src slot to the matching dst slot (every slot
+        checked first: a refused copy leaves the arena as it was)."""
         _require(src_slots, "src_slots", 2, np.int64, 3)
         _require(dst_slots, "dst_slots", 2, np.int64, 3)
         if src_slots.shape[0] != dst_slots.shape[0]:
@@ -198,7 +237,9 @@ cdef class KVArena:
         cdef int64_t n = src_slots.shape[0]
         with nogil:
             st = dp_kv_copy_slots(&self.a, s, d, n)
-        _check(st, f"copy of {n} tokens", "the arena")
+        if st != DP_OK:
+            bad = _bad_slot(&self.a, src_slots, "src_slots") or _bad_slot(&self.a, dst_slots, "dst_slots")
+            _check(st, f"copy of {n} tokens{bad}; nothing copied", "the arena")
 
     def gather(self, int64_t layer, spans, int64_t num_tokens):
         """Dense (k, v), each (num_kv_heads, num_tokens, head_dim) f32, read through spans."""
@@ -292,7 +333,10 @@ cdef class ArenaStepper:
 
     def step_batch(self, int64_t layer, int64_t num_rows, int64_t num_seqs, int64_t num_spans):
         """Write the K/V of rows [0, num_rows) at their slots, then attend for every
-        sequence of ``seqs[:num_seqs]`` over ``spans[:num_spans]``: one pool run."""
+        sequence of ``seqs[:num_seqs]`` over ``spans[:num_spans]``: one C call, one pool
+        run. Slots, sequences and spans are all checked before the first write, so a
+        refused step leaves the arena as it was (a MemoryError inside the run is the
+        one failure that comes after the write)."""
         if num_rows < 1 or num_rows > self.max_tokens:
             raise ValueError(f"num_rows {num_rows} out of range [1, {self.max_tokens}]")
         if num_seqs < 1 or num_seqs > self.max_seqs:
@@ -310,10 +354,10 @@ cdef class ArenaStepper:
         cdef const int64_t *sqp = <const int64_t *>cnp.PyArray_DATA(<cnp.ndarray>self.seqs)
         cdef dp_pool *pp = self.pool.pool if self.pool is not None else NULL
         with nogil:
-            st = dp_kv_write_slots(a, self.ops, layer, kp, vp, self.kv_stride, slp, num_rows)
-            if st == DP_OK:
-                st = dp_attn_batch(a, self.ops, pp, layer, qp, self.q_stride, op, self.q_stride, self.num_heads,
-                                   num_rows, sqp, num_seqs, spp, num_spans, self.scale, self.prefetch_degree)
+            st = dp_step_batch(a, self.ops, pp, layer, kp, vp, self.kv_stride, slp, qp, self.q_stride, op,
+                               self.q_stride, self.num_heads, num_rows, sqp, num_seqs, spp, num_spans, self.scale,
+                               self.prefetch_degree)
         if st != DP_OK:
-            _check(st, f"batched attention step (layer {layer}, {num_rows} rows, {num_seqs} sequences)",
-                   "the arena")
+            bad = _bad_slot(a, self.slots[:num_rows], "slots")
+            _check(st, f"batched attention step (layer {layer}, {num_rows} rows, {num_seqs} sequences)"
+                       f"{bad or ' (in seqs or spans)'}", "the arena")

@@ -8,14 +8,26 @@ class ArrayDTypeError(TypeError, ValueError):
     other bad-argument error of these modules)."""
 
 
+class OutOfBoundsError(IndexError, ValueError):
+    """A position, index, slot or span outside its buffer (an IndexError, and a
+    ValueError like every other bad-argument error of these modules)."""
+
+
 cdef int _check(int status, str what, str outside) except -1:
     """Raise for a non-OK status; ``outside`` names what a bounds error left."""
     if status == DP_OK:
         return 0
     if status == DP_ERR_BOUNDS:
-        raise IndexError(f"{what}: position, index, slot or span outside {outside}")
+        raise OutOfBoundsError(f"{what}: position, index, slot or span outside {outside}")
+    if status == DP_ERR_ALIGN:
+        raise ValueError(f"{what}: a slot or span does not start a tile of {outside} (a tile starts at a "
+                         f"multiple of its size inside its block and does not cross into the next block)")
     if status == DP_ERR_NOMEM:
-        raise MemoryError(f"{what}: out of memory")
+        raise MemoryError(f"{what}: out of memory (a kernel buffer could not be allocated); "
+                          f"the output was not computed")
+    if status == DP_ERR_THREAD:
+        raise RuntimeError(f"{what}: thread creation failed (pthread_create; the process may be at its "
+                           f"thread limit, see ulimit -u)")
     raise ValueError(f"{what}: invalid argument (shape, stride or dtype)")
 
 

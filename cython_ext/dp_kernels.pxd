@@ -7,10 +7,15 @@ cdef extern from "csrc/dp_kernels.h" nogil:
         DP_ERR_ARG
         DP_ERR_BOUNDS
         DP_ERR_NOMEM
+        DP_ERR_THREAD
+        DP_ERR_ALIGN
         DP_F32
         DP_F16
         DP_Q8_0
         DP_Q4_0
+        DP_MAX_HEAD_DIM
+
+    void dp_test_fail_alloc_after(int64_t n)
 
     int dp_embed_generic(const void *table, const float *scales, int dtype, int64_t vocab,
                          int64_t dim, const int64_t *ids, int64_t num_tokens, float *out)
@@ -33,16 +38,20 @@ cdef extern from "csrc/dp_pool.h" nogil:
     ctypedef struct dp_pool:
         pass
     enum:
+        DP_POOL_MAX_THREADS
+        DP_POOL_MAX_CPUS
         DP_PHASE_PREFILL
         DP_PHASE_DECODE
-    dp_pool *dp_pool_create(int num_threads)
+    int dp_pool_create(int num_threads, dp_pool **out)
     void dp_pool_destroy(dp_pool *pool)
     int dp_pool_num_threads(const dp_pool *pool)
     int dp_pool_set_affinity(dp_pool *pool, int phase, const int *cpus, int num_cpus)
     void dp_pool_set_phase(dp_pool *pool, int phase)
     int dp_pool_worker_tids(const dp_pool *pool, int64_t *tids, int max)
     unsigned long long dp_read_buffer(dp_pool *pool, const void *buf, int64_t nbytes)
-    int64_t dp_run_fma_probe(dp_pool *pool, int64_t (*probe)(int64_t iters, float *sink), int64_t iters)
+    int dp_run_fma_probe(dp_pool *pool, int64_t (*probe)(int64_t iters, float *sink), int64_t iters,
+                         int64_t *flops)
+    void dp_test_fail_thread_create_after(int64_t n)
 
 cdef extern from "csrc/kv_arena.h" nogil:
     ctypedef struct dp_arena:
@@ -61,6 +70,7 @@ cdef extern from "csrc/kv_arena.h" nogil:
     int dp_arena_init(dp_arena *a, int64_t block_size, int64_t num_blocks, int64_t num_layers,
                       int64_t num_kv_heads, int64_t head_dim, int kv_dtype, int numa_node)
     void dp_arena_free(dp_arena *a)
+    int dp_kv_check_slots(const dp_arena *a, const int64_t *slots, int64_t num_tokens, int64_t *bad)
     int dp_kv_write_slots(const dp_arena *a, const dp_attn_ops *ops, int64_t layer, const float *k,
                           const float *v, int64_t stride, const int64_t *slots, int64_t num_tokens)
     int dp_attn_spans(const dp_arena *a, const dp_attn_ops *ops, dp_pool *pool, int64_t layer,
@@ -71,6 +81,10 @@ cdef extern from "csrc/kv_arena.h" nogil:
                       const float *q, int64_t q_stride, float *out, int64_t out_stride, int64_t num_heads,
                       int64_t num_rows, const int64_t *seqs, int64_t num_seqs, const int64_t *spans,
                       int64_t spans_len, float scale, int prefetch_degree)
+    int dp_step_batch(const dp_arena *a, const dp_attn_ops *ops, dp_pool *pool, int64_t layer, const float *k,
+                      const float *v, int64_t kv_stride, const int64_t *slots, const float *q, int64_t q_stride,
+                      float *out, int64_t out_stride, int64_t num_heads, int64_t num_rows, const int64_t *seqs,
+                      int64_t num_seqs, const int64_t *spans, int64_t spans_len, float scale, int prefetch_degree)
     int dp_kv_copy_slots(const dp_arena *a, const int64_t *src, const int64_t *dst, int64_t num_tokens)
     int dp_kv_gather(const dp_arena *a, int64_t layer, const int64_t *spans, int64_t num_spans,
                      int64_t num_tokens, float *k_out, float *v_out)

@@ -109,8 +109,8 @@ static void accum_f32(const float *p, int64_t sstride, int64_t group, int64_t hd
 static void accum_f16(const float *p, int64_t sstride, int64_t group, int64_t hd, const uint16_t *rows,
                       int64_t n, float *o) {
     /* Widen each V row once (not once per query head), then accumulate from L1. */
-    float buf[8192];
-    const int64_t step = 8192 / hd;
+    float buf[16 * DP_MAX_HEAD_DIM]; /* at least 16 rows (hd <= DP_MAX_HEAD_DIM) */
+    const int64_t step = (int64_t)(sizeof buf / sizeof buf[0]) / hd;
     for (int64_t r0 = 0; r0 < n; r0 += step) {
         const int64_t m = n - r0 < step ? n - r0 : step;
         const int64_t total = m * hd;
@@ -180,5 +180,16 @@ static float exp_sum(float *x, int64_t n, float max) {
 /* 12 independent chains: enough to cover the FMA latency on two FMA units. */
 DP_DEFINE_FMA_PROBE(__m256, 12, 8, _mm256_set1_ps, _mm256_fmadd_ps, _mm256_add_ps, hsum)
 
-const dp_attn_ops dp_ops_avx2 = {"avx2", scores_f32, scores_f16, accum_f32, accum_f16, f32_to_f16, exp_sum, max_of, fma_probe,
-                                   NULL, NULL}; /* no run ops: the walker calls per piece */
+const dp_attn_ops dp_ops_avx2 = {
+    .name = "avx2",
+    .scores_f32 = scores_f32,
+    .scores_f16 = scores_f16,
+    .accum_f32 = accum_f32,
+    .accum_f16 = accum_f16,
+    .f32_to_f16 = f32_to_f16,
+    .exp_sum = exp_sum,
+    .max_of = max_of,
+    .fma_probe = fma_probe,
+    .scores_f16_run = NULL, /* no run ops: the walker calls per piece */
+    .accum_f16_run = NULL,
+};

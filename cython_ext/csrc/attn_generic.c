@@ -1,15 +1,20 @@
 /* Scalar reference of every attention building block: always built, no flags. */
 #include <math.h>
+#include <pthread.h>
 #include "dp_attn_ops.h"
 
+/* f16 bits -> f32, filled once by dp_ops_generic_prepare before any kernel can be
+ * dispatched to. pthread_once orders the fill before every return of every call, so
+ * a thread that got the ops through dispatch (or was handed work by one that did,
+ * through the pool's lock) sees the whole table, on ARM as on x86. */
 static float half_table[65536];
-static volatile int half_table_ready = 0;
+static pthread_once_t half_table_once = PTHREAD_ONCE_INIT;
 
-static void init_half_table(void) {
-    if (half_table_ready) return;
+static void fill_half_table(void) {
     for (uint32_t i = 0; i < 65536; i++) half_table[i] = dp_half_to_float((uint16_t)i);
-    half_table_ready = 1; /* idempotent: a race only writes the same values twice */
 }
+
+void dp_ops_generic_prepare(void) { pthread_once(&half_table_once, fill_half_table); }
 
 static void scores_f32(const float *q, int64_t group, int64_t hd, const float *kt, int64_t ldk, int64_t n,
                        float scale, float *scores, int64_t sstride) {
@@ -28,7 +33,6 @@ static void scores_f32(const float *q, int64_t group, int64_t hd, const float *k
 static void scores_f16(const float *q, int64_t group, int64_t hd, const uint16_t *kt, int64_t ldk, int64_t n,
                        float scale, float *scores, int64_t sstride) {
     float buf[64];
-    init_half_table();
     for (int64_t g = 0; g < group; g++)
         for (int64_t r = 0; r < n; r++) scores[g * sstride + r] = 0.0f;
     for (int64_t e = 0; e < hd; e++) {
@@ -58,8 +62,7 @@ static void accum_f32(const float *p, int64_t sstride, int64_t group, int64_t hd
 
 static void accum_f16(const float *p, int64_t sstride, int64_t group, int64_t hd, const uint16_t *rows,
                       int64_t n, float *o) {
-    float buf[512];
-    init_half_table();
+    float buf[DP_MAX_HEAD_DIM]; /* one V row */
     for (int64_t r = 0; r < n; r++) {
         for (int64_t e = 0; e < hd; e++) buf[e] = half_table[rows[r * hd + e]];
         for (int64_t g = 0; g < group; g++) {
@@ -96,5 +99,16 @@ static inline float scalar_fma(float x, float m, float c) { return x * m + c; }
 static inline float scalar_add(float a, float b) { return a + b; }
 DP_DEFINE_FMA_PROBE(float, 8, 1, scalar_set, scalar_fma, scalar_add, scalar_set)
 
-const dp_attn_ops dp_ops_generic = {"generic", scores_f32, scores_f16, accum_f32, accum_f16, f32_to_f16, exp_sum, max_of, fma_probe,
-                                   NULL, NULL}; /* no run ops: the walker calls per piece */
+const dp_attn_ops dp_ops_generic = {
+    .name = "generic",
+    .scores_f32 = scores_f32,
+    .scores_f16 = scores_f16,
+    .accum_f32 = accum_f32,
+    .accum_f16 = accum_f16,
+    .f32_to_f16 = f32_to_f16,
+    .exp_sum = exp_sum,
+    .max_of = max_of,
+    .fma_probe = fma_probe,
+    .scores_f16_run = NULL, /* no run ops: the walker calls per piece */
+    .accum_f16_run = NULL,
+};

@@ -120,5 +120,16 @@ static float max_of(const float *x, int64_t n) {
 static inline float32x4_t neon_fma(float32x4_t x, float32x4_t m, float32x4_t c) { return vfmaq_f32(c, x, m); }
 DP_DEFINE_FMA_PROBE(float32x4_t, 16, 4, vdupq_n_f32, neon_fma, vaddq_f32, vaddvq_f32)
 
-const dp_attn_ops dp_ops_neon = {"neon", scores_f32, scores_f16, accum_f32, accum_f16, f32_to_f16, exp_sum, max_of, fma_probe,
-                                   NULL, NULL}; /* no run ops: the walker calls per piece */
+const dp_attn_ops dp_ops_neon = {
+    .name = "neon",
+    .scores_f32 = scores_f32,
+    .scores_f16 = scores_f16,
+    .accum_f32 = accum_f32,
+    .accum_f16 = accum_f16,
+    .f32_to_f16 = f32_to_f16,
+    .exp_sum = exp_sum,
+    .max_of = max_of,
+    .fma_probe = fma_probe,
+    .scores_f16_run = NULL, /* no run ops: the walker calls per piece */
+    .accum_f16_run = NULL,
+};

@@ -1,4 +1,7 @@
 /* Run-time CPU feature detection: the CPU flag AND the OS support for its state. */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE /* strtok_r under -std=c11 */
+#endif
 #include <stdlib.h>
 #include <string.h>
 #include "dp_attn_ops.h"
@@ -56,10 +59,10 @@ unsigned dp_cpu_features(void) {
 unsigned dp_parse_features(const char *list) {
     unsigned mask = 0;
     if (!list) return 0;
-    char buf[256];
+    char buf[256], *save = NULL;
     strncpy(buf, list, sizeof buf - 1);
     buf[sizeof buf - 1] = 0;
-    for (char *tok = strtok(buf, ", "); tok; tok = strtok(NULL, ", ")) {
+    for (char *tok = strtok_r(buf, ", ", &save); tok; tok = strtok_r(NULL, ", ", &save)) { /* reentrant */
         if (!strcmp(tok, "avx2")) mask |= DP_CPU_AVX2;
         else if (!strcmp(tok, "avx512")) mask |= DP_CPU_AVX512;
         else if (!strcmp(tok, "neon")) mask |= DP_CPU_NEON;
@@ -68,7 +71,7 @@ unsigned dp_parse_features(const char *list) {
     return mask;
 }
 
-const dp_attn_ops *dp_select_ops(unsigned disabled) {
+static const dp_attn_ops *best_ops(unsigned disabled) {
     const unsigned f = dp_cpu_features() & ~disabled;
 #if defined(__x86_64__) || defined(_M_X64)
     if (f & DP_CPU_AVX512) return &dp_ops_avx512;
@@ -81,9 +84,19 @@ const dp_attn_ops *dp_select_ops(unsigned disabled) {
     return &dp_ops_generic;
 }
 
+const dp_attn_ops *dp_select_ops(unsigned disabled) {
+    const dp_attn_ops *ops = best_ops(disabled);
+    if (ops == &dp_ops_generic) dp_ops_generic_prepare(); /* its table, before it is handed out */
+    return ops;
+}
+
 const dp_attn_ops *dp_ops_by_name(const char *name) {
+    if (!name) return NULL;
     const unsigned f = dp_cpu_features();
-    if (!strcmp(name, "generic")) return &dp_ops_generic;
+    if (!strcmp(name, "generic")) {
+        dp_ops_generic_prepare();
+        return &dp_ops_generic;
+    }
 #if defined(__x86_64__) || defined(_M_X64)
     if (!strcmp(name, "avx2") && (f & DP_CPU_AVX2)) return &dp_ops_avx2;
     if (!strcmp(name, "avx512") && (f & DP_CPU_AVX512)) return &dp_ops_avx512;

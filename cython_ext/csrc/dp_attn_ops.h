@@ -70,7 +70,12 @@ typedef struct {
         return iters * CHAINS * LANES * 2;                                               \
     }
 
+/* The generic ops read a table that dp_ops_generic_prepare fills (once, thread-
+ * safe); dp_select_ops and dp_ops_by_name call it, so ops reached through them are
+ * ready. Code that names dp_ops_generic directly calls it first (f32_to_f16 alone
+ * needs no table). */
 extern const dp_attn_ops dp_ops_generic;
+void dp_ops_generic_prepare(void);
 #if defined(__x86_64__) || defined(_M_X64)
 extern const dp_attn_ops dp_ops_avx2;
 extern const dp_attn_ops dp_ops_avx512;

@@ -15,8 +15,26 @@ enum dp_status {
     DP_OK = 0,
     DP_ERR_ARG = 1,      /* a size or dtype argument is out of range */
     DP_ERR_BOUNDS = 2,   /* a position, token id or index is outside its buffer */
-    DP_ERR_NOMEM = 3,
+    DP_ERR_NOMEM = 3,    /* an allocation failed: the call's outputs are not to be used */
+    DP_ERR_THREAD = 4,   /* a worker thread could not be started */
+    DP_ERR_ALIGN = 5,    /* a slot or span does not start a tile (kv_arena.h) */
 };
+
+/* The largest head_dim the arena and the kernels accept: the one limit, checked
+ * by dp_arena_init (and the Cython layer's message); kernels size their stack
+ * buffers by it. */
+#define DP_MAX_HEAD_DIM 512
+
+/* malloc / calloc / posix_memalign of the kernels' C code: the same, except that a
+ * test can make them fail (dp_test_fail_alloc_after). Defined in dp_pool.c, the
+ * file every other one links against. */
+void *dp_malloc(size_t bytes);
+void *dp_calloc(size_t count, size_t bytes);
+int dp_aligned_alloc(void **p, size_t alignment, size_t bytes); /* 0, or an errno like posix_memalign */
+/* Test only: the next n allocations through these succeed and every one after them
+ * fails, until the next call; n < 0 (the default) ends the failures. Inert unless
+ * called. */
+void dp_test_fail_alloc_after(int64_t n);
 
 enum dp_dtype {
     DP_F32 = 0,

@@ -3,6 +3,7 @@
 #endif
 #include "dp_pool.h"
 
+#include <errno.h>
 #include <pthread.h>
 #include <sched.h>
 #include <stdatomic.h>
@@ -11,20 +12,54 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+/* ---- allocation and thread creation, with test-only failure hooks ------------- */
+/* Each countdown: -1 inert; n >= 0: n more calls succeed, then every one fails. */
+static atomic_llong alloc_countdown = -1, thread_countdown = -1;
+
+static void countdown_set(atomic_llong *c, int64_t n) { atomic_store(c, n < 0 ? -1 : (long long)n); }
+
+/* 1 when this call is to fail. One relaxed load while the hook is inert. */
+static int countdown_fails(atomic_llong *c) {
+    long long v = atomic_load_explicit(c, memory_order_relaxed);
+    while (v > 0 && !atomic_compare_exchange_weak(c, &v, v - 1)) {
+    }
+    return v == 0;
+}
+
+void dp_test_fail_alloc_after(int64_t n) { countdown_set(&alloc_countdown, n); }
+void dp_test_fail_thread_create_after(int64_t n) { countdown_set(&thread_countdown, n); }
+
+void *dp_malloc(size_t bytes) { return countdown_fails(&alloc_countdown) ? NULL : malloc(bytes); }
+
+void *dp_calloc(size_t count, size_t bytes) { return countdown_fails(&alloc_countdown) ? NULL : calloc(count, bytes); }
+
+int dp_aligned_alloc(void **p, size_t alignment, size_t bytes) {
+    *p = NULL;
+    return countdown_fails(&alloc_countdown) ? ENOMEM : posix_memalign(p, alignment, bytes);
+}
+
+/* ---- the pool ---------------------------------------------------------------- */
+_Static_assert(DP_POOL_MAX_CPUS <= CPU_SETSIZE, "a pinned cpu must fit in a cpu_set_t");
+
+typedef struct { dp_pool *pool; int idx; } worker_arg;
+
 struct dp_pool {
     int num_threads;
     pthread_t threads[DP_POOL_MAX_THREADS];
-    int64_t tids[DP_POOL_MAX_THREADS];
+    worker_arg args[DP_POOL_MAX_THREADS];
+    int64_t tids[DP_POOL_MAX_THREADS]; /* workers': written before create returns */
     int cpus[2][DP_POOL_MAX_THREADS]; /* per phase, per thread: cpu or -1 */
     atomic_int phase;
     int applied_phase[DP_POOL_MAX_THREADS];
     int applied_gen[DP_POOL_MAX_THREADS];
     atomic_int affinity_gen;
 
+    pthread_mutex_t run_lock;  /* one dp_pool_run at a time (callers on several threads) */
     pthread_mutex_t lock;
     pthread_cond_t wake, done;
     uint64_t job;              /* generation counter, guarded by lock */
     int stop;
+    int started;               /* workers that have published their tid, guarded by lock */
     dp_task_fn fn;
     void *ctx;
     int64_t num_tasks;
@@ -53,14 +88,15 @@ static void drain(dp_pool *p, int idx) {
     }
 }
 
-typedef struct { dp_pool *pool; int idx; } worker_arg;
-
 static void *worker_main(void *arg) {
-    worker_arg wa = *(worker_arg *)arg;
-    free(arg);
+    const worker_arg wa = *(const worker_arg *)arg;
     dp_pool *p = wa.pool;
-    p->tids[wa.idx] = (int64_t)syscall(SYS_gettid);
     uint64_t seen = 0;
+    pthread_mutex_lock(&p->lock);
+    p->tids[wa.idx] = (int64_t)syscall(SYS_gettid);
+    p->started++;
+    pthread_cond_broadcast(&p->done);
+    pthread_mutex_unlock(&p->lock);
     for (;;) {
         pthread_mutex_lock(&p->lock);
         while (p->job == seen && !p->stop) pthread_cond_wait(&p->wake, &p->lock);
@@ -80,29 +116,34 @@ static void *worker_main(void *arg) {
     }
 }
 
-dp_pool *dp_pool_create(int num_threads) {
-    if (num_threads < 1 || num_threads > DP_POOL_MAX_THREADS) return NULL;
-    dp_pool *p = (dp_pool *)calloc(1, sizeof *p);
-    if (!p) return NULL;
-    p->num_threads = num_threads;
+int dp_pool_create(int num_threads, dp_pool **out) {
+    if (!out) return DP_ERR_ARG;
+    *out = NULL;
+    if (num_threads < 1 || num_threads > DP_POOL_MAX_THREADS) return DP_ERR_ARG;
+    dp_pool *p = (dp_pool *)dp_calloc(1, sizeof *p);
+    if (!p) return DP_ERR_NOMEM;
     for (int ph = 0; ph < 2; ph++)
         for (int i = 0; i < DP_POOL_MAX_THREADS; i++) p->cpus[ph][i] = -1;
     for (int i = 0; i < DP_POOL_MAX_THREADS; i++) p->applied_phase[i] = p->applied_gen[i] = -1;
+    pthread_mutex_init(&p->run_lock, NULL);
     pthread_mutex_init(&p->lock, NULL);
     pthread_cond_init(&p->wake, NULL);
     pthread_cond_init(&p->done, NULL);
+    p->num_threads = 1; /* the threads started so far, the caller's slot included */
     for (int i = 1; i < num_threads; i++) {
-        worker_arg *wa = (worker_arg *)malloc(sizeof *wa);
-        if (!wa) { p->num_threads = i; break; }
-        wa->pool = p;
-        wa->idx = i;
-        if (pthread_create(&p->threads[i], NULL, worker_main, wa) != 0) {
-            free(wa);
-            p->num_threads = i;
-            break;
+        p->args[i] = (worker_arg){p, i};
+        if (countdown_fails(&thread_countdown) || pthread_create(&p->threads[i], NULL, worker_main, &p->args[i]) != 0) {
+            dp_pool_destroy(p); /* stops and joins threads [1, i) */
+            return DP_ERR_THREAD;
         }
+        p->num_threads = i + 1;
     }
-    return p;
+    /* Every worker's tid is in place before anyone can ask for it. */
+    pthread_mutex_lock(&p->lock);
+    while (p->started < num_threads - 1) pthread_cond_wait(&p->done, &p->lock);
+    pthread_mutex_unlock(&p->lock);
+    *out = p;
+    return DP_OK;
 }
 
 void dp_pool_destroy(dp_pool *p) {
@@ -112,6 +153,7 @@ void dp_pool_destroy(dp_pool *p) {
     pthread_cond_broadcast(&p->wake);
     pthread_mutex_unlock(&p->lock);
     for (int i = 1; i < p->num_threads; i++) pthread_join(p->threads[i], NULL);
+    pthread_mutex_destroy(&p->run_lock);
     pthread_mutex_destroy(&p->lock);
     pthread_cond_destroy(&p->wake);
     pthread_cond_destroy(&p->done);
@@ -121,10 +163,12 @@ void dp_pool_destroy(dp_pool *p) {
 int dp_pool_num_threads(const dp_pool *p) { return p ? p->num_threads : 0; }
 
 int dp_pool_set_affinity(dp_pool *p, int phase, const int *cpus, int num_cpus) {
-    if (!p || phase < 0 || phase > 1 || num_cpus < 0) return 1;
+    if (!p || phase < 0 || phase > 1 || num_cpus < 0 || (num_cpus > 0 && !cpus)) return DP_ERR_ARG;
+    for (int i = 0; i < num_cpus; i++)
+        if (cpus[i] < -1 || cpus[i] >= DP_POOL_MAX_CPUS) return DP_ERR_ARG; /* nothing changed */
     for (int i = 0; i < p->num_threads; i++) p->cpus[phase][i] = num_cpus ? cpus[i % num_cpus] : -1;
     atomic_fetch_add(&p->affinity_gen, 1);
-    return 0;
+    return DP_OK;
 }
 
 void dp_pool_set_phase(dp_pool *p, int phase) {
@@ -143,6 +187,7 @@ void dp_pool_run(dp_pool *p, int64_t num_tasks, dp_task_fn fn, void *ctx) {
         for (int64_t t = 0; t < num_tasks; t++) fn(ctx, t, 0);
         return;
     }
+    pthread_mutex_lock(&p->run_lock);
     p->tids[0] = (int64_t)syscall(SYS_gettid);
     pthread_mutex_lock(&p->lock);
     p->fn = fn;
@@ -157,6 +202,7 @@ void dp_pool_run(dp_pool *p, int64_t num_tasks, dp_task_fn fn, void *ctx) {
     pthread_mutex_lock(&p->lock);
     while (atomic_load(&p->busy) > 0) pthread_cond_wait(&p->done, &p->lock);
     pthread_mutex_unlock(&p->lock);
+    pthread_mutex_unlock(&p->run_lock);
 }
 
 /* ---- memory read bandwidth probe (for `dualpath bench kernels`) ---------------- */
@@ -207,17 +253,18 @@ static void fma_task(void *ctx, int64_t task, int worker) {
     J->flops[task * 8] = J->probe(J->iters, &J->sink[task * 16]);
 }
 
-int64_t dp_run_fma_probe(dp_pool *pool, int64_t (*probe)(int64_t iters, float *sink), int64_t iters) {
-    if (!probe || iters < 0) return 0;
-    fma_job *J = (fma_job *)calloc(1, sizeof *J);
-    if (!J) return 0;
+int dp_run_fma_probe(dp_pool *pool, int64_t (*probe)(int64_t iters, float *sink), int64_t iters, int64_t *flops) {
+    if (!flops) return DP_ERR_ARG;
+    *flops = 0;
+    if (!probe || iters < 0) return DP_ERR_ARG;
+    fma_job *J = (fma_job *)dp_calloc(1, sizeof *J);
+    if (!J) return DP_ERR_NOMEM;
     J->probe = probe;
     J->iters = iters;
     /* One task per thread: every thread computes at the same time. */
     const int threads = pool ? pool->num_threads : 1;
     dp_pool_run(pool, threads, fma_task, J);
-    int64_t total = 0;
-    for (int i = 0; i < threads; i++) total += J->flops[i * 8];
+    for (int i = 0; i < threads; i++) *flops += J->flops[i * 8];
     free(J);
-    return total;
+    return DP_OK;
 }

@@ -10,27 +10,43 @@
 #define DP_POOL_H
 
 #include <stdint.h>
+#include "dp_common.h"
 
 #define DP_POOL_MAX_THREADS 256
+#define DP_POOL_MAX_CPUS 1024 /* a pin names a cpu in [0, DP_POOL_MAX_CPUS): glibc's CPU_SETSIZE */
 enum { DP_PHASE_PREFILL = 0, DP_PHASE_DECODE = 1 };
 
 typedef struct dp_pool dp_pool;
+/* A task reports a failure through its ctx (the pool has no status of its own). */
 typedef void (*dp_task_fn)(void *ctx, int64_t task, int worker);
 
-/* num_threads counts the caller: 1 means no worker threads. NULL on failure. */
-dp_pool *dp_pool_create(int num_threads);
+/* num_threads counts the caller: 1 means no worker threads. On success *out is
+ * the pool, every worker started; otherwise *out is NULL and the status is
+ * DP_ERR_ARG, DP_ERR_NOMEM or DP_ERR_THREAD (pthread_create failed: the workers
+ * already started are stopped and joined, never a smaller pool). */
+int dp_pool_create(int num_threads, dp_pool **out);
 void dp_pool_destroy(dp_pool *pool);
 int dp_pool_num_threads(const dp_pool *pool);
-/* cpus[i] = the cpu thread i (0 = caller) runs on in `phase`; -1 = unpinned. */
+/* cpus[i % num_cpus] = the cpu thread i (0 = caller) runs on in `phase`; -1 =
+ * unpinned; num_cpus = 0 unpins all. DP_ERR_ARG (and nothing changed) for a bad
+ * phase or a cpu outside [-1, DP_POOL_MAX_CPUS). */
 int dp_pool_set_affinity(dp_pool *pool, int phase, const int *cpus, int num_cpus);
 void dp_pool_set_phase(dp_pool *pool, int phase);
 /* Linux thread ids of the workers (tids[0] is the caller's slot, 0 until it runs). */
 int dp_pool_worker_tids(const dp_pool *pool, int64_t *tids, int max);
+/* Runs fn(ctx, t, worker) for every t in [0, num_tasks), the caller included, and
+ * returns when all have run. Callers on several threads take turns. */
 void dp_pool_run(dp_pool *pool, int64_t num_tasks, dp_task_fn fn, void *ctx);
 /* Read nbytes of buf once on the pool (a bandwidth probe); returns a checksum. */
 uint64_t dp_read_buffer(dp_pool *pool, const void *buf, int64_t nbytes);
 /* Run `probe` (an ISA's fma_probe) for `iters` rounds on every thread at once (an
- * arithmetic peak probe); returns the flops done by all threads together. */
-int64_t dp_run_fma_probe(dp_pool *pool, int64_t (*probe)(int64_t iters, float *sink), int64_t iters);
+ * arithmetic peak probe); *flops = the flops done by all threads together.
+ * DP_ERR_ARG or DP_ERR_NOMEM (then *flops = 0). */
+int dp_run_fma_probe(dp_pool *pool, int64_t (*probe)(int64_t iters, float *sink), int64_t iters, int64_t *flops);
+
+/* Test only: the next n pthread_create calls of dp_pool_create succeed and every
+ * one after them fails, until the next call; n < 0 (the default) ends the
+ * failures. Inert unless called. */
+void dp_test_fail_thread_create_after(int64_t n);
 
 #endif

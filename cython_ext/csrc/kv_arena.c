@@ -3,6 +3,7 @@
 #define _GNU_SOURCE
 #endif
 #include <math.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <sys/mman.h>
 #include <sys/syscall.h>
@@ -12,7 +13,6 @@
 #include "dp_pool.h"
 
 #define ARENA_ALIGN (2u << 20) /* 2 MiB: lets the kernel back the arena with huge pages */
-#define DP_MAX_HEAD_DIM 512
 
 static inline int64_t tile_bytes(const dp_arena *a, int64_t P) {
     return 2 * a->num_kv_heads * P * a->head_dim * a->elem_bytes;
@@ -26,8 +26,13 @@ int dp_arena_init(dp_arena *a, int64_t block_size, int64_t num_blocks, int64_t n
         num_kv_heads <= 0 || head_dim <= 0 || head_dim > DP_MAX_HEAD_DIM)
         return DP_ERR_ARG;
     if (kv_dtype != DP_F32 && kv_dtype != DP_F16) return DP_ERR_ARG;
-    a->elem_bytes = kv_dtype == DP_F32 ? 4 : 2;
-    if (tile_bytes(a, 1) > block_size) return DP_ERR_ARG; /* one token must fit in a block */
+    const int64_t elem_bytes = kv_dtype == DP_F32 ? 4 : 2;
+    /* One token must fit in a block (divided, not multiplied: no overflow). */
+    if (num_kv_heads > block_size / (2 * head_dim * elem_bytes)) return DP_ERR_ARG;
+    if (num_blocks > INT64_MAX / block_size || num_layers > INT64_MAX / (block_size * num_blocks) ||
+        (uint64_t)(block_size * num_blocks * num_layers) > (uint64_t)SIZE_MAX)
+        return DP_ERR_ARG;
+    a->elem_bytes = elem_bytes;
     a->block_size = block_size;
     a->num_blocks = num_blocks;
     a->num_layers = num_layers;
@@ -35,11 +40,12 @@ int dp_arena_init(dp_arena *a, int64_t block_size, int64_t num_blocks, int64_t n
     a->head_dim = head_dim;
     a->kv_dtype = kv_dtype;
     a->layer_bytes = block_size * num_blocks;
-    if (a->layer_bytes / num_blocks != block_size || (INT64_MAX / num_layers) < a->layer_bytes)
-        return DP_ERR_ARG;
-    size_t total = (size_t)(a->layer_bytes * num_layers);
+    const size_t total = (size_t)(a->layer_bytes * num_layers);
     void *p = NULL;
-    if (posix_memalign(&p, ARENA_ALIGN, total) != 0) return DP_ERR_NOMEM;
+    if (dp_aligned_alloc(&p, ARENA_ALIGN, total) != 0) {
+        memset(a, 0, sizeof *a);
+        return DP_ERR_NOMEM;
+    }
 #ifdef MADV_HUGEPAGE
     a->hugepages = madvise(p, total, MADV_HUGEPAGE) == 0;
 #endif
@@ -74,29 +80,56 @@ static inline int64_t k_offset(const dp_arena *a, int64_t P, int64_t row, int64_
     return (h * a->head_dim * P + row) * a->elem_bytes;
 }
 
-static int check_slot(const dp_arena *a, const int64_t *s) {
-    const int64_t off = s[0], row = s[1], P = s[2];
-    if (P <= 0 || row < 0 || row >= P || off < 0) return DP_ERR_BOUNDS;
-    if (off + tile_bytes(a, P) > a->layer_bytes) return DP_ERR_BOUNDS;
-    if (off / a->block_size != (off + tile_bytes(a, P) - 1) / a->block_size &&
-        tile_bytes(a, P) <= a->block_size)
-        return DP_ERR_BOUNDS; /* a page never straddles two blocks */
+/* Where a tile of P tokens may start: inside the layer region, at a multiple of its
+ * size inside its block (so a block is cut into whole tiles from its start, and a
+ * tile larger than a block starts one), and, when it fits in a block, not across
+ * two. P is bounded before tile_bytes(P) is formed, so nothing overflows. */
+static int check_tile(const dp_arena *a, int64_t off, int64_t P) {
+    if (P <= 0 || off < 0 || off >= a->layer_bytes) return DP_ERR_BOUNDS;
+    if (P > a->layer_bytes / tile_bytes(a, 1)) return DP_ERR_BOUNDS; /* more tokens than a layer holds */
+    const int64_t tb = tile_bytes(a, P), in_block = off % a->block_size;
+    if (tb > a->layer_bytes - off) return DP_ERR_BOUNDS;
+    if (in_block % tb != 0) return DP_ERR_ALIGN;
+    if (tb <= a->block_size && in_block + tb > a->block_size) return DP_ERR_ALIGN;
     return DP_OK;
 }
 
-int dp_kv_write_slots(const dp_arena *a, const dp_attn_ops *ops, int64_t layer, const float *k,
-                      const float *v, int64_t stride, const int64_t *slots, int64_t num_tokens) {
-    if (!ops) ops = &dp_ops_generic;
+static int check_slot(const dp_arena *a, const int64_t *s) {
+    const int64_t row = s[1], P = s[2];
+    const int st = check_tile(a, s[0], P);
+    if (st != DP_OK) return st;
+    return row < 0 || row >= P ? DP_ERR_BOUNDS : DP_OK;
+}
+
+int dp_kv_check_slots(const dp_arena *a, const int64_t *slots, int64_t num_tokens, int64_t *bad) {
+    if (bad) *bad = -1;
+    if (!a || !a->base || (!slots && num_tokens > 0) || num_tokens < 0) return DP_ERR_ARG;
+    for (int64_t t = 0; t < num_tokens; t++) {
+        const int st = check_slot(a, slots + 3 * t);
+        if (st != DP_OK) {
+            if (bad) *bad = t;
+            return st;
+        }
+    }
+    return DP_OK;
+}
+
+static int check_write_args(const dp_arena *a, int64_t layer, const float *k, const float *v, int64_t stride,
+                            const int64_t *slots, int64_t num_tokens) {
     if (!a || !a->base || !k || !v || !slots || num_tokens < 0) return DP_ERR_ARG;
     if (layer < 0 || layer >= a->num_layers) return DP_ERR_BOUNDS;
+    if (stride < a->num_kv_heads * a->head_dim) return DP_ERR_ARG;
+    return dp_kv_check_slots(a, slots, num_tokens, NULL);
+}
+
+/* The writes of dp_kv_write_slots, every slot already checked. */
+static void write_rows(const dp_arena *a, const dp_attn_ops *ops, int64_t layer, const float *k, const float *v,
+                       int64_t stride, const int64_t *slots, int64_t num_tokens) {
     const int64_t hd = a->head_dim;
-    if (stride < a->num_kv_heads * hd) return DP_ERR_ARG;
     char *region = a->base + layer * a->layer_bytes;
     uint16_t half[DP_MAX_HEAD_DIM];
     for (int64_t t = 0; t < num_tokens; t++) {
         const int64_t *s = slots + 3 * t;
-        int st = check_slot(a, s);
-        if (st != DP_OK) return st;
         const int64_t P = s[2];
         for (int64_t h = 0; h < a->num_kv_heads; h++) {
             const float *ks = k + t * stride + h * hd, *vs = v + t * stride + h * hd;
@@ -112,6 +145,14 @@ int dp_kv_write_slots(const dp_arena *a, const dp_attn_ops *ops, int64_t layer, 
             }
         }
     }
+}
+
+int dp_kv_write_slots(const dp_arena *a, const dp_attn_ops *ops, int64_t layer, const float *k,
+                      const float *v, int64_t stride, const int64_t *slots, int64_t num_tokens) {
+    if (!ops) ops = &dp_ops_generic; /* f32_to_f16 only: needs no table */
+    const int st = check_write_args(a, layer, k, v, stride, slots, num_tokens);
+    if (st != DP_OK) return st; /* nothing written */
+    write_rows(a, ops, layer, k, v, stride, slots, num_tokens);
     return DP_OK;
 }
 
@@ -119,9 +160,10 @@ static int check_spans(const dp_arena *a, const int64_t *spans, int64_t num_span
     int64_t total = 0;
     for (int64_t i = 0; i < num_spans; i++) {
         const int64_t off = spans[3 * i], n = spans[3 * i + 1], P = spans[3 * i + 2];
-        if (P <= 0 || n < 0 || off < 0) return DP_ERR_BOUNDS;
-        const int64_t tiles = (n + P - 1) / P;
-        if (off + tiles * tile_bytes(a, P) > a->layer_bytes) return DP_ERR_BOUNDS;
+        const int st = check_tile(a, off, P); /* its first tile; P is bounded from here on */
+        if (st != DP_OK) return st;
+        if (n < 0 || n / P + (n % P != 0) > (a->layer_bytes - off) / tile_bytes(a, P)) return DP_ERR_BOUNDS;
+        if (n > INT64_MAX - total) return DP_ERR_BOUNDS;
         total += n;
     }
     return total < need ? DP_ERR_BOUNDS : DP_OK;
@@ -155,6 +197,7 @@ typedef struct {
     int64_t num_chunks;   /* per query block */
     int64_t block_tokens; /* query tokens per task (prefill blocking; 1 when chunked) */
     float *partial;     /* chunked: (tasks, num_heads, head_dim + 2) = o, m, l */
+    atomic_int *status; /* shared by the call's jobs: DP_OK, or a task's failure */
 } attn_job;
 
 static inline void prefetch_tile(const dp_arena *a, const char *tile, int64_t P) {
@@ -329,8 +372,15 @@ static void attn_task(void *ctx, int64_t task, int worker) {
     const int64_t t0 = b * J->block_tokens;
     const int64_t tq = J->num_tokens - t0 < J->block_tokens ? J->num_tokens - t0 : J->block_tokens;
     const int64_t rows = tq * G, n_ctx = J->pos0 + t0 + tq; /* the block's last token sees [0, n_ctx) */
-    float *scratch = (float *)malloc((size_t)(2 * tq * H * hd + 2 * tq * H + tq * H * DP_RUN) * sizeof(float));
-    if (!scratch) return; /* cannot happen for sane sizes; the output keeps its old values */
+    /* A failed task fails the call: the rest have nothing to add. Relaxed is enough,
+     * here and below: the caller reads the status after dp_pool_run, whose join
+     * orders every task's writes before it. */
+    if (atomic_load_explicit(J->status, memory_order_relaxed) != DP_OK) return;
+    float *scratch = (float *)dp_malloc((size_t)(2 * tq * H * hd + 2 * tq * H + tq * H * DP_RUN) * sizeof(float));
+    if (!scratch) {
+        atomic_store_explicit(J->status, DP_ERR_NOMEM, memory_order_relaxed);
+        return;
+    }
     float *q = scratch, *o = q + tq * H * hd, *m = o + tq * H * hd, *l = m + tq * H, *sc = l + tq * H;
     for (int64_t tl = 0; tl < tq; tl++)  /* (token, head) -> (kv head, token, group member) */
         for (int64_t kh = 0; kh < nkv; kh++)
@@ -393,7 +443,7 @@ static int64_t attn_setup(attn_job *J, const dp_arena *a, const dp_attn_ops *ops
     J->num_heads = num_heads; J->group = num_heads / a->num_kv_heads;
     J->spans = spans; J->num_spans = num_spans; J->pos0 = pos0; J->num_tokens = num_tokens;
     J->scale = scale; J->prefetch_degree = prefetch_degree;
-    int64_t *starts = (int64_t *)malloc((size_t)(num_spans + 1) * sizeof(int64_t));
+    int64_t *starts = (int64_t *)dp_malloc((size_t)(num_spans + 1) * sizeof(int64_t));
     if (!starts) return -1;
     starts[0] = 0;
     for (int64_t i = 0; i < num_spans; i++) starts[i + 1] = starts[i] + spans[3 * i + 1];
@@ -420,7 +470,7 @@ static int64_t attn_setup(attn_job *J, const dp_arena *a, const dp_attn_ops *ops
     }
     const int64_t tasks = (num_tokens + J->block_tokens - 1) / J->block_tokens * J->num_chunks;
     if (J->num_chunks > 1) {
-        J->partial = (float *)malloc((size_t)tasks * num_heads * (a->head_dim + 2) * sizeof(float));
+        J->partial = (float *)dp_malloc((size_t)tasks * num_heads * (a->head_dim + 2) * sizeof(float));
         if (!J->partial) { free(starts); J->span_start = NULL; return -1; }
     }
     return tasks;
@@ -443,31 +493,32 @@ static int check_attn_args(const dp_arena *a, const dp_attn_ops *ops, int64_t la
     return DP_OK;
 }
 
-int dp_attn_spans(const dp_arena *a, const dp_attn_ops *ops, dp_pool *pool, int64_t layer,
-                  const float *q, int64_t q_stride, float *out, int64_t out_stride, int64_t num_heads,
-                  const int64_t *spans, int64_t num_spans, int64_t pos0, int64_t num_tokens, float scale,
-                  int prefetch_degree) {
-    int st = check_attn_args(a, ops, layer, q, q_stride, out, out_stride, num_heads, spans);
-    if (st != DP_OK) return st;
-    if (pos0 < 0 || num_tokens < 0) return DP_ERR_BOUNDS;
-    if (num_tokens == 0) return DP_OK;
-    st = check_spans(a, spans, num_spans, pos0 + num_tokens);
-    if (st != DP_OK) return st;
-    attn_job J;
-    const int threads = pool ? dp_pool_num_threads(pool) : 1;
-    const int64_t tasks = attn_setup(&J, a, ops, layer, q, q_stride, out, out_stride, num_heads, spans,
-                                     num_spans, pos0, num_tokens, scale, prefetch_degree, threads);
-    if (tasks < 0) return DP_ERR_NOMEM;
-    dp_pool_run(pool, tasks, attn_task, &J);
-    if (J.num_chunks > 1) merge_chunks(&J);
-    attn_release(&J);
+/* seqs rows (row0, num_tokens, pos0, span0, num_spans) inside q/out and spans, and
+ * every sequence's spans inside the arena, covering its positions. Sums are
+ * compared as differences: nothing overflows. */
+static int check_seqs(const dp_arena *a, int64_t num_rows, const int64_t *seqs, int64_t num_seqs,
+                      const int64_t *spans, int64_t spans_len) {
+    if (!seqs || num_seqs < 0 || num_rows < 0 || spans_len < 0) return DP_ERR_ARG;
+    for (int64_t i = 0; i < num_seqs; i++) {
+        const int64_t *d = seqs + 5 * i;
+        if (d[0] < 0 || d[1] < 1 || d[0] > num_rows - d[1] || d[2] < 0 || d[2] > INT64_MAX - d[1] || d[3] < 0 ||
+            d[4] < 0 || d[3] > spans_len - d[4])
+            return DP_ERR_BOUNDS;
+        const int st = check_spans(a, spans + 3 * d[3], d[4], d[2] + d[1]);
+        if (st != DP_OK) return st;
+    }
     return DP_OK;
 }
 
+/* One pool run over every sequence of a batch. */
 typedef struct {
-    attn_job *jobs;
-    int64_t *task_end; /* (num_seqs,) exclusive prefix sums of the jobs' task counts */
-    int64_t num_seqs;
+    attn_job *jobs;     /* (num_seqs,) */
+    int64_t *task_end;  /* (num_seqs,) running task totals: job i has tasks [task_end[i-1], task_end[i]) */
+    int64_t num_seqs;   /* jobs set up, and released by batch_release */
+    int64_t num_tasks;
+    atomic_int status;  /* DP_OK, or the first failure a task reported */
+    attn_job one_job;   /* jobs and task_end of a batch of one (dp_attn_spans): no allocation */
+    int64_t one_end;
 } batch_job;
 
 static void batch_task(void *ctx, int64_t task, int worker) {
@@ -480,58 +531,122 @@ static void batch_task(void *ctx, int64_t task, int worker) {
     attn_task(&B->jobs[lo], task - (lo ? B->task_end[lo - 1] : 0), worker);
 }
 
+static void batch_release(batch_job *B) {
+    for (int64_t i = 0; i < B->num_seqs; i++) attn_release(&B->jobs[i]);
+    if (B->jobs != &B->one_job) {
+        free(B->jobs);
+        free(B->task_end);
+    }
+    B->jobs = NULL;
+    B->task_end = NULL;
+    B->num_seqs = 0;
+}
+
+/* Every allocation of the batch (the arguments already checked): DP_OK, or
+ * DP_ERR_NOMEM with nothing left allocated. */
+static int batch_prepare(batch_job *B, const dp_arena *a, const dp_attn_ops *ops, dp_pool *pool, int64_t layer,
+                         const float *q, int64_t q_stride, float *out, int64_t out_stride, int64_t num_heads,
+                         const int64_t *seqs, int64_t num_seqs, const int64_t *spans, float scale,
+                         int prefetch_degree) {
+    memset(B, 0, sizeof *B);
+    atomic_init(&B->status, DP_OK);
+    if (num_seqs == 1) {
+        B->jobs = &B->one_job;
+        B->task_end = &B->one_end;
+    } else {
+        B->jobs = (attn_job *)dp_calloc((size_t)num_seqs, sizeof(attn_job));
+        B->task_end = (int64_t *)dp_malloc((size_t)num_seqs * sizeof(int64_t));
+    }
+    if (!B->jobs || !B->task_end) {
+        batch_release(B);
+        return DP_ERR_NOMEM;
+    }
+    const int threads = pool ? dp_pool_num_threads(pool) : 1;
+    for (int64_t i = 0; i < num_seqs; i++) {
+        const int64_t *d = seqs + 5 * i;
+        const int64_t tasks = attn_setup(&B->jobs[i], a, ops, layer, q + d[0] * q_stride, q_stride,
+                                         out + d[0] * out_stride, out_stride, num_heads, spans + 3 * d[3], d[4],
+                                         d[2], d[1], scale, prefetch_degree, threads);
+        if (tasks < 0) {
+            batch_release(B);
+            return DP_ERR_NOMEM;
+        }
+        B->jobs[i].status = &B->status;
+        B->num_seqs = i + 1;
+        B->num_tasks += tasks;
+        B->task_end[i] = B->num_tasks;
+    }
+    return DP_OK;
+}
+
+/* The pool run, then the flash-decoding merges; the status a task reported, if any
+ * (then the output is incomplete: the caller must not read it). */
+static int batch_run(batch_job *B, dp_pool *pool) {
+    dp_pool_run(pool, B->num_tasks, batch_task, B);
+    const int st = atomic_load(&B->status);
+    if (st != DP_OK) return st;
+    for (int64_t i = 0; i < B->num_seqs; i++)
+        if (B->jobs[i].num_chunks > 1) merge_chunks(&B->jobs[i]);
+    return DP_OK;
+}
+
 int dp_attn_batch(const dp_arena *a, const dp_attn_ops *ops, dp_pool *pool, int64_t layer,
                   const float *q, int64_t q_stride, float *out, int64_t out_stride, int64_t num_heads,
                   int64_t num_rows, const int64_t *seqs, int64_t num_seqs, const int64_t *spans,
                   int64_t spans_len, float scale, int prefetch_degree) {
     int st = check_attn_args(a, ops, layer, q, q_stride, out, out_stride, num_heads, spans);
+    if (st == DP_OK) st = check_seqs(a, num_rows, seqs, num_seqs, spans, spans_len);
+    if (st != DP_OK || num_seqs == 0) return st;
+    batch_job B;
+    st = batch_prepare(&B, a, ops, pool, layer, q, q_stride, out, out_stride, num_heads, seqs, num_seqs, spans,
+                       scale, prefetch_degree);
     if (st != DP_OK) return st;
-    if (!seqs || num_seqs < 0 || num_rows < 0 || spans_len < 0) return DP_ERR_ARG;
-    if (num_seqs == 0) return DP_OK;
-    for (int64_t i = 0; i < num_seqs; i++) {
-        const int64_t *d = seqs + 5 * i; /* row0, num_tokens, pos0, span0, num_spans */
-        if (d[0] < 0 || d[1] < 1 || d[0] + d[1] > num_rows || d[2] < 0 || d[3] < 0 || d[4] < 0 ||
-            d[3] + d[4] > spans_len)
-            return DP_ERR_BOUNDS;
-        st = check_spans(a, spans + 3 * d[3], d[4], d[2] + d[1]);
-        if (st != DP_OK) return st;
+    st = batch_run(&B, pool);
+    batch_release(&B);
+    return st;
+}
+
+int dp_attn_spans(const dp_arena *a, const dp_attn_ops *ops, dp_pool *pool, int64_t layer,
+                  const float *q, int64_t q_stride, float *out, int64_t out_stride, int64_t num_heads,
+                  const int64_t *spans, int64_t num_spans, int64_t pos0, int64_t num_tokens, float scale,
+                  int prefetch_degree) {
+    int st = check_attn_args(a, ops, layer, q, q_stride, out, out_stride, num_heads, spans);
+    if (st != DP_OK) return st;
+    if (pos0 < 0 || num_tokens < 0 || num_spans < 0) return DP_ERR_BOUNDS;
+    if (num_tokens == 0) return DP_OK;
+    const int64_t seq[5] = {0, num_tokens, pos0, 0, num_spans}; /* a batch of one */
+    return dp_attn_batch(a, ops, pool, layer, q, q_stride, out, out_stride, num_heads, num_tokens, seq, 1, spans,
+                         num_spans, scale, prefetch_degree);
+}
+
+int dp_step_batch(const dp_arena *a, const dp_attn_ops *ops, dp_pool *pool, int64_t layer, const float *k,
+                  const float *v, int64_t kv_stride, const int64_t *slots, const float *q, int64_t q_stride,
+                  float *out, int64_t out_stride, int64_t num_heads, int64_t num_rows, const int64_t *seqs,
+                  int64_t num_seqs, const int64_t *spans, int64_t spans_len, float scale, int prefetch_degree) {
+    int st = check_attn_args(a, ops, layer, q, q_stride, out, out_stride, num_heads, spans);
+    if (st == DP_OK) st = check_write_args(a, layer, k, v, kv_stride, slots, num_rows);
+    if (st == DP_OK) st = check_seqs(a, num_rows, seqs, num_seqs, spans, spans_len);
+    if (st != DP_OK) return st; /* nothing written */
+    if (num_seqs == 0) {
+        write_rows(a, ops, layer, k, v, kv_stride, slots, num_rows);
+        return DP_OK;
     }
     batch_job B;
-    B.num_seqs = num_seqs;
-    B.jobs = (attn_job *)calloc((size_t)num_seqs, sizeof(attn_job));
-    B.task_end = (int64_t *)malloc((size_t)num_seqs * sizeof(int64_t));
-    if (!B.jobs || !B.task_end) { free(B.jobs); free(B.task_end); return DP_ERR_NOMEM; }
-    const int threads = pool ? dp_pool_num_threads(pool) : 1;
-    int64_t total = 0;
-    st = DP_OK;
-    for (int64_t i = 0; i < num_seqs; i++) {
-        const int64_t *d = seqs + 5 * i;
-        const int64_t tasks = attn_setup(&B.jobs[i], a, ops, layer, q + d[0] * q_stride, q_stride,
-                                         out + d[0] * out_stride, out_stride, num_heads, spans + 3 * d[3], d[4],
-                                         d[2], d[1], scale, prefetch_degree, threads);
-        if (tasks < 0) { st = DP_ERR_NOMEM; B.num_seqs = i; break; }
-        total += tasks;
-        B.task_end[i] = total;
-    }
-    if (st == DP_OK) {
-        dp_pool_run(pool, total, batch_task, &B);
-        for (int64_t i = 0; i < num_seqs; i++)
-            if (B.jobs[i].num_chunks > 1) merge_chunks(&B.jobs[i]);
-    }
-    for (int64_t i = 0; i < B.num_seqs; i++) attn_release(&B.jobs[i]);
-    free(B.jobs);
-    free(B.task_end);
+    st = batch_prepare(&B, a, ops, pool, layer, q, q_stride, out, out_stride, num_heads, seqs, num_seqs, spans,
+                       scale, prefetch_degree);
+    if (st != DP_OK) return st; /* nothing written */
+    write_rows(a, ops, layer, k, v, kv_stride, slots, num_rows);
+    st = batch_run(&B, pool);
+    batch_release(&B);
     return st;
 }
 
 int dp_kv_copy_slots(const dp_arena *a, const int64_t *src, const int64_t *dst, int64_t num_tokens) {
     if (!a || !a->base || !src || !dst || num_tokens < 0) return DP_ERR_ARG;
     const size_t row = (size_t)(a->head_dim * a->elem_bytes), eb = (size_t)a->elem_bytes;
-    for (int64_t t = 0; t < num_tokens; t++) {
-        int st = check_slot(a, src + 3 * t);
-        if (st == DP_OK) st = check_slot(a, dst + 3 * t);
-        if (st != DP_OK) return st;
-    }
+    int st = dp_kv_check_slots(a, src, num_tokens, NULL);
+    if (st == DP_OK) st = dp_kv_check_slots(a, dst, num_tokens, NULL);
+    if (st != DP_OK) return st; /* nothing copied */
     for (int64_t l = 0; l < a->num_layers; l++) {
         char *region = a->base + l * a->layer_bytes;
         for (int64_t t = 0; t < num_tokens; t++) {

@@ -17,6 +17,13 @@
  * layer region, row inside the tile, P).
  * A *span* (kernel view) is int64[3]: (byte offset of its first tile, num_tokens, P);
  * its tokens fill consecutive tiles of tile_bytes(P) in position order.
+ * A tile starts at a multiple of tile_bytes(P) inside its block and, when it fits
+ * in a block, ends in the same block; one that does not fit starts a block. A slot
+ * or span breaking this is DP_ERR_ALIGN; one outside the layer region (or a row
+ * outside its tile) is DP_ERR_BOUNDS.
+ *
+ * Every call checks all its slots (and spans) before it writes anything: a call
+ * that fails leaves the arena as it was.
  */
 #ifndef DP_KV_ARENA_H
 #define DP_KV_ARENA_H
@@ -44,9 +51,13 @@ void dp_arena_free(dp_arena *a);
 #include "dp_attn_ops.h"
 #include "dp_pool.h"
 
+/* Check slots (num_tokens, 3) against the arena: DP_OK, or the status of the first
+ * bad slot and its index in *bad (-1 when every slot is good; bad may be NULL). */
+int dp_kv_check_slots(const dp_arena *a, const int64_t *slots, int64_t num_tokens, int64_t *bad);
+
 /* Write num_tokens rows of K and V (each (num_tokens, num_kv_heads * head_dim) f32,
  * row stride `stride` floats) of `layer` at `slots` (num_tokens, 3); f32 -> f16
- * conversion through `ops` (NULL = generic). */
+ * conversion through `ops` (NULL = generic). Every slot is checked first. */
 int dp_kv_write_slots(const dp_arena *a, const dp_attn_ops *ops, int64_t layer, const float *k,
                       const float *v, int64_t stride, const int64_t *slots, int64_t num_tokens);
 
@@ -57,7 +68,9 @@ int dp_kv_write_slots(const dp_arena *a, const dp_attn_ops *ops, int64_t layer, 
  *   q, out: (num_tokens, num_heads * head_dim) f32, row strides q_stride / out_stride
  * Work is split over (token, KV head, slice of its query heads); a decode with
  * too few of those also splits the context (flash-decoding) and merges.
- * prefetch_degree: spans prefetched ahead (random path). */
+ * prefetch_degree: spans prefetched ahead (random path).
+ * DP_ERR_NOMEM when any allocation fails, the caller's or a worker's: then `out`
+ * holds no result (possibly some of it), never one to use. */
 int dp_attn_spans(const dp_arena *a, const dp_attn_ops *ops, dp_pool *pool, int64_t layer,
                   const float *q, int64_t q_stride, float *out, int64_t out_stride, int64_t num_heads,
                   const int64_t *spans, int64_t num_spans, int64_t pos0, int64_t num_tokens, float scale,
@@ -74,7 +87,18 @@ int dp_attn_batch(const dp_arena *a, const dp_attn_ops *ops, dp_pool *pool, int6
                   int64_t num_rows, const int64_t *seqs, int64_t num_seqs, const int64_t *spans,
                   int64_t spans_len, float scale, int prefetch_degree);
 
-/* Copy every layer's K and V of num_tokens tokens from src slots to dst slots. */
+/* One step of a layer: write rows [0, num_rows) of k, v (row stride kv_stride) at
+ * `slots` (num_rows, 3), then dp_attn_batch. Slots, sequences and spans are all
+ * checked, and every allocation made, before the first write: a failing step
+ * leaves the arena as it was, except for DP_ERR_NOMEM in a worker (then the rows
+ * are written and `out` holds no result). */
+int dp_step_batch(const dp_arena *a, const dp_attn_ops *ops, dp_pool *pool, int64_t layer, const float *k,
+                  const float *v, int64_t kv_stride, const int64_t *slots, const float *q, int64_t q_stride,
+                  float *out, int64_t out_stride, int64_t num_heads, int64_t num_rows, const int64_t *seqs,
+                  int64_t num_seqs, const int64_t *spans, int64_t spans_len, float scale, int prefetch_degree);
+
+/* Copy every layer's K and V of num_tokens tokens from src slots to dst slots
+ * (every slot of both checked first). */
 int dp_kv_copy_slots(const dp_arena *a, const int64_t *src, const int64_t *dst, int64_t num_tokens);
 
 /* Gather the first num_tokens tokens of `spans` of `layer` into dense f32 arrays

@@ -162,11 +162,253 @@ static void run_ops_case(const dp_attn_ops *ops, int64_t group, int64_t hd) {
     free(q); free(s1); free(s2); free(o1); free(o2);
 }
 
+/* ---- errors: allocation failures, thread creation, bad slots ------------------ */
+
+/* An arena of one or more layers with n_ctx tokens written to layer 0 through pages
+ * of P = 16 (every other page, so the pages between stay free), and queries. */
+typedef struct {
+    dp_arena a;
+    int64_t nkv, hd, H, n_ctx, T, num_pages;
+    int64_t *spans; /* (num_pages, 3) */
+    int64_t *slots; /* (n_ctx, 3) */
+    float *k, *v;   /* (n_ctx, nkv * hd) */
+    float *q, *out; /* (T, H * hd) */
+} fixture;
+
+static int fixture_init(fixture *f, const dp_attn_ops *ops, int kv_dtype, int64_t num_layers, int64_t n_ctx,
+                        int64_t T) {
+    memset(f, 0, sizeof *f);
+    f->nkv = 2, f->hd = 64, f->H = 4, f->n_ctx = n_ctx, f->T = T;
+    const int64_t P = 16, block = 1 << 16, page = 2 * f->nkv * P * f->hd * (kv_dtype == DP_F32 ? 4 : 2);
+    f->num_pages = (n_ctx + P - 1) / P;
+    const int64_t ppb = block / page, nblocks = (2 * f->num_pages + ppb - 1) / ppb + 1;
+    if (dp_arena_init(&f->a, block, nblocks, num_layers, f->nkv, f->hd, kv_dtype, -1) != DP_OK) return 0;
+    memset(f->a.base, 0x5a, (size_t)(f->a.layer_bytes * num_layers)); /* a known picture of the arena */
+    f->spans = (int64_t *)malloc((size_t)f->num_pages * 3 * sizeof(int64_t));
+    f->slots = (int64_t *)malloc((size_t)n_ctx * 3 * sizeof(int64_t));
+    f->k = (float *)malloc((size_t)(n_ctx * f->nkv * f->hd) * sizeof(float));
+    f->v = (float *)malloc((size_t)(n_ctx * f->nkv * f->hd) * sizeof(float));
+    f->q = (float *)malloc((size_t)(T * f->H * f->hd) * sizeof(float));
+    f->out = (float *)malloc((size_t)(T * f->H * f->hd) * sizeof(float));
+    for (int64_t i = 0; i < n_ctx * f->nkv * f->hd; i++) { f->k[i] = frand(); f->v[i] = frand(); }
+    for (int64_t i = 0; i < T * f->H * f->hd; i++) f->q[i] = frand();
+    for (int64_t p = 0; p < f->num_pages; p++) {
+        const int64_t pg = 2 * p;
+        f->spans[3 * p] = (pg / ppb) * block + (pg % ppb) * page;
+        f->spans[3 * p + 1] = n_ctx - p * P < P ? n_ctx - p * P : P;
+        f->spans[3 * p + 2] = P;
+    }
+    for (int64_t j = 0; j < n_ctx; j++) {
+        f->slots[3 * j] = f->spans[3 * (j / P)];
+        f->slots[3 * j + 1] = j % P;
+        f->slots[3 * j + 2] = P;
+    }
+    return dp_kv_write_slots(&f->a, ops, 0, f->k, f->v, f->nkv * f->hd, f->slots, n_ctx) == DP_OK;
+}
+
+static void fixture_free(fixture *f) {
+    free(f->spans); free(f->slots); free(f->k); free(f->v); free(f->q); free(f->out);
+    dp_arena_free(&f->a);
+}
+
+static int attend(fixture *f, const dp_attn_ops *ops, dp_pool *pool) {
+    return dp_attn_spans(&f->a, ops, pool, 0, f->q, f->H * f->hd, f->out, f->H * f->hd, f->H, f->spans,
+                         f->num_pages, f->n_ctx - f->T, f->T, 0.125f, 2);
+}
+
+/* Every allocation of an attention call failing in turn (the setup's and every
+ * task's scratch on the workers) is reported as DP_ERR_NOMEM, never as DP_OK with
+ * stale output; once all succeed the output equals an undisturbed call's. */
+static void alloc_failure_case(const dp_attn_ops *ops, dp_pool *pool, int64_t n_ctx, int64_t T) {
+    fixture f;
+    if (!fixture_init(&f, ops, DP_F16, 1, n_ctx, T)) { check(0, "alloc failure fixture"); fixture_free(&f); return; }
+    const size_t out_bytes = (size_t)(T * f.H * f.hd) * sizeof(float);
+    float *want = (float *)malloc(out_bytes);
+    check(attend(&f, ops, pool) == DP_OK, "undisturbed attention");
+    memcpy(want, f.out, out_bytes);
+    int64_t n = 0; /* allocations the call makes: the first count that lets it through */
+    int all_nomem = 1;
+    for (; n < 1000; n++) {
+        dp_test_fail_alloc_after(n);
+        memcpy(f.out, want, out_bytes); /* stale output that looks right: the status must tell */
+        const int st = attend(&f, ops, pool);
+        if (st == DP_OK) break;
+        all_nomem &= st == DP_ERR_NOMEM;
+    }
+    dp_test_fail_alloc_after(-1);
+    char what[160];
+    snprintf(what, sizeof what, "%s ctx=%lld T=%lld pool=%d: allocations 0..%lld failing each give DP_ERR_NOMEM",
+             ops->name, (long long)n_ctx, (long long)T, pool ? dp_pool_num_threads(pool) : 1, (long long)n - 1);
+    check(all_nomem, what);
+    /* The setup of a batch of one makes at most 2 (span starts, chunk partials): more
+     * means the tasks' scratch was among the failures reported. */
+    check(n > 2 && n < 1000, "the workers' scratch allocations are among those that fail the call");
+    memset(f.out, 0, out_bytes);
+    check(attend(&f, ops, pool) == DP_OK && memcmp(f.out, want, out_bytes) == 0, "attention after the failures");
+    free(want);
+    fixture_free(&f);
+}
+
+/* A step whose setup cannot allocate writes nothing; one whose workers cannot
+ * allocate still reports DP_ERR_NOMEM. */
+static void step_alloc_failure_case(dp_pool *pool) {
+    const dp_attn_ops *ops = dp_ops_by_name("generic");
+    fixture f;
+    if (!fixture_init(&f, ops, DP_F32, 1, 300, 4)) { check(0, "step fixture"); fixture_free(&f); return; }
+    const size_t bytes = (size_t)f.a.layer_bytes;
+    char *before = (char *)malloc(bytes);
+    memcpy(before, f.a.base, bytes);
+    /* New rows for the last 4 positions (their slots are already in the fixture). */
+    const int64_t r0 = f.n_ctx - f.T, seq[5] = {0, f.T, r0, 0, f.num_pages};
+    float *k = f.k + r0 * f.nkv * f.hd, *v = f.v + r0 * f.nkv * f.hd;
+    for (int64_t i = 0; i < f.T * f.nkv * f.hd; i++) k[i] += 1.0f;
+    dp_test_fail_alloc_after(0);
+    int st = dp_step_batch(&f.a, ops, pool, 0, k, v, f.nkv * f.hd, f.slots + 3 * r0, f.q, f.H * f.hd, f.out,
+                           f.H * f.hd, f.H, f.T, seq, 1, f.spans, f.num_pages, 0.125f, 0);
+    check(st == DP_ERR_NOMEM && memcmp(before, f.a.base, bytes) == 0, "step: setup out of memory writes nothing");
+    dp_test_fail_alloc_after(1); /* the span starts; then the tasks' scratch */
+    st = dp_step_batch(&f.a, ops, pool, 0, k, v, f.nkv * f.hd, f.slots + 3 * r0, f.q, f.H * f.hd, f.out,
+                       f.H * f.hd, f.H, f.T, seq, 1, f.spans, f.num_pages, 0.125f, 0);
+    check(st == DP_ERR_NOMEM, "step: workers out of memory report DP_ERR_NOMEM");
+    dp_test_fail_alloc_after(-1);
+    st = dp_step_batch(&f.a, ops, pool, 0, k, v, f.nkv * f.hd, f.slots + 3 * r0, f.q, f.H * f.hd, f.out,
+                       f.H * f.hd, f.H, f.T, seq, 1, f.spans, f.num_pages, 0.125f, 0);
+    check(st == DP_OK && memcmp(before, f.a.base, bytes) != 0, "step writes and attends");
+    /* A batch of two sequences (its jobs and task ends allocated), every allocation failing in turn. */
+    const int64_t two[10] = {0, 2, r0, 0, f.num_pages, 2, 2, r0 + 2, 0, f.num_pages};
+    int64_t n = 0;
+    int all_nomem = 1;
+    for (; n < 1000; n++) {
+        dp_test_fail_alloc_after(n);
+        st = dp_attn_batch(&f.a, ops, pool, 0, f.q, f.H * f.hd, f.out, f.H * f.hd, f.H, f.T, two, 2, f.spans,
+                           f.num_pages, 0.125f, 0);
+        if (st == DP_OK) break;
+        all_nomem &= st == DP_ERR_NOMEM;
+    }
+    dp_test_fail_alloc_after(-1);
+    check(all_nomem && n > 4 && n < 1000, "batch of two: every allocation failing gives DP_ERR_NOMEM");
+    free(before);
+    fixture_free(&f);
+}
+
+/* Pool creation fails whole (never a smaller pool) and says why; so does the probe. */
+static void pool_failure_cases(void) {
+    dp_pool *p = (dp_pool *)1;
+    dp_test_fail_thread_create_after(2); /* workers 1 and 2 start, worker 3 does not */
+    check(dp_pool_create(4, &p) == DP_ERR_THREAD && p == NULL, "pool: pthread_create failure is DP_ERR_THREAD");
+    dp_test_fail_thread_create_after(0);
+    check(dp_pool_create(2, &p) == DP_ERR_THREAD && p == NULL, "pool: first worker failing");
+    check(dp_pool_create(1, &p) == DP_OK && p != NULL, "pool of 1 starts no thread");
+    dp_pool_destroy(p);
+    dp_test_fail_thread_create_after(-1);
+    dp_test_fail_alloc_after(0);
+    check(dp_pool_create(3, &p) == DP_ERR_NOMEM && p == NULL, "pool: allocation failure is DP_ERR_NOMEM");
+    dp_test_fail_alloc_after(-1);
+    check(dp_pool_create(3, &p) == DP_OK && dp_pool_num_threads(p) == 3, "pool after the failures");
+    int64_t tids[3] = {0, 0, 0}, flops = -1;
+    check(dp_pool_worker_tids(p, tids, 3) == 3 && tids[1] > 0 && tids[2] > 0 && tids[1] != tids[2],
+          "pool: every worker's tid is known once create returns");
+    dp_test_fail_alloc_after(0);
+    check(dp_run_fma_probe(p, dp_ops_generic.fma_probe, 10, &flops) == DP_ERR_NOMEM && flops == 0,
+          "fma probe: allocation failure is DP_ERR_NOMEM, not 0 flops");
+    dp_test_fail_alloc_after(-1);
+    const int good[2] = {0, -1}, bad[2] = {0, DP_POOL_MAX_CPUS};
+    check(dp_pool_set_affinity(p, DP_PHASE_DECODE, good, 2) == DP_OK, "affinity: cpus in range");
+    check(dp_pool_set_affinity(p, DP_PHASE_DECODE, bad, 2) == DP_ERR_ARG, "affinity: cpu past DP_POOL_MAX_CPUS");
+    dp_pool_destroy(p);
+    dp_arena a;
+    dp_test_fail_alloc_after(0);
+    check(dp_arena_init(&a, 1 << 16, 4, 1, 2, 64, DP_F16, -1) == DP_ERR_NOMEM && a.base == NULL,
+          "arena: allocation failure is DP_ERR_NOMEM");
+    dp_test_fail_alloc_after(-1);
+}
+
+static void check_head_dim_limit(void) {
+    dp_arena a;
+    check(dp_arena_init(&a, 1 << 16, 1, 1, 1, DP_MAX_HEAD_DIM, DP_F16, -1) == DP_OK, "head_dim = DP_MAX_HEAD_DIM");
+    dp_arena_free(&a);
+    check(dp_arena_init(&a, 1 << 16, 1, 1, 1, DP_MAX_HEAD_DIM + 1, DP_F16, -1) == DP_ERR_ARG,
+          "head_dim = DP_MAX_HEAD_DIM + 1 is refused");
+    check(dp_arena_init(&a, 1 << 16, 1, 1, INT64_MAX / 4, 64, DP_F16, -1) == DP_ERR_ARG,
+          "num_kv_heads too large for a block (no overflow)");
+    check(dp_arena_init(&a, 1 << 16, INT64_MAX / 1024, 1, 1, 64, DP_F16, -1) == DP_ERR_ARG,
+          "num_blocks * block_size overflowing is refused");
+}
+
+/* A batch with one bad slot in the middle is refused whole: the arena is unchanged. */
+static void bad_slot_cases(const dp_attn_ops *ops) {
+    fixture f;
+    if (!fixture_init(&f, ops, DP_F16, 2, 64, 1)) { check(0, "bad slot fixture"); fixture_free(&f); return; }
+    const int64_t P = 16, tb = 2 * f.nkv * P * f.hd * 2, n = 8, mid = 5;
+    const int64_t tb24 = 2 * f.nkv * 24 * f.hd * 2; /* 12 KiB: a 64 KiB block holds 5 and a part */
+    const size_t bytes = (size_t)(f.a.layer_bytes * f.a.num_layers);
+    char *before = (char *)malloc(bytes);
+    memcpy(before, f.a.base, bytes);
+    const struct { int64_t off, row, P; int status; const char *what; } bad[] = {
+        {-tb, 0, 16, DP_ERR_BOUNDS, "negative offset"},
+        {0, 0, 0, DP_ERR_BOUNDS, "P = 0"},
+        {0, 16, 16, DP_ERR_BOUNDS, "row past its tile"},
+        {0, -1, 16, DP_ERR_BOUNDS, "negative row"},
+        {0, 0, INT64_MAX / 2, DP_ERR_BOUNDS, "P so large tile_bytes would overflow"},
+        {0, INT64_MAX / 4, INT64_MAX / 2, DP_ERR_BOUNDS, "row and P so large offsets would overflow"},
+        {f.a.layer_bytes - tb / 2, 0, 16, DP_ERR_BOUNDS, "tile past the layer"},
+        {f.a.layer_bytes, 0, 16, DP_ERR_BOUNDS, "offset at the layer's end"},
+        {tb / 2, 0, 16, DP_ERR_ALIGN, "offset inside a tile"},
+        {2, 0, 16, DP_ERR_ALIGN, "offset not a multiple of the element size"},
+        {f.a.block_size / tb24 * tb24, 0, 24, DP_ERR_ALIGN, "tile straddling two blocks"},
+    };
+    int64_t slots[3 * 8], dst[3 * 8];
+    for (size_t b = 0; b < sizeof bad / sizeof bad[0]; b++) {
+        for (int64_t t = 0; t < n; t++) { /* good slots in pages nothing else uses */
+            slots[3 * t] = f.spans[3 * (t % 2)] + tb, slots[3 * t + 1] = t, slots[3 * t + 2] = P;
+            dst[3 * t] = slots[3 * t], dst[3 * t + 1] = t + 8, dst[3 * t + 2] = P;
+        }
+        slots[3 * mid] = bad[b].off, slots[3 * mid + 1] = bad[b].row, slots[3 * mid + 2] = bad[b].P;
+        int64_t where = -2;
+        char what[160];
+        snprintf(what, sizeof what, "bad slot (%s): write refused, arena unchanged", bad[b].what);
+        int st = dp_kv_write_slots(&f.a, ops, 1, f.k, f.v, f.nkv * f.hd, slots, n);
+        check(st == bad[b].status && memcmp(before, f.a.base, bytes) == 0, what);
+        snprintf(what, sizeof what, "bad slot (%s): check names slot %d", bad[b].what, (int)mid);
+        check(dp_kv_check_slots(&f.a, slots, n, &where) == bad[b].status && where == mid, what);
+        snprintf(what, sizeof what, "bad slot (%s): copy refused (bad src), arena unchanged", bad[b].what);
+        st = dp_kv_copy_slots(&f.a, slots, dst, n);
+        check(st == bad[b].status && memcmp(before, f.a.base, bytes) == 0, what);
+        snprintf(what, sizeof what, "bad slot (%s): copy refused (bad dst), arena unchanged", bad[b].what);
+        st = dp_kv_copy_slots(&f.a, dst, slots, n);
+        check(st == bad[b].status && memcmp(before, f.a.base, bytes) == 0, what);
+        const int64_t seq[5] = {0, n, f.n_ctx - n, 0, f.num_pages};
+        float *q = (float *)calloc((size_t)(n * f.H * f.hd), sizeof(float)), *o = (float *)malloc((size_t)(n * f.H * f.hd) * sizeof(float));
+        snprintf(what, sizeof what, "bad slot (%s): step refused, arena unchanged", bad[b].what);
+        st = dp_step_batch(&f.a, ops, NULL, 0, f.k, f.v, f.nkv * f.hd, slots, q, f.H * f.hd, o, f.H * f.hd, f.H, n,
+                           seq, 1, f.spans, f.num_pages, 0.125f, 0);
+        check(st == bad[b].status && memcmp(before, f.a.base, bytes) == 0, what);
+        free(q); free(o);
+    }
+    check(dp_kv_check_slots(&f.a, f.slots, f.n_ctx, NULL) == DP_OK, "the fixture's own slots are good");
+    /* A step whose spans are bad writes none of its (good) slots. */
+    for (int64_t t = 0; t < n; t++) slots[3 * t] = f.spans[0] + tb, slots[3 * t + 1] = t, slots[3 * t + 2] = P;
+    const int64_t seq[5] = {0, n, 0, 0, 1}, bad_span[3] = {tb / 2, n, P};
+    float *q = (float *)calloc((size_t)(n * f.H * f.hd), sizeof(float)), *o = (float *)malloc((size_t)(n * f.H * f.hd) * sizeof(float));
+    check(dp_step_batch(&f.a, ops, NULL, 0, f.k, f.v, f.nkv * f.hd, slots, q, f.H * f.hd, o, f.H * f.hd, f.H, n, seq,
+                        1, bad_span, 1, 0.125f, 0) == DP_ERR_ALIGN && memcmp(before, f.a.base, bytes) == 0,
+          "step with a misaligned span writes nothing");
+    const int64_t short_seq[5] = {0, n, 60, 0, 1}; /* positions 60.. but the span holds 8 tokens */
+    const int64_t good_span[3] = {f.spans[0] + tb, n, P};
+    check(dp_step_batch(&f.a, ops, NULL, 0, f.k, f.v, f.nkv * f.hd, slots, q, f.H * f.hd, o, f.H * f.hd, f.H, n,
+                        short_seq, 1, good_span, 1, 0.125f, 0) == DP_ERR_BOUNDS && memcmp(before, f.a.base, bytes) == 0,
+          "step with positions past its spans writes nothing");
+    free(q); free(o);
+    free(before);
+    fixture_free(&f);
+}
+
 int main(void) {
     const char *names[] = {"generic", "avx2", "avx512", "neon", "neon_fp16"};
     const dp_attn_ops *best = dp_select_ops(dp_parse_features(getenv("DUALPATH_DISABLE_CPU_FEATURES")));
     printf("cpu features 0x%x, dispatch picks %s\n", dp_cpu_features(), best->name);
-    dp_pool *pool = dp_pool_create(2);
+    dp_pool *pool = NULL;
+    check(dp_pool_create(2, &pool) == DP_OK && pool, "pool of 2 threads");
     for (int i = 0; i < 5; i++) {
         const dp_attn_ops *ops = dp_ops_by_name(names[i]);
         if (!ops) { printf("skip %s (not on this CPU/build)\n", names[i]); continue; }
@@ -198,9 +440,22 @@ int main(void) {
         float sink = 0.0f;
         const int64_t one = ops->fma_probe(1000, &sink);
         check(one > 0 && one % 1000 == 0 && ops->fma_probe(0, &sink) == 0, "fma_probe counts flops");
-        check(dp_run_fma_probe(pool, ops->fma_probe, 1000) == 2 * one, "fma_probe on the pool");
-        check(dp_run_fma_probe(NULL, ops->fma_probe, 1000) == one, "fma_probe on the caller");
+        int64_t flops = -1;
+        check(dp_run_fma_probe(pool, ops->fma_probe, 1000, &flops) == DP_OK && flops == 2 * one, "fma_probe on the pool");
+        check(dp_run_fma_probe(NULL, ops->fma_probe, 1000, &flops) == DP_OK && flops == one, "fma_probe on the caller");
+        /* The largest head_dim, f16: the generic accumulation's row buffer is sized by it. */
+        run_case(ops, NULL, DP_F16, DP_MAX_HEAD_DIM, 1, 17, 1, 0);
     }
+    check_head_dim_limit();
+    for (int i = 0; i < 5; i++) {
+        const dp_attn_ops *ops = dp_ops_by_name(names[i]);
+        if (!ops) continue;
+        alloc_failure_case(ops, pool, 2048, 1); /* decode on the pool: chunked, merged */
+        alloc_failure_case(ops, NULL, 300, 37); /* prefill on the caller: query blocks */
+    }
+    step_alloc_failure_case(pool);
+    pool_failure_cases();
+    bad_slot_cases(best);
     dp_pool_destroy(pool);
     printf("%d passed, %d failed\n", passed, failed);
     return failed ? 1 : 0;
