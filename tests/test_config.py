@@ -170,3 +170,25 @@ def test_zero_threads_means_every_usable_core():
     usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     assert RuntimeConfig().effective_num_threads() == usable
     assert RuntimeConfig(num_threads=3).effective_num_threads() == 3
+
+
+def test_parse_overrides_reads_key_value_items_as_yaml():
+    from dualpath.config import parse_overrides
+
+    assert parse_overrides(None) == {}
+    assert parse_overrides(["runtime.num_threads=2", " dualpath_config.kv_dtype =f32", "power.cpu_classes=[0, 1]",
+                            "server.api_key=a=b"]) == {
+        "runtime.num_threads": 2, "dualpath_config.kv_dtype": "f32", "power.cpu_classes": [0, 1],
+        "server.api_key": "a=b"}
+
+
+@pytest.mark.parametrize("item, message", [
+    ("runtime.num_threads", r"--set 'runtime.num_threads': expected KEY=VALUE \(e.g. runtime.num_threads=2\)"),
+    ("=2", r"--set '=2': expected KEY=VALUE"),
+    ("runtime.num_threads=[", r"--set 'runtime.num_threads=\[': the value is not valid YAML \("),
+])
+def test_parse_overrides_names_a_malformed_item(item, message):
+    from dualpath.config import parse_overrides
+
+    with pytest.raises(ConfigError, match=message):
+        parse_overrides([item])

@@ -11,20 +11,9 @@ import time
 
 
 def _overrides(args) -> dict:
-    from .errors import ConfigError
+    from .config import parse_overrides
 
-    out = {}
-    for item in args.set or ():
-        key, sep, value = item.partition("=")
-        if not sep or not key.strip():
-            raise ConfigError(f"--set {item!r}: expected KEY=VALUE (e.g. runtime.num_threads=2)")
-        import yaml
-
-        try:
-            out[key.strip()] = yaml.safe_load(value)
-        except yaml.YAMLError as e:
-            problem = getattr(e, "problem", None) or str(e).splitlines()[0]
-            raise ConfigError(f"--set {item!r}: the value is not valid YAML ({problem})") from None
+    out = parse_overrides(args.set)
     if getattr(args, "threads", None) is not None:
         out["runtime.num_threads"] = args.threads
     if getattr(args, "ctx_size", None) is not None:
@@ -116,7 +105,7 @@ def cmd_info(args) -> int:
           f"python {sys.version.split()[0]}")
     print(f"cpu: {cpu_model()}  ({usable_cpus()} usable cores)")
     print(f"cpu features: {' '.join(cpu_features()) or '(none reported)'}")
-    from ._kvarena import available_kernels, cpu_features as kernel_features, default_kernel
+    from .kernels import available_kernels, cpu_features as kernel_features, default_kernel
 
     disabled = os.environ.get("DUALPATH_DISABLE_CPU_FEATURES", "")
     print(f"kernels: attention={default_kernel()} kv_write={default_kernel()} embed=generic  "

@@ -19,7 +19,7 @@ import math
 import numbers
 import os
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar
 
@@ -352,6 +352,26 @@ def load_config(path: str | os.PathLike | None = None, overrides: Mapping | None
 def with_overrides(config: Config, overrides: Mapping, source: str = OVERRIDES_SOURCE) -> Config:
     """A copy of ``config`` with nested or dotted ``overrides`` applied and validated."""
     return _apply(config, _flatten(overrides, source), source)
+
+
+def parse_overrides(items: Iterable[str] | None) -> dict[str, Any]:
+    """``KEY=VALUE`` strings (the command line's ``--set``) as dotted overrides for
+    ``load_config``; each value is parsed as YAML (``2``, ``f16``, ``[0, 1]``).
+
+    Raises ConfigError naming the item when it has no ``=``, no key, or a value
+    that is not YAML. The keys themselves are checked by ``load_config``.
+    """
+    out: dict[str, Any] = {}
+    for item in items or ():
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"--set {item!r}: expected KEY=VALUE (e.g. runtime.num_threads=2)")
+        try:
+            out[key.strip()] = yaml.safe_load(value)
+        except yaml.YAMLError as e:
+            problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+            raise ConfigError(f"--set {item!r}: the value is not valid YAML ({problem})") from None
+    return out
 
 
 def _names(cls: type) -> str:

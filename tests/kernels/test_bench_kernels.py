@@ -6,8 +6,8 @@ import statistics
 
 import pytest
 
-from dualpath._kvarena import ThreadPool, available_kernels
-from dualpath.bench_kernels import HEAD_DIM, NUM_HEADS, NUM_KV_HEADS, run_kernel_bench
+from dualpath.kernels import ThreadPool, available_kernels
+from dualpath.bench.kernels import HEAD_DIM, NUM_HEADS, NUM_KV_HEADS, run_kernel_bench
 
 
 def test_rows_cover_layouts_and_ceilings():

@@ -14,7 +14,7 @@ pytest.importorskip("uvicorn")
 
 
 def test_64_streaming_clients_all_succeed_and_free_every_block(gguf_path):
-    from dualpath.bench_serve import load_test
+    from dualpath.bench.load import load_test
 
     r = load_test(str(gguf_path), clients=64, duration_s=60, max_tokens=48,
                   server_args=("--set", "runtime.max_num_seqs=16", "--set", "server.max_queued_requests=64",

@@ -177,16 +177,23 @@ def _encoded_size(shape: tuple[int, ...], type_name: str) -> tuple[int, str]:
     return n // 32 * block_bytes, type_name
 
 
-def default_model_path() -> str:
-    """The built-in default model: the stories15M shape, F32, seed 0, in the user's cache."""
+DEFAULT_PRESET = "stories15M"
+"""The built-in default model's shape: F32, seed 0 (random weights)."""
+
+
+def default_model_path(context_length: int | None = None) -> str:
+    """Where the built-in default model lives, in the user's cache. One file per
+    recorded context length; the preset's own (2048) is the plain default file."""
     root = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(root, "dualpath", "synth-stories15M-F32-seed0.gguf")
+    ctx = "" if context_length in (None, PRESETS[DEFAULT_PRESET].context_length) else f"-ctx{context_length}"
+    return os.path.join(root, "dualpath", f"synth-{DEFAULT_PRESET}-F32-seed0{ctx}.gguf")
 
 
-def ensure_default_model() -> tuple[str, bool]:
-    """Path of the default model, synthesizing it on first use. Returns (path, created)."""
-    path = default_model_path()
+def ensure_default_model(context_length: int | None = None) -> tuple[str, bool]:
+    """Path of the default model recording ``context_length`` (default: the preset's),
+    synthesizing it on first use. Returns (path, created)."""
+    path = default_model_path(context_length)
     if os.path.isfile(path):
         return path, False
-    synth_gguf(path, "stories15M", "F32", seed=0)
+    synth_gguf(path, DEFAULT_PRESET, "F32", seed=0, context_length=context_length)
     return path, True

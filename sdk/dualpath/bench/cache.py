@@ -8,8 +8,10 @@ Two measurements, both on the ``KVCacheManager`` facade alone (no model runs):
 * **Mixed workload**: 32 requests of 64..16384 tokens (log-uniform, seeded), half of
   them opening with the same 1024-token system prompt, all live at once at full
   length. Each request arrives in turn: ``start()``, its prompt in 512-token prefill
-  chunks (``allocate`` + ``commit``, on the request's prefill path, as the runner
-  does), then 32 decode steps over all requests (one token each, the router decides).
+  chunks (``allocate`` + ``commit``), then 32 decode steps over all requests (one
+  token each). Every ``allocate`` leaves the path to the cache's path policy, as the
+  runner does: the request's prefill path within the prompt, then routing (and, in
+  dual mode, migration of a long scattered sequence) per decode step.
   The KV bytes held are set against the bytes the tokens need, for the dual,
   random-only and sequential-only modes and for a contiguous max-length
   preallocation (computed).
@@ -32,7 +34,6 @@ one layer and every byte figure is scaled by the model's layer count.
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import statistics
 import time
@@ -42,9 +43,9 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from .cache.manager import KVCacheManager, NoRoom
-from .config import DualPathConfig
-from .scheduler.router import Path
+from ..cache.manager import KVCacheManager, NoRoom
+from ..config import DualPathConfig
+from .common import random_ids, write_json
 
 log = logging.getLogger(__name__)
 
@@ -126,7 +127,7 @@ def make_requests(w: MixedWorkload) -> tuple[list[Request], list[int]]:
     if w.min_tokens <= w.decode_tokens:
         raise ValueError(f"min_tokens={w.min_tokens} must exceed decode_tokens={w.decode_tokens}")
     rng = np.random.default_rng(w.seed)
-    system = rng.integers(3, w.vocab_size, w.system_prompt_tokens).tolist()
+    system = random_ids(rng, w.vocab_size, w.system_prompt_tokens)
     shared = np.zeros(w.num_requests, bool)
     shared[rng.permutation(w.num_requests)[: w.num_shared]] = True
     requests = []
@@ -135,9 +136,8 @@ def make_requests(w: MixedWorkload) -> tuple[list[Request], list[int]]:
         n = int(round(float(np.exp(rng.uniform(np.log(lo), np.log(w.max_tokens))))))
         n = min(max(n, lo), w.max_tokens)
         head = system if is_shared else []
-        own = rng.integers(3, w.vocab_size, n - w.decode_tokens - len(head)).tolist()
-        requests.append(Request(head + own, rng.integers(3, w.vocab_size, w.decode_tokens).tolist(),
-                                bool(is_shared)))
+        own = random_ids(rng, w.vocab_size, n - w.decode_tokens - len(head))
+        requests.append(Request(head + own, random_ids(rng, w.vocab_size, w.decode_tokens), bool(is_shared)))
     return requests, system
 
 
@@ -248,21 +248,18 @@ def run_mixed(mode: str, requests: list[Request], w: MixedWorkload, shape: KVSha
     prefill_paths: Counter[str] = Counter()
     decode_paths: Counter[str] = Counter()
     chunk = w.prefill_chunk_tokens
+    # The cache's own path policy decides every path, as for the runner: within the
+    # prompt the request's prefill path, then per decode step (migrating a long
+    # scattered sequence into an extent first, in dual mode).
     for sid, r in enumerate(requests):
         cached = m.start(sid, r.prompt_ids)
-        path = m.seqs[sid].path  # the request's prefill path, as the runner passes it
-        prefill_paths[path.name] += 1
+        prefill_paths[m.path_of(sid).name] += 1
         for i in range(cached, len(r.prompt_ids), chunk):
-            _ok(m.allocate(sid, r.prompt_ids[i:i + chunk], path), f"prefill of request {sid}")
+            _ok(m.allocate(sid, r.prompt_ids[i:i + chunk]), f"prefill of request {sid}")
             m.commit(sid)
             peak_blocks = max(peak_blocks, num_blocks - len(m.free_blocks))
     for step in range(w.decode_tokens):
         for sid, r in enumerate(requests):
-            seq = m.seqs[sid]
-            # The runner's rule (runtime/session.py forward): a sequence grown past the
-            # threshold on pages moves into an extent at a step boundary.
-            if mode == "dual" and seq.path is not Path.SEQUENTIAL and seq.num_tokens > base.seq_path_threshold:
-                _ok(m.migrate(sid, Path.SEQUENTIAL), f"migration of request {sid}")
             a = _ok(m.allocate(sid, r.decode_ids[step:step + 1]), f"decode of request {sid}")
             decode_paths[a.path.name] += 1
             m.commit(sid)
@@ -326,7 +323,7 @@ def _time_decode(mode: str, t: ThroughputWorkload, shape: KVShape, base: DualPat
     m = _manager(mode, shape, num_blocks, base)
     for sid, p in enumerate(prompts):
         m.start(sid, p)
-        _ok(m.allocate(sid, p, m.seqs[sid].path), "decode warm-up prompt")
+        _ok(m.allocate(sid, p), "decode warm-up prompt")
         m.commit(sid)
     allocate, commit = m.allocate, m.commit
     t0 = time.perf_counter()
@@ -341,17 +338,15 @@ def _time_decode(mode: str, t: ThroughputWorkload, shape: KVShape, base: DualPat
 def _time_prefill(mode: str, t: ThroughputWorkload, shape: KVShape, base: DualPathConfig, num_blocks: int,
                   prompts: list[list[int]]) -> float:
     m = _manager(mode, shape, num_blocks, base)
-    paths = []
     for sid, p in enumerate(prompts):
         m.start(sid, p)
-        paths.append(m.seqs[sid].path)
     chunks = [[p[i:i + t.prefill_chunk_tokens] for i in range(0, len(p), t.prefill_chunk_tokens)]
               for p in prompts]
     allocate, commit = m.allocate, m.commit
     t0 = time.perf_counter()
     for i in range(len(chunks[0])):
         for sid in range(t.num_seqs):
-            if isinstance(allocate(sid, chunks[sid][i], paths[sid]), NoRoom):
+            if isinstance(allocate(sid, chunks[sid][i]), NoRoom):
                 raise RuntimeError("bench cache: prefill throughput ran out of blocks")
             commit(sid)
     return time.perf_counter() - t0
@@ -361,9 +356,9 @@ def run_throughput(t: ThroughputWorkload, shape: KVShape, base: DualPathConfig, 
                    modes=MODES) -> list[dict]:
     """Appends per second, decode-style and prefill-style, per mode (allocate + commit timed)."""
     rng = np.random.default_rng(t.seed)
-    dec_prompts = [rng.integers(3, t.vocab_size, t.decode_prompt_tokens).tolist() for _ in range(t.num_seqs)]
-    decode = [[[x] for x in rng.integers(3, t.vocab_size, t.decode_tokens).tolist()] for _ in range(t.num_seqs)]
-    pre_prompts = [rng.integers(3, t.vocab_size, t.prefill_tokens).tolist() for _ in range(t.num_seqs)]
+    dec_prompts = [random_ids(rng, t.vocab_size, t.decode_prompt_tokens) for _ in range(t.num_seqs)]
+    decode = [[[x] for x in random_ids(rng, t.vocab_size, t.decode_tokens)] for _ in range(t.num_seqs)]
+    pre_prompts = [random_ids(rng, t.vocab_size, t.prefill_tokens) for _ in range(t.num_seqs)]
     per_block = geo["tokens_per_block"]
     longest = max(t.decode_prompt_tokens + t.decode_tokens, t.prefill_tokens)
     num_blocks = int(t.num_seqs * (-(-longest // per_block) + 2) * 1.25) + 4
@@ -476,13 +471,11 @@ def cmd_bench_cache(args) -> int:
     res["seconds"] = time.perf_counter() - t0
     print(format_report(res))
     print(f"\n{res['seconds']:.1f} s")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(res["throughput"] + res["mixed"], f, indent=1)
+    write_json(args.json, res["throughput"] + res["mixed"])
     return 0
 
 
-def add_cache_parser(bs) -> None:
+def add_parser(bs) -> None:
     c = bs.add_parser("cache", help="KV cache: append throughput, and bytes held against bytes needed for a "
                                     "mixed workload, per path mode")
     c.add_argument("--requests", type=int, default=32, help="requests in the mixed workload (half share a prompt)")

@@ -31,13 +31,13 @@ pays for widening f16 to f32.
 
 from __future__ import annotations
 
-import json
 import statistics
 import time
 
 import numpy as np
 
-from ._kvarena import KVArena, ThreadPool, available_kernels, default_kernel
+from ..kernels import KVArena, ThreadPool, available_kernels, default_kernel
+from .common import write_json
 
 NUM_HEADS, NUM_KV_HEADS, HEAD_DIM, PAGE_TOKENS = 32, 4, 64, 16
 BLOCK = 1 << 17
@@ -182,9 +182,7 @@ def cmd_bench_kernels(args) -> int:
     print("ceilings: 'cached' = the same kernel on a context that stays in the caches (compute rate, "
           "no DRAM); '1 head/kv' = the longest context from DRAM with 4 query heads (an eighth of the "
           "arithmetic)")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(res, f, indent=1)
+    write_json(args.json, res)
     return 0
 
 

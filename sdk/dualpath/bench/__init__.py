@@ -1,0 +1,30 @@
+"""``dualpath bench``: the benchmarks, one module each.
+
+* ``e2e``: prefill and decode tokens/s, DualPath beside llama-cpp-python;
+* ``kernels``: decode attention GB/s beside this machine's read bandwidth;
+* ``power``: CPU-seconds per token and tokens/s per power profile;
+* ``cache``: the KV cache's append throughput and bytes held against bytes needed;
+* ``serve``: latency under a mixed load, the cache's path modes side by side;
+* ``load``: many streaming clients against a live ``dualpath serve``.
+
+A measurement that needs a process of its own runs through ``harness.run_worker``
+(the one isolated-process harness); what several benchmarks share is in
+``common``. The benchmarks sit above the ``LLM`` API and the server and below the
+CLI: they never import ``dualpath.cli``.
+
+This module stays light (the CLI builds its parser on every call, and every
+worker process imports it): each benchmark module is imported when its parser is
+added.
+"""
+
+from __future__ import annotations
+
+
+def add_bench_parser(sub) -> None:
+    """Add ``bench`` and its subcommands to the CLI's subparsers."""
+    from . import cache, e2e, kernels, load, power, serve
+
+    b = sub.add_parser("bench", help="benchmarks (side by side with llama.cpp where it applies)")
+    bs = b.add_subparsers(dest="bench", required=True)
+    for module in (e2e, kernels, power, cache, serve, load):
+        module.add_parser(bs)

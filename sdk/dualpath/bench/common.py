@@ -1,0 +1,119 @@
+"""What several benchmarks share: interleaved repeats and their medians,
+percentiles, prompts, peak memory, the default model, JSON output, and the
+helpers of a benchmark that talks to a live server (a free port, /metrics)."""
+
+from __future__ import annotations
+
+import json
+import socket
+import statistics
+import sys
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+import numpy as np
+
+FIRST_ORDINARY_ID = 3
+"""Ids below it are <unk>, <s>, </s> in the llama vocabularies (and the synthetic one)."""
+
+
+# -- repeats -------------------------------------------------------------------
+
+def interleaved(variants: Sequence[str], repeats: int, measure: Callable[[str], dict],
+                on_result: Callable[[int, str, dict], None] | None = None) -> dict[str, list[dict]]:
+    """``measure(variant)`` ``repeats`` times for every variant, the variants taking
+    turns run by run: drift in this machine's speed hits every variant alike.
+    ``on_result(run_index, variant, row)`` is called after each measurement."""
+    runs: dict[str, list[dict]] = {v: [] for v in variants}
+    for r in range(repeats):
+        for v in variants:
+            row = measure(v)
+            runs[v].append(row)
+            if on_result is not None:
+                on_result(r, v, row)
+    return runs
+
+
+def median_of(rows: Iterable[dict], key: str) -> float:
+    return statistics.median(row[key] for row in rows)
+
+
+def medians(rows: Sequence[dict], keys: Iterable[str]) -> dict[str, float]:
+    """The median over ``rows`` of each of ``keys``."""
+    return {k: median_of(rows, k) for k in keys}
+
+
+def percentile_ms(seconds: Sequence[float], q: float, empty: float | None = None) -> float | None:
+    """The ``q``-th percentile of durations given in seconds, in milliseconds;
+    ``empty`` when there are none."""
+    if len(seconds) == 0:
+        return empty
+    return float(np.percentile(seconds, q) * 1e3)
+
+
+# -- inputs --------------------------------------------------------------------
+
+def random_ids(rng: np.random.Generator, vocab_size: int, num_tokens: int) -> list[int]:
+    """``num_tokens`` ordinary token ids (no control token), drawn from ``rng``."""
+    return rng.integers(FIRST_ORDINARY_ID, vocab_size, num_tokens).tolist()
+
+
+def random_prompt(vocab_size: int, num_tokens: int, seed: int = 1234, bos: int = 1) -> list[int]:
+    """A seeded prompt of ``num_tokens`` ids: BOS, then random ordinary ids."""
+    return [bos] + random_ids(np.random.default_rng(seed), vocab_size, num_tokens - 1)
+
+
+def model_or_default(model: str | None, context_length: int | None = None) -> str:
+    """``model``, or the built-in default model (synthesized on first use, said on stderr)."""
+    if model:
+        return model
+    from ..models.synth import ensure_default_model
+
+    path, created = ensure_default_model(context_length)
+    if created:
+        print(f"synthesized {path} (stories15M shape, RANDOM weights)", file=sys.stderr, flush=True)
+    return path
+
+
+# -- measurements --------------------------------------------------------------
+
+def peak_rss_mb() -> float:
+    """This process's peak resident memory so far (ru_maxrss, KiB on Linux), in MiB."""
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def cpu_seconds() -> float:
+    """User + system CPU time of this process so far (every thread)."""
+    import resource
+
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+# -- output --------------------------------------------------------------------
+
+def write_json(path: str | None, data: Any) -> None:
+    """Write ``data`` to ``path`` (a ``--json`` flag) when it is given."""
+    if path:
+        with open(path, "w") as f:
+            json.dump(data, f, indent=1)
+
+
+# -- a live server -------------------------------------------------------------
+
+def free_port() -> int:
+    """A TCP port on loopback nobody listens on (right now)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def metric(text: str, name: str, labels: str = "") -> float:
+    """The value of one sample in Prometheus text: ``name`` or ``name{labels}``."""
+    prefix = f"{name}{{{labels}}} " if labels else f"{name} "
+    for line in text.splitlines():
+        if line.startswith(prefix):
+            return float(line[len(prefix):])
+    raise KeyError(prefix.strip())

@@ -1,0 +1,67 @@
+"""``dualpath bench e2e|power|serve|load`` with tiny settings on stories260K: each
+runs its measurements through the harness and prints and writes what it says. No
+figure is asserted (2 shared cores); ``bench cache`` and ``bench kernels`` have
+their own tests (tests/cache, tests/kernels), ``bench load`` its 64-client run
+(tests/server/test_load.py)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+
+import pytest
+
+from dualpath.cli import main
+
+
+def test_e2e_measures_every_engine_in_its_own_process(gguf_path, tmp_path, capsys):
+    out = tmp_path / "e2e.json"
+    peer = [] if importlib.util.find_spec("llama_cpp") else ["--no-peer"]
+    assert main(["bench", "e2e", "-m", str(gguf_path), "--ctx", "16", "--decode", "4", "--chunk", "16",
+                 "-t", "1", "-r", "1", "--json", str(out), *peer]) == 0
+    rows = json.loads(out.read_text())
+    assert [r["engine"] for r in rows] == (["dualpath"] if peer else ["dualpath", "llama.cpp"])
+    for r in rows:
+        assert r["model"] == "stories260K.gguf" and r["runs"] == 1 and r["ctx"] == 16
+        assert r["prefill_tps"] > 0 and r["decode_tps"] > 0 and r["peak_rss_mb"] > 0
+    assert "stories260K.gguf" in capsys.readouterr().out
+
+
+def test_power_gives_one_row_per_profile(gguf_path, tmp_path, capsys):
+    out = tmp_path / "power.json"
+    assert main(["bench", "power", "-m", str(gguf_path), "--prompt", "8", "--tokens", "4", "-r", "1",
+                 "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())
+    assert [r["profile"] for r in rows] == ["performance", "low_power"]
+    assert all(r["cpu_s_per_token"] > 0 and r["runs"] == 1 for r in rows)
+    text = capsys.readouterr().out
+    assert "\nperformance " in text and "\nlow_power " in text
+
+
+def test_serve_runs_the_same_schedule_in_every_mode(gguf_path, tmp_path, capsys):
+    out = tmp_path / "serve.json"
+    assert main(["bench", "serve", "-m", str(gguf_path), "--requests", "4", "--rate", "100", "--ctx", "256",
+                 "--system-tokens", "16", "--doc-tokens", "96", "--doc-share", "0.5", "--max-num-seqs", "4",
+                 "--modes", "dual,random", "-t", "1", "--set", "runtime.prefill_chunk_tokens=64",
+                 "--json", str(out)]) == 0
+    res = json.loads(out.read_text())
+    assert res["params"]["overrides"] == {"runtime.prefill_chunk_tokens": 64}
+    assert list(res["runs"]) == ["dual", "random"]
+    for mode, runs in res["runs"].items():
+        assert len(runs) == 1 and runs[0]["mode"] == mode and runs[0]["requests"] == 4
+        assert runs[0]["generated_tokens"] > 0
+    assert "dual vs random" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("command", ["serve", "load"])
+@pytest.mark.parametrize("item, fragment", [
+    ("runtime.num_threads", "expected KEY=VALUE"),
+    ("runtime.num_threads=[", "not valid YAML"),
+    ("runtime.num_thread=2", "did you mean runtime.num_threads"),
+], ids=["no-equals", "bad-yaml", "unknown-key"])
+def test_a_bad_set_is_a_usage_error_before_anything_runs(command, item, fragment, tmp_path, capsys):
+    never_read = tmp_path / "no-model-needed.gguf"
+    assert main(["bench", command, "-m", str(never_read), "--set", item]) == 2
+    captured = capsys.readouterr()
+    assert captured.err.startswith("dualpath: error: ") and fragment in captured.err
+    assert captured.out == ""  # nothing started, nothing printed
