@@ -70,8 +70,8 @@ cdef const dp_attn_ops *_ops_for(str isa) except NULL:
 
 
 cdef class ThreadPool:
-    """The kernels' pthread pool: num_threads including the calling thread. Each
-    worker has a CPU per phase (prefill, decode); set_phase re-pins before the next job."""
+    """The kernels' pthread pool: num_threads including the calling thread, each
+    worker on one CPU (``set_affinity``) or unpinned. A core set has a pool of its own."""
     cdef dp_pool *pool
 
     def __cinit__(self, int num_threads):
@@ -88,31 +88,23 @@ cdef class ThreadPool:
     def num_threads(self):
         return dp_pool_num_threads(self.pool)
 
-    def set_affinity(self, str phase, cpus):
-        """cpus[i] = the CPU of thread i (0 = the caller's slot, pinned by the caller) in
-        ``phase`` ("prefill" or "decode"); an empty list unpins; -1 leaves a thread unpinned."""
-        if phase not in ("prefill", "decode"):
-            raise ValueError(f"phase={phase!r} must be 'prefill' or 'decode'")
-        cdef int ph = DP_PHASE_PREFILL if phase == "prefill" else DP_PHASE_DECODE
+    def set_affinity(self, cpus):
+        """cpus[i] = the CPU of thread i (0 = the caller's slot, pinned by the caller);
+        an empty list unpins; -1 leaves a thread unpinned. Workers re-pin before their
+        next job."""
         cpus = [int(c) for c in cpus]
         for c in cpus:
             if c < -1 or c >= DP_POOL_MAX_CPUS:
-                raise ValueError(f"set_affinity({phase!r}): cpu {c} must be -1 (unpinned) or in "
-                                 f"[0, {DP_POOL_MAX_CPUS})")
+                raise ValueError(f"set_affinity: cpu {c} must be -1 (unpinned) or in [0, {DP_POOL_MAX_CPUS})")
         cdef int n = len(cpus), i, st
         cdef int *buf = <int *>malloc(max(n, 1) * sizeof(int))
         if buf == NULL:
-            raise MemoryError(f"set_affinity({phase!r}): out of memory for {n} cpus")
+            raise MemoryError(f"set_affinity: out of memory for {n} cpus")
         for i in range(n):
             buf[i] = cpus[i]
-        st = dp_pool_set_affinity(self.pool, ph, buf, n)
+        st = dp_pool_set_affinity(self.pool, buf, n)
         free(buf)
-        _check(st, f"set_affinity({phase!r}, {cpus})", "the pool")
-
-    def set_phase(self, str phase):
-        if phase not in ("prefill", "decode"):
-            raise ValueError(f"phase={phase!r} must be 'prefill' or 'decode'")
-        dp_pool_set_phase(self.pool, DP_PHASE_PREFILL if phase == "prefill" else DP_PHASE_DECODE)
+        _check(st, f"set_affinity({cpus})", "the pool")
 
     def read(self, buf):
         """Read a C-contiguous array once with every thread (a bandwidth probe)."""

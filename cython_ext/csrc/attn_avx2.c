@@ -4,7 +4,7 @@
 #include <math.h>
 #include "dp_attn_ops.h"
 
-static inline __attribute__((unused)) float hsum(__m256 v) {
+static inline float hsum(__m256 v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     s = _mm_add_ps(s, _mm_movehl_ps(s, s));
     s = _mm_add_ss(s, _mm_movehdup_ps(s));

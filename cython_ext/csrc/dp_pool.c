@@ -48,10 +48,8 @@ struct dp_pool {
     pthread_t threads[DP_POOL_MAX_THREADS];
     worker_arg args[DP_POOL_MAX_THREADS];
     int64_t tids[DP_POOL_MAX_THREADS]; /* workers': written before create returns */
-    int cpus[2][DP_POOL_MAX_THREADS]; /* per phase, per thread: cpu or -1 */
-    atomic_int phase;
-    int applied_phase[DP_POOL_MAX_THREADS];
-    int applied_gen[DP_POOL_MAX_THREADS];
+    int cpus[DP_POOL_MAX_THREADS];        /* per thread: cpu or -1 */
+    int applied_gen[DP_POOL_MAX_THREADS]; /* the affinity_gen a worker last applied */
     atomic_int affinity_gen;
 
     pthread_mutex_t run_lock;  /* one dp_pool_run at a time (callers on several threads) */
@@ -68,11 +66,10 @@ struct dp_pool {
 };
 
 static void apply_affinity(dp_pool *p, int idx) {
-    const int phase = atomic_load(&p->phase), gen = atomic_load(&p->affinity_gen);
-    if (p->applied_phase[idx] == phase && p->applied_gen[idx] == gen) return;
-    p->applied_phase[idx] = phase;
+    const int gen = atomic_load(&p->affinity_gen);
+    if (p->applied_gen[idx] == gen) return;
     p->applied_gen[idx] = gen;
-    const int cpu = p->cpus[phase][idx];
+    const int cpu = p->cpus[idx];
     if (cpu < 0) return;
     cpu_set_t set;
     CPU_ZERO(&set);
@@ -122,9 +119,7 @@ int dp_pool_create(int num_threads, dp_pool **out) {
     if (num_threads < 1 || num_threads > DP_POOL_MAX_THREADS) return DP_ERR_ARG;
     dp_pool *p = (dp_pool *)dp_calloc(1, sizeof *p);
     if (!p) return DP_ERR_NOMEM;
-    for (int ph = 0; ph < 2; ph++)
-        for (int i = 0; i < DP_POOL_MAX_THREADS; i++) p->cpus[ph][i] = -1;
-    for (int i = 0; i < DP_POOL_MAX_THREADS; i++) p->applied_phase[i] = p->applied_gen[i] = -1;
+    for (int i = 0; i < DP_POOL_MAX_THREADS; i++) p->cpus[i] = p->applied_gen[i] = -1;
     pthread_mutex_init(&p->run_lock, NULL);
     pthread_mutex_init(&p->lock, NULL);
     pthread_cond_init(&p->wake, NULL);
@@ -162,17 +157,13 @@ void dp_pool_destroy(dp_pool *p) {
 
 int dp_pool_num_threads(const dp_pool *p) { return p ? p->num_threads : 0; }
 
-int dp_pool_set_affinity(dp_pool *p, int phase, const int *cpus, int num_cpus) {
-    if (!p || phase < 0 || phase > 1 || num_cpus < 0 || (num_cpus > 0 && !cpus)) return DP_ERR_ARG;
+int dp_pool_set_affinity(dp_pool *p, const int *cpus, int num_cpus) {
+    if (!p || num_cpus < 0 || (num_cpus > 0 && !cpus)) return DP_ERR_ARG;
     for (int i = 0; i < num_cpus; i++)
         if (cpus[i] < -1 || cpus[i] >= DP_POOL_MAX_CPUS) return DP_ERR_ARG; /* nothing changed */
-    for (int i = 0; i < p->num_threads; i++) p->cpus[phase][i] = num_cpus ? cpus[i % num_cpus] : -1;
+    for (int i = 0; i < p->num_threads; i++) p->cpus[i] = num_cpus ? cpus[i % num_cpus] : -1;
     atomic_fetch_add(&p->affinity_gen, 1);
     return DP_OK;
-}
-
-void dp_pool_set_phase(dp_pool *p, int phase) {
-    if (p && (phase == 0 || phase == 1)) atomic_store(&p->phase, phase);
 }
 
 int dp_pool_worker_tids(const dp_pool *p, int64_t *tids, int max) {

@@ -1,8 +1,8 @@
 /* A small pthread pool owned by the extension: N-1 workers plus the calling thread.
  *
- * Each worker has one affinity mask per phase (prefill, decode); dp_pool_set_phase
- * makes every worker re-pin itself before its next job, so the power-aware
- * scheduler can move the pool between big and little cores between steps.
+ * Each worker has one CPU (or none); dp_pool_set_affinity makes every worker re-pin
+ * itself before its next job. The power-aware scheduler gives every core set its own
+ * pool (as ONNX Runtime has a session set per core set), so a pool never moves.
  * dp_pool_run blocks until every task has run; tasks are handed out through an
  * atomic counter (dynamic scheduling: uneven tasks balance themselves).
  */
@@ -14,7 +14,6 @@
 
 #define DP_POOL_MAX_THREADS 256
 #define DP_POOL_MAX_CPUS 1024 /* a pin names a cpu in [0, DP_POOL_MAX_CPUS): glibc's CPU_SETSIZE */
-enum { DP_PHASE_PREFILL = 0, DP_PHASE_DECODE = 1 };
 
 typedef struct dp_pool dp_pool;
 /* A task reports a failure through its ctx (the pool has no status of its own). */
@@ -27,11 +26,10 @@ typedef void (*dp_task_fn)(void *ctx, int64_t task, int worker);
 int dp_pool_create(int num_threads, dp_pool **out);
 void dp_pool_destroy(dp_pool *pool);
 int dp_pool_num_threads(const dp_pool *pool);
-/* cpus[i % num_cpus] = the cpu thread i (0 = caller) runs on in `phase`; -1 =
- * unpinned; num_cpus = 0 unpins all. DP_ERR_ARG (and nothing changed) for a bad
- * phase or a cpu outside [-1, DP_POOL_MAX_CPUS). */
-int dp_pool_set_affinity(dp_pool *pool, int phase, const int *cpus, int num_cpus);
-void dp_pool_set_phase(dp_pool *pool, int phase);
+/* cpus[i % num_cpus] = the cpu thread i (0 = caller, pinned by the caller) runs on;
+ * -1 = unpinned; num_cpus = 0 unpins all. DP_ERR_ARG (and nothing changed) for a cpu
+ * outside [-1, DP_POOL_MAX_CPUS). */
+int dp_pool_set_affinity(dp_pool *pool, const int *cpus, int num_cpus);
 /* Linux thread ids of the workers (tids[0] is the caller's slot, 0 until it runs). */
 int dp_pool_worker_tids(const dp_pool *pool, int64_t *tids, int max);
 /* Runs fn(ctx, t, worker) for every t in [0, num_tasks), the caller included, and

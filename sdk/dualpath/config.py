@@ -237,8 +237,9 @@ class PowerConfig(_Section):
     low_power_prefill_chunk_tokens: int = _int(128, 1, 65536)
     """Prompt tokens per prefill step in low_power (the smaller of this and runtime.prefill_chunk_tokens)."""
     low_power_seq_path_threshold: int = _int(32768, 1)
-    """In low_power, contexts shorter than this take the random path (replaces
-    dualpath_config.seq_path_threshold when larger)."""
+    """In low_power, the path policy's seq_path_threshold when larger than
+    dualpath_config.seq_path_threshold: contexts below it stay on pages (hybrid
+    prefill, random or sequential decode by locality) and migrate later."""
     low_battery_pct: float = _float(20.0, 0.0, 100.0)
     """auto: battery below this percentage while discharging -> low_power."""
     resume_battery_pct: float = _float(30.0, 0.0, 100.0)

@@ -131,10 +131,10 @@ def test_fma_probe_allocation_failure_raises_memory_error_not_zero_flops():
 def test_set_affinity_rejects_a_cpu_outside_the_cpu_set():
     pool = ThreadPool(2)
     with pytest.raises(ValueError, match=r"cpu 4096 must be -1 \(unpinned\) or in \[0, 1024\)"):
-        pool.set_affinity("decode", [0, 4096])
+        pool.set_affinity([0, 4096])
     with pytest.raises(ValueError, match="cpu -2"):
-        pool.set_affinity("prefill", [-2])
-    pool.set_affinity("decode", [0, -1])
+        pool.set_affinity([-2])
+    pool.set_affinity([0, -1])
 
 
 def test_arena_refuses_head_dim_above_the_one_limit_and_names_it():

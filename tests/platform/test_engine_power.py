@@ -73,30 +73,28 @@ def test_prefill_runs_on_the_big_core_and_decode_on_the_little_one():
 
 POOL_PINNING = r'''
 import json, time
-from dualpath._kvarena import ThreadPool
+from dualpath.kernels import ThreadPool
 from dualpath.platform import thread_placement
 import numpy as np
 pool = ThreadPool(3)
 buf = np.ones(1 << 22, np.uint64)
 out = {}
-for phase, cpus in (("prefill", [0, 0, 0]), ("decode", [1, 1, 1])):
-    pool.set_affinity(phase, cpus)
-for phase in ("prefill", "decode", "prefill"):
-    pool.set_phase(phase)
+for cpu in (0, 1, 0):
+    pool.set_affinity([cpu] * 3)
     pool.read(buf)                      # a job: workers re-pin before running it
     time.sleep(0.05)
     pl = thread_placement()
-    out.setdefault(phase, []).append([sorted(pl[t][2]) for t in pool.worker_tids()[1:]])
+    out.setdefault(str(cpu), []).append([sorted(pl[t][2]) for t in pool.worker_tids()[1:]])
 print(json.dumps(out))
 '''
 
 
 @needs_two_cpus
-def test_kernel_pool_workers_move_between_cores_with_the_phase():
+def test_kernel_pool_workers_repin_before_the_next_job():
     out = run_py(POOL_PINNING)
-    assert all(w == [0] for snapshot in out["prefill"] for w in snapshot)
-    assert all(w == [1] for snapshot in out["decode"] for w in snapshot)
-    assert len(out["decode"][0]) == 2  # two workers besides the caller
+    assert all(w == [0] for snapshot in out["0"] for w in snapshot) and len(out["0"]) == 2
+    assert all(w == [1] for snapshot in out["1"] for w in snapshot)
+    assert len(out["1"][0]) == 2  # two workers besides the caller
 
 
 RSS = r'''

@@ -320,8 +320,7 @@ class ModelRunner:
         for sp, sessions in self.session_sets.items():
             pool = ThreadPool(sp.num_threads)  # our kernels' workers, on the same cores as ORT's
             if sp.pinned:
-                pool.set_affinity("prefill", list(sp.cpus))
-                pool.set_affinity("decode", list(sp.cpus))
+                pool.set_affinity(list(sp.cpus))
             self._sets[sp] = (sessions, stepper(pool))
         self.kv = next(iter(self._sets.values()))[1] if self._sets else stepper(self.pool)
         self._bindings: dict[tuple, _Binding] = {}  # (T, R, sessions id) -> binding, most recent last
