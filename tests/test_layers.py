@@ -151,3 +151,19 @@ def test_an_upward_import_is_reported(tmp_path, monkeypatch):
     targets = imports_of("dualpath.cache.probe")
     assert targets == {"dualpath.runtime.session"}
     assert layer_of("dualpath.runtime.session") > layer_of("dualpath.cache.probe")
+
+
+def test_the_readme_layout_names_every_module_and_package_in_layer_order():
+    readme = (PACKAGE.parents[1] / "README.md").read_text()
+    block = readme[readme.index("## Layout"):]
+    block = block[block.index("```\nsdk/dualpath/") + 4:]
+    block = block[:block.index("```")]
+    entries = [line.split()[0] for line in block.splitlines()[1:] if line.startswith("  ")]
+    names = [n for line in block.splitlines()[1:] if line.startswith("  ")
+             for n in line.split("  ")[1].split()]  # "errors.py config.py" share a row
+    on_disk = sorted(p.name + ("/" if p.is_dir() else "") for p in PACKAGE.iterdir()
+                     if p.name != "__pycache__" and (p.is_dir() or p.suffix == ".py") and p.name != "__init__.py")
+    assert sorted(n for n in names if n.endswith((".py", "/"))) == on_disk
+    # Listed lowest layer first, like LAYERS.
+    layers = [layer_of("dualpath." + e.rstrip("/").removesuffix(".py")) for e in entries]
+    assert layers == sorted(layers)

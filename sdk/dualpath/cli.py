@@ -108,30 +108,34 @@ def cmd_info(args) -> int:
     from .kernels import available_kernels, cpu_features as kernel_features, default_kernel
 
     disabled = os.environ.get("DUALPATH_DISABLE_CPU_FEATURES", "")
-    print(f"kernels: attention={default_kernel()} kv_write={default_kernel()} embed=generic  "
-          f"(available: {', '.join(available_kernels())}; usable ISA features: {', '.join(kernel_features()) or 'none'}"
+    asked = cfg.runtime.attention_kernel
+    available = available_kernels()
+    kernel = default_kernel() if asked == "auto" else asked
+    note = "" if kernel in available else " NOT AVAILABLE on this CPU/build: loading a model fails"
+    print(f"kernels: attention={kernel} kv_write={kernel} embed=generic  (runtime.attention_kernel={asked}{note}; "
+          f"available: {', '.join(available)}; usable ISA features: {', '.join(kernel_features()) or 'none'}"
           f"{'; disabled by DUALPATH_DISABLE_CPU_FEATURES=' + disabled if disabled else ''})")
-    d0 = cfg.dualpath_config
-    print(f"kv cache: one arena of {d0.block_size // 1024} KiB blocks, pages of {d0.page_tokens} tokens, "
-          f"path_mode={d0.path_mode}, kv_dtype={d0.kv_dtype}, huge pages requested (madvise)")
+    d = cfg.dualpath_config
+    print(f"kv cache: one arena of {d.block_size // 1024} KiB blocks (block_size={d.block_size}), pages of "
+          f"{d.page_tokens} tokens, kv_dtype={d.kv_dtype}, prefetch_degree={d.prefetch_degree}, "
+          f"huge pages requested (madvise)")
     from .platform.cpu import numa_nodes
 
     nodes = numa_nodes()
     print(f"numa: {nodes} node{'s' if nodes != 1 else ''}; "
           + ("binding the KV arena is a no-op here" if nodes <= 1 else
-             f"KV arena bound to node {cfg.dualpath_config.numa_node}" if cfg.dualpath_config.numa_node >= 0
+             f"KV arena bound to node {d.numa_node}" if d.numa_node >= 0
              else "KV arena unbound (set dualpath_config.numa_node to bind it)"))
-    d = cfg.dualpath_config
-    print(f"dualpath_config: block_size={d.block_size} seq_path_threshold={d.seq_path_threshold} "
-          f"locality_window={d.locality_window} prefetch_degree={d.prefetch_degree} kv_dtype={d.kv_dtype}")
     print(f"runtime: threads={cfg.runtime.effective_num_threads()} prefill_chunk={cfg.runtime.prefill_chunk_tokens} "
           f"max_context={cfg.runtime.max_context_tokens or 'model'}")
+    from .cache.policy import PathPolicy
     from .platform import Governor, describe, load_topology, read_power_state
 
     topology = load_topology(cfg.power.cpu_classes)
     power = read_power_state(timeout_s=cfg.power.termux_timeout_s)
     plan = Governor(topology, lambda: power, cfg).choose()
-    print(describe(topology, power, plan))
+    policy = PathPolicy.from_config(d, cfg.power, plan.profile)
+    print(describe(topology, power, plan, policy.summary()))
     if topology.uniform or not cfg.power.pin_threads:
         print("scheduling: cores are alike (or power.pin_threads is off): one unpinned session set on "
               "ONNX Runtime's shared pool")

@@ -97,6 +97,18 @@ def test_info_prints_hyper_parameters_ort_version_and_cpu_features(gguf_path, tm
         assert fact in out, (fact, out)
 
 
+def test_info_names_the_configured_kernel_and_prints_the_cache_config_once(tmp_path):
+    proc = dualpath_cli(["info", "--set", "runtime.attention_kernel=generic",
+                         "--set", "dualpath_config.seq_path_threshold=4096", "--set", "power.profile=low_power",
+                         "--set", "power.low_power_seq_path_threshold=16384"], tmp_path)
+    assert proc.returncode == 0, proc.stderr.decode()
+    out = proc.stdout.decode()
+    assert "attention=generic kv_write=generic" in out and "runtime.attention_kernel=generic" in out
+    assert out.count("block_size=") == 1 and out.count("kv_dtype=") == 1
+    # The path line is the low_power profile's policy, the one the cache applies.
+    assert "path: dual, sequential from 16384 tokens" in out
+
+
 def test_synth_q8_0_writes_a_loadable_model(tmp_path):
     out = tmp_path / "s15m-q8.gguf"
     proc = dualpath_cli(["synth", "--preset", "stories15M", "--type", "Q8_0", "-o", out], tmp_path)

@@ -96,5 +96,5 @@ class PathPolicy:
         """One line for ``dualpath info``."""
         if self.path_mode != "dual":
             return f"{self.path_mode} only (path_mode={self.path_mode})"
-        return (f"sequential from {self.seq_path_threshold} tokens, decode by locality "
+        return (f"dual, sequential from {self.seq_path_threshold} tokens, decode by locality "
                 f">= {self.locality_threshold:g} over {self.locality_window}-token runs")
