@@ -35,21 +35,9 @@ static inline __m256 load_f16(const uint16_t *p) {
             for (int g = 0; g < G; g++)                                                            \
                 _mm256_storeu_ps(scores + g * sstride + r0, _mm256_mul_ps(acc[g], _mm256_set1_ps(scale))); \
         }                                                                                          \
-        for (; r0 < n; r0++)                                                                       \
-            for (int g = 0; g < G; g++) {                                                          \
-                float s = 0.0f;                                                                    \
-                for (int64_t e = 0; e < hd; e++) s += q[g * hd + e] * TAIL(kt[e * ldk + r0]);      \
-                scores[g * sstride + r0] = s * scale;                                              \
-            }                                                                                      \
+        DP_SCORES_SCALAR_TAIL(TAIL)                                                                \
     }                                                                                              \
-    static void NAME(const float *q, int64_t group, int64_t hd, const T *kt, int64_t ldk, int64_t n, \
-                     float scale, float *scores, int64_t sstride) {                               \
-        int64_t g = 0;                                                                             \
-        for (; g + 8 <= group; g += 8) NAME##_blk(q + g * hd, 8, hd, kt, ldk, n, scale, scores + g * sstride, sstride); \
-        if (group - g >= 4) { NAME##_blk(q + g * hd, 4, hd, kt, ldk, n, scale, scores + g * sstride, sstride); g += 4; } \
-        if (group - g >= 2) { NAME##_blk(q + g * hd, 2, hd, kt, ldk, n, scale, scores + g * sstride, sstride); g += 2; } \
-        if (group - g >= 1) NAME##_blk(q + g * hd, 1, hd, kt, ldk, n, scale, scores + g * sstride, sstride); \
-    }
+    DP_DEFINE_SCORES_GROUPS(NAME, T)
 
 DEFINE_SCORES(scores_f32, float, _mm256_loadu_ps, F32_ID)
 DEFINE_SCORES(scores_f16, uint16_t, load_f16, dp_half_to_float)
@@ -181,15 +169,6 @@ static float exp_sum(float *x, int64_t n, float max) {
 DP_DEFINE_FMA_PROBE(__m256, 12, 8, _mm256_set1_ps, _mm256_fmadd_ps, _mm256_add_ps, hsum)
 
 const dp_attn_ops dp_ops_avx2 = {
-    .name = "avx2",
-    .scores_f32 = scores_f32,
-    .scores_f16 = scores_f16,
-    .accum_f32 = accum_f32,
-    .accum_f16 = accum_f16,
-    .f32_to_f16 = f32_to_f16,
-    .exp_sum = exp_sum,
-    .max_of = max_of,
-    .fma_probe = fma_probe,
-    .scores_f16_run = NULL, /* no run ops: the walker calls per piece */
-    .accum_f16_run = NULL,
+    DP_ATTN_OPS_FIELDS("avx2"),
+    DP_NO_RUN_OPS,
 };

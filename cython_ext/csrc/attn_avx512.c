@@ -243,15 +243,7 @@ static float exp_sum(float *x, int64_t n, float max) {
 DP_DEFINE_FMA_PROBE(__m512, 12, 16, _mm512_set1_ps, _mm512_fmadd_ps, _mm512_add_ps, _mm512_reduce_add_ps)
 
 const dp_attn_ops dp_ops_avx512 = {
-    .name = "avx512",
-    .scores_f32 = scores_f32,
-    .scores_f16 = scores_f16,
-    .accum_f32 = accum_f32,
-    .accum_f16 = accum_f16,
-    .f32_to_f16 = f32_to_f16,
-    .exp_sum = exp_sum,
-    .max_of = max_of,
-    .fma_probe = fma_probe,
+    DP_ATTN_OPS_FIELDS("avx512"),
     .scores_f16_run = scores_f16_run,
     .accum_f16_run = accum_f16_run,
 };

@@ -100,15 +100,6 @@ static inline float scalar_add(float a, float b) { return a + b; }
 DP_DEFINE_FMA_PROBE(float, 8, 1, scalar_set, scalar_fma, scalar_add, scalar_set)
 
 const dp_attn_ops dp_ops_generic = {
-    .name = "generic",
-    .scores_f32 = scores_f32,
-    .scores_f16 = scores_f16,
-    .accum_f32 = accum_f32,
-    .accum_f16 = accum_f16,
-    .f32_to_f16 = f32_to_f16,
-    .exp_sum = exp_sum,
-    .max_of = max_of,
-    .fma_probe = fma_probe,
-    .scores_f16_run = NULL, /* no run ops: the walker calls per piece */
-    .accum_f16_run = NULL,
+    DP_ATTN_OPS_FIELDS("generic"),
+    DP_NO_RUN_OPS,
 };

@@ -23,21 +23,9 @@ static inline float32x4_t load_f16(const uint16_t *p) { return vcvt_f32_f16(vrei
             }                                                                                      \
             for (int g = 0; g < G; g++) vst1q_f32(scores + g * sstride + r0, vmulq_n_f32(acc[g], scale)); \
         }                                                                                          \
-        for (; r0 < n; r0++)                                                                       \
-            for (int g = 0; g < G; g++) {                                                          \
-                float s = 0.0f;                                                                    \
-                for (int64_t e = 0; e < hd; e++) s += q[g * hd + e] * TAIL(kt[e * ldk + r0]);      \
-                scores[g * sstride + r0] = s * scale;                                              \
-            }                                                                                      \
+        DP_SCORES_SCALAR_TAIL(TAIL)                                                                \
     }                                                                                              \
-    static void NAME(const float *q, int64_t group, int64_t hd, const T *kt, int64_t ldk, int64_t n, \
-                     float scale, float *scores, int64_t sstride) {                               \
-        int64_t g = 0;                                                                             \
-        for (; g + 8 <= group; g += 8) NAME##_blk(q + g * hd, 8, hd, kt, ldk, n, scale, scores + g * sstride, sstride); \
-        if (group - g >= 4) { NAME##_blk(q + g * hd, 4, hd, kt, ldk, n, scale, scores + g * sstride, sstride); g += 4; } \
-        if (group - g >= 2) { NAME##_blk(q + g * hd, 2, hd, kt, ldk, n, scale, scores + g * sstride, sstride); g += 2; } \
-        if (group - g >= 1) NAME##_blk(q + g * hd, 1, hd, kt, ldk, n, scale, scores + g * sstride, sstride); \
-    }
+    DP_DEFINE_SCORES_GROUPS(NAME, T)
 
 DEFINE_SCORES(scores_f32, float, vld1q_f32, F32_ID)
 DEFINE_SCORES(scores_f16, uint16_t, load_f16, dp_half_to_float)
@@ -121,15 +109,6 @@ static inline float32x4_t neon_fma(float32x4_t x, float32x4_t m, float32x4_t c) 
 DP_DEFINE_FMA_PROBE(float32x4_t, 16, 4, vdupq_n_f32, neon_fma, vaddq_f32, vaddvq_f32)
 
 const dp_attn_ops dp_ops_neon = {
-    .name = "neon",
-    .scores_f32 = scores_f32,
-    .scores_f16 = scores_f16,
-    .accum_f32 = accum_f32,
-    .accum_f16 = accum_f16,
-    .f32_to_f16 = f32_to_f16,
-    .exp_sum = exp_sum,
-    .max_of = max_of,
-    .fma_probe = fma_probe,
-    .scores_f16_run = NULL, /* no run ops: the walker calls per piece */
-    .accum_f16_run = NULL,
+    DP_ATTN_OPS_FIELDS("neon"),
+    DP_NO_RUN_OPS,
 };

@@ -56,15 +56,6 @@ static float max_of(const float *x, int64_t n) { return dp_ops_neon.max_of(x, n)
 static int64_t fma_probe(int64_t iters, float *sink) { return dp_ops_neon.fma_probe(iters, sink); }
 
 const dp_attn_ops dp_ops_neon_fp16 = {
-    .name = "neon_fp16",
-    .scores_f32 = scores_f32,
-    .scores_f16 = scores_f16,
-    .accum_f32 = accum_f32,
-    .accum_f16 = accum_f16,
-    .f32_to_f16 = f32_to_f16,
-    .exp_sum = exp_sum,
-    .max_of = max_of,
-    .fma_probe = fma_probe,
-    .scores_f16_run = NULL, /* no run ops: the walker calls per piece */
-    .accum_f16_run = NULL,
+    DP_ATTN_OPS_FIELDS("neon_fp16"),
+    DP_NO_RUN_OPS,
 };

@@ -70,6 +70,45 @@ typedef struct {
         return iters * CHAINS * LANES * 2;                                               \
     }
 
+/* The entries every ops table fills the same way: an ISA file names its building
+ * blocks scores_f32, scores_f16, accum_f32, accum_f16, f32_to_f16, exp_sum, max_of
+ * and fma_probe. Use inside a designated initializer:
+ *   const dp_attn_ops dp_ops_x = { DP_ATTN_OPS_FIELDS("x"), DP_NO_RUN_OPS }; */
+#define DP_ATTN_OPS_FIELDS(NAME)                                                        \
+    .name = NAME, .scores_f32 = scores_f32, .scores_f16 = scores_f16,                    \
+    .accum_f32 = accum_f32, .accum_f16 = accum_f16, .f32_to_f16 = f32_to_f16,            \
+    .exp_sum = exp_sum, .max_of = max_of, .fma_probe = fma_probe
+/* No run ops: the span walker calls the per-piece ops once per piece. */
+#define DP_NO_RUN_OPS .scores_f16_run = NULL, .accum_f16_run = NULL
+
+/* The rest of a scores block past its last full vector of rows (r0 < n), in scalar
+ * f32 (TAIL widens one K element), and the entry point that covers a group of query
+ * heads with blocks of 8, 4, 2 and 1 heads of NAME##_blk. For ISA files whose blocks
+ * vectorize over rows. */
+#define DP_SCORES_SCALAR_TAIL(TAIL)                                                      \
+    for (; r0 < n; r0++)                                                                 \
+        for (int g = 0; g < G; g++) {                                                    \
+            float s = 0.0f;                                                              \
+            for (int64_t e = 0; e < hd; e++) s += q[g * hd + e] * TAIL(kt[e * ldk + r0]); \
+            scores[g * sstride + r0] = s * scale;                                        \
+        }
+#define DP_DEFINE_SCORES_GROUPS(NAME, T)                                                 \
+    static void NAME(const float *q, int64_t group, int64_t hd, const T *kt, int64_t ldk, int64_t n, \
+                     float scale, float *scores, int64_t sstride) {                     \
+        int64_t g = 0;                                                                   \
+        for (; g + 8 <= group; g += 8)                                                   \
+            NAME##_blk(q + g * hd, 8, hd, kt, ldk, n, scale, scores + g * sstride, sstride); \
+        if (group - g >= 4) {                                                            \
+            NAME##_blk(q + g * hd, 4, hd, kt, ldk, n, scale, scores + g * sstride, sstride); \
+            g += 4;                                                                      \
+        }                                                                                \
+        if (group - g >= 2) {                                                            \
+            NAME##_blk(q + g * hd, 2, hd, kt, ldk, n, scale, scores + g * sstride, sstride); \
+            g += 2;                                                                      \
+        }                                                                                \
+        if (group - g >= 1) NAME##_blk(q + g * hd, 1, hd, kt, ldk, n, scale, scores + g * sstride, sstride); \
+    }
+
 /* The generic ops read a table that dp_ops_generic_prepare fills (once, thread-
  * safe); dp_select_ops and dp_ops_by_name call it, so ops reached through them are
  * ready. Code that names dp_ops_generic directly calls it first (f32_to_f16 alone
