@@ -295,9 +295,8 @@ class ModelRunner:
         self.kv_cache_tokens = self.cache.capacity_tokens
         """Tokens the KV cache holds (all sequences together)."""
         # The path policy of every profile the governor can choose, built once: a step
-        # only swaps which one the cache applies.
-        # Without a governor the configured profile holds for good ("auto" then has nothing
-        # to choose from and overrides nothing).
+        # only swaps which one the cache applies. Without a governor the configured
+        # profile holds for good ("auto" then has nothing to choose and overrides nothing).
         names = governor.plans if governor is not None else (power_config.profile if power_config else "",)
         self._policies = {name: PathPolicy.from_config(dp, power_config, name) for name in names}
         self.cache.policy = next(iter(self._policies.values()))
