@@ -30,14 +30,11 @@ def _config(args):
 
 
 def _model_path(args) -> str:
-    if args.model:
-        return args.model
-    from .models.synth import ensure_default_model
+    from .models import resolve_model
 
-    path, created = ensure_default_model()
-    print(f"dualpath: no --model given; using the built-in default model {path}\n"
-          f"dualpath: it has the stories15M shape with RANDOM weights (seed 0): its text is noise, "
-          f"its speed is real{' (synthesized just now)' if created else ''}.", file=sys.stderr)
+    path, note = resolve_model(args.model)
+    if note:
+        print(f"dualpath: {note}", file=sys.stderr)
     return path
 
 
@@ -204,7 +201,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
 
     def model_args(sp):
-        sp.add_argument("-m", "--model", help="a .gguf file or a llama2.c .bin (default: the built-in synthetic model)")
+        sp.add_argument("-m", "--model", help="a .gguf file, a llama2.c .bin, or synth:PRESET (random weights, real "
+                        "shapes; presets as for synth). Default: the built-in stories260K.gguf")
         sp.add_argument("--tokenizer", help="tokenizer for a llama2.c checkpoint (default: tok<vocab>.bin beside it)")
 
     def config_args(sp):

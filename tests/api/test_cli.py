@@ -58,8 +58,29 @@ def test_run_llama2c_bin_with_tokenizer_stdout_equals_run_c(bin_path, tok512_pat
     assert "finish: stop" in proc.stderr.decode()  # the model emitted BOS, as in run.c
 
 
-def test_run_without_model_synthesizes_random_default_and_says_so(tmp_path):
-    proc = dualpath_cli(["run", "-n", "8", "--seed", "1", "Hello"], tmp_path)
+def test_run_without_model_tells_a_story_with_the_built_in_model(tmp_path, reference_dir):
+    # The README's first command: the embedded stories260K, greedy, gives the golden text.
+    proc = dualpath_cli(["run", "--temperature", "0", "One day, a little dog named Max"], tmp_path)
+    err = proc.stderr.decode()
+    assert proc.returncode == 0, err
+    assert "built-in stories260K.gguf" in err and "MIT" in err
+    assert proc.stdout == (reference_dir / "greedy_one_day_a_little_dog.txt").read_bytes()
+
+
+def test_the_built_in_model_is_the_shipped_stories260K_with_its_notice():
+    import hashlib
+
+    from dualpath.models import embedded_model_path
+
+    path = embedded_model_path()
+    digest = hashlib.sha256(open(path, "rb").read()).hexdigest()
+    assert digest == "270cba1bd5109f42d03350f60406024560464db173c0e387d91f0426d3bd256d"
+    notice = open(os.path.join(os.path.dirname(path), "NOTICE")).read()
+    assert "MIT License" in notice and "Copyright (c) 2023 Andrej" in notice
+
+
+def test_run_synth_model_synthesizes_random_weights_and_says_so(tmp_path):
+    proc = dualpath_cli(["run", "--model", "synth:stories15M", "-n", "8", "--seed", "1", "Hello"], tmp_path)
     err = proc.stderr.decode()
     assert proc.returncode == 0, err
     assert "RANDOM weights" in err and "synthesized just now" in err
@@ -70,8 +91,14 @@ def test_run_without_model_synthesizes_random_default_and_says_so(tmp_path):
     out = proc.stdout.decode()
     assert out.startswith("Hello") and out.endswith("\n") and len(out) > len("Hello\n")
     # a second run reuses the file instead of writing it again
-    again = dualpath_cli(["run", "-n", "2", "--seed", "1", "Hello"], tmp_path)
+    again = dualpath_cli(["run", "--model", "synth:stories15M", "-n", "2", "--seed", "1", "Hello"], tmp_path)
     assert again.returncode == 0 and "synthesized just now" not in again.stderr.decode()
+
+
+def test_an_unknown_synth_preset_is_a_clear_error(tmp_path):
+    proc = dualpath_cli(["run", "--model", "synth:nope", "Hello"], tmp_path)
+    assert proc.returncode != 0
+    assert "unknown synthetic preset 'nope'" in proc.stderr.decode() and "stories15M" in proc.stderr.decode()
 
 
 def test_tokenize_ids_only_prints_run_c_prompt_ids_as_json(gguf_path, tmp_path):

@@ -64,12 +64,13 @@ def random_prompt(vocab_size: int, num_tokens: int, seed: int = 1234, bos: int =
 
 
 def model_or_default(model: str | None, context_length: int | None = None) -> str:
-    """``model``, or the built-in default model (synthesized on first use, said on stderr)."""
+    """``model``, or the benchmarks' default, synth:stories15M (random weights, real speed;
+    synthesized on first use, said on stderr)."""
     if model:
         return model
-    from ..models.synth import ensure_default_model
+    from ..models.synth import ensure_synth_model
 
-    path, created = ensure_default_model(context_length)
+    path, created = ensure_synth_model(context_length)
     if created:
         print(f"synthesized {path} (stories15M shape, RANDOM weights)", file=sys.stderr, flush=True)
     return path

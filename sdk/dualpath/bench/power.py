@@ -69,7 +69,7 @@ def cmd_bench_power(args) -> int:
 
 def add_parser(bs) -> None:
     p = bs.add_parser("power", help="CPU-seconds per token and tokens/s per power profile")
-    p.add_argument("-m", "--model", help="GGUF (default: the built-in synthetic stories15M)")
+    p.add_argument("-m", "--model", help="GGUF (default: synth:stories15M, random weights)")
     p.add_argument("--cpu-classes", default="0:big,1:little",
                    help="topology override (default declares cpu0 big, cpu1 little); '' = read sysfs")
     p.add_argument("--prompt", type=int, default=256)

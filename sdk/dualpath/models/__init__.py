@@ -8,6 +8,40 @@ from ..errors import ModelLoadError
 from .spec import ModelConfig, ModelSpec, Weight
 
 
+EMBEDDED_MODEL = "stories260K.gguf"
+"""The default model shipped inside the package (MIT, Karpathy's stories260K; see
+data/NOTICE): a really trained 260K-parameter story model, 1.1 MB."""
+
+SYNTH_PREFIX = "synth:"
+"""``--model synth:PRESET`` names a random-weight model of a preset's shape (F32,
+seed 0), synthesized into the user's cache on first use: real speed, noise for text."""
+
+
+def embedded_model_path() -> str:
+    """The file of the package's built-in default model."""
+    return os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data", EMBEDDED_MODEL)
+
+
+def resolve_model(name: str | os.PathLike | None) -> tuple[str, str]:
+    """The file a model argument names, and a note for the user ("" for a plain path):
+    None -> the embedded default model; ``synth:PRESET`` -> its random-weight file
+    (made on first use)."""
+    if name is None or name == "":
+        return embedded_model_path(), (f"no --model given; using the built-in {EMBEDDED_MODEL} (Karpathy's "
+                                       "stories260K, MIT): a tiny story model. --model FILE runs yours.")
+    name = os.fspath(name)
+    if name.startswith(SYNTH_PREFIX):
+        from .synth import PRESETS, ensure_synth_model
+
+        preset = name[len(SYNTH_PREFIX):]
+        if preset not in PRESETS:
+            raise ModelLoadError(name, f"unknown synthetic preset {preset!r} (presets: {', '.join(PRESETS)})")
+        path, created = ensure_synth_model(preset=preset)
+        return path, (f"{name}: {path}, the {preset} shape with RANDOM weights (seed 0): its text is noise, "
+                      f"its speed is real{' (synthesized just now)' if created else ''}.")
+    return name, ""
+
+
 def load_model(path: str | os.PathLike, tokenizer_path: str | os.PathLike | None = None) -> ModelSpec:
     """Load a GGUF file or a llama2.c checkpoint (chosen by content, not by name)."""
     from .gguf import load_gguf
@@ -32,4 +66,5 @@ def load_model(path: str | os.PathLike, tokenizer_path: str | os.PathLike | None
     return load_llama2c(path, tokenizer_path)
 
 
-__all__ = ["ModelConfig", "ModelSpec", "Weight", "load_model"]
+__all__ = ["EMBEDDED_MODEL", "ModelConfig", "ModelSpec", "SYNTH_PREFIX", "Weight", "embedded_model_path",
+           "load_model", "resolve_model"]

@@ -178,22 +178,22 @@ def _encoded_size(shape: tuple[int, ...], type_name: str) -> tuple[int, str]:
 
 
 DEFAULT_PRESET = "stories15M"
-"""The built-in default model's shape: F32, seed 0 (random weights)."""
+"""The benchmarks' default synthetic shape (``--model synth:stories15M``): F32, seed 0."""
 
 
-def default_model_path(context_length: int | None = None) -> str:
-    """Where the built-in default model lives, in the user's cache. One file per
-    recorded context length; the preset's own (2048) is the plain default file."""
+def synth_model_path(context_length: int | None = None, preset: str = DEFAULT_PRESET) -> str:
+    """Where a synthetic model of ``preset`` (F32, seed 0) lives, in the user's cache.
+    One file per recorded context length; the preset's own is the plain file."""
     root = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    ctx = "" if context_length in (None, PRESETS[DEFAULT_PRESET].context_length) else f"-ctx{context_length}"
-    return os.path.join(root, "dualpath", f"synth-{DEFAULT_PRESET}-F32-seed0{ctx}.gguf")
+    ctx = "" if context_length in (None, PRESETS[preset].context_length) else f"-ctx{context_length}"
+    return os.path.join(root, "dualpath", f"synth-{preset}-F32-seed0{ctx}.gguf")
 
 
-def ensure_default_model(context_length: int | None = None) -> tuple[str, bool]:
-    """Path of the default model recording ``context_length`` (default: the preset's),
-    synthesizing it on first use. Returns (path, created)."""
-    path = default_model_path(context_length)
+def ensure_synth_model(context_length: int | None = None, preset: str = DEFAULT_PRESET) -> tuple[str, bool]:
+    """Path of the synthetic model of ``preset`` recording ``context_length`` (default:
+    the preset's), synthesizing it on first use. Returns (path, created)."""
+    path = synth_model_path(context_length, preset)
     if os.path.isfile(path):
         return path, False
-    synth_gguf(path, DEFAULT_PRESET, "F32", seed=0, context_length=context_length)
+    synth_gguf(path, preset, "F32", seed=0, context_length=context_length)
     return path, True
