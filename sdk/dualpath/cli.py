@@ -194,7 +194,7 @@ def cmd_serve(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from .models.synth import PRESETS, TYPES
+    from .models.synth import LLAMA_CPP_TYPES, PRESETS, TYPES
 
     p = argparse.ArgumentParser(prog="dualpath", description="On-device LLM inference on the CPU.")
     p.add_argument("-v", "--verbose", action="store_true", help="log what the library does")
@@ -243,7 +243,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("synth", help="write a GGUF with random weights and real shapes (for benchmarks)")
     s.add_argument("--preset", choices=list(PRESETS), default="stories15M")
-    s.add_argument("--type", default="F32", type=str.upper, choices=list(TYPES))
+    s.add_argument("--type", default="F32", type=str.upper, choices=list(TYPES + LLAMA_CPP_TYPES),
+                   help=f"{', '.join(LLAMA_CPP_TYPES)} are quantized by llama.cpp (needs llama-cpp-python)")
     s.add_argument("--seed", type=int, default=0)
     s.add_argument("--ctx", type=int, help="context_length to record (default: the preset's)")
     s.add_argument("-o", "--out", required=True)

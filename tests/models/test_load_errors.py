@@ -194,7 +194,7 @@ def _q_bytes(rows: int, cols: int, qtype, seed: int = 0) -> np.ndarray:
     return np.random.default_rng(seed).integers(0, 256, size=byte_shape, dtype=np.uint8)
 
 
-@pytest.mark.parametrize("type_name", ["Q5_0", "Q5_1", "Q4_1", "IQ4_NL"])
+@pytest.mark.parametrize("type_name", ["MXFP4", "Q8_1"])
 def test_unsupported_tensor_type_is_named(stories_gguf, save_gguf, type_name):
     import gguf
 
@@ -202,19 +202,40 @@ def test_unsupported_tensor_type_is_named(stories_gguf, save_gguf, type_name):
     contents = stories_gguf.copy()
     contents.set_tensor("blk.1.attn_q.weight", _q_bytes(64, 64, qtype), qtype)
     path = save_gguf(contents)
-    expect_load_error(load_model, path, "'blk.1.attn_q.weight'", f"unsupported type {type_name}", "Q8_0")
+    expect_load_error(load_model, path, "'blk.1.attn_q.weight'", f"unsupported type {type_name}", "Q8_0", "Q6_K",
+                      "Q4_K", "IQ4_NL")
 
 
-def test_q6_k_tensor_is_an_unsupported_type(save_gguf, stories_gguf):
-    """Q6_K needs rows of 256: give the classifier a (512, 256) Q6_K matrix (the type is
-    checked before the shape, so the message is about the type)."""
+def test_iq2_xxs_tensor_is_an_unsupported_type(save_gguf, stories_gguf):
+    """IQ2_XXS needs rows of 256: give the classifier a (512, 256) IQ2_XXS matrix (the
+    type is checked before the shape, so the message is about the type)."""
     import gguf
 
-    qtype = gguf.GGMLQuantizationType.Q6_K
+    qtype = gguf.GGMLQuantizationType.IQ2_XXS
     contents = stories_gguf.copy()
     contents.set_tensor("output.weight", _q_bytes(512, 256, qtype), qtype)
     path = save_gguf(contents)
-    expect_load_error(load_model, path, "'output.weight'", "unsupported type Q6_K")
+    expect_load_error(load_model, path, "'output.weight'", "unsupported type IQ2_XXS")
+
+
+@pytest.mark.parametrize("type_name, cols", [("Q6_K", 128), ("Q4_K", 320), ("Q5_0", 48), ("Q2_K", 64)])
+def test_row_length_not_a_multiple_of_the_block_names_tensor_and_shape(type_name, cols):
+    """A GGUF writer cannot even store such a row, so feed the converter a tensor as the
+    reader would describe it (shape in GGUF order: columns first)."""
+    from types import SimpleNamespace
+
+    import gguf
+
+    from dualpath.errors import ModelLoadError
+    from dualpath.models.gguf import _convert
+
+    qtype = getattr(gguf.GGMLQuantizationType, type_name)
+    t = SimpleNamespace(tensor_type=qtype, shape=np.array([cols, 4]), data=np.zeros(64, np.uint8))
+    with pytest.raises(ModelLoadError) as e:
+        _convert("m.gguf", "blk.0.ffn_up.weight", t)
+    msg = str(e.value)
+    assert "'blk.0.ffn_up.weight'" in msg and type_name in msg and f"(4, {cols})" in msg
+    assert f"multiple of {gguf.constants.GGML_QUANT_SIZES[qtype][0]}" in msg
 
 
 def test_float64_tensor_is_an_unsupported_type(stories_gguf, save_gguf):

@@ -110,13 +110,25 @@ class _Builder:
         if weight.dtype == "f32":
             w = self.external(f"{weight.name}.weight", weight.data)
             return self.node("Gemm", [x, w], "mm", transB=1)
-        bits = {"q8_0": 8, "q4_0": 4}[weight.dtype]
-        b = self.external(f"{weight.name}.weight", weight.data)
-        s = self.external(f"{weight.name}.scales", weight.scales)
+        bits = weight.bits or {"q8_0": 8, "q4_0": 4}[weight.dtype]
+        inputs = [x, self.external(f"{weight.name}.weight", weight.data),
+                  self.external(f"{weight.name}.scales", weight.scales)]
+        if weight.zero_points is not None:
+            inputs.append(self.external(f"{weight.name}.zero_points", weight.zero_points))
         self.prepack = True
         out_features, in_features = weight.shape
-        return self.node("MatMulNBits", [x, b, s], "mmq", domain="com.microsoft", K=in_features, N=out_features,
-                         bits=bits, block_size=QUANT_BLOCK, accuracy_level=self.accuracy_level)
+        y = self.node("MatMulNBits", inputs, "mmq", domain="com.microsoft", K=in_features, N=out_features,
+                      bits=bits, block_size=weight.block_size or QUANT_BLOCK, accuracy_level=self.accuracy_level)
+        if weight.mins is None:
+            return y
+        # x = s * q - m per block (Q5_K, Q5_1): y holds the s * q part; subtract
+        # blocksum(x) (T, in / block) @ mins^T (in / block, out).
+        bs = weight.block_size
+        blocks = self.node("Reshape", [x, self.const(f"blocks_{in_features}_{bs}",
+                                                     np.array([0, in_features // bs, bs], np.int64))], "xb")
+        sums = self.node("ReduceSum", [blocks, self.const("axes_2", np.array([2], np.int64))], "xs", keepdims=0)
+        mins = self.external(f"{weight.name}.mins", weight.mins)
+        return self.node("Sub", [y, self.node("Gemm", [sums, mins], "mmm", transB=1)], "mmq")
 
     def rope_tables(self, positions: str) -> tuple[str, str]:
         """cos, sin of shape (T, 1, head_dim / 2, 1) for adjacent-pair RoPE."""
@@ -176,9 +188,7 @@ def weight_layout(spec: ModelSpec) -> dict[str, tuple[int, int]]:
     layout: dict[str, tuple[int, int]] = {}
     offset = 0
     for w in spec.weights.values():
-        for suffix, arr in (("weight", w.data), ("scales", w.scales)):
-            if arr is None:
-                continue
+        for suffix, arr in w.arrays().items():
             layout[f"{w.name}.{suffix}"] = (offset, int(arr.nbytes))
             offset += -(-int(arr.nbytes) // 64) * 64
     layout[""] = (offset, 0)  # total size

@@ -1,6 +1,8 @@
 """GGUF loading through the ``gguf`` package (the format's reference reader).
 
-Supported: architecture ``llama`` with tensor types F32, F16, BF16, Q8_0 and Q4_0.
+Supported: architecture ``llama`` with tensor types F32, F16, BF16, Q8_0, Q4_0, and
+Q6_K, Q4_K, Q5_K, Q3_K, Q2_K, Q5_0, Q4_1, Q5_1, IQ4_NL (the types of llama.cpp's
+Q4_K_M / Q5_K_M / Q6_K / Q3_K / Q2_K files and their fallbacks).
 
 * F32 stays a zero-copy view of the memory-mapped file.
 * F16 and BF16 are widened to F32 at load. Measured with onnxruntime 1.32 on x86-64,
@@ -9,6 +11,13 @@ Supported: architecture ``llama`` with tensor types F32, F16, BF16, Q8_0 and Q4_
   speed and report the memory (``dualpath info``).
 * Q8_0 and Q4_0 are repacked once into ``MatMulNBits`` blobs (exact: same values and
   scales, see ``spec.py``); the file's pages are not kept.
+* The other block types are repacked into ``MatMulNBits`` form by ``quants.py``, which
+  states per type what is exact and what is not.
+* A ``token_embd`` of one of those other types is dequantized to f32 at load (our
+  embedding kernel reads f32, f16, Q8_0 and Q4_0 tables). It costs 4 bytes per value
+  instead of 0.56 (Q4_K) to 0.82 (Q6_K): +208 MB for a 32000 x 2048 table. A tied
+  classifier then runs as an f32 ``Gemm`` over the same table, with gguf-py's
+  dequantized values exactly.
 """
 
 from __future__ import annotations
@@ -21,11 +30,13 @@ import numpy as np
 
 from ..errors import ModelLoadError
 from ..tokenizer.spec import TokenizerSpec
+from . import quants
 from .spec import QUANT_BLOCK, ModelConfig, ModelSpec, Weight, check_config, check_weights
 
 log = logging.getLogger(__name__)
 
-SUPPORTED_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0")
+SUPPORTED_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q6_K", "Q4_K", "Q5_K", "Q3_K", "Q2_K",
+                   "Q5_0", "Q4_1", "Q5_1", "IQ4_NL")
 
 
 def load_gguf(path: str | os.PathLike) -> ModelSpec:
@@ -126,7 +137,11 @@ def load_gguf(path: str | os.PathLike) -> ModelSpec:
     )
 
 
-_FILE_TYPES = {0: "ALL_F32", 1: "MOSTLY_F16", 7: "MOSTLY_Q8_0", 2: "MOSTLY_Q4_0", 32: "MOSTLY_BF16"}
+_FILE_TYPES = {0: "ALL_F32", 1: "MOSTLY_F16", 2: "MOSTLY_Q4_0", 3: "MOSTLY_Q4_1", 7: "MOSTLY_Q8_0",
+               8: "MOSTLY_Q5_0", 9: "MOSTLY_Q5_1", 10: "MOSTLY_Q2_K", 11: "MOSTLY_Q3_K_S", 12: "MOSTLY_Q3_K_M",
+               13: "MOSTLY_Q3_K_L", 14: "MOSTLY_Q4_K_S", 15: "MOSTLY_Q4_K_M", 16: "MOSTLY_Q5_K_S",
+               17: "MOSTLY_Q5_K_M", 18: "MOSTLY_Q6_K", 21: "MOSTLY_Q2_K_S", 25: "MOSTLY_IQ4_NL",
+               32: "MOSTLY_BF16"}
 
 
 class _Metadata:
@@ -200,7 +215,19 @@ def _convert(path: str, name: str, t) -> Weight:
                 raise ModelLoadError(path, f"tensor {name!r} of type {type_name} has shape {shape}; "
                                            f"rows must be a multiple of {QUANT_BLOCK}")
             blob, scales = ggml_to_nbits(np.asarray(raw, dtype=np.uint8), type_name, shape)
-            return Weight(name[:-7], type_name.lower(), shape, blob, scales)
+            return Weight(name[:-7], type_name.lower(), shape, blob, scales, bits=8 if type_name == "Q8_0" else 4)
+        if type_name in quants.NBITS_TYPES:
+            block = quants.block_size(type_name)
+            if len(shape) != 2 or shape[1] % block:
+                raise ModelLoadError(path, f"tensor {name!r} of type {type_name} has shape {shape}; "
+                                           f"rows must be a multiple of {block}")
+            raw = np.asarray(raw, dtype=np.uint8)
+            if name == "token_embd.weight":  # see the module docstring
+                data = gguf.quants.dequantize(raw, qtype).reshape(shape).astype(np.float32, copy=False)
+                return Weight(name[:-7], "f32", shape, data, source_type=type_name)
+            nb = quants.repack(raw, type_name, shape)
+            return Weight(name[:-7], type_name.lower(), shape, nb.blob, nb.scales, bits=nb.bits,
+                          block_size=nb.block_size, zero_points=nb.zero_points, mins=nb.mins)
     except ModelLoadError:
         raise
     except Exception as e:

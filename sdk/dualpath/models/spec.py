@@ -10,6 +10,10 @@ consumes them, so no second copy is ever made:
   uint8 (values stored unsigned: +128 for 8 bits, +8 for 4 bits, 4-bit low nibble
   first) and fp32 ``scales`` ``(out_features * in_features / 32,)``. GGUF Q8_0 and
   Q4_0 blocks map onto this exactly.
+* the other GGML block types (``q6_k``, ``q4_k``, ``q5_0``, ...): ``MatMulNBits`` blobs
+  with their own ``bits`` (2, 4, 8) and ``block_size`` (16, 32), and for some types
+  fp32 ``zero_points`` or ``mins``; see ``quants.py`` for what ONNX Runtime accepts and
+  the exactness of each mapping.
 """
 
 from __future__ import annotations
@@ -69,20 +73,35 @@ class Weight:
     """The type in the file (e.g. ``F16``), when it differs from ``dtype``."""
     released_nbytes: int = 0
     """Bytes handed over to ONNX Runtime (which keeps them packed) and dropped here."""
+    bits: int = 0
+    """MatMulNBits bits (2, 4, 8) of a quantized weight; 0 for float."""
+    block_size: int = QUANT_BLOCK
+    """MatMulNBits block size (values per scale) of a quantized weight."""
+    zero_points: np.ndarray | None = None
+    """fp32 ``(out_features * in_features / block_size,)`` MatMulNBits zero points, or None."""
+    mins: np.ndarray | None = None
+    """fp32 ``(out_features, in_features / block_size)``: the graph subtracts
+    blocksum(x) @ mins^T from the MatMulNBits product (Q5_K, Q5_1), or None."""
+
+    ARRAYS = {"weight": "data", "scales": "scales", "zero_points": "zero_points", "mins": "mins"}
+    """Initializer suffix -> attribute holding its array."""
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        """Initializer suffix -> array, for the arrays this weight has."""
+        return {k: getattr(self, a) for k, a in self.ARRAYS.items() if getattr(self, a) is not None}
 
     @property
     def nbytes(self) -> int:
-        own = (0 if self.data is None else self.data.nbytes) + (0 if self.scales is None else self.scales.nbytes)
+        own = sum(a.nbytes for a in self.arrays().values())
         return int(own + self.released_nbytes)
 
     def release(self, kind: str) -> None:
-        """Forget ``data`` (kind "weight") or ``scales``: ONNX Runtime owns them now."""
-        if kind == "weight" and self.data is not None:
-            self.released_nbytes += self.data.nbytes
-            self.data = None
-        elif kind == "scales" and self.scales is not None:
-            self.released_nbytes += self.scales.nbytes
-            self.scales = None
+        """Forget the array of initializer suffix ``kind`` ("weight", "scales",
+        "zero_points", "mins"): ONNX Runtime owns it now."""
+        attr = self.ARRAYS.get(kind)
+        if attr is not None and getattr(self, attr) is not None:
+            self.released_nbytes += getattr(self, attr).nbytes
+            setattr(self, attr, None)
 
 
 @dataclass

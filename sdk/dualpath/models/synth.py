@@ -36,8 +36,15 @@ PRESETS: dict[str, Shape] = {
     "stories110M": Shape(dim=768, hidden_dim=2048, num_layers=12, num_heads=12, num_kv_heads=12),
     # TinyLlama-1.1B: 22 layers, GQA 32 query heads over 4 KV heads.
     "tinyllama-1.1b": Shape(dim=2048, hidden_dim=5632, num_layers=22, num_heads=32, num_kv_heads=4),
+    # Small, with every row a multiple of 256 (K-quant super-blocks): for quantization tests.
+    "kquant-tiny": Shape(dim=256, hidden_dim=768, num_layers=2, num_heads=4, num_kv_heads=4, vocab_size=4096,
+                         context_length=512),
 }
 TYPES = ("F32", "F16", "Q8_0", "Q4_0")
+"""Types written here (norms stay F32)."""
+LLAMA_CPP_TYPES = ("Q4_K_M", "Q4_K_S", "Q5_K_M", "Q5_K_S", "Q6_K", "Q3_K_M", "Q2_K", "Q5_0", "Q5_1", "Q4_1",
+                   "IQ4_NL")
+"""llama.cpp file types (``LLAMA_FTYPE_MOSTLY_*``), made by llama-cpp-python's quantizer from an F32 file."""
 _FILE_TYPE = {"F32": 0, "F16": 1, "Q4_0": 2, "Q8_0": 7}
 
 
@@ -79,8 +86,17 @@ def synth_gguf(path: str | os.PathLike, preset: str = "stories15M", weight_type:
     if preset not in PRESETS:
         raise ValueError(f"unknown preset {preset!r}; choose one of {', '.join(PRESETS)}")
     weight_type = weight_type.upper()
+    if weight_type in LLAMA_CPP_TYPES:
+        path = os.fspath(path)
+        src = synth_gguf(path + ".f32.part", preset, "F32", seed, context_length)
+        try:
+            quantize_gguf(src, path + ".part", weight_type)
+        finally:
+            os.remove(src)
+        os.replace(path + ".part", path)
+        return path
     if weight_type not in TYPES:
-        raise ValueError(f"unknown weight type {weight_type!r}; choose one of {', '.join(TYPES)}")
+        raise ValueError(f"unknown weight type {weight_type!r}; choose one of {', '.join(TYPES + LLAMA_CPP_TYPES)}")
     shape = PRESETS[preset]
     ctx = context_length or shape.context_length
     head_dim = shape.dim // shape.num_heads
@@ -175,6 +191,30 @@ def _encoded_size(shape: tuple[int, ...], type_name: str) -> tuple[int, str]:
         return 2 * n, "F16"
     block_bytes = {"Q8_0": 34, "Q4_0": 18}[type_name]
     return n // 32 * block_bytes, type_name
+
+
+def quantize_gguf(src: str | os.PathLike, dst: str | os.PathLike, file_type: str, pure: bool = False,
+                  num_threads: int = 2) -> str:
+    """Quantize the GGUF ``src`` into ``dst`` with llama.cpp (llama-cpp-python's
+    ``llama_model_quantize``) as ``LLAMA_FTYPE_MOSTLY_<file_type>``, e.g. "Q4_K_M".
+    ``pure``: every matrix in that one type (llama.cpp's ``--pure``), instead of its
+    per-tensor mix. Raises ValueError for an unknown type, RuntimeError without
+    llama-cpp-python or when llama.cpp fails."""
+    try:
+        import llama_cpp
+    except ImportError as e:
+        raise RuntimeError(f"quantizing to {file_type} needs llama-cpp-python (pip install llama-cpp-python)") from e
+    ftype = getattr(llama_cpp, f"LLAMA_FTYPE_MOSTLY_{file_type.upper()}", None)
+    if ftype is None:
+        raise ValueError(f"llama.cpp has no file type {file_type!r}")
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = ftype
+    params.nthread = num_threads
+    params.pure = pure
+    status = llama_cpp.llama_model_quantize(os.fsencode(src), os.fsencode(dst), params)
+    if status != 0:
+        raise RuntimeError(f"llama.cpp could not quantize {src} to {file_type} (status {status})")
+    return os.fspath(dst)
 
 
 DEFAULT_PRESET = "stories15M"

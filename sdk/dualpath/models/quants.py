@@ -1,0 +1,217 @@
+"""GGML block types -> ONNX Runtime ``MatMulNBits`` (domain ``com.microsoft``).
+
+What ``MatMulNBits`` accepts, measured on the pinned onnxruntime 1.32 CPU provider
+(one node, A = identity so that Y = W^T shows every dequantized weight; accuracy_level
+0 or 1, K up to 256):
+
+* ``bits`` 2, 4 and 8 all run; ``block_size`` 16, 32, 64 and 128 all run, for each.
+* B is uint8 ``(N, K / block_size, block_size * bits / 8)``; within a byte the
+  elements come low bits first (4-bit: element 2m in the low nibble of byte m;
+  2-bit: element 4m + i in bits 2i..2i+1).
+* scales: float32 ``(N * K / block_size,)``.
+* No zero points: value = (q - 2^(bits-1)) * scale (offset 2, 8, 128), bit for bit.
+* uint8 zero points (packed like B, ``N * ceil(K / block_size * bits / 8)`` bytes):
+  value = (q - zp) * scale, bit for bit.
+* float zero points (float32 ``(N * K / block_size,)``, the scales' type): value =
+  q * scale - zp * scale, each product rounded to fp32 (bit for bit; it is *not*
+  (q - zp) * scale, which differs by up to 2e-6 on the same data). Accepted for 2 and
+  4 bits. For 8 bits the CPU provider refuses the model at session creation:
+  "MatMulNBits on CPU does not support 8-bit weights with floating-point zero
+  points; use uint8 zero points".
+* accuracy_level 4 (int8 activations, our default for speed) makes the *product*
+  approximate (max abs error 2e-6 for 4 bits, 3e-5 for 8 bits on that identity test);
+  the mappings below are about the dequantized values, which are the same at any
+  accuracy level.
+
+The mappings (x = the value ``gguf.quants.dequantize`` computes, in fp32; q = the
+stored integer; s, dm = per-block scale and min, products in fp32 exactly as gguf-py):
+
+=======  ==========================  ============================================  ==========
+type     x                           MatMulNBits form                              exactness
+=======  ==========================  ============================================  ==========
+Q8_0     d * q                       8-bit, block 32, u = q + 128                  exact
+Q4_0     d * (n - 8)                 4-bit, block 32, u = n                        exact
+Q5_0     d * (q - 16)                8-bit, block 32, u = q + 112                  exact
+IQ4_NL   d * kvalues[n]              8-bit, block 32, u = kvalues[n] + 128         exact
+Q6_K     (d * sc) * (q - 32)         8-bit, block 16, s = d * sc, u = q + 96       exact
+Q3_K     (d * (sc - 32)) * q         4-bit, block 16, s = d * (sc - 32), u = q + 8 exact
+Q4_K     (d * sc) * q - dmin * m     4-bit, block 32, float zp = dm / s            zp * s == dm
+Q4_1     d * q + m                   4-bit, block 32, float zp = -m / d            in ~90% of
+Q2_K     (d * sc) * q - dmin * m     2-bit, block 16, float zp = dm / s            blocks, else 1 ulp
+Q5_K     (d * sc) * q - dmin * m     8-bit, block 32, u = q + 128 (s * q, exact),  exact terms
+Q5_1     d * q + m                   plus ``mins`` dm (N, K/32): the graph         (summed apart)
+                                     subtracts blocksum(x) @ dm^T
+=======  ==========================  ============================================  ==========
+
+Float zero points would be exact for x = s * q - dm only when fp32(zp * s) == dm; with
+zp = fp32(dm / s) that holds for about 90% of random blocks and no neighbouring fp32
+zp does better, so the others are off by one rounding of dm (measured in
+tests/models/test_quants.py). A block with s == 0 (x = -dm for every element) is stored
+exactly as q = 0, zp = -1, scale = -dm. Q5_K and Q5_1 need 5 bits plus a min, and 8-bit
+float zero points are refused, so the min goes into a separate (N, K / 32) fp32 matrix.
+
+Integers are read with gguf-py's own unpacking: the block's scales are overwritten so
+that ``gguf.quants.dequantize`` returns the integers themselves (d = 1, sc = 1, min = 0),
+so no bit layout of a block is copied here beyond the fields' byte offsets.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+EXACT_TYPES = ("Q8_0", "Q4_0", "Q5_0", "IQ4_NL", "Q6_K", "Q3_K")
+ZERO_POINT_TYPES = ("Q4_K", "Q4_1", "Q2_K")
+MINS_TYPES = ("Q5_K", "Q5_1")
+NBITS_TYPES = EXACT_TYPES + ZERO_POINT_TYPES + MINS_TYPES
+
+_F16_ONE = np.array([1.0], np.float16).view(np.uint8)  # (2,)
+
+
+@dataclass
+class NBits:
+    """One weight in MatMulNBits form (see the module docstring)."""
+
+    bits: int
+    block_size: int
+    blob: np.ndarray
+    """uint8 (rows, cols / block_size, block_size * bits / 8)."""
+    scales: np.ndarray
+    """float32 (rows * cols / block_size,)."""
+    zero_points: np.ndarray | None = None
+    """float32 (rows * cols / block_size,), or None (offset 2^(bits-1))."""
+    mins: np.ndarray | None = None
+    """float32 (rows, cols / block_size): subtracted as blocksum(x) @ mins^T, or None."""
+
+
+def block_size(type_name: str) -> int:
+    """Values per GGML block of ``type_name`` (from gguf.constants.GGML_QUANT_SIZES)."""
+    import gguf
+
+    return gguf.constants.GGML_QUANT_SIZES[getattr(gguf.GGMLQuantizationType, type_name)][0]
+
+
+def pack(u: np.ndarray, bits: int) -> np.ndarray:
+    """uint8 values (..., block) < 2^bits -> MatMulNBits bytes (..., block * bits / 8)."""
+    if bits == 8:
+        return np.ascontiguousarray(u, dtype=np.uint8)
+    per = 8 // bits
+    out = np.zeros(u.shape[:-1] + (u.shape[-1] // per,), np.uint8)
+    for i in range(per):
+        out |= (u[..., i::per].astype(np.uint8) << np.uint8(bits * i))
+    return out
+
+
+def unpack(blob: np.ndarray, bits: int) -> np.ndarray:
+    """Inverse of ``pack``."""
+    if bits == 8:
+        return blob
+    per = 8 // bits
+    out = np.empty(blob.shape[:-1] + (blob.shape[-1] * per,), np.uint8)
+    for i in range(per):
+        out[..., i::per] = (blob >> np.uint8(bits * i)) & np.uint8((1 << bits) - 1)
+    return out
+
+
+def dequantize(w: NBits, shape: tuple[int, int]) -> np.ndarray:
+    """The float32 ``shape`` matrix ONNX Runtime computes with (measured formulas above)."""
+    rows, cols = shape
+    nb = cols // w.block_size
+    u = unpack(w.blob, w.bits).astype(np.float32)  # (rows, nb, block)
+    s = w.scales.reshape(rows, nb, 1)
+    if w.zero_points is None:
+        x = (u - np.float32(2 ** (w.bits - 1))) * s
+    else:
+        x = u * s - w.zero_points.reshape(rows, nb, 1) * s
+    if w.mins is not None:
+        x = x - w.mins.reshape(rows, nb, 1)
+    return x.reshape(rows, cols)
+
+
+def _ints(blocks: np.ndarray, qtype, patch: dict[tuple[int, int], np.ndarray]) -> np.ndarray:
+    """gguf-py's dequantization of ``blocks`` (n, type_size) with byte ranges
+    ``(start, stop)`` overwritten."""
+    import gguf
+
+    b = blocks.copy()
+    for (start, stop), value in patch.items():
+        b[:, start:stop] = value
+    return gguf.quants.dequantize(b, qtype)  # (n, block)
+
+
+def _f16(blocks: np.ndarray, start: int) -> np.ndarray:
+    return blocks[:, start:start + 2].copy().view(np.float16).astype(np.float32)  # (n, 1)
+
+
+def repack(raw: np.ndarray, type_name: str, shape: tuple[int, int]) -> NBits:
+    """GGML blocks ``raw`` (uint8, any shape holding ``shape``'s bytes) -> NBits.
+
+    ``shape[1]`` must be a multiple of the type's block (checked by the caller)."""
+    import gguf
+
+    qtype = getattr(gguf.GGMLQuantizationType, type_name)
+    block, type_size = gguf.constants.GGML_QUANT_SIZES[qtype]
+    QK = gguf.constants.QK_K
+    rows, cols = shape
+    blocks = np.asarray(raw, dtype=np.uint8).reshape(-1, type_size)  # (rows * cols / block, type_size)
+    one, zero = _F16_ONE, np.zeros(2, np.uint8)
+
+    if type_name in ("Q8_0", "Q5_0", "IQ4_NL", "Q4_0"):
+        q = _ints(blocks, qtype, {(0, 2): one})  # d = 1: the signed integers
+        bits = 4 if type_name == "Q4_0" else 8
+        u = q + (8 if bits == 4 else 128)
+        return NBits(bits, block, pack(_u8(u, rows, cols, block), bits), _f16(blocks, 0).reshape(-1))
+    if type_name == "Q6_K":
+        sc_at = QK // 2 + QK // 4
+        q = _ints(blocks, qtype, {(sc_at, sc_at + QK // 16): np.uint8(1), (type_size - 2, type_size): one})
+        sc = blocks[:, sc_at:sc_at + QK // 16].view(np.int8).astype(np.float32)  # (n, 16)
+        s = _f16(blocks, type_size - 2) * sc
+        return NBits(8, 16, _u8(q + 128, rows, cols, 16), s.reshape(-1))
+    if type_name == "Q3_K":
+        sc_at = QK // 8 + QK // 4
+        # 12 scale bytes all meaning sc = 33 (sc - 32 = 1): low nibbles 1, high 2-bit fields 2.
+        unit = np.array([0x11] * 8 + [0xAA] * 4, np.uint8)
+        q = _ints(blocks, qtype, {(sc_at, sc_at + 12): unit, (type_size - 2, type_size): one})
+        # q = 1 everywhere (2-bit fields 01, high-mask bits set): x = d * (sc - 32).
+        s = _ints(blocks, qtype, {(0, QK // 8): np.uint8(0xFF), (QK // 8, sc_at): np.uint8(0x55)})[:, ::16]
+        return NBits(4, 16, pack(_u8(q + 8, rows, cols, 16), 4), s.reshape(-1))
+
+    # x = s * q - dm: read the unsigned q with scale 1 and min 0, then s and dm.
+    if type_name in ("Q4_K", "Q5_K"):
+        unit = np.array([1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1, 1], np.uint8)  # sc = 1, m = 0 for all 8
+        q = _ints(blocks, qtype, {(0, 2): one, (2, 4): zero, (4, 16): unit})
+        sc, m = gguf.quants.Q4_K.get_scale_min(blocks[:, 4:16].copy())
+        s = _f16(blocks, 0) * sc.astype(np.float32)   # (n, 8)
+        dm = _f16(blocks, 2) * m.astype(np.float32)   # (n, 8)
+        sub = 32
+    elif type_name in ("Q4_1", "Q5_1"):
+        q = _ints(blocks, qtype, {(0, 2): one, (2, 4): zero})
+        s, dm = _f16(blocks, 0), -_f16(blocks, 2)  # x = d * q + m
+        sub = block
+    elif type_name == "Q2_K":
+        q = _ints(blocks, qtype, {(0, QK // 16): np.uint8(0x01), (type_size - 4, type_size - 2): one,
+                                  (type_size - 2, type_size): zero})
+        sc = blocks[:, :QK // 16]
+        s = _f16(blocks, type_size - 4) * (sc & np.uint8(0x0F)).astype(np.float32)   # (n, 16)
+        dm = _f16(blocks, type_size - 2) * (sc >> np.uint8(4)).astype(np.float32)    # (n, 16)
+        sub = 16
+    else:
+        raise ValueError(f"no MatMulNBits mapping for {type_name}")
+    nb = cols // sub
+    s, dm = s.reshape(rows, nb).astype(np.float32), dm.reshape(rows, nb).astype(np.float32)
+    u = _u8(q, rows, cols, sub)  # (rows, nb, sub)
+    if type_name in MINS_TYPES:
+        return NBits(8, sub, u + np.uint8(128), s.reshape(-1), mins=dm)
+    bits = 2 if type_name == "Q2_K" else 4
+    dead = s == 0  # x = -dm for the whole block: q = 0, zp = -1, scale = -dm
+    with np.errstate(divide="ignore", invalid="ignore"):
+        zp = np.where(dead, np.float32(-1), dm / np.where(dead, np.float32(1), s)).astype(np.float32)
+    s = np.where(dead, -dm, s).astype(np.float32)
+    u[dead] = 0
+    return NBits(bits, sub, pack(u, bits), s.reshape(-1), zero_points=zp.reshape(-1))
+
+
+def _u8(values: np.ndarray, rows: int, cols: int, sub: int) -> np.ndarray:
+    """Small non-negative integers held in floats -> uint8 (rows, cols / sub, sub)."""
+    return np.ascontiguousarray(values.reshape(rows, cols // sub, sub).astype(np.uint8))

@@ -1,0 +1,121 @@
+"""GGML block types -> MatMulNBits (models/quants.py), against gguf-py's own dequantization.
+
+Exact types must give gguf.quants.dequantize's values bit for bit. Types with a float
+zero point (Q4_K, Q4_1, Q2_K) are exact where fp32(zp * s) == dm and otherwise off by
+one rounding of the block's min: we assert max abs error <= 1 ulp of the largest |x|
+(measured: 6e-8 abs / 3e-9 relative for Q4_K with d ~ 0.01).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from dualpath.models import quants
+
+# Byte offsets of each type's fp16 fields (d, and dmin / m where there is one).
+F16_FIELDS = {"Q8_0": [0], "Q4_0": [0], "Q5_0": [0], "IQ4_NL": [0], "Q4_1": [0, 2], "Q5_1": [0, 2],
+              "Q4_K": [0, 2], "Q5_K": [0, 2], "Q6_K": [-2], "Q3_K": [-2], "Q2_K": [-4, -2]}
+
+
+def random_raw(type_name: str, rows: int, cols: int, seed: int) -> np.ndarray:
+    """Random blocks (every quant byte possible) with finite fp16 scales; some zero."""
+    import gguf
+
+    qtype = getattr(gguf.GGMLQuantizationType, type_name)
+    block, type_size = gguf.constants.GGML_QUANT_SIZES[qtype]
+    rng = np.random.default_rng(seed)
+    raw = rng.integers(0, 256, (rows * cols // block, type_size), dtype=np.uint8)
+    for at in F16_FIELDS[type_name]:
+        at %= type_size
+        d = (rng.standard_normal(len(raw)) * 0.01).astype(np.float16)
+        d[0] = 0  # a zero scale: for the zero-point types, a block of constant -dm
+        raw[:, at:at + 2] = d.view(np.uint8).reshape(-1, 2)
+    return raw.reshape(rows, -1)
+
+
+def reference(raw: np.ndarray, type_name: str) -> np.ndarray:
+    import gguf
+
+    return gguf.quants.dequantize(raw, getattr(gguf.GGMLQuantizationType, type_name))
+
+
+@pytest.mark.parametrize("type_name", quants.EXACT_TYPES + quants.MINS_TYPES)
+def test_exact_types_repack_to_gguf_values_bit_for_bit(type_name):
+    raw = random_raw(type_name, 6, 512, seed=1)
+    w = quants.repack(raw, type_name, (6, 512))
+    ours, ref = quants.dequantize(w, (6, 512)), reference(raw, type_name)
+    assert np.array_equal(ours.view(np.uint32), ref.view(np.uint32))
+    expected = {"Q8_0": (8, 32), "Q4_0": (4, 32), "Q5_0": (8, 32), "IQ4_NL": (8, 32), "Q6_K": (8, 16),
+                "Q3_K": (4, 16), "Q5_K": (8, 32), "Q5_1": (8, 32)}[type_name]
+    assert (w.bits, w.block_size) == expected
+    assert w.blob.shape == (6, 512 // w.block_size, w.block_size * w.bits // 8) and w.blob.dtype == np.uint8
+    assert w.scales.shape == (6 * 512 // w.block_size,) and w.scales.dtype == np.float32
+    assert w.zero_points is None
+    assert (w.mins is not None) == (type_name in quants.MINS_TYPES)
+
+
+@pytest.mark.parametrize("type_name, bits_, block", [("Q4_K", 4, 32), ("Q4_1", 4, 32), ("Q2_K", 2, 16)])
+def test_zero_point_types_are_within_one_rounding_of_the_min(type_name, bits_, block):
+    raw = random_raw(type_name, 6, 512, seed=2)
+    w = quants.repack(raw, type_name, (6, 512))
+    ours, ref = quants.dequantize(w, (6, 512)), reference(raw, type_name)
+    assert (w.bits, w.block_size) == (bits_, block)
+    assert w.zero_points.shape == w.scales.shape and w.zero_points.dtype == np.float32
+    ulp = np.spacing(np.abs(ref).max())
+    assert np.abs(ours - ref).max() <= ulp
+    assert (ours == ref).mean() > 0.9
+    # The zero-scale block (block 0 of row 0) is exact: q = 0, zp = -1, scale = -dm.
+    assert np.array_equal(ours[0, :block], ref[0, :block])
+
+
+@pytest.mark.parametrize("type_name", ["Q4_1", "Q5_0", "Q5_1"])
+def test_repack_of_gguf_quantized_weights_matches_its_dequantization(type_name):
+    """Blocks made by gguf-py's quantizer (real scales and mins, not random bytes)."""
+    import gguf
+
+    qtype = getattr(gguf.GGMLQuantizationType, type_name)
+    x = np.random.default_rng(3).standard_normal((8, 256)).astype(np.float32) * 0.02
+    raw = gguf.quants.quantize(x, qtype)
+    ours, ref = quants.dequantize(quants.repack(raw, type_name, x.shape), x.shape), reference(raw, type_name)
+    assert np.abs(ours - ref).max() <= np.spacing(np.abs(ref).max())
+
+
+@pytest.mark.parametrize("type_name", quants.NBITS_TYPES)
+def test_onnxruntime_matmulnbits_computes_the_repacked_values(type_name):
+    """One MatMulNBits node at accuracy_level 0, A = identity: Y = W^T must be our
+    dequantize() value for value (this pins the measured formulas, zero points included);
+    the mins term is the graph's, so it is added here as the builder does."""
+    import onnxruntime as ort
+    from onnx import TensorProto, helper, numpy_helper
+
+    rows, cols = 8, 256
+    raw = random_raw(type_name, rows, cols, seed=4)
+    w = quants.repack(raw, type_name, (rows, cols))
+    inits = [numpy_helper.from_array(w.blob, "B"), numpy_helper.from_array(w.scales, "S")]
+    inputs = ["A", "B", "S"]
+    if w.zero_points is not None:
+        inits.append(numpy_helper.from_array(w.zero_points, "Z"))
+        inputs.append("Z")
+    node = helper.make_node("MatMulNBits", inputs, ["Y"], domain="com.microsoft", K=cols, N=rows, bits=w.bits,
+                            block_size=w.block_size, accuracy_level=0)
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("A", TensorProto.FLOAT, ["M", cols])],
+                              [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["M", rows])], initializer=inits)
+    model = helper.make_model(graph, ir_version=10, opset_imports=[helper.make_opsetid("", 21),
+                                                                    helper.make_opsetid("com.microsoft", 1)])
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = 1
+    sess = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    y = sess.run(None, {"A": np.eye(cols, dtype=np.float32)})[0].T  # (rows, cols)
+    if w.mins is not None:
+        y = (y.reshape(rows, -1, w.block_size) - w.mins[:, :, None]).reshape(rows, cols)
+    assert np.array_equal(y, quants.dequantize(w, (rows, cols)))  # == (ORT may turn -0.0 into 0.0)
+
+
+def test_pack_and_unpack_are_inverse_for_2_4_and_8_bits():
+    rng = np.random.default_rng(5)
+    for bits_ in (2, 4, 8):
+        u = rng.integers(0, 2 ** bits_, (3, 4, 16), dtype=np.uint8)
+        assert np.array_equal(quants.unpack(quants.pack(u, bits_), bits_), u)
+    # 4-bit: element 2m in the low nibble of byte m.
+    assert quants.pack(np.array([[1, 2]], np.uint8), 4).tolist() == [[0x21]]
