@@ -8,6 +8,8 @@ one rounding of the block's min: we assert max abs error <= 1 ulp of the largest
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 
@@ -119,3 +121,28 @@ def test_pack_and_unpack_are_inverse_for_2_4_and_8_bits():
         assert np.array_equal(quants.unpack(quants.pack(u, bits_), bits_), u)
     # 4-bit: element 2m in the low nibble of byte m.
     assert quants.pack(np.array([[1, 2]], np.uint8), 4).tolist() == [[0x21]]
+
+
+def test_synth_writes_llama_cpp_file_types_that_load(tmp_path):
+    """``dualpath synth --type Q4_K_M``: an F32 model quantized by llama.cpp, loadable here."""
+    pytest.importorskip("llama_cpp")
+    import gguf
+
+    from dualpath.models.gguf import load_gguf
+    from dualpath.models.synth import synth_gguf
+
+    path = synth_gguf(tmp_path / "k.gguf", "kquant-tiny", "q4_k_m", seed=2)
+    assert sorted(os.listdir(tmp_path)) == ["k.gguf"]  # no temporary files left
+    types = {t.tensor_type.name for t in gguf.GGUFReader(path).tensors}
+    assert types == {"F32", "Q4_K", "Q6_K"}
+    spec = load_gguf(path)
+    assert spec.metadata["file_type"] == "MOSTLY_Q4_K_M"
+    assert spec.weights["output"].dtype == "q6_k" and spec.weights["blk.0.attn_q"].dtype == "q4_k"
+    assert spec.weights["token_embd"].dtype == "f32" and spec.weights["token_embd"].source_type == "Q4_K"
+
+
+def test_synth_rejects_an_unknown_type_listing_the_llama_cpp_ones(tmp_path):
+    from dualpath.models.synth import synth_gguf
+
+    with pytest.raises(ValueError, match="Q4_K_M"):
+        synth_gguf(tmp_path / "x.gguf", "kquant-tiny", "Q7_K")
