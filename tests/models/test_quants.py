@@ -105,8 +105,13 @@ def test_onnxruntime_matmulnbits_computes_the_repacked_values(type_name):
                               [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["M", rows])], initializer=inits)
     model = helper.make_model(graph, ir_version=10, opset_imports=[helper.make_opsetid("", 21),
                                                                     helper.make_opsetid("com.microsoft", 1)])
+    from dualpath.runtime import session as runtime_session
+
     so = ort.SessionOptions()
-    so.intra_op_num_threads = 1
+    if runtime_session._global_pool_threads:  # an LLM of an earlier test made ORT's global pool:
+        so.use_per_session_threads = False    # ORT then refuses sessions with pools of their own
+    else:
+        so.intra_op_num_threads = 1
     sess = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
     y = sess.run(None, {"A": np.eye(cols, dtype=np.float32)})[0].T  # (rows, cols)
     if w.mins is not None:
