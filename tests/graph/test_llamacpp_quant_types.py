@@ -52,7 +52,8 @@ SYNTH_TYPES = {  # llama.cpp file type -> the tensor types it writes for kquant-
     "IQ4_NL": {"IQ4_NL", "Q6_K"},
 }
 STORIES_TYPES = ("Q5_0", "IQ4_NL")
-CASES = [("kquant-tiny", t) for t in SYNTH_TYPES] + [("stories260K", t) for t in STORIES_TYPES]
+CASES = ([("kquant-tiny", t) for t in SYNTH_TYPES] + [("stories260K", t) for t in STORIES_TYPES]
+         + [("kquant-tiny-tied", "Q4_K_M")])
 IDS = [f"{m}-{t}" for m, t in CASES]
 
 
@@ -61,7 +62,11 @@ def quantized(tmp_path_factory, gguf_path):
     """(model, file type) -> path of the quantized file, made on first use."""
     root = tmp_path_factory.mktemp("quant_types")
     sources = {"kquant-tiny": lambda: synth_gguf(root / "kquant-tiny-F32.gguf", "kquant-tiny", "F32", seed=4),
-               "stories260K": lambda: os.fspath(gguf_path)}
+               "stories260K": lambda: os.fspath(gguf_path),
+               # no output.weight: the classifier is the (quantized) token embedding
+               "kquant-tiny-tied": lambda: dequantized_copy(
+                   synth_gguf(root / "kquant-tiny-F32-src.gguf", "kquant-tiny", "F32", seed=6),
+                   os.fspath(root / "kquant-tiny-tied-F32.gguf"), drop=("output.weight",))}
     made: dict = {}
 
     def get(model: str, file_type: str) -> str:
@@ -75,8 +80,9 @@ def quantized(tmp_path_factory, gguf_path):
     return get
 
 
-def dequantized_copy(src: str, dst: str) -> str:
-    """``src`` with every tensor dequantized to F32 by gguf-py (metadata unchanged but the file type)."""
+def dequantized_copy(src: str, dst: str, drop: tuple[str, ...] = ()) -> str:
+    """``src`` with every tensor dequantized to F32 by gguf-py (metadata unchanged but the
+    file type), without the tensors named in ``drop``."""
     import gguf
 
     reader = gguf.GGUFReader(src)
@@ -88,12 +94,32 @@ def dequantized_copy(src: str, dst: str) -> str:
         w.add_key_value(key, f.contents(), f.types[0], sub_type)
     w.add_file_type(0)
     for t in reader.tensors:
+        if t.name in drop:
+            continue
         w.add_tensor(t.name, gguf.quants.dequantize(np.asarray(t.data), t.tensor_type).astype(np.float32))
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
     return dst
+
+
+def test_tied_q4_k_m_file_embeds_and_classifies_with_the_f32_dequantized_table(quantized):
+    import gguf
+
+    path = quantized("kquant-tiny-tied", "Q4_K_M")
+    tensors = {t.name: t for t in gguf.GGUFReader(path).tensors}
+    assert "output.weight" not in tensors
+    embd_type = tensors["token_embd.weight"].tensor_type
+    assert embd_type.name in ("Q4_K", "Q6_K")
+    from dualpath.models.gguf import load_gguf
+
+    spec = load_gguf(path)
+    emb = spec.weights["token_embd"]
+    assert spec.config.tied_output and spec.output is emb
+    assert emb.dtype == "f32" and emb.source_type == embd_type.name
+    ref = gguf.quants.dequantize(np.asarray(tensors["token_embd.weight"].data), embd_type)
+    assert np.array_equal(emb.data, ref)
 
 
 def _prompt(model: str) -> list[int]:
