@@ -249,16 +249,23 @@ cdef class KVArena:
         return k, v
 
     def attention(self, int64_t layer, q, spans, int64_t pos0, float scale=0.0, int prefetch_degree=0,
-                  str kernel=None, ThreadPool pool=None):
+                  str kernel=None, ThreadPool pool=None, float softcap=0.0, int64_t window=0):
         """Causal attention of q (T, num_heads, head_dim) f32 at positions [pos0, pos0 + T),
-        with ``kernel`` (default: the dispatched one) on ``pool`` (default: this thread)."""
+        with ``kernel`` (default: the dispatched one) on ``pool`` (default: this thread);
+        ``softcap`` > 0 caps scores (Gemma 2), ``window`` > 0 is a sliding window."""
+        if softcap < 0 or window < 0:
+            raise ValueError(f"softcap={softcap} and window={window} must be >= 0")
         _require(q, "q", 3, np.float32)
         _require(spans, "spans", 2, np.int64, 3)
         if q.shape[2] != self.a.head_dim:
             raise ValueError(f"q head_dim {q.shape[2]} != arena head_dim {self.a.head_dim}")
         out = np.empty_like(q)
         cdef int64_t T = q.shape[0], H = q.shape[1], hd = q.shape[2], ns = spans.shape[0]
-        cdef float sc = scale if scale > 0 else 1.0 / np.sqrt(hd)
+        cdef dp_attn_params params
+        params.scale = scale if scale > 0 else 1.0 / np.sqrt(hd)
+        params.softcap = softcap
+        params.window = window
+        params.prefetch_degree = prefetch_degree
         cdef int st
         cdef const float *qp = <const float *>cnp.PyArray_DATA(<cnp.ndarray>q)
         cdef float *op = <float *>cnp.PyArray_DATA(<cnp.ndarray>out)
@@ -266,8 +273,7 @@ cdef class KVArena:
         cdef const dp_attn_ops *ops = _ops_for(kernel)
         cdef dp_pool *pp = pool.pool if pool is not None else NULL
         with nogil:
-            st = dp_attn_spans(&self.a, ops, pp, layer, qp, H * hd, op, H * hd, H, sp, ns, pos0, T, sc,
-                               prefetch_degree)
+            st = dp_attn_spans(&self.a, ops, pp, layer, qp, H * hd, op, H * hd, H, sp, ns, pos0, T, params)
         _check(st, f"attention (layer {layer}, pos0 {pos0}, {T} tokens, {ns} spans)", "the arena")
         return out
 
@@ -286,11 +292,12 @@ cdef class ArenaStepper:
     cdef readonly ThreadPool pool
     cdef const dp_attn_ops *ops
     cdef int64_t num_heads, max_tokens, max_spans, kv_stride, q_stride, max_seqs
-    cdef float scale
+    cdef float scale, softcap
     cdef int prefetch_degree
+    cdef object windows  # (num_layers,) int64: each layer's sliding window, 0 = none
 
     def __init__(self, KVArena arena, q, k, v, out, slots, spans, float scale, int prefetch_degree,
-                 ThreadPool pool=None, str kernel=None, seqs=None):
+                 ThreadPool pool=None, str kernel=None, seqs=None, float softcap=0.0, windows=None):
         kv_dim = arena.num_kv_heads * arena.head_dim
         for name, a in (("q", q), ("out", out)):
             _require(a, name, 2, np.float32)
@@ -316,6 +323,13 @@ cdef class ArenaStepper:
         self.q_stride = q.shape[1]
         self.scale = scale
         self.prefetch_degree = prefetch_degree
+        if softcap < 0:
+            raise ValueError(f"softcap={softcap} must be >= 0")
+        self.softcap = softcap
+        w = np.zeros(arena.num_layers, np.int64) if windows is None else np.array(windows, np.int64)
+        if w.shape != (arena.num_layers,) or (w < 0).any():
+            raise ValueError(f"windows must be {arena.num_layers} non-negative sliding windows (0 = none)")
+        self.windows = w
         self.pool = pool
         self.ops = _ops_for(kernel)
 
@@ -345,10 +359,16 @@ cdef class ArenaStepper:
         cdef const int64_t *spp = <const int64_t *>cnp.PyArray_DATA(<cnp.ndarray>self.spans)
         cdef const int64_t *sqp = <const int64_t *>cnp.PyArray_DATA(<cnp.ndarray>self.seqs)
         cdef dp_pool *pp = self.pool.pool if self.pool is not None else NULL
+        cdef dp_attn_params params
+        params.scale = self.scale
+        params.softcap = self.softcap
+        # (a layer out of range is the C call's DP_ERR_BOUNDS)
+        params.window = (<const int64_t *>cnp.PyArray_DATA(<cnp.ndarray>self.windows))[layer] \
+            if 0 <= layer < a.num_layers else 0
+        params.prefetch_degree = self.prefetch_degree
         with nogil:
             st = dp_step_batch(a, self.ops, pp, layer, kp, vp, self.kv_stride, slp, qp, self.q_stride, op,
-                               self.q_stride, self.num_heads, num_rows, sqp, num_seqs, spp, num_spans, self.scale,
-                               self.prefetch_degree)
+                               self.q_stride, self.num_heads, num_rows, sqp, num_seqs, spp, num_spans, params)
         if st != DP_OK:
             bad = _bad_slot(a, self.slots[:num_rows], "slots")
             _check(st, f"batched attention step (layer {layer}, {num_rows} rows, {num_seqs} sequences)"

@@ -67,21 +67,26 @@ cdef extern from "csrc/kv_arena.h" nogil:
     int dp_arena_init(dp_arena *a, int64_t block_size, int64_t num_blocks, int64_t num_layers,
                       int64_t num_kv_heads, int64_t head_dim, int kv_dtype, int numa_node)
     void dp_arena_free(dp_arena *a)
+    ctypedef struct dp_attn_params:
+        float scale
+        float softcap
+        int64_t window
+        int prefetch_degree
     int dp_kv_check_slots(const dp_arena *a, const int64_t *slots, int64_t num_tokens, int64_t *bad)
     int dp_kv_write_slots(const dp_arena *a, const dp_attn_ops *ops, int64_t layer, const float *k,
                           const float *v, int64_t stride, const int64_t *slots, int64_t num_tokens)
     int dp_attn_spans(const dp_arena *a, const dp_attn_ops *ops, dp_pool *pool, int64_t layer,
                       const float *q, int64_t q_stride, float *out, int64_t out_stride, int64_t num_heads,
-                      const int64_t *spans, int64_t num_spans, int64_t pos0, int64_t num_tokens, float scale,
-                      int prefetch_degree)
+                      const int64_t *spans, int64_t num_spans, int64_t pos0, int64_t num_tokens,
+                      dp_attn_params params)
     int dp_attn_batch(const dp_arena *a, const dp_attn_ops *ops, dp_pool *pool, int64_t layer,
                       const float *q, int64_t q_stride, float *out, int64_t out_stride, int64_t num_heads,
                       int64_t num_rows, const int64_t *seqs, int64_t num_seqs, const int64_t *spans,
-                      int64_t spans_len, float scale, int prefetch_degree)
+                      int64_t spans_len, dp_attn_params params)
     int dp_step_batch(const dp_arena *a, const dp_attn_ops *ops, dp_pool *pool, int64_t layer, const float *k,
                       const float *v, int64_t kv_stride, const int64_t *slots, const float *q, int64_t q_stride,
                       float *out, int64_t out_stride, int64_t num_heads, int64_t num_rows, const int64_t *seqs,
-                      int64_t num_seqs, const int64_t *spans, int64_t spans_len, float scale, int prefetch_degree)
+                      int64_t num_seqs, const int64_t *spans, int64_t spans_len, dp_attn_params params)
     int dp_kv_copy_slots(const dp_arena *a, const int64_t *src, const int64_t *dst, int64_t num_tokens)
     int dp_kv_gather(const dp_arena *a, int64_t layer, const int64_t *spans, int64_t num_spans,
                      int64_t num_tokens, float *k_out, float *v_out)

@@ -192,7 +192,10 @@ typedef struct {
     const int64_t *span_start; /* (num_spans + 1,) first position of each span */
     int64_t pos0, num_tokens;
     float scale;
+    float softcap;        /* > 0: scores become softcap * tanh(score / softcap) */
+    int64_t window;       /* > 0: a token at p sees positions > p - window only */
     int prefetch_degree;
+    int64_t ctx_lo;       /* first position any query of this job sees */
     int64_t chunk;        /* context positions per task */
     int64_t num_chunks;   /* per query block */
     int64_t block_tokens; /* query tokens per task (prefill blocking; 1 when chunked) */
@@ -313,21 +316,31 @@ static void attend_run(const attn_job *J, int64_t t0, int64_t tq, const float *q
     run_pass(J, 0, rows, q, seg, ns, o, sc);
     for (int64_t h = 0; h < nkv * rows; h++) {
         float *sg = sc + h * DP_RUN;
-        /* Causal: this row's token sees positions < limit. */
+        /* Causal: this row's token sees positions < limit; with a sliding window,
+         * only those >= first as well (llama.cpp's LLAMA_SWA_TYPE_STANDARD). */
         const int64_t limit = J->pos0 + t0 + (h % rows) / G + 1;
-        if (limit <= rpos) { /* nothing visible in this run: add nothing */
+        const int64_t first = J->window > 0 ? limit - J->window : 0;
+        if (limit <= rpos || first >= rpos + rn_run) { /* nothing visible in this run: add nothing */
             memset(sg, 0, (size_t)rn_run * sizeof(float));
             continue;
         }
         const int64_t visible = limit - rpos < rn_run ? limit - rpos : rn_run;
-        const float mx = J->ops->max_of(sg, visible);
+        const int64_t skip = first > rpos ? first - rpos : 0; /* masked by the window */
+        float *vis = sg + skip;
+        const int64_t nvis = visible - skip;
+        if (J->softcap > 0.0f) { /* Gemma 2: cap * tanh(s / cap), before the softmax */
+            const float cap = J->softcap, inv = 1.0f / J->softcap;
+            for (int64_t r = 0; r < nvis; r++) vis[r] = cap * tanhf(vis[r] * inv);
+        }
+        const float mx = J->ops->max_of(vis, nvis);
         if (mx > m[h]) { /* rescale what was accumulated under the old maximum */
             const float corr = expf(m[h] - mx);
             l[h] *= corr;
             for (int64_t e = 0; e < hd; e++) o[h * hd + e] *= corr;
             m[h] = mx;
         }
-        l[h] += J->ops->exp_sum(sg, visible, m[h]);
+        l[h] += J->ops->exp_sum(vis, nvis, m[h]);
+        for (int64_t r = 0; r < skip; r++) sg[r] = 0.0f;
         for (int64_t r = visible; r < rn_run; r++) sg[r] = 0.0f;
     }
     run_pass(J, 1, rows, q, seg, ns, o, sc);
@@ -386,7 +399,10 @@ static void attn_task(void *ctx, int64_t task, int worker) {
         for (int64_t kh = 0; kh < nkv; kh++)
             memcpy(q + (kh * rows + tl * G) * hd, J->q + (t0 + tl) * J->q_stride + kh * G * hd,
                    (size_t)(G * hd) * sizeof(float));
-    const int64_t lo = c * J->chunk, hi = (c + 1) * J->chunk < n_ctx ? (c + 1) * J->chunk : n_ctx;
+    int64_t lo = J->ctx_lo + c * J->chunk;
+    const int64_t hi = J->ctx_lo + (c + 1) * J->chunk < n_ctx ? J->ctx_lo + (c + 1) * J->chunk : n_ctx;
+    if (J->window > 0 && lo < J->pos0 + t0 + 1 - J->window) /* before the block's first window */
+        lo = J->pos0 + t0 + 1 - J->window;
     attend_range(J, t0, tq, q, lo, hi, m, l, o, sc);
     for (int64_t tl = 0; tl < tq; tl++)
         for (int64_t kh = 0; kh < nkv; kh++)
@@ -436,13 +452,14 @@ static void merge_chunks(const attn_job *J) {
 static int64_t attn_setup(attn_job *J, const dp_arena *a, const dp_attn_ops *ops, int64_t layer,
                           const float *q, int64_t q_stride, float *out, int64_t out_stride, int64_t num_heads,
                           const int64_t *spans, int64_t num_spans, int64_t pos0, int64_t num_tokens,
-                          float scale, int prefetch_degree, int threads) {
+                          dp_attn_params params, int threads) {
     memset(J, 0, sizeof *J);
     J->a = a; J->ops = ops; J->region = a->base + layer * a->layer_bytes;
     J->q = q; J->q_stride = q_stride; J->out = out; J->out_stride = out_stride;
     J->num_heads = num_heads; J->group = num_heads / a->num_kv_heads;
     J->spans = spans; J->num_spans = num_spans; J->pos0 = pos0; J->num_tokens = num_tokens;
-    J->scale = scale; J->prefetch_degree = prefetch_degree;
+    J->scale = params.scale; J->prefetch_degree = params.prefetch_degree;
+    J->softcap = params.softcap; J->window = params.window;
     int64_t *starts = (int64_t *)dp_malloc((size_t)(num_spans + 1) * sizeof(int64_t));
     if (!starts) return -1;
     starts[0] = 0;
@@ -451,14 +468,18 @@ static int64_t attn_setup(attn_job *J, const dp_arena *a, const dp_attn_ops *ops
     /* Tasks are (token, context chunk). A decode step has too few tokens to feed
      * the pool: split its context into chunks (flash-decoding) and merge after. */
     const int64_t n_ctx = pos0 + num_tokens;
+    /* A sliding window hides everything before the first query's window: the
+     * context split covers only [ctx_lo, n_ctx). */
+    J->ctx_lo = params.window > 0 && pos0 + 1 > params.window ? pos0 + 1 - params.window : 0;
+    const int64_t n_seen = n_ctx - J->ctx_lo;
     J->num_chunks = 1;
-    J->chunk = n_ctx;
-    if (num_tokens < 4 * threads && threads > 1 && n_ctx >= 1024) {
+    J->chunk = n_seen;
+    if (num_tokens < 4 * threads && threads > 1 && n_seen >= 1024) {
         int64_t chunks = (4 * threads + num_tokens - 1) / num_tokens;
-        if (chunks > n_ctx / 256) chunks = n_ctx / 256;
+        if (chunks > n_seen / 256) chunks = n_seen / 256;
         if (chunks > 1) {
             J->num_chunks = chunks;
-            J->chunk = (n_ctx + chunks - 1) / chunks;
+            J->chunk = (n_seen + chunks - 1) / chunks;
         }
     }
     /* Prefill: a block of tokens shares each K/V load (about 16 query rows per KV head). */
@@ -546,8 +567,7 @@ static void batch_release(batch_job *B) {
  * DP_ERR_NOMEM with nothing left allocated. */
 static int batch_prepare(batch_job *B, const dp_arena *a, const dp_attn_ops *ops, dp_pool *pool, int64_t layer,
                          const float *q, int64_t q_stride, float *out, int64_t out_stride, int64_t num_heads,
-                         const int64_t *seqs, int64_t num_seqs, const int64_t *spans, float scale,
-                         int prefetch_degree) {
+                         const int64_t *seqs, int64_t num_seqs, const int64_t *spans, dp_attn_params params) {
     memset(B, 0, sizeof *B);
     atomic_init(&B->status, DP_OK);
     if (num_seqs == 1) {
@@ -566,7 +586,7 @@ static int batch_prepare(batch_job *B, const dp_arena *a, const dp_attn_ops *ops
         const int64_t *d = seqs + 5 * i;
         const int64_t tasks = attn_setup(&B->jobs[i], a, ops, layer, q + d[0] * q_stride, q_stride,
                                          out + d[0] * out_stride, out_stride, num_heads, spans + 3 * d[3], d[4],
-                                         d[2], d[1], scale, prefetch_degree, threads);
+                                         d[2], d[1], params, threads);
         if (tasks < 0) {
             batch_release(B);
             return DP_ERR_NOMEM;
@@ -593,13 +613,13 @@ static int batch_run(batch_job *B, dp_pool *pool) {
 int dp_attn_batch(const dp_arena *a, const dp_attn_ops *ops, dp_pool *pool, int64_t layer,
                   const float *q, int64_t q_stride, float *out, int64_t out_stride, int64_t num_heads,
                   int64_t num_rows, const int64_t *seqs, int64_t num_seqs, const int64_t *spans,
-                  int64_t spans_len, float scale, int prefetch_degree) {
+                  int64_t spans_len, dp_attn_params params) {
     int st = check_attn_args(a, ops, layer, q, q_stride, out, out_stride, num_heads, spans);
     if (st == DP_OK) st = check_seqs(a, num_rows, seqs, num_seqs, spans, spans_len);
     if (st != DP_OK || num_seqs == 0) return st;
     batch_job B;
     st = batch_prepare(&B, a, ops, pool, layer, q, q_stride, out, out_stride, num_heads, seqs, num_seqs, spans,
-                       scale, prefetch_degree);
+                       params);
     if (st != DP_OK) return st;
     st = batch_run(&B, pool);
     batch_release(&B);
@@ -608,21 +628,21 @@ int dp_attn_batch(const dp_arena *a, const dp_attn_ops *ops, dp_pool *pool, int6
 
 int dp_attn_spans(const dp_arena *a, const dp_attn_ops *ops, dp_pool *pool, int64_t layer,
                   const float *q, int64_t q_stride, float *out, int64_t out_stride, int64_t num_heads,
-                  const int64_t *spans, int64_t num_spans, int64_t pos0, int64_t num_tokens, float scale,
-                  int prefetch_degree) {
+                  const int64_t *spans, int64_t num_spans, int64_t pos0, int64_t num_tokens,
+                  dp_attn_params params) {
     int st = check_attn_args(a, ops, layer, q, q_stride, out, out_stride, num_heads, spans);
     if (st != DP_OK) return st;
     if (pos0 < 0 || num_tokens < 0 || num_spans < 0) return DP_ERR_BOUNDS;
     if (num_tokens == 0) return DP_OK;
     const int64_t seq[5] = {0, num_tokens, pos0, 0, num_spans}; /* a batch of one */
     return dp_attn_batch(a, ops, pool, layer, q, q_stride, out, out_stride, num_heads, num_tokens, seq, 1, spans,
-                         num_spans, scale, prefetch_degree);
+                         num_spans, params);
 }
 
 int dp_step_batch(const dp_arena *a, const dp_attn_ops *ops, dp_pool *pool, int64_t layer, const float *k,
                   const float *v, int64_t kv_stride, const int64_t *slots, const float *q, int64_t q_stride,
                   float *out, int64_t out_stride, int64_t num_heads, int64_t num_rows, const int64_t *seqs,
-                  int64_t num_seqs, const int64_t *spans, int64_t spans_len, float scale, int prefetch_degree) {
+                  int64_t num_seqs, const int64_t *spans, int64_t spans_len, dp_attn_params params) {
     int st = check_attn_args(a, ops, layer, q, q_stride, out, out_stride, num_heads, spans);
     if (st == DP_OK) st = check_write_args(a, layer, k, v, kv_stride, slots, num_rows);
     if (st == DP_OK) st = check_seqs(a, num_rows, seqs, num_seqs, spans, spans_len);
@@ -633,7 +653,7 @@ int dp_step_batch(const dp_arena *a, const dp_attn_ops *ops, dp_pool *pool, int6
     }
     batch_job B;
     st = batch_prepare(&B, a, ops, pool, layer, q, q_stride, out, out_stride, num_heads, seqs, num_seqs, spans,
-                       scale, prefetch_degree);
+                       params);
     if (st != DP_OK) return st; /* nothing written */
     write_rows(a, ops, layer, k, v, kv_stride, slots, num_rows);
     st = batch_run(&B, pool);

@@ -51,6 +51,19 @@ void dp_arena_free(dp_arena *a);
 #include "dp_attn_ops.h"
 #include "dp_pool.h"
 
+/* How a layer attends (the same for every query of a call):
+ *   scale:   multiplies q.k (usually 1/sqrt(head_dim));
+ *   softcap: > 0 caps the scaled scores as softcap * tanh(score / softcap) (Gemma 2), 0 = off;
+ *   window:  > 0 is a sliding window: a query at position p sees positions p - window + 1 .. p
+ *            (llama.cpp's LLAMA_SWA_TYPE_STANDARD), 0 = the whole causal context;
+ *   prefetch_degree: spans prefetched ahead (random path). */
+typedef struct {
+    float scale;
+    float softcap;
+    int64_t window;
+    int prefetch_degree;
+} dp_attn_params;
+
 /* Check slots (num_tokens, 3) against the arena: DP_OK, or the status of the first
  * bad slot and its index in *bad (-1 when every slot is good; bad may be NULL). */
 int dp_kv_check_slots(const dp_arena *a, const int64_t *slots, int64_t num_tokens, int64_t *bad);
@@ -61,20 +74,19 @@ int dp_kv_check_slots(const dp_arena *a, const int64_t *slots, int64_t num_token
 int dp_kv_write_slots(const dp_arena *a, const dp_attn_ops *ops, int64_t layer, const float *k,
                       const float *v, int64_t stride, const int64_t *slots, int64_t num_tokens);
 
-/* Causal attention for num_tokens queries at positions [pos0, pos0 + num_tokens)
+/* Causal attention (see dp_attn_params) for num_tokens queries at positions [pos0, pos0 + num_tokens)
  * over the sequence described by `spans` (num_spans, 3), which covers at least
  * pos0 + num_tokens tokens, with the building blocks `ops`, on `pool` (NULL = the
  * calling thread only).
  *   q, out: (num_tokens, num_heads * head_dim) f32, row strides q_stride / out_stride
  * Work is split over (token, KV head, slice of its query heads); a decode with
  * too few of those also splits the context (flash-decoding) and merges.
- * prefetch_degree: spans prefetched ahead (random path).
  * DP_ERR_NOMEM when any allocation fails, the caller's or a worker's: then `out`
  * holds no result (possibly some of it), never one to use. */
 int dp_attn_spans(const dp_arena *a, const dp_attn_ops *ops, dp_pool *pool, int64_t layer,
                   const float *q, int64_t q_stride, float *out, int64_t out_stride, int64_t num_heads,
-                  const int64_t *spans, int64_t num_spans, int64_t pos0, int64_t num_tokens, float scale,
-                  int prefetch_degree);
+                  const int64_t *spans, int64_t num_spans, int64_t pos0, int64_t num_tokens,
+                  dp_attn_params params);
 
 /* The same for a batch of sequences in one call (one pool run covers them all).
  * seqs: (num_seqs, 5) int64 rows (row0, num_tokens, pos0, span0, num_spans): the
@@ -85,7 +97,7 @@ int dp_attn_spans(const dp_arena *a, const dp_attn_ops *ops, dp_pool *pool, int6
 int dp_attn_batch(const dp_arena *a, const dp_attn_ops *ops, dp_pool *pool, int64_t layer,
                   const float *q, int64_t q_stride, float *out, int64_t out_stride, int64_t num_heads,
                   int64_t num_rows, const int64_t *seqs, int64_t num_seqs, const int64_t *spans,
-                  int64_t spans_len, float scale, int prefetch_degree);
+                  int64_t spans_len, dp_attn_params params);
 
 /* One step of a layer: write rows [0, num_rows) of k, v (row stride kv_stride) at
  * `slots` (num_rows, 3), then dp_attn_batch. Slots, sequences and spans are all
@@ -95,7 +107,7 @@ int dp_attn_batch(const dp_arena *a, const dp_attn_ops *ops, dp_pool *pool, int6
 int dp_step_batch(const dp_arena *a, const dp_attn_ops *ops, dp_pool *pool, int64_t layer, const float *k,
                   const float *v, int64_t kv_stride, const int64_t *slots, const float *q, int64_t q_stride,
                   float *out, int64_t out_stride, int64_t num_heads, int64_t num_rows, const int64_t *seqs,
-                  int64_t num_seqs, const int64_t *spans, int64_t spans_len, float scale, int prefetch_degree);
+                  int64_t num_seqs, const int64_t *spans, int64_t spans_len, dp_attn_params params);
 
 /* Copy every layer's K and V of num_tokens tokens from src slots to dst slots
  * (every slot of both checked first). */

@@ -12,6 +12,8 @@
 #include "../../cython_ext/csrc/dp_pool.h"
 #include "../../cython_ext/csrc/kv_arena.h"
 
+#define DP_PARAMS(s, pd) ((dp_attn_params){.scale = (s), .softcap = 0.0f, .window = 0, .prefetch_degree = (pd)})
+
 static int passed = 0, failed = 0;
 static uint64_t rng_state = 88172645463325252ull;
 
@@ -89,7 +91,7 @@ static void run_case(const dp_attn_ops *ops, dp_pool *pool, int kv_dtype, int64_
     check(dp_kv_gather(&a, 0, spans, pages_needed, n_ctx, kd, vd) == DP_OK, "gather");
     const int64_t pos0 = n_ctx - T;
     int st = dp_attn_spans(&a, ops, pool, 0, q, H * hd, out, H * hd, H, spans, pages_needed, pos0, T,
-                           1.0f / sqrtf((float)hd), 4);
+                           DP_PARAMS(1.0f / sqrtf((float)hd), 4));
     check(st == DP_OK, "attention status");
     reference(q, kd, vd, T, H, nkv, n_ctx, hd, pos0, want);
     const double tol = kv_dtype == DP_F32 ? 1e-5 : 2e-3;
@@ -105,9 +107,9 @@ static void run_case(const dp_attn_ops *ops, dp_pool *pool, int kv_dtype, int64_
     check(worst <= 1.0, what);
     /* Out-of-bounds requests are refused, never read. */
     check(dp_attn_spans(&a, ops, pool, 0, q, H * hd, out, H * hd, H, spans, pages_needed, pos0 + 1, T,
-                        1.0f, 0) == DP_ERR_BOUNDS, "bounds: positions past the spans");
+                        DP_PARAMS(1.0f, 0)) == DP_ERR_BOUNDS, "bounds: positions past the spans");
     check(dp_attn_spans(&a, ops, pool, 1, q, H * hd, out, H * hd, H, spans, pages_needed, pos0, T,
-                        1.0f, 0) == DP_ERR_BOUNDS, "bounds: layer");
+                        DP_PARAMS(1.0f, 0)) == DP_ERR_BOUNDS, "bounds: layer");
     free(slots); free(spans); free(k); free(v); free(kd); free(vd); free(q); free(out); free(want);
     dp_arena_free(&a);
 }
@@ -213,7 +215,7 @@ static void fixture_free(fixture *f) {
 
 static int attend(fixture *f, const dp_attn_ops *ops, dp_pool *pool) {
     return dp_attn_spans(&f->a, ops, pool, 0, f->q, f->H * f->hd, f->out, f->H * f->hd, f->H, f->spans,
-                         f->num_pages, f->n_ctx - f->T, f->T, 0.125f, 2);
+                         f->num_pages, f->n_ctx - f->T, f->T, DP_PARAMS(0.125f, 2));
 }
 
 /* Every allocation of an attention call failing in turn (the setup's and every
@@ -264,15 +266,15 @@ static void step_alloc_failure_case(dp_pool *pool) {
     for (int64_t i = 0; i < f.T * f.nkv * f.hd; i++) k[i] += 1.0f;
     dp_test_fail_alloc_after(0);
     int st = dp_step_batch(&f.a, ops, pool, 0, k, v, f.nkv * f.hd, f.slots + 3 * r0, f.q, f.H * f.hd, f.out,
-                           f.H * f.hd, f.H, f.T, seq, 1, f.spans, f.num_pages, 0.125f, 0);
+                           f.H * f.hd, f.H, f.T, seq, 1, f.spans, f.num_pages, DP_PARAMS(0.125f, 0));
     check(st == DP_ERR_NOMEM && memcmp(before, f.a.base, bytes) == 0, "step: setup out of memory writes nothing");
     dp_test_fail_alloc_after(1); /* the span starts; then the tasks' scratch */
     st = dp_step_batch(&f.a, ops, pool, 0, k, v, f.nkv * f.hd, f.slots + 3 * r0, f.q, f.H * f.hd, f.out,
-                       f.H * f.hd, f.H, f.T, seq, 1, f.spans, f.num_pages, 0.125f, 0);
+                       f.H * f.hd, f.H, f.T, seq, 1, f.spans, f.num_pages, DP_PARAMS(0.125f, 0));
     check(st == DP_ERR_NOMEM, "step: workers out of memory report DP_ERR_NOMEM");
     dp_test_fail_alloc_after(-1);
     st = dp_step_batch(&f.a, ops, pool, 0, k, v, f.nkv * f.hd, f.slots + 3 * r0, f.q, f.H * f.hd, f.out,
-                       f.H * f.hd, f.H, f.T, seq, 1, f.spans, f.num_pages, 0.125f, 0);
+                       f.H * f.hd, f.H, f.T, seq, 1, f.spans, f.num_pages, DP_PARAMS(0.125f, 0));
     check(st == DP_OK && memcmp(before, f.a.base, bytes) != 0, "step writes and attends");
     /* A batch of two sequences (its jobs and task ends allocated), every allocation failing in turn. */
     const int64_t two[10] = {0, 2, r0, 0, f.num_pages, 2, 2, r0 + 2, 0, f.num_pages};
@@ -281,7 +283,7 @@ static void step_alloc_failure_case(dp_pool *pool) {
     for (; n < 1000; n++) {
         dp_test_fail_alloc_after(n);
         st = dp_attn_batch(&f.a, ops, pool, 0, f.q, f.H * f.hd, f.out, f.H * f.hd, f.H, f.T, two, 2, f.spans,
-                           f.num_pages, 0.125f, 0);
+                           f.num_pages, DP_PARAMS(0.125f, 0));
         if (st == DP_OK) break;
         all_nomem &= st == DP_ERR_NOMEM;
     }
@@ -381,7 +383,7 @@ static void bad_slot_cases(const dp_attn_ops *ops) {
         float *q = (float *)calloc((size_t)(n * f.H * f.hd), sizeof(float)), *o = (float *)malloc((size_t)(n * f.H * f.hd) * sizeof(float));
         snprintf(what, sizeof what, "bad slot (%s): step refused, arena unchanged", bad[b].what);
         st = dp_step_batch(&f.a, ops, NULL, 0, f.k, f.v, f.nkv * f.hd, slots, q, f.H * f.hd, o, f.H * f.hd, f.H, n,
-                           seq, 1, f.spans, f.num_pages, 0.125f, 0);
+                           seq, 1, f.spans, f.num_pages, DP_PARAMS(0.125f, 0));
         check(st == bad[b].status && memcmp(before, f.a.base, bytes) == 0, what);
         free(q); free(o);
     }
@@ -391,12 +393,12 @@ static void bad_slot_cases(const dp_attn_ops *ops) {
     const int64_t seq[5] = {0, n, 0, 0, 1}, bad_span[3] = {tb / 2, n, P};
     float *q = (float *)calloc((size_t)(n * f.H * f.hd), sizeof(float)), *o = (float *)malloc((size_t)(n * f.H * f.hd) * sizeof(float));
     check(dp_step_batch(&f.a, ops, NULL, 0, f.k, f.v, f.nkv * f.hd, slots, q, f.H * f.hd, o, f.H * f.hd, f.H, n, seq,
-                        1, bad_span, 1, 0.125f, 0) == DP_ERR_ALIGN && memcmp(before, f.a.base, bytes) == 0,
+                        1, bad_span, 1, DP_PARAMS(0.125f, 0)) == DP_ERR_ALIGN && memcmp(before, f.a.base, bytes) == 0,
           "step with a misaligned span writes nothing");
     const int64_t short_seq[5] = {0, n, 60, 0, 1}; /* positions 60.. but the span holds 8 tokens */
     const int64_t good_span[3] = {f.spans[0] + tb, n, P};
     check(dp_step_batch(&f.a, ops, NULL, 0, f.k, f.v, f.nkv * f.hd, slots, q, f.H * f.hd, o, f.H * f.hd, f.H, n,
-                        short_seq, 1, good_span, 1, 0.125f, 0) == DP_ERR_BOUNDS && memcmp(before, f.a.base, bytes) == 0,
+                        short_seq, 1, good_span, 1, DP_PARAMS(0.125f, 0)) == DP_ERR_BOUNDS && memcmp(before, f.a.base, bytes) == 0,
           "step with positions past its spans writes nothing");
     free(q); free(o);
     free(before);

@@ -9,8 +9,10 @@ import numpy as np
 
 
 def attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, pos0: int,
-              scale: float | None = None) -> np.ndarray:
-    """Causal GQA attention.
+              scale: float | None = None, softcap: float = 0.0, window: int = 0) -> np.ndarray:
+    """Causal GQA attention; ``softcap`` > 0 caps the scaled scores as softcap *
+    tanh(s / softcap) (Gemma 2); ``window`` > 0 lets a query at p see only positions
+    > p - window (llama.cpp's standard sliding window).
 
     q:       (num_tokens, num_heads, head_dim), token t at position pos0 + t
     k_cache: (num_kv_heads, capacity, head_dim), positions [0, pos0 + num_tokens) valid
@@ -26,7 +28,12 @@ def attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, pos0: int
     k = k_cache[:, :n_ctx].astype(np.float64)  # (kv_heads, n_ctx, head_dim)
     v = v_cache[:, :n_ctx].astype(np.float64)
     scores = np.einsum("tkgd,knd->tkgn", qf, k) * scale  # (T, kv_heads, group, n_ctx)
-    causal = np.arange(n_ctx)[None, :] > (pos0 + np.arange(num_tokens))[:, None]  # (T, n_ctx)
+    if softcap > 0:
+        scores = softcap * np.tanh(scores / softcap)
+    qpos = (pos0 + np.arange(num_tokens))[:, None]
+    causal = np.arange(n_ctx)[None, :] > qpos  # (T, n_ctx): masked
+    if window > 0:
+        causal |= np.arange(n_ctx)[None, :] <= qpos - window
     scores = np.where(causal[:, None, None, :], -np.inf, scores)
     scores -= scores.max(axis=-1, keepdims=True)
     p = np.exp(scores)

@@ -186,3 +186,36 @@ def test_embed_dequantizes_rows_of_every_layout():
     np.testing.assert_allclose(_kernels.embed(ids, q4, scales, "q4_0"), want4[ids], rtol=1e-6)
     with pytest.raises(IndexError):
         _kernels.embed(np.array([vocab], np.int64), table)
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+@pytest.mark.parametrize("layout", ["sequential", "random"])
+@pytest.mark.parametrize("kv_dtype,tol", [("f32", 1e-5), ("f16", 2e-3)])
+def test_sliding_window_and_softcap_match_reference(kernel, layout, kv_dtype, tol):
+    """Gemma's sliding window (a query sees its last `window` positions) and score
+    soft-capping, in decode (split over the context on the pool) and in prefill
+    blocks whose queries see different windows."""
+    rng = np.random.default_rng(11)
+    arena = KVArena(1 << 17, 64, 1, 2, 64, kv_dtype)
+    spans, k, v = _fill(arena, rng, 3000, layout, kv_dtype, kernel)
+    cases = [(2999, 1), (2997, 3), (0, 40), (100, 200), (1500, 64)]
+    for window in (1, 5, 16, 100, 129, 1024, 5000):
+        for softcap in (0.0, 0.7, 50.0):
+            for pos0, n in cases:
+                q = 3 * rng.standard_normal((n, 4, 64)).astype(np.float32)
+                want = reference.attention(q, k, v, pos0, softcap=softcap, window=window)
+                for pool in (None, POOL):
+                    got = arena.attention(0, q, spans, pos0, kernel=kernel, pool=pool, softcap=softcap,
+                                          window=window)
+                    np.testing.assert_allclose(got, want, rtol=tol, atol=tol,
+                                               err_msg=f"window {window} softcap {softcap} pos0 {pos0} n {n}")
+
+
+def test_window_and_softcap_refuse_negative_values():
+    arena = KVArena(1 << 17, 4, 1, 2, 64, "f32")
+    q = np.zeros((1, 2, 64), np.float32)
+    spans = np.array([[0, 1, 16]], np.int64)
+    with pytest.raises(ValueError, match="softcap"):
+        arena.attention(0, q, spans, 0, softcap=-1.0)
+    with pytest.raises(ValueError, match="window"):
+        arena.attention(0, q, spans, 0, window=-2)
