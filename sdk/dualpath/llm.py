@@ -68,6 +68,20 @@ class LLM:
         log.info("loaded %s (%s, %d layers, dim %d) in %.2fs", model_path, self.spec.format,
                  self.spec.config.num_layers, self.spec.config.dim, self.runner.load_seconds)
 
+    @classmethod
+    def from_pretrained(cls, repo_id: str, quant: str | None = None, filename: str | None = None,
+                        config: Config | str | os.PathLike | None = None, *, revision: str | None = None,
+                        **kwargs) -> "LLM":
+        """Load a GGUF from the Hugging Face Hub: ``repo_id`` is ``OWNER/NAME`` (or
+        ``OWNER/NAME:QUANT``), ``quant`` a tag such as ``Q4_K_M`` (default: the first of
+        ``models.hub.DEFAULT_QUANTS`` present), ``filename`` a file in the repository.
+        Downloads through huggingface_hub's cache (offline with ``HF_HUB_OFFLINE=1``), then
+        loads the file as ``LLM(path, config, **kwargs)``. Raises ``ModelLoadError``."""
+        from .models.hub import resolve_hf_model
+
+        found = resolve_hf_model(repo_id, quant, filename, revision=revision)
+        return cls(found.path, config, **kwargs)
+
     @property
     def context_tokens(self) -> int:
         return self.runner.max_context_tokens

@@ -22,10 +22,18 @@ def embedded_model_path() -> str:
     return os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data", EMBEDDED_MODEL)
 
 
-def resolve_model(name: str | os.PathLike | None) -> tuple[str, str]:
+def resolve_model(name: str | os.PathLike | None, hf_repo: str | None = None) -> tuple[str, str]:
     """The file a model argument names, and a note for the user ("" for a plain path):
     None -> the embedded default model; ``synth:PRESET`` -> its random-weight file
-    (made on first use)."""
+    (made on first use); ``hf_repo`` (``REPO[:QUANT]``, instead of ``name``) -> the GGUF
+    downloaded from, or found in the cache of, the Hugging Face Hub (models/hub.py)."""
+    if hf_repo:
+        if name:
+            raise ModelLoadError(name, f"give a model file or a Hugging Face repo ({hf_repo}), not both")
+        from .hub import resolve_hf_model
+
+        found = resolve_hf_model(hf_repo)
+        return found.path, found.describe()
     if name is None or name == "":
         return embedded_model_path(), (f"no --model given; using the built-in {EMBEDDED_MODEL} (Karpathy's "
                                        "stories260K, MIT): a tiny story model. --model FILE runs yours.")
