@@ -8,6 +8,23 @@ that SentencePiece-style and byte-level vocabularies behave the same way:
 * special-token partitioning of the input (llama.cpp ``tokenizer_st_partition``),
 * BOS/EOS handling,
 * the per-token byte tables used by ``decode``, ``token_bytes`` and ``StreamDecoder``.
+
+Token types are the file's, corrected the way llama.cpp corrects them at load
+(``llama_vocab::impl::load``), because they decide which text is split out as a special token:
+
+* a token whose text is one of llama.cpp's end-of-generation or fill-in-the-middle texts
+  (``_LLAMA_CPP_CONTROL_TEXTS``: ``</s>``, ``<|im_end|>``, ``<|fim_prefix|>`` ...) is CONTROL even
+  when the file says NORMAL or USER_DEFINED. Qwen2's vocabulary has a NORMAL ``</s>``: with
+  ``parse_special`` it becomes that one token, as in llama.cpp. (llama.cpp skips the
+  fill-in-the-middle texts for a role whose id the file sets; we carry no such ids, so we
+  always apply them.)
+* gpt-oss's ``<|channel|>``, ``<|message|>``, ``<|start|>``, ``<|constrain|>`` are USER_DEFINED, and
+  so is ``<|end|>`` in vocabularies with ``<|return|>`` and ``<|call|>``.
+* With a ``spec.name`` containing "phi-3" or "phi3", special tokens other than ``<unk>``, ``<s>``
+  and ``<|endoftext|>`` (and ``</s>``) drop the whitespace that follows them (llama.cpp's RSTRIP,
+  which copies Phi-3's ``tokenizer.json``): ``"<|user|>\nHi"`` encodes as ``<|user|>`` + ``Hi``.
+  llama.cpp's other name-keyed attribute, LSTRIP on ``<mask>``/``[MASK]`` of a few embedding
+  models (jina-v2, nomic-bert-moe, modern-bert), is not copied.
 """
 
 from __future__ import annotations
@@ -58,21 +75,23 @@ class Tokenizer:
             if value is not None and not 0 <= value < num_tokens:
                 raise TokenizerError(f"tokenizer {name}={value} is outside the vocabulary [0, {num_tokens})")
 
-        self._types: tuple[int, ...] = spec.token_types or (TOKEN_NORMAL,) * num_tokens
         self._piece_to_id: dict[str, int] = {}
         for token_id, piece in enumerate(spec.tokens):
             other = self._piece_to_id.setdefault(piece, token_id)
             if other != token_id:
                 raise TokenizerError(f"duplicate token in vocabulary: {piece!r} has ids {other} and {token_id}")
+        self._types: tuple[int, ...] = _llama_cpp_token_types(spec, self._piece_to_id)
 
         # Tokens split out of the input before BPE, longest UTF-8 text first (llama.cpp order).
-        # (text, id) pairs; the first list applies always, the second with parse_special.
+        # (text, id, rstrip) triples; the first list applies always, the second with parse_special.
         special = sorted(
             (i for i, t in enumerate(self._types)
              if t in (TOKEN_CONTROL, TOKEN_UNKNOWN, TOKEN_USER_DEFINED) and spec.tokens[i]),
             key=lambda i: (-len(spec.tokens[i].encode("utf-8")), i))
-        self._split_always = [(spec.tokens[i], i) for i in special if self._types[i] == TOKEN_USER_DEFINED]
-        self._split_special = [(spec.tokens[i], i) for i in special]
+        rstrip = _rstrip_ids(spec, special, self._piece_to_id)
+        self._split_always = [(spec.tokens[i], i, i in rstrip) for i in special
+                              if self._types[i] == TOKEN_USER_DEFINED]
+        self._split_special = [(spec.tokens[i], i, i in rstrip) for i in special]
 
         # Per-token byte tables, indexed by token id (see _build_byte_tables).
         self._bytes_plain: list[bytes] = []     # skip_special=True: control/unknown -> b""
@@ -165,12 +184,13 @@ class Tokenizer:
         """Split ``text`` into plain-text fragments and special-token ids.
 
         Same order as llama.cpp: one pass per special token, longest text first, each pass
-        splitting every remaining text fragment at that token's non-overlapping occurrences.
+        splitting every remaining text fragment at that token's non-overlapping occurrences,
+        left to right. An rstrip token drops the C-locale whitespace that follows it.
         """
         if not text:
             return []
         fragments: list[str | int] = [text]
-        for piece, token_id in (self._split_special if parse_special else self._split_always):
+        for piece, token_id, rstrip in (self._split_special if parse_special else self._split_always):
             if not any(isinstance(f, str) and piece in f for f in fragments):
                 continue
             out: list[str | int] = []
@@ -178,11 +198,17 @@ class Tokenizer:
                 if isinstance(fragment, int) or piece not in fragment:
                     out.append(fragment)
                     continue
-                for j, part in enumerate(fragment.split(piece)):
-                    if j:
-                        out.append(token_id)
-                    if part:
-                        out.append(part)
+                start = 0
+                while (match := fragment.find(piece, start)) >= 0:
+                    if match > start:
+                        out.append(fragment[start:match])
+                    out.append(token_id)
+                    start = match + len(piece)
+                    if rstrip:
+                        while start < len(fragment) and fragment[start] in _C_SPACE:
+                            start += 1
+                if start < len(fragment):
+                    out.append(fragment[start:])
             fragments = out
         return fragments
 
@@ -266,6 +292,58 @@ class Tokenizer:
             self._bytes_special.append(plain or special)
             self._bytes_first.append(first)
             self._bytes_first_special.append(first or special)
+
+
+_C_SPACE = frozenset(" \t\n\v\f\r")  # C isspace() in the "C" locale, which llama.cpp's strip uses
+
+# Texts llama.cpp makes CONTROL whatever their file type (llama_vocab::impl::load): its
+# end-of-generation list, and its fill-in-the-middle lists (prefix, suffix, middle, pad, repo, sep).
+_LLAMA_CPP_CONTROL_TEXTS = frozenset((
+    "<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<|flush|>", "<|calls|>", "<end_of_turn>",
+    "<|endoftext|>", "</s>", "<|eom_id|>", "<EOT>", "_<EOT>", "[EOT]", "[EOS]", "<|end_of_text|>",
+    "<end_of_utterance>", "<eos>", "<turn|>", "<|tool_response>", "<｜end▁of▁sentence｜>", "[e~[",
+    "<|fim_prefix|>", "<fim-prefix>", "<fim_prefix>", "<｜fim▁begin｜>", "<PRE>", "▁<PRE>", "<|code_prefix|>",
+    "<|prefix|>",
+    "<|fim_suffix|>", "<fim-suffix>", "<fim_suffix>", "<｜fim▁hole｜>", "<SUF>", "▁<SUF>", "<|code_suffix|>",
+    "<|suffix|>",
+    "<|fim_middle|>", "<fim-middle>", "<fim_middle>", "<｜fim▁end｜>", "<MID>", "▁<MID>", "<|code_middle|>",
+    "<|middle|>",
+    "<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", "[PAD]",
+    "<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<reponame>",
+    "<|file_sep|>",
+))
+# gpt-oss: llama.cpp always renders these, so they are USER_DEFINED.
+_LLAMA_CPP_USER_DEFINED_TEXTS = frozenset(("<|channel|>", "<|message|>", "<|start|>", "<|constrain|>"))
+
+
+def _llama_cpp_token_types(spec: TokenizerSpec, piece_to_id: dict[str, int]) -> tuple[int, ...]:
+    """``spec.token_types`` with llama.cpp's load-time corrections (see the module docstring)."""
+    types = list(spec.token_types or (TOKEN_NORMAL,) * len(spec.tokens))
+    for text in _LLAMA_CPP_CONTROL_TEXTS:
+        token_id = piece_to_id.get(text)
+        if token_id is not None:
+            types[token_id] = TOKEN_CONTROL
+    for text in _LLAMA_CPP_USER_DEFINED_TEXTS:
+        token_id = piece_to_id.get(text)
+        if token_id is not None:
+            types[token_id] = TOKEN_USER_DEFINED
+    # o200k_harmony and solar-open: "<|end|>" is not end-of-generation there, and llama.cpp renders it.
+    has_call = "<|call|>" in piece_to_id or "<|calls|>" in piece_to_id
+    if "<|end|>" in piece_to_id and has_call and ("<|return|>" in piece_to_id or "<|flush|>" in piece_to_id):
+        types[piece_to_id["<|end|>"]] = TOKEN_USER_DEFINED
+    return tuple(types)
+
+
+def _rstrip_ids(spec: TokenizerSpec, special_ids: list[int], piece_to_id: dict[str, int]) -> frozenset[int]:
+    """Ids of the special tokens that swallow the whitespace after them (llama.cpp's RSTRIP attribute)."""
+    name = (spec.name or "").lower()
+    if "phi-3" not in name and "phi3" not in name:
+        return frozenset()
+    ids = set(special_ids)
+    if "</s>" in piece_to_id:
+        ids.add(piece_to_id["</s>"])
+    ids.difference_update(piece_to_id[t] for t in ("<unk>", "<s>", "<|endoftext|>") if t in piece_to_id)
+    return frozenset(ids)
 
 
 def _valid_unicode(text: str) -> str:

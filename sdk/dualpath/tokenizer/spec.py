@@ -13,6 +13,23 @@ TOKEN_UNUSED = 5
 TOKEN_BYTE = 6
 
 
+# tokenizer.ggml.pre names for which llama.cpp prepends BOS when the file has no
+# tokenizer.ggml.add_bos_token (llama_vocab::impl::load): the Llama 3 family, tekken, chameleon.
+_BPE_PRE_WITH_BOS = frozenset(("llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral", "midm-2.0", "lfm2",
+                               "jina-v5-nano", "tekken", "chameleon"))
+
+
+def default_add_bos(model: str, pre: str | None) -> bool:
+    """llama.cpp's ``add_bos`` for a GGUF without ``tokenizer.ggml.add_bos_token``.
+
+    SentencePiece ("llama") vocabularies: yes. Byte-level BPE ("gpt2"): only for the
+    pre-tokenizers above; Qwen2, SmolLM, GPT-2 ... get no BOS.
+    """
+    if model == "llama":
+        return True
+    return model == "gpt2" and pre in _BPE_PRE_WITH_BOS
+
+
 @dataclass(frozen=True)
 class TokenizerSpec:
     """The vocabulary and rules of one tokenizer, as a model file stores them.
@@ -36,12 +53,16 @@ class TokenizerSpec:
     unk_id: int | None = None
     eot_id: int | None = None
     add_bos: bool = True
-    """Prepend BOS when encoding a prompt."""
+    """Prepend BOS when encoding a prompt (GGUF ``tokenizer.ggml.add_bos_token``; where the file
+    does not say, llama.cpp's default is ``default_add_bos(model, pre)``)."""
     add_eos: bool = False
     add_space_prefix: bool = True
     """SentencePiece dummy prefix: a leading space is added to non-empty text (``llama``)."""
     pre: str | None = None
     """GGUF ``tokenizer.ggml.pre``: the pre-tokenizer regex family (``gpt2``)."""
+    name: str | None = None
+    """GGUF ``general.name``. llama.cpp keys per-token attributes on it (a name containing
+    "phi-3"/"phi3" makes special tokens swallow the whitespace after them); we do the same."""
     chat_template: str | None = None
     extra: dict = field(default_factory=dict, compare=False)
 

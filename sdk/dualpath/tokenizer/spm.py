@@ -12,8 +12,18 @@ The algorithm is llama.cpp's ``llm_tokenizer_spm`` and llama2.c ``run.c`` ``enco
 Step 3 uses a heap of candidate pairs over a doubly linked list of symbols, so a
 prompt of n code points costs O(n log n), not O(n^2).
 
-Pieces of type CONTROL, UNKNOWN and BYTE are never produced by merging (as in
-SentencePiece): the text ``<s>`` in a prompt is three plain characters, not BOS.
+This is llama.cpp's ``llm_tokenizer_spm_session``, with one deliberate difference: pieces
+of type CONTROL and UNKNOWN are never produced by merging (as in SentencePiece), so the text
+``<s>`` in a prompt stays plain characters and never becomes BOS. llama.cpp looks merged text
+up among all tokens, so in a vocabulary that also has a piece such as ``<s`` its plain-text
+``<s>`` becomes BOS (pinned by test_tok_spm_parity.py). That would break our invariant that
+special tokens come from text only with ``parse_special``. The two behaviours agree wherever no
+such path exists, which includes llama.cpp's own Llama 2 (also TinyLlama's) and Phi-3
+vocabularies over the whole test corpus. BYTE and UNUSED pieces merge like NORMAL ones, as in
+llama.cpp.
+
+Byte fallback looks up ``<0xNN>`` by text, then the one-character piece for ASCII bytes, as
+llama.cpp's ``byte_to_token`` does; a byte with neither becomes ``unk_id``.
 
 ``spec.extra["remove_extra_whitespaces"]`` (GGUF ``tokenizer.ggml.remove_extra_whitespaces``,
 SentencePiece ``normalizer_spec.remove_extra_whitespaces``) makes the encoder strip leading and
@@ -30,7 +40,7 @@ import re
 
 from ..errors import TokenizerError
 from .base import Tokenizer
-from .spec import TOKEN_BYTE, TOKEN_CONTROL, TOKEN_UNKNOWN, TokenizerSpec
+from .spec import TOKEN_CONTROL, TOKEN_UNKNOWN, TokenizerSpec
 
 logger = logging.getLogger(__name__)
 
@@ -51,14 +61,13 @@ class SpmTokenizer(Tokenizer):
         self._mergeable: dict[str, tuple[float, int]] = {
             piece: (float(score), token_id)
             for token_id, (piece, score, kind) in enumerate(zip(spec.tokens, scores, self._types, strict=True))
-            if kind not in (TOKEN_CONTROL, TOKEN_UNKNOWN, TOKEN_BYTE)
+            if kind not in (TOKEN_CONTROL, TOKEN_UNKNOWN)
         }
         self._build_byte_tables()  # also checks that BYTE pieces are <0xNN>
-        # Byte fallback: byte value -> id of its <0xNN> token (the unknown token when missing).
-        self._byte_ids: list[int | None] = [None] * 256
-        for token_id, kind in enumerate(self._types):
-            if kind == TOKEN_BYTE:
-                self._byte_ids[self._bytes_plain[token_id][0]] = token_id
+        # Byte fallback: byte value -> id of the token "<0xNN>" (or the ASCII character), None when missing.
+        pieces = self._piece_to_id
+        self._byte_ids: list[int | None] = [
+            pieces.get(f"<0x{b:02X}>", pieces.get(chr(b)) if b < 0x80 else None) for b in range(256)]
         missing = sum(b is None for b in self._byte_ids)
         if missing:
             logger.warning("SentencePiece vocabulary lacks %d of 256 byte tokens; those bytes encode as unk_id=%s",
