@@ -32,7 +32,7 @@ def _config(args):
 def _model_path(args) -> str:
     from .models import resolve_model
 
-    path, note = resolve_model(args.model)
+    path, note = resolve_model(args.model, getattr(args, "hf_repo", None))
     if note:
         print(f"dualpath: {note}", file=sys.stderr)
     return path
@@ -136,15 +136,17 @@ def cmd_info(args) -> int:
     if topology.uniform or not cfg.power.pin_threads:
         print("scheduling: cores are alike (or power.pin_threads is off): one unpinned session set on "
               "ONNX Runtime's shared pool")
-    if args.model:
+    if args.model or args.hf_repo:
         from .models import load_model
 
-        spec = load_model(args.model, args.tokenizer)
+        spec = load_model(_model_path(args), args.tokenizer)
         m = spec.config
         print(f"model: {spec.path}  format={spec.format}  name={spec.metadata.get('name', '')!r}")
         print(f"  arch={m.arch} dim={m.dim} hidden_dim={m.hidden_dim} layers={m.num_layers} heads={m.num_heads} "
               f"kv_heads={m.num_kv_heads} head_dim={m.head_dim} vocab={m.vocab_size} context={m.context_length}")
         print(f"  rope_theta={m.rope_theta:g} rms_eps={m.rms_eps:g} tied_output={m.tied_output}")
+        diffs = m.differences()
+        print(f"  family differences: {' '.join(f'{k}={v:g}' if isinstance(v, float) else f'{k}={v}' for k, v in diffs.items()) or 'none (plain Llama)'}")
         print(f"  file tensor types: {', '.join(spec.metadata.get('tensor_types', []))}")
         types = ", ".join(f"{k}: {v / 2**20:.1f} MiB" for k, v in spec.weight_types().items())
         print(f"  weights in memory: {spec.weight_bytes / 2**20:.1f} MiB ({types})")
@@ -156,9 +158,16 @@ def cmd_info(args) -> int:
 def cmd_synth(args) -> int:
     from .models.synth import synth_gguf
 
+    from .models.synth import preset_for
+
     t0 = time.perf_counter()
-    path = synth_gguf(args.out, args.preset, args.type, seed=args.seed, context_length=args.ctx)
-    print(f"wrote {path} ({os.path.getsize(path) / 2**20:.1f} MiB, {args.preset}, {args.type.upper()}, "
+    try:
+        preset = preset_for(args.arch, args.preset)
+    except ValueError as e:
+        print(f"dualpath synth: {e}", file=sys.stderr)
+        return 2
+    path = synth_gguf(args.out, preset, args.type, seed=args.seed, context_length=args.ctx)
+    print(f"wrote {path} ({os.path.getsize(path) / 2**20:.1f} MiB, {preset}, {args.type.upper()}, "
           f"seed {args.seed}) in {time.perf_counter() - t0:.1f}s — random weights: its text is noise")
     return 0
 
@@ -201,8 +210,12 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
 
     def model_args(sp):
-        sp.add_argument("-m", "--model", help="a .gguf file, a llama2.c .bin, or synth:PRESET (random weights, real "
-                        "shapes; presets as for synth). Default: the built-in stories260K.gguf")
+        which = sp.add_mutually_exclusive_group()
+        which.add_argument("-m", "--model", help="a .gguf file, a llama2.c .bin, or synth:PRESET (random weights, "
+                           "real shapes; presets as for synth). Default: the built-in stories260K.gguf")
+        which.add_argument("-hf", "--hf-repo", metavar="REPO[:QUANT]", help="a GGUF from the Hugging Face Hub, e.g. "
+                           "bartowski/Llama-3.2-1B-Instruct-GGUF:Q4_K_M (default quant Q4_K_M; REPO:FILE.gguf "
+                           "names a file; cached by huggingface_hub, HF_HUB_OFFLINE=1 to use the cache only)")
         sp.add_argument("--tokenizer", help="tokenizer for a llama2.c checkpoint (default: tok<vocab>.bin beside it)")
 
     def config_args(sp):
@@ -242,7 +255,10 @@ def build_parser() -> argparse.ArgumentParser:
     i.set_defaults(func=cmd_info)
 
     s = sub.add_parser("synth", help="write a GGUF with random weights and real shapes (for benchmarks)")
-    s.add_argument("--preset", choices=list(PRESETS), default="stories15M")
+    s.add_argument("--preset", choices=list(PRESETS),
+                   help="a shape (default: stories15M, or the --arch family's tiny test shape)")
+    s.add_argument("--arch", choices=sorted({p.arch for p in PRESETS.values()}),
+                   help="model family (GGUF general.architecture)")
     s.add_argument("--type", default="F32", type=str.upper, choices=list(TYPES + LLAMA_CPP_TYPES),
                    help=f"{', '.join(LLAMA_CPP_TYPES)} are quantized by llama.cpp (needs llama-cpp-python)")
     s.add_argument("--seed", type=int, default=0)

@@ -162,7 +162,7 @@ def test_random_damage_to_gguf_metadata_never_escapes_as_another_error(tmp_path,
 
 # --- GGUF: well-formed files with the wrong content ------------------------------------------
 
-@pytest.mark.parametrize("arch", ["gpt2", "mamba", "qwen2"])
+@pytest.mark.parametrize("arch", ["gpt2", "mamba", "qwen2moe"])
 def test_unsupported_architecture_is_named(tmp_path, arch):
     import gguf
 
@@ -176,7 +176,7 @@ def test_unsupported_architecture_is_named(tmp_path, arch):
     w.write_tensors_to_file()
     w.close()
     err = expect_load_error(load_model, tmp_path / f"{arch}.gguf", "unsupported architecture", repr(arch))
-    assert "'llama'" in str(err)  # says what is supported
+    assert "supported: llama, qwen2, qwen3, gemma2, gemma3, phi3" in str(err)  # says what is supported
 
 
 def test_llama_weights_under_another_architecture_name_are_rejected(stories_gguf, save_gguf):
@@ -184,6 +184,12 @@ def test_llama_weights_under_another_architecture_name_are_rejected(stories_gguf
     contents.arch = "mamba"
     path = save_gguf(contents)
     expect_load_error(load_model, path, "unsupported architecture 'mamba'")
+
+
+def test_llama_file_relabelled_as_another_family_names_the_missing_key(stories_gguf, save_gguf):
+    contents = stories_gguf.copy()
+    contents.arch = "qwen2"  # its keys are still llama.*: the family's own are missing
+    expect_load_error(load_model, save_gguf(contents), "missing metadata key 'qwen2.")
 
 
 def _q_bytes(rows: int, cols: int, qtype, seed: int = 0) -> np.ndarray:

@@ -55,8 +55,10 @@ class GraphPart:
 class _Builder:
     """Accumulates nodes and initializers for one part."""
 
-    def __init__(self, spec: ModelSpec, layout: dict[str, tuple[int, int]], accuracy_level: int):
+    def __init__(self, spec: ModelSpec, layout: dict[str, tuple[int, int]], accuracy_level: int,
+                 context_tokens: int = 0):
         self.spec = spec
+        self.context_tokens = context_tokens or spec.config.context_length
         self.cfg = spec.config
         self.layout = layout
         self.accuracy_level = accuracy_level
@@ -105,6 +107,13 @@ class _Builder:
         w = self.external(f"{weight.name}.weight", weight.data)
         return self.node("RMSNormalization", [x, w], "norm", axis=-1, epsilon=float(self.cfg.rms_eps))
 
+    def head_norm(self, x: str, num_heads: int, weight: Weight) -> str:
+        """RMSNorm over each head of x (T, num_heads * head_dim) (Qwen3, Gemma 3 q/k norms)."""
+        hd = self.cfg.head_dim
+        x3 = self.node("Reshape", [x, self.const(f"heads_{num_heads}", np.array([0, num_heads, hd], np.int64))], "hr")
+        y = self.rmsnorm(x3, weight)
+        return self.node("Reshape", [y, self.const(f"flat_{num_heads}", np.array([0, num_heads * hd], np.int64))], "hf")
+
     def linear(self, x: str, weight: Weight) -> str:
         """x (T, in) @ W^T -> (T, out), for W (out, in) in any supported dtype."""
         if weight.dtype == "f32":
@@ -130,47 +139,104 @@ class _Builder:
         mins = self.external(f"{weight.name}.mins", weight.mins)
         return self.node("Sub", [y, self.node("Gemm", [sums, mins], "mmm", transB=1)], "mmq")
 
-    def rope_tables(self, positions: str) -> tuple[str, str]:
-        """cos, sin of shape (T, 1, head_dim / 2, 1) for adjacent-pair RoPE."""
-        hd = self.cfg.head_dim
+    def inv_freq(self, layer: int) -> np.ndarray:
+        """Angle per position of each rotated pair of ``layer``: (head_dim / 2,) f32."""
+        cfg, hd = self.cfg, self.cfg.head_dim
+        theta, scale = cfg.layer_rope(layer)
         # As run.c: freq_i = 1 / theta^(2i / head_dim), in float32.
-        inv_freq = (1.0 / np.power(np.float32(self.cfg.rope_theta),
-                                   np.arange(0, hd, 2, dtype=np.float32) / np.float32(hd))).astype(np.float32)
+        inv = (1.0 / np.power(np.float32(theta), np.arange(0, hd, 2, dtype=np.float32) / np.float32(hd)))
+        factors = None
+        if cfg.rope_freqs:  # Llama 3: rope_freqs divides each frequency
+            factors = self.spec.weights["rope_freqs"].data
+        elif cfg.rope_factors:  # Phi-3 LongRoPE: long factors past the original context
+            long = self.context_tokens > (cfg.rope_orig_context or cfg.context_length)
+            factors = self.spec.weights["rope_factors_long" if long else "rope_factors_short"].data
+        if factors is not None:
+            inv = inv / np.asarray(factors, np.float32).reshape(-1)
+        return (inv * np.float32(scale)).astype(np.float32)
+
+    def rope_tables(self, positions: str, layer: int) -> tuple[str, str]:
+        """cos, sin of ``layer``'s angles, shaped to broadcast over (T, heads, ...):
+        (T, 1, head_dim / 2, 1) for adjacent pairs, (T, 1, 1, head_dim / 2) for halves."""
+        hd = self.cfg.head_dim
+        inv = self.inv_freq(layer)
         pos = self.node("Cast", [positions], "posf", to=TensorProto.FLOAT)
         pos = self.node("Unsqueeze", [pos, self.const("axes_1", np.array([1], np.int64))], "pos2")
-        angles = self.node("Mul", [pos, self.const("inv_freq", inv_freq)], "ang")  # (T, hd/2)
-        shape = self.const("rope_shape", np.array([-1, 1, hd // 2, 1], np.int64))
-        cos = self.node("Reshape", [self.node("Cos", [angles], "cos"), shape], "cos4")
-        sin = self.node("Reshape", [self.node("Sin", [angles], "sin"), shape], "sin4")
-        return cos, sin
+        angles = self.node("Mul", [pos, self.const(f"inv_freq_{layer}", inv)], "ang")  # (T, hd/2)
+        shape = [-1, 1, hd // 2, 1] if self.cfg.rope_type == "norm" else [-1, 1, 1, hd // 2]
+        shape = self.const(f"rope_shape_{self.cfg.rope_type}", np.array(shape, np.int64))
+        cos, sin = self.node("Cos", [angles], "cos"), self.node("Sin", [angles], "sin")
+        if self.cfg.rope_attn_factor != 1.0:  # LongRoPE's magnitude scaling (llama.cpp's mscale)
+            f = self.const("rope_attn_factor", np.array(self.cfg.rope_attn_factor, np.float32))
+            cos, sin = self.node("Mul", [cos, f], "cosm"), self.node("Mul", [sin, f], "sinm")
+        return self.node("Reshape", [cos, shape], "cos4"), self.node("Reshape", [sin, shape], "sin4")
 
     def rope(self, x: str, num_heads: int, cos: str, sin: str) -> str:
-        """Rotate adjacent pairs (x[2i], x[2i+1]) of every head (llama.cpp NORM RoPE, run.c)."""
+        """Rotate every head of x: adjacent pairs (x[2i], x[2i+1]) (llama.cpp NORM RoPE,
+        run.c) or halves (x[i], x[i + head_dim/2]) (NEOX)."""
         hd = self.cfg.head_dim
-        x4 = self.node("Reshape", [x, self.const(f"pairs_{num_heads}", np.array([0, num_heads, hd // 2, 2], np.int64))], "rp")
+        norm = self.cfg.rope_type == "norm"
+        split_shape = [0, num_heads, hd // 2, 2] if norm else [0, num_heads, 2, hd // 2]
+        axis = 3 if norm else 2
+        x4 = self.node("Reshape", [x, self.const(f"pairs_{num_heads}_{axis}", np.array(split_shape, np.int64))], "rp")
         x0, x1 = self.tmp("x0"), self.tmp("x1")
-        self.nodes.append(helper.make_node("Split", [x4], [x0, x1], axis=3, num_outputs=2))
+        self.nodes.append(helper.make_node("Split", [x4], [x0, x1], axis=axis, num_outputs=2))
         o0 = self.node("Sub", [self.node("Mul", [x0, cos], "m"), self.node("Mul", [x1, sin], "m")], "o0")
         o1 = self.node("Add", [self.node("Mul", [x0, sin], "m"), self.node("Mul", [x1, cos], "m")], "o1")
-        o = self.node("Concat", [o0, o1], "cat", axis=3)
+        o = self.node("Concat", [o0, o1], "cat", axis=axis)
         return self.node("Reshape", [o, self.const(f"flat_{num_heads}", np.array([0, num_heads * hd], np.int64))], "rflat")
 
-    def open_layer(self, i: int, h: str, cos: str, sin: str) -> tuple[str, str, str]:
-        w = self.spec.weights
+    def split(self, x: str, sizes: list[int], stem: str) -> list[str]:
+        outs = [self.tmp(stem) for _ in sizes]
+        self.nodes.append(helper.make_node("Split", [x, self.const(f"split_{'_'.join(map(str, sizes))}",
+                                                                   np.array(sizes, np.int64))], outs, axis=1))
+        return outs
+
+    def open_layer(self, i: int, h: str, positions: str) -> tuple[str, str, str]:
+        cfg, w = self.cfg, self.spec.weights
+        cos, sin = self.rope_tables(positions, i)
         x = self.rmsnorm(h, w[f"blk.{i}.attn_norm"])
-        q = self.rope(self.linear(x, w[f"blk.{i}.attn_q"]), self.cfg.num_heads, cos, sin)
-        k = self.rope(self.linear(x, w[f"blk.{i}.attn_k"]), self.cfg.num_kv_heads, cos, sin)
-        v = self.linear(x, w[f"blk.{i}.attn_v"])
-        return q, k, v
+        if cfg.fused_qkv:  # Phi-3: one matmul, then q | k | v
+            q, k, v = self.split(self.linear(x, w[f"blk.{i}.attn_qkv"]), [cfg.q_dim, cfg.kv_dim, cfg.kv_dim], "qkv")
+        else:
+            q, k, v = (self.linear(x, w[f"blk.{i}.attn_{n}"]) for n in "qkv")
+        if cfg.qkv_bias:  # Qwen2
+            q, k, v = (self.node("Add", [t, self.external(f"blk.{i}.attn_{n}.bias.weight", w[f"blk.{i}.attn_{n}.bias"].data)],
+                                 "bias") for t, n in zip((q, k, v), "qkv"))
+        if cfg.qk_norm:  # Qwen3, Gemma 3
+            q = self.head_norm(q, cfg.num_heads, w[f"blk.{i}.attn_q_norm"])
+            k = self.head_norm(k, cfg.num_kv_heads, w[f"blk.{i}.attn_k_norm"])
+        return self.rope(q, cfg.num_heads, cos, sin), self.rope(k, cfg.num_kv_heads, cos, sin), v
 
     def close_layer(self, i: int, h: str, attn: str) -> str:
-        w = self.spec.weights
-        h = self.node("Add", [h, self.linear(attn, w[f"blk.{i}.attn_output"])], "res")
+        cfg, w = self.cfg, self.spec.weights
+        o = self.linear(attn, w[f"blk.{i}.attn_output"])
+        if cfg.post_norms:  # Gemma: normalize each branch before its residual add
+            o = self.rmsnorm(o, w[f"blk.{i}.post_attention_norm"])
+        h = self.node("Add", [h, o], "res")
         x = self.rmsnorm(h, w[f"blk.{i}.ffn_norm"])
-        gate = self.linear(x, w[f"blk.{i}.ffn_gate"])
-        up = self.linear(x, w[f"blk.{i}.ffn_up"])
-        act = self.node("Mul", [self.node("Mul", [gate, self.node("Sigmoid", [gate], "sig")], "silu"), up], "glu")
-        return self.node("Add", [h, self.linear(act, w[f"blk.{i}.ffn_down"])], "res")
+        if cfg.fused_gate_up:  # Phi-3: one matmul, gate first
+            gate, up = self.split(self.linear(x, w[f"blk.{i}.ffn_up"]), [cfg.hidden_dim, cfg.hidden_dim], "gu")
+        else:
+            gate, up = self.linear(x, w[f"blk.{i}.ffn_gate"]), self.linear(x, w[f"blk.{i}.ffn_up"])
+        if cfg.ffn_act == "gelu_tanh":  # GeGLU (ggml_gelu: the tanh approximation)
+            act = self.node("Gelu", [gate], "gelu", approximate="tanh")
+        else:  # SwiGLU
+            act = self.node("Mul", [gate, self.node("Sigmoid", [gate], "sig")], "silu")
+        y = self.linear(self.node("Mul", [act, up], "glu"), w[f"blk.{i}.ffn_down"])
+        if cfg.post_norms:
+            y = self.rmsnorm(y, w[f"blk.{i}.post_ffw_norm"])
+        return self.node("Add", [h, y], "res")
+
+    def lm_head(self, h: str) -> str:
+        cfg = self.cfg
+        logits = self.linear(self.rmsnorm(h, self.spec.weights["output_norm"]), self.spec.output)
+        if cfg.final_softcap > 0:  # Gemma 2: cap * tanh(logits / cap)
+            cap = cfg.final_softcap
+            t = self.node("Tanh", [self.node("Mul", [logits, self.const("inv_cap", np.array(1.0 / cap, np.float32))],
+                                             "lc")], "tanh")
+            logits = self.node("Mul", [t, self.const("cap", np.array(cap, np.float32))], "capped")
+        return logits
 
     def finish(self, index: int, inputs, outputs, renames: dict[str, str]) -> GraphPart:
         for final, internal in renames.items():
@@ -195,8 +261,10 @@ def weight_layout(spec: ModelSpec) -> dict[str, tuple[int, int]]:
     return layout
 
 
-def build_parts(spec: ModelSpec, accuracy_level: int = 4) -> list[GraphPart]:
-    """The ``num_layers + 1`` graphs of ``spec`` (see the module docstring)."""
+def build_parts(spec: ModelSpec, accuracy_level: int = 4, context_tokens: int = 0) -> list[GraphPart]:
+    """The ``num_layers + 1`` graphs of ``spec`` (see the module docstring) for a
+    context of ``context_tokens`` (default: the model's; Phi-3's LongRoPE factors
+    depend on it)."""
     cfg = spec.config
     layout = weight_layout(spec)
     F, I64 = TensorProto.FLOAT, TensorProto.INT64
@@ -209,24 +277,21 @@ def build_parts(spec: ModelSpec, accuracy_level: int = 4) -> list[GraphPart]:
     qkv_out = [vi("q", F, ["T", cfg.q_dim]), vi("k", F, ["T", cfg.kv_dim]), vi("v", F, ["T", cfg.kv_dim])]
     parts = []
     for index in range(cfg.num_layers + 1):
-        b = _Builder(spec, layout, accuracy_level)
+        b = _Builder(spec, layout, accuracy_level, context_tokens)
         if index == cfg.num_layers:
             rows = "rows"
             h = b.node("Gather", ["h", rows], "hsel", axis=0)
             attn = b.node("Gather", ["attn", rows], "asel", axis=0)
-            h = b.close_layer(index - 1, h, attn)
-            x = b.rmsnorm(h, spec.weights["output_norm"])
-            logits = b.linear(x, spec.output)
+            logits = b.lm_head(b.close_layer(index - 1, h, attn))
             parts.append(b.finish(index, [h_in, attn_in, vi("rows", I64, ["R"])],
                                   [vi("logits", F, ["R", cfg.vocab_size])], {"logits": logits}))
             continue
-        cos, sin = b.rope_tables("positions")
         if index == 0:
-            q, k, v = b.open_layer(0, "h", cos, sin)
+            q, k, v = b.open_layer(0, "h", "positions")
             parts.append(b.finish(index, [h_in, pos_in], qkv_out, {"q": q, "k": k, "v": v}))
         else:
             h = b.close_layer(index - 1, "h", "attn")
-            q, k, v = b.open_layer(index, h, cos, sin)
+            q, k, v = b.open_layer(index, h, "positions")
             parts.append(b.finish(index, [h_in, attn_in, pos_in], [vi("h_out", F, ["T", cfg.dim])] + qkv_out,
                                   {"h_out": h, "q": q, "k": k, "v": v}))
     return parts

@@ -1,6 +1,7 @@
 """GGUF loading through the ``gguf`` package (the format's reference reader).
 
-Supported: architecture ``llama`` with tensor types F32, F16, BF16, Q8_0, Q4_0, and
+Supported: the architectures of ``families.py`` (llama, qwen2, qwen3, gemma2, gemma3,
+phi3) with tensor types F32, F16, BF16, Q8_0, Q4_0, and
 Q6_K, Q4_K, Q5_K, Q3_K, Q2_K, Q5_0, Q4_1, Q5_1, IQ4_NL (the types of llama.cpp's
 Q4_K_M / Q5_K_M / Q6_K / Q3_K / Q2_K files and their fallbacks).
 
@@ -29,8 +30,9 @@ import os
 import numpy as np
 
 from ..errors import ModelLoadError
-from ..tokenizer.spec import TokenizerSpec
+from ..tokenizer.spec import TokenizerSpec, default_add_bos
 from . import quants
+from .families import family
 from .spec import QUANT_BLOCK, ModelConfig, ModelSpec, Weight, check_config, check_weights
 
 log = logging.getLogger(__name__)
@@ -63,18 +65,20 @@ def load_gguf(path: str | os.PathLike) -> ModelSpec:
         raise ModelLoadError(path, f"corrupt or truncated GGUF: {type(e).__name__}: {e}") from e
 
     meta = _Metadata(path, reader)
-    arch = meta.get("general.architecture")
-    if arch != "llama":
-        raise ModelLoadError(path, f"unsupported architecture {arch!r} (supported: 'llama')")
-
+    fam = family(path, meta.get("general.architecture"))
+    a = fam.name  # GGUF keys are prefixed with the architecture
     tensors = {t.name: t for t in reader.tensors}
-    dim = meta.require_int("llama.embedding_length")
-    num_heads = meta.require_int("llama.attention.head_count")
-    if "llama.attention.key_length" not in meta.fields and num_heads > 0 and dim % num_heads:
-        raise ModelLoadError(path, f"llama.embedding_length={dim} is not a multiple of "
-                                   f"llama.attention.head_count={num_heads} (and no llama.attention.key_length)")
-    head_dim = meta.get_int("llama.attention.key_length", dim // num_heads if num_heads else 0)
-    vocab_size = meta.get_int("llama.vocab_size", 0)
+    dim = meta.require_int(f"{a}.embedding_length")
+    num_heads = meta.require_int(f"{a}.attention.head_count")
+    if f"{a}.attention.key_length" not in meta.fields and num_heads > 0 and dim % num_heads:
+        raise ModelLoadError(path, f"{a}.embedding_length={dim} is not a multiple of "
+                                   f"{a}.attention.head_count={num_heads} (and no {a}.attention.key_length)")
+    head_dim = meta.get_int(f"{a}.attention.key_length", dim // num_heads if num_heads else 0)
+    value_dim = meta.get_int(f"{a}.attention.value_length", head_dim)
+    if value_dim != head_dim:
+        raise ModelLoadError(path, f"{a}.attention.value_length={value_dim} differs from key_length={head_dim} "
+                                   "(not supported)")
+    vocab_size = meta.get_int(f"{a}.vocab_size", 0)
     tokens = meta.get_list("tokenizer.ggml.tokens", str)
     if not vocab_size:
         vocab_size = len(tokens) if tokens else 0
@@ -82,33 +86,32 @@ def load_gguf(path: str | os.PathLike) -> ModelSpec:
         # No vocabulary anywhere: take the size from the embedding, so that the error
         # below is "no tokenizer", not a meaningless vocab_size=0.
         vocab_size = int(tensors["token_embd.weight"].shape[-1])
-    cfg = ModelConfig(
-        arch=arch,
+    common = dict(
+        arch=a,
         dim=dim,
-        hidden_dim=meta.require_int("llama.feed_forward_length"),
-        num_layers=meta.require_int("llama.block_count"),
+        hidden_dim=meta.require_int(f"{a}.feed_forward_length"),
+        num_layers=meta.require_int(f"{a}.block_count"),
         num_heads=num_heads,
-        num_kv_heads=meta.get_int("llama.attention.head_count_kv", num_heads),
+        num_kv_heads=meta.get_int(f"{a}.attention.head_count_kv", num_heads),
         head_dim=head_dim,
         vocab_size=vocab_size,
-        context_length=meta.require_int("llama.context_length"),
-        rope_theta=meta.get_float("llama.rope.freq_base", 10000.0),
-        rope_dim=meta.get_int("llama.rope.dimension_count", head_dim),
-        rms_eps=meta.get_float("llama.attention.layer_norm_rms_epsilon", 1e-5),
+        context_length=meta.require_int(f"{a}.context_length"),
+        rope_theta=meta.get_float(f"{a}.rope.freq_base", 10000.0),
+        rope_dim=meta.get_int(f"{a}.rope.dimension_count", head_dim),
+        rms_eps=meta.get_float(f"{a}.attention.layer_norm_rms_epsilon", 1e-5),
         tied_output="output.weight" not in tensors,
     )
-    scaling = meta.get("llama.rope.scaling.type")
-    if scaling not in (None, "none", "linear") or "rope_freqs.weight" in tensors:
-        raise ModelLoadError(path, f"RoPE scaling {scaling or 'rope_freqs'} is not supported yet")
-    if scaling == "linear" and meta.get_float("llama.rope.scaling.factor", 1.0) != 1.0:
-        raise ModelLoadError(path, "linear RoPE scaling is not supported yet")
+    cfg = ModelConfig(**{**common, **fam.config_fields(meta, common, set(tensors))})
     check_config(path, cfg)
 
     weights: dict[str, Weight] = {}
     for name, t in tensors.items():
-        if not name.endswith(".weight"):
-            continue
-        weights[name[: -len(".weight")]] = _convert(path, name, t)
+        if name.endswith(".weight"):
+            weights[name[: -len(".weight")]] = _convert(path, name, t)
+        elif name.endswith(".bias"):  # kept whole: "blk.0.attn_q.bias"
+            w = _convert(path, name, t)
+            w.name = name
+            weights[name] = w
     check_weights(path, cfg, weights)
     # Zero copy pays when the file is mostly F32. When it is mostly converted weights
     # (quantized or F16), the few F32 views (norms) would pin the whole mapping, whose
@@ -278,6 +281,9 @@ def _tokenizer_spec(path: str, meta: _Metadata, vocab_size: int) -> TokenizerSpe
         value = meta.get_int(key, 0)
         return value if 0 <= value < len(tokens) else None  # e.g. 0xFFFFFFFF: unset
 
+    pre, name = meta.get("tokenizer.ggml.pre"), meta.get("general.name")
+    if pre is not None and not isinstance(pre, str):
+        raise ModelLoadError(path, f"metadata 'tokenizer.ggml.pre'={pre!r} must be a string")
     scores = meta.get_list("tokenizer.ggml.scores", float)
     types = meta.get_list("tokenizer.ggml.token_type", int)
     merges = meta.get_list("tokenizer.ggml.merges", str)
@@ -296,10 +302,11 @@ def _tokenizer_spec(path: str, meta: _Metadata, vocab_size: int) -> TokenizerSpe
         eos_id=opt_id("tokenizer.ggml.eos_token_id"),
         unk_id=opt_id("tokenizer.ggml.unknown_token_id"),
         eot_id=opt_id("tokenizer.ggml.eot_token_id"),
-        add_bos=bool(meta.get("tokenizer.ggml.add_bos_token", True)),
+        add_bos=bool(meta.get("tokenizer.ggml.add_bos_token", default_add_bos(model, pre))),
         add_eos=bool(meta.get("tokenizer.ggml.add_eos_token", False)),
         add_space_prefix=bool(meta.get("tokenizer.ggml.add_space_prefix", model == "llama")),
-        pre=meta.get("tokenizer.ggml.pre"),
+        pre=pre,
         chat_template=meta.get("tokenizer.chat_template"),
+        name=name if isinstance(name, str) else None,
         extra={"remove_extra_whitespaces": bool(meta.get("tokenizer.ggml.remove_extra_whitespaces", False))},
     )

@@ -318,11 +318,15 @@ def _download(repo_id: str, quant: str | None, filename: str, revision: str | No
     from huggingface_hub import hf_hub_download
     from huggingface_hub.utils import LocalEntryNotFoundError
 
-    from .. import __version__
+    from importlib.metadata import PackageNotFoundError, version
 
+    try:  # (the package's __version__ sits above this layer)
+        lib_version = version("dualpath")
+    except PackageNotFoundError:
+        lib_version = "unknown"
     try:
         return hf_hub_download(repo_id, filename, revision=revision, cache_dir=cache_dir,
-                               local_files_only=local_only, library_name="dualpath", library_version=__version__)
+                               local_files_only=local_only, library_name="dualpath", library_version=lib_version)
     except LocalEntryNotFoundError as e:
         why = "offline mode is on (HF_HUB_OFFLINE=1)" if offline else "the Hub could not be reached"
         raise HubModelError(repo_id, quant, f"{filename} is not in the local HF cache {cache_dir} and {why}") from e

@@ -49,6 +49,46 @@ class ModelConfig:
     rms_eps: float = 1e-5
     tied_output: bool = False
     """The classifier is the token embedding (no separate ``output`` weight)."""
+    # -- family differences (models/families.py); the defaults are Llama's ----------
+    rope_type: str = "norm"
+    """``norm``: rotate adjacent pairs (x[2i], x[2i+1]); ``neox``: the halves (x[i], x[i + d/2])."""
+    rope_scale: float = 1.0
+    """Linear RoPE scaling: angles are position * rope_scale (1 / the file's factor)."""
+    rope_freqs: bool = False
+    """Llama 3 frequency factors: the weight ``rope_freqs`` (head_dim / 2,) divides the angles."""
+    rope_factors: bool = False
+    """Phi-3 LongRoPE: ``rope_factors_short`` / ``rope_factors_long`` (head_dim / 2,) divide the
+    angles (long when the context exceeds ``rope_orig_context``), cos/sin times ``rope_attn_factor``."""
+    rope_orig_context: int = 0
+    rope_attn_factor: float = 1.0
+    sliding_window: int = 0
+    """Tokens a sliding-window layer sees (0: no such layers)."""
+    swa_layers: tuple = ()
+    """Per layer: True where the layer attends through the sliding window."""
+    rope_theta_swa: float = 0.0
+    """RoPE base of sliding-window layers (0: rope_theta)."""
+    rope_scale_swa: float | None = None
+    """RoPE scale of sliding-window layers (None: rope_scale)."""
+    attn_scale: float = 0.0
+    """Multiplies q.k (0: 1 / sqrt(head_dim))."""
+    attn_softcap: float = 0.0
+    """> 0: attention scores become softcap * tanh(score / softcap)."""
+    final_softcap: float = 0.0
+    """> 0: logits become softcap * tanh(logit / softcap)."""
+    embed_scale: float = 1.0
+    """Token embeddings are multiplied by this (Gemma: sqrt(dim))."""
+    ffn_act: str = "silu"
+    """Gate activation of the MLP: ``silu`` (SwiGLU) or ``gelu_tanh`` (GeGLU)."""
+    qkv_bias: bool = False
+    """q, k, v projections have biases (``attn_q.bias`` ...)."""
+    qk_norm: bool = False
+    """RMSNorm over each head of q and k before RoPE (``attn_q_norm``, ``attn_k_norm``)."""
+    post_norms: bool = False
+    """RMSNorm on the attention and MLP outputs before their residual adds."""
+    fused_qkv: bool = False
+    """q, k, v in one ``attn_qkv`` weight (q_dim + 2 kv_dim, dim)."""
+    fused_gate_up: bool = False
+    """Gate and up in one ``ffn_up`` weight (2 hidden_dim, dim), gate first."""
 
     @property
     def q_dim(self) -> int:
@@ -57,6 +97,34 @@ class ModelConfig:
     @property
     def kv_dim(self) -> int:
         return self.num_kv_heads * self.head_dim
+
+    def layer_window(self, layer: int) -> int:
+        """Sliding window of ``layer`` in tokens, 0 for a global layer."""
+        return self.sliding_window if self.swa_layers and self.swa_layers[layer] else 0
+
+    def layer_rope(self, layer: int) -> tuple[float, float]:
+        """(RoPE base, RoPE scale) of ``layer``."""
+        if self.layer_window(layer):
+            scale = self.rope_scale if self.rope_scale_swa is None else self.rope_scale_swa
+            return (self.rope_theta_swa or self.rope_theta), scale
+        return self.rope_theta, self.rope_scale
+
+    FAMILY_FIELDS = ("rope_type", "rope_scale", "rope_freqs", "rope_factors", "rope_orig_context",
+                     "rope_attn_factor", "sliding_window", "rope_theta_swa", "rope_scale_swa", "attn_scale",
+                     "attn_softcap", "final_softcap", "embed_scale", "ffn_act", "qkv_bias", "qk_norm",
+                     "post_norms", "fused_qkv", "fused_gate_up")
+
+    def differences(self) -> dict:
+        """The family fields that differ from Llama's defaults (for ``dualpath info``)."""
+        out = {f: getattr(self, f) for f in self.FAMILY_FIELDS
+               if getattr(self, f) != self.__dataclass_fields__[f].default}
+        if self.swa_layers:
+            out["sliding_layers"] = "".join("s" if w else "g" for w in self.swa_layers)
+        return out
+
+    @property
+    def attention_scale(self) -> float:
+        return self.attn_scale or 1.0 / float(np.sqrt(self.head_dim))
 
 
 @dataclass
@@ -149,17 +217,27 @@ def expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     }
     if not cfg.tied_output:
         shapes["output"] = (cfg.vocab_size, cfg.dim)
-    per_layer = {
-        "attn_norm": (cfg.dim,),
-        "attn_q": (cfg.q_dim, cfg.dim),
-        "attn_k": (cfg.kv_dim, cfg.dim),
-        "attn_v": (cfg.kv_dim, cfg.dim),
-        "attn_output": (cfg.dim, cfg.q_dim),
-        "ffn_norm": (cfg.dim,),
-        "ffn_gate": (cfg.hidden_dim, cfg.dim),
-        "ffn_down": (cfg.dim, cfg.hidden_dim),
-        "ffn_up": (cfg.hidden_dim, cfg.dim),
-    }
+    half = (cfg.head_dim // 2,)
+    if cfg.rope_freqs:
+        shapes["rope_freqs"] = half
+    if cfg.rope_factors:
+        shapes["rope_factors_short"] = shapes["rope_factors_long"] = half
+    per_layer = {"attn_norm": (cfg.dim,), "attn_output": (cfg.dim, cfg.q_dim), "ffn_norm": (cfg.dim,),
+                 "ffn_down": (cfg.dim, cfg.hidden_dim)}
+    if cfg.fused_qkv:
+        per_layer["attn_qkv"] = (cfg.q_dim + 2 * cfg.kv_dim, cfg.dim)
+    else:
+        per_layer.update(attn_q=(cfg.q_dim, cfg.dim), attn_k=(cfg.kv_dim, cfg.dim), attn_v=(cfg.kv_dim, cfg.dim))
+    if cfg.qkv_bias:
+        per_layer.update({"attn_q.bias": (cfg.q_dim,), "attn_k.bias": (cfg.kv_dim,), "attn_v.bias": (cfg.kv_dim,)})
+    if cfg.qk_norm:
+        per_layer.update(attn_q_norm=(cfg.head_dim,), attn_k_norm=(cfg.head_dim,))
+    if cfg.post_norms:
+        per_layer.update(post_attention_norm=(cfg.dim,), post_ffw_norm=(cfg.dim,))
+    if cfg.fused_gate_up:
+        per_layer["ffn_up"] = (2 * cfg.hidden_dim, cfg.dim)
+    else:
+        per_layer.update(ffn_gate=(cfg.hidden_dim, cfg.dim), ffn_up=(cfg.hidden_dim, cfg.dim))
     for i in range(cfg.num_layers):
         for name, shape in per_layer.items():
             shapes[f"blk.{i}.{name}"] = shape
@@ -183,6 +261,14 @@ def check_config(path, cfg: ModelConfig) -> None:
         raise ModelLoadError(path, f"partial rotary embeddings (rope dimension {cfg.rope_dim} of head_dim {cfg.head_dim}) are not supported")
     if not (cfg.rms_eps > 0 and cfg.rope_theta > 0):
         raise ModelLoadError(path, f"rms_eps={cfg.rms_eps} and rope_theta={cfg.rope_theta} must be positive")
+    if cfg.sliding_window < 0 or (cfg.swa_layers and len(cfg.swa_layers) != cfg.num_layers):
+        raise ModelLoadError(path, f"sliding window {cfg.sliding_window} must be >= 0 with one flag per layer")
+    for name in ("attn_softcap", "final_softcap", "attn_scale", "rope_theta_swa"):
+        value = getattr(cfg, name)
+        if not (value >= 0 and np.isfinite(value)):
+            raise ModelLoadError(path, f"hyper-parameter {name}={value} must be a finite number >= 0")
+    if not (cfg.rope_scale > 0 and np.isfinite(cfg.rope_scale)):
+        raise ModelLoadError(path, f"RoPE scale {cfg.rope_scale} must be positive")
 
 
 def check_weights(path, cfg: ModelConfig, weights: dict[str, Weight]) -> None:

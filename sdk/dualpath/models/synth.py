@@ -27,6 +27,26 @@ class Shape:
     context_length: int = 2048
     rope_theta: float = 10000.0
     rms_eps: float = 1e-5
+    arch: str = "llama"
+    """GGUF ``general.architecture`` (a family of models/families.py)."""
+    head_dim: int = 0
+    """0: dim / num_heads."""
+    tied: bool = False
+    """No ``output`` weight: the classifier is the token embedding."""
+    sliding_window: int = 0
+    swa_pattern: int = 0
+    """Written as ``sliding_window_pattern`` when set (else the family's default)."""
+    rope_freqs: bool = False
+    """Llama 3 frequency factors (a ``rope_freqs`` tensor)."""
+    rope_factors: bool = False
+    """Phi-3 LongRoPE factors (``rope_factors_short``/``_long``), original context half the context."""
+    init_std: float = 0.02
+    """Standard deviation of the random matrices (larger in the tiny test shapes, so
+    that every layer moves the output and greedy text does not repeat one token)."""
+
+    @property
+    def hd(self) -> int:
+        return self.head_dim or self.dim // self.num_heads
 
 
 PRESETS: dict[str, Shape] = {
@@ -39,7 +59,59 @@ PRESETS: dict[str, Shape] = {
     # Small, with every row a multiple of 256 (K-quant super-blocks): for quantization tests.
     "kquant-tiny": Shape(dim=256, hidden_dim=768, num_layers=2, num_heads=4, num_kv_heads=4, vocab_size=4096,
                          context_length=512),
+    # The popular small models' shapes (from their config.json), and a tiny twin of each
+    # family for tests (rows multiples of 256; windows shorter than a test's sequence).
+    "llama3.2-1b": Shape(dim=2048, hidden_dim=8192, num_layers=16, num_heads=32, num_kv_heads=8, vocab_size=128256,
+                         context_length=131072, rope_theta=500000.0, tied=True, rope_freqs=True),
+    "smollm2-135m": Shape(dim=576, hidden_dim=1536, num_layers=30, num_heads=9, num_kv_heads=3, vocab_size=49152,
+                          context_length=8192, rope_theta=100000.0, tied=True),
+    "qwen2.5-0.5b": Shape(dim=896, hidden_dim=4864, num_layers=24, num_heads=14, num_kv_heads=2, vocab_size=151936,
+                          context_length=32768, rope_theta=1000000.0, rms_eps=1e-6, arch="qwen2", tied=True),
+    "qwen3-0.6b": Shape(dim=1024, hidden_dim=3072, num_layers=28, num_heads=16, num_kv_heads=8, head_dim=128,
+                        vocab_size=151936, context_length=40960, rope_theta=1000000.0, rms_eps=1e-6, arch="qwen3",
+                        tied=True),
+    "gemma2-2b": Shape(dim=2304, hidden_dim=9216, num_layers=26, num_heads=8, num_kv_heads=4, head_dim=256,
+                       vocab_size=256000, context_length=8192, rms_eps=1e-6, arch="gemma2", tied=True,
+                       sliding_window=4096),
+    "gemma3-1b": Shape(dim=1152, hidden_dim=6912, num_layers=26, num_heads=4, num_kv_heads=1, head_dim=256,
+                       vocab_size=262144, context_length=32768, rope_theta=1000000.0, rms_eps=1e-6, arch="gemma3",
+                       tied=True, sliding_window=512),
+    "phi3-mini": Shape(dim=3072, hidden_dim=8192, num_layers=32, num_heads=32, num_kv_heads=32, vocab_size=32064,
+                       context_length=4096, arch="phi3"),
+    "llama3-tiny": Shape(dim=256, hidden_dim=512, num_layers=2, num_heads=4, num_kv_heads=2, vocab_size=2048,
+                         context_length=512, rope_theta=500000.0, tied=True, rope_freqs=True, init_std=0.08),
+    "qwen2-tiny": Shape(dim=256, hidden_dim=512, num_layers=2, num_heads=4, num_kv_heads=2, vocab_size=2048,
+                        context_length=512, rope_theta=1000000.0, rms_eps=1e-6, arch="qwen2", init_std=0.08),
+    "qwen3-tiny": Shape(dim=256, hidden_dim=512, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=128,
+                        vocab_size=2048, context_length=512, rope_theta=1000000.0, rms_eps=1e-6, arch="qwen3", init_std=0.08),
+    "gemma2-tiny": Shape(dim=256, hidden_dim=512, num_layers=2, num_heads=2, num_kv_heads=1, head_dim=256,
+                         vocab_size=2048, context_length=512, rms_eps=1e-6, arch="gemma2", tied=True,
+                         sliding_window=12, init_std=0.08),
+    "gemma3-tiny": Shape(dim=256, hidden_dim=512, num_layers=3, num_heads=4, num_kv_heads=1, head_dim=64,
+                         vocab_size=2048, context_length=512, rope_theta=1000000.0, rms_eps=1e-6, arch="gemma3",
+                         tied=True, sliding_window=10, swa_pattern=3, init_std=0.08),
+    "phi3-tiny": Shape(dim=256, hidden_dim=512, num_layers=2, num_heads=4, num_kv_heads=4, vocab_size=2048,
+                       context_length=512, arch="phi3", rope_factors=True, init_std=0.08),
 }
+def preset_for(arch: str | None, preset: str | None) -> str:
+    """The preset ``dualpath synth --arch/--preset`` names: the preset when given (it
+    must be of ``arch``), else ``arch``'s tiny test shape, else stories15M."""
+    if preset is not None:
+        if preset not in PRESETS:
+            raise ValueError(f"unknown preset {preset!r}; choose one of {', '.join(PRESETS)}")
+        if arch is not None and PRESETS[preset].arch != arch:
+            raise ValueError(f"preset {preset!r} is a {PRESETS[preset].arch} model, not {arch}; presets of {arch}: "
+                             f"{', '.join(n for n, p in PRESETS.items() if p.arch == arch)}")
+        return preset
+    if arch is None:
+        return "stories15M"
+    tiny = "llama3-tiny" if arch == "llama" else f"{arch}-tiny"
+    if tiny not in PRESETS:
+        raise ValueError(f"unknown architecture {arch!r}; choose one of "
+                         f"{', '.join(sorted({p.arch for p in PRESETS.values()}))}")
+    return tiny
+
+
 TYPES = ("F32", "F16", "Q8_0", "Q4_0")
 """Types written here (norms stay F32)."""
 LLAMA_CPP_TYPES = ("Q4_K_M", "Q4_K_S", "Q5_K_M", "Q5_K_S", "Q6_K", "Q3_K_M", "Q2_K", "Q5_0", "Q5_1", "Q4_1",
@@ -99,13 +171,14 @@ def synth_gguf(path: str | os.PathLike, preset: str = "stories15M", weight_type:
         raise ValueError(f"unknown weight type {weight_type!r}; choose one of {', '.join(TYPES + LLAMA_CPP_TYPES)}")
     shape = PRESETS[preset]
     ctx = context_length or shape.context_length
-    head_dim = shape.dim // shape.num_heads
-    kv_dim = head_dim * shape.num_kv_heads
+    head_dim = shape.hd
+    q_dim, kv_dim = head_dim * shape.num_heads, head_dim * shape.num_kv_heads
+    arch = shape.arch
     path = os.fspath(path)
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     tmp = path + ".part"
 
-    w = gguf.GGUFWriter(tmp, "llama")
+    w = gguf.GGUFWriter(tmp, arch)
     w.add_name(f"dualpath-synth-{preset}-{weight_type}-seed{seed}")
     w.add_description("random weights with real shapes, written by `dualpath synth`; its text is noise")
     w.add_context_length(ctx)
@@ -114,12 +187,30 @@ def synth_gguf(path: str | os.PathLike, preset: str = "stories15M", weight_type:
     w.add_block_count(shape.num_layers)
     w.add_head_count(shape.num_heads)
     w.add_head_count_kv(shape.num_kv_heads)
+    if shape.head_dim:
+        w.add_key_length(head_dim)
+        w.add_value_length(head_dim)
     w.add_rope_dimension_count(head_dim)
     w.add_rope_freq_base(shape.rope_theta)
     w.add_layer_norm_rms_eps(shape.rms_eps)
     w.add_vocab_size(shape.vocab_size)
     w.add_file_type(_FILE_TYPE[weight_type])
+    if shape.sliding_window:
+        w.add_sliding_window(shape.sliding_window)
+    if shape.swa_pattern:
+        w.add_uint32(f"{arch}.attention.sliding_window_pattern", shape.swa_pattern)
+    if arch == "gemma2":
+        w.add_attn_logit_softcapping(50.0)
+        w.add_final_logit_softcapping(30.0)
+    if shape.rope_factors:
+        w.add_string(f"{arch}.rope.scaling.type", "longrope")
+        w.add_uint32(f"{arch}.rope.scaling.original_context_length", ctx // 2)
+        w.add_float32(f"{arch}.rope.scaling.attn_factor", 1.19)
     tokens, scores, types = synth_vocab(shape.vocab_size, seed)
+    if arch == "phi3":  # llama.cpp looks these up by name in a Phi-3 vocabulary
+        from ..tokenizer.spec import TOKEN_CONTROL
+
+        tokens[-2:], types[-2:] = ["<|end|>", "<|endoftext|>"], [TOKEN_CONTROL, TOKEN_CONTROL]
     w.add_tokenizer_model("llama")
     w.add_token_list(tokens)
     w.add_token_scores(scores)
@@ -130,22 +221,45 @@ def synth_gguf(path: str | os.PathLike, preset: str = "stories15M", weight_type:
     w.add_add_bos_token(True)
     w.add_add_eos_token(False)
 
-    # (name, (out, in) or (n,), init std); names in llama.cpp's order.
-    tensors: list[tuple[str, tuple[int, ...], float]] = [("token_embd.weight", (shape.vocab_size, shape.dim), 0.02)]
+    # (name, (out, in) or (n,), init std); names in llama.cpp's order. std 0: a norm
+    # (around 1); std < 0: positive factors (RoPE frequency factors, 1 .. 1 + |std|).
+    std = shape.init_std
+    tensors: list[tuple[str, tuple[int, ...], float]] = [("token_embd.weight", (shape.vocab_size, shape.dim), std)]
+    if shape.rope_freqs:
+        tensors.append(("rope_freqs.weight", (head_dim // 2,), -8.0))
+    if shape.rope_factors:
+        tensors += [("rope_factors_long.weight", (head_dim // 2,), -4.0),
+                    ("rope_factors_short.weight", (head_dim // 2,), -0.5)]
     for i in range(shape.num_layers):
         p = f"blk.{i}."
-        tensors += [
-            (p + "attn_norm.weight", (shape.dim,), 0.0),
-            (p + "attn_q.weight", (shape.dim, shape.dim), 0.02),
-            (p + "attn_k.weight", (kv_dim, shape.dim), 0.02),
-            (p + "attn_v.weight", (kv_dim, shape.dim), 0.02),
-            (p + "attn_output.weight", (shape.dim, shape.dim), 0.02),
-            (p + "ffn_norm.weight", (shape.dim,), 0.0),
-            (p + "ffn_gate.weight", (shape.hidden_dim, shape.dim), 0.02),
-            (p + "ffn_down.weight", (shape.dim, shape.hidden_dim), 0.02),
-            (p + "ffn_up.weight", (shape.hidden_dim, shape.dim), 0.02),
-        ]
-    tensors += [("output_norm.weight", (shape.dim,), 0.0), ("output.weight", (shape.vocab_size, shape.dim), 0.02)]
+        tensors.append((p + "attn_norm.weight", (shape.dim,), 0.0))
+        if arch == "phi3":
+            tensors.append((p + "attn_qkv.weight", (q_dim + 2 * kv_dim, shape.dim), std))
+        else:
+            tensors += [(p + "attn_q.weight", (q_dim, shape.dim), std),
+                        (p + "attn_k.weight", (kv_dim, shape.dim), std),
+                        (p + "attn_v.weight", (kv_dim, shape.dim), std)]
+        if arch == "qwen2":
+            tensors += [(p + "attn_q.bias", (q_dim,), 0.5), (p + "attn_k.bias", (kv_dim,), 0.5),
+                        (p + "attn_v.bias", (kv_dim,), 0.5)]
+        if arch in ("qwen3", "gemma3"):
+            tensors += [(p + "attn_q_norm.weight", (head_dim,), 0.0), (p + "attn_k_norm.weight", (head_dim,), 0.0)]
+        tensors.append((p + "attn_output.weight", (shape.dim, q_dim), std))
+        if arch in ("gemma2", "gemma3"):
+            tensors.append((p + "post_attention_norm.weight", (shape.dim,), 0.0))
+        tensors.append((p + "ffn_norm.weight", (shape.dim,), 0.0))
+        if arch == "phi3":
+            tensors += [(p + "ffn_down.weight", (shape.dim, shape.hidden_dim), std),
+                        (p + "ffn_up.weight", (2 * shape.hidden_dim, shape.dim), std)]
+        else:
+            tensors += [(p + "ffn_gate.weight", (shape.hidden_dim, shape.dim), std),
+                        (p + "ffn_down.weight", (shape.dim, shape.hidden_dim), std),
+                        (p + "ffn_up.weight", (shape.hidden_dim, shape.dim), std)]
+        if arch in ("gemma2", "gemma3"):
+            tensors.append((p + "post_ffw_norm.weight", (shape.dim,), 0.0))
+    tensors.append(("output_norm.weight", (shape.dim,), 0.0))
+    if not shape.tied:
+        tensors.append(("output.weight", (shape.vocab_size, shape.dim), std))
 
     rng = np.random.default_rng(seed)
     qtype = getattr(gguf.GGMLQuantizationType, weight_type)
@@ -153,6 +267,8 @@ def synth_gguf(path: str | os.PathLike, preset: str = "stories15M", weight_type:
     def make(shp, std):
         if std == 0.0:  # norm weights: around 1, as trained models have
             return (1.0 + 0.1 * rng.standard_normal(shp, dtype=np.float32)).astype(np.float32)
+        if std < 0.0:  # frequency factors: 1 .. 1 + |std|, rising with the dimension
+            return (1.0 - std * np.linspace(0, 1, shp[0]) ** 2).astype(np.float32)
         return rng.standard_normal(shp, dtype=np.float32) * np.float32(std)
 
     def encode(arr):

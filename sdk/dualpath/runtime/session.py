@@ -247,7 +247,7 @@ class ModelRunner:
         self.max_step_tokens = T = max_step_tokens
         self.max_num_seqs = max(1, max_num_seqs)
         t0 = time.perf_counter()
-        parts = build_parts(spec, accuracy_level)
+        parts = build_parts(spec, accuracy_level, max_context_tokens)
         self.governor = governor
         if governor is None:
             self.sessions = create_sessions(parts, num_threads, spinning, own_prepacked=True)
@@ -266,6 +266,7 @@ class ModelRunner:
         self.load_seconds = time.perf_counter() - t0
         emb = spec.weights["token_embd"]
         self._emb_table, self._emb_scales, self._emb_dtype = emb.data, emb.scales, emb.dtype
+        self._emb_scale = np.float32(cfg.embed_scale)  # Gemma: sqrt(dim), in f32 as llama.cpp
         self.ids = np.zeros(T, np.int64)                        # (T,)
         self.positions = np.zeros(T, np.int64)                  # (T,)
         self.rows = np.zeros(T, np.int64)                       # (R,) rows whose logits are wanted
@@ -308,11 +309,13 @@ class ModelRunner:
         self.spans = np.zeros((max_spans, 3), np.int64)         # (max_spans, 3)
         self.seqs = np.zeros((self.max_num_seqs, 5), np.int64)   # (S, 5) row0, n, pos0, span0, num_spans
         # Our kernels' own pool (ONNX Runtime has its own): same thread count and cores.
-        scale = float(1.0 / np.sqrt(cfg.head_dim))
+        # How each layer attends: the family's scale and soft-cap, sliding windows per layer.
+        windows = np.array([cfg.layer_window(i) for i in range(cfg.num_layers)], np.int64)
 
         def stepper(pool):
             return ArenaStepper(self.cache.arena, self.q, self.k, self.v, self.attn, self.slots, self.spans,
-                                scale, dp.prefetch_degree, pool, kernel, self.seqs)
+                                cfg.attention_scale, dp.prefetch_degree, pool, kernel, self.seqs,
+                                softcap=cfg.attn_softcap, windows=windows)
 
         self._sets = {}  # SessionSpec -> (sessions, kernel stepper)
         self.pool = None if governor is not None else ThreadPool(num_threads)
@@ -400,6 +403,8 @@ class ModelRunner:
             sessions, kv_stepper = self._sets[sp]
         binding = self._binding(T, R, sessions)
         _embed(binding.ids, self._emb_table, self._emb_scales, self._emb_dtype, binding.h0)
+        if self._emb_scale != 1.0:
+            np.multiply(binding.h0, self._emb_scale, out=binding.h0)
         kv_step = kv_stepper.step_batch
         for run, b, layer in binding.plan:
             run(b)
