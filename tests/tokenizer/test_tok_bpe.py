@@ -42,8 +42,11 @@ def test_user_defined_tokens_are_always_whole_tokens(bpe_spec):
 
 
 def test_stop_ids_include_eos_and_eot(bpe_spec):
+    from dualpath.tokenizer.base import _LLAMA_CPP_EOG_TEXTS
+
     tok = build_tokenizer(bpe_spec)
-    assert tok.stop_ids == frozenset({bpe_spec.eos_id, bpe_spec.eot_id, bpe_spec.bos_id})
+    by_text = {i for i, t in enumerate(bpe_spec.tokens) if t in _LLAMA_CPP_EOG_TEXTS}  # trained look-alikes
+    assert tok.stop_ids == frozenset({bpe_spec.eos_id, bpe_spec.eot_id, bpe_spec.bos_id} | by_text)
 
 
 def test_token_bytes_undo_the_gpt2_byte_alphabet(bpe_spec):
@@ -86,3 +89,20 @@ def test_missing_pre_tokenizer_uses_llama_cpps_default_with_a_warning(bpe_spec, 
     assert "no tokenizer.ggml.pre" in caplog.text
     default = build_tokenizer(with_pre(bpe_spec, "default"))
     assert tok.encode("1234 $+<=> x") == default.encode("1234 $+<=> x")
+
+
+def test_end_of_generation_tokens_stop_by_text_as_llama_cpp(bpe_spec):
+    """A chat model's turn ends at llama.cpp's end-of-generation texts whatever its EOS
+    (Gemma's <end_of_turn>, Llama 3's <|eot_id|>), and at no other control token."""
+    import dataclasses
+
+    tokens = list(bpe_spec.tokens)
+    for text in ("<end_of_turn>", "<start_of_turn>"):  # the trained vocabulary may hold them
+        if text not in tokens:
+            tokens[max(i for i, t in enumerate(tokens) if len(t) > 3 and not t.startswith("<"))] = text
+    eot_turn, other = tokens.index("<end_of_turn>"), tokens.index("<start_of_turn>")
+    spec = dataclasses.replace(bpe_spec, tokens=tuple(tokens), eot_id=None)
+    tok = build_tokenizer(spec)
+    assert eot_turn in tok.stop_ids and other not in tok.stop_ids
+    im_end = bpe_spec.tokens.index(IM_END)  # "<|im_end|>" stops even when it is not eot_id
+    assert im_end in tok.stop_ids and spec.eos_id in tok.stop_ids

@@ -100,6 +100,7 @@ class Tokenizer:
         self._bytes_first_special: list[bytes] = []
 
         stop = {spec.eos_id, spec.eot_id, spec.bos_id}
+        stop.update(i for i, t in enumerate(spec.tokens) if t in _LLAMA_CPP_EOG_TEXTS)
         stop.discard(None)
         self._stop_ids = frozenset(stop)
 
@@ -298,10 +299,14 @@ _C_SPACE = frozenset(" \t\n\v\f\r")  # C isspace() in the "C" locale, which llam
 
 # Texts llama.cpp makes CONTROL whatever their file type (llama_vocab::impl::load): its
 # end-of-generation list, and its fill-in-the-middle lists (prefix, suffix, middle, pad, repo, sep).
-_LLAMA_CPP_CONTROL_TEXTS = frozenset((
+_LLAMA_CPP_EOG_TEXTS = frozenset((
     "<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<|flush|>", "<|calls|>", "<end_of_turn>",
     "<|endoftext|>", "</s>", "<|eom_id|>", "<EOT>", "_<EOT>", "[EOT]", "[EOS]", "<|end_of_text|>",
     "<end_of_utterance>", "<eos>", "<turn|>", "<|tool_response>", "<｜end▁of▁sentence｜>", "[e~[",
+))
+"""llama.cpp's end-of-generation tokens by text (``special_eog_ids``): a chat model's turn
+ends there whatever its ``eos_token_id`` (Gemma's ``<end_of_turn>``, Llama 3's ``<|eot_id|>``)."""
+_LLAMA_CPP_CONTROL_TEXTS = _LLAMA_CPP_EOG_TEXTS | frozenset((
     "<|fim_prefix|>", "<fim-prefix>", "<fim_prefix>", "<｜fim▁begin｜>", "<PRE>", "▁<PRE>", "<|code_prefix|>",
     "<|prefix|>",
     "<|fim_suffix|>", "<fim-suffix>", "<fim_suffix>", "<｜fim▁hole｜>", "<SUF>", "▁<SUF>", "<|code_suffix|>",
