@@ -33,7 +33,7 @@ import pytest
 
 from dualpath import LLM, load_config
 from dualpath.models.synth import quantize_gguf, synth_gguf
-from llamacpp_peer import dequantized_copy
+from llamacpp_peer import dequantized_copy, dualpath_greedy, llamacpp_greedy
 
 llama_cpp = pytest.importorskip("llama_cpp", reason="llama-cpp-python is the peer these tests compare against")
 
@@ -107,36 +107,11 @@ def _prompt(model: str) -> list[int]:
 
 
 def _llamacpp_greedy(path, prompt):
-    """llama.cpp's greedy run: logits at the last prompt position and after each greedy
-    token but the last (NUM_GREEDY, vocab), and the tokens."""
-    ref = llama_cpp.Llama(path, n_ctx=CONTEXT, n_threads=2, n_batch=64, logits_all=True, verbose=False)
-    try:
-        ref.eval(prompt)
-        rows, tokens = [], []
-        for _ in range(NUM_GREEDY):
-            logits = np.array(ref.scores[ref.n_tokens - 1], dtype=np.float32)
-            rows.append(logits)
-            tokens.append(int(logits.argmax()))
-            ref.eval([tokens[-1]])
-        return np.stack(rows), tokens
-    finally:
-        ref.close()
+    return llamacpp_greedy(path, prompt, NUM_GREEDY, CONTEXT)
 
 
 def _ours(path, prompt, forced, accuracy_level):
-    """(spec, our logits teacher-forced along ``forced`` (NUM_GREEDY, vocab), our greedy tokens)."""
-    llm = LLM(path, load_config(None, {"runtime.max_context_tokens": CONTEXT, "runtime.num_threads": 2,
-                                       "runtime.quantized_matmul_accuracy": accuracy_level}))
-    try:
-        teacher = llm.runner.forward(prompt + forced[:-1], all_logits=True)[len(prompt) - 1:].copy()
-        llm.runner.reset()
-        logits, tokens = llm.runner.forward(prompt)[0], []
-        for _ in range(NUM_GREEDY):
-            tokens.append(int(logits.argmax()))
-            logits = llm.runner.forward([tokens[-1]])[0]
-        return llm.spec, teacher, tokens
-    finally:
-        del llm
+    return dualpath_greedy(path, prompt, forced, accuracy_level, CONTEXT)
 
 
 @pytest.mark.parametrize("model,file_type", CASES, ids=IDS)

@@ -136,13 +136,10 @@ class Gemma2(Family):
                     attn_scale=_gemma_attn_scale(cfg, 46))
 
 
-class Gemma3(Family):
+class Gemma3(Gemma2):
     name = "gemma3"
-    rope_type = "neox"
-    ffn_act = "gelu_tanh"
     qk_norm = True
-    post_norms = True
-    embed_scale = True
+    always_tied = False  # an ``output`` weight is allowed (llama.cpp: TENSOR_NOT_REQUIRED)
 
     def configure(self, meta, cfg, tensors):
         a = self.name
