@@ -675,7 +675,7 @@ def test_fuzz_harness_pins_a_crash_and_an_over_cap_allocation_to_their_cases(kqu
     assert not stray
 
 
-# --- bugs the fuzzing found (strict xfail: remove the marker when the loader is fixed) ----------
+# --- bugs the fuzzing found, fixed in models/gguf.py (these pin the fixes) ----------------------
 
 def _edit(layout: Layout, name: str, *edits: tuple[str, bytes]) -> Case:
     """A case of ``layout``'s file with each (slot name, bytes) edit applied."""
@@ -710,16 +710,12 @@ def never_ending_results(kquant_files, layouts, tmp_path_factory) -> dict[str, R
     return {name: r for name, r in zip(NEVER_ENDING, results)}
 
 
-@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.xfail(strict=True, reason=why))
-                                  for n, (_, why) in NEVER_ENDING.items()])
+@pytest.mark.parametrize("name", list(NEVER_ENDING))
 def test_metadata_that_would_never_end_fails_at_once(never_ending_results, name):
     r = never_ending_results[name]
     assert r.outcome == "ModelLoadError", failure_report([r], [])
 
 
-@pytest.mark.xfail(strict=True, reason="BUG (fuzz report): an array length past the end of the file makes "
-                   "gguf.GGUFReader parse the rest of the file as array items (~3 s and ~200 MB for this "
-                   "1.2 MB file; hours for a 4 GB model) before failing")
 def test_array_length_past_the_end_fails_without_walking_the_file(kquant_files, layouts, tmp_path):
     case = _edit(layouts[f"q4km-v{TRIMMED_VOCAB}"], "scores: 2^63 items",
                  ("kv[tokenizer.ggml.scores].arr_len", _u64(2**63)))
@@ -728,9 +724,6 @@ def test_array_length_past_the_end_fails_without_walking_the_file(kquant_files, 
     assert results[0].ms < 1000, f"took {results[0].ms:.0f} ms to reject a 2^63-item array"
 
 
-@pytest.mark.xfail(strict=True, reason="BUG (fuzz report): tensor data offsets and sizes are not checked; a "
-                   "misaligned, overlapping or re-typed tensor loads silently from other tensors' bytes, where "
-                   "ggml's reader refuses the file ('tensor ... has offset X, expected Y')")
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")  # NaN scales from the wrong bytes, an offset that wraps
 @pytest.mark.parametrize("tensor, field, value", [
     ("blk.0.attn_k.weight", "offset", "+1"),            # misaligned
@@ -799,9 +792,6 @@ def test_unsupported_tensor_type_in_a_kquant_file_names_the_tensor_and_what_is_s
         assert phrase in problem, f"{phrase!r} not in {problem!r}"
 
 
-@pytest.mark.xfail(strict=True, reason="BUG (fuzz report): a type code gguf-py does not know (a newer llama.cpp "
-                   "type) fails inside GGUFReader as 'corrupt or truncated GGUF: ValueError: np.uint32(100) is not "
-                   "a valid GGMLQuantizationType', naming neither the tensor nor the supported types")
 @pytest.mark.parametrize("code", [42, 100])
 def test_unknown_tensor_type_code_names_the_tensor_and_what_is_supported(kquant_files, tmp_path, code):
     """A tensor of type code ``code``, unknown to gguf-py: written as TQ1_0, then its code patched."""

@@ -41,6 +41,68 @@ SUPPORTED_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q6_K", "Q4_K", "Q5_K",
                    "Q5_0", "Q4_1", "Q5_1", "IQ4_NL")
 
 
+class _UnknownTensorType(Exception):
+    def __init__(self, name: str, code: int):
+        super().__init__(name, code)
+        self.name, self.code = name, code
+
+
+def _reader_class():
+    """``gguf.GGUFReader`` with bounds checks it lacks (found by tests/models/test_fuzz_gguf.py):
+    a read past the end of the file raises instead of returning an empty array; an array
+    whose length cannot fit in the rest of the file is refused before its items are read
+    (else 2^63 one-byte items loop forever past the end); a tensor type code gguf-py does
+    not know is reported with the tensor's name."""
+    import gguf
+    from gguf import GGUFValueType as VT
+
+    class Reader(gguf.GGUFReader):
+        def _get(self, offset, dtype, count=1, override_order=None):
+            arr = super()._get(offset, dtype, count, override_order)
+            if len(arr) != int(count):
+                raise ValueError(f"{int(count)} x {np.dtype(dtype).name} at byte {offset} run past the end "
+                                 f"of the file ({len(self.data)} bytes)")
+            return arr
+
+        def _get_field_parts(self, orig_offs, raw_type):
+            if raw_type == VT.ARRAY:
+                item_type = int(self._get(orig_offs, np.uint32)[0])
+                num_items = int(self._get(orig_offs + 4, np.uint64)[0])
+                try:
+                    item = VT(item_type)
+                except ValueError:
+                    raise ValueError(f"array at byte {orig_offs} has unknown item type {item_type}") from None
+                item_bytes = {VT.STRING: 8, VT.ARRAY: 12}.get(item) or np.dtype(self.gguf_scalar_to_np[item]).itemsize
+                if num_items * item_bytes > len(self.data) - orig_offs - 12:
+                    raise ValueError(f"array at byte {orig_offs} claims {num_items} items, more than the rest "
+                                     "of the file holds")
+            return super()._get_field_parts(orig_offs, raw_type)
+
+        def _build_tensors(self, start_offs, fields):
+            known = {int(t) for t in gguf.GGMLQuantizationType}
+            for f in fields:
+                if int(f.parts[4][0]) not in known:
+                    raise _UnknownTensorType(f.name, int(f.parts[4][0]))
+            super()._build_tensors(start_offs, fields)
+
+    return Reader
+
+
+def _check_tensor_offsets(path: str, reader) -> None:
+    """The tensors' data must follow each other in file order, each padded to the
+    alignment, as ggml's own reader requires (gguf.cpp: "tensor '%s' has offset %d,
+    expected %d"): a misaligned, overlapping or mis-sized tensor would otherwise be read
+    silently from another tensor's bytes."""
+    expected = 0
+    for t in reader.tensors:
+        offset = int(t.field.parts[5][0])  # as stored: t.data_offset wraps around in uint64
+        if offset != expected:
+            raise ModelLoadError(path, f"tensor {t.name!r} ({t.tensor_type.name}, {int(t.n_bytes)} bytes) has data "
+                                       f"offset {offset}, expected {expected}: tensor data must follow in order, "
+                                       f"each padded to {int(reader.alignment)} bytes (corrupt file?)")
+        expected += -(-int(t.n_bytes) // int(reader.alignment)) * int(reader.alignment)
+
+
 def load_gguf(path: str | os.PathLike) -> ModelSpec:
     """Read a GGUF file into a ModelSpec. Every problem raises ``ModelLoadError``."""
     import gguf
@@ -59,8 +121,12 @@ def load_gguf(path: str | os.PathLike) -> ModelSpec:
         raise ModelLoadError(path, "empty file (0 bytes), not a GGUF file")
     if magic != b"GGUF":
         raise ModelLoadError(path, f"not a GGUF file (magic {magic!r}, expected b'GGUF')")
+    _Reader = _reader_class()
     try:
-        reader = gguf.GGUFReader(path, "r")
+        reader = _Reader(path, "r")
+    except _UnknownTensorType as e:
+        raise ModelLoadError(path, f"tensor {e.name!r} has unknown type code {e.code} (not a GGML type this "
+                                   f"gguf package knows; supported: {', '.join(SUPPORTED_TYPES)})") from None
     except Exception as e:  # the reader raises ValueError, IndexError, struct errors ...
         raise ModelLoadError(path, f"corrupt or truncated GGUF: {type(e).__name__}: {e}") from e
 
@@ -68,6 +134,7 @@ def load_gguf(path: str | os.PathLike) -> ModelSpec:
     fam = family(path, meta.get("general.architecture"))
     a = fam.name  # GGUF keys are prefixed with the architecture
     tensors = {t.name: t for t in reader.tensors}
+    _check_tensor_offsets(path, reader)
     dim = meta.require_int(f"{a}.embedding_length")
     num_heads = meta.require_int(f"{a}.attention.head_count")
     if f"{a}.attention.key_length" not in meta.fields and num_heads > 0 and dim % num_heads:
@@ -103,6 +170,9 @@ def load_gguf(path: str | os.PathLike) -> ModelSpec:
     )
     cfg = ModelConfig(**{**common, **fam.config_fields(meta, common, set(tensors))})
     check_config(path, cfg)
+    if cfg.num_layers > len(tensors):  # else check_weights lists billions of expected names first
+        raise ModelLoadError(path, f"{a}.block_count={cfg.num_layers} but the file holds only {len(tensors)} "
+                                   "tensors (at least one per layer)")
 
     weights: dict[str, Weight] = {}
     for name, t in tensors.items():
