@@ -35,20 +35,33 @@ Q5_0     d * (q - 16)                8-bit, block 32, u = q + 112               
 IQ4_NL   d * kvalues[n]              8-bit, block 32, u = kvalues[n] + 128         exact
 Q6_K     (d * sc) * (q - 32)         8-bit, block 16, s = d * sc, u = q + 96       exact
 Q3_K     (d * (sc - 32)) * q         4-bit, block 16, s = d * (sc - 32), u = q + 8 exact
-Q4_K     (d * sc) * q - dmin * m     4-bit, block 32, float zp = dm / s            zp * s == dm
-Q4_1     d * q + m                   4-bit, block 32, float zp = -m / d            in ~90% of
-Q2_K     (d * sc) * q - dmin * m     2-bit, block 16, float zp = dm / s            blocks, else 1 ulp
+Q4_K     (d * sc) * q - dmin * m     4-bit, block 32, u = q, uint8 zero point      exact terms
+Q4_1     d * q + m                   z = round(dm / s) in [0, 15] (s * (q - z)),   (at most one
+Q2_K     (d * sc) * q - dmin * m     4-bit, block 16, as Q4_K                      rounding of
+                                     plus ``mins`` dm - z s (N, K/block): the      dm - z s)
+                                     graph subtracts blocksum(x) @ mins^T
 Q5_K     (d * sc) * q - dmin * m     8-bit, block 32, u = q + 128 (s * q, exact),  exact terms
 Q5_1     d * q + m                   plus ``mins`` dm (N, K/32): the graph         (summed apart)
                                      subtracts blocksum(x) @ dm^T
 =======  ==========================  ============================================  ==========
 
-Float zero points would be exact for x = s * q - dm only when fp32(zp * s) == dm; with
-zp = fp32(dm / s) that holds for about 90% of random blocks and no neighbouring fp32
-zp does better, so the others are off by one rounding of dm (measured in
-tests/models/test_quants.py). A block with s == 0 (x = -dm for every element) is stored
-exactly as q = 0, zp = -1, scale = -dm. Q5_K and Q5_1 need 5 bits plus a min, and 8-bit
-float zero points are refused, so the min goes into a separate (N, K / 32) fp32 matrix.
+Why not float zero points for Q4_K, Q4_1 and Q2_K (value = q * s - zp * s, which the
+CPU provider accepts for 2 and 4 bits): measured on onnxruntime 1.32, 2 threads, one
+decode row, a 2048 x 5632 matrix, float zero points take 25 ms against 0.15 ms without
+(the provider has no fast kernel for them and dequantizes the matrix on every call),
+and 2-bit weights in blocks of 16 take 46 ms against 0.14 ms for 4 bits; so these
+types are stored as 4-bit blocks with integer (uint8) zero points, which are fast
+(0.13 ms), and the per-block remainder dm - z s goes through the same blocksum
+correction as Q5_K's mins. The zero point is the nearest integer to dm / s, so that
+remainder is small: with int8 activations (accuracy_level 4) only the MatMulNBits part
+sees quantized activations, as llama.cpp's dot products do, and a large remainder (8 s,
+with the implicit offset) measurably worsened agreement with llama.cpp (cosine 0.9990
+-> 0.9989 on a Q4_K_M file). The integer part is exact; the min term dm - z s is exact
+when it fits fp32 (s and dm have at most 17
+significant bits: every random block of tests/models/test_quants.py), else one rounding. Q2_K's 2-bit values take 4 bits (its weights double in memory:
+2.6 -> 4.6 bits per value with the scales). Q5_K and Q5_1 need 5 bits plus a min, and
+8-bit float zero points are refused, so the min goes into a separate (N, K / 32) fp32
+matrix.
 
 Integers are read with gguf-py's own unpacking: the block's scales are overwritten so
 that ``gguf.quants.dequantize`` returns the integers themselves (d = 1, sc = 1, min = 0),
@@ -62,9 +75,10 @@ from dataclasses import dataclass
 import numpy as np
 
 EXACT_TYPES = ("Q8_0", "Q4_0", "Q5_0", "IQ4_NL", "Q6_K", "Q3_K")
-ZERO_POINT_TYPES = ("Q4_K", "Q4_1", "Q2_K")
+OFFSET_MIN_TYPES = ("Q4_K", "Q4_1", "Q2_K")
+"""4-bit with integer zero points, the remainder of the min as ``mins``."""
 MINS_TYPES = ("Q5_K", "Q5_1")
-NBITS_TYPES = EXACT_TYPES + ZERO_POINT_TYPES + MINS_TYPES
+NBITS_TYPES = EXACT_TYPES + OFFSET_MIN_TYPES + MINS_TYPES
 
 _F16_ONE = np.array([1.0], np.float16).view(np.uint8)  # (2,)
 
@@ -122,6 +136,9 @@ def dequantize(w: NBits, shape: tuple[int, int]) -> np.ndarray:
     s = w.scales.reshape(rows, nb, 1)
     if w.zero_points is None:
         x = (u - np.float32(2 ** (w.bits - 1))) * s
+    elif w.zero_points.dtype == np.uint8:  # packed like B, a row's zero points padded to whole bytes
+        zp = unpack(w.zero_points.reshape(rows, -1), w.bits)[:, :nb].astype(np.float32)
+        x = (u - zp.reshape(rows, nb, 1)) * s
     else:
         x = u * s - w.zero_points.reshape(rows, nb, 1) * s
     if w.mins is not None:
@@ -203,13 +220,15 @@ def repack(raw: np.ndarray, type_name: str, shape: tuple[int, int]) -> NBits:
     u = _u8(q, rows, cols, sub)  # (rows, nb, sub)
     if type_name in MINS_TYPES:
         return NBits(8, sub, u + np.uint8(128), s.reshape(-1), mins=dm)
-    bits = 2 if type_name == "Q2_K" else 4
-    dead = s == 0  # x = -dm for the whole block: q = 0, zp = -1, scale = -dm
+    # 4 bits with integer zero points z = round(dm / s) in [0, 15]: MatMulNBits computes
+    # s * (q - z) ~ x; the rest of x = s * q - dm, i.e. z * s - dm per block (small: at
+    # most s / 2 unless dm / s is outside [0, 15]), is the graph's blocksum correction.
     with np.errstate(divide="ignore", invalid="ignore"):
-        zp = np.where(dead, np.float32(-1), dm / np.where(dead, np.float32(1), s)).astype(np.float32)
-    s = np.where(dead, -dm, s).astype(np.float32)
-    u[dead] = 0
-    return NBits(bits, sub, pack(u, bits), s.reshape(-1), zero_points=zp.reshape(-1))
+        z = np.where(s != 0, np.rint(dm / np.where(s != 0, s, np.float32(1))), 0)
+    z = np.clip(z, 0, 15).astype(np.uint8)  # (rows, nb)
+    mins = (dm - z.astype(np.float32) * s).astype(np.float32)
+    zp = pack(np.pad(z, ((0, 0), (0, nb % 2))), 4).reshape(-1)  # (rows * ceil(nb / 2),) 2 per byte
+    return NBits(4, sub, pack(u, 4), s.reshape(-1), zero_points=zp, mins=mins)
 
 
 def _u8(values: np.ndarray, rows: int, cols: int, sub: int) -> np.ndarray:
