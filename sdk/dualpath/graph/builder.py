@@ -67,6 +67,7 @@ class _Builder:
         self.weights: dict[str, np.ndarray] = {}
         self.consts: dict[str, str] = {}
         self.prepack = False
+        self.blocksums: dict[tuple[str, int], str] = {}  # (input, block size) -> its block sums (T, in / block)
         self._n = 0
 
     def tmp(self, stem: str) -> str:
@@ -133,11 +134,14 @@ class _Builder:
         # x = s * q - m per block (Q5_K, Q5_1): y holds the s * q part; subtract
         # blocksum(x) (T, in / block) @ mins^T (in / block, out).
         bs = weight.block_size
-        blocks = self.node("Reshape", [x, self.const(f"blocks_{in_features}_{bs}",
-                                                     np.array([0, in_features // bs, bs], np.int64))], "xb")
-        sums = self.node("ReduceSum", [blocks, self.const("axes_2", np.array([2], np.int64))], "xs", keepdims=0)
+        sums = self.blocksums.get((x, bs))
+        if sums is None:  # shared by the matmuls of one input (q, k, v; gate, up)
+            blocks = self.node("Reshape", [x, self.const(f"blocks_{in_features}_{bs}",
+                                                         np.array([0, in_features // bs, bs], np.int64))], "xb")
+            sums = self.node("ReduceSum", [blocks, self.const("axes_2", np.array([2], np.int64))], "xs", keepdims=0)
+            self.blocksums[(x, bs)] = sums
         mins = self.external(f"{weight.name}.mins", weight.mins)
-        return self.node("Sub", [y, self.node("Gemm", [sums, mins], "mmm", transB=1)], "mmq")
+        return self.node("Gemm", [sums, mins, y], "mmq", transB=1, alpha=-1.0, beta=1.0)  # y - sums @ mins^T
 
     def inv_freq(self, layer: int) -> np.ndarray:
         """Angle per position of each rotated pair of ``layer``: (head_dim / 2,) f32."""
