@@ -81,8 +81,13 @@ def quantized(tmp_path_factory, gguf_path):
     return get
 
 
-def test_tied_q4_k_m_file_embeds_and_classifies_with_the_f32_dequantized_table(quantized):
+def test_tied_q4_k_m_file_embeds_and_classifies_from_one_matmulnbits_table(quantized):
+    """A quantized token_embd stays quantized: the embedding gathers a step's rows from
+    the MatMulNBits arrays (gguf-py's values, to one rounding of the min term) and the
+    tied classifier is a MatMulNBits over the same arrays; nothing is widened to f32."""
     import gguf
+
+    from dualpath.models.quants import gather_rows
 
     path = quantized("kquant-tiny-tied", "Q4_K_M")
     tensors = {t.name: t for t in gguf.GGUFReader(path).tensors}
@@ -94,9 +99,13 @@ def test_tied_q4_k_m_file_embeds_and_classifies_with_the_f32_dequantized_table(q
     spec = load_gguf(path)
     emb = spec.weights["token_embd"]
     assert spec.config.tied_output and spec.output is emb
-    assert emb.dtype == "f32" and emb.source_type == embd_type.name
+    assert emb.dtype == embd_type.name.lower() and emb.bits in (4, 8)
     ref = gguf.quants.dequantize(np.asarray(tensors["token_embd.weight"].data), embd_type)
-    assert np.array_equal(emb.data, ref)
+    ids = np.array([0, 5, 4095, 17, 5], np.int64)
+    out = np.full((8, ref.shape[1]), np.nan, np.float32)
+    gather_rows(emb.data, emb.scales, emb.zero_points, emb.mins, emb.bits, emb.block_size, ids, out)
+    assert np.abs(out[:5] - ref[ids]).max() <= np.spacing(np.abs(ref).max())
+    assert np.isnan(out[5:]).all()  # only the asked rows are written
 
 
 def _prompt(model: str) -> list[int]:

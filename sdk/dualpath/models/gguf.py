@@ -14,11 +14,11 @@ Q4_K_M / Q5_K_M / Q6_K / Q3_K / Q2_K files and their fallbacks).
   scales, see ``spec.py``); the file's pages are not kept.
 * The other block types are repacked into ``MatMulNBits`` form by ``quants.py``, which
   states per type what is exact and what is not.
-* A ``token_embd`` of one of those other types is dequantized to f32 at load (our
-  embedding kernel reads f32, f16, Q8_0 and Q4_0 tables). It costs 4 bytes per value
-  instead of 0.56 (Q4_K) to 0.82 (Q6_K): +208 MB for a 32000 x 2048 table. A tied
-  classifier then runs as an f32 ``Gemm`` over the same table, with gguf-py's
-  dequantized values exactly.
+* A ``token_embd`` of those other types stays in its MatMulNBits form too: the
+  embedding gathers and dequantizes only the rows of a step (``quants.gather_rows``),
+  and a tied classifier is a ``MatMulNBits`` over the same arrays. (Dequantized to f32
+  it was 4 bytes a value: 1 GiB for Llama 3.2's 128256 x 2048 table, read whole by
+  every decode step of a tied classifier.)
 """
 
 from __future__ import annotations
@@ -295,9 +295,6 @@ def _convert(path: str, name: str, t) -> Weight:
                 raise ModelLoadError(path, f"tensor {name!r} of type {type_name} has shape {shape}; "
                                            f"rows must be a multiple of {block}")
             raw = np.asarray(raw, dtype=np.uint8)
-            if name == "token_embd.weight":  # see the module docstring
-                data = gguf.quants.dequantize(raw, qtype).reshape(shape).astype(np.float32, copy=False)
-                return Weight(name[:-7], "f32", shape, data, source_type=type_name)
             nb = quants.repack(raw, type_name, shape)
             return Weight(name[:-7], type_name.lower(), shape, nb.blob, nb.scales, bits=nb.bits,
                           block_size=nb.block_size, zero_points=nb.zero_points, mins=nb.mins)

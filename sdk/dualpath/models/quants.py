@@ -234,3 +234,22 @@ def repack(raw: np.ndarray, type_name: str, shape: tuple[int, int]) -> NBits:
 def _u8(values: np.ndarray, rows: int, cols: int, sub: int) -> np.ndarray:
     """Small non-negative integers held in floats -> uint8 (rows, cols / sub, sub)."""
     return np.ascontiguousarray(values.reshape(rows, cols // sub, sub).astype(np.uint8))
+
+
+def gather_rows(blob: np.ndarray, scales: np.ndarray, zero_points: np.ndarray | None, mins: np.ndarray | None,
+                bits: int, block_size: int, ids: np.ndarray, out: np.ndarray) -> None:
+    """Rows ``ids`` (T,) of a MatMulNBits weight (blob (rows, nb, block * bits / 8)),
+    dequantized as ONNX Runtime computes them (``dequantize``), into ``out`` (T, cols) f32:
+    the embedding lookup of a quantized ``token_embd``. A few NumPy calls per step."""
+    rows, nb = blob.shape[0], blob.shape[1]
+    u = unpack(blob[ids], bits).astype(np.float32)                       # (T, nb, block)
+    s = scales.reshape(rows, nb)[ids][:, :, None]                        # (T, nb, 1)
+    if zero_points is None:
+        u -= np.float32(2 ** (bits - 1))
+    else:  # uint8, packed like the blob, each row padded to whole bytes
+        zp = unpack(zero_points.reshape(rows, -1)[ids], bits)[:, :nb]
+        u -= zp[:, :, None].astype(np.float32)
+    u *= s
+    if mins is not None:
+        u -= mins[ids][:, :, None]
+    out[:len(ids)] = u.reshape(len(ids), -1)

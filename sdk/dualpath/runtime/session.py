@@ -20,6 +20,7 @@ from ..config import DualPathConfig, PowerConfig
 from ..errors import ConfigError, DualPathError
 from ..graph.builder import PLACEHOLDER, GraphPart, build_parts
 from ..kernels import ArenaStepper, ThreadPool, embed as _embed
+from ..models.quants import gather_rows
 from ..models.spec import ModelSpec
 from ..platform.affinity import pin_current_thread
 from ..scheduler.batch import SeqStep
@@ -163,7 +164,7 @@ def _with_weights_in_file(part: GraphPart, path: str) -> onnx.ModelProto:
 def _release_prepacked(spec: ModelSpec, parts: list[GraphPart]) -> None:
     """Drop our arrays of weights ONNX Runtime now holds packed (one session set only:
     several sets share our arrays instead). The embedding stays: our kernel reads it."""
-    keep = {"token_embd.weight", "token_embd.scales"}
+    keep = {f"token_embd.{kind}" for kind in ("weight", "scales", "zero_points", "mins")}
     names = {n for part in parts if part.prepack for n in part.weights if n not in keep}
     for name in names:
         base, _, kind = name.rpartition(".")
@@ -266,6 +267,7 @@ class ModelRunner:
         self.load_seconds = time.perf_counter() - t0
         emb = spec.weights["token_embd"]
         self._emb_table, self._emb_scales, self._emb_dtype = emb.data, emb.scales, emb.dtype
+        self._emb_nbits = None if emb.dtype in ("f32", "q8_0", "q4_0") else emb  # other types: NumPy gather
         self._emb_scale = np.float32(cfg.embed_scale)  # Gemma: sqrt(dim), in f32 as llama.cpp
         self.ids = np.zeros(T, np.int64)                        # (T,)
         self.positions = np.zeros(T, np.int64)                  # (T,)
@@ -402,7 +404,11 @@ class ModelRunner:
                 pin_current_thread(phase.caller_cpus)
             sessions, kv_stepper = self._sets[sp]
         binding = self._binding(T, R, sessions)
-        _embed(binding.ids, self._emb_table, self._emb_scales, self._emb_dtype, binding.h0)
+        e = self._emb_nbits
+        if e is None:
+            _embed(binding.ids, self._emb_table, self._emb_scales, self._emb_dtype, binding.h0)
+        else:
+            gather_rows(e.data, e.scales, e.zero_points, e.mins, e.bits, e.block_size, binding.ids, binding.h0)
         if self._emb_scale != 1.0:
             np.multiply(binding.h0, self._emb_scale, out=binding.h0)
         kv_step = kv_stepper.step_batch
