@@ -42,30 +42,30 @@ def reference(raw: np.ndarray, type_name: str) -> np.ndarray:
     return gguf.quants.dequantize(raw, getattr(gguf.GGMLQuantizationType, type_name))
 
 
-@pytest.mark.parametrize("type_name", quants.EXACT_TYPES + quants.MINS_TYPES)
+@pytest.mark.parametrize("type_name", quants.EXACT_TYPES)
 def test_exact_types_repack_to_gguf_values_bit_for_bit(type_name):
     raw = random_raw(type_name, 6, 512, seed=1)
     w = quants.repack(raw, type_name, (6, 512))
     ours, ref = quants.dequantize(w, (6, 512)), reference(raw, type_name)
     assert np.array_equal(ours.view(np.uint32), ref.view(np.uint32))
     expected = {"Q8_0": (8, 32), "Q4_0": (4, 32), "Q5_0": (8, 32), "IQ4_NL": (8, 32), "Q6_K": (8, 16),
-                "Q3_K": (4, 16), "Q5_K": (8, 32), "Q5_1": (8, 32)}[type_name]
+                "Q3_K": (4, 16)}[type_name]
     assert (w.bits, w.block_size) == expected
     assert w.blob.shape == (6, 512 // w.block_size, w.block_size * w.bits // 8) and w.blob.dtype == np.uint8
     assert w.scales.shape == (6 * 512 // w.block_size,) and w.scales.dtype == np.float32
-    assert w.zero_points is None
-    assert (w.mins is not None) == (type_name in quants.MINS_TYPES)
+    assert w.zero_points is None and w.mins is None
 
 
-@pytest.mark.parametrize("type_name, block", [("Q4_K", 32), ("Q4_1", 32), ("Q2_K", 16)])
-def test_offset_min_types_are_within_one_rounding_of_the_min(type_name, block):
+@pytest.mark.parametrize("type_name, bits_, block", [("Q4_K", 4, 32), ("Q4_1", 4, 32), ("Q2_K", 4, 16),
+                                                     ("Q5_K", 8, 32), ("Q5_1", 8, 32)])
+def test_offset_min_types_are_within_one_rounding_of_the_min(type_name, bits_, block):
     """4 bits with uint8 zero points (float zero points and 2-bit blocks of 16 have no
     fast CPU kernel), the min's remainder dm - z s in ``mins``."""
     raw = random_raw(type_name, 6, 512, seed=2)
     w = quants.repack(raw, type_name, (6, 512))
     ours, ref = quants.dequantize(w, (6, 512)), reference(raw, type_name)
-    assert (w.bits, w.block_size) == (4, block) and w.zero_points.dtype == np.uint8
-    assert w.zero_points.shape == (6 * -(-(512 // block) // 2),)
+    assert (w.bits, w.block_size) == (bits_, block) and w.zero_points.dtype == np.uint8
+    assert w.zero_points.shape == (6 * -(-(512 // block) // (8 // bits_)),)
     assert w.mins.shape == (6, 512 // block) and w.mins.dtype == np.float32
     # d * sc and dmin * m hold at most 17 significant bits, so (q - z) * s and dm - z s
     # are exact in fp32 unless the two terms' exponents are far apart: every random block

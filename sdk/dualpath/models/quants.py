@@ -40,9 +40,8 @@ Q4_1     d * q + m                   z = round(dm / s) in [0, 15] (s * (q - z)),
 Q2_K     (d * sc) * q - dmin * m     4-bit, block 16, as Q4_K                      rounding of
                                      plus ``mins`` dm - z s (N, K/block): the      dm - z s)
                                      graph subtracts blocksum(x) @ mins^T
-Q5_K     (d * sc) * q - dmin * m     8-bit, block 32, u = q + 128 (s * q, exact),  exact terms
-Q5_1     d * q + m                   plus ``mins`` dm (N, K/32): the graph         (summed apart)
-                                     subtracts blocksum(x) @ dm^T
+Q5_K     (d * sc) * q - dmin * m     8-bit, block 32, as Q4_K with 8-bit zero      as Q4_K
+Q5_1     d * q + m                   points z = round(dm / s) in [0, 255]
 =======  ==========================  ============================================  ==========
 
 Why not float zero points for Q4_K, Q4_1 and Q2_K (value = q * s - zp * s, which the
@@ -59,9 +58,9 @@ with the implicit offset) measurably worsened agreement with llama.cpp (cosine 0
 -> 0.9989 on a Q4_K_M file). The integer part is exact; the min term dm - z s is exact
 when it fits fp32 (s and dm have at most 17
 significant bits: every random block of tests/models/test_quants.py), else one rounding. Q2_K's 2-bit values take 4 bits (its weights double in memory:
-2.6 -> 4.6 bits per value with the scales). Q5_K and Q5_1 need 5 bits plus a min, and
-8-bit float zero points are refused, so the min goes into a separate (N, K / 32) fp32
-matrix.
+2.6 -> 4.6 bits per value with the scales). Q5_K and Q5_1 need 5 bits plus a min (and
+8-bit float zero points are refused): they take 8 bits, with uint8 zero points the same
+way (one a byte).
 
 Integers are read with gguf-py's own unpacking: the block's scales are overwritten so
 that ``gguf.quants.dequantize`` returns the integers themselves (d = 1, sc = 1, min = 0),
@@ -78,6 +77,7 @@ EXACT_TYPES = ("Q8_0", "Q4_0", "Q5_0", "IQ4_NL", "Q6_K", "Q3_K")
 OFFSET_MIN_TYPES = ("Q4_K", "Q4_1", "Q2_K")
 """4-bit with integer zero points, the remainder of the min as ``mins``."""
 MINS_TYPES = ("Q5_K", "Q5_1")
+"""The same with 8 bits (5-bit values)."""
 NBITS_TYPES = EXACT_TYPES + OFFSET_MIN_TYPES + MINS_TYPES
 
 _F16_ONE = np.array([1.0], np.float16).view(np.uint8)  # (2,)
@@ -218,17 +218,18 @@ def repack(raw: np.ndarray, type_name: str, shape: tuple[int, int]) -> NBits:
     nb = cols // sub
     s, dm = s.reshape(rows, nb).astype(np.float32), dm.reshape(rows, nb).astype(np.float32)
     u = _u8(q, rows, cols, sub)  # (rows, nb, sub)
-    if type_name in MINS_TYPES:
-        return NBits(8, sub, u + np.uint8(128), s.reshape(-1), mins=dm)
-    # 4 bits with integer zero points z = round(dm / s) in [0, 15]: MatMulNBits computes
+    # Integer zero points z = round(dm / s) (in [0, 2^bits - 1]): MatMulNBits computes
     # s * (q - z) ~ x; the rest of x = s * q - dm, i.e. z * s - dm per block (small: at
-    # most s / 2 unless dm / s is outside [0, 15]), is the graph's blocksum correction.
+    # most s / 2 unless dm / s is out of range), is the graph's blocksum correction.
+    # 5-bit types take 8 bits (one zero point a byte), the others 4 (two a byte).
+    bits = 8 if type_name in MINS_TYPES else 4
     with np.errstate(divide="ignore", invalid="ignore"):
         z = np.where(s != 0, np.rint(dm / np.where(s != 0, s, np.float32(1))), 0)
-    z = np.clip(z, 0, 15).astype(np.uint8)  # (rows, nb)
+    z = np.clip(z, 0, 2 ** bits - 1).astype(np.uint8)  # (rows, nb)
     mins = (dm - z.astype(np.float32) * s).astype(np.float32)
-    zp = pack(np.pad(z, ((0, 0), (0, nb % 2))), 4).reshape(-1)  # (rows * ceil(nb / 2),) 2 per byte
-    return NBits(4, sub, pack(u, 4), s.reshape(-1), zero_points=zp, mins=mins)
+    per = 8 // bits
+    zp = pack(np.pad(z, ((0, 0), (0, -nb % per))), bits).reshape(-1)  # (rows * ceil(nb / per),)
+    return NBits(bits, sub, pack(u, bits), s.reshape(-1), zero_points=zp, mins=mins)
 
 
 def _u8(values: np.ndarray, rows: int, cols: int, sub: int) -> np.ndarray:
