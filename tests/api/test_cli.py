@@ -176,3 +176,18 @@ def test_malformed_set_exits_2_naming_the_item(gguf_path, tmp_path, item, fragme
 def test_prompt_longer_than_ctx_size_exits_2_naming_both_numbers(gguf_path, tmp_path):
     proc = dualpath_cli(["run", "--model", gguf_path, "--ctx-size", "4", "Once upon a time"], tmp_path)
     assert_clean_usage_error(proc, "5 tokens", "holds 4")
+
+
+def test_synth_arch_writes_a_family_file_quietly(tmp_path):
+    """``dualpath synth --arch qwen3 --type Q4_K_M``: the family's tiny shape, quantized by
+    llama.cpp without its per-tensor log (shown only with -v); a preset of another
+    family is refused by name."""
+    pytest.importorskip("llama_cpp")
+    out = tmp_path / "q3.gguf"
+    proc = dualpath_cli(["synth", "--arch", "qwen3", "--type", "Q4_K_M", "-o", str(out)], tmp_path)
+    err = proc.stderr.decode()
+    assert proc.returncode == 0, err
+    assert "qwen3-tiny" in proc.stdout.decode() and out.is_file()
+    assert "converting to" not in err and "llama_model_quantize" not in err
+    bad = dualpath_cli(["synth", "--arch", "gemma2", "--preset", "qwen3-tiny", "-o", str(out)], tmp_path)
+    assert bad.returncode == 2 and "is a qwen3 model, not gemma2" in bad.stderr.decode()

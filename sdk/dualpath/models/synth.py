@@ -327,7 +327,16 @@ def quantize_gguf(src: str | os.PathLike, dst: str | os.PathLike, file_type: str
     params.ftype = ftype
     params.nthread = num_threads
     params.pure = pure
-    status = llama_cpp.llama_model_quantize(os.fsencode(src), os.fsencode(dst), params)
+    # llama-cpp-python prints llama.cpp's log (a line per tensor here) unless its logger
+    # is raised; keep it only when our own log is verbose.
+    peer_log = logging.getLogger("llama-cpp-python")
+    level = peer_log.level
+    if not log.isEnabledFor(logging.DEBUG):
+        peer_log.setLevel(logging.ERROR)
+    try:
+        status = llama_cpp.llama_model_quantize(os.fsencode(src), os.fsencode(dst), params)
+    finally:
+        peer_log.setLevel(level)
     if status != 0:
         raise RuntimeError(f"llama.cpp could not quantize {src} to {file_type} (status {status})")
     return os.fspath(dst)
