@@ -176,12 +176,9 @@ def load_gguf(path: str | os.PathLike) -> ModelSpec:
 
     weights: dict[str, Weight] = {}
     for name, t in tensors.items():
-        if name.endswith(".weight"):
-            weights[name[: -len(".weight")]] = _convert(path, name, t)
-        elif name.endswith(".bias"):  # kept whole: "blk.0.attn_q.bias"
-            w = _convert(path, name, t)
-            w.name = name
-            weights[name] = w
+        if name.endswith((".weight", ".bias")):  # "blk.0.attn_q.weight" -> "blk.0.attn_q"; biases keep ".bias"
+            key = name.removesuffix(".weight")
+            weights[key] = _convert(path, name, t, key)
     check_weights(path, cfg, weights)
     # Zero copy pays when the file is mostly F32. When it is mostly converted weights
     # (quantized or F16), the few F32 views (norms) would pin the whole mapping, whose
@@ -262,8 +259,8 @@ class _Metadata:
         return self.get_int(key, 0)
 
 
-def _convert(path: str, name: str, t) -> Weight:
-    """One GGUF tensor -> a Weight in ONNX Runtime's layout (see spec.py)."""
+def _convert(path: str, name: str, t, key: str) -> Weight:
+    """One GGUF tensor ``name`` -> the Weight ``key`` in ONNX Runtime's layout (see spec.py)."""
     import gguf
 
     qtype = t.tensor_type
@@ -275,20 +272,20 @@ def _convert(path: str, name: str, t) -> Weight:
         raw = t.data
         if qtype == gguf.GGMLQuantizationType.F32:
             data = np.asarray(raw, dtype=np.float32).reshape(shape)
-            return Weight(name[:-7], "f32", shape, data)
+            return Weight(key, "f32", shape, data)
         if qtype == gguf.GGMLQuantizationType.F16:
             data = np.asarray(raw, dtype=np.float16).reshape(shape).astype(np.float32)
-            return Weight(name[:-7], "f32", shape, data, source_type="F16")
+            return Weight(key, "f32", shape, data, source_type="F16")
         if qtype == gguf.GGMLQuantizationType.BF16:
             bits = np.asarray(raw).view(np.uint16).astype(np.uint32) << 16
             data = bits.view(np.float32).reshape(shape)
-            return Weight(name[:-7], "f32", shape, data, source_type="BF16")
+            return Weight(key, "f32", shape, data, source_type="BF16")
         if qtype in (gguf.GGMLQuantizationType.Q8_0, gguf.GGMLQuantizationType.Q4_0):
             if len(shape) != 2 or shape[1] % QUANT_BLOCK:
                 raise ModelLoadError(path, f"tensor {name!r} of type {type_name} has shape {shape}; "
                                            f"rows must be a multiple of {QUANT_BLOCK}")
             blob, scales = ggml_to_nbits(np.asarray(raw, dtype=np.uint8), type_name, shape)
-            return Weight(name[:-7], type_name.lower(), shape, blob, scales, bits=8 if type_name == "Q8_0" else 4)
+            return Weight(key, type_name.lower(), shape, blob, scales, bits=8 if type_name == "Q8_0" else 4)
         if type_name in quants.NBITS_TYPES:
             block = quants.block_size(type_name)
             if len(shape) != 2 or shape[1] % block:
@@ -296,7 +293,7 @@ def _convert(path: str, name: str, t) -> Weight:
                                            f"rows must be a multiple of {block}")
             raw = np.asarray(raw, dtype=np.uint8)
             nb = quants.repack(raw, type_name, shape)
-            return Weight(name[:-7], type_name.lower(), shape, nb.blob, nb.scales, bits=nb.bits,
+            return Weight(key, type_name.lower(), shape, nb.blob, nb.scales, bits=nb.bits,
                           block_size=nb.block_size, zero_points=nb.zero_points, mins=nb.mins)
     except ModelLoadError:
         raise

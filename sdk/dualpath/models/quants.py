@@ -94,7 +94,8 @@ class NBits:
     scales: np.ndarray
     """float32 (rows * cols / block_size,)."""
     zero_points: np.ndarray | None = None
-    """float32 (rows * cols / block_size,), or None (offset 2^(bits-1))."""
+    """uint8 (rows * ceil(cols / block_size * bits / 8),), packed like ``blob``, each row
+    padded to whole bytes; or None (offset 2^(bits-1))."""
     mins: np.ndarray | None = None
     """float32 (rows, cols / block_size): subtracted as blocksum(x) @ mins^T, or None."""
 
@@ -130,20 +131,9 @@ def unpack(blob: np.ndarray, bits: int) -> np.ndarray:
 
 def dequantize(w: NBits, shape: tuple[int, int]) -> np.ndarray:
     """The float32 ``shape`` matrix ONNX Runtime computes with (measured formulas above)."""
-    rows, cols = shape
-    nb = cols // w.block_size
-    u = unpack(w.blob, w.bits).astype(np.float32)  # (rows, nb, block)
-    s = w.scales.reshape(rows, nb, 1)
-    if w.zero_points is None:
-        x = (u - np.float32(2 ** (w.bits - 1))) * s
-    elif w.zero_points.dtype == np.uint8:  # packed like B, a row's zero points padded to whole bytes
-        zp = unpack(w.zero_points.reshape(rows, -1), w.bits)[:, :nb].astype(np.float32)
-        x = (u - zp.reshape(rows, nb, 1)) * s
-    else:
-        x = u * s - w.zero_points.reshape(rows, nb, 1) * s
-    if w.mins is not None:
-        x = x - w.mins.reshape(rows, nb, 1)
-    return x.reshape(rows, cols)
+    out = np.empty(shape, np.float32)
+    gather_rows(w.blob, w.scales, w.zero_points, w.mins, w.bits, w.block_size, np.arange(shape[0]), out)
+    return out
 
 
 def _ints(blocks: np.ndarray, qtype, patch: dict[tuple[int, int], np.ndarray]) -> np.ndarray:
@@ -240,17 +230,17 @@ def _u8(values: np.ndarray, rows: int, cols: int, sub: int) -> np.ndarray:
 def gather_rows(blob: np.ndarray, scales: np.ndarray, zero_points: np.ndarray | None, mins: np.ndarray | None,
                 bits: int, block_size: int, ids: np.ndarray, out: np.ndarray) -> None:
     """Rows ``ids`` (T,) of a MatMulNBits weight (blob (rows, nb, block * bits / 8)),
-    dequantized as ONNX Runtime computes them (``dequantize``), into ``out`` (T, cols) f32:
-    the embedding lookup of a quantized ``token_embd``. A few NumPy calls per step."""
+    dequantized as ONNX Runtime computes them, into ``out`` (T, cols) f32: (q - zp) * s
+    - mins per block. The embedding lookup of a quantized ``token_embd`` (a few NumPy
+    calls per step) and, over every row, ``dequantize``."""
     rows, nb = blob.shape[0], blob.shape[1]
     u = unpack(blob[ids], bits).astype(np.float32)                       # (T, nb, block)
-    s = scales.reshape(rows, nb)[ids][:, :, None]                        # (T, nb, 1)
     if zero_points is None:
         u -= np.float32(2 ** (bits - 1))
     else:  # uint8, packed like the blob, each row padded to whole bytes
         zp = unpack(zero_points.reshape(rows, -1)[ids], bits)[:, :nb]
         u -= zp[:, :, None].astype(np.float32)
-    u *= s
+    u *= scales.reshape(rows, nb)[ids][:, :, None]
     if mins is not None:
         u -= mins[ids][:, :, None]
     out[:len(ids)] = u.reshape(len(ids), -1)

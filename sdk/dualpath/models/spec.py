@@ -12,7 +12,7 @@ consumes them, so no second copy is ever made:
   Q4_0 blocks map onto this exactly.
 * the other GGML block types (``q6_k``, ``q4_k``, ``q5_0``, ...): ``MatMulNBits`` blobs
   with their own ``bits`` (2, 4, 8) and ``block_size`` (16, 32), and for some types
-  fp32 ``zero_points`` or ``mins``; see ``quants.py`` for what ONNX Runtime accepts and
+  uint8 ``zero_points`` and fp32 ``mins``; see ``quants.py`` for what ONNX Runtime accepts and
   the exactness of each mapping.
 """
 
@@ -109,15 +109,12 @@ class ModelConfig:
             return (self.rope_theta_swa or self.rope_theta), scale
         return self.rope_theta, self.rope_scale
 
-    FAMILY_FIELDS = ("rope_type", "rope_scale", "rope_freqs", "rope_factors", "rope_orig_context",
-                     "rope_attn_factor", "sliding_window", "rope_theta_swa", "rope_scale_swa", "attn_scale",
-                     "attn_softcap", "final_softcap", "embed_scale", "ffn_act", "qkv_bias", "qk_norm",
-                     "post_norms", "fused_qkv", "fused_gate_up")
-
     def differences(self) -> dict:
-        """The family fields that differ from Llama's defaults (for ``dualpath info``)."""
-        out = {f: getattr(self, f) for f in self.FAMILY_FIELDS
-               if getattr(self, f) != self.__dataclass_fields__[f].default}
+        """The family fields (those from ``rope_type`` on) that differ from Llama's
+        defaults, for ``dualpath info``."""
+        names = list(self.__dataclass_fields__)
+        family = [n for n in names[names.index("rope_type"):] if n != "swa_layers"]
+        out = {f: getattr(self, f) for f in family if getattr(self, f) != self.__dataclass_fields__[f].default}
         if self.swa_layers:
             out["sliding_layers"] = "".join("s" if w else "g" for w in self.swa_layers)
         return out
@@ -149,7 +146,7 @@ class Weight:
     """fp32 ``(out_features * in_features / block_size,)`` MatMulNBits zero points, or None."""
     mins: np.ndarray | None = None
     """fp32 ``(out_features, in_features / block_size)``: the graph subtracts
-    blocksum(x) @ mins^T from the MatMulNBits product (Q5_K, Q5_1), or None."""
+    blocksum(x) @ mins^T from the MatMulNBits product (Q4_K, Q4_1, Q2_K, Q5_K, Q5_1), or None."""
 
     ARRAYS = {"weight": "data", "scales": "scales", "zero_points": "zero_points", "mins": "mins"}
     """Initializer suffix -> attribute holding its array."""
