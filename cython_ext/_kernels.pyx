@@ -3,7 +3,7 @@
 (the arena and attention live in ``_kvarena``)."""
 import numpy as np
 cimport numpy as cnp
-from libc.stdint cimport int64_t, uintptr_t
+from libc.stdint cimport int64_t, uint8_t, uintptr_t
 from dp_kernels cimport *
 
 cnp.import_array()
@@ -52,3 +52,29 @@ def embed(ids, table, scales=None, str dtype="f32", out=None):
         st = dp_embed_generic(tp, sp, code, vocab, dim, ip, n, op)
     _check(st, f"embed(vocab={vocab})", "the embedding table")
     return out
+
+
+def repack_ggml(raw, str dtype, blob, scales):
+    """Repack GGML ``q8_0`` / ``q4_0`` blocks ``raw`` (uint8, 34 / 18 bytes a block)
+    into the MatMulNBits ``blob`` (uint8, 32 / 16 bytes a block) and fp32 ``scales``
+    (one a block), both preallocated and C-contiguous; sizes are checked."""
+    if dtype not in ("q8_0", "q4_0"):
+        raise ValueError(f"unsupported GGML block type {dtype!r} (q8_0, q4_0)")
+    cdef int code = DP_Q8_0 if dtype == "q8_0" else DP_Q4_0
+    cdef int64_t in_bytes = 34 if dtype == "q8_0" else 18
+    for a, name, want in ((raw, "raw", np.uint8), (blob, "blob", np.uint8), (scales, "scales", np.float32)):
+        if not isinstance(a, np.ndarray) or not a.flags.c_contiguous or a.dtype != want:
+            raise ValueError(f"{name} must be a C-contiguous {np.dtype(want)} numpy array")
+    if not blob.flags.writeable or not scales.flags.writeable:
+        raise ValueError("blob and scales must be writeable")
+    cdef int64_t n = raw.nbytes // in_bytes
+    if raw.nbytes % in_bytes:
+        raise ValueError(f"{raw.nbytes} bytes are not whole {dtype} blocks of {in_bytes} bytes")
+    cdef const uint8_t *rp = <const uint8_t *>cnp.PyArray_DATA(<cnp.ndarray>raw)
+    cdef uint8_t *bp = <uint8_t *>cnp.PyArray_DATA(<cnp.ndarray>blob)
+    cdef float *sp = <float *>cnp.PyArray_DATA(<cnp.ndarray>scales)
+    cdef int64_t rb = raw.nbytes, bb = blob.nbytes, ns = scales.size
+    cdef int st
+    with nogil:
+        st = dp_repack_ggml(rp, rb, code, n, bp, bb, sp, ns)
+    _check(st, f"repack_ggml({dtype}, {n} blocks)", "the output arrays")

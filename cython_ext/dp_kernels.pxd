@@ -1,5 +1,5 @@
 # Declarations of DualPath's C kernels (csrc/dp_kernels.h).
-from libc.stdint cimport int64_t
+from libc.stdint cimport int64_t, uint8_t
 
 cdef extern from "csrc/dp_kernels.h" nogil:
     enum:
@@ -19,6 +19,8 @@ cdef extern from "csrc/dp_kernels.h" nogil:
 
     int dp_embed_generic(const void *table, const float *scales, int dtype, int64_t vocab,
                          int64_t dim, const int64_t *ids, int64_t num_tokens, float *out)
+    int dp_repack_ggml(const uint8_t *src, int64_t src_bytes, int dtype, int64_t num_blocks,
+                       uint8_t *blob, int64_t blob_bytes, float *scales, int64_t num_scales)
 
 cdef extern from "csrc/dp_attn_ops.h" nogil:
     ctypedef struct dp_attn_ops:

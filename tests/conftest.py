@@ -8,11 +8,27 @@ it is absent. They are never copied into the repository.
 
 from __future__ import annotations
 
+import os
+import tempfile
 from pathlib import Path
 
 import pytest
 
 from tests_shared import models_dir_path, require_file  # noqa: E402
+
+
+@pytest.fixture(scope="session", autouse=True)
+def model_cache_dir():
+    """The converted-model cache of the whole run lives in a temporary folder (never the
+    user's ~/.cache); server and CLI subprocesses inherit it through the environment."""
+    old = os.environ.get("DUALPATH_CACHE_DIR")
+    with tempfile.TemporaryDirectory(prefix="dualpath-test-cache-") as folder:
+        os.environ["DUALPATH_CACHE_DIR"] = folder
+        yield Path(folder)
+        if old is None:
+            os.environ.pop("DUALPATH_CACHE_DIR", None)
+        else:
+            os.environ["DUALPATH_CACHE_DIR"] = old
 
 
 @pytest.fixture(scope="session")

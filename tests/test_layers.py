@@ -17,8 +17,8 @@ PACKAGE = Path(__file__).resolve().parents[1] / "sdk" / "dualpath"
 
 LAYERS = [
     ("errors", "config"),
-    ("models", "tokenizer", "platform"),
-    ("graph", "cache", "kernels"),
+    ("kernels", "models", "tokenizer", "platform"),
+    ("graph", "cache"),
     ("scheduler",),
     ("runtime",),
     ("llm", ""),  # "" = the package's own __init__ (the public API: it imports llm)

@@ -50,10 +50,50 @@ def _sampling(args, prompt_tokens: int):
                           seed=args.seed, stop=tuple(args.stop or ()), ignore_eos=args.ignore_eos)
 
 
+class _ProgressBar:
+    """The load's progress on stderr, on a terminal only (``LLM(progress=...)``): one
+    line per stage, redrawn in place, as the Hugging Face tools do."""
+
+    LABELS = {"convert": ("converting", 1 << 20, "MiB"), "sessions": ("loading graphs", 1, "parts")}
+
+    def __init__(self, stream=None):
+        self.stream = stream or sys.stderr
+        self.enabled = self.stream.isatty()
+        self.stage = None
+        self.t0 = time.perf_counter()
+
+    def __call__(self, stage: str, done: int, total: int) -> None:
+        if not self.enabled or total <= 0:
+            return
+        label, unit, unit_name = self.LABELS.get(stage, (stage, 1, ""))
+        if stage != self.stage:
+            if self.stage is not None:
+                self.stream.write("\n")
+            self.stage, self.t0 = stage, time.perf_counter()
+        frac = min(1.0, done / total)
+        bar = "#" * int(frac * 30)
+        self.stream.write(f"\r{label}: {frac:4.0%} |{bar:<30}| {done // unit}/{total // unit} {unit_name} "
+                          f"[{time.perf_counter() - self.t0:.1f}s]")
+        if done >= total:
+            self.stream.write("\n")
+            self.stage = None
+        self.stream.flush()
+
+
+def _load_report(stats: dict) -> str:
+    """``dualpath run --verbose``: where the load's time went."""
+    names = (("open_s", "opened cached entry"), ("convert_s", "converted"), ("tokenizer_s", "tokenizer"),
+             ("graphs_s", "graphs"), ("sessions_s", "ONNX Runtime sessions"), ("total_s", "total"))
+    parts = [f"{label} {stats[key]:.2f}s" for key, label in names if key in stats]
+    return f"dualpath: load (converted-model cache {stats.get('cache', '?')}): " + ", ".join(parts)
+
+
 def cmd_run(args) -> int:
     from .llm import LLM
 
-    llm = LLM(_model_path(args), _config(args), tokenizer_path=args.tokenizer)
+    llm = LLM(_model_path(args), _config(args), tokenizer_path=args.tokenizer, progress=_ProgressBar())
+    if args.load_report:
+        print(_load_report(llm.load_stats), file=sys.stderr)
     prompt = args.prompt if args.prompt is not None else ""
     ids = llm.tokenize(prompt)
     params = _sampling(args, len(ids))
@@ -72,6 +112,39 @@ def cmd_run(args) -> int:
     print(f"dualpath: {c.usage.prompt_tokens} prompt tokens at {t.prefill_tokens_per_s:.1f} tok/s, "
           f"{c.usage.completion_tokens} generated at {t.decode_tokens_per_s:.1f} tok/s "
           f"(finish: {c.finish_reason}, threads: {llm.config.runtime.effective_num_threads()})", file=sys.stderr)
+    return 0
+
+
+def cmd_cache(args) -> int:
+    from .config import load_config
+    from .models.store import ModelStore
+
+    mc = load_config().model_cache
+    store = ModelStore(args.dir or mc.dir or None, int(mc.max_size_gb * (1 << 30)))
+    if args.cache_command == "ls":
+        entries = store.entries()
+        for e in entries:
+            used = time.strftime("%Y-%m-%d %H:%M", time.localtime(e.last_used)) if e.last_used else "-"
+            print(f"{e.key}  {e.size_bytes / (1 << 20):9.1f} MiB  {used}  {e.source}  "
+                  f"({', '.join(e.graphs) or 'no graphs yet'})")
+        total = sum(e.size_bytes for e in entries)
+        print(f"{len(entries)} entries, {total / (1 << 20):.1f} MiB in {store.root}")
+        return 0
+    if args.cache_command == "rm":
+        keys = [e.key for e in store.entries()] if args.all else args.keys
+        if not keys and not args.all:
+            print("dualpath: error: name the keys to remove (dualpath cache ls) or give --all", file=sys.stderr)
+            return 2
+        missing = [k for k in keys if not store.remove(k)]
+        for k in missing:
+            print(f"dualpath: no cache entry {k!r} in {store.root}", file=sys.stderr)
+        print(f"removed {len(keys) - len(missing)} entries")
+        return 1 if missing else 0
+    limit = None if args.max_size_gb is None else int(args.max_size_gb * (1 << 30))
+    removed = store.enforce_limit(limit)
+    for e in removed:
+        print(f"removed {e.key} ({e.size_bytes / (1 << 20):.1f} MiB, {e.source})")
+    print(f"{len(removed)} entries removed; {sum(e.size_bytes for e in store.entries()) / (1 << 20):.1f} MiB left")
     return 0
 
 
@@ -240,7 +313,20 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--stop", action="append", help="stop string (repeatable)")
     r.add_argument("--ignore-eos", action="store_true")
     r.add_argument("--no-echo", dest="echo", action="store_false", help="do not print the prompt before the output")
+    r.add_argument("--verbose", dest="load_report", action="store_true",
+                   help="print the load time split into its stages (and log what the library does, as -v)")
     r.set_defaults(func=cmd_run)
+
+    c = sub.add_parser("cache", help="the converted-model cache: list, remove, prune entries")
+    c.add_argument("--dir", help="the cache folder (default: model_cache.dir, $DUALPATH_CACHE_DIR or ~/.cache/dualpath/models)")
+    csub = c.add_subparsers(dest="cache_command", required=True)
+    csub.add_parser("ls", help="list entries: key, size, last use, source file, graphs")
+    crm = csub.add_parser("rm", help="remove entries by key (or --all)")
+    crm.add_argument("keys", nargs="*")
+    crm.add_argument("--all", action="store_true")
+    cpr = csub.add_parser("prune", help="remove least recently used entries down to a size, and stale temporary folders")
+    cpr.add_argument("--max-size-gb", type=float, help="default: model_cache.max_size_gb")
+    c.set_defaults(func=cmd_cache)
 
     t = sub.add_parser("tokenize", help="print the token ids of a text")
     model_args(t)
@@ -285,7 +371,8 @@ def main(argv=None) -> int:
     from .errors import DualPathError
 
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+    verbose = args.verbose or getattr(args, "load_report", False)
+    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
     try:
         return args.func(args)

@@ -290,6 +290,22 @@ class ServerConfig(_Section):
 
 
 @dataclass(frozen=True)
+class ModelCacheConfig(_Section):
+    """The converted-model cache (models/store.py): what loading a model file produces,
+    kept on disk so that later loads of the same file convert nothing."""
+
+    _section: ClassVar[str] = "model_cache"
+
+    enabled: bool = setting(True, bool, None, "true or false")
+    """false: convert on every load, into a temporary folder removed once loaded."""
+    dir: str = setting("", str, None, "a folder path ('' = the platform's cache folder)")
+    """Where entries live; '' = $DUALPATH_CACHE_DIR, an Android app's private storage
+    ($ANDROID_PRIVATE), or the user cache folder ($XDG_CACHE_HOME or ~/.cache)/dualpath/models."""
+    max_size_gb: float = _float(32.0, 0.0, 1 << 20)
+    """Least recently used entries are removed when a new entry takes the cache past this."""
+
+
+@dataclass(frozen=True)
 class Config(_Section):
     """Everything configurable, one field per YAML section."""
 
@@ -301,6 +317,8 @@ class Config(_Section):
     """Core placement and power profiles."""
     server: ServerConfig = section(ServerConfig)
     """The HTTP server."""
+    model_cache: ModelCacheConfig = section(ModelCacheConfig)
+    """The converted-model cache."""
 
 
 # ---------------------------------------------------------------------------

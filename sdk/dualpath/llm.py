@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
+import tempfile
+import time
 from typing import Sequence
 
 from .config import Config, load_config
 from .errors import ChatTemplateError
-from .models import ModelSpec, load_model
+from .models import ModelSpec
+from .models.store import CorruptEntry, ModelStore, Progress
 from .runtime.engine import Engine, SyncStream
 from .runtime.generate import Completion
 from .runtime.sampler import SamplingParams
@@ -26,15 +30,35 @@ class LLM:
     """
 
     def __init__(self, model_path: str | os.PathLike, config: Config | str | os.PathLike | None = None,
-                 *, tokenizer_path: str | os.PathLike | None = None, governor=None):
-        from .runtime.session import ModelRunner
-        from .tokenizer import build_tokenizer
-
+                 *, tokenizer_path: str | os.PathLike | None = None, governor=None,
+                 progress: Progress | None = None):
+        t0 = time.perf_counter()
         if config is None or isinstance(config, (str, os.PathLike)):
             config = load_config(config)
         self.config = config
-        self.spec: ModelSpec = load_model(model_path, tokenizer_path)
+        self.load_stats: dict = {}
+        """How the load went: ``cache`` ("hit", "miss" or "off") and the seconds of each stage."""
+        mc = config.model_cache
+        if mc.enabled:
+            store = ModelStore(mc.dir or None, int(mc.max_size_gb * (1 << 30)))
+        else:  # convert into a temporary entry, removed once loaded (the mappings keep the files)
+            store = ModelStore(tempfile.mkdtemp(prefix="dualpath-model-"))
+        try:
+            self._load(store, model_path, tokenizer_path, progress, governor, t0)
+        finally:
+            if not mc.enabled:
+                shutil.rmtree(store.root, ignore_errors=True)
+                self.load_stats["cache"] = "off"
+
+    def _load(self, store: ModelStore, model_path, tokenizer_path, progress, governor, t0: float) -> None:
+        from .runtime.session import ModelRunner
+        from .tokenizer import build_tokenizer
+
+        config = self.config
+        self.spec: ModelSpec = store.load(model_path, tokenizer_path, progress, self.load_stats)
+        t1 = time.perf_counter()
         self.tokenizer = build_tokenizer(self.spec.tokenizer)
+        self.load_stats["tokenizer_s"] = time.perf_counter() - t1
         rt = config.runtime
         ctx = rt.max_context_tokens or self.spec.config.context_length
         if rt.kv_cache_tokens and rt.kv_cache_tokens < ctx:
@@ -46,7 +70,26 @@ class LLM:
         """The power-aware governor (platform.Governor), or None on uniform cores."""
         chunk = min(rt.prefill_chunk_tokens, ctx)
         batch_tokens = max(rt.effective_max_batch_tokens(), 1)
-        self.runner = ModelRunner(
+        try:
+            self.runner = self._runner(ModelRunner, ctx, chunk, batch_tokens, progress)
+        except CorruptEntry as e:  # a cached array failed its checksum on first use
+            store.discard(self.spec.entry, str(e))
+            self.spec = store.load(model_path, tokenizer_path, progress, self.load_stats)
+            self.runner = self._runner(ModelRunner, ctx, chunk, batch_tokens, progress)
+        self.load_stats.update(self.runner.load_stats)
+        self.engine = Engine(self.runner, self.tokenizer, max_num_seqs=rt.max_num_seqs,
+                             max_batch_tokens=batch_tokens,
+                             max_queued_requests=config.server.max_queued_requests,
+                             profile_name=config.power.profile)
+        """The continuous-batching engine every request goes through."""
+        self.load_stats["total_s"] = time.perf_counter() - t0
+        log.info("loaded %s (%s, %d layers, dim %d) in %.2fs (converted-model cache: %s)", model_path,
+                 self.spec.format, self.spec.config.num_layers, self.spec.config.dim,
+                 self.load_stats["total_s"], self.load_stats["cache"])
+
+    def _runner(self, runner_class, ctx: int, chunk: int, batch_tokens: int, progress):
+        rt, config = self.config.runtime, self.config
+        return runner_class(
             self.spec,
             num_threads=rt.effective_num_threads(),
             max_context_tokens=ctx,
@@ -59,14 +102,8 @@ class LLM:
             max_num_seqs=rt.max_num_seqs,
             kv_cache_tokens=rt.kv_cache_tokens,
             power_config=config.power,
+            progress=progress,
         )
-        self.engine = Engine(self.runner, self.tokenizer, max_num_seqs=rt.max_num_seqs,
-                             max_batch_tokens=batch_tokens,
-                             max_queued_requests=config.server.max_queued_requests,
-                             profile_name=config.power.profile)
-        """The continuous-batching engine every request goes through."""
-        log.info("loaded %s (%s, %d layers, dim %d) in %.2fs", model_path, self.spec.format,
-                 self.spec.config.num_layers, self.spec.config.dim, self.runner.load_seconds)
 
     @classmethod
     def from_pretrained(cls, repo_id: str, quant: str | None = None, filename: str | None = None,

@@ -12,7 +12,7 @@ The NumPy oracle the kernels are tested against lives with the tests
 (tests/kernels/attention_reference.py).
 """
 
-from .._kernels import embed
+from .._kernels import embed, repack_ggml
 from .._kvarena import ArenaStepper, KVArena, ThreadPool, available_kernels, cpu_features, default_kernel
 
-__all__ = ["ArenaStepper", "KVArena", "ThreadPool", "available_kernels", "cpu_features", "default_kernel", "embed"]
+__all__ = ["ArenaStepper", "KVArena", "ThreadPool", "available_kernels", "cpu_features", "default_kernel", "embed", "repack_ggml"]

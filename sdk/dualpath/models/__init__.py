@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from typing import Callable
 
 from ..errors import ModelLoadError
 from .spec import ModelConfig, ModelSpec, Weight
@@ -50,12 +51,8 @@ def resolve_model(name: str | os.PathLike | None, hf_repo: str | None = None) ->
     return name, ""
 
 
-def load_model(path: str | os.PathLike, tokenizer_path: str | os.PathLike | None = None) -> ModelSpec:
-    """Load a GGUF file or a llama2.c checkpoint (chosen by content, not by name)."""
-    from .gguf import load_gguf
-    from .llama2c import load_llama2c
-
-    path = os.fspath(path)
+def check_model_file(path: str) -> bytes:
+    """The first 4 bytes of ``path``, after the checks every format shares."""
     if os.path.isdir(path):
         raise ModelLoadError(path, "is a folder; Hugging Face folders are not supported yet (pass a .gguf or llama2.c .bin)")
     if not os.path.isfile(path):
@@ -67,12 +64,25 @@ def load_model(path: str | os.PathLike, tokenizer_path: str | os.PathLike | None
             magic = f.read(4)
     except OSError as e:
         raise ModelLoadError(path, f"cannot read: {e.strerror or e}") from e
-    if magic == b"GGUF":
-        return load_gguf(path)
-    if path.endswith(".gguf"):
+    if magic != b"GGUF" and path.endswith(".gguf"):
         raise ModelLoadError(path, f"not a GGUF file (magic {magic!r}, expected b'GGUF')")
-    return load_llama2c(path, tokenizer_path)
+    return magic
 
 
-__all__ = ["EMBEDDED_MODEL", "ModelConfig", "ModelSpec", "SYNTH_PREFIX", "Weight", "embedded_model_path",
+def load_model(path: str | os.PathLike, tokenizer_path: str | os.PathLike | None = None,
+               sink: Callable[[Weight, int], Weight] | None = None) -> ModelSpec:
+    """Load a GGUF file or a llama2.c checkpoint (chosen by content, not by name),
+    converting in memory. ``sink(weight, source_bytes)`` (the converted-model cache's
+    writer) receives each weight as soon as it is converted and returns what the spec
+    keeps in its place. ``ModelStore.load`` is the cached way to load."""
+    from .gguf import load_gguf
+    from .llama2c import load_llama2c
+
+    path = os.fspath(path)
+    if check_model_file(path) == b"GGUF":
+        return load_gguf(path, sink)
+    return load_llama2c(path, tokenizer_path, sink)
+
+
+__all__ = ["EMBEDDED_MODEL", "check_model_file", "ModelConfig", "ModelSpec", "SYNTH_PREFIX", "Weight", "embedded_model_path",
            "load_model", "resolve_model"]

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import gc
 import logging
+import mmap
 import os
 
 import numpy as np
@@ -103,8 +104,9 @@ def _check_tensor_offsets(path: str, reader) -> None:
         expected += -(-int(t.n_bytes) // int(reader.alignment)) * int(reader.alignment)
 
 
-def load_gguf(path: str | os.PathLike) -> ModelSpec:
-    """Read a GGUF file into a ModelSpec. Every problem raises ``ModelLoadError``."""
+def load_gguf(path: str | os.PathLike, sink=None) -> ModelSpec:
+    """Read a GGUF file into a ModelSpec. Every problem raises ``ModelLoadError``.
+    ``sink``: see ``load_model``."""
     import gguf
 
     path = os.fspath(path)
@@ -174,19 +176,25 @@ def load_gguf(path: str | os.PathLike) -> ModelSpec:
         raise ModelLoadError(path, f"{a}.block_count={cfg.num_layers} but the file holds only {len(tensors)} "
                                    "tensors (at least one per layer)")
 
+    # Zero copy pays when the file is mostly F32. When it is mostly converted weights
+    # (quantized or F16), the few F32 views (norms) would pin the whole mapping, whose
+    # pages the conversion touched: copy them so the mapping is released.
+    f32_bytes = sum(int(t.n_bytes) for t in tensors.values() if t.tensor_type == gguf.GGMLQuantizationType.F32)
+    keep_views = f32_bytes >= 0.05 * os.path.getsize(path)
     weights: dict[str, Weight] = {}
     for name, t in tensors.items():
         if name.endswith((".weight", ".bias")):  # "blk.0.attn_q.weight" -> "blk.0.attn_q"; biases keep ".bias"
             key = name.removesuffix(".weight")
-            weights[key] = _convert(path, name, t, key)
+            w = _convert(path, name, t, key)
+            view = not w.source_type and w.dtype == "f32"
+            if view and not keep_views:
+                w.data, view = np.array(w.data), False
+            if sink is not None:
+                w = sink(w, int(t.n_bytes))
+                if not view:
+                    _drop_source_pages(reader.data, int(t.data_offset), int(t.n_bytes))
+            weights[key] = w
     check_weights(path, cfg, weights)
-    # Zero copy pays when the file is mostly F32. When it is mostly converted weights
-    # (quantized or F16), the few F32 views (norms) would pin the whole mapping, whose
-    # pages the conversion touched: copy them so the mapping is released.
-    views = [w for w in weights.values() if not w.source_type and w.dtype == "f32"]
-    if sum(w.data.nbytes for w in views) < 0.05 * os.path.getsize(path):
-        for w in views:
-            w.data = np.array(w.data)
 
     tok = _tokenizer_spec(path, meta, cfg.vocab_size)
     file_type = meta.get("general.file_type")
@@ -195,6 +203,7 @@ def load_gguf(path: str | os.PathLike) -> ModelSpec:
         "file_type": _FILE_TYPES.get(file_type, str(file_type)) if file_type is not None else "",
         "tensor_types": sorted({t.tensor_type.name for t in tensors.values()}),
     }
+    header_bytes = int(reader.data_offset)
     del reader, tensors, meta
     gc.collect()  # the reader's memory map is released once nothing views it
     return ModelSpec(
@@ -204,7 +213,20 @@ def load_gguf(path: str | os.PathLike) -> ModelSpec:
         tokenizer=tok,
         weights=weights,
         metadata=metadata,
+        header_bytes=header_bytes,
     )
+
+
+def _drop_source_pages(data: np.memmap, offset: int, nbytes: int) -> None:
+    """Forget the resident pages of a tensor just converted (streaming into a cache
+    entry): the file's mapping then never holds more than one tensor's pages."""
+    m = getattr(data, "_mmap", None)
+    if m is None or not hasattr(m, "madvise"):
+        return
+    lo = -(-offset // mmap.PAGESIZE) * mmap.PAGESIZE
+    hi = (offset + nbytes) // mmap.PAGESIZE * mmap.PAGESIZE
+    if hi > lo:
+        m.madvise(mmap.MADV_DONTNEED, lo, hi - lo)
 
 
 _FILE_TYPES = {0: "ALL_F32", 1: "MOSTLY_F16", 2: "MOSTLY_Q4_0", 3: "MOSTLY_Q4_1", 7: "MOSTLY_Q8_0",
@@ -312,18 +334,14 @@ def ggml_to_nbits(raw: np.ndarray, type_name: str, shape: tuple[int, int]) -> tu
     MatMulNBits stores 8-bit values +128, and 4-bit values +8 with element 2m in the
     low nibble of byte m and 2m + 1 in the high nibble.
     """
+    from ..kernels import repack_ggml
+
     rows, cols = shape
     nb = cols // QUANT_BLOCK
-    block_bytes = 34 if type_name == "Q8_0" else 18
-    blocks = raw.reshape(rows, nb, block_bytes)
-    scales = blocks[:, :, :2].copy().view(np.float16).astype(np.float32).reshape(rows * nb)
-    if type_name == "Q8_0":
-        blob = blocks[:, :, 2:] ^ np.uint8(0x80)  # int8 q -> uint8 q + 128
-    else:
-        qs = blocks[:, :, 2:]
-        vals = np.concatenate([qs & np.uint8(0x0F), qs >> np.uint8(4)], axis=2)  # x[0..31] + 8
-        blob = vals[:, :, 0::2] | (vals[:, :, 1::2] << np.uint8(4))
-    return np.ascontiguousarray(blob), scales
+    blob = np.empty((rows, nb, QUANT_BLOCK if type_name == "Q8_0" else QUANT_BLOCK // 2), np.uint8)
+    scales = np.empty(rows * nb, np.float32)
+    repack_ggml(np.ascontiguousarray(raw).reshape(-1), type_name.lower(), blob, scales)  # C: ~1 ms per MB
+    return blob, scales
 
 
 def _tokenizer_spec(path: str, meta: _Metadata, vocab_size: int) -> TokenizerSpec:

@@ -29,7 +29,8 @@ from .spec import ModelConfig, ModelSpec, Weight, check_config, check_weights
 MAGIC_V1 = 0x616B3432  # "ak42"
 
 
-def load_llama2c(path: str | os.PathLike, tokenizer_path: str | os.PathLike | None = None) -> ModelSpec:
+def load_llama2c(path: str | os.PathLike, tokenizer_path: str | os.PathLike | None = None,
+                 sink=None) -> ModelSpec:
     from ..tokenizer import load_llama2c_tokenizer
 
     path = os.fspath(path)
@@ -103,7 +104,8 @@ def load_llama2c(path: str | os.PathLike, tokenizer_path: str | os.PathLike | No
     weights: dict[str, Weight] = {}
 
     def put(name, arr):
-        weights[name] = Weight(name, "f32", tuple(arr.shape), arr)
+        w = Weight(name, "f32", tuple(arr.shape), arr)
+        weights[name] = sink(w, arr.nbytes) if sink is not None else w
 
     put("token_embd", arrays["tok"])
     put("output_norm", arrays["rms_final"])
@@ -120,7 +122,8 @@ def load_llama2c(path: str | os.PathLike, tokenizer_path: str | os.PathLike | No
     tok = load_llama2c_tokenizer(tok_path, vocab_size=vocab)
     return ModelSpec(path=path, format="llama2c", config=cfg, tokenizer=tok, weights=weights,
                      metadata={"name": os.path.basename(path), "file_type": "F32",
-                               "tensor_types": ["F32"], "tokenizer_path": tok_path})
+                               "tensor_types": ["F32"], "tokenizer_path": tok_path},
+                     header_bytes=offset)
 
 
 def _find_tokenizer(path: str, tokenizer_path, vocab: int) -> str:

@@ -19,6 +19,7 @@ consumes them, so no second copy is ever made:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -136,8 +137,6 @@ class Weight:
     scales: np.ndarray | None = None
     source_type: str = ""
     """The type in the file (e.g. ``F16``), when it differs from ``dtype``."""
-    released_nbytes: int = 0
-    """Bytes handed over to ONNX Runtime (which keeps them packed) and dropped here."""
     bits: int = 0
     """MatMulNBits bits (2, 4, 8) of a quantized weight; 0 for float."""
     block_size: int = QUANT_BLOCK
@@ -157,16 +156,7 @@ class Weight:
 
     @property
     def nbytes(self) -> int:
-        own = sum(a.nbytes for a in self.arrays().values())
-        return int(own + self.released_nbytes)
-
-    def release(self, kind: str) -> None:
-        """Forget the array of initializer suffix ``kind`` ("weight", "scales",
-        "zero_points", "mins"): ONNX Runtime owns it now."""
-        attr = self.ARRAYS.get(kind)
-        if attr is not None and getattr(self, attr) is not None:
-            self.released_nbytes += getattr(self, attr).nbytes
-            setattr(self, attr, None)
+        return int(sum(a.nbytes for a in self.arrays().values()))
 
 
 @dataclass
@@ -185,6 +175,12 @@ class ModelSpec:
     weights: dict[str, Weight]
     metadata: dict = field(default_factory=dict)
     """A few descriptive strings from the file (name, file type), for ``dualpath info``."""
+    header_bytes: int = 0
+    """Bytes of the file before its tensor data (header, metadata, tensor table): what the
+    converted-model cache hashes to tell a changed file from its entry."""
+    entry: Any = field(default=None, repr=False, compare=False)
+    """The converted-model cache entry (models/store.py) whose mappings hold the arrays,
+    or None for a spec converted in memory."""
 
     @property
     def output(self) -> Weight:

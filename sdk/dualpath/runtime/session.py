@@ -7,21 +7,23 @@ from __future__ import annotations
 
 import logging
 import os
-import tempfile
+import shutil
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
-import onnx
 import onnxruntime as ort
 
 from ..cache.manager import KVCacheManager, NoRoom
 from ..cache.policy import PathPolicy
 from ..config import DualPathConfig, PowerConfig
 from ..errors import ConfigError, DualPathError
-from ..graph.builder import PLACEHOLDER, GraphPart, build_parts
 from ..kernels import ArenaStepper, ThreadPool, embed as _embed
 from ..models.quants import gather_rows
 from ..models.spec import ModelSpec
+from ..models.store import Progress, temporary_entry
+from ..graph.parts import PartFile, graph_parts
 from ..platform.affinity import pin_current_thread
 from ..scheduler.batch import SeqStep
 
@@ -85,95 +87,72 @@ class SessionSet(list):
         self.initializers = initializers
 
 
-def create_sessions(parts: list[GraphPart], num_threads: int, spinning: bool = True,
+def create_sessions(parts: list[PartFile], num_threads: int, spinning: bool = True,
                     affinities: str | None = None, per_session_pools: bool = False,
-                    own_prepacked: bool = False) -> SessionSet:
-    """One InferenceSession per part.
+                    progress: Progress | None = None, entry=None) -> SessionSet:
+    """One InferenceSession per part (graph files of a converted-model cache entry).
 
-    Float weights are handed over as OrtValues over our arrays (``add_initializer``),
-    used in place with prepacking off (measured no slower for Gemm with transB), so
-    they exist once whatever the number of sessions. Parts with MatMulNBits need ONNX
-    Runtime's prepacked layout to be fast: with ``own_prepacked`` ORT reads their
-    weights from a file of its own and the caller drops its arrays after packing;
-    otherwise they are shared OrtValues too, and each session packs its own copy.
+    Every weight is handed over as an OrtValue over the entry's memory-mapped arrays
+    (``add_initializer``): float weights are read in place with prepacking off
+    (measured no slower for Gemm with transB), so they exist once in memory, in the
+    page cache, whatever the number of sessions. Parts with MatMulNBits need ONNX
+    Runtime's prepacked layout to be fast (measured ~100x): each session packs its own
+    copy. With the ``entry`` the arrays live in, a part's arrays are verified (checksums)
+    just before its session reads them, and the mapped pages a session packed from are
+    dropped once it exists (``Entry.drop_pages``): the load's peak memory is the packed
+    copies plus one part's pages per thread.
+
+    ONNX Runtime releases the GIL while it creates a session and packs on one thread:
+    the parts are created ``num_threads`` at a time.
     """
-    total = parts[0].placeholder_bytes if parts else 0
     if per_session_pools and _global_pool_threads:
         raise DualPathError("pinned sessions need per-session ONNX Runtime thread pools, but this process "
                             "already created ORT's global pool (an earlier unpinned LLM); create pinned "
                             "LLMs first or set power.pin_threads: false")
     shared_pool = not per_session_pools and affinities is None and _use_global_pool(num_threads)
-    with tempfile.TemporaryDirectory(prefix="dualpath-onnx-") as folder:
-        with open(os.path.join(folder, PLACEHOLDER), "wb") as f:
-            f.truncate(total)  # sparse: never read, costs no memory
-        sessions = []
-        values = []  # every add_initializer OrtValue: kept alive with the sessions
-        for part in parts:
-            path = os.path.join(folder, f"part{part.index}.onnx")
-            model = part.model
-            if part.prepack and own_prepacked:
-                # ONNX Runtime packs these weights into its own layout. Hand it the bytes
-                # through a file it reads itself, so that after packing nothing of ours
-                # (and no second unpacked copy) stays resident: the caller then drops
-                # its arrays (``own_prepacked``).
-                model = _with_weights_in_file(part, os.path.join(folder, f"part{part.index}.bin"))
-            onnx.save(model, path)
-            so = ort.SessionOptions()
-            if shared_pool:
-                so.use_per_session_threads = False
-            else:
-                so.intra_op_num_threads = num_threads
-                so.inter_op_num_threads = 1
-            if _use_env_allocator():
-                so.add_session_config_entry("session.use_env_allocators", "1")
-            so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-            so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-            so.add_session_config_entry("session.intra_op.allow_spinning", "1" if spinning else "0")
-            so.add_session_config_entry("session.disable_prepacking", "0" if part.prepack else "1")
-            if affinities:
-                so.add_session_config_entry("session.intra_op_thread_affinities", affinities)
-            if not (part.prepack and own_prepacked):
-                for name, array in part.weights.items():
-                    value = ort.OrtValue.ortvalue_from_numpy(array)
-                    values.append(value)
-                    so.add_initializer(name, value)
-            sessions.append(ort.InferenceSession(path, so, providers=["CPUExecutionProvider"]))
-    return SessionSet(sessions, values)
+    env_allocator = _use_env_allocator()
+    done = [0]
+    lock = threading.Lock()
 
-
-def _with_weights_in_file(part: GraphPart, path: str) -> onnx.ModelProto:
-    """A copy of the part whose external initializers point into ``path``, written now."""
-    model = onnx.ModelProto()
-    model.CopyFrom(part.model)
-    offsets = {}
-    with open(path, "wb") as f:
+    def create(part: PartFile):
+        so = ort.SessionOptions()
+        if shared_pool:
+            so.use_per_session_threads = False
+        else:
+            so.intra_op_num_threads = num_threads
+            so.inter_op_num_threads = 1
+        if env_allocator:
+            so.add_session_config_entry("session.use_env_allocators", "1")
+        so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        so.add_session_config_entry("session.intra_op.allow_spinning", "1" if spinning else "0")
+        so.add_session_config_entry("session.disable_prepacking", "0" if part.prepack else "1")
+        if affinities:
+            so.add_session_config_entry("session.intra_op_thread_affinities", affinities)
+        if entry is not None:
+            entry.verify(part.weights.values())
+        values = []
         for name, array in part.weights.items():
-            f.write(b"\0" * (-f.tell() % 64))
-            offsets[name] = (f.tell(), array.nbytes)
-            f.write(np.ascontiguousarray(array).data)
-    for init in model.graph.initializer:
-        if init.name in offsets:
-            del init.external_data[:]
-            for key, value in (("location", os.path.basename(path)), ("offset", str(offsets[init.name][0])),
-                               ("length", str(offsets[init.name][1]))):
-                entry = init.external_data.add()
-                entry.key, entry.value = key, value
-    return model
+            value = ort.OrtValue.ortvalue_from_numpy(array)
+            values.append(value)
+            so.add_initializer(name, value)
+        session = ort.InferenceSession(part.path, so, providers=["CPUExecutionProvider"])
+        if entry is not None and part.prepack:
+            entry.drop_pages(part.weights.values())
+        if progress is not None:
+            with lock:
+                done[0] += 1
+                progress("sessions", done[0], len(parts))
+        return session, values
 
-
-def _release_prepacked(spec: ModelSpec, parts: list[GraphPart]) -> None:
-    """Drop our arrays of weights ONNX Runtime now holds packed (one session set only:
-    several sets share our arrays instead). The embedding stays: our kernel reads it."""
-    keep = {f"token_embd.{kind}" for kind in ("weight", "scales", "zero_points", "mins")}
-    names = {n for part in parts if part.prepack for n in part.weights if n not in keep}
-    for name in names:
-        base, _, kind = name.rpartition(".")
-        w = spec.weights.get(base)
-        if w is not None:
-            w.release(kind)
-    for part in parts:
-        if part.prepack:
-            part.weights.clear()
+    workers = max(1, min(num_threads, os.cpu_count() or 1, len(parts)))
+    if workers == 1:
+        made = [create(p) for p in parts]
+    else:
+        with ThreadPoolExecutor(workers, thread_name_prefix="dualpath-load") as ex:
+            made = list(ex.map(create, parts))
+    # every add_initializer OrtValue is kept alive with the sessions
+    return SessionSet([m[0] for m in made], [v for m in made for v in m[1]])
 
 
 class _Binding:
@@ -240,7 +219,7 @@ class ModelRunner:
                  max_step_tokens: int, cache_config: DualPathConfig | None = None,
                  accuracy_level: int = 4, spinning: bool = True, kernel: str | None = None,
                  governor=None, max_num_seqs: int = 1, kv_cache_tokens: int = 0,
-                 power_config: PowerConfig | None = None):
+                 power_config: PowerConfig | None = None, progress: Progress | None = None):
         cfg = spec.config
         self.spec = spec
         self.num_layers = cfg.num_layers
@@ -248,22 +227,34 @@ class ModelRunner:
         self.max_step_tokens = T = max_step_tokens
         self.max_num_seqs = max(1, max_num_seqs)
         t0 = time.perf_counter()
-        parts = build_parts(spec, accuracy_level, max_context_tokens)
-        self.governor = governor
-        if governor is None:
-            self.sessions = create_sessions(parts, num_threads, spinning, own_prepacked=True)
-            self.session_sets = {}
-            _release_prepacked(spec, parts)
-        else:
-            # One session set per distinct (cores, threads) of every reachable profile:
-            # ORT pins its workers per session. All sets share the weights. Spinning is
-            # off in these per-session pools whatever the profile says: each of the
-            # L + 1 parts has its own pool, and idle pools spinning against the active
-            # one halved decode speed (measured: 169 vs 340 tok/s, stories15M, 2 cores).
-            self.session_sets = {sp: create_sessions(parts, sp.num_threads, False, sp.affinities,
-                                                     per_session_pools=True)
-                                 for sp in governor.session_specs()}
-            self.sessions = next(iter(self.session_sets.values()))
+        self.load_stats: dict = {}
+        """Seconds of each stage of building this runner (``graphs``, ``sessions``)."""
+        temporary = spec.entry is None
+        if temporary:  # converted in memory: a private entry in a temporary folder, removed below
+            spec = self.spec = temporary_entry(spec)
+        try:
+            parts = graph_parts(spec, accuracy_level, max_context_tokens)
+            t1 = time.perf_counter()
+            self.governor = governor
+            if governor is None:
+                self.sessions = create_sessions(parts, num_threads, spinning, progress=progress, entry=spec.entry)
+                self.session_sets = {}
+            else:
+                # One session set per distinct (cores, threads) of every reachable profile:
+                # ORT pins its workers per session. All sets share the float weights. Spinning
+                # is off in these per-session pools whatever the profile says: each of the
+                # L + 1 parts has its own pool, and idle pools spinning against the active
+                # one halved decode speed (measured: 169 vs 340 tok/s, stories15M, 2 cores).
+                self.session_sets = {sp: create_sessions(parts, sp.num_threads, False, sp.affinities,
+                                                         per_session_pools=True, progress=progress,
+                                                         entry=spec.entry)
+                                     for sp in governor.session_specs()}
+                self.sessions = next(iter(self.session_sets.values()))
+            spec.entry.verify()  # what no part reads (an untied embedding: our kernel reads it)
+        finally:
+            if temporary:  # the mappings keep the files alive; nothing else needs the folder
+                shutil.rmtree(spec.entry.store.root, ignore_errors=True)
+        self.load_stats.update(graphs_s=t1 - t0, sessions_s=time.perf_counter() - t1)
         self.load_seconds = time.perf_counter() - t0
         emb = spec.weights["token_embd"]
         self._emb_table, self._emb_scales, self._emb_dtype = emb.data, emb.scales, emb.dtype

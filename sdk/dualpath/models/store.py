@@ -1,0 +1,557 @@
+"""The converted-model cache: what loading a model file produces, kept on disk so
+that the next load of the same file converts nothing and copies nothing.
+
+An entry is a folder named by the source file's identity (size, mtime, a hash of
+its first 64 KiB, the tokenizer file's the same way, and ``CONVERSION_VERSION``)::
+
+    <root>/<key>/
+      manifest.json        config, metadata, where every weight array lives, checksums,
+                           and the hash of the source's whole header and tensor table
+      tokenizer.json       the TokenizerSpec
+      weights.bin          every converted array at a 64 KiB-aligned offset (memory-mapped
+                           on load: ONNX Runtime and our kernels read it in place)
+      graphs-a{A}-c{C}/    the ONNX graph parts for accuracy level A and context C:
+        parts.json, part{i}.onnx, weights.placeholder (sparse: the graphs' external
+        initializers point into it; the real arrays are handed over at session creation)
+
+Arrays that are already in ONNX Runtime's layout in the source (F32 tensors of an
+F32 file, a llama2.c checkpoint) are not copied: the manifest records their offset
+in the source file, which is mapped too.
+
+Writes are atomic: an entry (and each graphs folder) is written into a temporary
+folder beside it and renamed into place, so a crash or a full disk leaves only a
+``.tmp-*`` folder that ``prune`` removes, never a partial entry. Two processes that
+convert the same file at once both succeed: the first rename wins and the other
+process opens the winner's entry. On load the header hash, the file sizes and an XOR
+checksum of every array are checked: a truncated or corrupted entry is logged,
+removed and rebuilt from the source, never used.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+import mmap
+import os
+import shutil
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from ..errors import DualPathError, ModelLoadError
+from ..tokenizer.spec import TokenizerSpec
+from .spec import ModelConfig, ModelSpec, Weight
+
+log = logging.getLogger(__name__)
+
+CONVERSION_VERSION = 1
+"""Bump when conversion or the graphs change meaning: older entries are then never
+matched (and ``prune`` removes them)."""
+ALIGN = 1 << 16
+"""Offset alignment of arrays in weights.bin: a page on every kernel (4 KiB, and the
+16 KiB and 64 KiB pages of some ARM64 systems), so each array can be dropped from
+memory on its own (madvise)."""
+DEFAULT_MAX_BYTES = 32 << 30
+HEAD_BYTES = 1 << 16
+STALE_TMP_S = 3600.0
+"""A ``.tmp-*`` folder older than this belongs to a writer that died."""
+
+Progress = Callable[[str, int, int], None]
+"""``progress(stage, done, total)``: called as a long load advances (``convert``: bytes
+of tensors converted; ``sessions``: graph parts ready)."""
+
+
+class CorruptEntry(DualPathError):
+    """A cache entry failed a check; the caller discards and rebuilds it."""
+
+
+def default_root() -> str:
+    """Where entries live: ``$DUALPATH_CACHE_DIR``; in an Android app its private
+    storage (``$ANDROID_PRIVATE``, set by python-for-android); else the platform's
+    user cache folder (``$XDG_CACHE_HOME``, ``~/.cache``, also under Termux)."""
+    env = os.environ.get("DUALPATH_CACHE_DIR")
+    if env:
+        return env
+    if os.environ.get("ANDROID_PRIVATE"):
+        return os.path.join(os.environ["ANDROID_PRIVATE"], "cache", "dualpath", "models")
+    if sys.platform == "darwin":
+        base = os.path.expanduser("~/Library/Caches")
+    elif os.name == "nt":
+        base = os.environ.get("LOCALAPPDATA") or os.path.expanduser("~/AppData/Local")
+    else:
+        base = os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
+    return os.path.join(base, "dualpath", "models")
+
+
+def _file_identity(path: str) -> dict:
+    st = os.stat(path)
+    with open(path, "rb") as f:
+        head = f.read(HEAD_BYTES)
+    return {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "head": hashlib.blake2b(head, digest_size=16).hexdigest()}
+
+
+def _hash_prefix(path: str, nbytes: int) -> str:
+    h = hashlib.blake2b(digest_size=16)
+    with open(path, "rb") as f:
+        left = nbytes
+        while left > 0:
+            chunk = f.read(min(left, 1 << 22))
+            if not chunk:
+                break
+            h.update(chunk)
+            left -= len(chunk)
+    return h.hexdigest()
+
+
+def _xor64(buf, offset: int, nbytes: int) -> int:
+    """XOR of the 8-byte words of ``buf[offset : offset + nbytes rounded up to 8]`` (the
+    padding after an array is zeros): any flipped bit, a zeroed page or a truncation shows."""
+    n = -(-nbytes // 8)
+    if n == 0:
+        return 0
+    return int(np.bitwise_xor.reduce(np.frombuffer(buf, np.uint64, n, offset)))
+
+
+def _xor_of(arr: np.ndarray) -> int:
+    """``_xor64`` of a contiguous array as written (zero-padded to 8 bytes)."""
+    b = arr.reshape(-1).view(np.uint8)
+    n8 = len(b) // 8 * 8
+    x = int(np.bitwise_xor.reduce(b[:n8].view(np.uint64))) if n8 else 0
+    if n8 < len(b):
+        x ^= int(np.frombuffer(bytes(b[n8:]) + bytes(8 - (len(b) - n8)), np.uint64)[0])
+    return x
+
+
+def _source_offset(arr: np.ndarray, path: str) -> int | None:
+    """The offset in file ``path`` of an array that is a view of an np.memmap of it, or None."""
+    base = arr
+    while isinstance(base, np.ndarray):
+        m = getattr(base, "_mmap", None)
+        if isinstance(base, np.memmap) and m is not None:
+            if not (base.filename and os.path.exists(base.filename) and os.path.samefile(base.filename, path)):
+                return None
+            start = np.frombuffer(m, np.uint8, 1).ctypes.data  # the mapping begins at this file offset:
+            mapped_from = base.offset - base.offset % mmap.ALLOCATIONGRANULARITY
+            return int(arr.ctypes.data - start + mapped_from)
+        base = base.base
+    return None
+
+
+@dataclass
+class EntryInfo:
+    """One entry, for ``dualpath cache ls``."""
+
+    key: str
+    folder: str
+    source: str
+    size_bytes: int
+    last_used: float
+    graphs: list[str]
+
+
+class Entry:
+    """An opened entry: its manifest and the mappings its arrays live in."""
+
+    def __init__(self, store: "ModelStore", folder: str, manifest: dict):
+        self.store = store
+        self.folder = folder
+        self.manifest = manifest
+        self.key = os.path.basename(folder)
+        self._maps: list[mmap.mmap] = []  # weights.bin and the source file: alive as long as the entry
+        self._weights_map: mmap.mmap | None = None
+        self._checks: dict[int, tuple[str, int, int]] = {}
+        """Offset in weights.bin -> (array name, bytes, XOR checksum) of arrays not yet verified."""
+        self._lock = threading.Lock()
+
+    # -- arrays ----------------------------------------------------------------
+    def _map(self, path: str) -> mmap.mmap:
+        with open(path, "rb") as f:
+            m = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        self._maps.append(m)
+        return m
+
+    def spec(self, source_path: str) -> ModelSpec:
+        """The ModelSpec of this entry, every array a read-only view of a mapping
+        (checked: sizes, checksums). Raises CorruptEntry."""
+        man = self.manifest
+        wpath = os.path.join(self.folder, "weights.bin")
+        try:
+            wsize = os.path.getsize(wpath)
+        except OSError as e:
+            raise CorruptEntry(f"weights.bin: {e}") from e
+        if wsize != man["weights_bytes"]:
+            raise CorruptEntry(f"weights.bin has {wsize} bytes, the manifest says {man['weights_bytes']}")
+        wmap = self._weights_map = self._map(wpath) if wsize else None
+        smap = None
+        weights: dict[str, Weight] = {}
+        for key, w in man["weights"].items():
+            arrays = {}
+            for kind, a in w["arrays"].items():
+                if a["in"] == "source":
+                    if smap is None:
+                        smap = self._map(source_path)
+                    buf = smap
+                else:
+                    buf = wmap
+                shape, dtype = tuple(a["shape"]), np.dtype(a["dtype"])
+                count = int(np.prod(shape, dtype=np.int64))
+                if a["offset"] + count * dtype.itemsize > len(buf):
+                    raise CorruptEntry(f"{key}.{kind} lies past the end of its file")
+                arrays[kind] = np.frombuffer(buf, dtype, count, a["offset"]).reshape(shape)
+                if a["in"] == "entry":
+                    self._checks[a["offset"]] = (f"{key}.{kind}", a["nbytes"], a["xor"])
+            weights[key] = Weight(key, w["dtype"], tuple(w["shape"]), arrays.get("weight"), arrays.get("scales"),
+                                  source_type=w["source_type"], bits=w["bits"], block_size=w["block_size"],
+                                  zero_points=arrays.get("zero_points"), mins=arrays.get("mins"))
+        cfg = dict(man["config"])
+        cfg["swa_layers"] = tuple(cfg["swa_layers"])
+        try:
+            with open(os.path.join(self.folder, "tokenizer.json"), encoding="utf-8") as f:
+                tok = json.load(f)
+        except (OSError, ValueError) as e:
+            raise CorruptEntry(f"tokenizer.json: {e}") from e
+        for name in ("tokens", "scores", "token_types", "merges"):
+            if tok.get(name) is not None:
+                tok[name] = tuple(tok[name])
+        spec = ModelSpec(path=source_path, format=man["format"], config=ModelConfig(**cfg),
+                         tokenizer=TokenizerSpec(**tok), weights=weights, metadata=man["metadata"])
+        spec.entry = self
+        return spec
+
+    def _offset(self, a: np.ndarray) -> int | None:
+        """``a``'s offset in weights.bin, or None for a view of the source file."""
+        m = self._weights_map
+        if m is None:
+            return None
+        start = a.ctypes.data - np.frombuffer(m, np.uint8, 1).ctypes.data
+        return start if 0 <= start < len(m) else None
+
+    def verify(self, arrays=None) -> None:
+        """Check the XOR checksums of ``arrays`` (views of this entry; None: every array)
+        not checked yet, just before their first use: reading them is what the first
+        use does anyway. Raises CorruptEntry naming the first array that does not match."""
+        with self._lock:
+            if arrays is None:
+                offsets = list(self._checks)
+            else:
+                offsets = [off for off in map(self._offset, arrays) if off in self._checks]
+            checks = [(off, self._checks.pop(off)) for off in offsets if off in self._checks]
+        for off, (name, nbytes, expected) in checks:
+            if _xor64(self._weights_map, off, nbytes) != expected:
+                raise CorruptEntry(f"the checksum of {name} does not match: weights.bin is corrupted")
+
+    def drop_pages(self, arrays) -> None:
+        """Forget the resident pages of ``arrays`` (views of weights.bin) after ONNX
+        Runtime packed its own copy: they come back from the page cache if read again."""
+        m = self._weights_map
+        if m is None or not hasattr(m, "madvise"):
+            return
+        for a in arrays:
+            start = self._offset(a)
+            if start is None:
+                continue  # a view of the source file
+            end = start + a.nbytes
+            lo, hi = -(-start // mmap.PAGESIZE) * mmap.PAGESIZE, end // mmap.PAGESIZE * mmap.PAGESIZE
+            if hi > lo:
+                m.madvise(mmap.MADV_DONTNEED, lo, hi - lo)
+
+    # -- derived folders -------------------------------------------------------
+    def derived(self, name: str, make: Callable[[str], None]) -> str:
+        """The folder ``name`` of this entry (e.g. the ONNX graphs for one accuracy level
+        and context), made by ``make(folder)`` into a temporary folder and renamed into
+        place when absent."""
+        folder = os.path.join(self.folder, name)
+        if os.path.isdir(folder):
+            return folder
+        tmp = _tmp_folder(self.folder, name)
+        try:
+            make(tmp)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        _publish(tmp, folder)
+        return folder
+
+
+def write_json(path: str, data) -> None:
+    """Write ``data`` as JSON and flush it to disk (before the folder is published)."""
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(data, f)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _tmp_folder(parent: str, name: str) -> str:
+    tmp = os.path.join(parent, f".tmp-{name}-{os.getpid()}-{threading.get_ident()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    os.makedirs(tmp)
+    return tmp
+
+
+def _publish(tmp: str, final: str) -> bool:
+    """Rename ``tmp`` to ``final``. False (and ``tmp`` removed) when another process
+    published the same folder first: its copy is as good as ours."""
+    try:
+        os.rename(tmp, final)
+        return True
+    except OSError:
+        if os.path.isdir(final):
+            shutil.rmtree(tmp, ignore_errors=True)
+            return False
+        raise
+
+
+class _Writer:
+    """Streams converted weights into a new entry's weights.bin, one at a time (the
+    loader's ``sink``), so that no more than one converted tensor is in memory."""
+
+    def __init__(self, folder: str, source_path: str, progress: Progress | None, total_bytes: int):
+        self.folder = folder
+        self.source_path = source_path
+        self.f = open(os.path.join(folder, "weights.bin"), "wb")
+        self.weights: dict[str, dict] = {}
+        self.progress = progress
+        self.total_bytes = total_bytes
+        self.done_bytes = 0
+
+    def put(self, w: Weight, source_bytes: int = 0) -> Weight:
+        arrays = {}
+        for kind, arr in w.arrays().items():
+            offset = _source_offset(arr, self.source_path) if arr.flags.c_contiguous else None
+            rec = {"dtype": arr.dtype.str, "shape": list(arr.shape), "nbytes": int(arr.nbytes)}
+            if offset is not None:
+                rec.update({"in": "source", "offset": offset})
+            else:
+                arr = np.ascontiguousarray(arr)
+                offset = -(-self.f.tell() // ALIGN) * ALIGN
+                self.f.seek(offset)  # the gap is a hole: zeros, no disk
+                self.f.write(arr.data)
+                rec.update({"in": "entry", "offset": offset, "xor": _xor_of(arr)})
+            arrays[kind] = rec
+        self.weights[w.name] = {"dtype": w.dtype, "shape": list(w.shape), "source_type": w.source_type,
+                                "bits": w.bits, "block_size": w.block_size, "arrays": arrays}
+        self.done_bytes += source_bytes
+        if self.progress is not None and source_bytes:
+            self.progress("convert", self.done_bytes, self.total_bytes)
+        return Weight(w.name, w.dtype, w.shape, None, source_type=w.source_type, bits=w.bits,
+                      block_size=w.block_size)
+
+    def finish(self, spec: ModelSpec, identity: dict) -> None:
+        end = -(-self.f.tell() // 8) * 8  # whole words: the checksum of the last array reads its padding
+        self.f.truncate(end)
+        self.f.flush()
+        os.fsync(self.f.fileno())
+        self.f.close()
+        write_json(os.path.join(self.folder, "tokenizer.json"), dataclasses.asdict(spec.tokenizer))
+        tok_path = spec.metadata.get("tokenizer_path")
+        manifest = {
+            "conversion_version": CONVERSION_VERSION,
+            "source": {"path": os.path.abspath(spec.path), **identity, "header_bytes": spec.header_bytes,
+                       "header_hash": _hash_prefix(spec.path, spec.header_bytes)},
+            "tokenizer_source": {"path": os.path.abspath(tok_path), **_file_identity(tok_path)} if tok_path else None,
+            "format": spec.format,
+            "config": dataclasses.asdict(spec.config),
+            "metadata": spec.metadata,
+            "weights": self.weights,
+            "weights_bytes": end,
+        }
+        write_json(os.path.join(self.folder, "manifest.json"), manifest)
+
+    def abort(self) -> None:
+        self.f.close()
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+
+class ModelStore:
+    """The converted-model cache under ``root`` (default: ``default_root()``), at most
+    ``max_bytes`` (least recently used entries are removed past it)."""
+
+    def __init__(self, root: str | os.PathLike | None = None, max_bytes: int = DEFAULT_MAX_BYTES):
+        self.root = os.fspath(root) if root else default_root()
+        self.max_bytes = max_bytes
+
+    # -- loading ----------------------------------------------------------------
+    def key(self, path: str, tokenizer_path: str | None = None) -> str:
+        ident = [CONVERSION_VERSION, _file_identity(path)]
+        if tokenizer_path:
+            ident.append(_file_identity(tokenizer_path))
+        return hashlib.blake2b(json.dumps(ident, sort_keys=True).encode(), digest_size=12).hexdigest()
+
+    def load(self, path: str | os.PathLike, tokenizer_path: str | os.PathLike | None = None,
+             progress: Progress | None = None, stats: dict | None = None) -> ModelSpec:
+        """The ModelSpec of ``path``, from its entry (made now on a first load). ``stats``
+        receives ``cache`` ("hit" / "miss") and the seconds of each stage."""
+        from . import check_model_file, load_model
+
+        path = os.fspath(path)
+        check_model_file(path)
+        stats = stats if stats is not None else {}
+        t0 = time.perf_counter()
+        try:
+            key = self.key(path, os.fspath(tokenizer_path) if tokenizer_path else None)
+        except OSError as e:
+            raise ModelLoadError(path, f"cannot read: {e.strerror or e}") from e
+        folder = os.path.join(self.root, key)
+        spec = self._open(folder, path)
+        if spec is not None:
+            stats.update(cache="hit", open_s=time.perf_counter() - t0)
+            return spec
+        try:
+            os.makedirs(self.root, exist_ok=True)
+            tmp = _tmp_folder(self.root, key)
+        except OSError as e:
+            raise ModelLoadError(path, f"cannot write the converted-model cache in {self.root}: {e.strerror or e} "
+                                       "(set model_cache.dir, DUALPATH_CACHE_DIR, or model_cache.enabled: false)") from e
+        writer = _Writer(tmp, path, progress, os.path.getsize(path))
+        try:
+            loaded = load_model(path, tokenizer_path, sink=writer.put)
+            writer.finish(loaded, _file_identity(path))
+        except OSError as e:
+            writer.abort()
+            raise ModelLoadError(path, f"cannot write the converted-model cache entry in {self.root}: "
+                                       f"{e.strerror or e}") from e
+        except BaseException:
+            writer.abort()
+            raise
+        stats.update(cache="miss", convert_s=time.perf_counter() - t0)
+        if not _publish(tmp, folder):
+            log.info("another process cached %s first; using its entry", path)
+        spec = self._open(folder, path)
+        if spec is None:
+            raise ModelLoadError(path, f"the converted-model cache entry {folder} cannot be read back")
+        self.enforce_limit(keep=key)
+        return spec
+
+    def _open(self, folder: str, path: str) -> ModelSpec | None:
+        manifest_path = os.path.join(folder, "manifest.json")
+        if not os.path.isdir(folder):
+            return None
+        try:
+            try:
+                with open(manifest_path, encoding="utf-8") as f:
+                    man = json.load(f)
+            except (OSError, ValueError) as e:
+                raise CorruptEntry(f"manifest.json: {e}") from e
+            if man.get("conversion_version") != CONVERSION_VERSION:
+                raise CorruptEntry(f"conversion version {man.get('conversion_version')}, not {CONVERSION_VERSION}")
+            src = man["source"]
+            if _hash_prefix(path, src["header_bytes"]) != src["header_hash"]:
+                raise CorruptEntry("the source's header and tensor table changed")
+            tok = man["tokenizer_source"]
+            if tok and (not os.path.isfile(tok["path"]) or _file_identity(tok["path"]) != {k: tok[k] for k in
+                                                                                       ("size", "mtime_ns", "head")}):
+                raise CorruptEntry(f"the tokenizer {tok['path']} changed")
+            spec = Entry(self, folder, man).spec(path)
+        except (CorruptEntry, KeyError, TypeError, ValueError) as e:
+            log.warning("discarding converted-model cache entry %s for %s: %s; converting again", folder, path, e)
+            shutil.rmtree(folder, ignore_errors=True)
+            return None
+        try:
+            os.utime(manifest_path)  # last use, for the size limit
+        except OSError:
+            pass
+        return spec
+
+    def discard(self, entry: Entry, reason: str) -> None:
+        """Remove an entry found damaged after it was opened (``CorruptEntry``)."""
+        log.warning("discarding converted-model cache entry %s: %s; converting again", entry.folder, reason)
+        shutil.rmtree(entry.folder, ignore_errors=True)
+
+    # -- maintenance ------------------------------------------------------------
+    def entries(self) -> list[EntryInfo]:
+        out = []
+        if not os.path.isdir(self.root):
+            return out
+        for name in sorted(os.listdir(self.root)):
+            folder = os.path.join(self.root, name)
+            if name.startswith(".") or not os.path.isdir(folder):
+                continue
+            manifest = os.path.join(folder, "manifest.json")
+            try:
+                with open(manifest, encoding="utf-8") as f:
+                    source = json.load(f)["source"]["path"]
+                last_used = os.path.getmtime(manifest)
+            except (OSError, ValueError, KeyError):
+                source, last_used = "(unreadable entry)", 0.0
+            graphs = sorted(g for g in os.listdir(folder) if g.startswith("graphs-"))
+            out.append(EntryInfo(name, folder, source, _disk_bytes(folder), last_used, graphs))
+        return out
+
+    def remove(self, key: str) -> bool:
+        folder = os.path.join(self.root, key)
+        if not key or os.sep in key or key.startswith(".") or not os.path.isdir(folder):
+            return False
+        shutil.rmtree(folder, ignore_errors=True)
+        return True
+
+    def enforce_limit(self, max_bytes: int | None = None, keep: str | None = None) -> list[EntryInfo]:
+        """Remove stale temporary folders, then least recently used entries (never
+        ``keep``) until the cache holds at most ``max_bytes``. Returns what was removed."""
+        limit = self.max_bytes if max_bytes is None else max_bytes
+        removed = []
+        if not os.path.isdir(self.root):
+            return removed
+        now = time.time()
+        for name in os.listdir(self.root):
+            folder = os.path.join(self.root, name)
+            if name.startswith(".tmp-"):
+                try:
+                    if now - os.path.getmtime(folder) > STALE_TMP_S:
+                        shutil.rmtree(folder, ignore_errors=True)
+                except OSError:
+                    pass
+        entries = sorted(self.entries(), key=lambda e: e.last_used)
+        total = sum(e.size_bytes for e in entries)
+        for e in entries:
+            if total <= limit:
+                break
+            if e.key == keep:
+                continue
+            shutil.rmtree(e.folder, ignore_errors=True)
+            total -= e.size_bytes
+            removed.append(e)
+        return removed
+
+
+def _disk_bytes(folder: str) -> int:
+    """Bytes a folder really occupies (holes in weights.bin and the sparse placeholders
+    count for nothing)."""
+    total = 0
+    for dirpath, _, files in os.walk(folder):
+        for name in files:
+            try:
+                total += os.stat(os.path.join(dirpath, name)).st_blocks * 512
+            except OSError:
+                pass
+    return total
+
+
+def temporary_entry(spec: ModelSpec) -> ModelSpec:
+    """``spec`` (converted in memory, no entry) written to an entry in a new temporary
+    folder and reopened from it: the runtime then has one way to load. The caller
+    removes ``spec.entry.store.root`` once its sessions exist (the mappings keep the
+    files readable)."""
+    import tempfile
+
+    store = ModelStore(tempfile.mkdtemp(prefix="dualpath-model-"))
+    folder = os.path.join(store.root, "entry")
+    os.makedirs(folder)
+    writer = _Writer(folder, spec.path, None, 0)
+    try:
+        for w in spec.weights.values():
+            writer.put(w)
+        writer.finish(spec, _file_identity(spec.path))
+        with open(os.path.join(folder, "manifest.json"), encoding="utf-8") as f:
+            man = json.load(f)
+        out = Entry(store, folder, man).spec(spec.path)
+        out.entry._checks.clear()  # written just now from the arrays in memory
+    except BaseException:
+        shutil.rmtree(store.root, ignore_errors=True)
+        raise
+    return out
