@@ -57,13 +57,29 @@ def _reader_class():
     import gguf
     from gguf import GGUFValueType as VT
 
+    dtypes: dict = {}
+
     class Reader(gguf.GGUFReader):
         def _get(self, offset, dtype, count=1, override_order=None):
-            arr = super()._get(offset, dtype, count, override_order)
-            if len(arr) != int(count):
-                raise ValueError(f"{int(count)} x {np.dtype(dtype).name} at byte {offset} run past the end "
-                                 f"of the file ({len(self.data)} bytes)")
-            return arr
+            # gguf-py's _get (a typed view of `count` items at `offset`), with a bound check,
+            # over a plain ndarray view of the np.memmap: slicing a memmap costs a Python-level
+            # __array_finalize__ per call, and a 32k-token vocabulary makes 130k calls (this
+            # halves the reader's time). The memmap stays reachable as `memmap` (and as the base).
+            data = self.data
+            if type(data) is np.memmap:
+                self.memmap = data
+                data = self.data = data.view(np.ndarray)
+            count = int(count)
+            dt = dtypes.get(dtype)
+            if dt is None:
+                dt = dtypes[dtype] = np.dtype(dtype)
+            end = offset + dt.itemsize * count
+            if count < 0 or end > len(data):
+                raise ValueError(f"{count} x {dt.name} at byte {offset} run past the end "
+                                 f"of the file ({len(data)} bytes)")
+            arr = data[offset:end].view(dt)
+            order = self.byte_order if override_order is None else override_order
+            return arr if order == "I" else arr.view(dt.newbyteorder(order))
 
         def _get_field_parts(self, orig_offs, raw_type):
             if raw_type == VT.ARRAY:
@@ -192,7 +208,7 @@ def load_gguf(path: str | os.PathLike, sink=None) -> ModelSpec:
             if sink is not None:
                 w = sink(w, int(t.n_bytes))
                 if not view:
-                    _drop_source_pages(reader.data, int(t.data_offset), int(t.n_bytes))
+                    _drop_source_pages(reader.memmap, int(t.data_offset), int(t.n_bytes))
             weights[key] = w
     check_weights(path, cfg, weights)
 
