@@ -17,95 +17,36 @@ with what generation holds.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
 
 from .common import interleaved, medians, write_json
-from .harness import run_worker
+from .harness import BenchProcessError, stderr_tail
 
 PROMPT = "Once upon a time"
+"""The prompt every engine starts from (as in _startup_worker.py)."""
 TIMEOUT_S = 600.0
 VARIANTS = ("dualpath first load", "dualpath cached", "llama.cpp", "onnxruntime-genai")
 
 
-def _vm(name: str) -> float:
-    """A VmXXX line of /proc/self/status in MiB (0 where there is no /proc)."""
+def _spawn(kwargs: dict) -> dict:
+    """Run the worker script in a fresh ``python``; the clock starts just before."""
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_startup_worker.py")
+    kwargs = dict(kwargs, spawned_at=time.time())
     try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith(name + ":"):
-                    return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return 0.0
-
-
-def worker(engine: str, model: str, threads: int, tokens: int, spawned_at: float, cache_dir: str = "",
-           ortgenai_dir: str = "") -> dict:
-    """Load ``model`` and generate ``tokens`` greedily; seconds from ``spawned_at``."""
-    if engine == "dualpath":
-        os.environ["DUALPATH_CACHE_DIR"] = cache_dir
-        from ..config import load_config
-        from ..llm import LLM
-        from ..runtime.sampler import SamplingParams
-
-        llm = LLM(model, load_config(None, {"runtime.num_threads": threads}))
-        loaded_at, load_peak = time.time(), _vm("VmHWM")
-        ids = llm.tokenize(PROMPT)
-        t0 = time.time()
-        c = llm.generate(ids, SamplingParams(temperature=0, max_tokens=tokens, ignore_eos=True))
-        last_at = time.time()
-        first_at = t0 + c.timings.prefill_ms / 1e3
-        generated = len(c.token_ids)
-        extra = {"cache": llm.load_stats.get("cache")}
-    elif engine == "llama.cpp":
-        import llama_cpp
-        import numpy as np
-
-        llm = llama_cpp.Llama(model, n_ctx=512, n_threads=threads, n_threads_batch=threads, verbose=False)
-        loaded_at, load_peak = time.time(), _vm("VmHWM")
-        n_vocab = llm.n_vocab()
-        ids = llm.tokenize(PROMPT.encode(), add_bos=True)
-        llm.eval(ids)
-        token = int(np.argmax(np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(llm.ctx, -1), shape=(n_vocab,))))
-        first_at = time.time()
-        for _ in range(tokens - 1):
-            llm.eval([token])
-            token = int(np.argmax(np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(llm.ctx, -1),
-                                                        shape=(n_vocab,))))
-        last_at = time.time()
-        generated, extra = tokens, {}
-    elif engine == "onnxruntime-genai":
-        import json
-
-        import onnxruntime_genai as og
-
-        cfg = og.Config(ortgenai_dir)
-        cfg.clear_providers()
-        cfg.overlay(json.dumps({"model": {"decoder": {"session_options": {
-            "intra_op_num_threads": threads, "inter_op_num_threads": 1}}}}))
-        m = og.Model(cfg)
-        tok = og.Tokenizer(m)
-        loaded_at, load_peak = time.time(), _vm("VmHWM")
-        ids = tok.encode(PROMPT)
-        p = og.GeneratorParams(m)
-        p.set_search_options(max_length=len(ids) + tokens + 1, do_sample=False, min_length=0)
-        g = og.Generator(m, p)
-        g.append_tokens(ids)
-        g.generate_next_token()
-        first_at = time.time()
-        for _ in range(tokens - 1):
-            g.generate_next_token()
-        last_at = time.time()
-        generated, extra = tokens, {}
-    else:
-        raise ValueError(f"unknown engine {engine!r}")
-    return {"load_s": loaded_at - spawned_at, "first_token_s": first_at - spawned_at,
-            "last_token_s": last_at - spawned_at, "tokens": generated,
-            "load_peak_rss_mb": load_peak, "generation_rss_mb": _vm("VmRSS"), **extra}
+        out = subprocess.run([sys.executable, script, json.dumps(kwargs)], capture_output=True, text=True,
+                             timeout=TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        raise BenchProcessError(f"{kwargs['engine']} did not load and generate in {TIMEOUT_S:g} s") from None
+    if out.returncode != 0:
+        raise BenchProcessError(f"{kwargs['engine']} worker exited with status {out.returncode}; its stderr "
+                                f"ends:\n{stderr_tail(out.stderr)}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def run_startup(model: str, threads: int, tokens: int, repeats: int, variants: list[str],
@@ -116,8 +57,7 @@ def run_startup(model: str, threads: int, tokens: int, repeats: int, variants: l
     cached_dir = os.path.join(work, "cached")
     try:
         if "dualpath cached" in variants:  # fill the cache the cached runs read
-            run_worker(worker, {"engine": "dualpath", "model": model, "threads": threads, "tokens": 1,
-                                "spawned_at": time.time(), "cache_dir": cached_dir}, timeout_s=TIMEOUT_S)
+            _spawn({"engine": "dualpath", "model": model, "threads": threads, "tokens": 1, "cache_dir": cached_dir})
 
         def measure(variant: str) -> dict:
             kwargs = {"model": model, "threads": threads, "tokens": tokens, "ortgenai_dir": ortgenai_dir}
@@ -129,8 +69,7 @@ def run_startup(model: str, threads: int, tokens: int, repeats: int, variants: l
                 kwargs.update(engine="dualpath", cache_dir=cached_dir)
             else:
                 kwargs["engine"] = variant
-            kwargs["spawned_at"] = time.time()
-            return run_worker(worker, kwargs, timeout_s=TIMEOUT_S)
+            return _spawn(kwargs)
 
         return interleaved(variants, repeats, measure)
     finally:

@@ -58,6 +58,7 @@ def _reader_class():
     from gguf import GGUFValueType as VT
 
     dtypes: dict = {}
+    ARRAY = int(VT.ARRAY)
 
     class Reader(gguf.GGUFReader):
         def _get(self, offset, dtype, count=1, override_order=None):
@@ -82,7 +83,7 @@ def _reader_class():
             return arr if order == "I" else arr.view(dt.newbyteorder(order))
 
         def _get_field_parts(self, orig_offs, raw_type):
-            if raw_type == VT.ARRAY:
+            if raw_type == ARRAY:  # an int constant: VT.ARRAY costs an enum lookup per item
                 item_type = int(self._get(orig_offs, np.uint32)[0])
                 num_items = int(self._get(orig_offs + 4, np.uint64)[0])
                 try:
