@@ -191,3 +191,43 @@ def test_synth_arch_writes_a_family_file_quietly(tmp_path):
     assert "converting to" not in err and "llama_model_quantize" not in err
     bad = dualpath_cli(["synth", "--arch", "gemma2", "--preset", "qwen3-tiny", "-o", str(out)], tmp_path)
     assert bad.returncode == 2 and "is a qwen3 model, not gemma2" in bad.stderr.decode()
+
+
+def test_run_verbose_prints_the_load_split_into_stages_first_converted_then_cached(gguf_path, tmp_path):
+    env_dir = tmp_path / "models-cache"
+    runs = []
+    for _ in range(2):
+        env = dict(os.environ, DUALPATH_CACHE_DIR=str(env_dir), PYTHONIOENCODING="utf-8")
+        runs.append(subprocess.run([sys.executable, "-m", "dualpath.cli", "run", "--model", str(gguf_path),
+                                    "--temperature", "0", "-n", "4", "--verbose", "Once"],
+                                   capture_output=True, env=env, timeout=120))
+    for proc in runs:
+        assert proc.returncode == 0, proc.stderr.decode()
+    first, again = (p.stderr.decode() for p in runs)
+    stages = r"converted-model cache {}\): {}, tokenizer [0-9.]+s, graphs [0-9.]+s, ONNX Runtime sessions [0-9.]+s, total"
+    assert re.search(stages.format("miss", r"converted [0-9.]+s"), first), first
+    assert re.search(stages.format("hit", r"opened cached entry [0-9.]+s"), again), again
+    assert runs[0].stdout == runs[1].stdout  # the same text from the cached entry
+
+
+def test_the_progress_bar_draws_on_a_terminal_only():
+    import io
+
+    from dualpath.cli import _ProgressBar
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    tty, pipe = Terminal(), io.StringIO()
+    for stream in (tty, pipe):
+        bar = _ProgressBar(stream)
+        for done in (0, 3 << 20, 6 << 20):
+            bar("convert", done, 6 << 20)
+        for done in (1, 2, 3):
+            bar("sessions", done, 3)
+    assert pipe.getvalue() == ""
+    lines = tty.getvalue().split("\n")
+    assert lines[0].split("\r")[-1].startswith("converting: 100% |" + "#" * 30 + "| 6/6 MiB")
+    assert lines[1].split("\r")[-1].startswith("loading graphs: 100% |" + "#" * 30 + "| 3/3 parts")
+    assert "converting:  50% |" + "#" * 15 in lines[0]
