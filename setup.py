@@ -5,6 +5,7 @@ the wheel runs on any CPU of the architecture. Each SIMD kernel file is built
 into a small static library with its own flags and chosen at run time
 (csrc/cpu_features.c); nothing else is compiled with SIMD flags.
 """
+import os
 import platform
 
 import numpy as np
@@ -13,7 +14,9 @@ from setuptools import Extension, setup
 
 CSRC = "cython_ext/csrc"
 COMMON = ["-O3", "-std=c11", "-fno-math-errno", "-fPIC"]
-machine = platform.machine().lower()
+# DUALPATH_TARGET_MACHINE=aarch64 with CC/LDSHARED/AR set to a cross toolchain builds for
+# another architecture (android/check_aarch64.sh does).
+machine = (os.environ.get("DUALPATH_TARGET_MACHINE") or platform.machine()).lower()
 if machine in ("x86_64", "amd64"):
     ISA_LIBS = [
         ("dp_isa_avx2", {"sources": [f"{CSRC}/attn_avx2.c"], "cflags": COMMON + ["-mavx2", "-mfma", "-mf16c"]}),

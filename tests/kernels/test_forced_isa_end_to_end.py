@@ -17,18 +17,43 @@ GGUF = MODELS / "stories260K.gguf"
 pytestmark = pytest.mark.skipif(not GGUF.is_file(), reason=f"test model not found in {MODELS} (set DUALPATH_TEST_MODELS)")
 
 
+NEAR_TIE = 0.05
+"""A greedy choice whose f32 top-2 logit gap is below this is a near-tie that f16 KV's
+rounding (about 1e-3 relative, on logits of about 10 here) may flip."""
+
+
+def llm_for(kernel: str, kv_dtype: str):
+    return dualpath.LLM(GGUF, dualpath.load_config(None, {
+        "runtime.attention_kernel": kernel, "dualpath_config.kv_dtype": kv_dtype,
+        "runtime.max_context_tokens": 512}))
+
+
 @pytest.mark.parametrize("kernel", available_kernels())
 @pytest.mark.parametrize("kv_dtype", ["f32", "f16"])
 def test_golden_ids_with_each_forced_kernel(kernel, kv_dtype):
-    llm = dualpath.LLM(GGUF, dualpath.load_config(None, {
-        "runtime.attention_kernel": kernel, "dualpath_config.kv_dtype": kv_dtype,
-        "runtime.max_context_tokens": 512}))
+    """run.c's greedy ids (f32) exactly with an f32 KV cache. With f16 KV too, except
+    that a run may leave them at a near-tie of the f32 model: there our token must be
+    the f32 runner-up (measured on aarch64, whose ONNX Runtime rounds differently: one
+    run of the 4 flips at step 232, a gap of 0.017)."""
+    llm = llm_for(kernel, kv_dtype)
     assert llm.runner.kv.kernel == kernel
     runs = json.loads((MODELS / "reference" / "greedy_token_ids.json").read_text())["runs"]
     for run in runs:
         ids = run["prompt_ids"]
         c = llm.generate(ids, SamplingParams(temperature=0, max_tokens=256 - len(ids) + 1))
-        assert list(c.token_ids) == run["generated_ids"], run["name"]
+        got, want = list(c.token_ids), run["generated_ids"]
+        if kv_dtype == "f32" or got == want:
+            assert got == want, run["name"]
+            continue
+        m = next(i for i, (a, b) in enumerate(zip(got, want)) if a != b)
+        f32 = llm_for(kernel, "f32").runner
+        f32.begin([])
+        prefix = ids + want[:m]
+        for i in range(0, len(prefix), 64):
+            logits = f32.forward(prefix[i:i + 64])[-1]
+        top2 = logits.argsort()[::-1][:2]
+        gap = float(logits[top2[0]] - logits[top2[1]])
+        assert top2[0] == want[m] and got[m] == top2[1] and gap < NEAR_TIE, (run["name"], m, gap)
 
 
 def test_disabling_cpu_features_falls_back_and_info_says_so():
