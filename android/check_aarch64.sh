@@ -9,7 +9,9 @@
 #     build of MLAS from the x86 one we ship with;
 #  3. DualPath's extensions cross-compiled from this checkout with setup.py
 #     (aarch64-linux-gnu-gcc against the userland's Python headers), installed with
-#     the package's Python files into a folder of the userland;
+#     the package's Python files into a folder the userland's Python imports from.
+#     (Not compiled inside the userland: gcc execs cc1/as/ld, and without binfmt_misc,
+#     which a container here cannot register, qemu-user cannot run a child process);
 #  4. the golden end-to-end tests on the real test model (stories260K: its run.c greedy
 #     ids) with every ARM kernel forced (neon_fp16, neon, generic) and f32 and f16 KV
 #     under `-cpu max`, then again under `-cpu cortex-a53` (no FP16 arithmetic: dispatch

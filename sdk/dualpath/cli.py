@@ -199,7 +199,7 @@ def cmd_info(args) -> int:
     print(f"runtime: threads={cfg.runtime.effective_num_threads()} prefill_chunk={cfg.runtime.prefill_chunk_tokens} "
           f"max_context={cfg.runtime.max_context_tokens or 'model'}")
     from .cache.policy import PathPolicy
-    from .platform import Governor, describe, load_topology, read_power_state
+    from .platform import Governor, describe, describe_placement, load_topology, read_power_state
 
     topology = load_topology(cfg.power.cpu_classes)
     power = read_power_state(timeout_s=cfg.power.termux_timeout_s)
@@ -208,7 +208,23 @@ def cmd_info(args) -> int:
     print(describe(topology, power, plan, policy.summary()))
     if topology.uniform or not cfg.power.pin_threads:
         print("scheduling: cores are alike (or power.pin_threads is off): one unpinned session set on "
-              "ONNX Runtime's shared pool")
+              "ONNX Runtime's shared pool; nothing is pinned, so there is no placement to verify")
+    else:  # pin as the engine does, on the built-in model, and print what the OS granted
+        from .config import with_overrides
+        from .errors import DualPathError
+        from .llm import LLM
+        from .models import resolve_model
+
+        gov = Governor(topology, lambda: power, cfg)
+        small = with_overrides(cfg, {"runtime.max_context_tokens": 64, "runtime.max_num_seqs": 1,
+                                     "runtime.kv_cache_tokens": 0, "model_cache.enabled": False})
+        try:
+            LLM(resolve_model(None)[0], small, governor=gov)
+        except DualPathError as e:
+            print(f"placement: not verified (the built-in model did not load: {e})")
+        else:
+            print(describe_placement(gov.placement) if gov.placement is not None
+                  else "placement: not verified (/proc could not be read)")
     if args.model or args.hf_repo:
         from .models import load_model
 

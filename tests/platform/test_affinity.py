@@ -96,6 +96,24 @@ def test_thread_placement_lists_every_thread_with_name_cpu_and_mask():
         assert allowed <= frozenset(range(os.cpu_count() or 1))
 
 
+def test_pin_current_thread_goes_through_the_setaffinity_it_is_given_and_names_a_refusal():
+    import errno
+
+    calls = []
+
+    def refuse(tid, cpus):  # as an Android app's kernel refuses a big core
+        calls.append((tid, set(cpus)))
+        raise PermissionError(errno.EPERM, "Operation not permitted")
+
+    def body():
+        with pytest.raises(OSError, match=r"cannot pin this thread to cpu \[1\]: Operation not permitted") as err:
+            pin_current_thread({1}, setaffinity=refuse)
+        return err.value.errno, os.sched_getaffinity(0)
+
+    assert _in_thread(body) == (errno.EPERM, ALLOWED)
+    assert calls == [(0, {1})]
+
+
 PROBE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "ort_placement_probe.py")
 
 

@@ -3,7 +3,10 @@
 ``graph_parts`` returns them from the entry, building them (``builder.py``, which
 imports onnx) only when the entry has no graphs for that accuracy level and context
 yet. Reading them back imports nothing heavy: a cached load never imports onnx
-(about 0.7 s of start-up on its own, most of it ml_dtypes).
+(about 0.7 s of start-up on its own, most of it ml_dtypes), so an install without onnx (Termux,
+an Android app) loads any model whose entry already has the graphs, e.g. an entry made on a
+desktop with the phone's configuration and copied over (android/README.md). Building graphs
+without onnx raises ``ModelLoadError`` naming the package and the command.
 
 Folder ``graphs-a{accuracy}-c{context}`` of the entry::
 
@@ -23,6 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..errors import ModelLoadError
 from ..models.spec import ModelSpec
 from ..models.store import write_json
 
@@ -56,7 +60,16 @@ def graph_parts(spec: ModelSpec, accuracy_level: int, context_tokens: int) -> li
 
 
 def _write_parts(spec: ModelSpec, accuracy_level: int, context_tokens: int, folder: str) -> None:
-    import onnx
+    try:
+        import onnx
+    except ImportError as e:
+        missing = "" if e.name in (None, "onnx") else f" (onnx needs {e.name!r}, which is missing)"
+        raise ModelLoadError(spec.path, (
+            f"its ONNX graphs for accuracy level {accuracy_level} and context {context_tokens} tokens are not in "
+            f"the converted-model cache entry {spec.entry.folder} yet, and building them needs the onnx package, "
+            f"which cannot be imported{missing}: pip install 'onnx>=1.16' 'ml_dtypes>=0.5,<0.7' (or pip install "
+            "'dualpath[convert]'). On a phone, make the entry on a desktop instead, with the phone's "
+            "configuration, and copy it over (examples/android_app/model_bundle.py, android/README.md)")) from e
 
     from .builder import PLACEHOLDER, build_parts
 

@@ -6,13 +6,20 @@ tests/platform/ort_placement_probe.py, which reads the placement back):
 ``session.intra_op_thread_affinities`` takes 1-based processor ids, exactly
 ``intra_op_num_threads - 1`` groups separated by ``;`` (one per worker; the calling thread
 does part of the work and is never pinned by ORT), and an out-of-range id only logs an
-error. Workers pin themselves shortly after they start, so read placement after a warm-up run.
+error. Workers pin themselves shortly after they start, so read placement after a warm-up run
+(placement.py does, once per session set, and falls back when the OS did not comply).
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+
+from .topology import parse_cpulist
+
+SetAffinity = Callable[[int, Iterable[int]], None]
+"""``os.sched_setaffinity``'s shape: ``(tid, cpus)``, tid 0 = the calling thread. The one
+way DualPath pins a thread from Python; tests pass one that refuses, as Android does."""
 
 
 def ort_affinity_string(cpus: Sequence[int], num_threads: int) -> str:
@@ -32,34 +39,42 @@ def ort_affinity_string(cpus: Sequence[int], num_threads: int) -> str:
     return ";".join(str(c + 1) for c in cpus[1:num_threads])
 
 
-def pin_current_thread(cpus: Iterable[int]) -> set[int]:
-    """Restrict the calling thread (only it: Linux affinity is per thread) to ``cpus``;
-    returns its previous set so the caller can restore it. Raises OSError naming the CPUs
-    when the kernel refuses (a CPU offline or outside the process's cpuset)."""
+def pin_current_thread(cpus: Iterable[int], setaffinity: SetAffinity | None = None) -> set[int]:
+    """Restrict the calling thread (only it: Linux affinity is per thread) to ``cpus``
+    through ``setaffinity`` (``os.sched_setaffinity`` unless given); returns its previous set
+    so the caller can restore it. Raises OSError naming the CPUs when the kernel refuses
+    (a CPU offline or outside the process's cpuset; Android apps are often refused big cores)."""
     wanted = set(cpus)
     previous = os.sched_getaffinity(0)
     try:
-        os.sched_setaffinity(0, wanted)
+        (setaffinity or os.sched_setaffinity)(0, wanted)
     except OSError as e:
-        raise OSError(e.errno, f"cannot pin this thread to cpu {sorted(wanted)}: {e.strerror} "
+        raise OSError(e.errno, f"cannot pin this thread to cpu {sorted(wanted)}: {e.strerror or e} "
                                f"(allowed before: {sorted(previous)})") from None
     return previous
 
 
-def thread_placement(pid: int | None = None) -> dict[int, tuple[str, int, frozenset[int]]]:
+def thread_placement(pid: int | None = None, proc_root: str = "/proc"
+                     ) -> dict[int, tuple[str, int, frozenset[int]]]:
     """``tid -> (name, last_cpu, allowed_cpus)`` for every thread of ``pid`` (default: this
-    process), from ``/proc/<pid>/task/<tid>/stat`` (field 39, the CPU it last ran on) and
-    ``sched_getaffinity(tid)``. Threads that exit while being read are left out."""
+    process): ``Cpus_allowed_list`` of ``<proc_root>/<pid>/task/<tid>/status`` (where the
+    thread may run, as the kernel holds it after any pin) and field 39 of its ``stat`` (the
+    CPU it last ran on). ``proc_root`` points at a fake tree in tests. Threads that exit
+    while being read are left out."""
     pid = os.getpid() if pid is None else pid
-    task_dir = f"/proc/{pid}/task"
+    task_dir = f"{proc_root}/{pid}/task"
     placement: dict[int, tuple[str, int, frozenset[int]]] = {}
     for entry in os.listdir(task_dir):
         tid = int(entry)
         try:
             with open(f"{task_dir}/{entry}/stat", encoding="utf-8", errors="replace") as f:
                 stat = f.read()
-            allowed = frozenset(os.sched_getaffinity(tid))
-        except (OSError, ProcessLookupError):
+            with open(f"{task_dir}/{entry}/status", encoding="utf-8", errors="replace") as f:
+                allowed = next((frozenset(parse_cpulist(line.split(":", 1)[1])) for line in f
+                                if line.startswith("Cpus_allowed_list:")), None)
+            if allowed is None:  # a kernel without the line: ask the scheduler
+                allowed = frozenset(os.sched_getaffinity(tid))
+        except (OSError, ProcessLookupError, ValueError):
             continue
         # "tid (comm) state ppid ...": comm may hold spaces and parentheses, so split at the last ')'.
         name = stat[stat.index("(") + 1:stat.rindex(")")]

@@ -1,7 +1,9 @@
-"""Text for ``dualpath info``: the topology table, classes, power state, profile and masks."""
+"""Text for ``dualpath info``: the topology table, classes, power state, profile and masks,
+and the thread placement read back."""
 
 from __future__ import annotations
 
+from .placement import PlacementReport, SetPlacement
 from .power import PowerState
 from .profiles import PhasePlan, Plan
 from .topology import Topology, format_cpulist
@@ -78,4 +80,34 @@ def describe(topology: Topology, power_state: PowerState | None, plan: Plan, pat
     lines += [_phase(plan.prefill), _phase(plan.decode)]
     lines.append(f"  {'path: ' + path + ', ' if path else ''}prefill chunk {plan.prefill_chunk_tokens} tokens, "
                  f"spinning {'on' if plan.spinning else 'off'}")
+    return "\n".join(lines)
+
+
+def _roles(s: SetPlacement) -> str:
+    n = {role: sum(t.role == role for t in s.threads) for role in ("caller", "onnxruntime", "kernel pool")}
+    return f"{n['caller']} caller, {n['onnxruntime']} ORT, {n['kernel pool']} pool"
+
+
+def describe_placement(report: PlacementReport) -> str:
+    """Every phase of every profile: the CPUs planned, the threads read back after the
+    warm-up (where they may run, where they last ran) and what runs; then, for each session
+    set the OS did not honour, why and the fallback. Several lines, no trailing newline."""
+    rows = [["profile", "phase", "asked", "threads read back", "allowed", "last ran on", "result"]]
+    for c in report.checks:
+        p, s = c.planned, c.seen
+        asked = f"{p.cls} cpu {format_cpulist(p.cpus)}" + ("" if p.pinned else " (not pinned)")
+        if s is None:
+            rows.append([c.profile, p.phase, asked, "-", "-", "-", "not read back"])
+            continue
+        if c.honoured:
+            result = "ok" if p.pinned else "ok (not pinned)"
+        else:
+            f = c.running
+            result = (f"NOT HONOURED -> {f.num_threads} thread{'s' if f.num_threads != 1 else ''} unpinned "
+                      f"on {f.cls} cpu {format_cpulist(f.cpus)}")
+        rows.append([c.profile, p.phase, asked, _roles(s), f"cpu {format_cpulist(s.granted)}",
+                     f"cpu {format_cpulist(s.ran_on)}", result])
+    verdict = "as planned" if report.honoured else f"{len(report.mismatches)} phase(s) not as planned"
+    lines = [f"Placement read back after one warm-up step per session set ({verdict}):"] + _table(rows)
+    lines += [f"  ! {text}" for _, text in report.warnings()]
     return "\n".join(lines)

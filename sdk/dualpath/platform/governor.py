@@ -19,6 +19,11 @@ the first ``choose()`` after it expires. The power state is read at most every
 
 A switch only changes which Plan ``choose()`` returns; the engine applies it at a step
 boundary, so a running request keeps its tokens and its cache.
+
+Plans are requests to the OS. Once the engine has built and warmed up its session sets
+it reads back where their threads run and calls ``verify_placement``: a phase whose pins
+were refused or ignored is logged once and replaced by its fallback (placement.py), for
+every profile, before the first step.
 """
 
 from __future__ import annotations
@@ -27,11 +32,12 @@ import functools
 import logging
 import os
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 
 from dualpath.config import Config
 
+from .placement import Placer, PlacementReport, SetPlacement, check_plans
 from .power import PowerState, read_power_state
 from .profiles import PROFILES, Plan, SessionSpec, resolve_plan
 from .topology import Topology
@@ -56,10 +62,11 @@ class Governor:
 
     def __init__(self, topology: Topology, power_reader: Callable[[], PowerState] | None = None,
                  config: Config | None = None, clock: Callable[[], float] = time.monotonic,
-                 allowed_cpus: Iterable[int] | None = None):
+                 allowed_cpus: Iterable[int] | None = None, placer: Placer | None = None):
         """``power_reader`` defaults to ``read_power_state`` on the real /sys (with the
         configured termux timeout). ``allowed_cpus`` defaults to this thread's affinity now:
-        build the governor before pinning anything."""
+        build the governor before pinning anything. ``placer`` pins and reads back threads
+        (default: ``os.sched_setaffinity`` and /proc)."""
         self.topology = topology
         self.config = config or Config()
         self.power_config = pc = self.config.power
@@ -74,6 +81,10 @@ class Governor:
             name: resolve_plan(name, topology, self.config, self.allowed_cpus, requested=self.requested)
             for name in names}
         """The plan of every profile this governor can choose, by name."""
+        self.placer = placer or Placer()
+        """How the engine pins its threads and reads them back."""
+        self.placement: PlacementReport | None = None
+        """What ``verify_placement`` found (None before the engine checked)."""
         self.power: PowerState | None = None
         """The last power state read (None before the first poll, or for a fixed profile)."""
         self.switches: list[Switch] = []
@@ -99,6 +110,21 @@ class Governor:
             seen.setdefault(plan.prefill_spec, None)
             seen.setdefault(plan.decode_spec, None)
         return tuple(seen)
+
+    def verify_placement(self, seen: Mapping[SessionSpec, SetPlacement]) -> PlacementReport:
+        """Compare every plan with where its session sets' threads were read back
+        (``Placer.check_set`` after a warm-up step); log once per session set the OS did not
+        honour, and from now on run those phases on their fallback plans (unpinned, no more
+        threads than cores granted). The engine calls it once, before its first step; the
+        report stays in ``placement`` (``dualpath info`` prints it)."""
+        report = check_plans(self.plans, seen, self.topology, self.config)
+        for spec, text in report.warnings():
+            self.placer.warn_once(("placement", spec), "%s", text)
+        self.plans = dict(report.plans)
+        if self._plan is not None:
+            self._plan = replace(self.plans[self._plan.profile], reason=self._plan.reason)
+        self.placement = report
+        return report
 
     def choose(self) -> Plan:
         """The plan for the next step. The same object is returned until a switch, so the

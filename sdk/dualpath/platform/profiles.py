@@ -16,6 +16,9 @@ Rules (a parallel region never spans two classes: its slowest thread sets the pa
 - One thread per physical core unless ``power.use_smt``; caps: ``power.prefill_max_threads``,
   ``power.decode_max_threads`` and ``runtime.num_threads`` (when not 0).
 - Only CPUs in ``allowed_cpus`` (the process's affinity at start) are used.
+- A phase never has more threads than its class has usable cores (``class_cpus``): every
+  cap and ``runtime.num_threads`` only lower the count. When the OS does not honour the
+  pins, ``placement.fallback_phase`` keeps that rule on the cores really granted.
 """
 
 from __future__ import annotations
@@ -120,7 +123,11 @@ class Plan:
         return SessionSpec(self.decode.cpus, self.decode.pinned, self.spinning)
 
 
-def _usable(cls: CoreClass, topology: Topology, allowed: set[int] | None, use_smt: bool) -> tuple[int, ...]:
+def class_cpus(cls: CoreClass, topology: Topology, allowed: set[int] | frozenset[int] | None,
+               use_smt: bool) -> tuple[int, ...]:
+    """The CPUs of ``cls`` a phase may put one thread each on: those in ``allowed`` (None =
+    all), and one per physical core unless ``use_smt``. A phase never has more threads than
+    this has CPUs (resolve_plan, and placement.fallback_phase on the CPUs the OS granted)."""
     cpus = [c for c in cls.cpus if allowed is None or c in allowed]
     if use_smt:
         return tuple(cpus)
@@ -146,7 +153,7 @@ def resolve_plan(profile: str, topology: Topology, config: Config | None = None,
     config = config or Config()
     pc, rt = config.power, config.runtime
     allowed = None if allowed_cpus is None else set(allowed_cpus)
-    classes = [(cls, _usable(cls, topology, allowed, pc.use_smt)) for cls in topology.classes]
+    classes = [(cls, class_cpus(cls, topology, allowed, pc.use_smt)) for cls in topology.classes]
     classes = [(cls, cpus) for cls, cpus in classes if cpus]
     if not classes:
         raise ConfigError(f"no CPU of the core classes ({', '.join(format_cpulist(c.cpus) for c in topology.classes)}) "

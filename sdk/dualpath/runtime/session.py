@@ -5,11 +5,13 @@ This module is the only place that imports onnxruntime.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import shutil
 import threading
 import time
+import weakref
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -24,7 +26,6 @@ from ..models.quants import gather_rows
 from ..models.spec import ModelSpec
 from ..models.store import Progress, temporary_entry
 from ..graph.parts import PartFile, graph_parts
-from ..platform.affinity import pin_current_thread
 from ..scheduler.batch import SeqStep
 
 log = logging.getLogger(__name__)
@@ -245,15 +246,22 @@ class ModelRunner:
                 # is off in these per-session pools whatever the profile says: each of the
                 # L + 1 parts has its own pool, and idle pools spinning against the active
                 # one halved decode speed (measured: 169 vs 340 tok/s, stories15M, 2 cores).
-                self.session_sets = {sp: create_sessions(parts, sp.num_threads, False, sp.affinities,
-                                                         per_session_pools=True, progress=progress,
-                                                         entry=spec.entry)
-                                     for sp in governor.session_specs()}
+                self.session_sets, ort_tids = {}, {}
+                for sp in governor.session_specs():
+                    before = governor.placer.tids()
+                    self.session_sets[sp] = create_sessions(parts, sp.num_threads, False, sp.affinities,
+                                                            per_session_pools=True, progress=progress,
+                                                            entry=spec.entry)
+                    ort_tids[sp] = governor.placer.tids() - before  # ORT starts a session's workers with it
                 self.sessions = next(iter(self.session_sets.values()))
             spec.entry.verify()  # what no part reads (an untied embedding: our kernel reads it)
         finally:
             if temporary:  # the mappings keep the files alive; nothing else needs the folder
-                shutil.rmtree(spec.entry.store.root, ignore_errors=True)
+                # (but a placement fallback may build another session set from the parts: then
+                # it goes after the placement check, or with this runner if that never comes)
+                remove = weakref.finalize(self, shutil.rmtree, spec.entry.store.root, ignore_errors=True)
+                if governor is None:
+                    remove()
         self.load_stats.update(graphs_s=t1 - t0, sessions_s=time.perf_counter() - t1)
         self.load_seconds = time.perf_counter() - t0
         emb = spec.weights["token_embd"]
@@ -312,17 +320,79 @@ class ModelRunner:
 
         self._sets = {}  # SessionSpec -> (sessions, kernel stepper)
         self.pool = None if governor is not None else ThreadPool(num_threads)
+        home = frozenset(os.sched_getaffinity(0)) if governor is not None else frozenset()
         for sp, sessions in self.session_sets.items():
             pool = ThreadPool(sp.num_threads)  # our kernels' workers, on the same cores as ORT's
             if sp.pinned:
-                pool.set_affinity(list(sp.cpus))
+                governor.placer.pin_pool(pool, sp.cpus)
             self._sets[sp] = (sessions, stepper(pool))
+        # What a step of each set pins the calling thread to: its first CPU, or back where
+        # this runner was built for a set that runs unpinned (a placement fallback).
+        self._caller_cpus = {sp: frozenset(sp.cpus[:1]) if sp.pinned else home for sp in self._sets}
+        self._pin_caller = governor.placer.pin_caller if governor is not None else None
         self.kv = next(iter(self._sets.values()))[1] if self._sets else stepper(self.pool)
         self._bindings: dict[tuple, _Binding] = {}  # (T, R, sessions id) -> binding, most recent last
         self.last_plan = None
         """The governor's plan of the last ``plan_step`` (None without a governor)."""
         self.seq_id = self.cache.new_seq_id()
         self.cache.start(self.seq_id, [])
+        if governor is not None:
+            try:
+                self._check_placement(parts, ort_tids, home, stepper, progress)
+            finally:
+                if temporary:
+                    remove()
+
+    def _check_placement(self, parts, ort_tids: dict, home: frozenset, stepper, progress) -> None:
+        """Once, when built: a warm-up step on every session set, then read back where its
+        threads run (platform/placement.py) and hand that to the governor, which falls back
+        (unpinned, no more threads than cores granted) for every phase the OS did not
+        honour; the session sets those fallbacks need are built here. Steps pay nothing."""
+        gov = self.governor
+        placer = gov.placer
+        seen = {}
+        self._pin_caller = functools.partial(placer.pin_caller, warn=False)  # the report says it all
+        try:
+            for sp, (sessions, kv) in self._sets.items():
+                self._warm_up(sp)
+                read = placer.check_set(sp, ort_tids=ort_tids.get(sp, ()), num_sessions=len(sessions),
+                                        pool_tids=kv.pool.worker_tids()[1:])
+                if read is not None:  # None: /proc unreadable (logged), the plan stands unverified
+                    seen[sp] = read
+        finally:
+            self._pin_caller = placer.pin_caller
+            placer.pin_caller(home, warn=False)  # new threads inherit the creator's mask
+        gov.verify_placement(seen)
+        specs = gov.session_specs()
+        if set(specs) == set(self._sets):
+            return
+        self._bindings.clear()  # keyed by id(sessions): no binding may outlive its set
+        for sp in [sp for sp in self._sets if sp not in specs]:  # no plan runs on it any more
+            del self.session_sets[sp], self._sets[sp], self._caller_cpus[sp]
+        for sp in specs:
+            if sp not in self._sets:  # a fallback: unpinned, its own thread count
+                sessions = create_sessions(parts, sp.num_threads, False, None, per_session_pools=True,
+                                           progress=progress, entry=self.spec.entry)
+                self.session_sets[sp] = sessions
+                self._sets[sp] = (sessions, stepper(ThreadPool(sp.num_threads)))
+                self._caller_cpus[sp] = home
+        self.sessions, self.kv = next(iter(self._sets.values()))
+
+    def _warm_up(self, sp) -> None:
+        """One one-token step on session set ``sp`` for a scratch sequence (freed after: a
+        partial page is never cached), its caller pinned as that set's steps pin it; then one
+        job on our pool, whose workers apply their affinity at their next job."""
+        cache = self.cache
+        seq_id = cache.new_seq_id()
+        cache.start(seq_id, [])
+        try:
+            alloc = cache.allocate(seq_id, [0])
+            if not isinstance(alloc, NoRoom):
+                self.run([SeqStep(None, seq_id, [0], alloc, True)], session_spec=sp)
+        finally:
+            cache.free(seq_id)
+        pool = self._sets[sp][1].pool
+        pool.read(np.zeros(64 * pool.num_threads, np.uint64))  # (64 * threads,) one job for every worker
 
     # -- batched steps (the engine) ---------------------------------------------
     def plan_step(self) -> int:
@@ -335,11 +405,12 @@ class ModelRunner:
         self.cache.policy = self._policies[plan.profile]
         return max(1, min(self.max_step_tokens, plan.prefill_chunk_tokens))
 
-    def run(self, steps: list[SeqStep], all_rows: bool = False) -> np.ndarray:
+    def run(self, steps: list[SeqStep], all_rows: bool = False, *, session_spec=None) -> np.ndarray:
         """One step over ``steps`` (allocated, at most max_num_seqs, at most
         max_step_tokens tokens together). Returns logits (R, vocab): one row per step
         with ``logits``, in step order, or with ``all_rows`` one per token of the step.
-        The cache commits every sequence after."""
+        The cache commits every sequence after. ``session_spec``: run on that session
+        set instead of the plan's (the warm-up of each set)."""
         S = len(steps)
         if not 1 <= S <= self.max_num_seqs:
             raise ValueError(f"a step takes 1..{self.max_num_seqs} sequences, got {S}")
@@ -370,7 +441,7 @@ class ModelRunner:
             self.rows[:R] = self._steps[:R]
         elif R == 0:  # no entry samples: lm_head still runs on one row, make it a valid one
             self.rows[0] = 0
-        logits = self._execute(row, max(R, 1), prefill, S, span)
+        logits = self._execute(row, max(R, 1), prefill, S, span, session_spec)
         for e in steps:
             cache.commit(e.seq_id)
         return logits[:R]
@@ -385,14 +456,15 @@ class ModelRunner:
         self._bindings[key] = b
         return b
 
-    def _execute(self, T: int, R: int, prefill: bool, num_seqs: int, num_spans: int) -> np.ndarray:
+    def _execute(self, T: int, R: int, prefill: bool, num_seqs: int, num_spans: int, sp=None) -> np.ndarray:
         kv_stepper, sessions = self.kv, self.sessions
         plan = self.last_plan
-        if plan is not None:
+        if sp is None and plan is not None:
             # The plan_step() plan: a step never changes session set midway.
-            phase, sp = (plan.prefill, plan.prefill_spec) if prefill else (plan.decode, plan.decode_spec)
-            if phase.pinned:
-                pin_current_thread(phase.caller_cpus)
+            sp = plan.prefill_spec if prefill else plan.decode_spec
+        if sp is not None:
+            # One system call; a refused pin is logged once and the step runs where the thread is.
+            self._pin_caller(self._caller_cpus[sp])
             sessions, kv_stepper = self._sets[sp]
         binding = self._binding(T, R, sessions)
         e = self._emb_nbits

@@ -22,6 +22,6 @@ def build_tokenizer(spec: TokenizerSpec) -> Tokenizer:
         from .spm import SpmTokenizer
         return SpmTokenizer(spec)
     if spec.model == "gpt2":
-        from .bpe import ByteLevelBpeTokenizer  # imports Hugging Face tokenizers, only when needed
+        from .bpe import ByteLevelBpeTokenizer  # builds on Hugging Face tokenizers: not needed for "llama"
         return ByteLevelBpeTokenizer(spec)
     raise TokenizerError(f"tokenizer model {spec.model!r} is not supported; expected 'llama' or 'gpt2'")

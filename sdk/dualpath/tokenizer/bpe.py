@@ -1,6 +1,9 @@
 """Byte-level BPE with merges (GGUF ``tokenizer.ggml.model == "gpt2"``: Llama 3, Qwen2/3, SmolLM, GPT-4o, GPT-2).
 
-Built on Hugging Face ``tokenizers`` from ``spec.tokens`` and ``spec.merges``. The input is
+Built on Hugging Face ``tokenizers`` (Rust) from ``spec.tokens`` and ``spec.merges``, imported only
+when such a tokenizer is built: SentencePiece ("llama") vocabularies never need it, so a core install
+without it (Termux, an Android app; see android/README.md) loads them, and ``_PRE_RULES`` can be read
+without it. Building one without it raises ``TokenizerError`` naming the install command. The input is
 first split by the pre-tokenizer regexes that llama.cpp uses for ``spec.pre`` (GGUF
 ``tokenizer.ggml.pre``), each regex splitting the pieces of the previous one and keeping the
 text between matches, then mapped to GPT-2's byte alphabet and merged by rank.
@@ -44,10 +47,7 @@ import logging
 import re
 from dataclasses import dataclass
 
-from tokenizers import Regex
-from tokenizers import Tokenizer as HfTokenizer
-from tokenizers import models, pre_tokenizers
-
+from ..errors import TokenizerError
 from .base import Tokenizer
 from .spec import TokenizerSpec
 
@@ -288,6 +288,17 @@ class ByteLevelBpeTokenizer(Tokenizer):
     """Byte-level BPE tokenizer; every byte sequence has an encoding, so there is no unknown token."""
 
     def __init__(self, spec: TokenizerSpec):
+        try:
+            from tokenizers import Regex
+            from tokenizers import Tokenizer as HfTokenizer
+            from tokenizers import models, pre_tokenizers
+        except ImportError as e:
+            raise TokenizerError(
+                f"this model's byte-level BPE vocabulary (tokenizer.ggml.model 'gpt2', pre {spec.pre!r}) needs "
+                f"Hugging Face tokenizers, which cannot be imported ({e}): pip install 'tokenizers>=0.19' "
+                "(or pip install 'dualpath[bpe]'); on Termux it builds from Rust source: pkg install rust first. "
+                "SentencePiece vocabularies (tokenizer.ggml.model 'llama': Llama 2, TinyLlama, Gemma, Phi-3) "
+                "do not need it") from e
         super().__init__(spec)
         rule = pre_tokenizer_rule(spec.pre)
         vocab = self._piece_to_id
