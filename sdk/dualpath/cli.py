@@ -273,10 +273,10 @@ def cmd_serve(args) -> int:
     from .llm import LLM
 
     overrides = _overrides(args)
-    for key in ("host", "port", "api_key"):
+    for key, name in (("host", "host"), ("port", "port"), ("api_key", "api_key"), ("alias", "model_name")):
         value = getattr(args, key)
         if value is not None:
-            overrides[f"server.{key}"] = value
+            overrides[f"server.{name}"] = value
     from .config import load_config
 
     cfg = load_config(args.config, overrides)
@@ -373,6 +373,9 @@ def build_parser() -> argparse.ArgumentParser:
     config_args(sv)
     sv.add_argument("--host", help="bind address (server.host, default 127.0.0.1: loopback only)")
     sv.add_argument("--port", type=int, help="TCP port (server.port, default 8080)")
+    sv.add_argument("--alias", help="the model id /v1/models lists and responses carry (server.model_name; "
+                                    "default: the file's name). Requests may name any model unless "
+                                    "server.strict_model_name is true")
     sv.add_argument("--api-key", help="require 'Authorization: Bearer KEY' (server.api_key; "
                                       "env DUALPATH_API_KEY)", default=os.environ.get("DUALPATH_API_KEY"))
     sv.set_defaults(func=cmd_serve)

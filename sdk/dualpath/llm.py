@@ -146,8 +146,8 @@ class LLM:
     def apply_chat_template(self, messages: Sequence[dict], add_generation_prompt: bool = True) -> str:
         template = self.spec.tokenizer.chat_template
         if not template:
-            raise ChatTemplateError(f"{self.spec.path}: the model has no chat template "
-                                    "(tokenizer.chat_template); use generate() with a plain prompt")
+            raise ChatTemplateError(f"{os.path.basename(str(self.spec.path))}: the model has no chat template "
+                                    "(no tokenizer.chat_template in its file); use a plain prompt")
         import jinja2
         from jinja2.sandbox import ImmutableSandboxedEnvironment
 
@@ -163,7 +163,8 @@ class LLM:
                 bos_token=tok.spec.tokens[tok.bos_id] if tok.bos_id is not None else "",
                 eos_token=tok.spec.tokens[tok.eos_id] if tok.eos_id is not None else "")
         except jinja2.TemplateError as e:
-            raise ChatTemplateError(f"{self.spec.path}: chat template failed to render: {e}") from e
+            raise ChatTemplateError(f"{os.path.basename(str(self.spec.path))}: the chat template failed to "
+                                    f"render: {e}") from e
 
     def chat_prompt_ids(self, messages: Sequence[dict]) -> list[int]:
         """The prompt token ids of ``messages`` rendered by the chat template."""

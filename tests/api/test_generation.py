@@ -217,7 +217,8 @@ def test_bad_sampling_params_raise_naming_the_parameter(bad):
 def test_chat_without_a_template_raises_a_clear_error(llm, gguf_path):
     with pytest.raises(ChatTemplateError, match=r"no chat template") as info:
         llm.chat([{"role": "user", "content": "Hi"}], GREEDY_40)
-    assert str(gguf_path) in str(info.value) and "tokenizer.chat_template" in str(info.value)
+    assert gguf_path.name in str(info.value) and "tokenizer.chat_template" in str(info.value)
+    assert str(gguf_path.parent) not in str(info.value)  # no server paths (the server shows this text)
 
 
 CHAT_TEMPLATE = "{% for m in messages %}{{ m['content'] }}\n{% endfor %}"

@@ -62,6 +62,9 @@ class Delta:
     """Set on the last delta: ``stop``, ``length``, ``context_full`` or ``abort``."""
     completion: Completion | None = None
     """Set on the last delta."""
+    logprobs: tuple = ()
+    """With ``SamplingParams.logprobs``: one entry per token of ``token_ids``,
+    ``(token_id, logprob, ((id, logprob), ...))`` (see ``Sampler.last_logprobs``)."""
 
 
 class EngineRequest(Request):
@@ -79,6 +82,8 @@ class EngineRequest(Request):
         self.first_token_time: float | None = None
         self.decode_steps = 0
         self.completion: Completion | None = None
+        self.logprobs: list | None = [] if params.logprobs is not None else None
+        """Per generated token: (token_id, logprob, top alternatives), with params.logprobs."""
 
 
 class Engine:
@@ -217,6 +222,8 @@ class Engine:
         if token in req.stop_ids:
             return req, "stop", {"stop_reason": token}
         req.append(token)
+        if req.logprobs is not None:
+            req.logprobs.append((token, *req.sampler.last_logprobs))
         text, stop = req.stream.push(token)
         if stop is not None:
             return req, "stop", {"stop_reason": stop, "text": text, "token": token}
@@ -225,7 +232,7 @@ class Engine:
         if req.n >= req.context_tokens:
             return req, "context_full", {"text": text, "token": token}
         if req.sink is not None:
-            req.sink(Delta(text, (token,)), None)
+            req.sink(Delta(text, (token,), logprobs=req.logprobs[-1:] if req.logprobs is not None else ()), None)
         return None
 
     def _end(self, req: EngineRequest, finish: str = "abort", stop_reason=None, *, text: str = "",
@@ -252,10 +259,12 @@ class Engine:
             timings=Timings((first - req.arrival) * 1e3, (now - first) * 1e3, len(req.prompt_ids) - cached,
                             req.decode_steps),
             stop_reason=stop_reason,
+            logprobs=tuple(req.logprobs) if req.logprobs is not None else None,
         )
         self.metrics.on_finish(req, now)
         if req.sink is not None:
-            req.sink(Delta(text, () if token is None else (token,), finish, req.completion), None)
+            last = tuple(req.logprobs[-1:]) if req.logprobs is not None and token is not None else ()
+            req.sink(Delta(text, () if token is None else (token,), finish, req.completion, last), None)
 
     def _apply_aborts(self) -> None:
         with self._mu:

@@ -55,6 +55,9 @@ class Completion:
     timings: Timings
     stop_reason: int | str | None = None
     """The stop token id or stop string that ended generation, if any."""
+    logprobs: tuple | None = None
+    """With ``SamplingParams.logprobs``: per generated token ``(token_id, logprob,
+    ((id, logprob), ...))``, the alternatives most likely first."""
 
 
 def check_prompt(prompt_ids: list[int], vocab_size: int, context_tokens: int) -> None:

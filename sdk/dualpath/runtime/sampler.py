@@ -1,8 +1,14 @@
 """Token sampling: llama.cpp's default chain over one row of logits.
 
-Order: repetition penalty -> (temperature 0: argmax) -> top_k -> top_p -> min_p
--> temperature -> draw. The filters see temperature-1 probabilities, as in
-llama.cpp; temperature only reshapes what survives them.
+Order: repetition penalty -> presence/frequency penalties -> logit_bias ->
+(temperature 0: argmax) -> top_k -> top_p -> min_p -> temperature -> draw. The
+filters see temperature-1 probabilities, as in llama.cpp; temperature only reshapes
+what survives them.
+
+Log-probabilities (``logprobs``) are those of the processed logits (after the
+penalties and logit_bias) at temperature 1, before the truncating filters: the
+distribution the filters and the draw start from. They are computed only when asked
+for, with whole-vocabulary numpy calls.
 """
 
 from __future__ import annotations
@@ -42,8 +48,26 @@ class SamplingParams:
     """Stop generating when the output ends with one of these (a single str is wrapped)."""
     ignore_eos: bool = setting(False, bool, None, "True or False")
     """Keep generating past the end-of-sequence token."""
+    presence_penalty: float = setting(0.0, float, lambda v: -2 <= v <= 2, "between -2 and 2 (0 = off)")
+    """OpenAI's: subtracted once from the logit of every token generated so far."""
+    frequency_penalty: float = setting(0.0, float, lambda v: -2 <= v <= 2, "between -2 and 2 (0 = off)")
+    """OpenAI's: subtracted from a token's logit once per time it was generated so far."""
+    logit_bias: tuple = setting((), tuple, lambda v: all(
+        isinstance(t, int) and not isinstance(t, bool) and t >= 0 and isinstance(b, (int, float))
+        and -100 <= b <= 100 for t, b in v), "token id -> bias between -100 and 100")
+    """``(token_id, bias)`` pairs (a dict is converted) added to those logits."""
+    logprobs: int | None = setting(None, int, lambda v: 0 <= v <= 20, "None or between 0 and 20",
+                                   optional=True)
+    """Report each sampled token's log-probability and this many most likely alternatives."""
 
     def __post_init__(self) -> None:
+        bias = self.logit_bias
+        if isinstance(bias, dict):
+            try:
+                bias = tuple(sorted((int(t), float(b)) for t, b in bias.items()))
+            except (TypeError, ValueError):
+                raise SamplingParamsError(f"logit_bias={self.logit_bias!r} must map token ids to numbers") from None
+            object.__setattr__(self, "logit_bias", bias)
         stop = self.stop
         if isinstance(stop, str):
             object.__setattr__(self, "stop", (stop,))
@@ -68,6 +92,19 @@ class Sampler:
         self._logits = np.empty(vocab_size, np.float32)  # (vocab_size,) penalised copy of the caller's row
         self._cdf = np.empty(vocab_size, np.float64)  # (vocab_size,) probabilities, then their running sum
         self._mask = np.empty(vocab_size, np.bool_)  # (vocab_size,) min_p rejects, full-vocabulary path only
+        self._counts = np.zeros(vocab_size, np.int32)  # (vocab_size,) times each token was sampled
+        self._seen: list[int] = []  # ids with a count, in first-seen order
+        if params.logit_bias:
+            ids = np.array([t for t, _ in params.logit_bias], np.int64)
+            if ids.max() >= vocab_size:
+                raise SamplingParamsError(f"logit_bias names token {int(ids.max())}, outside the "
+                                          f"vocabulary (0..{vocab_size - 1})")
+            self._bias = (ids, np.array([b for _, b in params.logit_bias], np.float32))
+        else:
+            self._bias = None
+        self.last_logprobs: tuple | None = None
+        """After ``sample`` with ``params.logprobs`` set: (token logprob, ((id, logprob), ...)
+        of the most likely tokens, most likely first)."""
 
     def sample(self, logits: np.ndarray, history: Sequence[int] | np.ndarray = ()) -> int:
         """Next token id. ``logits`` (vocab_size,) is not modified; ``history`` is the
@@ -78,6 +115,37 @@ class Sampler:
         work = self._logits
         np.copyto(work, logits, casting="same_kind")
         self._penalise(work, history)
+        if self._seen and (p.presence_penalty or p.frequency_penalty):
+            seen = np.array(self._seen, np.int64)
+            work[seen] -= p.presence_penalty + p.frequency_penalty * self._counts[seen]
+        if self._bias is not None:
+            work[self._bias[0]] += self._bias[1]
+        if p.logprobs is not None:
+            lse, top_ids = self._log_normaliser(work)
+            top = tuple((int(i), float(work[i] - lse)) for i in top_ids)
+        token = self._draw(work)
+        if p.logprobs is not None:
+            self.last_logprobs = (float(work[token] - lse), top)
+        if self._counts[token] == 0:
+            self._seen.append(token)
+        self._counts[token] += 1
+        return token
+
+    def _log_normaliser(self, work: np.ndarray) -> tuple[float, np.ndarray]:
+        """log(sum(exp(work))) and the ids of the ``logprobs`` largest logits, largest first."""
+        top = float(work.max())
+        buf = self._cdf
+        np.subtract(work, top, out=buf)
+        np.exp(buf, out=buf)
+        lse = top + math.log(float(buf.sum()))
+        k = min(self.params.logprobs, self.vocab_size)
+        if k == 0:
+            return lse, np.empty(0, np.int64)
+        ids = np.argpartition(work, self.vocab_size - k)[self.vocab_size - k:]
+        return lse, ids[np.argsort(-work[ids], kind="stable")]
+
+    def _draw(self, work: np.ndarray) -> int:
+        p, n_vocab = self.params, self.vocab_size
         if p.temperature == 0.0 or p.top_k == 1:
             return int(np.argmax(work))
 

@@ -69,12 +69,57 @@ def _get(body: dict, key: str, kinds: tuple, default: Any = None, *, check=None,
     return value
 
 
-def sampling_params(body: dict, default_max_tokens: int | None, context_tokens: int) -> SamplingParams:
+# Every field of OpenAI's request schemas, and ours (llama.cpp's names): each is honoured,
+# or refused with 400 naming it when it asks for something this server does not do.
+# A field in neither set is refused as unknown, never silently dropped.
+_COMMON = {"model", "stream", "stream_options", "temperature", "top_p", "n", "stop", "max_tokens", "seed",
+           "presence_penalty", "frequency_penalty", "logit_bias", "user",
+           "top_k", "min_p", "repetition_penalty", "ignore_eos"}
+COMPLETION_FIELDS = _COMMON | {"prompt", "echo", "logprobs", "best_of", "suffix"}
+CHAT_FIELDS = _COMMON | {"messages", "logprobs", "top_logprobs", "max_completion_tokens", "metadata", "store",
+                         "service_tier", "parallel_tool_calls", "response_format", "tools", "tool_choice",
+                         "audio", "modalities", "prediction", "reasoning_effort", "web_search_options",
+                         "functions", "function_call"}
+
+
+def check_fields(body: dict, known: set[str], endpoint: str) -> None:
+    """400 naming the first field that is unknown, or known but asking for what is not done."""
+    for key in body:
+        if key not in known:
+            raise _bad(f"unknown field '{key}' for {endpoint}", key, "unknown_field")
+    refuse = {
+        "suffix": lambda v: v not in (None, ""),
+        "best_of": lambda v: v not in (None, 1) and v != body.get("n", 1),
+        "audio": lambda v: v is not None,
+        "modalities": lambda v: v not in (None, ["text"]),
+        "prediction": lambda v: v is not None,
+        "reasoning_effort": lambda v: v is not None,
+        "web_search_options": lambda v: v is not None,
+        "functions": lambda v: v is not None,
+        "function_call": lambda v: v is not None,
+        "store": lambda v: v not in (None, False),
+        "response_format": lambda v: v not in (None, {"type": "text"}),
+        "tools": lambda v: v not in (None, []),
+        "tool_choice": lambda v: v not in (None, "none", "auto"),
+    }
+    for key, refused in refuse.items():
+        if key in body and refused(body[key]):
+            raise _bad(f"'{key}'={json.dumps(body[key])[:200]} is not supported by this server", key,
+                       "unsupported_field")
+
+
+def sampling_params(body: dict, default_max_tokens: int | None, context_tokens: int,
+                    logprobs: int | None = None) -> SamplingParams:
     """OpenAI request fields -> SamplingParams (OpenAI's defaults: temperature 1,
     top_p 1, no top_k or min_p unless given as extra fields)."""
     n = _get(body, "n", (int,), 1)
     if n != 1:
         raise _bad("only n=1 is supported", "n")
+    bias = _get(body, "logit_bias", (dict,), {})
+    try:
+        bias = {int(k): v for k, v in bias.items()}
+    except (TypeError, ValueError):
+        raise _bad("'logit_bias' must map token ids (as strings of digits) to numbers", "logit_bias") from None
     max_tokens = _get(body, "max_completion_tokens", (int,), None) or _get(body, "max_tokens", (int,), None)
     if max_tokens is None:
         max_tokens = default_max_tokens or context_tokens
@@ -99,6 +144,10 @@ def sampling_params(body: dict, default_max_tokens: int | None, context_tokens: 
             seed=_get(body, "seed", (int,), None),
             stop=stop,
             ignore_eos=_get(body, "ignore_eos", (bool,), False),
+            presence_penalty=float(_get(body, "presence_penalty", num, 0.0)),
+            frequency_penalty=float(_get(body, "frequency_penalty", num, 0.0)),
+            logit_bias=bias,
+            logprobs=logprobs,
         )
     except SamplingParamsError as e:
         raise _bad(str(e), code="invalid_value") from None
@@ -118,8 +167,13 @@ class Server:
         self.llm = llm
         self.engine = llm.engine
         self.cfg = llm.config.server
-        self.model_name = model_name or self.cfg.model_name or os.path.basename(str(llm.spec.path))
+        file_name = os.path.basename(str(llm.spec.path))
+        self.model_name = model_name or self.cfg.model_name or file_name
+        """The id /v1/models lists and responses carry (``--alias`` / server.model_name)."""
+        self.model_names = tuple(dict.fromkeys((self.model_name, file_name)))
+        """What requests may name when server.strict_model_name is on (else any name is served)."""
         self.created = int(time.time())
+        self.tokenizer = llm.tokenizer
 
     # -- plumbing --------------------------------------------------------------
     def _check_auth(self, request: Request) -> None:
@@ -152,8 +206,11 @@ class Server:
         if not isinstance(body, dict):
             raise _bad("the request body must be a JSON object", code="invalid_json")
         model = body.get("model")
-        if model is not None and model != self.model_name:
-            raise APIError(404, f"the model '{model}' does not exist; this server serves '{self.model_name}'",
+        if model is not None and not isinstance(model, str):
+            raise _bad("'model' must be a string", "model")
+        if model is not None and self.cfg.strict_model_name and model not in self.model_names:
+            raise APIError(404, f"the model '{model}' does not exist; this server serves "
+                                f"{' or '.join(repr(m) for m in self.model_names)}",
                            param="model", code="model_not_found")
         return body
 
@@ -167,6 +224,32 @@ class Server:
             raise _bad(str(e), "prompt", "context_length_exceeded") from None
         except InvalidPromptError as e:
             raise _bad(str(e), "prompt") from None
+
+    # -- log-probabilities ------------------------------------------------------
+    def _token_text(self, token_id: int) -> str:
+        return self.tokenizer.token_bytes(token_id).decode("utf-8", errors="replace")
+
+    def _completion_logprobs(self, entries, offset: list[int]) -> dict:
+        """The legacy completions shape: tokens, token_logprobs, top_logprobs, text_offset."""
+        out = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+        for token, lp, alternatives in entries:
+            text = self._token_text(token)
+            out["tokens"].append(text)
+            out["token_logprobs"].append(lp)
+            out["top_logprobs"].append({self._token_text(i): v for i, v in alternatives})
+            out["text_offset"].append(offset[0])
+            offset[0] += len(text)
+        return out
+
+    def _chat_logprobs(self, entries) -> list[dict]:
+        """The chat shape: per token its text, logprob, bytes and top_logprobs."""
+        out = []
+        for token, lp, alternatives in entries or ():
+            raw = self.tokenizer.token_bytes(token)
+            out.append({"token": raw.decode("utf-8", errors="replace"), "logprob": lp, "bytes": list(raw),
+                        "top_logprobs": [{"token": self._token_text(i), "logprob": v,
+                                          "bytes": list(self.tokenizer.token_bytes(i))} for i, v in alternatives]})
+        return out
 
     # -- routes ----------------------------------------------------------------
     async def health(self, request: Request) -> Response:
@@ -195,17 +278,28 @@ class Server:
             ids = list(prompt)
         else:
             raise _bad("'prompt' must be a string, a list of token ids, or a list holding one of those", "prompt")
-        params = sampling_params(body, 16, self.engine.context_tokens)
+        check_fields(body, COMPLETION_FIELDS, "/v1/completions")
+        logprobs = _get(body, "logprobs", (int,), None, check=lambda v: 0 <= v <= 20,
+                        allowed="an integer between 0 and 20")
+        params = sampling_params(body, 16, self.engine.context_tokens, logprobs)
         stream = _get(body, "stream", (bool,), False)
         echo = _get(body, "echo", (bool,), False)
+        if echo and logprobs is not None:
+            raise _bad("'echo' with 'logprobs' (log-probabilities of the prompt) is not supported", "echo",
+                       "unsupported_field")
         handle = await self._submit(ids, params)
         rid = f"cmpl-{uuid.uuid4().hex}"
         created = int(time.time())
         prefix = self.llm.detokenize(ids) if echo else ""
 
-        def chunk(text: str, finish: str | None) -> dict:
+        offset = [len(prefix)]
+
+        def chunk(text: str, finish: str | None, entries=()) -> dict:
+            lp = None
+            if logprobs is not None:
+                lp = self._completion_logprobs(entries, offset)
             return {"id": rid, "object": "text_completion", "created": created, "model": self.model_name,
-                    "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish}]}
+                    "choices": [{"index": 0, "text": text, "logprobs": lp, "finish_reason": finish}]}
 
         if stream:
             include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
@@ -215,16 +309,16 @@ class Server:
                     yield _sse(chunk(prefix, None))
                 async for d in handle:
                     if d.finish_reason is not None:
-                        yield _sse(chunk(d.text, _FINISH[d.finish_reason]))
+                        yield _sse(chunk(d.text, _FINISH[d.finish_reason], d.logprobs))
                         if include_usage:
                             yield _sse({**chunk("", None), "choices": [], "usage": _usage(d.completion)})
-                    elif d.text:
-                        yield _sse(chunk(d.text, None))
+                    elif d.text or d.logprobs:
+                        yield _sse(chunk(d.text, None, d.logprobs))
                 yield "data: [DONE]\n\n"
 
             return _event_stream(events(), handle)
         c = await _collect(request, handle)
-        out = chunk(prefix + c.text, _FINISH[c.finish_reason])
+        out = chunk(prefix + c.text, _FINISH[c.finish_reason], c.logprobs or ())
         out["usage"] = _usage(c)
         return JSONResponse(out)
 
@@ -251,19 +345,26 @@ class Server:
             if not isinstance(content, str):
                 raise _bad(f"messages[{i}].content must be a string or a list of text parts", "messages")
             clean.append({"role": m["role"], "content": content})
-        params = sampling_params(body, None, self.engine.context_tokens)
+        check_fields(body, CHAT_FIELDS, "/v1/chat/completions")
+        want_logprobs = _get(body, "logprobs", (bool,), False)
+        top = _get(body, "top_logprobs", (int,), None, check=lambda v: 0 <= v <= 20,
+                   allowed="an integer between 0 and 20")
+        if top is not None and not want_logprobs:
+            raise _bad("'top_logprobs' needs 'logprobs': true", "top_logprobs")
+        params = sampling_params(body, None, self.engine.context_tokens, (top or 0) if want_logprobs else None)
         stream = _get(body, "stream", (bool,), False)
         try:
             ids = self.llm.chat_prompt_ids(clean)
         except ChatTemplateError as e:
-            raise _bad(str(e), "messages", "chat_template") from None
+            raise _bad(f"{e} (send it to /v1/completions)", "messages", "chat_template") from None
         handle = await self._submit(ids, params)
         rid = f"chatcmpl-{uuid.uuid4().hex}"
         created = int(time.time())
 
-        def chunk(delta: dict, finish: str | None) -> dict:
+        def chunk(delta: dict, finish: str | None, entries=()) -> dict:
+            lp = {"content": self._chat_logprobs(entries)} if want_logprobs and entries else None
             return {"id": rid, "object": "chat.completion.chunk", "created": created, "model": self.model_name,
-                    "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]}
+                    "choices": [{"index": 0, "delta": delta, "logprobs": lp, "finish_reason": finish}]}
 
         if stream:
             include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
@@ -271,8 +372,8 @@ class Server:
             async def events():
                 yield _sse(chunk({"role": "assistant", "content": ""}, None))
                 async for d in handle:
-                    if d.text:
-                        yield _sse(chunk({"content": d.text}, None))
+                    if d.text or d.logprobs:
+                        yield _sse(chunk({"content": d.text}, None, d.logprobs))
                     if d.finish_reason is not None:
                         yield _sse(chunk({}, _FINISH[d.finish_reason]))
                         if include_usage:
@@ -283,7 +384,8 @@ class Server:
         c = await _collect(request, handle)
         return JSONResponse({
             "id": rid, "object": "chat.completion", "created": created, "model": self.model_name,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": c.text}, "logprobs": None,
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": c.text},
+                         "logprobs": {"content": self._chat_logprobs(c.logprobs)} if want_logprobs else None,
                          "finish_reason": _FINISH[c.finish_reason]}],
             "usage": _usage(c)})
 

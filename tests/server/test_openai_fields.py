@@ -1,0 +1,202 @@
+"""The OpenAI request fields the server honours (log-probabilities, penalties,
+logit_bias, aliases), through the real ``openai`` client, and the ones it refuses
+with a 400 naming them."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+openai = pytest.importorskip("openai")
+pytest.importorskip("uvicorn")
+
+import dualpath  # noqa: E402
+from dualpath.runtime.sampler import Sampler, SamplingParams  # noqa: E402
+
+from test_server import CHAT_TEMPLATE, KEY, LiveServer  # noqa: E402
+from tests_shared import write_gguf_with_chat_template  # noqa: E402
+
+PROMPT = "Once upon a time"
+
+
+@pytest.fixture(scope="module")
+def chat_gguf(gguf_path, tmp_path_factory):
+    return write_gguf_with_chat_template(gguf_path, tmp_path_factory.mktemp("fields") / "stories260K-chat.gguf",
+                                         CHAT_TEMPLATE)
+
+
+@pytest.fixture(scope="module")
+def live(chat_gguf):
+    cfg = dualpath.load_config(None, {"runtime.max_context_tokens": 256, "runtime.max_num_seqs": 4,
+                                      "server.api_key": KEY, "server.model_name": "tiny-stories"})
+    srv = LiveServer(dualpath.LLM(chat_gguf, cfg))
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(scope="module")
+def reference(chat_gguf):
+    """A second LLM on the same file: the model's own logits, computed beside the server."""
+    return dualpath.LLM(chat_gguf, dualpath.load_config(None, {"runtime.max_context_tokens": 256}))
+
+
+def log_softmax(x: np.ndarray) -> np.ndarray:
+    x = x.astype(np.float64)
+    return x - (x.max() + np.log(np.exp(x - x.max()).sum()))
+
+
+def test_completion_logprobs_are_the_models_distribution(live, reference):
+    c = live.client().completions.create(model="tiny-stories", prompt=PROMPT, max_tokens=6, temperature=0,
+                                         logprobs=3)
+    lp = c.choices[0].logprobs
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == 6
+    assert "".join(lp.tokens) == c.choices[0].text
+    assert lp.text_offset == [sum(len(t) for t in lp.tokens[:i]) for i in range(6)]
+    for chosen, top in zip(lp.token_logprobs, lp.top_logprobs):
+        assert chosen <= 0 and len(top) == 3
+        assert sum(math.exp(v) for v in top.values()) <= 1 + 1e-6
+        assert max(top.values()) == pytest.approx(chosen)  # greedy: the chosen token is the most likely
+    # The first token's whole distribution, from the model's logits in another runner.
+    ids = reference.tokenize(PROMPT)
+    r = reference.runner
+    r.begin([])
+    expected = log_softmax(r.forward(ids)[-1])
+    best = np.argsort(-expected)[:3]
+    got = lp.top_logprobs[0]
+    for i in best:
+        assert got[reference.tokenizer.token_bytes(int(i)).decode("utf-8", "replace")] == pytest.approx(
+            float(expected[i]), abs=1e-4)
+
+
+def test_streamed_logprobs_add_up_to_the_whole(live):
+    client = live.client()
+    whole = client.completions.create(model="x", prompt=PROMPT, max_tokens=8, temperature=0, logprobs=2)
+    tokens, lps = [], []
+    for ev in client.completions.create(model="x", prompt=PROMPT, max_tokens=8, temperature=0, logprobs=2,
+                                        stream=True):
+        if ev.choices and ev.choices[0].logprobs:
+            tokens += ev.choices[0].logprobs.tokens
+            lps += ev.choices[0].logprobs.token_logprobs
+    assert tokens == whole.choices[0].logprobs.tokens
+    assert lps == pytest.approx(whole.choices[0].logprobs.token_logprobs)
+
+
+def test_chat_logprobs_with_top_logprobs_streamed_and_not(live):
+    client = live.client()
+    messages = [{"role": "user", "content": PROMPT}]
+    c = client.chat.completions.create(model="x", messages=messages, max_tokens=5, temperature=0, logprobs=True,
+                                       top_logprobs=2)
+    content = c.choices[0].logprobs.content
+    assert len(content) == 5 and "".join(e.token for e in content) == c.choices[0].message.content
+    for e in content:
+        assert e.logprob <= 0 and len(e.top_logprobs) == 2 and bytes(e.bytes).decode("utf-8", "replace") == e.token
+        assert e.top_logprobs[0].logprob >= e.top_logprobs[1].logprob
+    streamed = []
+    for ev in client.chat.completions.create(model="x", messages=messages, max_tokens=5, temperature=0,
+                                             logprobs=True, top_logprobs=2, stream=True):
+        if ev.choices and ev.choices[0].logprobs:
+            streamed += ev.choices[0].logprobs.content
+    assert [e.token for e in streamed] == [e.token for e in content]
+    plain = client.chat.completions.create(model="x", messages=messages, max_tokens=3, temperature=0)
+    assert plain.choices[0].logprobs is None
+
+
+def test_logit_bias_bans_and_forces_tokens(live, reference):
+    client = live.client()
+    base = client.completions.create(model="x", prompt=PROMPT, max_tokens=8, temperature=0, logprobs=0)
+    first = reference.tokenize(PROMPT)  # the token the greedy run starts with, by id:
+    r = reference.runner
+    r.begin([])
+    top = int(np.argmax(r.forward(first)[-1]))
+    banned = client.completions.create(model="x", prompt=PROMPT, max_tokens=8, temperature=0,
+                                       logit_bias={str(top): -100})
+    assert banned.choices[0].text != base.choices[0].text
+    forced = client.completions.create(model="x", prompt=PROMPT, max_tokens=4, temperature=0.9, seed=3,
+                                       logit_bias={"300": 100})
+    piece = reference.tokenizer.token_bytes(300).decode("utf-8", "replace")
+    assert forced.choices[0].text == piece * 4
+
+
+def test_frequency_and_presence_penalties_follow_openais_formula():
+    """logit[t] - presence * (count[t] > 0) - frequency * count[t], over the generated tokens."""
+    logits = np.array([3.0, 2.9, 0.5, 0.1, -1.0], np.float32)
+    s = Sampler(SamplingParams(temperature=0, presence_penalty=0.5, frequency_penalty=0.3, logprobs=5), 5)
+    counts = np.zeros(5)
+    for _ in range(6):
+        token = s.sample(logits)
+        processed = logits - 0.5 * (counts > 0) - 0.3 * counts
+        assert token == int(np.argmax(processed))
+        assert s.last_logprobs[0] == pytest.approx(float(log_softmax(processed)[token]), abs=1e-5)
+        counts[token] += 1
+    assert counts[0] > 0 and counts[1] > 0  # the penalties moved greedy off the top token
+
+
+def test_penalties_change_the_served_text(live):
+    client = live.client()
+    plain = client.completions.create(model="x", prompt=PROMPT, max_tokens=48, temperature=0)
+    penalised = client.completions.create(model="x", prompt=PROMPT, max_tokens=48, temperature=0,
+                                          frequency_penalty=1.5, presence_penalty=1.0)
+    words = plain.choices[0].text.split()
+    pwords = penalised.choices[0].text.split()
+    assert penalised.choices[0].text != plain.choices[0].text
+    assert max(map(pwords.count, set(pwords))) <= max(map(words.count, set(words)))
+
+
+@pytest.mark.parametrize("field, value", [
+    ("suffix", "the end"), ("best_of", 3), ("foo_bar", 1)])
+def test_a_completion_field_not_honoured_is_400_naming_it(live, field, value):
+    with pytest.raises(openai.BadRequestError) as info:
+        live.client().completions.create(model="x", prompt=PROMPT, max_tokens=2, extra_body={field: value})
+    assert info.value.status_code == 400 and f"'{field}'" in info.value.message
+    assert info.value.body["param"] == field
+
+
+@pytest.mark.parametrize("field, value", [
+    ("audio", {"voice": "alloy", "format": "wav"}), ("modalities", ["text", "audio"]),
+    ("prediction", {"type": "content", "content": "x"}), ("reasoning_effort", "high"), ("store", True),
+    ("functions", [{"name": "f", "parameters": {}}]), ("made_up_field", True)])
+def test_a_chat_field_not_honoured_is_400_naming_it(live, field, value):
+    with pytest.raises(openai.BadRequestError) as info:
+        live.client().chat.completions.create(model="x", messages=[{"role": "user", "content": "Hi"}],
+                                              max_tokens=2, extra_body={field: value})
+    assert f"'{field}'" in info.value.message and info.value.body["param"] == field
+
+
+def test_echo_with_logprobs_is_refused_and_echo_alone_works(live):
+    client = live.client()
+    with pytest.raises(openai.BadRequestError) as info:
+        client.completions.create(model="x", prompt=PROMPT, max_tokens=2, echo=True, logprobs=1)
+    assert "'echo'" in info.value.message
+    c = client.completions.create(model="x", prompt=PROMPT, max_tokens=2, echo=True, temperature=0)
+    assert c.choices[0].text.startswith(PROMPT)
+
+
+def test_the_alias_is_listed_and_any_name_served_unless_strict(live, chat_gguf):
+    client = live.client()
+    assert [m.id for m in client.models.list().data] == ["tiny-stories"]
+    assert client.completions.create(model="gpt-4o", prompt="Hi", max_tokens=2).model == "tiny-stories"
+    strict = LiveServer(dualpath.LLM(chat_gguf, dualpath.load_config(None, {
+        "runtime.max_context_tokens": 128, "server.model_name": "tiny-stories", "server.strict_model_name": True})))
+    try:
+        c = strict.client(key="unused")
+        assert c.completions.create(model="tiny-stories", prompt="Hi", max_tokens=2).model == "tiny-stories"
+        assert c.completions.create(model="stories260K-chat.gguf", prompt="Hi", max_tokens=2).choices
+        with pytest.raises(openai.NotFoundError) as info:
+            c.completions.create(model="gpt-4o", prompt="Hi", max_tokens=2)
+        assert "'tiny-stories'" in info.value.message
+    finally:
+        strict.stop()
+
+
+def test_a_model_without_a_chat_template_is_a_400_without_server_paths(gguf_path):
+    srv = LiveServer(dualpath.LLM(gguf_path, dualpath.load_config(None, {"runtime.max_context_tokens": 128})))
+    try:
+        with pytest.raises(openai.BadRequestError) as info:
+            srv.client(key="unused").chat.completions.create(model="x", messages=[{"role": "user", "content": "Hi"}])
+        assert "no chat template" in info.value.message
+        assert str(gguf_path.parent) not in info.value.message and "generate()" not in info.value.message
+        assert "/v1/completions" in info.value.message
+    finally:
+        srv.stop()
