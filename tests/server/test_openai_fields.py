@@ -200,3 +200,42 @@ def test_a_model_without_a_chat_template_is_a_400_without_server_paths(gguf_path
         assert "/v1/completions" in info.value.message
     finally:
         srv.stop()
+
+
+def test_n_samples_share_the_prompts_pages_and_equal_separate_seeded_runs(live):
+    client = live.client()
+    cache = live.llm.runner.cache
+    before = cache.stats()
+    c = client.completions.create(model="x", prompt=PROMPT, max_tokens=12, temperature=1.5, seed=7, n=3)
+    after = cache.stats()
+    assert [ch.index for ch in c.choices] == [0, 1, 2]
+    assert after.forks - before.forks == 2  # the prompt was computed once, then forked twice
+    prompt_pages = -(-c.usage.prompt_tokens // cache.page_tokens)
+    assert after.forked_pages - before.forked_pages == 2 * prompt_pages
+    assert c.usage.completion_tokens == 36 and c.usage.total_tokens == c.usage.prompt_tokens + 36
+    # each choice is the sample a lone request with seed 7 + index gives (forked KV = recomputed KV)
+    for ch in c.choices:
+        alone = client.completions.create(model="x", prompt=PROMPT, max_tokens=12, temperature=1.5,
+                                          seed=7 + ch.index)
+        assert ch.text == alone.choices[0].text
+    assert len({ch.text for ch in c.choices}) > 1
+
+
+def test_n_samples_stream_per_choice_in_chat(live):
+    client = live.client()
+    messages = [{"role": "user", "content": PROMPT}]
+    whole = client.chat.completions.create(model="x", messages=messages, max_tokens=10, temperature=1.0, seed=2,
+                                           n=2, logprobs=True)
+    texts = {0: "", 1: ""}
+    for ev in client.chat.completions.create(model="x", messages=messages, max_tokens=10, temperature=1.0,
+                                             seed=2, n=2, stream=True):
+        for ch in ev.choices:
+            texts[ch.index] += ch.delta.content or ""
+    assert [texts[0], texts[1]] == [ch.message.content for ch in whole.choices]
+    assert all(len(ch.logprobs.content) == 10 for ch in whole.choices)
+
+
+def test_more_samples_than_sequences_is_400_naming_n(live):
+    with pytest.raises(openai.BadRequestError) as info:
+        live.client().completions.create(model="x", prompt=PROMPT, max_tokens=2, n=9)
+    assert info.value.body["param"] == "n" and "max_num_seqs" in info.value.message

@@ -124,6 +124,10 @@ class CacheStats:
     evictions: int
     migrations: int
     cow_copies: int
+    forks: int = 0
+    """Sequences forked from another (parallel samples of one prompt)."""
+    forked_pages: int = 0
+    """Pages those forks share with their parent instead of holding a copy."""
 
     @property
     def prefix_hit_rate(self) -> float:
@@ -166,6 +170,7 @@ class KVCacheManager:
         self._next_seq_id = 0
         self._extent_used: dict[int, int] = {}             # SEQ block -> pages handed out, in order
         self.evictions = self.migrations = self.cow_copies = 0
+        self.forks = self.forked_pages = 0  # fork() calls, and the pages they shared instead of copying
         self.prefix_queries = self.prefix_hit_pages = 0
 
     # -- pages and blocks ------------------------------------------------------
@@ -480,6 +485,8 @@ class KVCacheManager:
         for p in child.pages:
             self.page_ref[p] += 1
         self.seqs[child_id] = child
+        self.forks += 1
+        self.forked_pages += len(child.pages)
 
     def migrate(self, seq_id: int, to: Path) -> bool | NoRoom:
         """Move a sequence's tokens into a fresh extent (SEQUENTIAL) or into random
@@ -609,7 +616,8 @@ class KVCacheManager:
             token_bytes_needed=stored,
             fragmentation=1.0 - stored / held if held else 0.0,
             prefix_queries=self.prefix_queries, prefix_hit_pages=self.prefix_hit_pages,
-            evictions=self.evictions, migrations=self.migrations, cow_copies=self.cow_copies)
+            evictions=self.evictions, migrations=self.migrations, cow_copies=self.cow_copies,
+            forks=self.forks, forked_pages=self.forked_pages)
 
     def _unique_tokens(self) -> int:
         """Tokens actually stored (a shared page counts once)."""

@@ -21,6 +21,7 @@ Three ways to drive it:
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 import logging
 import queue
@@ -33,7 +34,7 @@ import numpy as np
 
 from ..errors import DualPathError
 from ..scheduler.batch import BatchScheduler, attention_tokens
-from ..scheduler.request import Request
+from ..scheduler.request import Request, Status
 from .generate import Completion, TextStream, Timings, Usage, check_prompt
 from .metrics import EngineMetrics
 from .sampler import Sampler, SamplingParams
@@ -84,6 +85,12 @@ class EngineRequest(Request):
         self.completion: Completion | None = None
         self.logprobs: list | None = [] if params.logprobs is not None else None
         """Per generated token: (token_id, logprob, top alternatives), with params.logprobs."""
+        self.forks: list[EngineRequest] = []
+        """Further samples of this prompt (``n`` > 1): requests that start, when this one's
+        prompt is computed, from a fork of its cache sequence (sharing its pages), each
+        sampling its own first token from the same logits."""
+        self.fork_of: EngineRequest | None = None
+        """For such a fork: the request it is waiting to be forked from (None once forked)."""
 
 
 class Engine:
@@ -115,10 +122,14 @@ class Engine:
         return self.runner.max_context_tokens
 
     def add_request(self, prompt_ids: Sequence[int], params: SamplingParams | None = None, *,
-                    request_id: str | None = None, sink=None) -> EngineRequest:
+                    request_id: str | None = None, sink=None, fork_sinks: Sequence = ()) -> EngineRequest:
         """Queue a request; ``sink(delta: Delta | None, error: BaseException | None)`` gets
         its output from the stepping thread. Raises for a prompt no request can run,
-        and QueueFullError when ``max_queued_requests`` are already waiting."""
+        and QueueFullError when ``max_queued_requests`` are already waiting.
+
+        ``fork_sinks``: one more sample of the same prompt per sink (``n`` - 1 of them), as
+        forks of this request's cache sequence once its prompt is computed (seeds
+        ``seed + 1``, ``seed + 2``, ... when the params have a seed); ``forks`` holds them."""
         ids = [int(t) for t in prompt_ids]
         check_prompt(ids, self.runner.spec.config.vocab_size, self.context_tokens)
         params = params or SamplingParams()
@@ -131,9 +142,19 @@ class Engine:
             rid = request_id or f"req-{next(self._ids)}"
             if rid in self._requests:
                 raise ValueError(f"request id {rid!r} is already in use")
+            if 1 + len(fork_sinks) > self.scheduler.max_num_seqs:
+                raise ValueError(f"{1 + len(fork_sinks)} samples of one prompt need as many sequences at once; "
+                                 f"this engine runs at most {self.scheduler.max_num_seqs} (runtime.max_num_seqs)")
             req = EngineRequest(rid, ids, params, self.tokenizer, self.context_tokens,
                           self.runner.spec.config.vocab_size, sink)
             self._requests[rid] = req
+            for i, fork_sink in enumerate(fork_sinks, 1):
+                fork_params = params if params.seed is None else dataclasses.replace(params, seed=params.seed + i)
+                fork = EngineRequest(f"{rid}.{i}", ids, fork_params, self.tokenizer, self.context_tokens,
+                                     self.runner.spec.config.vocab_size, fork_sink)
+                fork.fork_of = req
+                req.forks.append(fork)
+                self._requests[fork.request_id] = fork
             self.scheduler.add(req)
             self._wake.notify()
         return req
@@ -192,13 +213,24 @@ class Engine:
             now = time.perf_counter()
             row = 0
             ended = []
+            forked = []
             for s in plan.seqs:
                 if s.logits:
-                    end = self._advance(s.request, logits[row], now)
+                    req = s.request
+                    if req.forks and req.first_token_time is None:  # its prompt is computed: fork now
+                        for fork in req.forks:
+                            if fork.fork_of is not None:  # not aborted while waiting
+                                forked.append(fork)
+                                end = self._advance(fork, logits[row], now)
+                                if end is not None:
+                                    ended.append(end)
+                    end = self._advance(req, logits[row], now)
                     if end is not None:
                         ended.append(end)
                     row += 1
             with self._mu:
+                for fork in forked:  # before the parent's sequence grows (at the next step)
+                    self._start_fork(fork)
                 for req, finish, kwargs in ended:
                     self._end(req, finish, **kwargs)
             m = self.metrics
@@ -235,10 +267,31 @@ class Engine:
             req.sink(Delta(text, (token,), logprobs=req.logprobs[-1:] if req.logprobs is not None else ()), None)
         return None
 
+    def _start_fork(self, fork: EngineRequest) -> None:
+        """Run ``fork`` from now on, on a fork of its parent's cache sequence (holding _mu):
+        it shares every page of the prompt, copy-on-write."""
+        parent = fork.fork_of
+        fork.fork_of = None
+        cache = self.runner.cache
+        fork.seq_id = cache.new_seq_id()
+        cache.fork(parent.seq_id, fork.seq_id)
+        fork.computed = parent.computed
+        fork.cached_tokens = parent.cached_tokens
+        fork.path = parent.path
+        fork.status = Status.RUNNING
+        self.scheduler.running.append(fork)
+
     def _end(self, req: EngineRequest, finish: str = "abort", stop_reason=None, *, text: str = "",
              token: int | None = None, error: BaseException | None = None) -> None:
         """Finish a request (holding _mu): free its cache, deliver the last delta."""
-        self.scheduler.remove(req)
+        if req.fork_of is not None:  # a fork that never started: nothing scheduled, no cache
+            req.fork_of = None
+            req.status = Status.FINISHED
+        else:
+            self.scheduler.remove(req)
+        for fork in req.forks:  # the parent failed or was aborted before forking: they cannot start
+            if fork.fork_of is req and (finish == "abort" or error is not None):
+                self._end(fork, "abort", error=error)
         self._requests.pop(req.request_id, None)
         self._aborts.discard(req.request_id)
         if error is not None:
@@ -319,11 +372,22 @@ class Engine:
     async def submit(self, prompt: str | Sequence[int], params: SamplingParams | None = None, *,
                      request_id: str | None = None) -> "RequestHandle":
         """Queue a request; the handle is an async iterator of ``Delta``s."""
+        return (await self.submit_n(prompt, params, 1, request_id=request_id))[0]
+
+    async def submit_n(self, prompt: str | Sequence[int], params: SamplingParams | None = None, n: int = 1, *,
+                       request_id: str | None = None) -> list["RequestHandle"]:
+        """Queue ``n`` samples of one prompt: the prompt is computed once and the other
+        samples run on forks of its cache sequence (``add_request``'s ``fork_sinks``).
+        One handle per sample."""
         ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
-        handle = RequestHandle(self, asyncio.get_running_loop())
-        handle.request = self.add_request(ids, params, request_id=request_id, sink=handle._sink)
+        loop = asyncio.get_running_loop()
+        handles = [RequestHandle(self, loop) for _ in range(n)]
+        req = self.add_request(ids, params, request_id=request_id, sink=handles[0]._sink,
+                               fork_sinks=[h._sink for h in handles[1:]])
+        for h, r in zip(handles, [req] + req.forks):
+            h.request = r
         self.start()
-        return handle
+        return handles
 
     # -- metrics ---------------------------------------------------------------------
     @property

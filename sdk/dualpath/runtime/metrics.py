@@ -120,5 +120,9 @@ class EngineMetrics:
               f"{used / cache.bytes_total if cache.bytes_total else 0.0:.6f}")
         gauge("dualpath_prefix_cache_hit_rate", "Prompt pages found in the prefix cache / pages looked up.",
               f"{cache.prefix_hit_rate:.6f}")
+        gauge("dualpath_kv_forks_total", "Sequences forked from another's cache (n > 1 samples of a prompt).",
+              cache.forks, kind="counter")
+        gauge("dualpath_kv_forked_pages_total", "KV pages those forks share with their parent instead of copying.",
+              cache.forked_pages, kind="counter")
         gauge("dualpath_power_profile", "The power profile in use (label).", 1, labels=f'{{profile="{profile}"}}')
         return "\n".join(g) + "\n"

@@ -112,9 +112,6 @@ def sampling_params(body: dict, default_max_tokens: int | None, context_tokens: 
                     logprobs: int | None = None) -> SamplingParams:
     """OpenAI request fields -> SamplingParams (OpenAI's defaults: temperature 1,
     top_p 1, no top_k or min_p unless given as extra fields)."""
-    n = _get(body, "n", (int,), 1)
-    if n != 1:
-        raise _bad("only n=1 is supported", "n")
     bias = _get(body, "logit_bias", (dict,), {})
     try:
         bias = {int(k): v for k, v in bias.items()}
@@ -153,11 +150,13 @@ def sampling_params(body: dict, default_max_tokens: int | None, context_tokens: 
         raise _bad(str(e), code="invalid_value") from None
 
 
-def _usage(c) -> dict:
-    u = c.usage
-    return {"prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens,
-            "total_tokens": u.total_tokens,
-            "prompt_tokens_details": {"cached_tokens": u.cached_prompt_tokens}}
+def _usage(completions) -> dict:
+    """One usage for the choices of a request: the prompt once (it is computed once)."""
+    first = completions[0].usage
+    generated = sum(c.usage.completion_tokens for c in completions)
+    return {"prompt_tokens": first.prompt_tokens, "completion_tokens": generated,
+            "total_tokens": first.prompt_tokens + generated,
+            "prompt_tokens_details": {"cached_tokens": first.cached_prompt_tokens}}
 
 
 class Server:
@@ -214,9 +213,14 @@ class Server:
                            param="model", code="model_not_found")
         return body
 
-    async def _submit(self, ids: list[int], params: SamplingParams):
+    def _num_choices(self, body: dict) -> int:
+        limit = self.engine.scheduler.max_num_seqs
+        return _get(body, "n", (int,), 1, check=lambda v: 1 <= v <= limit,
+                    allowed=f"between 1 and {limit} (runtime.max_num_seqs: the samples run at once)")
+
+    async def _submit(self, ids: list[int], params: SamplingParams, n: int = 1):
         try:
-            return await self.engine.submit(ids, params)
+            return await self.engine.submit_n(ids, params, n)
         except QueueFullError as e:
             raise APIError(429, str(e), type_="rate_limit_error", code="queue_full",
                            headers={"Retry-After": "1"}) from None
@@ -287,39 +291,39 @@ class Server:
         if echo and logprobs is not None:
             raise _bad("'echo' with 'logprobs' (log-probabilities of the prompt) is not supported", "echo",
                        "unsupported_field")
-        handle = await self._submit(ids, params)
+        n = self._num_choices(body)
+        handles = await self._submit(ids, params, n)
         rid = f"cmpl-{uuid.uuid4().hex}"
         created = int(time.time())
         prefix = self.llm.detokenize(ids) if echo else ""
+        offsets = [[len(prefix)] for _ in range(n)]  # per choice: text offset of its next token
 
-        offset = [len(prefix)]
-
-        def chunk(text: str, finish: str | None, entries=()) -> dict:
-            lp = None
-            if logprobs is not None:
-                lp = self._completion_logprobs(entries, offset)
+        def chunk(i: int, text: str, finish: str | None, entries=()) -> dict:
+            lp = self._completion_logprobs(entries, offsets[i]) if logprobs is not None else None
             return {"id": rid, "object": "text_completion", "created": created, "model": self.model_name,
-                    "choices": [{"index": 0, "text": text, "logprobs": lp, "finish_reason": finish}]}
+                    "choices": [{"index": i, "text": text, "logprobs": lp, "finish_reason": finish}]}
 
         if stream:
             include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
 
             async def events():
-                if prefix:
-                    yield _sse(chunk(prefix, None))
-                async for d in handle:
+                for i in range(n if prefix else 0):
+                    yield _sse(chunk(i, prefix, None))
+                async for i, d in _merged(handles):
                     if d.finish_reason is not None:
-                        yield _sse(chunk(d.text, _FINISH[d.finish_reason], d.logprobs))
-                        if include_usage:
-                            yield _sse({**chunk("", None), "choices": [], "usage": _usage(d.completion)})
+                        yield _sse(chunk(i, d.text, _FINISH[d.finish_reason], d.logprobs))
                     elif d.text or d.logprobs:
-                        yield _sse(chunk(d.text, None, d.logprobs))
+                        yield _sse(chunk(i, d.text, None, d.logprobs))
+                if include_usage:
+                    yield _sse({**chunk(0, "", None), "choices": [], "usage": _usage([h.completion for h in handles])})
                 yield "data: [DONE]\n\n"
 
-            return _event_stream(events(), handle)
-        c = await _collect(request, handle)
-        out = chunk(prefix + c.text, _FINISH[c.finish_reason], c.logprobs or ())
-        out["usage"] = _usage(c)
+            return _event_stream(events(), handles)
+        cs = await _collect(request, handles)
+        out = chunk(0, "", None)
+        out["choices"] = [chunk(i, prefix + c.text, _FINISH[c.finish_reason], c.logprobs or ())["choices"][0]
+                          for i, c in enumerate(cs)]
+        out["usage"] = _usage(cs)
         return JSONResponse(out)
 
     async def chat_completions(self, request: Request) -> Response:
@@ -357,74 +361,107 @@ class Server:
             ids = self.llm.chat_prompt_ids(clean)
         except ChatTemplateError as e:
             raise _bad(f"{e} (send it to /v1/completions)", "messages", "chat_template") from None
-        handle = await self._submit(ids, params)
+        n = self._num_choices(body)
+        handles = await self._submit(ids, params, n)
         rid = f"chatcmpl-{uuid.uuid4().hex}"
         created = int(time.time())
 
-        def chunk(delta: dict, finish: str | None, entries=()) -> dict:
+        def chunk(i: int, delta: dict, finish: str | None, entries=()) -> dict:
             lp = {"content": self._chat_logprobs(entries)} if want_logprobs and entries else None
             return {"id": rid, "object": "chat.completion.chunk", "created": created, "model": self.model_name,
-                    "choices": [{"index": 0, "delta": delta, "logprobs": lp, "finish_reason": finish}]}
+                    "choices": [{"index": i, "delta": delta, "logprobs": lp, "finish_reason": finish}]}
 
         if stream:
             include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
 
             async def events():
-                yield _sse(chunk({"role": "assistant", "content": ""}, None))
-                async for d in handle:
+                for i in range(n):
+                    yield _sse(chunk(i, {"role": "assistant", "content": ""}, None))
+                async for i, d in _merged(handles):
                     if d.text or d.logprobs:
-                        yield _sse(chunk({"content": d.text}, None, d.logprobs))
+                        yield _sse(chunk(i, {"content": d.text}, None, d.logprobs))
                     if d.finish_reason is not None:
-                        yield _sse(chunk({}, _FINISH[d.finish_reason]))
-                        if include_usage:
-                            yield _sse({**chunk({}, None), "choices": [], "usage": _usage(d.completion)})
+                        yield _sse(chunk(i, {}, _FINISH[d.finish_reason]))
+                if include_usage:
+                    yield _sse({**chunk(0, {}, None), "choices": [], "usage": _usage([h.completion for h in handles])})
                 yield "data: [DONE]\n\n"
 
-            return _event_stream(events(), handle)
-        c = await _collect(request, handle)
+            return _event_stream(events(), handles)
+        cs = await _collect(request, handles)
         return JSONResponse({
             "id": rid, "object": "chat.completion", "created": created, "model": self.model_name,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": c.text},
+            "choices": [{"index": i, "message": {"role": "assistant", "content": c.text},
                          "logprobs": {"content": self._chat_logprobs(c.logprobs)} if want_logprobs else None,
-                         "finish_reason": _FINISH[c.finish_reason]}],
-            "usage": _usage(c)})
+                         "finish_reason": _FINISH[c.finish_reason]} for i, c in enumerate(cs)],
+            "usage": _usage(cs)})
 
 
 def _sse(obj: dict) -> str:
     return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
 
 
-def _event_stream(events, handle) -> StreamingResponse:
+async def _merged(handles):
+    """``(choice index, Delta)`` from every handle, as they come."""
+    q: asyncio.Queue = asyncio.Queue()
+
+    async def pump(i, h):
+        try:
+            async for d in h:
+                await q.put((i, d, None))
+        except BaseException as e:  # delivered to the consumer, which raises it
+            await q.put((i, None, e))
+            return
+        await q.put((i, None, None))
+
+    tasks = [asyncio.ensure_future(pump(i, h)) for i, h in enumerate(handles)]
+    left = len(tasks)
+    try:
+        while left:
+            i, d, error = await q.get()
+            if error is not None:
+                raise error
+            if d is None:
+                left -= 1
+                continue
+            yield i, d
+    finally:
+        for t in tasks:
+            t.cancel()
+
+
+def _event_stream(events, handles) -> StreamingResponse:
     async def guarded():
         # Starlette cancels this generator when the client disconnects: abort then.
         try:
             async for e in events:
                 yield e
         finally:
-            if handle.completion is None:
-                handle.abort()
+            for h in handles:
+                if h.completion is None:
+                    h.abort()
 
     return StreamingResponse(guarded(), media_type="text/event-stream",
                              headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
 
-async def _collect(request: Request, handle):
-    """Wait for a non-streamed request, aborting it if the client goes away."""
+async def _collect(request: Request, handles) -> list:
+    """Wait for a non-streamed request's choices, aborting them if the client goes away."""
 
     async def watch():
         while True:
             message = await request.receive()
             if message["type"] == "http.disconnect":
-                handle.abort()
+                for h in handles:
+                    h.abort()
                 return
 
     watcher = asyncio.ensure_future(watch())
     try:
-        async for _ in handle:
+        async for _ in _merged(handles):
             pass
     finally:
         watcher.cancel()
-    return handle.completion
+    return [h.completion for h in handles]
 
 
 def create_app(llm, *, model_name: str | None = None) -> Starlette:
