@@ -20,6 +20,8 @@ def _overrides(args) -> dict:
         out["runtime.max_context_tokens"] = args.ctx_size
     if getattr(args, "kv_dtype", None) is not None:
         out["dualpath_config.kv_dtype"] = args.kv_dtype
+    if getattr(args, "chat_template", None) is not None:
+        out["runtime.chat_template"] = args.chat_template
     return out
 
 
@@ -313,6 +315,8 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("-t", "--threads", type=int, help="threads (runtime.num_threads)")
         sp.add_argument("--ctx-size", type=int, help="context window in tokens (runtime.max_context_tokens)")
         sp.add_argument("--kv-dtype", choices=["f16", "f32"], help="KV cache element type")
+        sp.add_argument("--chat-template", choices=["chatml", "llama3", "gemma", "phi3"],
+                        help="a built-in chat template instead of the model's (runtime.chat_template)")
 
     r = sub.add_parser("run", help="generate text from a prompt, streamed to stdout")
     model_args(r)

@@ -193,6 +193,9 @@ class RuntimeConfig(_Section):
     kv_cache_tokens: int = _int(0, 0, allowed="an integer: 0 (twice the context) or >= 1")
     """Tokens the KV cache holds, all requests together (at least one full context);
     0 = twice the context window. When it is full the engine preempts (recompute)."""
+    chat_template: str = setting("", str, lambda v: v == "" or v in ("chatml", "llama3", "gemma", "phi3"),
+                                 "'' (the model's own) or one of chatml, llama3, gemma, phi3")
+    """A built-in chat template used instead of the model file's (tokenizer/chat_templates.py)."""
 
     def effective_max_batch_tokens(self) -> int:
         return self.max_batch_tokens or self.prefill_chunk_tokens + self.max_num_seqs

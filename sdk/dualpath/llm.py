@@ -9,6 +9,7 @@ import tempfile
 import time
 from typing import Sequence
 
+from .tokenizer.chat_templates import BUILTIN as BUILTIN_CHAT_TEMPLATES
 from .config import Config, load_config
 from .errors import ChatTemplateError
 from .models import ModelSpec
@@ -144,10 +145,12 @@ class LLM:
         return gen.completion
 
     def apply_chat_template(self, messages: Sequence[dict], add_generation_prompt: bool = True) -> str:
-        template = self.spec.tokenizer.chat_template
+        builtin = self.config.runtime.chat_template
+        template = BUILTIN_CHAT_TEMPLATES[builtin] if builtin else self.spec.tokenizer.chat_template
         if not template:
             raise ChatTemplateError(f"{os.path.basename(str(self.spec.path))}: the model has no chat template "
-                                    "(no tokenizer.chat_template in its file); use a plain prompt")
+                                    "(no tokenizer.chat_template in its file); use a plain prompt, or a "
+                                    f"built-in template: --chat-template {{{','.join(BUILTIN_CHAT_TEMPLATES)}}}")
         import jinja2
         from jinja2.sandbox import ImmutableSandboxedEnvironment
 
