@@ -239,3 +239,38 @@ def test_more_samples_than_sequences_is_400_naming_n(live):
     with pytest.raises(openai.BadRequestError) as info:
         live.client().completions.create(model="x", prompt=PROMPT, max_tokens=2, n=9)
     assert info.value.body["param"] == "n" and "max_num_seqs" in info.value.message
+
+
+def test_embeddings_match_llama_cpps_mean_pooling_and_batch_like_single_inputs(live, gguf_path):
+    llama_cpp = pytest.importorskip("llama_cpp")
+    client = live.client()
+    texts = ["Once upon a time there was a dog", "Once upon a time there was a cat", "The sun is hot today."]
+    r = client.embeddings.create(model="x", input=texts)
+    vecs = np.array([d.embedding for d in r.data])
+    assert [d.index for d in r.data] == [0, 1, 2] and vecs.shape == (3, 64)
+    assert np.allclose(np.linalg.norm(vecs, axis=1), 1.0, atol=1e-5)
+    assert r.usage.prompt_tokens == sum(len(live.llm.tokenize(t)) for t in texts)
+    single = client.embeddings.create(model="x", input=texts[1]).data[0].embedding
+    assert np.allclose(single, vecs[1], atol=1e-6)  # batched with others or alone: the same vector
+    sims = vecs @ vecs.T
+    assert sims[0, 1] > sims[0, 2] and sims[0, 1] > sims[1, 2]  # the two stories are closer
+    ref = llama_cpp.Llama(str(gguf_path), embedding=True, pooling_type=llama_cpp.LLAMA_POOLING_TYPE_MEAN,
+                          n_ctx=256, verbose=False)
+    expected = np.array(ref.embed(texts[0], normalize=True))
+    assert float(expected @ vecs[0]) > 0.9999
+
+
+def test_embeddings_base64_token_ids_and_bad_inputs(live):
+    import base64
+
+    client = live.client()
+    ids = live.llm.tokenize(PROMPT)
+    as_float = client.embeddings.create(model="x", input=[ids]).data[0].embedding
+    b64 = client.embeddings.with_raw_response.create(model="x", input=[ids], encoding_format="base64")
+    raw = b64.http_response.json()["data"][0]["embedding"]
+    assert np.allclose(np.frombuffer(base64.b64decode(raw), "<f4"), as_float)
+    for bad, param in ((dict(input=""), "input"), (dict(input=[[]]), "input"),
+                       (dict(input="hi", dimensions=8), "dimensions"), (dict(input="hi" * 400), "input")):
+        with pytest.raises(openai.BadRequestError) as info:
+            client.embeddings.create(model="x", **bad)
+        assert info.value.body["param"] == param

@@ -6,14 +6,14 @@ Attention is ours (compiled kernels over our KV cache), so the model becomes
 * part 0:            h -> q, k, v of layer 0 (RMSNorm, projections, RoPE)
 * part i (1..L-1):   h, attn -> h', q, k, v: closes layer i-1 (output projection,
                      residual, RMSNorm, SwiGLU MLP, residual) and opens layer i
-* part L:            h, attn, rows -> logits: closes layer L-1 for the selected
-                     rows only, final RMSNorm, lm_head
+* part L:            h, attn, rows -> logits, hidden: closes layer L-1 for the
+                     selected rows only, final RMSNorm (hidden: what embeddings pool), lm_head
 
 Shapes (T = tokens in this step, R = rows whose logits are wanted):
     h, h'     (T, dim) f32          positions (T,) int64
     q, attn   (T, num_heads * head_dim) f32
     k, v      (T, num_kv_heads * head_dim) f32
-    rows      (R,) int64            logits (R, vocab_size) f32
+    rows      (R,) int64            logits (R, vocab_size) f32   hidden (R, dim) f32
 
 Weights are initializers whose data is *external*: every part points into one
 placeholder file, and the runtime hands ONNX Runtime the real arrays with
@@ -232,15 +232,17 @@ class _Builder:
             y = self.rmsnorm(y, w[f"blk.{i}.post_ffw_norm"])
         return self.node("Add", [h, y], "res")
 
-    def lm_head(self, h: str) -> str:
+    def lm_head(self, h: str) -> tuple[str, str]:
+        """(logits, the final-normed hidden state: what embeddings pool)."""
         cfg = self.cfg
-        logits = self.linear(self.rmsnorm(h, self.spec.weights["output_norm"]), self.spec.output)
+        normed = self.rmsnorm(h, self.spec.weights["output_norm"])
+        logits = self.linear(normed, self.spec.output)
         if cfg.final_softcap > 0:  # Gemma 2: cap * tanh(logits / cap)
             cap = cfg.final_softcap
             t = self.node("Tanh", [self.node("Mul", [logits, self.const("inv_cap", np.array(1.0 / cap, np.float32))],
                                              "lc")], "tanh")
             logits = self.node("Mul", [t, self.const("cap", np.array(cap, np.float32))], "capped")
-        return logits
+        return logits, normed
 
     def finish(self, index: int, inputs, outputs, renames: dict[str, str]) -> GraphPart:
         for final, internal in renames.items():
@@ -286,9 +288,10 @@ def build_parts(spec: ModelSpec, accuracy_level: int = 4, context_tokens: int = 
             rows = "rows"
             h = b.node("Gather", ["h", rows], "hsel", axis=0)
             attn = b.node("Gather", ["attn", rows], "asel", axis=0)
-            logits = b.lm_head(b.close_layer(index - 1, h, attn))
+            logits, hidden = b.lm_head(b.close_layer(index - 1, h, attn))
             parts.append(b.finish(index, [h_in, attn_in, vi("rows", I64, ["R"])],
-                                  [vi("logits", F, ["R", cfg.vocab_size])], {"logits": logits}))
+                                  [vi("logits", F, ["R", cfg.vocab_size]), vi("hidden", F, ["R", cfg.dim])],
+                                  {"logits": logits, "hidden": hidden}))
             continue
         if index == 0:
             q, k, v = b.open_layer(0, "h", "positions")

@@ -219,6 +219,8 @@ def load_gguf(path: str | os.PathLike, sink=None) -> ModelSpec:
         "name": meta.get("general.name", ""),
         "file_type": _FILE_TYPES.get(file_type, str(file_type)) if file_type is not None else "",
         "tensor_types": sorted({t.tensor_type.name for t in tensors.values()}),
+        # llama.cpp's pooling types (1 mean, 2 cls, 3 last) for embeddings; mean when absent
+        "pooling": {1: "mean", 2: "cls", 3: "last"}.get(meta.get_int(f"{a}.pooling_type", 1), "mean"),
     }
     header_bytes = int(reader.data_offset)
     del reader, tensors, meta

@@ -50,9 +50,9 @@ from .spec import ModelConfig, ModelSpec, Weight
 
 log = logging.getLogger(__name__)
 
-CONVERSION_VERSION = 1
+CONVERSION_VERSION = 2
 """Bump when conversion or the graphs change meaning: older entries are then never
-matched (and ``prune`` removes them)."""
+matched (and the size limit removes them in time). 2: the last graph part outputs hidden."""
 ALIGN = 1 << 16
 """Offset alignment of arrays in weights.bin: a page on every kernel (4 KiB, and the
 16 KiB and 64 KiB pages of some ARM64 systems), so each array can be dropped from

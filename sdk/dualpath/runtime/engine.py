@@ -68,6 +68,11 @@ class Delta:
     ``(token_id, logprob, ((id, logprob), ...))`` (see ``Sampler.last_logprobs``)."""
 
 
+def _normalised(v: np.ndarray) -> np.ndarray:
+    norm = float(np.linalg.norm(v))
+    return (v / norm if norm > 0 else v).astype(np.float32)
+
+
 class EngineRequest(Request):
     """A scheduler Request plus what generating text needs: sampler, text stream and
     the sink its deltas go to."""
@@ -122,14 +127,19 @@ class Engine:
         return self.runner.max_context_tokens
 
     def add_request(self, prompt_ids: Sequence[int], params: SamplingParams | None = None, *,
-                    request_id: str | None = None, sink=None, fork_sinks: Sequence = ()) -> EngineRequest:
+                    request_id: str | None = None, sink=None, fork_sinks: Sequence = (),
+                    pooling: str | None = None) -> EngineRequest:
         """Queue a request; ``sink(delta: Delta | None, error: BaseException | None)`` gets
         its output from the stepping thread. Raises for a prompt no request can run,
         and QueueFullError when ``max_queued_requests`` are already waiting.
 
         ``fork_sinks``: one more sample of the same prompt per sink (``n`` - 1 of them), as
         forks of this request's cache sequence once its prompt is computed (seeds
-        ``seed + 1``, ``seed + 2``, ... when the params have a seed); ``forks`` holds them."""
+        ``seed + 1``, ``seed + 2``, ... when the params have a seed); ``forks`` holds them.
+
+        ``pooling`` ("mean", "last" or "cls"): an embedding request instead: its prompt is
+        run (batched with the others, never from the prefix cache) and its completion
+        carries the pooled, L2-normalised final hidden state; nothing is sampled."""
         ids = [int(t) for t in prompt_ids]
         check_prompt(ids, self.runner.spec.config.vocab_size, self.context_tokens)
         params = params or SamplingParams()
@@ -147,6 +157,11 @@ class Engine:
                                  f"this engine runs at most {self.scheduler.max_num_seqs} (runtime.max_num_seqs)")
             req = EngineRequest(rid, ids, params, self.tokenizer, self.context_tokens,
                           self.runner.spec.config.vocab_size, sink)
+            if pooling is not None:
+                if pooling not in ("mean", "last", "cls"):
+                    raise ValueError(f"pooling {pooling!r} must be mean, last or cls")
+                req.embedding, req.pooling = True, pooling
+                req.pooled = np.zeros(self.runner.spec.config.dim, np.float64)  # (dim,) running sum or pick
             self._requests[rid] = req
             for i, fork_sink in enumerate(fork_sinks, 1):
                 fork_params = params if params.seed is None else dataclasses.replace(params, seed=params.seed + i)
@@ -214,8 +229,15 @@ class Engine:
             row = 0
             ended = []
             forked = []
+            hidden = self.runner.hidden
             for s in plan.seqs:
-                if s.logits:
+                if s.hidden:  # an embedding's chunk: pool its rows, end after the last
+                    req, n = s.request, len(s.token_ids)
+                    end = self._pool(req, hidden[row:row + n], s.alloc.pos0)
+                    if end is not None:
+                        ended.append(end)
+                    row += n
+                elif s.logits:
                     req = s.request
                     if req.forks and req.first_token_time is None:  # its prompt is computed: fork now
                         for fork in req.forks:
@@ -267,6 +289,25 @@ class Engine:
             req.sink(Delta(text, (token,), logprobs=req.logprobs[-1:] if req.logprobs is not None else ()), None)
         return None
 
+    def _pool(self, req: EngineRequest, rows: np.ndarray, pos0: int):
+        """Fold a chunk's hidden rows (n, dim) into an embedding request; at its last
+        chunk return its end (as ``_advance`` does)."""
+        if pos0 == 0:  # the first chunk (again, after a preemption)
+            req.pooled[:] = 0.0
+        if req.pooling == "mean":
+            req.pooled += rows.sum(axis=0, dtype=np.float64)
+        elif req.pooling == "cls" and pos0 == 0:
+            req.pooled[:] = rows[0]
+        if req.computed < req.n:
+            return None
+        if req.pooling == "last":
+            req.pooled[:] = rows[-1]
+        elif req.pooling == "mean":
+            req.pooled /= req.n
+        if req.first_token_time is None:
+            req.first_token_time = time.perf_counter()
+        return req, "stop", {}
+
     def _start_fork(self, fork: EngineRequest) -> None:
         """Run ``fork`` from now on, on a fork of its parent's cache sequence (holding _mu):
         it shares every page of the prompt, copy-on-write."""
@@ -313,6 +354,7 @@ class Engine:
                             req.decode_steps),
             stop_reason=stop_reason,
             logprobs=tuple(req.logprobs) if req.logprobs is not None else None,
+            embedding=_normalised(req.pooled) if req.embedding and finish == "stop" else None,
         )
         self.metrics.on_finish(req, now)
         if req.sink is not None:
@@ -373,6 +415,26 @@ class Engine:
                      request_id: str | None = None) -> "RequestHandle":
         """Queue a request; the handle is an async iterator of ``Delta``s."""
         return (await self.submit_n(prompt, params, 1, request_id=request_id))[0]
+
+    async def embed(self, prompts: Sequence[Sequence[int]], pooling: str = "mean") -> list[np.ndarray]:
+        """Embeddings of token-id prompts, submitted together (batched by the scheduler)."""
+        loop = asyncio.get_running_loop()
+        handles = []
+        try:
+            for ids in prompts:
+                h = RequestHandle(self, loop)
+                h.request = self.add_request(list(ids), SamplingParams(max_tokens=1), sink=h._sink, pooling=pooling)
+                handles.append(h)
+            self.start()
+            for h in handles:
+                async for _ in h:
+                    pass
+        except BaseException:
+            for h in handles:
+                if h.completion is None:
+                    h.abort()
+            raise
+        return [h.completion.embedding for h in handles]
 
     async def submit_n(self, prompt: str | Sequence[int], params: SamplingParams | None = None, n: int = 1, *,
                        request_id: str | None = None) -> list["RequestHandle"]:

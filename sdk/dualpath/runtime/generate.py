@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from ..errors import InvalidPromptError, PromptTooLongError
 from .sampler import SamplingParams
 
@@ -58,6 +60,8 @@ class Completion:
     logprobs: tuple | None = None
     """With ``SamplingParams.logprobs``: per generated token ``(token_id, logprob,
     ((id, logprob), ...))``, the alternatives most likely first."""
+    embedding: np.ndarray | None = None
+    """For an embedding request: the pooled, L2-normalised final hidden state (dim,)."""
 
 
 def check_prompt(prompt_ids: list[int], vocab_size: int, context_tokens: int) -> None:

@@ -180,6 +180,7 @@ class _Binding:
                 bind_in("attn", r.attn, T, f32)
                 bind_in("rows", r.rows, R, i64)
                 bind_out("logits", r.logits, R)
+                bind_out("hidden", r.hidden, R)
             else:
                 bind_in("h", h_src, T, f32)
                 bind_in("positions", r.positions, T, i64)
@@ -278,6 +279,7 @@ class ModelRunner:
         self.v = np.zeros((T, cfg.kv_dim), np.float32)          # (T, num_kv_heads * head_dim)
         self.attn = np.zeros((T, cfg.q_dim), np.float32)        # (T, num_heads * head_dim)
         self.logits = np.zeros((T, cfg.vocab_size), np.float32)  # (R, vocab)
+        self.hidden = np.zeros((T, cfg.dim), np.float32)        # (R, dim) final-normed hidden state of the rows
         self._steps = np.arange(T, dtype=np.int64)
         dp = cache_config or DualPathConfig()
         self.cache_config = dp
@@ -408,8 +410,9 @@ class ModelRunner:
     def run(self, steps: list[SeqStep], all_rows: bool = False, *, session_spec=None) -> np.ndarray:
         """One step over ``steps`` (allocated, at most max_num_seqs, at most
         max_step_tokens tokens together). Returns logits (R, vocab): one row per step
-        with ``logits``, in step order, or with ``all_rows`` one per token of the step.
-        The cache commits every sequence after. ``session_spec``: run on that session
+        with ``logits`` and one per token of a step with ``hidden``, in step order, or with
+        ``all_rows`` one per token of the step; ``self.hidden[:R]`` holds the same rows'
+        final hidden states. The cache commits every sequence after. ``session_spec``: run on that session
         set instead of the plan's (the warm-up of each set)."""
         S = len(steps)
         if not 1 <= S <= self.max_num_seqs:
@@ -430,7 +433,10 @@ class ModelRunner:
             np.add(self._steps[:n], pos0, out=self.positions[row:row + n])
             ns = len(cache.spans(e.seq_id, out=self.spans[span:]))
             self.seqs[i] = (row, n, pos0, span, ns)
-            if e.logits:
+            if e.hidden:  # an embedding: every token's row
+                self.rows[R:R + n] = self._steps[:n] + row
+                R += n
+            elif e.logits:
                 self.rows[R] = row + n - 1
                 R += 1
             prefill = prefill or alloc.prefill

@@ -54,15 +54,16 @@ def attention_tokens(c: ModelConfig) -> float:
 class SeqStep:
     """One sequence's part of a step: what the runner needs to run it."""
 
-    __slots__ = ("request", "seq_id", "token_ids", "alloc", "logits")
+    __slots__ = ("request", "seq_id", "token_ids", "alloc", "logits", "hidden")
 
     def __init__(self, request: Request | None, seq_id: int, token_ids: list[int], alloc: Allocation,
-                 logits: bool):
+                 logits: bool, hidden: bool = False):
         self.request = request     # None for the runner's own single-sequence steps
         self.seq_id = seq_id
         self.token_ids = token_ids
         self.alloc = alloc         # where the tokens' KV goes (slots, first position, prefill or not)
         self.logits = logits       # the chunk ends the known tokens: sample after it
+        self.hidden = hidden       # every token's final hidden state is wanted (an embedding)
 
     @property
     def num_tokens(self) -> int:
@@ -132,7 +133,8 @@ class BatchScheduler:
 
         def add(req, alloc, tokens):
             req.computed += len(tokens)
-            out.append(SeqStep(req, req.seq_id, tokens, alloc, req.computed == req.n))
+            out.append(SeqStep(req, req.seq_id, tokens, alloc, req.computed == req.n and not req.embedding,
+                               req.embedding))
             taken.add(id(req))
 
         # 1. A token for every decoding request, oldest first; one that finds no room
@@ -180,7 +182,7 @@ class BatchScheduler:
             elif len(self.running) < self.max_num_seqs:
                 seq_id = cache.new_seq_id()
                 prompt = req.ids[:req.n].tolist()
-                cached = cache.start(seq_id, prompt)
+                cached = cache.start(seq_id, [] if req.embedding else prompt)
                 todo = req.n - cached
                 # Admit only with room to spare: the uncached prompt's pages plus a page for
                 # every running request to grow into, or the newcomer is preempted next step.

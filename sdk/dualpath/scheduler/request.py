@@ -52,6 +52,9 @@ class Request:
         """The path the router gave the request when it (last) started."""
         self.arrival = time.perf_counter() if arrival is None else arrival
         """``time.perf_counter()`` when it was queued: first come, first served."""
+        self.embedding = False
+        """Wants the final hidden state of every prompt token (an embedding) and samples
+        nothing: its prompt is never served from the prefix cache (every token is computed)."""
 
     def append(self, token: int) -> None:
         """A generated token becomes known (its KV is computed by the next step)."""

@@ -1,7 +1,7 @@
 """The OpenAI-compatible HTTP server: a Starlette app over one ``LLM``'s engine.
 
 Routes: ``POST /v1/completions``, ``POST /v1/chat/completions`` (JSON, or
-server-sent events with ``"stream": true``), ``GET /v1/models``, ``GET /health``,
+server-sent events with ``"stream": true``), ``POST /v1/embeddings``, ``GET /v1/models``, ``GET /health``,
 ``GET /metrics`` (Prometheus text).
 
 Errors are OpenAI-style objects ``{"error": {"message", "type", "param", "code"}}``:
@@ -14,6 +14,7 @@ A client that disconnects aborts its request, which frees its cache.
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import hmac
 import json
@@ -23,6 +24,7 @@ import time
 import uuid
 from typing import Any
 
+import numpy as np
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
@@ -229,6 +231,51 @@ class Server:
         except InvalidPromptError as e:
             raise _bad(str(e), "prompt") from None
 
+    async def embeddings(self, request: Request) -> Response:
+        """The pooled final hidden state of each input (the model's pooling type from its
+        GGUF, mean when it names none), L2-normalised, all inputs batched in one go."""
+        self._check_auth(request)
+        body = await self._json(request)
+        check_fields(body, EMBEDDING_FIELDS, "/v1/embeddings")
+        raw = body.get("input")
+        if isinstance(raw, str) or (isinstance(raw, list) and raw and all(
+                isinstance(t, int) and not isinstance(t, bool) for t in raw)):
+            raw = [raw]
+        if not isinstance(raw, list) or not raw or len(raw) > 2048:
+            raise _bad("'input' must be a string, a list of token ids, or a list of 1 to 2048 of those", "input")
+        prompts = []
+        for i, item in enumerate(raw):
+            if isinstance(item, str) and item:
+                prompts.append(self.llm.tokenize(item))
+            elif isinstance(item, list) and item and all(isinstance(t, int) and not isinstance(t, bool) for t in item):
+                prompts.append(list(item))
+            else:
+                raise _bad(f"input[{i}] must be a non-empty string or a non-empty list of token ids", "input")
+        fmt = _get(body, "encoding_format", (str,), "float", check=lambda v: v in ("float", "base64"),
+                   allowed="'float' or 'base64'")
+        dim = self.llm.spec.config.dim
+        _get(body, "dimensions", (int,), dim, check=lambda v: v == dim,
+             allowed=f"{dim} (this model's embedding size; shortening is not supported)")
+        try:
+            vectors = await self.engine.embed(prompts, self.llm.spec.metadata.get("pooling", "mean"))
+        except QueueFullError as e:
+            raise APIError(429, str(e), type_="rate_limit_error", code="queue_full",
+                           headers={"Retry-After": "1"}) from None
+        except PromptTooLongError as e:
+            raise _bad(str(e), "input", "context_length_exceeded") from None
+        except InvalidPromptError as e:
+            raise _bad(str(e), "input") from None
+        data = []
+        for i, v in enumerate(vectors):
+            if fmt == "base64":
+                value = base64.b64encode(np.asarray(v, "<f4").tobytes()).decode()
+            else:
+                value = [float(x) for x in v]
+            data.append({"object": "embedding", "index": i, "embedding": value})
+        tokens = sum(len(p) for p in prompts)
+        return JSONResponse({"object": "list", "data": data, "model": self.model_name,
+                             "usage": {"prompt_tokens": tokens, "total_tokens": tokens}})
+
     # -- log-probabilities ------------------------------------------------------
     def _token_text(self, token_id: int) -> str:
         return self.tokenizer.token_bytes(token_id).decode("utf-8", errors="replace")
@@ -396,6 +443,9 @@ class Server:
             "usage": _usage(cs)})
 
 
+EMBEDDING_FIELDS = {"model", "input", "encoding_format", "dimensions", "user"}
+
+
 def _sse(obj: dict) -> str:
     return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
 
@@ -491,6 +541,7 @@ def create_app(llm, *, model_name: str | None = None) -> Starlette:
         Route("/v1/models", wrap(server.models), methods=["GET"]),
         Route("/v1/completions", wrap(server.completions), methods=["POST"]),
         Route("/v1/chat/completions", wrap(server.chat_completions), methods=["POST"]),
+        Route("/v1/embeddings", wrap(server.embeddings), methods=["POST"]),
     ]
     @contextlib.asynccontextmanager
     async def lifespan(app):
