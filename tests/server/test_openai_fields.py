@@ -164,13 +164,27 @@ def test_a_chat_field_not_honoured_is_400_naming_it(live, field, value):
     assert f"'{field}'" in info.value.message and info.value.body["param"] == field
 
 
-def test_echo_with_logprobs_is_refused_and_echo_alone_works(live):
+def test_echo_with_logprobs_scores_the_prompt_streamed_and_not(live, reference):
     client = live.client()
-    with pytest.raises(openai.BadRequestError) as info:
-        client.completions.create(model="x", prompt=PROMPT, max_tokens=2, echo=True, logprobs=1)
-    assert "'echo'" in info.value.message
-    c = client.completions.create(model="x", prompt=PROMPT, max_tokens=2, echo=True, temperature=0)
+    c = client.completions.create(model="x", prompt=PROMPT, max_tokens=3, echo=True, logprobs=2, temperature=0)
+    lp = c.choices[0].logprobs
+    ids = reference.tokenize(PROMPT)
     assert c.choices[0].text.startswith(PROMPT)
+    assert len(lp.tokens) == len(ids) + 3 and lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
+    # the prompt's second token, scored by the model's distribution after the first
+    r = reference.runner
+    r.begin([])
+    expected = log_softmax(r.forward(ids[:1])[-1])
+    assert lp.token_logprobs[1] == pytest.approx(float(expected[ids[1]]), abs=1e-4)
+    assert all(v <= 0 for v in lp.token_logprobs[1:])
+    streamed = []
+    for ev in client.completions.create(model="x", prompt=PROMPT, max_tokens=3, echo=True, logprobs=2,
+                                        temperature=0, stream=True):
+        if ev.choices and ev.choices[0].logprobs:
+            streamed += ev.choices[0].logprobs.token_logprobs
+    assert streamed[0] is None and streamed[1:] == pytest.approx(lp.token_logprobs[1:])
+    plain = client.completions.create(model="x", prompt=PROMPT, max_tokens=2, echo=True, temperature=0)
+    assert plain.choices[0].text.startswith(PROMPT)
 
 
 def test_the_alias_is_listed_and_any_name_served_unless_strict(live, chat_gguf):

@@ -128,7 +128,7 @@ class Engine:
 
     def add_request(self, prompt_ids: Sequence[int], params: SamplingParams | None = None, *,
                     request_id: str | None = None, sink=None, fork_sinks: Sequence = (),
-                    pooling: str | None = None) -> EngineRequest:
+                    pooling: str | None = None, prompt_logprobs: bool = False) -> EngineRequest:
         """Queue a request; ``sink(delta: Delta | None, error: BaseException | None)`` gets
         its output from the stepping thread. Raises for a prompt no request can run,
         and QueueFullError when ``max_queued_requests`` are already waiting.
@@ -139,7 +139,9 @@ class Engine:
 
         ``pooling`` ("mean", "last" or "cls"): an embedding request instead: its prompt is
         run (batched with the others, never from the prefix cache) and its completion
-        carries the pooled, L2-normalised final hidden state; nothing is sampled."""
+        carries the pooled, L2-normalised final hidden state; nothing is sampled.
+        ``prompt_logprobs``: the completion also carries the log-probability of every prompt
+        token after the first (``params.logprobs`` alternatives each), for ``echo``."""
         ids = [int(t) for t in prompt_ids]
         check_prompt(ids, self.runner.spec.config.vocab_size, self.context_tokens)
         params = params or SamplingParams()
@@ -157,6 +159,9 @@ class Engine:
                                  f"this engine runs at most {self.scheduler.max_num_seqs} (runtime.max_num_seqs)")
             req = EngineRequest(rid, ids, params, self.tokenizer, self.context_tokens,
                           self.runner.spec.config.vocab_size, sink)
+            if prompt_logprobs:
+                req.prompt_logits = True
+                req.prompt_logprobs = []
             if pooling is not None:
                 if pooling not in ("mean", "last", "cls"):
                     raise ValueError(f"pooling {pooling!r} must be mean, last or cls")
@@ -231,13 +236,21 @@ class Engine:
             forked = []
             hidden = self.runner.hidden
             for s in plan.seqs:
-                if s.hidden:  # an embedding's chunk: pool its rows, end after the last
+                if s.hidden and s.request.embedding:  # an embedding's chunk: pool its rows, end after the last
                     req, n = s.request, len(s.token_ids)
                     end = self._pool(req, hidden[row:row + n], s.alloc.pos0)
                     if end is not None:
                         ended.append(end)
                     row += n
-                elif s.logits:
+                    continue
+                if s.hidden:  # a prompt chunk whose every position's log-probabilities are wanted
+                    n = len(s.token_ids)
+                    self._prompt_logprobs(s.request, logits[row:row + n], s.alloc.pos0)
+                    row += n - 1  # its last row is the sampling row when the chunk ends the prompt
+                    if not s.logits:
+                        row += 1
+                        continue
+                if s.logits:
                     req = s.request
                     if req.forks and req.first_token_time is None:  # its prompt is computed: fork now
                         for fork in req.forks:
@@ -288,6 +301,29 @@ class Engine:
         if req.sink is not None:
             req.sink(Delta(text, (token,), logprobs=req.logprobs[-1:] if req.logprobs is not None else ()), None)
         return None
+
+    def _prompt_logprobs(self, req: EngineRequest, rows: np.ndarray, pos0: int) -> None:
+        """Log-probabilities of the prompt tokens a chunk's logits rows (n, vocab) predict:
+        row j predicts the token at pos0 + j + 1 (the raw model distribution)."""
+        if pos0 == 0:
+            req.prompt_logprobs.clear()  # the first chunk (again, after a preemption)
+        m = min(len(rows), len(req.prompt_ids) - 1 - pos0)
+        if m <= 0:
+            return
+        x = rows[:m].astype(np.float64)                                   # (m, vocab)
+        top = x.max(axis=1, keepdims=True)
+        lse = top[:, 0] + np.log(np.exp(x - top).sum(axis=1))            # (m,)
+        nxt = np.asarray(req.prompt_ids[pos0 + 1:pos0 + 1 + m], np.int64)
+        lp = x[np.arange(m), nxt] - lse
+        k = min(req.params.logprobs or 0, x.shape[1])
+        if k:
+            ids = np.argpartition(x, x.shape[1] - k, axis=1)[:, -k:]       # (m, k)
+            ids = np.take_along_axis(ids, np.argsort(-np.take_along_axis(x, ids, 1), axis=1, kind="stable"), 1)
+            vals = np.take_along_axis(x, ids, 1) - lse[:, None]
+            alts = [tuple(zip(map(int, a), map(float, v))) for a, v in zip(ids, vals)]
+        else:
+            alts = [()] * m
+        req.prompt_logprobs.extend(zip(map(int, nxt), map(float, lp), alts))
 
     def _pool(self, req: EngineRequest, rows: np.ndarray, pos0: int):
         """Fold a chunk's hidden rows (n, dim) into an embedding request; at its last
@@ -355,6 +391,7 @@ class Engine:
             stop_reason=stop_reason,
             logprobs=tuple(req.logprobs) if req.logprobs is not None else None,
             embedding=_normalised(req.pooled) if req.embedding and finish == "stop" else None,
+            prompt_logprobs=tuple(req.prompt_logprobs) if req.prompt_logits else None,
         )
         self.metrics.on_finish(req, now)
         if req.sink is not None:
@@ -437,7 +474,7 @@ class Engine:
         return [h.completion.embedding for h in handles]
 
     async def submit_n(self, prompt: str | Sequence[int], params: SamplingParams | None = None, n: int = 1, *,
-                       request_id: str | None = None) -> list["RequestHandle"]:
+                       request_id: str | None = None, prompt_logprobs: bool = False) -> list["RequestHandle"]:
         """Queue ``n`` samples of one prompt: the prompt is computed once and the other
         samples run on forks of its cache sequence (``add_request``'s ``fork_sinks``).
         One handle per sample."""
@@ -445,7 +482,7 @@ class Engine:
         loop = asyncio.get_running_loop()
         handles = [RequestHandle(self, loop) for _ in range(n)]
         req = self.add_request(ids, params, request_id=request_id, sink=handles[0]._sink,
-                               fork_sinks=[h._sink for h in handles[1:]])
+                               fork_sinks=[h._sink for h in handles[1:]], prompt_logprobs=prompt_logprobs)
         for h, r in zip(handles, [req] + req.forks):
             h.request = r
         self.start()

@@ -60,6 +60,8 @@ class Completion:
     logprobs: tuple | None = None
     """With ``SamplingParams.logprobs``: per generated token ``(token_id, logprob,
     ((id, logprob), ...))``, the alternatives most likely first."""
+    prompt_logprobs: tuple | None = None
+    """When asked for (``echo`` with logprobs): per prompt token after the first, as ``logprobs``."""
     embedding: np.ndarray | None = None
     """For an embedding request: the pooled, L2-normalised final hidden state (dim,)."""
 

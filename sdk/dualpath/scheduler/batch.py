@@ -132,9 +132,10 @@ class BatchScheduler:
             return alloc, tokens
 
         def add(req, alloc, tokens):
+            every_row = req.embedding or (req.prompt_logits and req.computed < len(req.prompt_ids))
             req.computed += len(tokens)
             out.append(SeqStep(req, req.seq_id, tokens, alloc, req.computed == req.n and not req.embedding,
-                               req.embedding))
+                               every_row))
             taken.add(id(req))
 
         # 1. A token for every decoding request, oldest first; one that finds no room
@@ -182,7 +183,7 @@ class BatchScheduler:
             elif len(self.running) < self.max_num_seqs:
                 seq_id = cache.new_seq_id()
                 prompt = req.ids[:req.n].tolist()
-                cached = cache.start(seq_id, [] if req.embedding else prompt)
+                cached = cache.start(seq_id, [] if req.embedding or req.prompt_logits else prompt)
                 todo = req.n - cached
                 # Admit only with room to spare: the uncached prompt's pages plus a page for
                 # every running request to grow into, or the newcomer is preempted next step.

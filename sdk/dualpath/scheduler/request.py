@@ -52,6 +52,9 @@ class Request:
         """The path the router gave the request when it (last) started."""
         self.arrival = time.perf_counter() if arrival is None else arrival
         """``time.perf_counter()`` when it was queued: first come, first served."""
+        self.prompt_logits = False
+        """Wants the logits of every prompt position (the prompt's log-probabilities, for
+        ``echo``): like an embedding, its prompt is never served from the prefix cache."""
         self.embedding = False
         """Wants the final hidden state of every prompt token (an embedding) and samples
         nothing: its prompt is never served from the prefix cache (every token is computed)."""

@@ -220,9 +220,9 @@ class Server:
         return _get(body, "n", (int,), 1, check=lambda v: 1 <= v <= limit,
                     allowed=f"between 1 and {limit} (runtime.max_num_seqs: the samples run at once)")
 
-    async def _submit(self, ids: list[int], params: SamplingParams, n: int = 1):
+    async def _submit(self, ids: list[int], params: SamplingParams, n: int = 1, prompt_logprobs: bool = False):
         try:
-            return await self.engine.submit_n(ids, params, n)
+            return await self.engine.submit_n(ids, params, n, prompt_logprobs=prompt_logprobs)
         except QueueFullError as e:
             raise APIError(429, str(e), type_="rate_limit_error", code="queue_full",
                            headers={"Retry-After": "1"}) from None
@@ -287,7 +287,8 @@ class Server:
             text = self._token_text(token)
             out["tokens"].append(text)
             out["token_logprobs"].append(lp)
-            out["top_logprobs"].append({self._token_text(i): v for i, v in alternatives})
+            out["top_logprobs"].append(None if alternatives is None else
+                                       {self._token_text(i): v for i, v in alternatives})
             out["text_offset"].append(offset[0])
             offset[0] += len(text)
         return out
@@ -335,15 +336,17 @@ class Server:
         params = sampling_params(body, 16, self.engine.context_tokens, logprobs)
         stream = _get(body, "stream", (bool,), False)
         echo = _get(body, "echo", (bool,), False)
-        if echo and logprobs is not None:
-            raise _bad("'echo' with 'logprobs' (log-probabilities of the prompt) is not supported", "echo",
-                       "unsupported_field")
         n = self._num_choices(body)
-        handles = await self._submit(ids, params, n)
+        echo_logprobs = echo and logprobs is not None
+        handles = await self._submit(ids, params, n, prompt_logprobs=echo_logprobs)
         rid = f"cmpl-{uuid.uuid4().hex}"
         created = int(time.time())
         prefix = self.llm.detokenize(ids) if echo else ""
-        offsets = [[len(prefix)] for _ in range(n)]  # per choice: text offset of its next token
+        offsets = [[0 if echo_logprobs else len(prefix)] for _ in range(n)]  # per choice: offset of its next token
+
+        def prompt_entries():  # echo with logprobs: the prompt's tokens (the first has none)
+            first = handles[0].request.prompt_logprobs
+            return [(ids[0], None, None)] + list(first)
 
         def chunk(i: int, text: str, finish: str | None, entries=()) -> dict:
             lp = self._completion_logprobs(entries, offsets[i]) if logprobs is not None else None
@@ -354,9 +357,13 @@ class Server:
             include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
 
             async def events():
-                for i in range(n if prefix else 0):
+                started = [False] * n
+                for i in range(n if prefix and not echo_logprobs else 0):
                     yield _sse(chunk(i, prefix, None))
                 async for i, d in _merged(handles):
+                    if echo_logprobs and not started[i]:  # the prompt's log-probabilities exist now
+                        started[i] = True
+                        yield _sse(chunk(i, prefix, None, prompt_entries()))
                     if d.finish_reason is not None:
                         yield _sse(chunk(i, d.text, _FINISH[d.finish_reason], d.logprobs))
                     elif d.text or d.logprobs:
@@ -368,8 +375,9 @@ class Server:
             return _event_stream(events(), handles)
         cs = await _collect(request, handles)
         out = chunk(0, "", None)
-        out["choices"] = [chunk(i, prefix + c.text, _FINISH[c.finish_reason], c.logprobs or ())["choices"][0]
-                          for i, c in enumerate(cs)]
+        before = prompt_entries() if echo_logprobs else []
+        out["choices"] = [chunk(i, prefix + c.text, _FINISH[c.finish_reason],
+                                before + list(c.logprobs or ()))["choices"][0] for i, c in enumerate(cs)]
         out["usage"] = _usage(cs)
         return JSONResponse(out)
 
