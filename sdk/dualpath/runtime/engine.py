@@ -78,8 +78,12 @@ class EngineRequest(Request):
     the sink its deltas go to."""
 
     def __init__(self, request_id: str, prompt_ids: list[int], params: SamplingParams, tokenizer,
-                 context_tokens: int, vocab_size: int, sink):
+                 context_tokens: int, vocab_size: int, sink, grammar=None):
         super().__init__(request_id, prompt_ids, context_tokens)
+        self.grammar = grammar
+        self.matcher = grammar.new_matcher() if grammar is not None else None
+        """Structured output (runtime/grammar.py): this sequence's walk through the grammar."""
+        self.mask_bias = np.empty(vocab_size, np.float32) if grammar is not None else None  # (vocab,) 0 / -inf
         self.params = params
         self.sampler = Sampler(params, vocab_size)
         self.stream = TextStream(tokenizer, prompt_ids, params)
@@ -128,7 +132,7 @@ class Engine:
 
     def add_request(self, prompt_ids: Sequence[int], params: SamplingParams | None = None, *,
                     request_id: str | None = None, sink=None, fork_sinks: Sequence = (),
-                    pooling: str | None = None, prompt_logprobs: bool = False) -> EngineRequest:
+                    pooling: str | None = None, prompt_logprobs: bool = False, grammar=None) -> EngineRequest:
         """Queue a request; ``sink(delta: Delta | None, error: BaseException | None)`` gets
         its output from the stepping thread. Raises for a prompt no request can run,
         and QueueFullError when ``max_queued_requests`` are already waiting.
@@ -141,7 +145,9 @@ class Engine:
         run (batched with the others, never from the prefix cache) and its completion
         carries the pooled, L2-normalised final hidden state; nothing is sampled.
         ``prompt_logprobs``: the completion also carries the log-probability of every prompt
-        token after the first (``params.logprobs`` alternatives each), for ``echo``."""
+        token after the first (``params.logprobs`` alternatives each), for ``echo``.
+        ``grammar`` (runtime/grammar.py): every sample follows it (each fork its own walk), and
+        the request ends when the grammar is complete."""
         ids = [int(t) for t in prompt_ids]
         check_prompt(ids, self.runner.spec.config.vocab_size, self.context_tokens)
         params = params or SamplingParams()
@@ -158,7 +164,7 @@ class Engine:
                 raise ValueError(f"{1 + len(fork_sinks)} samples of one prompt need as many sequences at once; "
                                  f"this engine runs at most {self.scheduler.max_num_seqs} (runtime.max_num_seqs)")
             req = EngineRequest(rid, ids, params, self.tokenizer, self.context_tokens,
-                          self.runner.spec.config.vocab_size, sink)
+                          self.runner.spec.config.vocab_size, sink, grammar)
             if prompt_logprobs:
                 req.prompt_logits = True
                 req.prompt_logprobs = []
@@ -171,7 +177,7 @@ class Engine:
             for i, fork_sink in enumerate(fork_sinks, 1):
                 fork_params = params if params.seed is None else dataclasses.replace(params, seed=params.seed + i)
                 fork = EngineRequest(f"{rid}.{i}", ids, fork_params, self.tokenizer, self.context_tokens,
-                                     self.runner.spec.config.vocab_size, fork_sink)
+                                     self.runner.spec.config.vocab_size, fork_sink, grammar)
                 fork.fork_of = req
                 req.forks.append(fork)
                 self._requests[fork.request_id] = fork
@@ -285,7 +291,14 @@ class Engine:
             self.metrics.on_first_token(now - req.arrival)
         else:
             req.decode_steps += 1
-        token = req.sampler.sample(logits, req.ids[:req.n])
+        m = req.matcher
+        if m is not None:
+            m.fill_bias(req.mask_bias)
+        token = req.sampler.sample(logits, req.ids[:req.n], req.mask_bias)
+        if m is not None:
+            m.accept(token)  # the mask only let through what the grammar accepts
+            if token in self.tokenizer.stop_ids:  # the grammar allowed an end: it is complete (even with ignore_eos)
+                return req, "stop", {"stop_reason": token}
         if token in req.stop_ids:
             return req, "stop", {"stop_reason": token}
         req.append(token)
@@ -294,6 +307,8 @@ class Engine:
         text, stop = req.stream.push(token)
         if stop is not None:
             return req, "stop", {"stop_reason": stop, "text": text, "token": token}
+        if m is not None and m.is_finished():  # the grammar is complete: nothing may follow
+            return req, "stop", {"text": text, "token": token}
         if len(req.generated) >= req.params.max_tokens:
             return req, "length", {"text": text, "token": token}
         if req.n >= req.context_tokens:
@@ -474,7 +489,8 @@ class Engine:
         return [h.completion.embedding for h in handles]
 
     async def submit_n(self, prompt: str | Sequence[int], params: SamplingParams | None = None, n: int = 1, *,
-                       request_id: str | None = None, prompt_logprobs: bool = False) -> list["RequestHandle"]:
+                       request_id: str | None = None, prompt_logprobs: bool = False,
+                       grammar=None) -> list["RequestHandle"]:
         """Queue ``n`` samples of one prompt: the prompt is computed once and the other
         samples run on forks of its cache sequence (``add_request``'s ``fork_sinks``).
         One handle per sample."""
@@ -482,7 +498,8 @@ class Engine:
         loop = asyncio.get_running_loop()
         handles = [RequestHandle(self, loop) for _ in range(n)]
         req = self.add_request(ids, params, request_id=request_id, sink=handles[0]._sink,
-                               fork_sinks=[h._sink for h in handles[1:]], prompt_logprobs=prompt_logprobs)
+                               fork_sinks=[h._sink for h in handles[1:]], prompt_logprobs=prompt_logprobs,
+                               grammar=grammar)
         for h, r in zip(handles, [req] + req.forks):
             h.request = r
         self.start()

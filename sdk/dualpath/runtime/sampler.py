@@ -106,9 +106,12 @@ class Sampler:
         """After ``sample`` with ``params.logprobs`` set: (token logprob, ((id, logprob), ...)
         of the most likely tokens, most likely first)."""
 
-    def sample(self, logits: np.ndarray, history: Sequence[int] | np.ndarray = ()) -> int:
+    def sample(self, logits: np.ndarray, history: Sequence[int] | np.ndarray = (),
+               mask_bias: np.ndarray | None = None) -> int:
         """Next token id. ``logits`` (vocab_size,) is not modified; ``history`` is the
-        recent token ids, oldest first (only the last ``repetition_window`` are read)."""
+        recent token ids, oldest first (only the last ``repetition_window`` are read);
+        ``mask_bias`` (vocab_size,) f32, 0 or -inf, is a grammar's mask (runtime/grammar.py),
+        added after logit_bias."""
         p, n_vocab = self.params, self.vocab_size
         if np.shape(logits) != (n_vocab,):
             raise ValueError(f"logits shape {np.shape(logits)} must be ({n_vocab},)")
@@ -120,6 +123,8 @@ class Sampler:
             work[seen] -= p.presence_penalty + p.frequency_penalty * self._counts[seen]
         if self._bias is not None:
             work[self._bias[0]] += self._bias[1]
+        if mask_bias is not None:
+            np.add(work, mask_bias, out=work)
         if p.logprobs is not None:
             lse, top_ids = self._log_normaliser(work)
             top = tuple((int(i), float(work[i] - lse)) for i in top_ids)

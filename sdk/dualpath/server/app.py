@@ -100,9 +100,6 @@ def check_fields(body: dict, known: set[str], endpoint: str) -> None:
         "functions": lambda v: v is not None,
         "function_call": lambda v: v is not None,
         "store": lambda v: v not in (None, False),
-        "response_format": lambda v: v not in (None, {"type": "text"}),
-        "tools": lambda v: v not in (None, []),
-        "tool_choice": lambda v: v not in (None, "none", "auto"),
     }
     for key, refused in refuse.items():
         if key in body and refused(body[key]):
@@ -175,6 +172,7 @@ class Server:
         """What requests may name when server.strict_model_name is on (else any name is served)."""
         self.created = int(time.time())
         self.tokenizer = llm.tokenizer
+        self._grammars = None  # runtime/grammar.py's compiler, made on the first structured request
 
     # -- plumbing --------------------------------------------------------------
     def _check_auth(self, request: Request) -> None:
@@ -220,9 +218,10 @@ class Server:
         return _get(body, "n", (int,), 1, check=lambda v: 1 <= v <= limit,
                     allowed=f"between 1 and {limit} (runtime.max_num_seqs: the samples run at once)")
 
-    async def _submit(self, ids: list[int], params: SamplingParams, n: int = 1, prompt_logprobs: bool = False):
+    async def _submit(self, ids: list[int], params: SamplingParams, n: int = 1, prompt_logprobs: bool = False,
+                      grammar=None):
         try:
-            return await self.engine.submit_n(ids, params, n, prompt_logprobs=prompt_logprobs)
+            return await self.engine.submit_n(ids, params, n, prompt_logprobs=prompt_logprobs, grammar=grammar)
         except QueueFullError as e:
             raise APIError(429, str(e), type_="rate_limit_error", code="queue_full",
                            headers={"Retry-After": "1"}) from None
@@ -275,6 +274,25 @@ class Server:
         tokens = sum(len(p) for p in prompts)
         return JSONResponse({"object": "list", "data": data, "model": self.model_name,
                              "usage": {"prompt_tokens": tokens, "total_tokens": tokens}})
+
+    # -- structured output ------------------------------------------------------
+    def _grammar(self, body: dict):
+        """The grammar of a chat request's response_format / tools / tool_choice (None: free text)."""
+        rf, tools, choice = body.get("response_format"), body.get("tools"), body.get("tool_choice")
+        if rf in (None, {"type": "text"}) and not tools:
+            return None
+        from ..runtime.grammar import GrammarCompiler, StructuredOutputError
+
+        try:
+            if self._grammars is None:
+                self._grammars = GrammarCompiler(self.tokenizer, self.llm.spec.config.vocab_size)
+            return self._grammars.compile(rf, tools, choice)
+        except StructuredOutputError as e:
+            raise _bad(str(e), e.param, "invalid_value") from None
+        except ImportError as e:
+            field = "response_format" if rf not in (None, {"type": "text"}) else "tools"
+            raise _bad(f"'{field}' needs structured output, which is not installed on this server: {e}", field,
+                       "unsupported_field") from None
 
     # -- log-probabilities ------------------------------------------------------
     def _token_text(self, token_id: int) -> str:
@@ -417,8 +435,18 @@ class Server:
         except ChatTemplateError as e:
             raise _bad(f"{e} (send it to /v1/completions)", "messages", "chat_template") from None
         n = self._num_choices(body)
-        handles = await self._submit(ids, params, n)
+        grammar = self._grammar(body)
+        tool_call = grammar is not None and grammar.kind == "tool_call"
+        handles = await self._submit(ids, params, n, grammar=grammar)
         rid = f"chatcmpl-{uuid.uuid4().hex}"
+
+        def tool_calls(text: str) -> list[dict]:  # the grammar's {"name", "arguments"} as OpenAI's tool_calls
+            call = json.loads(text)
+            return [{"index": 0, "id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
+                     "function": {"name": call["name"], "arguments": json.dumps(call["arguments"])}}]
+
+        def finish_of(c) -> str:
+            return "tool_calls" if tool_call and c.finish_reason == "stop" else _FINISH[c.finish_reason]
         created = int(time.time())
 
         def chunk(i: int, delta: dict, finish: str | None, entries=()) -> dict:
@@ -433,10 +461,12 @@ class Server:
                 for i in range(n):
                     yield _sse(chunk(i, {"role": "assistant", "content": ""}, None))
                 async for i, d in _merged(handles):
-                    if d.text or d.logprobs:
+                    if (d.text or d.logprobs) and not tool_call:
                         yield _sse(chunk(i, {"content": d.text}, None, d.logprobs))
                     if d.finish_reason is not None:
-                        yield _sse(chunk(i, {}, _FINISH[d.finish_reason]))
+                        if tool_call and d.finish_reason == "stop":  # one delta with the whole call
+                            yield _sse(chunk(i, {"tool_calls": tool_calls(d.completion.text)}, None))
+                        yield _sse(chunk(i, {}, finish_of(d.completion)))
                 if include_usage:
                     yield _sse({**chunk(0, {}, None), "choices": [], "usage": _usage([h.completion for h in handles])})
                 yield "data: [DONE]\n\n"
@@ -445,9 +475,12 @@ class Server:
         cs = await _collect(request, handles)
         return JSONResponse({
             "id": rid, "object": "chat.completion", "created": created, "model": self.model_name,
-            "choices": [{"index": i, "message": {"role": "assistant", "content": c.text},
+            "choices": [{"index": i,
+                         "message": ({"role": "assistant", "content": None, "tool_calls": tool_calls(c.text)}
+                                     if tool_call and c.finish_reason == "stop"
+                                     else {"role": "assistant", "content": c.text}),
                          "logprobs": {"content": self._chat_logprobs(c.logprobs)} if want_logprobs else None,
-                         "finish_reason": _FINISH[c.finish_reason]} for i, c in enumerate(cs)],
+                         "finish_reason": finish_of(c)} for i, c in enumerate(cs)],
             "usage": _usage(cs)})
 
 
