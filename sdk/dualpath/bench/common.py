@@ -4,11 +4,12 @@ helpers of a benchmark that talks to a live server (a free port, /metrics)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
 import statistics
 import sys
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -118,3 +119,82 @@ def metric(text: str, name: str, labels: str = "") -> float:
         if line.startswith(prefix):
             return float(line[len(prefix):])
     raise KeyError(prefix.strip())
+
+
+def process_peak_rss_mb(pid: int) -> float | None:
+    """Peak resident memory of a live process (``VmHWM`` of /proc/PID/status), in MiB;
+    None where /proc does not say (not Linux, or the process is gone)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024.0
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+class LiveServer:
+    """A server process started by ``live_server``: its ``argv``, ``base`` URL and ``proc``."""
+
+    def __init__(self, name: str, argv: Sequence[str], base: str, proc, stderr_file):
+        self.name, self.argv, self.base, self.proc = name, list(argv), base, proc
+        self._stderr_file = stderr_file
+
+    def stderr_tail(self) -> str:
+        from .harness import stderr_tail
+
+        self._stderr_file.flush()
+        self._stderr_file.seek(0)
+        return stderr_tail(self._stderr_file.read())
+
+    def check_alive(self) -> None:
+        """Raise ``BenchProcessError`` (with the tail of its stderr) if the server has exited."""
+        from .harness import BenchProcessError
+
+        if self.proc.poll() is not None:
+            raise BenchProcessError(f"{self.name} exited with status {self.proc.returncode}; "
+                                    f"its stderr ends:\n{self.stderr_tail()}")
+
+
+@contextlib.contextmanager
+def live_server(name: str, argv: Sequence[str], base: str, startup_s: float = 120.0,
+                log_path: str | None = None) -> Iterator[LiveServer]:
+    """Start the server ``argv`` (stdout discarded, stderr kept in ``log_path``, else in a temporary file),
+    wait until ``GET base/health`` answers 200 (llama-server answers 503 while it
+    loads), yield it as a ``LiveServer``; on exit terminate it (SIGKILL after 30 s).
+    A server that exits, or does not answer within ``startup_s``, raises
+    ``BenchProcessError`` naming it and quoting the end of its stderr."""
+    import subprocess
+    import tempfile
+    import time
+
+    import httpx
+
+    from .harness import BenchProcessError
+
+    log = open(log_path, "w+", errors="replace") if log_path else tempfile.TemporaryFile("w+", errors="replace")
+    with log as stderr_file:
+        proc = subprocess.Popen(list(argv), stdout=subprocess.DEVNULL, stderr=stderr_file, text=True)
+        server = LiveServer(name, argv, base, proc, stderr_file)
+        try:
+            deadline = time.monotonic() + startup_s
+            while True:
+                server.check_alive()
+                try:
+                    if httpx.get(base + "/health", timeout=2).status_code == 200:
+                        break
+                except httpx.HTTPError:
+                    pass
+                if time.monotonic() > deadline:
+                    raise BenchProcessError(f"{name} did not answer {base}/health in {startup_s:g} s; "
+                                            f"its stderr ends:\n{server.stderr_tail()}")
+                time.sleep(0.2)
+            yield server
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
