@@ -270,10 +270,10 @@ def test_submits_and_metrics_do_not_wait_for_a_step_that_is_sampling(gguf_path):
     entered, release = threading.Event(), threading.Event()
     sample = req.sampler.sample
 
-    def held_sample(logits, history):
+    def held_sample(logits, history, *rest):
         entered.set()
         release.wait(300)  # set by the test (long after done.wait gives up, if it does)
-        return sample(logits, history)
+        return sample(logits, history, *rest)
 
     req.sampler.sample = held_sample
     stepper = threading.Thread(target=engine.step)
