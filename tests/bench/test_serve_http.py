@@ -43,7 +43,10 @@ def check_every_request_complete(runs: list[dict], num_requests: int) -> None:
 
 def test_serve_over_http_streams_the_schedule_to_dualpath_serve(tmp_path, capsys):
     out = tmp_path / "serve.json"
-    assert main(["bench", "serve", "--http", "-m", embedded_model_path(), *TINY, "--json", str(out)]) == 0
+    logs = tmp_path / "logs"
+    assert main(["bench", "serve", "--http", "-m", embedded_model_path(), *TINY, "--json", str(out),
+                 "--server-logs", str(logs)]) == 0
+    assert [p.name for p in logs.iterdir()] == ["dualpath-dual-run1.log"]
     res = json.loads(out.read_text())
     assert res["transport"] == "http" and list(res["runs"]) == ["dualpath:dual"]
     check_every_request_complete(res["runs"]["dualpath:dual"], 4)
