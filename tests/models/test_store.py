@@ -16,6 +16,7 @@ import pytest
 from dualpath.config import load_config
 from dualpath.llm import LLM
 from dualpath.models import load_model
+from dualpath.graph.parts import GRAPH_VERSION
 from dualpath.models.store import ModelStore
 from dualpath.models.synth import synth_gguf
 from dualpath.runtime.sampler import SamplingParams
@@ -81,12 +82,59 @@ def test_converted_arrays_live_in_the_entry_and_f32_views_stay_in_the_source(tmp
     where = {(k, kind): a["in"] for k, w in man["weights"].items() for kind, a in w["arrays"].items()}
     assert where[("blk.0.attn_q", "weight")] == "entry" and where[("blk.0.attn_q", "scales")] == "entry"
     assert not q.weights["blk.0.attn_q"].data.flags.writeable  # a read-only view of the mapping
-    f = store.load(gguf_path)  # F32 file: nothing converted, every array a view of the source
+    f = store.load(gguf_path)  # F32 file: every array a view of the source, plus the
+    # (in, out) transposes the graphs' MatMul reads (the tied embedding's too: lm_head)
     man = json.loads(open(os.path.join(entry_folder(store, gguf_path), "manifest.json")).read())
-    assert {a["in"] for w in man["weights"].values() for a in w["arrays"].values()} == {"source"}
-    assert man["weights_bytes"] == 0
+    assert {(kind, a["in"]) for w in man["weights"].values() for kind, a in w["arrays"].items()} == {
+        ("weight", "source"), ("weight_t", "entry")}
     ref = load_model(gguf_path)
-    assert np.array_equal(f.weights["blk.1.ffn_up"].data, ref.weights["blk.1.ffn_up"].data)
+    assert not f.config.tied_output
+    for name in ("blk.1.ffn_up", "blk.0.attn_q", "output"):
+        assert np.array_equal(f.weights[name].data, ref.weights[name].data)
+        assert np.array_equal(f.weights[name].data_t, ref.weights[name].data.T), name
+        assert f.weights[name].data_t.flags.c_contiguous
+    assert f.weights["token_embd"].data_t is None  # the gather reads rows; lm_head is `output`
+    assert f.weights["blk.0.attn_norm"].data_t is None  # vectors have one layout
+    assert man["weights_bytes"] >= sum(w.data.nbytes for w in ref.weights.values() if w.data.ndim == 2)
+
+
+def test_a_tied_float_classifier_gets_its_transpose(tmp_path, llama2c_path, model_file):
+    """llama2.c's shared classifier: the embedding stays (vocab, dim) for the gather, and
+    lm_head reads its transpose, written at the end of the conversion."""
+    spec = ModelStore(tmp_path).load(llama2c_path, model_file("tok512.bin"))
+    emb = spec.weights["token_embd"]
+    assert spec.config.tied_output and spec.output is emb
+    assert emb.data.shape == (spec.config.vocab_size, spec.config.dim)
+    assert emb.data_t.flags.c_contiguous and np.array_equal(emb.data_t, emb.data.T)
+    spec.entry.verify()  # its checksum, computed band by band, matches what is on disk
+
+
+def test_a_converted_float_matrix_is_stored_once(tmp_path, gguf_path):
+    """A float matrix converted at load (here: F16 widened to f32) is stored (in, out)
+    only; its (out, in) data is read back as a view of that transpose."""
+    import gguf
+
+    src = tmp_path / "f16.gguf"
+    reader = gguf.GGUFReader(gguf_path)
+    writer = gguf.GGUFWriter(str(src), "llama")
+    for key, field in reader.fields.items():
+        if key.startswith("GGUF.") or key == "general.architecture":
+            continue  # GGUFWriter writes these itself
+        writer.add_key_value(key, field.contents(), field.types[0],
+                             sub_type=field.types[-1] if field.types[0] == gguf.GGUFValueType.ARRAY else None)
+    for t in reader.tensors:
+        data = np.asarray(t.data)
+        writer.add_tensor(t.name, data.astype(np.float16) if data.ndim == 2 else data)
+    writer.write_header_to_file(); writer.write_kv_data_to_file(); writer.write_tensors_to_file(); writer.close()
+    store = ModelStore(tmp_path / "cache")
+    spec = store.load(src)
+    man = json.loads(open(os.path.join(entry_folder(store, src), "manifest.json")).read())
+    up = man["weights"]["blk.0.ffn_up"]["arrays"]
+    assert up["weight"] == {"in": "transpose", "of": "weight_t"} and up["weight_t"]["in"] == "entry"
+    w = spec.weights["blk.0.ffn_up"]
+    assert np.shares_memory(w.data, w.data_t) and np.array_equal(w.data, w.data_t.T)
+    ref = load_model(src)
+    assert np.array_equal(w.data, ref.weights["blk.0.ffn_up"].data)
 
 
 def test_a_changed_source_header_is_never_served_stale(tmp_path, q4_model, caplog):
@@ -155,7 +203,7 @@ def test_a_damaged_entry_is_logged_discarded_and_rebuilt(damage, tmp_path, q4_mo
     store = ModelStore(tmp_path)
     folder = entry_folder(store, q4_model)
     weights = os.path.join(folder, "weights.bin")
-    graphs = os.path.join(folder, "graphs-a4-c512")  # kquant-tiny: 512 positions
+    graphs = os.path.join(folder, f"graphs-v{GRAPH_VERSION}-a4-c512")  # kquant-tiny: 512 positions
     assert os.path.isdir(graphs), os.listdir(folder)
     if damage == "truncate weights":
         os.truncate(weights, os.path.getsize(weights) // 2)
@@ -216,7 +264,7 @@ def test_two_processes_loading_the_same_file_at_once_both_succeed(tmp_path, q4_m
         assert p.returncode == 0, err
     assert outs[0][0] == outs[1][0] and len(json.loads(outs[0][0])) == 8
     entries = ModelStore(tmp_path).entries()
-    assert len(entries) == 1 and entries[0].graphs == ["graphs-a4-c512"]
+    assert len(entries) == 1 and entries[0].graphs == [f"graphs-v{GRAPH_VERSION}-a4-c512"]
     assert not [n for n in os.listdir(tmp_path) if n.startswith(".tmp-")]
 
 

@@ -23,6 +23,7 @@ by every session (see ``runtime/session.py``).
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -47,6 +48,8 @@ class GraphPart:
     weights: dict[str, np.ndarray] = field(default_factory=dict)
     placeholder_bytes: int = 0
     """Size of the placeholder file every part's external initializers point into."""
+    tables: dict[str, np.ndarray] = field(default_factory=dict)
+    """Initializers that live in the graph folder (RoPE tables), name -> array."""
     prepack: bool = False
     """True when the part has quantized matmuls: MatMulNBits needs ONNX Runtime's
     prepacking to be fast (measured ~100x), and the prepacked copy replaces ours."""
@@ -68,6 +71,7 @@ class _Builder:
         self.consts: dict[str, str] = {}
         self.prepack = False
         self.blocksums: dict[tuple[str, int], str] = {}  # (input, block size) -> its block sums (T, in / block)
+        self.tables: dict[str, np.ndarray] = {}  # graph-folder initializers (RoPE tables)
         self._n = 0
 
     def tmp(self, stem: str) -> str:
@@ -118,6 +122,8 @@ class _Builder:
     def linear(self, x: str, weight: Weight) -> str:
         """x (T, in) @ W^T -> (T, out), for W (out, in) in any supported dtype."""
         if weight.dtype == "f32":
+            if weight.data_t is not None:  # (in, out): see Weight.data_t
+                return self.node("MatMul", [x, self.external(f"{weight.name}.weight_t", weight.data_t)], "mm")
             w = self.external(f"{weight.name}.weight", weight.data)
             return self.node("Gemm", [x, w], "mm", transB=1)
         bits = weight.bits or {"q8_0": 8, "q4_0": 4}[weight.dtype]
@@ -159,36 +165,35 @@ class _Builder:
             inv = inv / np.asarray(factors, np.float32).reshape(-1)
         return (inv * np.float32(scale)).astype(np.float32)
 
-    def rope_tables(self, positions: str, layer: int) -> tuple[str, str]:
-        """cos, sin of ``layer``'s angles, shaped to broadcast over (T, heads, ...):
-        (T, 1, head_dim / 2, 1) for adjacent pairs, (T, 1, 1, head_dim / 2) for halves."""
-        hd = self.cfg.head_dim
-        inv = self.inv_freq(layer)
-        pos = self.node("Cast", [positions], "posf", to=TensorProto.FLOAT)
-        pos = self.node("Unsqueeze", [pos, self.const("axes_1", np.array([1], np.int64))], "pos2")
-        angles = self.node("Mul", [pos, self.const(f"inv_freq_{layer}", inv)], "ang")  # (T, hd/2)
-        shape = [-1, 1, hd // 2, 1] if self.cfg.rope_type == "norm" else [-1, 1, 1, hd // 2]
-        shape = self.const(f"rope_shape_{self.cfg.rope_type}", np.array(shape, np.int64))
-        cos, sin = self.node("Cos", [angles], "cos"), self.node("Sin", [angles], "sin")
-        if self.cfg.rope_attn_factor != 1.0:  # LongRoPE's magnitude scaling (llama.cpp's mscale)
-            f = self.const("rope_attn_factor", np.array(self.cfg.rope_attn_factor, np.float32))
-            cos, sin = self.node("Mul", [cos, f], "cosm"), self.node("Mul", [sin, f], "sinm")
-        return self.node("Reshape", [cos, shape], "cos4"), self.node("Reshape", [sin, shape], "sin4")
+    def rope_tables(self, layer: int) -> tuple[str, str]:
+        """The cos and sin tables of ``layer``'s angles, (context, head_dim / 2) f32 each,
+        named by their content: layers with the same frequencies share one pair, and every
+        part hands ONNX Runtime the same arrays (graph folder's ``rope.bin``)."""
+        cos, sin = rope_cache(self.inv_freq(layer), self.context_tokens, self.cfg.rope_attn_factor)
+        key = hashlib.sha1(self.inv_freq(layer).tobytes() + np.float32(self.cfg.rope_attn_factor).tobytes()).hexdigest()[:12]
+        return self.table(f"rope.{key}.cos", cos), self.table(f"rope.{key}.sin", sin)
 
-    def rope(self, x: str, num_heads: int, cos: str, sin: str) -> str:
-        """Rotate every head of x: adjacent pairs (x[2i], x[2i+1]) (llama.cpp NORM RoPE,
-        run.c) or halves (x[i], x[i + head_dim/2]) (NEOX)."""
-        hd = self.cfg.head_dim
-        norm = self.cfg.rope_type == "norm"
-        split_shape = [0, num_heads, hd // 2, 2] if norm else [0, num_heads, 2, hd // 2]
-        axis = 3 if norm else 2
-        x4 = self.node("Reshape", [x, self.const(f"pairs_{num_heads}_{axis}", np.array(split_shape, np.int64))], "rp")
-        x0, x1 = self.tmp("x0"), self.tmp("x1")
-        self.nodes.append(helper.make_node("Split", [x4], [x0, x1], axis=axis, num_outputs=2))
-        o0 = self.node("Sub", [self.node("Mul", [x0, cos], "m"), self.node("Mul", [x1, sin], "m")], "o0")
-        o1 = self.node("Add", [self.node("Mul", [x0, sin], "m"), self.node("Mul", [x1, cos], "m")], "o1")
-        o = self.node("Concat", [o0, o1], "cat", axis=axis)
-        return self.node("Reshape", [o, self.const(f"flat_{num_heads}", np.array([0, num_heads * hd], np.int64))], "rflat")
+    def table(self, name: str, array: np.ndarray) -> str:
+        """An external initializer that lives in the graph folder, not the entry."""
+        if name not in self.tables:
+            offset, _ = self.layout.setdefault(name, (self.layout[""][0], int(array.nbytes)))
+            if offset == self.layout[""][0]:  # new: the placeholder grows
+                self.layout[""] = (offset + -(-int(array.nbytes) // 64) * 64, 0)
+            self.tables[name] = array
+            self.external(name, array)
+            del self.weights[name]
+        return name
+
+    def rope(self, x: str, num_heads: int, positions: str, layer: int) -> str:
+        """Rotate every head of x (T, num_heads * head_dim): adjacent pairs (x[2i], x[2i+1])
+        (llama.cpp NORM RoPE, run.c) or halves (x[i], x[i + head_dim/2]) (NEOX), with
+        ONNX Runtime's fused RotaryEmbedding over tables of every position (one kernel
+        instead of about twenty small ones per layer)."""
+        cos, sin = self.rope_tables(layer)
+        x3 = self.node("Unsqueeze", [x, self.const("axes_0", np.array([0], np.int64))], "x3")
+        y = self.node("RotaryEmbedding", [x3, positions, cos, sin], "rope", domain="com.microsoft",
+                      interleaved=int(self.cfg.rope_type == "norm"), num_heads=num_heads)
+        return self.node("Squeeze", [y, self.const("axes_0", np.array([0], np.int64))], "rflat")
 
     def split(self, x: str, sizes: list[int], stem: str) -> list[str]:
         outs = [self.tmp(stem) for _ in sizes]
@@ -198,7 +203,7 @@ class _Builder:
 
     def open_layer(self, i: int, h: str, positions: str) -> tuple[str, str, str]:
         cfg, w = self.cfg, self.spec.weights
-        cos, sin = self.rope_tables(positions, i)
+        pos2 = self.node("Unsqueeze", [positions, self.const("axes_0", np.array([0], np.int64))], "pos2")  # (1, T)
         x = self.rmsnorm(h, w[f"blk.{i}.attn_norm"])
         if cfg.fused_qkv:  # Phi-3: one matmul, then q | k | v
             q, k, v = self.split(self.linear(x, w[f"blk.{i}.attn_qkv"]), [cfg.q_dim, cfg.kv_dim, cfg.kv_dim], "qkv")
@@ -210,7 +215,7 @@ class _Builder:
         if cfg.qk_norm:  # Qwen3, Gemma 3
             q = self.head_norm(q, cfg.num_heads, w[f"blk.{i}.attn_q_norm"])
             k = self.head_norm(k, cfg.num_kv_heads, w[f"blk.{i}.attn_k_norm"])
-        return self.rope(q, cfg.num_heads, cos, sin), self.rope(k, cfg.num_kv_heads, cos, sin), v
+        return self.rope(q, cfg.num_heads, pos2, i), self.rope(k, cfg.num_kv_heads, pos2, i), v
 
     def close_layer(self, i: int, h: str, attn: str) -> str:
         cfg, w = self.cfg, self.spec.weights
@@ -245,14 +250,35 @@ class _Builder:
         return logits, normed
 
     def finish(self, index: int, inputs, outputs, renames: dict[str, str]) -> GraphPart:
+        # The producers of the outputs write them under their final names: an Identity
+        # node costs a kernel launch (about 3 us) per output per step.
+        rename = {}
         for final, internal in renames.items():
-            self.nodes.append(helper.make_node("Identity", [internal], [final]))
+            if internal in rename or not any(internal in n.output for n in self.nodes):  # a graph input
+                self.nodes.append(helper.make_node("Identity", [rename.get(internal, internal)], [final]))
+            else:
+                rename[internal] = final
+        for n in self.nodes:
+            for io in (n.input, n.output):
+                for j, name in enumerate(io):
+                    if name in rename:
+                        io[j] = rename[name]
         graph = helper.make_graph(self.nodes, f"part{index}", inputs, outputs, initializer=self.inits)
         model = helper.make_model(graph, ir_version=IR_VERSION, producer_name="dualpath",
                                   opset_imports=[helper.make_opsetid("", OPSET),
                                                  helper.make_opsetid("com.microsoft", 1)])
         return GraphPart(index, model, tuple(i.name for i in inputs), tuple(o.name for o in outputs),
-                         self.weights, self.layout[""][0], self.prepack)
+                         self.weights, self.layout[""][0], self.tables, self.prepack)
+
+
+def rope_cache(inv_freq: np.ndarray, context_tokens: int, attn_factor: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
+    """cos and sin of position * inv_freq for every position below ``context_tokens``:
+    (context, head_dim / 2) f32 each, the angles computed in f32 as run.c does."""
+    angles = np.arange(context_tokens, dtype=np.float32)[:, None] * inv_freq[None, :]
+    cos, sin = np.cos(angles), np.sin(angles)
+    if attn_factor != 1.0:  # LongRoPE's magnitude scaling (llama.cpp's mscale)
+        cos, sin = cos * np.float32(attn_factor), sin * np.float32(attn_factor)
+    return cos.astype(np.float32), sin.astype(np.float32)
 
 
 def weight_layout(spec: ModelSpec) -> dict[str, tuple[int, int]]:

@@ -8,9 +8,10 @@ an Android app) loads any model whose entry already has the graphs, e.g. an entr
 desktop with the phone's configuration and copied over (android/README.md). Building graphs
 without onnx raises ``ModelLoadError`` naming the package and the command.
 
-Folder ``graphs-a{accuracy}-c{context}`` of the entry::
+Folder ``graphs-v{GRAPH_VERSION}-a{accuracy}-c{context}`` of the entry::
 
-    parts.json          per part: inputs, outputs, initializer names, prepack
+    parts.json          per part: inputs, outputs, initializer names, prepack; the tables
+    rope.bin            RoPE cos/sin tables of every position (f32), shared by the parts
     part{i}.onnx        the graph; its external initializers point into
     weights.placeholder a sparse file (no disk, never read): the runtime hands ONNX
                         Runtime the entry's mapped arrays under the same names
@@ -32,6 +33,13 @@ from ..models.store import write_json
 
 log = logging.getLogger(__name__)
 
+TABLES = "rope.bin"
+"""Graph-folder file of the initializers that are not model weights (RoPE cos/sin tables)."""
+GRAPH_VERSION = 2
+"""Bump when the graphs change (builder.py): an entry's older graph folders are then never
+read (``dualpath cache prune`` removes entries, not folders; ``rm`` frees them).
+2: MatMul over (in, out) float weights, outputs written by their producers, fused RoPE."""
+
 
 @dataclass
 class PartFile:
@@ -49,7 +57,8 @@ class PartFile:
 
 def graph_parts(spec: ModelSpec, accuracy_level: int, context_tokens: int) -> list[PartFile]:
     """The ``num_layers + 1`` graph parts of ``spec`` (which must have a cache entry)."""
-    name = f"graphs-a{accuracy_level}-c{context_tokens}"
+    name = f"graphs-v{GRAPH_VERSION}-a{accuracy_level}-c{context_tokens}"
+    _remove_stale(spec.entry.folder)
     for _ in range(2):
         folder = spec.entry.derived(name, lambda tmp: _write_parts(spec, accuracy_level, context_tokens, tmp))
         parts = _read_parts(folder, spec)
@@ -57,6 +66,17 @@ def graph_parts(spec: ModelSpec, accuracy_level: int, context_tokens: int) -> li
             return parts
         shutil.rmtree(folder, ignore_errors=True)  # unreadable (logged): build it again, once
     raise RuntimeError(f"the graphs in {folder} cannot be read back after writing them")
+
+
+def _remove_stale(entry_folder: str) -> None:
+    """Remove the graph folders of older GRAPH_VERSIONs (no current code reads them)."""
+    try:
+        names = os.listdir(entry_folder)
+    except OSError:
+        return
+    for n in names:
+        if n.startswith("graphs-") and not n.startswith(f"graphs-v{GRAPH_VERSION}-"):
+            shutil.rmtree(os.path.join(entry_folder, n), ignore_errors=True)
 
 
 def _write_parts(spec: ModelSpec, accuracy_level: int, context_tokens: int, folder: str) -> None:
@@ -75,20 +95,45 @@ def _write_parts(spec: ModelSpec, accuracy_level: int, context_tokens: int, fold
 
     built = build_parts(spec, accuracy_level, context_tokens)
     with open(os.path.join(folder, PLACEHOLDER), "wb") as f:
-        f.truncate(built[0].placeholder_bytes if built else 0)  # sparse: never read
+        f.truncate(max((p.placeholder_bytes for p in built), default=0))  # sparse: never read
+    tables, offset = {}, 0
+    with open(os.path.join(folder, TABLES), "wb") as f:
+        for p in built:
+            for name, arr in p.tables.items():
+                if name not in tables:
+                    tables[name] = {"offset": offset, "shape": list(arr.shape)}
+                    f.write(np.ascontiguousarray(arr, np.float32).data)
+                    offset += arr.nbytes
     listing = []
     for p in built:
         onnx.save(p.model, os.path.join(folder, f"part{p.index}.onnx"))
         listing.append({"index": p.index, "inputs": list(p.inputs), "outputs": list(p.outputs),
-                        "weights": list(p.weights), "prepack": p.prepack})
-    write_json(os.path.join(folder, "parts.json"), {"num_layers": spec.config.num_layers, "parts": listing})
+                        "weights": list(p.weights), "tables": list(p.tables), "prepack": p.prepack})
+    write_json(os.path.join(folder, "parts.json"), {"num_layers": spec.config.num_layers, "parts": listing,
+                                                    "tables": tables})
+
+
+def _map_tables(path: str, index: dict) -> dict[str, np.ndarray]:
+    """The graph folder's tables (name -> read-only f32 view of ``rope.bin``)."""
+    if not index:
+        return {}
+    data = np.memmap(path, np.float32, "r")
+    out = {}
+    for name, t in index.items():
+        count = int(np.prod(t["shape"]))
+        if t["offset"] % 4 or t["offset"] // 4 + count > len(data):
+            raise ValueError(f"{name} lies past the end of {TABLES}")
+        out[name] = np.asarray(data[t["offset"] // 4:t["offset"] // 4 + count]).reshape(t["shape"])
+    return out
 
 
 def _read_parts(folder: str, spec: ModelSpec) -> list[PartFile] | None:
     """The parts in ``folder``, or None (logged) when anything is missing or unreadable."""
     try:
         with open(os.path.join(folder, "parts.json"), encoding="utf-8") as f:
-            listing = json.load(f)["parts"]
+            doc = json.load(f)
+        listing = doc["parts"]
+        tables = _map_tables(os.path.join(folder, TABLES), doc["tables"])
         parts = []
         for p in listing:
             path = os.path.join(folder, f"part{p['index']}.onnx")
@@ -98,6 +143,8 @@ def _read_parts(folder: str, spec: ModelSpec) -> list[PartFile] | None:
             for name in p["weights"]:
                 key, _, kind = name.rpartition(".")
                 weights[name] = spec.weights[key].arrays()[kind]
+            for name in p["tables"]:
+                weights[name] = tables[name]
             parts.append(PartFile(p["index"], path, tuple(p["inputs"]), tuple(p["outputs"]), weights,
                                   bool(p["prepack"])))
         if len(parts) != spec.config.num_layers + 1:

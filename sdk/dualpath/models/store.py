@@ -10,7 +10,7 @@ its first 64 KiB, the tokenizer file's the same way, and ``CONVERSION_VERSION``)
       tokenizer.json       the TokenizerSpec
       weights.bin          every converted array at a 64 KiB-aligned offset (memory-mapped
                            on load: ONNX Runtime and our kernels read it in place)
-      graphs-a{A}-c{C}/    the ONNX graph parts for accuracy level A and context C:
+      graphs-vV-a{A}-c{C}/ the ONNX graph parts (version V) for accuracy level A and context C:
         parts.json, part{i}.onnx, weights.placeholder (sparse: the graphs' external
         initializers point into it; the real arrays are handed over at session creation)
 
@@ -50,9 +50,10 @@ from .spec import ModelConfig, ModelSpec, Weight
 
 log = logging.getLogger(__name__)
 
-CONVERSION_VERSION = 2
+CONVERSION_VERSION = 3
 """Bump when conversion or the graphs change meaning: older entries are then never
-matched (and the size limit removes them in time). 2: the last graph part outputs hidden."""
+matched (and the size limit removes them in time). 2: the last graph part outputs hidden.
+3: float matrices stored (in, out) for MatMul (``Weight.data_t``)."""
 ALIGN = 1 << 16
 """Offset alignment of arrays in weights.bin: a page on every kernel (4 KiB, and the
 16 KiB and 64 KiB pages of some ARM64 systems), so each array can be dropped from
@@ -193,6 +194,8 @@ class Entry:
         for key, w in man["weights"].items():
             arrays = {}
             for kind, a in w["arrays"].items():
+                if a["in"] == "transpose":
+                    continue  # a view of another array, below
                 if a["in"] == "source":
                     if smap is None:
                         smap = self._map(source_path)
@@ -206,9 +209,15 @@ class Entry:
                 arrays[kind] = np.frombuffer(buf, dtype, count, a["offset"]).reshape(shape)
                 if a["in"] == "entry":
                     self._checks[a["offset"]] = (f"{key}.{kind}", a["nbytes"], a["xor"])
+            for kind, a in w["arrays"].items():
+                if a["in"] == "transpose":
+                    if a.get("of") not in arrays:
+                        raise CorruptEntry(f"{key}.{kind} is the transpose of a missing array")
+                    arrays[kind] = arrays[a["of"]].T
             weights[key] = Weight(key, w["dtype"], tuple(w["shape"]), arrays.get("weight"), arrays.get("scales"),
                                   source_type=w["source_type"], bits=w["bits"], block_size=w["block_size"],
-                                  zero_points=arrays.get("zero_points"), mins=arrays.get("mins"))
+                                  zero_points=arrays.get("zero_points"), mins=arrays.get("mins"),
+                                  data_t=arrays.get("weight_t"))
         cfg = dict(man["config"])
         cfg["swa_layers"] = tuple(cfg["swa_layers"])
         try:
@@ -319,21 +328,38 @@ class _Writer:
         self.progress = progress
         self.total_bytes = total_bytes
         self.done_bytes = 0
+        self.float_embedding = False
+
+    def _write(self, arr: np.ndarray) -> dict:
+        """Append ``arr`` (made contiguous) to weights.bin; its record."""
+        arr = np.ascontiguousarray(arr)
+        offset = -(-self.f.tell() // ALIGN) * ALIGN
+        self.f.seek(offset)  # the gap is a hole: zeros, no disk
+        self.f.write(arr.data)
+        return {"dtype": arr.dtype.str, "shape": list(arr.shape), "nbytes": int(arr.nbytes), "in": "entry",
+                "offset": offset, "xor": _xor_of(arr)}
 
     def put(self, w: Weight, source_bytes: int = 0) -> Weight:
         arrays = {}
+        # A float matrix of the graphs is stored (in, out) for their MatMul (Weight.data_t);
+        # the (out, in) data stays a view of the source file when it is one, else it is
+        # read back as a view of the transpose (nothing stored twice). The embedding stays
+        # (vocab, dim) for the gather; finish() adds its transpose when it is also lm_head.
+        transpose = w.dtype == "f32" and w.data is not None and w.data.ndim == 2 and w.data_t is None \
+            and w.name != "token_embd"
+        if w.name == "token_embd" and w.dtype == "f32":
+            self.float_embedding = True
         for kind, arr in w.arrays().items():
             offset = _source_offset(arr, self.source_path) if arr.flags.c_contiguous else None
-            rec = {"dtype": arr.dtype.str, "shape": list(arr.shape), "nbytes": int(arr.nbytes)}
             if offset is not None:
-                rec.update({"in": "source", "offset": offset})
+                arrays[kind] = {"dtype": arr.dtype.str, "shape": list(arr.shape), "nbytes": int(arr.nbytes),
+                                "in": "source", "offset": offset}
+            elif kind == "weight" and transpose:
+                arrays[kind] = {"in": "transpose", "of": "weight_t"}
             else:
-                arr = np.ascontiguousarray(arr)
-                offset = -(-self.f.tell() // ALIGN) * ALIGN
-                self.f.seek(offset)  # the gap is a hole: zeros, no disk
-                self.f.write(arr.data)
-                rec.update({"in": "entry", "offset": offset, "xor": _xor_of(arr)})
-            arrays[kind] = rec
+                arrays[kind] = self._write(arr)
+        if transpose:
+            arrays["weight_t"] = self._write(w.data.T)
         self.weights[w.name] = {"dtype": w.dtype, "shape": list(w.shape), "source_type": w.source_type,
                                 "bits": w.bits, "block_size": w.block_size, "arrays": arrays}
         self.done_bytes += source_bytes
@@ -342,8 +368,34 @@ class _Writer:
         return Weight(w.name, w.dtype, w.shape, None, source_type=w.source_type, bits=w.bits,
                       block_size=w.block_size)
 
+    def _tied_output(self) -> None:
+        """The transpose of a float embedding that is also the classifier, read back from
+        where put() left it (the loader does not keep converted tensors), a band of
+        columns at a time."""
+        rec = self.weights["token_embd"]["arrays"]["weight"]
+        if rec["in"] == "source":
+            table = np.memmap(self.source_path, np.dtype(rec["dtype"]), "r", rec["offset"], tuple(rec["shape"]))
+        else:
+            self.f.flush()
+            table = np.memmap(self.f.name, np.dtype(rec["dtype"]), "r", rec["offset"], tuple(rec["shape"]))
+        vocab, dim = table.shape
+        offset = -(-self.f.seek(0, os.SEEK_END) // ALIGN) * ALIGN
+        self.f.seek(offset)
+        xor = 0
+        band = max(2, (64 << 20) // max(1, 4 * vocab)) // 2 * 2  # even: each band is whole 8-byte words
+        for c in range(0, dim, band):
+            part = np.ascontiguousarray(table[:, c:c + band].T, np.float32)
+            self.f.write(part.data)
+            xor ^= _xor_of(part)
+        del table
+        self.weights["token_embd"]["arrays"]["weight_t"] = {
+            "dtype": np.dtype(np.float32).str, "shape": [dim, vocab], "nbytes": vocab * dim * 4, "in": "entry",
+            "offset": offset, "xor": xor}
+
     def finish(self, spec: ModelSpec, identity: dict) -> None:
-        end = -(-self.f.tell() // 8) * 8  # whole words: the checksum of the last array reads its padding
+        if spec.config.tied_output and self.float_embedding:
+            self._tied_output()
+        end = -(-self.f.seek(0, os.SEEK_END) // 8) * 8  # whole words: the checksum of the last array reads its padding
         self.f.truncate(end)
         # Not fsynced (0.5 s for 700 MB here; more on a phone): after a power loss the data
         # the manifest describes may be missing, and its sizes and checksums catch that.
