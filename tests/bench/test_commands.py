@@ -18,7 +18,7 @@ def test_e2e_measures_every_engine_in_its_own_process(gguf_path, tmp_path, capsy
     out = tmp_path / "e2e.json"
     peer = [] if importlib.util.find_spec("llama_cpp") else ["--no-peer"]
     assert main(["bench", "e2e", "-m", str(gguf_path), "--ctx", "16", "--decode", "4", "--chunk", "16",
-                 "-t", "1", "-r", "1", "--json", str(out), *peer]) == 0
+                 "-t", "1", "-r", "1", "--no-ortgenai", "--json", str(out), *peer]) == 0
     rows = json.loads(out.read_text())
     assert [r["engine"] for r in rows] == (["dualpath"] if peer else ["dualpath", "llama.cpp"])
     for r in rows:

@@ -10,7 +10,7 @@ import textwrap
 
 import pytest
 
-from dualpath.bench.harness import BenchProcessError, run_worker, worker_name
+from dualpath.bench.harness import BenchProcessError, run_peer_script, run_worker, worker_name
 from dualpath.errors import DualPathError
 
 WORKERS = '''
@@ -77,3 +77,33 @@ def test_a_bench_module_function_is_named_by_its_module_and_a_closure_is_refused
         worker_name(local)
     with pytest.raises(ValueError, match="module:function"):
         worker_name("no_colon")
+
+
+PEER_SCRIPT = '''
+import json, os, sys
+
+def where(tag):
+    print("noise on stdout", flush=True)
+    return {"tag": tag, "pythonpath": os.environ.get("PYTHONPATH"), "executable": sys.executable}
+
+if __name__ == "__main__":
+    result = {"where": where}[sys.argv[1]](**json.load(sys.stdin))
+    with open(sys.argv[2], "w") as f:
+        json.dump(result, f)
+'''
+
+
+def test_peer_script_runs_by_path_in_the_given_interpreter_without_our_pythonpath(tmp_path, monkeypatch):
+    import sys
+
+    script = tmp_path / "peer.py"
+    script.write_text(textwrap.dedent(PEER_SCRIPT))
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path / "ours"))
+    out = run_peer_script(sys.executable, str(script), "where", {"tag": "x"}, timeout_s=120)
+    assert out == {"tag": "x", "pythonpath": None, "executable": sys.executable}
+
+
+def test_a_peer_interpreter_that_cannot_start_is_an_error_naming_it(tmp_path):
+    missing = str(tmp_path / "no-env" / "bin" / "python")
+    with pytest.raises(BenchProcessError, match=f"cannot run {missing}"):
+        run_peer_script(missing, str(tmp_path / "peer.py"), "where", timeout_s=120)

@@ -1,6 +1,7 @@
 """``dualpath bench``: the benchmarks, one module each.
 
-* ``e2e``: prefill and decode tokens/s, DualPath beside llama-cpp-python;
+* ``e2e``: prefill and decode tokens/s, DualPath beside llama-cpp-python and onnxruntime-genai
+  (``ortgenai``: that peer, run in its own environment);
 * ``kernels``: decode attention GB/s beside this machine's read bandwidth;
 * ``power``: CPU-seconds per token and tokens/s per power profile;
 * ``cache``: the KV cache's append throughput and bytes held against bytes needed;

@@ -1,10 +1,11 @@
-"""``dualpath bench e2e``: DualPath beside llama.cpp, one process per measurement.
+"""``dualpath bench e2e``: DualPath beside llama.cpp and onnxruntime-genai, one process per measurement.
 
-It measures prefill and decode tokens/s of DualPath and of llama.cpp
-(llama-cpp-python) on the same file, with the same thread count, interleaving
-the engines run by run and quoting medians (this machine is noisy). Each run is
-a fresh process (``harness.run_worker``), so its peak resident memory
-(ru_maxrss) is that engine's alone.
+It measures prefill and decode tokens/s of DualPath, of llama.cpp
+(llama-cpp-python) and of onnxruntime-genai on the same file, with the same
+prompt ids, thread count and chunk, interleaving the engines run by run (never
+two at once) and quoting medians (this machine is noisy). Each run is a fresh
+process (``harness.run_worker``; onnxruntime-genai's in its own environment,
+``ortgenai.py``), so its peak resident memory (ru_maxrss) is that engine's alone.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import os
 import sys
 import time
 
+from . import ortgenai
 from .common import interleaved, medians, peak_rss_mb, random_prompt, write_json
 from .harness import run_worker
 
@@ -64,18 +66,54 @@ def worker(engine: str, model: str, ctx: int, decode: int, threads: int, chunk: 
 
 
 def run_e2e(models: list[str], ctx: int, decode: int, threads: int, repeats: int, engines: list[str],
-            chunk: int) -> list[dict]:
-    """One row per model and engine: medians of ``repeats`` interleaved runs."""
+            chunk: int, ortgenai_peer: ortgenai.OrtGenaiPeer | None = None,
+            ortgenai_models: dict[str, ortgenai.OrtGenaiModel] | None = None) -> list[dict]:
+    """One row per model and engine: medians of ``repeats`` interleaved runs. ``engines``
+    are ``worker``'s; onnxruntime-genai is measured too on the models that have a built
+    model in ``ortgenai_models`` (``OrtGenaiPeer.prepare``)."""
     rows = []
     for model in models:
+        ort_model = (ortgenai_models or {}).get(model)
+        model_engines = list(engines) + ([ortgenai.ENGINE] if ort_model is not None else [])
+
         def measure(engine: str) -> dict:
+            if engine == ortgenai.ENGINE:
+                return ortgenai_peer.measure(ort_model, random_prompt(ort_model.vocab_size, ctx), decode, threads,
+                                             chunk)
             return run_worker(worker, {"engine": engine, "model": model, "ctx": ctx, "decode": decode,
                                        "threads": threads, "chunk": chunk}, timeout_s=TIMEOUT_S)
 
-        for engine, s in interleaved(engines, repeats, measure).items():
-            rows.append({"model": os.path.basename(model), "engine": engine, "ctx": ctx, "threads": threads,
-                         **medians(s, ("prefill_tps", "decode_tps", "peak_rss_mb")), "runs": len(s)})
+        for engine, s in interleaved(model_engines, repeats, measure).items():
+            row = {"model": os.path.basename(model), "engine": engine, "ctx": ctx, "threads": threads,
+                   **medians(s, ("prefill_tps", "decode_tps", "peak_rss_mb")), "runs": len(s)}
+            if engine == ortgenai.ENGINE:
+                row["precision"] = ort_model.precision
+            rows.append(row)
     return rows
+
+
+def _prepare_ortgenai(args) -> tuple[ortgenai.OrtGenaiPeer | None, dict]:
+    """onnxruntime-genai's built model of each ``--model`` it can run; a one-line notice on
+    stderr for what it cannot (the environment, or one file)."""
+    peer = ortgenai.OrtGenaiPeer(args.ortgenai_python or ortgenai.default_python(),
+                                 args.ortgenai_cache or ortgenai.default_cache_dir(), args.ortgenai_precision)
+    try:
+        peer.check()
+    except ortgenai.Unavailable as e:
+        print(f"dualpath bench: onnxruntime-genai skipped: {e}", file=sys.stderr)
+        return None, {}
+    built = {}
+    for model in args.model:
+        try:
+            m = peer.prepare(model, args.ctx, args.decode)
+        except ortgenai.Unavailable as e:
+            print(f"dualpath bench: onnxruntime-genai skipped for {os.path.basename(model)}: {e}", file=sys.stderr)
+            continue
+        print(f"dualpath bench: onnxruntime-genai {peer.og_version}: {'built' if m.built else 'reusing'} its "
+              f"{m.precision} model of {os.path.basename(model)} in {os.path.dirname(m.model_dir)}",
+              file=sys.stderr, flush=True)
+        built[model] = m
+    return peer, built
 
 
 def cmd_bench_e2e(args) -> int:
@@ -84,28 +122,44 @@ def cmd_bench_e2e(args) -> int:
         try:
             import llama_cpp  # noqa: F401  (availability check)
         except ImportError:
-            print("dualpath bench: llama-cpp-python is not installed; measuring DualPath alone "
+            print("dualpath bench: llama-cpp-python is not installed; measuring without llama.cpp "
                   "(pip install llama-cpp-python, or pass --no-peer)", file=sys.stderr)
             engines = ["dualpath"]
-    rows = run_e2e(args.model, args.ctx, args.decode, args.threads, args.repeats, engines, args.chunk)
+    peer, ort_models = (None, {}) if args.no_peer or args.no_ortgenai else _prepare_ortgenai(args)
+    rows = run_e2e(args.model, args.ctx, args.decode, args.threads, args.repeats, engines, args.chunk,
+                   peer, ort_models)
     print(f"median of {args.repeats} runs, {args.threads} threads, prompt {args.ctx} tokens, "
           f"then {args.decode} decoded tokens")
-    print(f"{'model':<34} {'engine':<10} {'prefill tok/s':>14} {'decode tok/s':>13} {'peak RSS MiB':>13}")
+    w = max([10] + [len(r["engine"]) for r in rows])
+    print(f"{'model':<34} {'engine':<{w}} {'prefill tok/s':>14} {'decode tok/s':>13} {'peak RSS MiB':>13}")
     for r in rows:
-        print(f"{r['model']:<34} {r['engine']:<10} {r['prefill_tps']:>14.1f} {r['decode_tps']:>13.1f} "
+        print(f"{r['model']:<34} {r['engine']:<{w}} {r['prefill_tps']:>14.1f} {r['decode_tps']:>13.1f} "
               f"{r['peak_rss_mb']:>13.1f}")
+    for m in ort_models.values():
+        print(f"{ortgenai.ENGINE} ran its {m.precision} model of {os.path.basename(m.gguf_path)}, made by its own "
+              f"model builder")
     write_json(args.json, rows)
     return 0
 
 
 def add_parser(bs) -> None:
-    e = bs.add_parser("e2e", help="prefill and decode tokens/s, DualPath beside llama-cpp-python, same file")
+    e = bs.add_parser("e2e", help="prefill and decode tokens/s, DualPath beside llama-cpp-python and "
+                                  "onnxruntime-genai, same file")
     e.add_argument("-m", "--model", action="append", required=True, help="GGUF file (repeatable)")
     e.add_argument("--ctx", type=int, default=512, help="prompt tokens (default 512)")
     e.add_argument("--decode", type=int, default=128, help="tokens decoded after the prompt (default 128)")
     e.add_argument("-t", "--threads", type=int, default=2)
-    e.add_argument("--chunk", type=int, default=512, help="prefill batch / chunk size for both engines")
+    e.add_argument("--chunk", type=int, default=512, help="prefill batch / chunk size for every engine")
     e.add_argument("-r", "--repeats", type=int, default=3)
     e.add_argument("--no-peer", action="store_true", help="measure DualPath only")
+    e.add_argument("--ortgenai-python", metavar="PATH",
+                   help="interpreter of an environment with onnxruntime-genai and its model builder's "
+                        f"dependencies (default: ${ortgenai.PYTHON_ENV}, else this one); made by "
+                        f"{ortgenai.SETUP_SCRIPT}. Without one, onnxruntime-genai is skipped with a notice")
+    e.add_argument("--ortgenai-precision", choices=ortgenai.PRECISIONS, default="auto",
+                   help="its builder's -p (auto: fp32 for a float file, int8 for Q8_0, else int4)")
+    e.add_argument("--ortgenai-cache", metavar="DIR",
+                   help="where its built models are kept (default ~/.cache/dualpath/ortgenai)")
+    e.add_argument("--no-ortgenai", action="store_true", help="leave onnxruntime-genai out")
     e.add_argument("--json", help="also write the rows as JSON here")
     e.set_defaults(func=cmd_bench_e2e)

@@ -13,6 +13,12 @@ with the arguments on stdin. The result goes to ``RESULT_PATH``, not stdout, so
 whatever the worker or a library prints cannot corrupt it. A child that exits
 non-zero, is killed or runs past ``timeout_s`` raises ``BenchProcessError``
 naming the worker and showing the tail of its stderr.
+
+A *peer script* (``run_peer_script``) is the same protocol in another Python
+environment, one that cannot import dualpath (onnxruntime-genai's, whose
+onnxruntime pin and builder's torch are not ours): ``PYTHON SCRIPT FUNCTION
+RESULT_PATH``, the arguments on stdin, the script run by path. Such a script
+carries its own copy of ``_child`` (it cannot import this module).
 """
 
 from __future__ import annotations
@@ -67,22 +73,40 @@ def run_worker(worker: Callable[..., Any] | str, kwargs: Mapping[str, Any] | Non
     child is killed. Raises ``BenchProcessError`` when the child fails or times out.
     """
     name = worker_name(worker)
+    return _run_child([sys.executable, "-m", "dualpath.bench.harness", name], name, kwargs,
+                      {**os.environ, **(env or {})}, timeout_s)
+
+
+def run_peer_script(python: str, script: str, function: str, kwargs: Mapping[str, Any] | None = None, *,
+                    timeout_s: float = 1800.0) -> Any:
+    """Call ``function(**kwargs)`` of the file ``script`` run by path in the interpreter
+    ``python`` (another environment); return what it returned. The child gets this
+    process's environment without ``PYTHONPATH``/``PYTHONHOME`` (they point into
+    ours, not into the peer's). Errors as ``run_worker``."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
+    return _run_child([python, script, function], f"{os.path.basename(script)}:{function}", kwargs, env,
+                      timeout_s)
+
+
+def _run_child(cmd: list[str], name: str, kwargs: Mapping[str, Any] | None, env: Mapping[str, str],
+               timeout_s: float) -> Any:
+    """Run ``cmd + [RESULT_PATH]`` with ``kwargs`` as JSON on stdin; return the JSON it wrote there."""
     kwargs = dict(kwargs or {})
     payload = json.dumps(kwargs)
     call = f"{name}({', '.join(f'{k}={v!r}' for k, v in kwargs.items())})"
     if len(call) > ARGS_CHARS:
         call = call[:ARGS_CHARS - 4] + " ...)"
-    child_env = {**os.environ, **(env or {})}
     with tempfile.TemporaryDirectory(prefix="dualpath-bench-") as tmp:
         result_path = os.path.join(tmp, "result.json")
-        cmd = [sys.executable, "-m", "dualpath.bench.harness", name, result_path]
         try:
-            proc = subprocess.run(cmd, input=payload, capture_output=True, text=True, env=child_env,
-                                  timeout=timeout_s)
+            proc = subprocess.run([*cmd, result_path], input=payload, capture_output=True, text=True,
+                                  env=dict(env), timeout=timeout_s)
         except subprocess.TimeoutExpired as e:
             err = e.stderr.decode(errors="replace") if isinstance(e.stderr, bytes) else e.stderr or ""
             raise BenchProcessError(f"bench worker {call} did not finish in {timeout_s:g} s (killed); "
                                     f"its stderr ends:\n{stderr_tail(err)}") from None
+        except OSError as e:  # the interpreter itself cannot be started
+            raise BenchProcessError(f"bench worker {call}: cannot run {cmd[0]}: {e.strerror or e}") from None
         if proc.returncode != 0:
             how = f"was killed by signal {-proc.returncode}" if proc.returncode < 0 else \
                 f"exited with status {proc.returncode}"
