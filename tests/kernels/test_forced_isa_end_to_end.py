@@ -6,7 +6,7 @@ import subprocess
 import sys
 
 import pytest
-from tests_shared import models_dir_path
+from tests_shared import assert_golden_ids, models_dir_path
 
 import dualpath
 from dualpath import SamplingParams
@@ -17,7 +17,6 @@ GGUF = MODELS / "stories260K.gguf"
 pytestmark = pytest.mark.skipif(not GGUF.is_file(), reason=f"test model not found in {MODELS} (set DUALPATH_TEST_MODELS)")
 
 
-NEAR_TIE = 0.05
 """A greedy choice whose f32 top-2 logit gap is below this is a near-tie that f16 KV's
 rounding (about 1e-3 relative, on logits of about 10 here) may flip."""
 
@@ -41,19 +40,8 @@ def test_golden_ids_with_each_forced_kernel(kernel, kv_dtype):
     for run in runs:
         ids = run["prompt_ids"]
         c = llm.generate(ids, SamplingParams(temperature=0, max_tokens=256 - len(ids) + 1))
-        got, want = list(c.token_ids), run["generated_ids"]
-        if kv_dtype == "f32" or got == want:
-            assert got == want, run["name"]
-            continue
-        m = next(i for i, (a, b) in enumerate(zip(got, want)) if a != b)
-        f32 = llm_for(kernel, "f32").runner
-        f32.begin([])
-        prefix = ids + want[:m]
-        for i in range(0, len(prefix), 64):
-            logits = f32.forward(prefix[i:i + 64])[-1]
-        top2 = logits.argsort()[::-1][:2]
-        gap = float(logits[top2[0]] - logits[top2[1]])
-        assert top2[0] == want[m] and got[m] == top2[1] and gap < NEAR_TIE, (run["name"], m, gap)
+        assert_golden_ids(list(c.token_ids), run["generated_ids"], ids, kv_dtype,
+                          lambda: llm_for(kernel, "f32").runner, run["name"])
 
 
 def test_disabling_cpu_features_falls_back_and_info_says_so():

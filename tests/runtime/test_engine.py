@@ -306,10 +306,11 @@ def test_the_sessions_keep_alive_the_ort_values_they_read_in_place(gguf_path):
     llm = make_llm(gguf_path)
     values = llm.runner.sessions.initializers
     assert values and all(isinstance(v, ort.OrtValue) for v in values)
-    # Each is a view of one of our weight arrays (no copy), held for the sessions' life,
-    # or of the graph folder's RoPE tables: one cos/sin pair for this model, which every
-    # part reads from the same mapping.
+    # Each is a view of one of our weight arrays or of the entry's fused matrices (no
+    # copy), held for the sessions' life, or of the graph folder's RoPE tables: one
+    # cos/sin pair for this model, which every part reads from the same mapping.
     ours = {a.ctypes.data for w in llm.spec.weights.values() for a in w.arrays().values()}
+    ours |= {a.ctypes.data for d in llm.spec.entry.derived_arrays.values() for a in d.values()}
     ptrs = [v.data_ptr() for v in values]
     assert len(set(ptrs) - ours) == 2
     assert sum(p not in ours for p in ptrs) == 2 * llm.spec.config.num_layers  # shared, not copied

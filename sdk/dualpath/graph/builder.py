@@ -50,6 +50,8 @@ class GraphPart:
     """Size of the placeholder file every part's external initializers point into."""
     tables: dict[str, np.ndarray] = field(default_factory=dict)
     """Initializers that live in the graph folder (RoPE tables), name -> array."""
+    derived: dict[str, np.ndarray] = field(default_factory=dict)
+    """Initializers that are the entry's derived arrays (fused matrices), name -> array."""
     prepack: bool = False
     """True when the part has quantized matmuls: MatMulNBits needs ONNX Runtime's
     prepacking to be fast (measured ~100x), and the prepacked copy replaces ours."""
@@ -59,7 +61,7 @@ class _Builder:
     """Accumulates nodes and initializers for one part."""
 
     def __init__(self, spec: ModelSpec, layout: dict[str, tuple[int, int]], accuracy_level: int,
-                 context_tokens: int = 0):
+                 context_tokens: int = 0, fused: dict[str, Weight] | None = None):
         self.spec = spec
         self.context_tokens = context_tokens or spec.config.context_length
         self.cfg = spec.config
@@ -72,6 +74,8 @@ class _Builder:
         self.prepack = False
         self.blocksums: dict[tuple[str, int], str] = {}  # (input, block size) -> its block sums (T, in / block)
         self.tables: dict[str, np.ndarray] = {}  # graph-folder initializers (RoPE tables)
+        self.derived: set[str] = set()  # initializers that are no model weight (tables, fused matrices)
+        self.fused = fused or {}
         self._n = 0
 
     def tmp(self, stem: str) -> str:
@@ -91,9 +95,17 @@ class _Builder:
         return self.consts[key]
 
     def external(self, name: str, array: np.ndarray) -> str:
-        """Declare ``array`` as an initializer whose bytes live outside the model."""
+        """Declare ``array`` as an initializer whose bytes live outside the model: a
+        model weight, or one of the entry's derived arrays (fused matrices) or of the
+        graph folder's tables, which get a placeholder range of their own."""
         if name in self.weights:
             return name
+        if name.rpartition(".")[0] not in self.spec.weights:
+            self.derived.add(name)
+            if name not in self.layout:  # the layout is shared by the parts: one range per array
+                end = self.layout[""][0]
+                self.layout[name] = (end, int(array.nbytes))
+                self.layout[""] = (end + -(-int(array.nbytes) // 64) * 64, 0)
         offset, length = self.layout[name]
         t = TensorProto()
         t.name = name
@@ -176,12 +188,8 @@ class _Builder:
     def table(self, name: str, array: np.ndarray) -> str:
         """An external initializer that lives in the graph folder, not the entry."""
         if name not in self.tables:
-            offset, _ = self.layout.setdefault(name, (self.layout[""][0], int(array.nbytes)))
-            if offset == self.layout[""][0]:  # new: the placeholder grows
-                self.layout[""] = (offset + -(-int(array.nbytes) // 64) * 64, 0)
             self.tables[name] = array
             self.external(name, array)
-            del self.weights[name]
         return name
 
     def rope(self, x: str, num_heads: int, positions: str, layer: int) -> str:
@@ -205,8 +213,9 @@ class _Builder:
         cfg, w = self.cfg, self.spec.weights
         pos2 = self.node("Unsqueeze", [positions, self.const("axes_0", np.array([0], np.int64))], "pos2")  # (1, T)
         x = self.rmsnorm(h, w[f"blk.{i}.attn_norm"])
-        if cfg.fused_qkv:  # Phi-3: one matmul, then q | k | v
-            q, k, v = self.split(self.linear(x, w[f"blk.{i}.attn_qkv"]), [cfg.q_dim, cfg.kv_dim, cfg.kv_dim], "qkv")
+        qkv = w.get(f"blk.{i}.attn_qkv") if cfg.fused_qkv else self.fused.get(f"blk.{i}.attn_qkv")
+        if qkv is not None:  # one matmul, then q | k | v (Phi-3's own, or ours: fusion_groups)
+            q, k, v = self.split(self.linear(x, qkv), [cfg.q_dim, cfg.kv_dim, cfg.kv_dim], "qkv")
         else:
             q, k, v = (self.linear(x, w[f"blk.{i}.attn_{n}"]) for n in "qkv")
         if cfg.qkv_bias:  # Qwen2
@@ -224,8 +233,9 @@ class _Builder:
             o = self.rmsnorm(o, w[f"blk.{i}.post_attention_norm"])
         h = self.node("Add", [h, o], "res")
         x = self.rmsnorm(h, w[f"blk.{i}.ffn_norm"])
-        if cfg.fused_gate_up:  # Phi-3: one matmul, gate first
-            gate, up = self.split(self.linear(x, w[f"blk.{i}.ffn_up"]), [cfg.hidden_dim, cfg.hidden_dim], "gu")
+        gate_up = w[f"blk.{i}.ffn_up"] if cfg.fused_gate_up else self.fused.get(f"blk.{i}.ffn_gate_up")
+        if gate_up is not None:  # one matmul, gate first (Phi-3's own, or ours)
+            gate, up = self.split(self.linear(x, gate_up), [cfg.hidden_dim, cfg.hidden_dim], "gu")
         else:
             gate, up = self.linear(x, w[f"blk.{i}.ffn_gate"]), self.linear(x, w[f"blk.{i}.ffn_up"])
         if cfg.ffn_act == "gelu_tanh":  # GeGLU (ggml_gelu: the tanh approximation)
@@ -267,8 +277,10 @@ class _Builder:
         model = helper.make_model(graph, ir_version=IR_VERSION, producer_name="dualpath",
                                   opset_imports=[helper.make_opsetid("", OPSET),
                                                  helper.make_opsetid("com.microsoft", 1)])
+        weights = {n: a for n, a in self.weights.items() if n not in self.derived}
+        derived = {n: a for n, a in self.weights.items() if n in self.derived and n not in self.tables}
         return GraphPart(index, model, tuple(i.name for i in inputs), tuple(o.name for o in outputs),
-                         self.weights, self.layout[""][0], self.tables, self.prepack)
+                         weights, self.layout[""][0], self.tables, derived, self.prepack)
 
 
 def rope_cache(inv_freq: np.ndarray, context_tokens: int, attn_factor: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
@@ -293,10 +305,11 @@ def weight_layout(spec: ModelSpec) -> dict[str, tuple[int, int]]:
     return layout
 
 
-def build_parts(spec: ModelSpec, accuracy_level: int = 4, context_tokens: int = 0) -> list[GraphPart]:
+def build_parts(spec: ModelSpec, accuracy_level: int = 4, context_tokens: int = 0,
+                fused: dict[str, Weight] | None = None) -> list[GraphPart]:
     """The ``num_layers + 1`` graphs of ``spec`` (see the module docstring) for a
     context of ``context_tokens`` (default: the model's; Phi-3's LongRoPE factors
-    depend on it)."""
+    depend on it), with the fused matrices ``fused`` (``fusion_groups``) where given."""
     cfg = spec.config
     layout = weight_layout(spec)
     F, I64 = TensorProto.FLOAT, TensorProto.INT64
@@ -309,7 +322,7 @@ def build_parts(spec: ModelSpec, accuracy_level: int = 4, context_tokens: int = 
     qkv_out = [vi("q", F, ["T", cfg.q_dim]), vi("k", F, ["T", cfg.kv_dim]), vi("v", F, ["T", cfg.kv_dim])]
     parts = []
     for index in range(cfg.num_layers + 1):
-        b = _Builder(spec, layout, accuracy_level, context_tokens)
+        b = _Builder(spec, layout, accuracy_level, context_tokens, fused)
         if index == cfg.num_layers:
             rows = "rows"
             h = b.node("Gather", ["h", rows], "hsel", axis=0)

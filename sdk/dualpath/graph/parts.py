@@ -29,12 +29,14 @@ import numpy as np
 
 from ..errors import ModelLoadError
 from ..models.spec import ModelSpec
-from ..models.store import write_json
+from ..models.store import CorruptEntry, write_arrays, write_json
 
 log = logging.getLogger(__name__)
 
 TABLES = "rope.bin"
 """Graph-folder file of the initializers that are not model weights (RoPE cos/sin tables)."""
+FUSED_VERSION = 1
+"""Bump when builder.fusion_groups or fuse change: older fused folders are then never read."""
 GRAPH_VERSION = 2
 """Bump when the graphs change (builder.py): an entry's older graph folders are then never
 read (``dualpath cache prune`` removes entries, not folders; ``rm`` frees them).
@@ -59,6 +61,7 @@ def graph_parts(spec: ModelSpec, accuracy_level: int, context_tokens: int) -> li
     """The ``num_layers + 1`` graph parts of ``spec`` (which must have a cache entry)."""
     name = f"graphs-v{GRAPH_VERSION}-a{accuracy_level}-c{context_tokens}"
     _remove_stale(spec.entry.folder)
+    fused_arrays(spec)  # made before the graphs, which name its arrays
     for _ in range(2):
         folder = spec.entry.derived(name, lambda tmp: _write_parts(spec, accuracy_level, context_tokens, tmp))
         parts = _read_parts(folder, spec)
@@ -68,14 +71,57 @@ def graph_parts(spec: ModelSpec, accuracy_level: int, context_tokens: int) -> li
     raise RuntimeError(f"the graphs in {folder} cannot be read back after writing them")
 
 
+def fused_arrays(spec: ModelSpec) -> dict[str, np.ndarray]:
+    """The entry's fused matrices (``builder.fusion_groups``), ``name.suffix`` -> a
+    mapped array of its folder ``fused-v{FUSED_VERSION}``: made once per entry, shared
+    by every graph folder (accuracy level, context) and session set. Fusion only
+    concatenates the parts' arrays, so it needs no onnx."""
+    entry = spec.entry
+    name = f"fused-v{FUSED_VERSION}"
+    arrays = entry.derived_arrays.get(name)
+    if arrays is None:
+        folder = entry.derived(name, lambda tmp: _write_fused(spec, tmp))
+        try:
+            with open(os.path.join(folder, "fused.json"), encoding="utf-8") as f:
+                index = json.load(f)
+            arrays = entry.map_arrays(os.path.join(folder, "fused.bin"), index) if index else {}
+        except (OSError, ValueError, CorruptEntry) as e:
+            shutil.rmtree(folder, ignore_errors=True)  # made again by the next load
+            raise ModelLoadError(spec.path, f"its fused matrices in {folder} cannot be read ({e}); "
+                                            "they are made again on the next load") from e
+        entry.derived_arrays[name] = arrays
+    return arrays
+
+
+def _write_fused(spec: ModelSpec, folder: str) -> None:
+    from .fusion import fuse, fusion_groups
+
+    arrays = {}
+    for name, ws in fusion_groups(spec).items():
+        spec.entry.verify([a for w in ws for a in w.arrays().values()])
+        for suffix, arr in fuse(ws).items():
+            arrays[f"{name}.{suffix}"] = arr
+    index = write_arrays(os.path.join(folder, "fused.bin"), arrays)
+    write_json(os.path.join(folder, "fused.json"), index)
+
+
+def _fused_weights(spec: ModelSpec) -> dict:
+    from .fusion import fused_weight, fusion_groups
+
+    arrays = fused_arrays(spec)
+    return {name: fused_weight(name, ws, arrays) for name, ws in fusion_groups(spec).items()
+            if any(k.startswith(name + ".") for k in arrays)}
+
+
 def _remove_stale(entry_folder: str) -> None:
-    """Remove the graph folders of older GRAPH_VERSIONs (no current code reads them)."""
+    """Remove the graph and fused folders of older versions (no current code reads them)."""
     try:
         names = os.listdir(entry_folder)
     except OSError:
         return
     for n in names:
-        if n.startswith("graphs-") and not n.startswith(f"graphs-v{GRAPH_VERSION}-"):
+        if (n.startswith("graphs-") and not n.startswith(f"graphs-v{GRAPH_VERSION}-")) or \
+                (n.startswith("fused-") and n != f"fused-v{FUSED_VERSION}"):
             shutil.rmtree(os.path.join(entry_folder, n), ignore_errors=True)
 
 
@@ -93,7 +139,7 @@ def _write_parts(spec: ModelSpec, accuracy_level: int, context_tokens: int, fold
 
     from .builder import PLACEHOLDER, build_parts
 
-    built = build_parts(spec, accuracy_level, context_tokens)
+    built = build_parts(spec, accuracy_level, context_tokens, _fused_weights(spec))
     with open(os.path.join(folder, PLACEHOLDER), "wb") as f:
         f.truncate(max((p.placeholder_bytes for p in built), default=0))  # sparse: never read
     tables, offset = {}, 0
@@ -108,7 +154,8 @@ def _write_parts(spec: ModelSpec, accuracy_level: int, context_tokens: int, fold
     for p in built:
         onnx.save(p.model, os.path.join(folder, f"part{p.index}.onnx"))
         listing.append({"index": p.index, "inputs": list(p.inputs), "outputs": list(p.outputs),
-                        "weights": list(p.weights), "tables": list(p.tables), "prepack": p.prepack})
+                        "weights": list(p.weights), "tables": list(p.tables), "derived": list(p.derived),
+                        "prepack": p.prepack})
     write_json(os.path.join(folder, "parts.json"), {"num_layers": spec.config.num_layers, "parts": listing,
                                                     "tables": tables})
 
@@ -145,6 +192,10 @@ def _read_parts(folder: str, spec: ModelSpec) -> list[PartFile] | None:
                 weights[name] = spec.weights[key].arrays()[kind]
             for name in p["tables"]:
                 weights[name] = tables[name]
+            if p["derived"]:
+                fused = fused_arrays(spec)
+                for name in p["derived"]:
+                    weights[name] = fused[name]
             parts.append(PartFile(p["index"], path, tuple(p["inputs"]), tuple(p["outputs"]), weights,
                                   bool(p["prepack"])))
         if len(parts) != spec.config.num_layers + 1:

@@ -129,6 +129,14 @@ def _xor_of(arr: np.ndarray) -> int:
     return x
 
 
+def _offset_in(m: mmap.mmap, a: np.ndarray) -> int | None:
+    """``a``'s offset inside mapping ``m``, or None when it lies elsewhere."""
+    if len(m) == 0:
+        return None
+    start = a.ctypes.data - np.frombuffer(m, np.uint8, 1).ctypes.data
+    return start if 0 <= start < len(m) else None
+
+
 def _source_offset(arr: np.ndarray, path: str) -> int | None:
     """The offset in file ``path`` of an array that is a view of an np.memmap of it, or None."""
     base = arr
@@ -166,6 +174,9 @@ class Entry:
         self.key = os.path.basename(folder)
         self._maps: list[mmap.mmap] = []  # weights.bin and the source file: alive as long as the entry
         self._weights_map: mmap.mmap | None = None
+        self._derived_maps: list[mmap.mmap] = []  # files of map_arrays
+        self.derived_arrays: dict[str, dict[str, np.ndarray]] = {}
+        """Derived folder name -> its mapped arrays, once per entry (graph/parts.py)."""
         self._checks: dict[int, tuple[str, int, int]] = {}
         """Offset in weights.bin -> (array name, bytes, XOR checksum) of arrays not yet verified."""
         self._lock = threading.Lock()
@@ -234,12 +245,8 @@ class Entry:
         return spec
 
     def _offset(self, a: np.ndarray) -> int | None:
-        """``a``'s offset in weights.bin, or None for a view of the source file."""
-        m = self._weights_map
-        if m is None:
-            return None
-        start = a.ctypes.data - np.frombuffer(m, np.uint8, 1).ctypes.data
-        return start if 0 <= start < len(m) else None
+        """``a``'s offset in weights.bin, or None for a view of another file."""
+        return None if self._weights_map is None else _offset_in(self._weights_map, a)
 
     def verify(self, arrays=None) -> None:
         """Check the XOR checksums of ``arrays`` (views of this entry; None: every array)
@@ -255,16 +262,35 @@ class Entry:
             if _xor64(self._weights_map, off, nbytes) != expected:
                 raise CorruptEntry(f"the checksum of {name} does not match: weights.bin is corrupted")
 
+    def map_arrays(self, path: str, index: dict) -> dict[str, np.ndarray]:
+        """Read-only views of the arrays of file ``path`` (an entry's derived folder):
+        ``index`` maps name -> {offset, shape, dtype, xor} (as ``write_arrays`` wrote it;
+        checksums verified here). The mapping lives as long as the entry, and
+        ``drop_pages`` can drop its pages. Raises CorruptEntry."""
+        m = self._map(path)
+        out = {}
+        for name, a in index.items():
+            dtype, shape = np.dtype(a["dtype"]), tuple(a["shape"])
+            count = int(np.prod(shape, dtype=np.int64))
+            if a["offset"] < 0 or a["offset"] + -(-count * dtype.itemsize // 8) * 8 > len(m):
+                raise CorruptEntry(f"{name} lies past the end of {path}")
+            if "xor" in a and _xor64(m, a["offset"], count * dtype.itemsize) != a["xor"]:
+                raise CorruptEntry(f"the checksum of {name} does not match: {path} is corrupted")
+            out[name] = np.frombuffer(m, dtype, count, a["offset"]).reshape(shape)
+        self._derived_maps.append(m)
+        return out
+
     def drop_pages(self, arrays) -> None:
-        """Forget the resident pages of ``arrays`` (views of weights.bin) after ONNX
-        Runtime packed its own copy: they come back from the page cache if read again."""
-        m = self._weights_map
-        if m is None or not hasattr(m, "madvise"):
-            return
+        """Forget the resident pages of ``arrays`` (views of weights.bin or of a file of
+        ``map_arrays``) after ONNX Runtime packed its own copy: they come back from the
+        page cache if read again."""
         for a in arrays:
-            start = self._offset(a)
-            if start is None:
-                continue  # a view of the source file
+            m, start = self._weights_map, self._offset(a)
+            if start is None:  # a view of the source file, or of a derived file
+                m, start = next(((d, s) for d in self._derived_maps for s in [_offset_in(d, a)] if s is not None),
+                                (None, None))
+            if m is None or not hasattr(m, "madvise"):
+                continue
             end = start + a.nbytes
             lo, hi = -(-start // mmap.PAGESIZE) * mmap.PAGESIZE, end // mmap.PAGESIZE * mmap.PAGESIZE
             if hi > lo:
@@ -286,6 +312,23 @@ class Entry:
             raise
         _publish(tmp, folder)
         return folder
+
+
+def write_arrays(path: str, arrays: dict[str, np.ndarray]) -> dict:
+    """Write ``arrays`` to file ``path`` at ALIGN-aligned offsets (each can be dropped
+    from memory on its own); the index ``Entry.map_arrays`` reads them back with."""
+    index = {}
+    with open(path, "wb") as f:
+        for name, arr in arrays.items():
+            arr = np.ascontiguousarray(arr)
+            offset = -(-f.tell() // ALIGN) * ALIGN
+            f.seek(offset)
+            f.write(arr.data)
+            index[name] = {"offset": offset, "shape": list(arr.shape), "dtype": arr.dtype.str, "xor": _xor_of(arr)}
+        f.truncate(-(-f.tell() // 8) * 8)  # whole words: each checksum reads its padding
+        f.flush()
+        os.fsync(f.fileno())
+    return index
 
 
 def write_json(path: str, data) -> None:
