@@ -196,6 +196,29 @@ def test_prompt_chunks_never_preempt():
     assert sched.preemptions == 0 and a.computed == 32 and a.status is Status.RUNNING
 
 
+def test_a_full_cache_refuses_a_waiting_request_before_looking_up_its_prompt():
+    cache = make_cache(8, path_mode="random")               # 16 pages
+    sched = scheduler(cache, max_batch_tokens=64)
+    starts = []
+    start = cache.start
+    cache.start = lambda seq_id, ids, *args: starts.append(len(ids)) or start(seq_id, ids, *args)
+    t0 = time.perf_counter()
+    a, b = make_request("a", 1000, 60, t0), make_request("b", 2000, 8, t0 + 1e-3)
+    sched.add(a)
+    sched.add(b)
+    # a: 15 pages + 1 of 16. Then 1 page is free, and b needs at least 1 + 1 + one per
+    # running request: refused at once, its prompt never hashed, at every step.
+    assert step(sched, 64) == [("a", 60)]
+    assert step(sched, 64) == [("a", 1)]                    # takes the last free page
+    for _ in range(3):
+        assert step(sched, 64) == [("a", 1)]
+    assert starts == [60] and list(sched.waiting) == [b] and cache.prefix_queries == 1
+    sched.remove(a)                                         # room again: b starts
+    assert step(sched, 64) == [("b", 8)]
+    assert starts == [60, 8]
+    cache.check_invariants()
+
+
 def test_the_scheduler_imports_no_onnx_runtime():
     code = ("import sys, dualpath.scheduler.batch, dualpath.scheduler.request; "
             "print('onnxruntime' in sys.modules)")

@@ -31,6 +31,12 @@ Which path a sequence's tokens take, and when it migrates, is decided by the
 cache's ``policy`` (cache/policy.py), the one home of those rules; the runner
 swaps in the power profile's policy between steps.
 
+Per-token work is O(1) (or O(new pages)), whatever the number of blocks, pages
+or sequences: the free pages are a running count, the lowest free block of a
+parity and the lowest random block with a free slot come from heaps, and the
+kernel view and the locality score are folded forward page by page.
+``check_invariants`` recomputes every such counter from scratch.
+
 Allocation failure is a value, ``NoRoom``, never an exception: the caller
 queues or preempts. Callers (the scheduler, the runner, the benchmarks) use
 only the methods below the ``facade`` line and the result types; the page
@@ -40,6 +46,7 @@ tables are the manager's own.
 from __future__ import annotations
 
 import hashlib
+import heapq
 import logging
 import struct
 from collections import OrderedDict
@@ -103,6 +110,11 @@ class Sequence:
     span_n: int = 0
     span_pages: int = 0
     """Pages of ``pages`` already folded into ``span_rows``; -1 after a page changed place."""
+    span_long: int = 0
+    """Tokens in the folded spans but the last (closed: full pages only) that are at least
+    ``span_window`` long: the locality score's numerator without the open last span."""
+    span_window: int = 0
+    """The ``locality_window`` ``span_long`` was counted with (recounted when the policy's changes)."""
 
     @property
     def num_tokens(self) -> int:
@@ -160,8 +172,22 @@ class KVCacheManager:
         npages = num_blocks * self.pages_per_block
         self.block_state = [FREE] * num_blocks           # (num_blocks,) FREE / SEQ / RAND
         self.block_live = [0] * num_blocks               # pages in use or cached per block
+        # Free blocks, and RAND blocks with free slots (a stack of slot numbers each). Every
+        # change (_take_block, _free_block, _rand_set, _rand_drop, _random_page, _release_slot)
+        # keeps the min-heaps below (the lowest block in O(log n)) and the free slot count;
+        # check_invariants recounts both.
         self.free_blocks = set(range(num_blocks))
         self.rand_free: dict[int, list[int]] = {}        # RAND block -> its free page slots
+        self._rand_free_pages = 0                        # sum of len(rand_free[b])
+        # Min-heaps with lazy deletion: an entry whose block left the set (grow in place,
+        # a RAND block's last slot taken) stays until it reaches the top. A flag per block
+        # says whether it has an entry, so none is pushed twice: a heap holds at most
+        # num_blocks entries, and a block back in the set reuses its entry.
+        self._free_heaps: tuple[list[int], list[int]] = (list(range(0, num_blocks, 2)),
+                                                         list(range(1, num_blocks, 2)))  # even, odd
+        self._free_heaped = bytearray(b"\x01" * num_blocks)  # (num_blocks,) has an entry in _free_heaps
+        self._rand_heap: list[int] = []                   # RAND blocks with free slots
+        self._rand_heaped = bytearray(num_blocks)         # (num_blocks,) has an entry in _rand_heap
         self.page_ref = [0] * npages
         self.page_hash: list[bytes | None] = [None] * npages
         self.lru: OrderedDict[int, None] = OrderedDict()  # cached pages nobody references, oldest first
@@ -178,15 +204,48 @@ class KVCacheManager:
         b, s = divmod(page, self.pages_per_block)
         return b * self.cfg.block_size + s * self.page_bytes
 
+    def _lowest_free(self, parity: int) -> int | None:
+        """The lowest free block of ``parity`` (0 even, 1 odd), or None."""
+        heap = self._free_heaps[parity]
+        while heap and heap[0] not in self.free_blocks:  # taken in place: drop the stale entry
+            self._free_heaped[heapq.heappop(heap)] = 0
+        return heap[0] if heap else None
+
     def _take_block(self, prefer_odd: bool) -> int | None:
-        if not self.free_blocks:
-            return None
-        parity = 1 if prefer_odd else 0
-        best = min((b for b in self.free_blocks if b % 2 == parity), default=None)
+        """The lowest free block of the preferred parity, else the lowest free block."""
+        best = self._lowest_free(int(prefer_odd))
         if best is None:
-            best = min(self.free_blocks)
+            best = self._lowest_free(int(not prefer_odd))
+            if best is None:
+                return None
+        heapq.heappop(self._free_heaps[best & 1])  # it is the top
+        self._free_heaped[best] = 0
         self.free_blocks.discard(best)
         return best
+
+    def _free_block(self, b: int) -> None:
+        """Block ``b`` holds nothing any more (its live count is 0): back to the free pool."""
+        self.block_state[b] = FREE
+        self.free_blocks.add(b)
+        if not self._free_heaped[b]:
+            self._free_heaped[b] = 1
+            heapq.heappush(self._free_heaps[b & 1], b)
+
+    def _rand_set(self, b: int, slots: list[int]) -> None:
+        """RAND block ``b`` (with no free slots listed yet) has free ``slots`` (popped last first)."""
+        if not slots:
+            return
+        self.rand_free[b] = slots
+        self._rand_free_pages += len(slots)
+        if not self._rand_heaped[b]:
+            self._rand_heaped[b] = 1
+            heapq.heappush(self._rand_heap, b)
+
+    def _rand_drop(self, b: int) -> None:
+        """Block ``b`` leaves the random pool's free slots (it becomes free)."""
+        slots = self.rand_free.pop(b, None)
+        if slots:
+            self._rand_free_pages -= len(slots)
 
     def _release_slot(self, page: int) -> None:
         """A page holds nothing any more: give its slot back to its block."""
@@ -195,11 +254,13 @@ class KVCacheManager:
         if self.block_state[b] == SEQ:
             return  # its owner still holds the block; the slot is reused only through the owner
         if self.block_live[b] == 0:
-            self.rand_free.pop(b, None)
-            self.block_state[b] = FREE
-            self.free_blocks.add(b)
+            self._rand_drop(b)
+            self._free_block(b)
+        elif b in self.rand_free:
+            self.rand_free[b].append(s)
+            self._rand_free_pages += 1
         else:
-            self.rand_free.setdefault(b, []).append(s)
+            self._rand_set(b, [s])
 
     def _evict_one(self) -> bool:
         if not self.lru:
@@ -214,19 +275,25 @@ class KVCacheManager:
         return True
 
     def _random_page(self) -> int | None:
+        """A page from the lowest RAND block with a free slot, else from a new RAND block
+        (odd first), else after evicting the oldest cached page."""
+        heap, rand_free = self._rand_heap, self.rand_free
         while True:
-            if self.rand_free:
-                b = min(self.rand_free)
-                slots = self.rand_free[b]
+            while heap and heap[0] not in rand_free:  # its last slot was taken: drop the stale entry
+                self._rand_heaped[heapq.heappop(heap)] = 0
+            if heap:
+                b = heap[0]
+                slots = rand_free[b]
                 s = slots.pop()
+                self._rand_free_pages -= 1
                 if not slots:
-                    del self.rand_free[b]
+                    del rand_free[b]
                 self.block_live[b] += 1
                 return b * self.pages_per_block + s
             b = self._take_block(prefer_odd=True)
             if b is not None:
                 self.block_state[b] = RAND
-                self.rand_free[b] = list(range(self.pages_per_block - 1, -1, -1))
+                self._rand_set(b, list(range(self.pages_per_block - 1, -1, -1)))
                 continue
             if not self._evict_one():
                 return None
@@ -243,7 +310,7 @@ class KVCacheManager:
                 self.block_live[last] += 1
                 return last * ppb + used
             nxt = last + 1
-            if nxt in self.free_blocks:  # grow in place
+            if nxt in self.free_blocks:  # grow in place (its heap entry is dropped lazily)
                 self.free_blocks.discard(nxt)
                 return self._own_block(seq, nxt)
         b = self._take_block(prefer_odd=False)
@@ -270,16 +337,13 @@ class KVCacheManager:
             p = b * self.pages_per_block + s
             if self.page_ref[p] > 0 or p in self.lru:
                 live_slots.add(s)
+        self._rand_drop(b)
         if not live_slots:
-            self.block_state[b] = FREE
             self.block_live[b] = 0
-            self.rand_free.pop(b, None)
-            self.free_blocks.add(b)
+            self._free_block(b)
         else:
             self.block_live[b] = len(live_slots)
-            self.rand_free[b] = [s for s in range(self.pages_per_block - 1, -1, -1) if s not in live_slots]
-            if not self.rand_free[b]:
-                del self.rand_free[b]
+            self._rand_set(b, [s for s in range(self.pages_per_block - 1, -1, -1) if s not in live_slots])
 
     def _unref(self, page: int) -> None:
         self.page_ref[page] -= 1
@@ -408,9 +472,10 @@ class KVCacheManager:
             if page is None:
                 for p in reversed(taken):  # all or nothing
                     seq.pages.pop()
-                    seq.span_pages = -1
                     self.page_ref[p] = 0
                     self._give_back_new(seq, p)
+                if seq.span_pages > len(seq.pages):  # a page given back was folded: refold
+                    seq.span_pages = -1
                 return NoRoom(need, room)
             self.page_ref[page] = 1
             seq.pages.append(page)
@@ -443,8 +508,7 @@ class KVCacheManager:
             if self._extent_used[b] == 0:
                 seq.blocks.pop()
                 self._extent_used.pop(b)
-                self.block_state[b] = FREE
-                self.free_blocks.add(b)
+                self._free_block(b)
         else:
             self._release_slot(page)
 
@@ -547,39 +611,81 @@ class KVCacheManager:
         self.arena.copy(np.ascontiguousarray(s), np.ascontiguousarray(d))
 
     # -- kernel view and measurements -----------------------------------------
-    def spans(self, seq_id: int, out: np.ndarray | None = None) -> np.ndarray:
-        """Kernel view: (num_spans, 3) int64 rows (byte offset, num_tokens, page_tokens);
-        physically adjacent pages are merged into one span. Kept incrementally: a step
-        folds in only the pages added since the last call."""
-        seq = self.seqs[seq_id]
+    def _fold_spans(self, seq: Sequence) -> np.ndarray:
+        """Fold the pages added since the last fold into the sequence's kernel view rows
+        (``span_rows[:span_n]``, every page counted full) and ``span_long``: O(new pages).
+        Returns ``span_rows``."""
         P, pb = self.page_tokens, self.page_bytes
+        window = self.policy.locality_window
         if seq.span_pages < 0:
-            seq.span_n = seq.span_pages = 0
+            seq.span_n = seq.span_pages = seq.span_long = 0
         rows = seq.span_rows
+        if seq.span_window != window:  # another policy's window: recount the closed spans once
+            closed = rows[:max(seq.span_n - 1, 0), 1]
+            seq.span_long = int(closed[closed >= window].sum())
+            seq.span_window = window
         for page in seq.pages[seq.span_pages:]:
             off = self.page_offset(page)
             r = seq.span_n
             if r and rows[r - 1, 0] + (rows[r - 1, 1] // P) * pb == off:
                 rows[r - 1, 1] += P
             else:
+                if r:  # the last span closes: only full pages in it from now on
+                    n = int(rows[r - 1, 1])
+                    if n >= window:
+                        seq.span_long += n
                 if r == len(rows):
                     rows = seq.span_rows = np.concatenate([rows, np.zeros_like(rows)])
                 rows[r] = (off, P, P)
                 seq.span_n = r + 1
         seq.span_pages = len(seq.pages)
+        return rows
+
+    def spans(self, seq_id: int, out: np.ndarray | None = None) -> np.ndarray:
+        """Kernel view: (num_spans, 3) int64 rows (byte offset, num_tokens, page_tokens);
+        physically adjacent pages are merged into one span. Kept incrementally: a step
+        folds in only the pages added since the last call (the copy into ``out`` is one
+        memcpy of 24 bytes per span)."""
+        seq = self.seqs[seq_id]
+        rows = self._fold_spans(seq)
         r = seq.span_n
         dst = out if out is not None else np.empty((r, 3), np.int64)
         dst[:r] = rows[:r]
         if r:
-            dst[r - 1, 1] -= len(seq.pages) * P - seq.num_tokens  # the last page may be partial
+            dst[r - 1, 1] -= len(seq.pages) * self.page_tokens - seq.num_tokens  # the last page may be partial
         return dst[:r]
 
     def locality_score(self, seq_id: int) -> float:
-        """Share of the sequence's KV reads in contiguous runs >= locality_window tokens."""
+        """Share of the sequence's KV reads in contiguous runs >= locality_window tokens.
+        Incremental (``_fold_spans``): every decode step asks, so it must not scan the
+        sequence; ``_locality_score_scan`` is the same value from scratch."""
         seq = self.seqs[seq_id]
         if seq.num_tokens == 0:
             return 0.0
-        sp = self.spans(seq_id)
+        rows = self._fold_spans(seq)
+        last = int(rows[seq.span_n - 1, 1]) - (len(seq.pages) * self.page_tokens - seq.num_tokens)
+        long = seq.span_long + (last if last >= seq.span_window else 0)
+        return float(long) / seq.num_tokens
+
+    def _spans_scan(self, seq: Sequence) -> np.ndarray:
+        """The kernel view rebuilt from the page table (checks ``spans``)."""
+        P = self.page_tokens
+        offs = np.array([self.page_offset(p) for p in seq.pages], np.int64)  # (num_pages,)
+        if not len(offs):
+            return np.zeros((0, 3), np.int64)
+        cut = np.flatnonzero(np.diff(offs) != self.page_bytes) + 1  # first page of each span but the first
+        first = np.concatenate([[0], cut])
+        end = np.concatenate([cut, [len(offs)]])
+        rows = np.stack([offs[first], (end - first) * P, np.full(len(first), P)], 1).astype(np.int64)
+        rows[-1, 1] -= len(offs) * P - seq.num_tokens
+        return rows
+
+    def _locality_score_scan(self, seq_id: int) -> float:
+        """``locality_score`` from scratch, over the whole page table (checks it)."""
+        seq = self.seqs[seq_id]
+        if seq.num_tokens == 0:
+            return 0.0
+        sp = self._spans_scan(seq)
         long = sp[sp[:, 1] >= self.policy.locality_window, 1].sum()
         return float(long) / seq.num_tokens
 
@@ -590,8 +696,9 @@ class KVCacheManager:
         return (total - self.free_page_count()) * self.page_bytes * self.arena.num_layers
 
     def free_page_count(self) -> int:
-        free = sum(len(v) for v in self.rand_free.values()) + len(self.free_blocks) * self.pages_per_block
-        return free + len(self.lru)
+        """Pages an allocation can take: free slots of RAND blocks, free blocks, cached
+        pages (evictable). O(1): every allocation and admission asks."""
+        return self._rand_free_pages + len(self.free_blocks) * self.pages_per_block + len(self.lru)
 
     def stats(self) -> CacheStats:
         """Bytes are for all layers. ``token_bytes_needed`` counts the tokens stored once
@@ -640,6 +747,30 @@ class KVCacheManager:
             assert self.page_ref[p] == 0 and self.page_hash[p] is not None
         for h, p in self.table.items():
             assert self.page_hash[p] == h
+        ppb = self.pages_per_block
         for b in range(self.num_blocks):
             if b in self.free_blocks:
                 assert self.block_state[b] == FREE and self.block_live[b] == 0, f"block {b}"
+            elif self.block_state[b] == RAND:  # every slot is live (in use or cached) or free
+                assert self.block_live[b] + len(self.rand_free.get(b, ())) == ppb, f"block {b}"
+            assert (self.block_state[b] == SEQ) == (b in self._extent_used), f"block {b}"
+        # The incremental counters and heaps against a recomputation.
+        assert all(self.rand_free.values()), "a RAND block listed with no free slot"
+        assert self._rand_free_pages == sum(len(v) for v in self.rand_free.values()), \
+            "the free slot count (free_page_count) disagrees with rand_free"
+        for heap in (*self._free_heaps, self._rand_heap):
+            assert all(heap[(i - 1) // 2] <= heap[i] for i in range(1, len(heap))), "heap order"
+            assert len(set(heap)) == len(heap), "a block twice in a heap"
+        for parity in (0, 1):
+            assert all(b % 2 == parity for b in self._free_heaps[parity]), "free block in the wrong heap"
+        free_heaped = set(self._free_heaps[0]) | set(self._free_heaps[1])
+        assert free_heaped == {b for b in range(self.num_blocks) if self._free_heaped[b]}
+        assert self.free_blocks <= free_heaped, "a free block missing from the heaps"
+        rand_heaped = set(self._rand_heap)
+        assert rand_heaped == {b for b in range(self.num_blocks) if self._rand_heaped[b]}
+        assert set(self.rand_free) <= rand_heaped, "a RAND block with free slots missing from the heap"
+        for sid, s in self.seqs.items():
+            np.testing.assert_array_equal(self.spans(sid), self._spans_scan(s), err_msg=f"spans of {sid}")
+            closed = s.span_rows[:max(s.span_n - 1, 0), 1]
+            assert s.span_long == closed[closed >= s.span_window].sum(), f"span_long of {sid}"
+            assert self.locality_score(sid) == self._locality_score_scan(sid), f"locality of {sid}"

@@ -160,47 +160,59 @@ def create_sessions(parts: list[PartFile], num_threads: int, spinning: bool = Tr
 
 
 class _Binding:
-    """IOBindings of every part for one step size T, over the runner's buffers."""
+    """IOBindings of every part of one session set, over the runner's buffers.
 
-    def __init__(self, runner: "ModelRunner", num_tokens: int, num_rows: int, sessions=None):
-        T, R = num_tokens, num_rows
+    One per session set, reused by every step: a step of another size (T tokens, R
+    rows wanted) rebinds only the names whose first dimension changed (ONNX Runtime
+    replaces a name bound again on the same IOBinding), so steps that mix decodes and
+    prefill chunks of any size create no binding objects. The buffers never move, so
+    nothing else is ever rebound."""
+
+    def __init__(self, runner: "ModelRunner", sessions):
         r = runner
-        self.bindings = []
-        h_src, h_dst = r.h_a, r.h_b
+        self.sessions = sessions
+        self.bindings = [sess.io_binding() for sess in sessions]
         f32, i64 = np.float32, np.int64
-        self.sessions = sessions if sessions is not None else r.sessions
-        for i, sess in enumerate(self.sessions):
-            b = sess.io_binding()
+        # (bind method, name, element type, shape after the first dimension, data pointer)
+        self._per_token: list[tuple] = []  # names with T rows
+        self._per_row: list[tuple] = []    # names with R rows (the lm_head part's)
+        h_src, h_dst = r.h_a, r.h_b
 
-            def bind_in(name, arr, rows, elem):
-                b.bind_input(name, "cpu", 0, elem, [rows] + list(arr.shape[1:]), arr.ctypes.data)
+        def bound(b, output, key, arr, elem=f32):
+            return (b.bind_output if output else b.bind_input, key, elem, list(arr.shape[1:]), arr.ctypes.data)
 
-            def bind_out(name, arr, rows):
-                b.bind_output(name, "cpu", 0, f32, [rows] + list(arr.shape[1:]), arr.ctypes.data)
-
+        for i, b in enumerate(self.bindings):
             if i == r.num_layers:
-                bind_in("h", h_src, T, f32)
-                bind_in("attn", r.attn, T, f32)
-                bind_in("rows", r.rows, R, i64)
-                bind_out("logits", r.logits, R)
-                bind_out("hidden", r.hidden, R)
+                self._per_token += [bound(b, False, "h", h_src), bound(b, False, "attn", r.attn)]
+                self._per_row += [bound(b, False, "rows", r.rows, i64), bound(b, True, "logits", r.logits),
+                                  bound(b, True, "hidden", r.hidden)]
             else:
-                bind_in("h", h_src, T, f32)
-                bind_in("positions", r.positions, T, i64)
+                self._per_token += [bound(b, False, "h", h_src), bound(b, False, "positions", r.positions, i64)]
                 if i > 0:
-                    bind_in("attn", r.attn, T, f32)
-                    bind_out("h_out", h_dst, T)
+                    self._per_token += [bound(b, False, "attn", r.attn), bound(b, True, "h_out", h_dst)]
                     h_src, h_dst = h_dst, h_src
-                bind_out("q", r.q, T)
-                bind_out("k", r.k, T)
-                bind_out("v", r.v, T)
-            self.bindings.append(b)
-        self.ids = r.ids[:T]
-        self.h0 = r.h_a[:T]
+                self._per_token += [bound(b, True, "q", r.q), bound(b, True, "k", r.k), bound(b, True, "v", r.v)]
+        self._ids, self._h0 = r.ids, r.h_a
+        self.num_tokens = self.num_rows = 0  # nothing bound yet
+        self.ids = self.h0 = None
         # (run, binding, layer) per part, built once: a step creates no objects per layer.
         L = r.num_layers
         self.plan = [(sess.run_with_iobinding, b, layer if layer < L else -1)
-                     for layer, (sess, b) in enumerate(zip(self.sessions, self.bindings))]
+                     for layer, (sess, b) in enumerate(zip(sessions, self.bindings))]
+
+    def resize(self, num_tokens: int, num_rows: int) -> None:
+        """Bind for a step of ``num_tokens`` tokens and ``num_rows`` logits rows: only the
+        names whose size changed since the last step."""
+        if num_tokens != self.num_tokens:
+            for bind, key, elem, tail, ptr in self._per_token:
+                bind(key, "cpu", 0, elem, [num_tokens] + tail, ptr)
+            self.num_tokens = num_tokens
+            self.ids = self._ids[:num_tokens]  # (T,)
+            self.h0 = self._h0[:num_tokens]    # (T, dim)
+        if num_rows != self.num_rows:
+            for bind, key, elem, tail, ptr in self._per_row:
+                bind(key, "cpu", 0, elem, [num_rows] + tail, ptr)
+            self.num_rows = num_rows
 
 
 class CacheFullError(DualPathError, MemoryError):
@@ -337,7 +349,7 @@ class ModelRunner:
         self._caller_cpus = {sp: frozenset(sp.cpus[:1]) if sp.pinned else home for sp in self._sets}
         self._pin_caller = governor.placer.pin_caller if governor is not None else None
         self.kv = next(iter(self._sets.values()))[1] if self._sets else stepper(self.pool)
-        self._bindings: dict[tuple, _Binding] = {}  # (T, R, sessions id) -> binding, most recent last
+        self._bindings: dict[int, _Binding] = {}  # id(session set) -> its bindings
         self.last_plan = None
         """The governor's plan of the last ``plan_step`` (None without a governor)."""
         self.seq_id = self.cache.new_seq_id()
@@ -457,13 +469,11 @@ class ModelRunner:
         return logits[:R]
 
     def _binding(self, T: int, R: int, sessions) -> _Binding:
-        key = (T, R, id(sessions))
-        b = self._bindings.pop(key, None)
-        if b is None:
-            b = _Binding(self, T, R, sessions)
-            if len(self._bindings) >= 64:  # prefill remainders: keep the recent ones
-                self._bindings.pop(next(iter(self._bindings)))
-        self._bindings[key] = b
+        """The session set's bindings, sized for a step of T tokens and R rows."""
+        b = self._bindings.get(id(sessions))
+        if b is None or b.sessions is not sessions:  # first use (a stored binding keeps its set alive)
+            b = self._bindings[id(sessions)] = _Binding(self, sessions)
+        b.resize(T, R)
         return b
 
     def _execute(self, T: int, R: int, prefill: bool, num_seqs: int, num_spans: int, sp=None) -> np.ndarray:

@@ -153,7 +153,11 @@ class BatchScheduler:
         #    decoding there is no pace to keep: chunks count plain tokens.
         weighted = bool(out)
         now = time.perf_counter()
-        candidates = [r for r in self.running if r.n - r.computed > 1] + list(self.waiting)
+        # Waiting requests are candidates only while a sequence slot is free (``running``
+        # does not shrink in this phase: chunks never preempt), so a long queue behind
+        # full slots costs nothing per step.
+        waiting = list(self.waiting) if len(self.running) < self.max_num_seqs else []
+        candidates = [r for r in self.running if r.n - r.computed > 1] + waiting
         # Priority classes by prompt chunks still to run, first come first served within
         # a class. A second in the queue promotes a waiting request by one class (so a
         # long document gets a slot); a running prompt is not promoted, so it never
@@ -181,6 +185,12 @@ class BatchScheduler:
                 add(req, alloc, tokens)
                 budget -= cost
             elif len(self.running) < self.max_num_seqs:
+                # A certain refusal is decided before start() hashes the whole prompt (each
+                # step, while the cache is full): the admission test below needs at least one
+                # page for the prompt (its last token is never cached) plus one per running
+                # request, and start() only ever lowers the free count.
+                if cache.free_page_count() < 2 + len(self.running):
+                    continue
                 seq_id = cache.new_seq_id()
                 prompt = req.ids[:req.n].tolist()
                 cached = cache.start(seq_id, [] if req.embedding or req.prompt_logits else prompt)
