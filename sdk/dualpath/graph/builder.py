@@ -193,15 +193,16 @@ class _Builder:
         return name
 
     def rope(self, x: str, num_heads: int, positions: str, layer: int) -> str:
-        """Rotate every head of x (T, num_heads * head_dim): adjacent pairs (x[2i], x[2i+1])
-        (llama.cpp NORM RoPE, run.c) or halves (x[i], x[i + head_dim/2]) (NEOX), with
-        ONNX Runtime's fused RotaryEmbedding over tables of every position (one kernel
-        instead of about twenty small ones per layer)."""
+        """Rotate every head of x (T, num_heads * head_dim) at ``positions`` (1, T):
+        adjacent pairs (x[2i], x[2i+1]) (llama.cpp NORM RoPE, run.c) or halves (x[i],
+        x[i + head_dim/2]) (NEOX), with ONNX Runtime's fused RotaryEmbedding over tables
+        of every position (one kernel instead of about twenty small ones per layer).
+        Returns (1, T, num_heads * head_dim): the graph's q and k outputs keep that
+        leading 1 (the runner binds its (T, ...) buffers so), which saves a node."""
         cos, sin = self.rope_tables(layer)
         x3 = self.node("Unsqueeze", [x, self.const("axes_0", np.array([0], np.int64))], "x3")
-        y = self.node("RotaryEmbedding", [x3, positions, cos, sin], "rope", domain="com.microsoft",
-                      interleaved=int(self.cfg.rope_type == "norm"), num_heads=num_heads)
-        return self.node("Squeeze", [y, self.const("axes_0", np.array([0], np.int64))], "rflat")
+        return self.node("RotaryEmbedding", [x3, positions, cos, sin], "rope", domain="com.microsoft",
+                         interleaved=int(self.cfg.rope_type == "norm"), num_heads=num_heads)
 
     def split(self, x: str, sizes: list[int], stem: str) -> list[str]:
         outs = [self.tmp(stem) for _ in sizes]
@@ -211,7 +212,6 @@ class _Builder:
 
     def open_layer(self, i: int, h: str, positions: str) -> tuple[str, str, str]:
         cfg, w = self.cfg, self.spec.weights
-        pos2 = self.node("Unsqueeze", [positions, self.const("axes_0", np.array([0], np.int64))], "pos2")  # (1, T)
         x = self.rmsnorm(h, w[f"blk.{i}.attn_norm"])
         qkv = w.get(f"blk.{i}.attn_qkv") if cfg.fused_qkv else self.fused.get(f"blk.{i}.attn_qkv")
         if qkv is not None:  # one matmul, then q | k | v (Phi-3's own, or ours: fusion_groups)
@@ -224,7 +224,7 @@ class _Builder:
         if cfg.qk_norm:  # Qwen3, Gemma 3
             q = self.head_norm(q, cfg.num_heads, w[f"blk.{i}.attn_q_norm"])
             k = self.head_norm(k, cfg.num_kv_heads, w[f"blk.{i}.attn_k_norm"])
-        return self.rope(q, cfg.num_heads, pos2, i), self.rope(k, cfg.num_kv_heads, pos2, i), v
+        return self.rope(q, cfg.num_heads, positions, i), self.rope(k, cfg.num_kv_heads, positions, i), v
 
     def close_layer(self, i: int, h: str, attn: str) -> str:
         cfg, w = self.cfg, self.spec.weights
@@ -317,9 +317,9 @@ def build_parts(spec: ModelSpec, accuracy_level: int = 4, context_tokens: int = 
     def vi(name, elem, shape):
         return helper.make_tensor_value_info(name, elem, shape)
 
-    h_in, pos_in = vi("h", F, ["T", cfg.dim]), vi("positions", I64, ["T"])
+    h_in, pos_in = vi("h", F, ["T", cfg.dim]), vi("positions", I64, [1, "T"])
     attn_in = vi("attn", F, ["T", cfg.q_dim])
-    qkv_out = [vi("q", F, ["T", cfg.q_dim]), vi("k", F, ["T", cfg.kv_dim]), vi("v", F, ["T", cfg.kv_dim])]
+    qkv_out = [vi("q", F, [1, "T", cfg.q_dim]), vi("k", F, [1, "T", cfg.kv_dim]), vi("v", F, ["T", cfg.kv_dim])]
     parts = []
     for index in range(cfg.num_layers + 1):
         b = _Builder(spec, layout, accuracy_level, context_tokens, fused)

@@ -37,10 +37,11 @@ TABLES = "rope.bin"
 """Graph-folder file of the initializers that are not model weights (RoPE cos/sin tables)."""
 FUSED_VERSION = 1
 """Bump when builder.fusion_groups or fuse change: older fused folders are then never read."""
-GRAPH_VERSION = 2
+GRAPH_VERSION = 3
 """Bump when the graphs change (builder.py): an entry's older graph folders are then never
 read (``dualpath cache prune`` removes entries, not folders; ``rm`` frees them).
-2: MatMul over (in, out) float weights, outputs written by their producers, fused RoPE."""
+2: MatMul over (in, out) float weights, outputs written by their producers, fused RoPE.
+3: positions (1, T), q and k (1, T, ...); fused q | k | v and gate | up."""
 
 
 @dataclass

@@ -178,8 +178,10 @@ class _Binding:
         self._per_row: list[tuple] = []    # names with R rows (the lm_head part's)
         h_src, h_dst = r.h_a, r.h_b
 
-        def bound(b, output, key, arr, elem=f32):
-            return (b.bind_output if output else b.bind_input, key, elem, list(arr.shape[1:]), arr.ctypes.data)
+        def bound(b, output, key, arr, elem=f32, lead=()):
+            # (bind, name, element type, dims before T, dims after T, data pointer)
+            return (b.bind_output if output else b.bind_input, key, elem, list(lead), list(arr.shape[1:]),
+                    arr.ctypes.data)
 
         for i, b in enumerate(self.bindings):
             if i == r.num_layers:
@@ -187,11 +189,13 @@ class _Binding:
                 self._per_row += [bound(b, False, "rows", r.rows, i64), bound(b, True, "logits", r.logits),
                                   bound(b, True, "hidden", r.hidden)]
             else:
-                self._per_token += [bound(b, False, "h", h_src), bound(b, False, "positions", r.positions, i64)]
+                # positions (1, T), q and k (1, T, ...): see builder.rope
+                self._per_token += [bound(b, False, "h", h_src), bound(b, False, "positions", r.positions, i64, (1,))]
                 if i > 0:
                     self._per_token += [bound(b, False, "attn", r.attn), bound(b, True, "h_out", h_dst)]
                     h_src, h_dst = h_dst, h_src
-                self._per_token += [bound(b, True, "q", r.q), bound(b, True, "k", r.k), bound(b, True, "v", r.v)]
+                self._per_token += [bound(b, True, "q", r.q, lead=(1,)), bound(b, True, "k", r.k, lead=(1,)),
+                                    bound(b, True, "v", r.v)]
         self._ids, self._h0 = r.ids, r.h_a
         self.num_tokens = self.num_rows = 0  # nothing bound yet
         self.ids = self.h0 = None
@@ -204,14 +208,14 @@ class _Binding:
         """Bind for a step of ``num_tokens`` tokens and ``num_rows`` logits rows: only the
         names whose size changed since the last step."""
         if num_tokens != self.num_tokens:
-            for bind, key, elem, tail, ptr in self._per_token:
-                bind(key, "cpu", 0, elem, [num_tokens] + tail, ptr)
+            for bind, key, elem, lead, tail, ptr in self._per_token:
+                bind(key, "cpu", 0, elem, lead + [num_tokens] + tail, ptr)
             self.num_tokens = num_tokens
             self.ids = self._ids[:num_tokens]  # (T,)
             self.h0 = self._h0[:num_tokens]    # (T, dim)
         if num_rows != self.num_rows:
-            for bind, key, elem, tail, ptr in self._per_row:
-                bind(key, "cpu", 0, elem, [num_rows] + tail, ptr)
+            for bind, key, elem, lead, tail, ptr in self._per_row:
+                bind(key, "cpu", 0, elem, lead + [num_rows] + tail, ptr)
             self.num_rows = num_rows
 
 
