@@ -119,9 +119,8 @@ static void scores_q8(const float *q, int64_t group, int64_t hd, const int8_t *k
  * block (its last vector masked when head_dim % 16): for a GQA group of 8 and head_dim
  * 64, two passes of 8 heads x 32 dims, each reading its own half of every V row. A
  * block of at most 4 accumulators (MHA) also splits the rows over 2 partial sums,
- * so that enough FMA chains hide the FMA latency. SCALED (q8): a row's weight is
- * p * its scale (one multiply per head and row); an int8 row widens in registers. */
-#define DEFINE_ACCUM(NAME, T, LD, LDM, SCALED)                                                    \
+ * so that enough FMA chains hide the FMA latency. */
+#define DEFINE_ACCUM(NAME, T, LD, LDM)                                                            \
     static inline __attribute__((always_inline)) void NAME##_blk(                                  \
         const float *p0, int64_t sstride, const int GB, const int C, const dp_seg *segs, int64_t ns, \
         int64_t e0, int64_t hd, float *o, const int masked, __mmask16 last) {                      \
@@ -134,7 +133,7 @@ static void scores_q8(const float *q, int64_t group, int64_t hd, const int8_t *k
         for (int i = A; i < U * A; i++) acc[i] = _mm512_setzero_ps();                              \
         for (int64_t j = 0, off = 0; j < ns; off += segs[j].n, j++) {                              \
             const T *rows = (const T *)segs[j].ptr + e0;                                           \
-            const float *p = p0 + off, *vs = segs[j].scales;                                       \
+            const float *p = p0 + off;                                                             \
             const int64_t n = segs[j].n;                                                           \
             int64_t r = 0;                                                                         \
             for (; r + U <= n; r += U)                                                             \
@@ -144,8 +143,7 @@ static void scores_q8(const float *q, int64_t group, int64_t hd, const int8_t *k
                         v[c] = masked && c == C - 1 ? LDM(rows + (r + u) * hd + 16 * c, last)      \
                                                     : LD(rows + (r + u) * hd + 16 * c);            \
                     for (int g = 0; g < GB; g++) {                                                 \
-                        const __m512 w = _mm512_set1_ps(SCALED ? p[g * sstride + r + u] * vs[r + u]  \
-                                                               : p[g * sstride + r + u]);          \
+                        const __m512 w = _mm512_set1_ps(p[g * sstride + r + u]);                   \
                         for (int c = 0; c < C; c++)                                                \
                             acc[u * A + g * C + c] = _mm512_fmadd_ps(w, v[c], acc[u * A + g * C + c]); \
                     }                                                                              \
@@ -155,7 +153,7 @@ static void scores_q8(const float *q, int64_t group, int64_t hd, const int8_t *k
                 for (int c = 0; c < C; c++)                                                        \
                     v[c] = masked && c == C - 1 ? LDM(rows + r * hd + 16 * c, last) : LD(rows + r * hd + 16 * c); \
                 for (int g = 0; g < GB; g++) {                                                     \
-                    const __m512 w = _mm512_set1_ps(SCALED ? p[g * sstride + r] * vs[r] : p[g * sstride + r]); \
+                    const __m512 w = _mm512_set1_ps(p[g * sstride + r]);                           \
                     for (int c = 0; c < C; c++) acc[g * C + c] = _mm512_fmadd_ps(w, v[c], acc[g * C + c]); \
                 }                                                                                  \
             }                                                                                      \
@@ -199,9 +197,47 @@ static void scores_q8(const float *q, int64_t group, int64_t hd, const int8_t *k
         if (group - g >= 1) NAME##_heads(p + g * sstride, sstride, 1, segs, ns, hd, o + g * hd);   \
     }                                                                                              \
 
-DEFINE_ACCUM(accum_f32, float, ld_f32, ldm_f32, 0)
-DEFINE_ACCUM(accum_f16, uint16_t, ld_f16, ldm_f16, 0)
-DEFINE_ACCUM(accum_q8, int8_t, ld_q8, ldm_q8, 1)
+DEFINE_ACCUM(accum_f32, float, ld_f32, ldm_f32)
+DEFINE_ACCUM(accum_f16, uint16_t, ld_f16, ldm_f16)
+DEFINE_ACCUM(accum_i8, int8_t, ld_q8, ldm_q8) /* int8 rows, weights already scaled */
+
+/* q8: each row's scale folds into the weights first, 16 rows per multiply, for up to
+ * 16 heads and 128 rows at a time (w, in L1); the int8 rows then accumulate like f16
+ * ones, the weights broadcast from memory as for f16 (a scalar multiply per head and
+ * row inside the FMA loop costs as much as the FMAs it feeds). */
+static void accum_q8_run(const float *p, int64_t sstride, int64_t group, int64_t hd, const dp_seg *segs,
+                         int64_t ns, float *o) {
+    enum { HEADS = 16, ROWS = 128 };
+    float w[HEADS * ROWS]; /* (heads, ROWS): p * vs */
+    dp_seg part[ROWS];     /* the int8 rows of one batch */
+    for (int64_t g0 = 0; g0 < group; g0 += HEADS) {
+        const int64_t gn = group - g0 < HEADS ? group - g0 : HEADS;
+        int64_t j = 0, r_in = 0, off = 0; /* next row: segs[j] row r_in, p column off */
+        while (j < ns) {
+            int64_t nb = 0, np = 0;
+            while (j < ns && nb < ROWS) {
+                const int64_t take = segs[j].n - r_in < ROWS - nb ? segs[j].n - r_in : ROWS - nb;
+                const float *vs = segs[j].scales + r_in;
+                part[np++] = (dp_seg){(const int8_t *)segs[j].ptr + r_in * hd, hd, take, NULL};
+                for (int64_t g = 0; g < gn; g++) {
+                    const float *pg = p + (g0 + g) * sstride + off;
+                    float *wg = w + g * ROWS + nb;
+                    int64_t r = 0;
+                    for (; r + 16 <= take; r += 16)
+                        _mm512_storeu_ps(wg + r, _mm512_mul_ps(_mm512_loadu_ps(pg + r), _mm512_loadu_ps(vs + r)));
+                    if (r < take) {
+                        const __mmask16 m = tail_mask(take - r);
+                        _mm512_mask_storeu_ps(wg + r, m, _mm512_mul_ps(_mm512_maskz_loadu_ps(m, pg + r),
+                                                                       _mm512_maskz_loadu_ps(m, vs + r)));
+                    }
+                }
+                nb += take, off += take, r_in += take;
+                if (r_in == segs[j].n) j++, r_in = 0;
+            }
+            if (nb) accum_i8_run(w, ROWS, gn, hd, part, np, o + g0 * hd);
+        }
+    }
+}
 
 static void accum_f32(const float *p, int64_t sstride, int64_t group, int64_t hd, const float *rows, int64_t n,
                       float *o) {

@@ -91,37 +91,50 @@ static void accum_f16(const float *p, int64_t sstride, int64_t group, int64_t hd
     ACCUM_BODY(load_f16, dp_half_to_float)
 }
 
-/* q8: blocks of 8 dims x up to 8 query heads in registers (16 accumulators); each
- * V row's 8 values are widened once per block, and its scale folds into the weight
- * (one multiply per head and row). The rest of head_dim (< 8 dims) is scalar. */
+/* q8: for up to 8 query heads and 128 rows at a time, each row's scale first folds
+ * into the weights (w, 4 rows per multiply); then blocks of 8 dims x those heads stay
+ * in registers (16 accumulators) while each V row's 8 values are widened once. The
+ * rest of head_dim (< 8 dims) is scalar. */
 static void accum_q8(const float *p, int64_t sstride, int64_t group, int64_t hd, const int8_t *rows,
                      const float *vs, int64_t n, float *o) {
-    int64_t e = 0;
-    for (; e + 8 <= hd; e += 8)
-        for (int64_t g0 = 0; g0 < group; g0 += 8) {
-            const int64_t gn = group - g0 < 8 ? group - g0 : 8;
-            float32x4_t lo[8], hi[8];
+    enum { HEADS = 8, ROWS = 128 };
+    float w[HEADS * ROWS]; /* (heads, ROWS): p * vs */
+    for (int64_t r0 = 0; r0 < n; r0 += ROWS) {
+        const int64_t m = n - r0 < ROWS ? n - r0 : ROWS;
+        const int8_t *rw = rows + r0 * hd;
+        for (int64_t g0 = 0; g0 < group; g0 += HEADS) {
+            const int64_t gn = group - g0 < HEADS ? group - g0 : HEADS;
             for (int64_t g = 0; g < gn; g++) {
-                lo[g] = vld1q_f32(o + (g0 + g) * hd + e);
-                hi[g] = vld1q_f32(o + (g0 + g) * hd + e + 4);
+                const float *pg = p + (g0 + g) * sstride + r0;
+                int64_t r = 0;
+                for (; r + 4 <= m; r += 4) vst1q_f32(w + g * ROWS + r, vmulq_f32(vld1q_f32(pg + r), vld1q_f32(vs + r0 + r)));
+                for (; r < m; r++) w[g * ROWS + r] = pg[r] * vs[r0 + r];
             }
-            for (int64_t r = 0; r < n; r++) {
-                float32x4_t vl, vh;
-                load_q8x8(rows + r * hd + e, &vl, &vh);
+            int64_t e = 0;
+            for (; e + 8 <= hd; e += 8) {
+                float32x4_t lo[HEADS], hi[HEADS];
                 for (int64_t g = 0; g < gn; g++) {
-                    const float w = p[(g0 + g) * sstride + r] * vs[r];
-                    lo[g] = vfmaq_n_f32(lo[g], vl, w);
-                    hi[g] = vfmaq_n_f32(hi[g], vh, w);
+                    lo[g] = vld1q_f32(o + (g0 + g) * hd + e);
+                    hi[g] = vld1q_f32(o + (g0 + g) * hd + e + 4);
+                }
+                for (int64_t r = 0; r < m; r++) {
+                    float32x4_t vl, vh;
+                    load_q8x8(rw + r * hd + e, &vl, &vh);
+                    for (int64_t g = 0; g < gn; g++) {
+                        lo[g] = vfmaq_n_f32(lo[g], vl, w[g * ROWS + r]);
+                        hi[g] = vfmaq_n_f32(hi[g], vh, w[g * ROWS + r]);
+                    }
+                }
+                for (int64_t g = 0; g < gn; g++) {
+                    vst1q_f32(o + (g0 + g) * hd + e, lo[g]);
+                    vst1q_f32(o + (g0 + g) * hd + e + 4, hi[g]);
                 }
             }
-            for (int64_t g = 0; g < gn; g++) {
-                vst1q_f32(o + (g0 + g) * hd + e, lo[g]);
-                vst1q_f32(o + (g0 + g) * hd + e + 4, hi[g]);
-            }
+            for (; e < hd; e++)
+                for (int64_t g = 0; g < gn; g++)
+                    for (int64_t r = 0; r < m; r++) o[(g0 + g) * hd + e] += w[g * ROWS + r] * (float)rw[r * hd + e];
         }
-    for (; e < hd; e++)
-        for (int64_t g = 0; g < group; g++)
-            for (int64_t r = 0; r < n; r++) o[g * hd + e] += p[g * sstride + r] * vs[r] * (float)rows[r * hd + e];
+    }
 }
 
 static void f32_to_f16(const float *src, uint16_t *dst, int64_t n) {
