@@ -38,6 +38,24 @@ cdef const dp_attn_ops *_default_ops = dp_select_ops(dp_parse_features(_DISABLED
 _ISAS = ("generic", "avx2", "avx512", "neon", "neon_fp16")
 
 
+KV_DTYPES = ("f16", "f32", "q8")
+"""Element types of the KV arena: f16, f32, or q8 (int8 with one f32 scale per token
+and KV head; csrc/kv_arena.h has the format and why)."""
+_DTYPE_CODE = {"f16": DP_F16, "f32": DP_F32, "q8": DP_Q8}
+
+
+def kv_tile_bytes(str kv_dtype, int64_t num_kv_heads, int64_t head_dim, int64_t tile_tokens):
+    """Bytes of a tile of ``tile_tokens`` tokens of one layer (K, V and, for q8, their
+    scales): the formula of csrc/kv_arena.c, for sizing pages before an arena exists."""
+    if kv_dtype not in _DTYPE_CODE:
+        raise ValueError(f"kv_dtype={kv_dtype!r} must be one of {', '.join(map(repr, KV_DTYPES))}")
+    cdef int64_t n = dp_kv_tile_bytes(_DTYPE_CODE[kv_dtype], num_kv_heads, head_dim, tile_tokens)
+    if n < 0:
+        raise ValueError(f"kv_tile_bytes: num_kv_heads={num_kv_heads} >= 1, head_dim={head_dim} in "
+                         f"[1, {DP_MAX_HEAD_DIM}] and tile_tokens={tile_tokens} >= 1 (and not overflowing)")
+    return n
+
+
 def cpu_features():
     """Kernel-relevant features this CPU and OS support: a list of ISA names."""
     cdef unsigned f = dp_cpu_features()
@@ -150,13 +168,17 @@ cdef class KVArena:
 
     def __cinit__(self, int64_t block_size, int64_t num_blocks, int64_t num_layers, int64_t num_kv_heads,
                   int64_t head_dim, str kv_dtype="f16", int numa_node=-1):
-        if kv_dtype not in ("f16", "f32"):
-            raise ValueError(f"kv_dtype={kv_dtype!r} must be 'f16' or 'f32'")
+        if kv_dtype not in _DTYPE_CODE:
+            raise ValueError(f"kv_dtype={kv_dtype!r} must be one of {', '.join(map(repr, KV_DTYPES))}")
+        if kv_dtype == "q8" and head_dim % 2:
+            raise ValueError(f"arena: kv_dtype='q8' needs an even head_dim (its f32 scales stay 4-byte "
+                             f"aligned), got head_dim={head_dim}; use f16 for this model")
         st = dp_arena_init(&self.a, block_size, num_blocks, num_layers, num_kv_heads, head_dim,
-                           DP_F16 if kv_dtype == "f16" else DP_F32, numa_node)
+                           _DTYPE_CODE[kv_dtype], numa_node)
         if st == DP_ERR_ARG:
+            token = dp_kv_tile_bytes(_DTYPE_CODE[kv_dtype], num_kv_heads, head_dim, 1)
             raise ValueError(f"arena: block_size={block_size} must be a power of two holding at least one "
-                             f"token ({2 * num_kv_heads * head_dim * (2 if kv_dtype == 'f16' else 4)} bytes), "
+                             f"token ({token} bytes of {kv_dtype} K and V), "
                              f"num_blocks={num_blocks} >= 1, num_layers={num_layers} >= 1, "
                              f"num_kv_heads={num_kv_heads} >= 1, head_dim={head_dim} in [1, {DP_MAX_HEAD_DIM}], "
                              f"and the arena must fit in memory")
@@ -183,7 +205,7 @@ cdef class KVArena:
     @property
     def head_dim(self): return self.a.head_dim
     @property
-    def kv_dtype(self): return "f32" if self.a.kv_dtype == DP_F32 else "f16"
+    def kv_dtype(self): return {DP_F32: "f32", DP_F16: "f16", DP_Q8: "q8"}[self.a.kv_dtype]
     @property
     def nbytes(self): return self.a.layer_bytes * self.a.num_layers
     @property
@@ -194,7 +216,8 @@ cdef class KVArena:
     def numa_node(self): return self.a.numa_node
 
     def tile_bytes(self, int64_t tile_tokens):
-        return 2 * self.a.num_kv_heads * tile_tokens * self.a.head_dim * self.a.elem_bytes
+        """Bytes of a tile of ``tile_tokens`` tokens of one layer (values, and q8 scales)."""
+        return 2 * self.a.num_kv_heads * tile_tokens * (self.a.head_dim * self.a.elem_bytes + self.a.scale_bytes)
 
     def write(self, int64_t layer, k, v, slots, str kernel=None):
         """k, v: (n, num_kv_heads * head_dim) f32; slots: (n, 3) int64. Every slot is
@@ -234,7 +257,8 @@ cdef class KVArena:
             _check(st, f"copy of {n} tokens{bad}; nothing copied", "the arena")
 
     def gather(self, int64_t layer, spans, int64_t num_tokens):
-        """Dense (k, v), each (num_kv_heads, num_tokens, head_dim) f32, read through spans."""
+        """Dense (k, v), each (num_kv_heads, num_tokens, head_dim) f32, read through spans
+        (q8: dequantized, scale * value)."""
         _require(spans, "spans", 2, np.int64, 3)
         k = np.empty((self.a.num_kv_heads, num_tokens, self.a.head_dim), np.float32)
         v = np.empty_like(k)

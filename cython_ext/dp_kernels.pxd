@@ -11,6 +11,7 @@ cdef extern from "csrc/dp_kernels.h" nogil:
         DP_ERR_ALIGN
         DP_F32
         DP_F16
+        DP_Q8
         DP_Q8_0
         DP_Q4_0
         DP_MAX_HEAD_DIM
@@ -62,6 +63,7 @@ cdef extern from "csrc/kv_arena.h" nogil:
         int64_t head_dim
         int kv_dtype
         int64_t elem_bytes
+        int64_t scale_bytes
         int64_t layer_bytes
         int hugepages
         int numa_node
@@ -69,6 +71,7 @@ cdef extern from "csrc/kv_arena.h" nogil:
     int dp_arena_init(dp_arena *a, int64_t block_size, int64_t num_blocks, int64_t num_layers,
                       int64_t num_kv_heads, int64_t head_dim, int kv_dtype, int numa_node)
     void dp_arena_free(dp_arena *a)
+    int64_t dp_kv_tile_bytes(int kv_dtype, int64_t num_kv_heads, int64_t head_dim, int64_t P)
     ctypedef struct dp_attn_params:
         float scale
         float softcap

@@ -70,8 +70,8 @@ def test_file_values_override_defaults_and_leave_the_rest(tmp_path):
     ("dualpath_config.locality_threshold", "false", "a number between 0 and 1"),
     ("dualpath_config.locality_threshold", "1e-3", "1.0e-3"),  # YAML 1.1 string: the message says why
     ("dualpath_config.path_mode", "both", "one of 'dual', 'sequential', 'random'"),
-    ("dualpath_config.kv_dtype", "bf16", "one of 'f16', 'f32'"),
-    ("dualpath_config.kv_dtype", "16", "one of 'f16', 'f32'"),
+    ("dualpath_config.kv_dtype", "bf16", "one of 'f16', 'f32', 'q8'"),
+    ("dualpath_config.kv_dtype", "16", "one of 'f16', 'f32', 'q8'"),
     ("runtime.num_threads", "-1", "0 (all usable cores) or between 1 and 1024"),
     ("runtime.num_threads", "1025", "0 (all usable cores) or between 1 and 1024"),
     ("runtime.max_context_tokens", "-1", "0 (the model's trained context length) or >= 1"),

@@ -15,14 +15,21 @@ static inline __m256 load_f16(const uint16_t *p) {
     return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
 }
 
+/* 8 int8 values widened to f32 (vpmovsxbd + vcvtdq2ps): exact. */
+static inline __m256 load_q8(const int8_t *p) {
+    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p)));
+}
+
 #define F32_ID(x) (x)
+#define Q8_TAIL(x) ((float)(x))
 
 /* Scores of 8 tokens at a time (one vector of K^T per dimension) for G query heads:
- * G accumulators stay in registers, no horizontal reductions; tails are scalar. */
+ * G accumulators stay in registers, no horizontal reductions; tails are scalar. q8
+ * (ks != NULL): the 8 tokens' scales multiply the finished dot products once. */
 #define DEFINE_SCORES(NAME, T, LOAD, TAIL)                                                        \
     static inline __attribute__((always_inline)) void NAME##_blk(                                  \
-        const float *q, const int G, int64_t hd, const T *kt, int64_t ldk, int64_t n, float scale,  \
-        float *scores, int64_t sstride) {                                                          \
+        const float *q, const int G, int64_t hd, const T *kt, int64_t ldk, const float *ks, int64_t n, \
+        float scale, float *scores, int64_t sstride) {                                             \
         int64_t r0 = 0;                                                                            \
         for (; r0 + 8 <= n; r0 += 8) {                                                             \
             __m256 acc[8];                                                                         \
@@ -32,15 +39,20 @@ static inline __m256 load_f16(const uint16_t *p) {
                 for (int g = 0; g < G; g++)                                                        \
                     acc[g] = _mm256_fmadd_ps(_mm256_broadcast_ss(q + g * hd + e), k, acc[g]);      \
             }                                                                                      \
+            const __m256 sv = ks ? _mm256_mul_ps(_mm256_set1_ps(scale), _mm256_loadu_ps(ks + r0))  \
+                                 : _mm256_set1_ps(scale);                                          \
             for (int g = 0; g < G; g++)                                                            \
-                _mm256_storeu_ps(scores + g * sstride + r0, _mm256_mul_ps(acc[g], _mm256_set1_ps(scale))); \
+                _mm256_storeu_ps(scores + g * sstride + r0, _mm256_mul_ps(acc[g], sv));            \
         }                                                                                          \
         DP_SCORES_SCALAR_TAIL(TAIL)                                                                \
-    }                                                                                              \
-    DP_DEFINE_SCORES_GROUPS(NAME, T)
+    }
 
 DEFINE_SCORES(scores_f32, float, _mm256_loadu_ps, F32_ID)
 DEFINE_SCORES(scores_f16, uint16_t, load_f16, dp_half_to_float)
+DEFINE_SCORES(scores_q8, int8_t, load_q8, Q8_TAIL)
+DP_DEFINE_SCORES_GROUPS(scores_f32, float)
+DP_DEFINE_SCORES_GROUPS(scores_f16, uint16_t)
+DP_DEFINE_SCORES_GROUPS_Q8(scores_q8)
 
 /* o[g] += sum_r p[g, r] * V[r] from f32 rows. Blocks of GB query heads x C vectors of
  * head_dim stay in registers (GB * C <= 12 accumulators); each V row is loaded once
@@ -106,6 +118,31 @@ static void accum_f16(const float *p, int64_t sstride, int64_t group, int64_t hd
         for (; i + 8 <= total; i += 8) _mm256_storeu_ps(buf + i, load_f16(rows + r0 * hd + i));
         for (; i < total; i++) buf[i] = dp_half_to_float(rows[r0 * hd + i]);
         accum_f32(p + r0, sstride, group, hd, buf, m, o);
+    }
+}
+
+/* q8: widen a stretch of V rows to f32 once (not once per query head), fold each
+ * row's scale into the weights of up to 16 heads (one multiply per head and row),
+ * then accumulate from L1 like f32 rows. */
+static void accum_q8(const float *p, int64_t sstride, int64_t group, int64_t hd, const int8_t *rows,
+                     const float *vs, int64_t n, float *o) {
+    enum { HEADS = 16, MAX_ROWS = 128 };
+    float buf[16 * DP_MAX_HEAD_DIM]; /* (step, hd): at least 16 rows (hd <= DP_MAX_HEAD_DIM) */
+    float w[HEADS * MAX_ROWS];       /* (heads, step) */
+    int64_t step = (int64_t)(sizeof buf / sizeof buf[0]) / hd;
+    if (step > MAX_ROWS) step = MAX_ROWS;
+    for (int64_t r0 = 0; r0 < n; r0 += step) {
+        const int64_t m = n - r0 < step ? n - r0 : step;
+        const int64_t total = m * hd;
+        int64_t i = 0;
+        for (; i + 8 <= total; i += 8) _mm256_storeu_ps(buf + i, load_q8(rows + r0 * hd + i));
+        for (; i < total; i++) buf[i] = (float)rows[r0 * hd + i];
+        for (int64_t g0 = 0; g0 < group; g0 += HEADS) {
+            const int64_t gn = group - g0 < HEADS ? group - g0 : HEADS;
+            for (int64_t g = 0; g < gn; g++)
+                for (int64_t r = 0; r < m; r++) w[g * m + r] = p[(g0 + g) * sstride + r0 + r] * vs[r0 + r];
+            accum_f32(w, m, gn, hd, buf, m, o + g0 * hd);
+        }
     }
 }
 

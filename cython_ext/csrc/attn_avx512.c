@@ -13,6 +13,13 @@ static inline __m512 ldm_f32(const float *p, __mmask16 m) { return _mm512_maskz_
 static inline __m512 ldm_f16(const uint16_t *p, __mmask16 m) {
     return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, p));
 }
+/* 16 int8 values widened to f32 (vpmovsxbd + vcvtdq2ps): exact. */
+static inline __m512 ld_q8(const int8_t *p) {
+    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p)));
+}
+static inline __m512 ldm_q8(const int8_t *p, __mmask16 m) {
+    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(m, p)));
+}
 static inline __mmask16 tail_mask(int64_t left) {
     return left >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1);
 }
@@ -22,11 +29,12 @@ static inline __mmask16 tail_mask(int64_t left) {
  * no horizontal reductions anywhere. Small groups (MHA: G = 1) split the dimensions
  * over U partial sums, so that U * G >= 4 FMA chains hide the FMA latency. The tail
  * (n % 16 tokens) is a separate function: merged into one loop, the compiler turns
- * every load into the masked one. */
-#define DEFINE_SCORES(NAME, T, LD, LDM)                                                           \
+ * every load into the masked one. SCALED (q8): ks holds the tokens' scales, which
+ * multiply the finished dot products once (16 tokens per multiply). */
+#define DEFINE_SCORES(NAME, T, LD, LDM, SCALED)                                                   \
     static inline __attribute__((always_inline)) void NAME##_blk(                                  \
-        const float *q, const int G, int64_t hd, const T *kt, int64_t ldk, int64_t n, float scale,  \
-        float *scores, int64_t sstride) {                                                          \
+        const float *q, const int G, int64_t hd, const T *kt, int64_t ldk, const float *ks, int64_t n, \
+        float scale, float *scores, int64_t sstride) {                                             \
         const int U = G >= 8 ? 1 : G >= 4 ? 2 : 4;                                                 \
         const __m512 sv = _mm512_set1_ps(scale);                                                   \
         for (int64_t r0 = 0; r0 + 16 <= n; r0 += 16) {                                             \
@@ -45,48 +53,64 @@ static inline __mmask16 tail_mask(int64_t left) {
             }                                                                                      \
             for (int u = 1; u < U; u++)                                                            \
                 for (int g = 0; g < G; g++) acc[g] = _mm512_add_ps(acc[g], acc[u * G + g]);        \
-            for (int g = 0; g < G; g++) _mm512_storeu_ps(scores + g * sstride + r0, _mm512_mul_ps(acc[g], sv)); \
+            const __m512 tv = SCALED ? _mm512_mul_ps(sv, _mm512_loadu_ps(ks + r0)) : sv;           \
+            for (int g = 0; g < G; g++) _mm512_storeu_ps(scores + g * sstride + r0, _mm512_mul_ps(acc[g], tv)); \
         }                                                                                          \
     }                                                                                              \
     static __attribute__((noinline)) void NAME##_tail(const float *q, int64_t group, int64_t hd,   \
-                                                      const T *kt, int64_t ldk, int64_t n,         \
-                                                      float scale, float *scores, int64_t sstride) { \
+                                                      const T *kt, int64_t ldk, const float *ks,   \
+                                                      int64_t n, float scale, float *scores,       \
+                                                      int64_t sstride) {                           \
         const __mmask16 m = tail_mask(n);                                                          \
+        const __m512 sv = _mm512_set1_ps(scale);                                                   \
+        const __m512 tv = SCALED ? _mm512_mul_ps(sv, _mm512_maskz_loadu_ps(m, ks)) : sv;           \
         for (int64_t g = 0; g < group; g++) {                                                      \
             __m512 acc = _mm512_setzero_ps();                                                      \
             for (int64_t e = 0; e < hd; e++)                                                       \
                 acc = _mm512_fmadd_ps(_mm512_set1_ps(q[g * hd + e]), LDM(kt + e * ldk, m), acc);   \
-            _mm512_mask_storeu_ps(scores + g * sstride, m, _mm512_mul_ps(acc, _mm512_set1_ps(scale))); \
+            _mm512_mask_storeu_ps(scores + g * sstride, m, _mm512_mul_ps(acc, tv));                \
         }                                                                                          \
     }                                                                                              \
     static inline __attribute__((always_inline)) void NAME##_one(                                  \
-        const float *q, int64_t group, int64_t hd, const T *kt, int64_t ldk, int64_t n, float scale, \
-        float *scores, int64_t sstride) {                                                          \
+        const float *q, int64_t group, int64_t hd, const T *kt, int64_t ldk, const float *ks, int64_t n, \
+        float scale, float *scores, int64_t sstride) {                                             \
         if (n >= 16) {                                                                             \
             int64_t g = 0;                                                                         \
-            for (; g + 16 <= group; g += 16) NAME##_blk(q + g * hd, 16, hd, kt, ldk, n, scale, scores + g * sstride, sstride); \
-            if (group - g >= 8) { NAME##_blk(q + g * hd, 8, hd, kt, ldk, n, scale, scores + g * sstride, sstride); g += 8; } \
-            if (group - g >= 4) { NAME##_blk(q + g * hd, 4, hd, kt, ldk, n, scale, scores + g * sstride, sstride); g += 4; } \
-            if (group - g >= 2) { NAME##_blk(q + g * hd, 2, hd, kt, ldk, n, scale, scores + g * sstride, sstride); g += 2; } \
-            if (group - g >= 1) NAME##_blk(q + g * hd, 1, hd, kt, ldk, n, scale, scores + g * sstride, sstride); \
+            for (; g + 16 <= group; g += 16) NAME##_blk(q + g * hd, 16, hd, kt, ldk, ks, n, scale, scores + g * sstride, sstride); \
+            if (group - g >= 8) { NAME##_blk(q + g * hd, 8, hd, kt, ldk, ks, n, scale, scores + g * sstride, sstride); g += 8; } \
+            if (group - g >= 4) { NAME##_blk(q + g * hd, 4, hd, kt, ldk, ks, n, scale, scores + g * sstride, sstride); g += 4; } \
+            if (group - g >= 2) { NAME##_blk(q + g * hd, 2, hd, kt, ldk, ks, n, scale, scores + g * sstride, sstride); g += 2; } \
+            if (group - g >= 1) NAME##_blk(q + g * hd, 1, hd, kt, ldk, ks, n, scale, scores + g * sstride, sstride); \
         }                                                                                          \
         const int64_t full = n & ~(int64_t)15;                                                     \
-        if (full < n) NAME##_tail(q, group, hd, kt + full, ldk, n - full, scale, scores + full, sstride); \
-    }                                                                                              \
-    static void NAME(const float *q, int64_t group, int64_t hd, const T *kt, int64_t ldk, int64_t n, \
-                     float scale, float *scores, int64_t sstride) {                               \
-        NAME##_one(q, group, hd, kt, ldk, n, scale, scores, sstride);                              \
+        if (full < n)                                                                              \
+            NAME##_tail(q, group, hd, kt + full, ldk, SCALED ? ks + full : NULL, n - full, scale,  \
+                        scores + full, sstride);                                                   \
     }                                                                                              \
     static __attribute__((unused)) void NAME##_run(const float *q, int64_t group, int64_t hd,      \
                                                    const dp_seg *segs, int64_t ns, float scale,    \
                                                    float *scores, int64_t sstride) {               \
         for (int64_t j = 0, off = 0; j < ns; off += segs[j].n, j++)                                \
-            NAME##_one(q, group, hd, (const T *)segs[j].ptr, segs[j].ld, segs[j].n, scale,         \
-                       scores + off, sstride);                                                     \
+            NAME##_one(q, group, hd, (const T *)segs[j].ptr, segs[j].ld, SCALED ? segs[j].scales : NULL, \
+                       segs[j].n, scale, scores + off, sstride);                                   \
     }
 
-DEFINE_SCORES(scores_f32, float, ld_f32, ldm_f32)
-DEFINE_SCORES(scores_f16, uint16_t, ld_f16, ldm_f16)
+DEFINE_SCORES(scores_f32, float, ld_f32, ldm_f32, 0)
+DEFINE_SCORES(scores_f16, uint16_t, ld_f16, ldm_f16, 0)
+DEFINE_SCORES(scores_q8, int8_t, ld_q8, ldm_q8, 1)
+
+static void scores_f32(const float *q, int64_t group, int64_t hd, const float *kt, int64_t ldk, int64_t n,
+                       float scale, float *scores, int64_t sstride) {
+    scores_f32_one(q, group, hd, kt, ldk, NULL, n, scale, scores, sstride);
+}
+static void scores_f16(const float *q, int64_t group, int64_t hd, const uint16_t *kt, int64_t ldk, int64_t n,
+                       float scale, float *scores, int64_t sstride) {
+    scores_f16_one(q, group, hd, kt, ldk, NULL, n, scale, scores, sstride);
+}
+static void scores_q8(const float *q, int64_t group, int64_t hd, const int8_t *kt, int64_t ldk, const float *ks,
+                      int64_t n, float scale, float *scores, int64_t sstride) {
+    scores_q8_one(q, group, hd, kt, ldk, ks, n, scale, scores, sstride);
+}
 
 /* o[g] += sum_r p[g, r] * V[r]. A block of GB query heads x C vectors of 16 dims
  * (GB * C <= 16 accumulators) stays in registers while every row of V streams by;
@@ -172,14 +196,64 @@ DEFINE_SCORES(scores_f16, uint16_t, ld_f16, ldm_f16)
         if (group - g >= 2) { NAME##_heads(p + g * sstride, sstride, 2, segs, ns, hd, o + g * hd); g += 2; } \
         if (group - g >= 1) NAME##_heads(p + g * sstride, sstride, 1, segs, ns, hd, o + g * hd);   \
     }                                                                                              \
-    static void NAME(const float *p, int64_t sstride, int64_t group, int64_t hd, const T *rows,   \
-                     int64_t n, float *o) {                                                        \
-        const dp_seg one = {rows, hd, n};                                                          \
-        NAME##_run(p, sstride, group, hd, &one, 1, o);                                             \
-    }
 
 DEFINE_ACCUM(accum_f32, float, ld_f32, ldm_f32)
 DEFINE_ACCUM(accum_f16, uint16_t, ld_f16, ldm_f16)
+DEFINE_ACCUM(accum_i8, int8_t, ld_q8, ldm_q8) /* int8 rows, weights already scaled */
+
+/* q8: each row's scale folds into the weights first, 16 rows per multiply, for up to
+ * 16 heads and 128 rows at a time (w, in L1); the int8 rows then accumulate like f16
+ * ones, the weights broadcast from memory as for f16 (a scalar multiply per head and
+ * row inside the FMA loop costs as much as the FMAs it feeds). */
+static void accum_q8_run(const float *p, int64_t sstride, int64_t group, int64_t hd, const dp_seg *segs,
+                         int64_t ns, float *o) {
+    enum { HEADS = 16, ROWS = 128 };
+    float w[HEADS * ROWS]; /* (heads, ROWS): p * vs */
+    dp_seg part[ROWS];     /* the int8 rows of one batch */
+    for (int64_t g0 = 0; g0 < group; g0 += HEADS) {
+        const int64_t gn = group - g0 < HEADS ? group - g0 : HEADS;
+        int64_t j = 0, r_in = 0, off = 0; /* next row: segs[j] row r_in, p column off */
+        while (j < ns) {
+            int64_t nb = 0, np = 0;
+            while (j < ns && nb < ROWS) {
+                const int64_t take = segs[j].n - r_in < ROWS - nb ? segs[j].n - r_in : ROWS - nb;
+                const float *vs = segs[j].scales + r_in;
+                part[np++] = (dp_seg){(const int8_t *)segs[j].ptr + r_in * hd, hd, take, NULL};
+                for (int64_t g = 0; g < gn; g++) {
+                    const float *pg = p + (g0 + g) * sstride + off;
+                    float *wg = w + g * ROWS + nb;
+                    int64_t r = 0;
+                    for (; r + 16 <= take; r += 16)
+                        _mm512_storeu_ps(wg + r, _mm512_mul_ps(_mm512_loadu_ps(pg + r), _mm512_loadu_ps(vs + r)));
+                    if (r < take) {
+                        const __mmask16 m = tail_mask(take - r);
+                        _mm512_mask_storeu_ps(wg + r, m, _mm512_mul_ps(_mm512_maskz_loadu_ps(m, pg + r),
+                                                                       _mm512_maskz_loadu_ps(m, vs + r)));
+                    }
+                }
+                nb += take, off += take, r_in += take;
+                if (r_in == segs[j].n) j++, r_in = 0;
+            }
+            if (nb) accum_i8_run(w, ROWS, gn, hd, part, np, o + g0 * hd);
+        }
+    }
+}
+
+static void accum_f32(const float *p, int64_t sstride, int64_t group, int64_t hd, const float *rows, int64_t n,
+                      float *o) {
+    const dp_seg one = {rows, hd, n, NULL};
+    accum_f32_run(p, sstride, group, hd, &one, 1, o);
+}
+static void accum_f16(const float *p, int64_t sstride, int64_t group, int64_t hd, const uint16_t *rows, int64_t n,
+                      float *o) {
+    const dp_seg one = {rows, hd, n, NULL};
+    accum_f16_run(p, sstride, group, hd, &one, 1, o);
+}
+static void accum_q8(const float *p, int64_t sstride, int64_t group, int64_t hd, const int8_t *rows,
+                     const float *vs, int64_t n, float *o) {
+    const dp_seg one = {rows, hd, n, vs};
+    accum_q8_run(p, sstride, group, hd, &one, 1, o);
+}
 
 static float max_of(const float *x, int64_t n) {
     __m512 m0 = _mm512_set1_ps(-INFINITY), m1 = m0;
@@ -246,4 +320,6 @@ const dp_attn_ops dp_ops_avx512 = {
     DP_ATTN_OPS_FIELDS("avx512"),
     .scores_f16_run = scores_f16_run,
     .accum_f16_run = accum_f16_run,
+    .scores_q8_run = scores_q8_run,
+    .accum_q8_run = accum_q8_run,
 };

@@ -73,6 +73,35 @@ static void accum_f16(const float *p, int64_t sstride, int64_t group, int64_t hd
     }
 }
 
+/* q8: the dot product of the int8 values (exact in f32), times scale * ks[r] once per token. */
+static void scores_q8(const float *q, int64_t group, int64_t hd, const int8_t *kt, int64_t ldk, const float *ks,
+                      int64_t n, float scale, float *scores, int64_t sstride) {
+    for (int64_t g = 0; g < group; g++) {
+        float *sg = scores + g * sstride;
+        for (int64_t r = 0; r < n; r++) sg[r] = 0.0f;
+        for (int64_t e = 0; e < hd; e++) {
+            const float qe = q[g * hd + e];
+            const int8_t *k = kt + e * ldk;
+            for (int64_t r = 0; r < n; r++) sg[r] += qe * (float)k[r];
+        }
+        for (int64_t r = 0; r < n; r++) sg[r] *= scale * ks[r];
+    }
+}
+
+/* q8: each row's scale folded into its weight, once per (query head, token). */
+static void accum_q8(const float *p, int64_t sstride, int64_t group, int64_t hd, const int8_t *rows,
+                     const float *vs, int64_t n, float *o) {
+    float buf[DP_MAX_HEAD_DIM]; /* one V row, widened */
+    for (int64_t r = 0; r < n; r++) {
+        for (int64_t e = 0; e < hd; e++) buf[e] = (float)rows[r * hd + e];
+        for (int64_t g = 0; g < group; g++) {
+            const float w = p[g * sstride + r] * vs[r];
+            float *og = o + g * hd;
+            for (int64_t e = 0; e < hd; e++) og[e] += w * buf[e];
+        }
+    }
+}
+
 static void f32_to_f16(const float *src, uint16_t *dst, int64_t n) {
     for (int64_t i = 0; i < n; i++) dst[i] = dp_float_to_half(src[i]);
 }

@@ -47,6 +47,17 @@ static void accum_f16(const float *p, int64_t sstride, int64_t group, int64_t hd
     dp_ops_neon.accum_f16(p, sstride, group, hd, rows, n, o);
 }
 
+/* q8: the baseline NEON kernels (int8 widens to f32; FP16 arithmetic has nothing to add). */
+static void scores_q8(const float *q, int64_t group, int64_t hd, const int8_t *kt, int64_t ldk, const float *ks,
+                      int64_t n, float scale, float *scores, int64_t sstride) {
+    dp_ops_neon.scores_q8(q, group, hd, kt, ldk, ks, n, scale, scores, sstride);
+}
+
+static void accum_q8(const float *p, int64_t sstride, int64_t group, int64_t hd, const int8_t *rows,
+                     const float *vs, int64_t n, float *o) {
+    dp_ops_neon.accum_q8(p, sstride, group, hd, rows, vs, n, o);
+}
+
 static void f32_to_f16(const float *src, uint16_t *dst, int64_t n) { dp_ops_neon.f32_to_f16(src, dst, n); }
 
 static float exp_sum(float *x, int64_t n, float max) { return dp_ops_neon.exp_sum(x, n, max); }

@@ -7,6 +7,7 @@
  *   q:      (group, head_dim) f32, the query heads reading this KV head
  *   kt:     K transposed: element (token r, dim e) at kt[e * ldk + r], r < n
  *   rows:   V: (n, head_dim) of f32 or f16 (uint16 bits), contiguous
+ *   ks, vs: q8 only: (n,) f32, the per-token scales of those K / V rows
  *   scores: (group, sstride) f32; scores[g * sstride + r] for r < n
  *   o:      (group, head_dim) f32 accumulators
  */
@@ -16,10 +17,12 @@
 #include "dp_common.h"
 
 /* One piece of a run: n consecutive positions of one KV head inside one tile.
- * K: ptr = K^T of row 0 of the piece, ld = the tile's P; V: ptr = row 0, ld unused. */
+ * K: ptr = K^T of row 0 of the piece, ld = the tile's P; V: ptr = row 0, ld unused;
+ * scales: q8 only, the (n,) f32 scales of those rows (NULL otherwise). */
 typedef struct {
     const void *ptr;
     int64_t ld, n;
+    const float *scales;
 } dp_seg;
 
 typedef struct {
@@ -34,6 +37,14 @@ typedef struct {
                       int64_t n, float *o);
     void (*accum_f16)(const float *p, int64_t sstride, int64_t group, int64_t head_dim, const uint16_t *rows,
                       int64_t n, float *o);
+    /* q8 (kv_arena.h): scores[g, r] = scale * ks[r] * sum_e q[g, e] * kt[e * ldk + r], the
+     * token's scale applied once to its dot product; o[g] += sum_r (p[g, r] * vs[r]) * row r,
+     * the scale folded into the weight once per (query head, token). int8 widens to f32
+     * exactly, so both equal the f32 ops on the dequantized values up to f32 rounding. */
+    void (*scores_q8)(const float *q, int64_t group, int64_t head_dim, const int8_t *kt, int64_t ldk,
+                      const float *ks, int64_t n, float scale, float *scores, int64_t sstride);
+    void (*accum_q8)(const float *p, int64_t sstride, int64_t group, int64_t head_dim, const int8_t *rows,
+                     const float *vs, int64_t n, float *o);
     /* dst[i] = half(src[i]), round to nearest even */
     void (*f32_to_f16)(const float *src, uint16_t *dst, int64_t n);
     /* x[i] = exp(x[i] - max); returns the sum of the new x[i] (x[i] - max <= 0) */
@@ -52,6 +63,11 @@ typedef struct {
                            float scale, float *scores, int64_t sstride);
     void (*accum_f16_run)(const float *p, int64_t sstride, int64_t group, int64_t head_dim, const dp_seg *segs,
                           int64_t ns, float *o);
+    /* The same for q8 pieces (each dp_seg carries its scales); optional, in pairs. */
+    void (*scores_q8_run)(const float *q, int64_t group, int64_t head_dim, const dp_seg *segs, int64_t ns,
+                          float scale, float *scores, int64_t sstride);
+    void (*accum_q8_run)(const float *p, int64_t sstride, int64_t group, int64_t head_dim, const dp_seg *segs,
+                         int64_t ns, float *o);
 } dp_attn_ops;
 
 /* The fma_probe of an ISA file, from its vector type and operations: CHAINS
@@ -71,42 +87,53 @@ typedef struct {
     }
 
 /* The entries every ops table fills the same way: an ISA file names its building
- * blocks scores_f32, scores_f16, accum_f32, accum_f16, f32_to_f16, exp_sum, max_of
- * and fma_probe. Use inside a designated initializer:
+ * blocks scores_f32, scores_f16, scores_q8, accum_f32, accum_f16, accum_q8,
+ * f32_to_f16, exp_sum, max_of and fma_probe. Use inside a designated initializer:
  *   const dp_attn_ops dp_ops_x = { DP_ATTN_OPS_FIELDS("x"), DP_NO_RUN_OPS }; */
 #define DP_ATTN_OPS_FIELDS(NAME)                                                        \
     .name = NAME, .scores_f32 = scores_f32, .scores_f16 = scores_f16,                    \
-    .accum_f32 = accum_f32, .accum_f16 = accum_f16, .f32_to_f16 = f32_to_f16,            \
+    .accum_f32 = accum_f32, .accum_f16 = accum_f16, .scores_q8 = scores_q8,              \
+    .accum_q8 = accum_q8, .f32_to_f16 = f32_to_f16,                                      \
     .exp_sum = exp_sum, .max_of = max_of, .fma_probe = fma_probe
 /* No run ops: the span walker calls the per-piece ops once per piece. */
-#define DP_NO_RUN_OPS .scores_f16_run = NULL, .accum_f16_run = NULL
+#define DP_NO_RUN_OPS .scores_f16_run = NULL, .accum_f16_run = NULL, .scores_q8_run = NULL, .accum_q8_run = NULL
 
 /* The rest of a scores block past its last full vector of rows (r0 < n), in scalar
- * f32 (TAIL widens one K element), and the entry point that covers a group of query
- * heads with blocks of 8, 4, 2 and 1 heads of NAME##_blk. For ISA files whose blocks
- * vectorize over rows. */
+ * f32 (TAIL widens one K element; ks: the q8 token scales, NULL otherwise), and the
+ * entry points that cover a group of query heads with blocks of 8, 4, 2 and 1 heads
+ * of NAME##_blk(q, G, hd, kt, ldk, ks, n, scale, scores, sstride): NAME with the
+ * f32/f16 signature (ks = NULL, folded away in the always-inline blocks), or with the
+ * q8 one (DP_DEFINE_SCORES_GROUPS_Q8). For ISA files whose blocks vectorize over rows. */
 #define DP_SCORES_SCALAR_TAIL(TAIL)                                                      \
     for (; r0 < n; r0++)                                                                 \
         for (int g = 0; g < G; g++) {                                                    \
             float s = 0.0f;                                                              \
             for (int64_t e = 0; e < hd; e++) s += q[g * hd + e] * TAIL(kt[e * ldk + r0]); \
-            scores[g * sstride + r0] = s * scale;                                        \
+            scores[g * sstride + r0] = s * (ks ? scale * ks[r0] : scale);                \
         }
+#define DP_SCORES_GROUPS_BODY(NAME)                                                      \
+    int64_t g = 0;                                                                       \
+    for (; g + 8 <= group; g += 8)                                                       \
+        NAME##_blk(q + g * hd, 8, hd, kt, ldk, ks, n, scale, scores + g * sstride, sstride); \
+    if (group - g >= 4) {                                                                \
+        NAME##_blk(q + g * hd, 4, hd, kt, ldk, ks, n, scale, scores + g * sstride, sstride); \
+        g += 4;                                                                          \
+    }                                                                                    \
+    if (group - g >= 2) {                                                                \
+        NAME##_blk(q + g * hd, 2, hd, kt, ldk, ks, n, scale, scores + g * sstride, sstride); \
+        g += 2;                                                                          \
+    }                                                                                    \
+    if (group - g >= 1) NAME##_blk(q + g * hd, 1, hd, kt, ldk, ks, n, scale, scores + g * sstride, sstride);
 #define DP_DEFINE_SCORES_GROUPS(NAME, T)                                                 \
     static void NAME(const float *q, int64_t group, int64_t hd, const T *kt, int64_t ldk, int64_t n, \
                      float scale, float *scores, int64_t sstride) {                     \
-        int64_t g = 0;                                                                   \
-        for (; g + 8 <= group; g += 8)                                                   \
-            NAME##_blk(q + g * hd, 8, hd, kt, ldk, n, scale, scores + g * sstride, sstride); \
-        if (group - g >= 4) {                                                            \
-            NAME##_blk(q + g * hd, 4, hd, kt, ldk, n, scale, scores + g * sstride, sstride); \
-            g += 4;                                                                      \
-        }                                                                                \
-        if (group - g >= 2) {                                                            \
-            NAME##_blk(q + g * hd, 2, hd, kt, ldk, n, scale, scores + g * sstride, sstride); \
-            g += 2;                                                                      \
-        }                                                                                \
-        if (group - g >= 1) NAME##_blk(q + g * hd, 1, hd, kt, ldk, n, scale, scores + g * sstride, sstride); \
+        const float *ks = NULL;                                                          \
+        DP_SCORES_GROUPS_BODY(NAME)                                                      \
+    }
+#define DP_DEFINE_SCORES_GROUPS_Q8(NAME)                                                 \
+    static void NAME(const float *q, int64_t group, int64_t hd, const int8_t *kt, int64_t ldk, \
+                     const float *ks, int64_t n, float scale, float *scores, int64_t sstride) { \
+        DP_SCORES_GROUPS_BODY(NAME)                                                      \
     }
 
 /* The generic ops read a table that dp_ops_generic_prepare fills (once, thread-

@@ -41,6 +41,7 @@ enum dp_dtype {
     DP_F16 = 1,
     DP_Q8_0 = 8,   /* MatMulNBits layout: uint8 value+128, fp32 scale per 32 */
     DP_Q4_0 = 2,   /* MatMulNBits layout: two nibbles per byte, low first, value+8 */
+    DP_Q8 = 3,     /* KV cache only: int8 with one f32 scale per token and KV head (kv_arena.h) */
 };
 
 /* IEEE half <-> float, portable bit manipulation (round to nearest even). */

@@ -15,7 +15,21 @@
 #define ARENA_ALIGN (2u << 20) /* 2 MiB: lets the kernel back the arena with huge pages */
 
 static inline int64_t tile_bytes(const dp_arena *a, int64_t P) {
-    return 2 * a->num_kv_heads * P * a->head_dim * a->elem_bytes;
+    return 2 * a->num_kv_heads * P * (a->head_dim * a->elem_bytes + a->scale_bytes);
+}
+
+/* Bytes per element and per (token, KV head) scale of a kv dtype; 0 when unknown. */
+static int64_t dtype_elem_bytes(int kv_dtype) {
+    return kv_dtype == DP_F32 ? 4 : kv_dtype == DP_F16 ? 2 : kv_dtype == DP_Q8 ? 1 : 0;
+}
+static int64_t dtype_scale_bytes(int kv_dtype) { return kv_dtype == DP_Q8 ? (int64_t)sizeof(float) : 0; }
+
+int64_t dp_kv_tile_bytes(int kv_dtype, int64_t num_kv_heads, int64_t head_dim, int64_t P) {
+    const int64_t eb = dtype_elem_bytes(kv_dtype);
+    if (!eb || num_kv_heads <= 0 || head_dim <= 0 || head_dim > DP_MAX_HEAD_DIM || P <= 0) return -1;
+    const int64_t row = head_dim * eb + dtype_scale_bytes(kv_dtype); /* one token of one KV head, K or V */
+    if (num_kv_heads > INT64_MAX / (2 * row) || P > INT64_MAX / (2 * row * num_kv_heads)) return -1;
+    return 2 * num_kv_heads * P * row;
 }
 
 int dp_arena_init(dp_arena *a, int64_t block_size, int64_t num_blocks, int64_t num_layers,
@@ -25,14 +39,17 @@ int dp_arena_init(dp_arena *a, int64_t block_size, int64_t num_blocks, int64_t n
     if (block_size < 64 || (block_size & (block_size - 1)) || num_blocks <= 0 || num_layers <= 0 ||
         num_kv_heads <= 0 || head_dim <= 0 || head_dim > DP_MAX_HEAD_DIM)
         return DP_ERR_ARG;
-    if (kv_dtype != DP_F32 && kv_dtype != DP_F16) return DP_ERR_ARG;
-    const int64_t elem_bytes = kv_dtype == DP_F32 ? 4 : 2;
+    const int64_t elem_bytes = dtype_elem_bytes(kv_dtype), scale_bytes = dtype_scale_bytes(kv_dtype);
+    if (!elem_bytes) return DP_ERR_ARG;
+    /* q8 scales stay 4-byte aligned only with an even head_dim (kv_arena.h). */
+    if (kv_dtype == DP_Q8 && head_dim % 2) return DP_ERR_ARG;
     /* One token must fit in a block (divided, not multiplied: no overflow). */
-    if (num_kv_heads > block_size / (2 * head_dim * elem_bytes)) return DP_ERR_ARG;
+    if (num_kv_heads > block_size / (2 * (head_dim * elem_bytes + scale_bytes))) return DP_ERR_ARG;
     if (num_blocks > INT64_MAX / block_size || num_layers > INT64_MAX / (block_size * num_blocks) ||
         (uint64_t)(block_size * num_blocks * num_layers) > (uint64_t)SIZE_MAX)
         return DP_ERR_ARG;
     a->elem_bytes = elem_bytes;
+    a->scale_bytes = scale_bytes;
     a->block_size = block_size;
     a->num_blocks = num_blocks;
     a->num_layers = num_layers;
@@ -80,6 +97,15 @@ static inline int64_t k_offset(const dp_arena *a, int64_t P, int64_t row, int64_
     return (h * a->head_dim * P + row) * a->elem_bytes;
 }
 
+/* q8: byte offsets of the f32 scales of K row (token `row`, kv head `h`) and of its V row,
+ * behind the tile's values: K scales (num_kv_heads, P), then V scales (num_kv_heads, P). */
+static inline int64_t ks_offset(const dp_arena *a, int64_t P, int64_t row, int64_t h) {
+    return 2 * a->num_kv_heads * P * a->head_dim + (h * P + row) * (int64_t)sizeof(float);
+}
+static inline int64_t vs_offset(const dp_arena *a, int64_t P, int64_t row, int64_t h) {
+    return 2 * a->num_kv_heads * P * a->head_dim + ((a->num_kv_heads + h) * P + row) * (int64_t)sizeof(float);
+}
+
 /* Where a tile of P tokens may start: inside the layer region, at a multiple of its
  * size inside its block (so a block is cut into whole tiles from its start, and a
  * tile larger than a block starts one), and, when it fits in a block, not across
@@ -122,6 +148,22 @@ static int check_write_args(const dp_arena *a, int64_t layer, const float *k, co
     return dp_kv_check_slots(a, slots, num_tokens, NULL);
 }
 
+/* One row of q8 (kv_arena.h): dst[e * dstride] = round(x[e] / s), ties to even, in
+ * [-127, 127]; returns s = max |x| / 127 (0 for an all-zero row, whose values are 0).
+ * A division per value, not a multiply by 1 / s: one rounding, and no overflow of
+ * 1 / s for a tiny s. */
+static float quantize_row(const float *x, int64_t n, int8_t *dst, int64_t dstride) {
+    float amax = 0.0f;
+    for (int64_t e = 0; e < n; e++) amax = fabsf(x[e]) > amax ? fabsf(x[e]) : amax;
+    const float s = amax / 127.0f;
+    for (int64_t e = 0; e < n; e++) {
+        long v = s > 0.0f ? lrintf(x[e] / s) : 0;
+        v = v > 127 ? 127 : v < -127 ? -127 : v; /* |x / s| <= 127 but for rounding (and NaN) */
+        dst[e * dstride] = (int8_t)v;
+    }
+    return s;
+}
+
 /* The writes of dp_kv_write_slots, every slot already checked. */
 static void write_rows(const dp_arena *a, const dp_attn_ops *ops, int64_t layer, const float *k, const float *v,
                        int64_t stride, const int64_t *slots, int64_t num_tokens) {
@@ -138,6 +180,10 @@ static void write_rows(const dp_arena *a, const dp_attn_ops *ops, int64_t layer,
             if (a->kv_dtype == DP_F32) {
                 memcpy(vd, vs, (size_t)hd * sizeof(float));
                 for (int64_t e = 0; e < hd; e++) ((float *)kd)[e * P] = ks[e];
+            } else if (a->kv_dtype == DP_Q8) {
+                char *tile = region + s[0];
+                *(float *)(tile + ks_offset(a, P, s[1], h)) = quantize_row(ks, hd, (int8_t *)kd, P);
+                *(float *)(tile + vs_offset(a, P, s[1], h)) = quantize_row(vs, hd, (int8_t *)vd, 1);
             } else {
                 ops->f32_to_f16(vs, (uint16_t *)vd, hd);
                 ops->f32_to_f16(ks, half, hd);
@@ -297,6 +343,9 @@ static inline void prefetch_next(const attn_job *J, int values, int64_t kh, cons
             len = hd * next[j].P * eb;
         }
         for (int64_t off = 0; off < len; off += 64) __builtin_prefetch(p + off, 0, 2);
+        if (a->kv_dtype == DP_Q8) /* the piece's scales: n floats */
+            __builtin_prefetch(next[j].tile + (values ? vs_offset(a, next[j].P, next[j].row, kh)
+                                                      : ks_offset(a, next[j].P, next[j].row, kh)), 0, 2);
     }
 }
 
@@ -305,32 +354,48 @@ static void run_pass(const attn_job *J, int values, int64_t rows, const float *q
     const dp_arena *a = J->a;
     const dp_attn_ops *ops = J->ops;
     const int64_t hd = a->head_dim, eb = a->elem_bytes, nkv = a->num_kv_heads;
-    const int f16 = a->kv_dtype == DP_F16;
-    if (f16 && ops->scores_f16_run && ops->accum_f16_run) {
+    const int f16 = a->kv_dtype == DP_F16, q8 = a->kv_dtype == DP_Q8;
+    if ((f16 && ops->scores_f16_run && ops->accum_f16_run) || (q8 && ops->scores_q8_run && ops->accum_q8_run)) {
         dp_seg ps[DP_RUN];
         for (int64_t kh = 0; kh < nkv; kh++) {
             prefetch_next(J, values, kh, next, nn);
-            for (int64_t j = 0; j < ns; j++)
-                ps[j] = values ? (dp_seg){seg[j].tile + ((nkv + kh) * seg[j].P + seg[j].row) * hd * eb, hd, seg[j].n}
-                               : (dp_seg){seg[j].tile + (kh * hd * seg[j].P + seg[j].row) * eb, seg[j].P, seg[j].n};
+            for (int64_t j = 0; j < ns; j++) {
+                const char *t = seg[j].tile;
+                const int64_t Pj = seg[j].P, row = seg[j].row;
+                ps[j] = values ? (dp_seg){t + ((nkv + kh) * Pj + row) * hd * eb, hd, seg[j].n,
+                                          q8 ? (const float *)(t + vs_offset(a, Pj, row, kh)) : NULL}
+                               : (dp_seg){t + (kh * hd * Pj + row) * eb, Pj, seg[j].n,
+                                          q8 ? (const float *)(t + ks_offset(a, Pj, row, kh)) : NULL};
+            }
             for (int64_t r0 = 0; r0 < rows; r0 += DP_GSLICE) {
                 const int64_t rn = rows - r0 < DP_GSLICE ? rows - r0 : DP_GSLICE, base = kh * rows + r0;
-                if (values) ops->accum_f16_run(sc + base * DP_RUN, DP_RUN, rn, hd, ps, ns, o + base * hd);
-                else ops->scores_f16_run(q + base * hd, rn, hd, ps, ns, J->scale, sc + base * DP_RUN, DP_RUN);
+                float *o_ = o + base * hd, *s_ = sc + base * DP_RUN;
+                const float *q_ = q + base * hd;
+                if (values && q8) ops->accum_q8_run(s_, DP_RUN, rn, hd, ps, ns, o_);
+                else if (values) ops->accum_f16_run(s_, DP_RUN, rn, hd, ps, ns, o_);
+                else if (q8) ops->scores_q8_run(q_, rn, hd, ps, ns, J->scale, s_, DP_RUN);
+                else ops->scores_f16_run(q_, rn, hd, ps, ns, J->scale, s_, DP_RUN);
             }
         }
         return;
     }
     for (int64_t kh = 0; kh < nkv; kh++) prefetch_next(J, values, kh, next, nn);
     for (int64_t j = 0, off = 0; j < ns; off += seg[j].n, j++) {
-        const int64_t Pj = seg[j].P;
+        const int64_t Pj = seg[j].P, row = seg[j].row;
         for (int64_t kh = 0; kh < nkv; kh++) {
-            const char *kt = seg[j].tile + (kh * hd * Pj + seg[j].row) * eb;          /* K^T, ldk = P */
-            const char *vr = seg[j].tile + ((nkv + kh) * Pj + seg[j].row) * hd * eb; /* V rows */
+            const char *kt = seg[j].tile + (kh * hd * Pj + row) * eb;          /* K^T, ldk = P */
+            const char *vr = seg[j].tile + ((nkv + kh) * Pj + row) * hd * eb; /* V rows */
             for (int64_t r0 = 0; r0 < rows; r0 += DP_GSLICE) {
                 const int64_t rn = rows - r0 < DP_GSLICE ? rows - r0 : DP_GSLICE, base = kh * rows + r0;
                 float *sg = sc + base * DP_RUN + off;
-                if (values && f16) ops->accum_f16(sg, DP_RUN, rn, hd, (const uint16_t *)vr, seg[j].n, o + base * hd);
+                if (q8 && values)
+                    ops->accum_q8(sg, DP_RUN, rn, hd, (const int8_t *)vr,
+                                  (const float *)(seg[j].tile + vs_offset(a, Pj, row, kh)), seg[j].n, o + base * hd);
+                else if (q8)
+                    ops->scores_q8(q + base * hd, rn, hd, (const int8_t *)kt, Pj,
+                                   (const float *)(seg[j].tile + ks_offset(a, Pj, row, kh)), seg[j].n, J->scale, sg,
+                                   DP_RUN);
+                else if (values && f16) ops->accum_f16(sg, DP_RUN, rn, hd, (const uint16_t *)vr, seg[j].n, o + base * hd);
                 else if (values) ops->accum_f32(sg, DP_RUN, rn, hd, (const float *)vr, seg[j].n, o + base * hd);
                 else if (f16) ops->scores_f16(q + base * hd, rn, hd, (const uint16_t *)kt, Pj, seg[j].n, J->scale, sg, DP_RUN);
                 else ops->scores_f32(q + base * hd, rn, hd, (const float *)kt, Pj, seg[j].n, J->scale, sg, DP_RUN);
@@ -712,6 +777,12 @@ int dp_kv_copy_slots(const dp_arena *a, const int64_t *src, const int64_t *dst, 
                 for (int64_t e = 0; e < a->head_dim; e++)
                     memmove(region + d[0] + k_offset(a, d[2], d[1], h) + e * d[2] * (int64_t)eb,
                             region + s[0] + k_offset(a, s[2], s[1], h) + e * s[2] * (int64_t)eb, eb);
+                if (a->kv_dtype == DP_Q8) {
+                    memmove(region + d[0] + ks_offset(a, d[2], d[1], h), region + s[0] + ks_offset(a, s[2], s[1], h),
+                            sizeof(float));
+                    memmove(region + d[0] + vs_offset(a, d[2], d[1], h), region + s[0] + vs_offset(a, s[2], s[1], h),
+                            sizeof(float));
+                }
             }
         }
     }
@@ -734,6 +805,15 @@ int dp_kv_gather(const dp_arena *a, int64_t layer, const int64_t *spans, int64_t
             for (int64_t h = 0; h < a->num_kv_heads; h++) {
                 const char *vs = tile + v_offset(a, P, i % P, h), *ks = tile + k_offset(a, P, i % P, h);
                 float *vd = v_out + (h * num_tokens + j) * hd, *kd = k_out + (h * num_tokens + j) * hd;
+                if (a->kv_dtype == DP_Q8) {
+                    const float kscale = *(const float *)(tile + ks_offset(a, P, i % P, h));
+                    const float vscale = *(const float *)(tile + vs_offset(a, P, i % P, h));
+                    for (int64_t e = 0; e < hd; e++) {
+                        vd[e] = vscale * (float)((const int8_t *)vs)[e];
+                        kd[e] = kscale * (float)((const int8_t *)ks)[e * P];
+                    }
+                    continue;
+                }
                 for (int64_t e = 0; e < hd; e++) {
                     if (a->kv_dtype == DP_F32) {
                         vd[e] = ((const float *)vs)[e];

@@ -8,7 +8,34 @@
  *     K: (num_kv_heads, head_dim, P) -- transposed: one dimension of P tokens is
  *        contiguous, so decode scores P tokens per vector with no reductions --
  *     then V: (num_kv_heads, P, head_dim), kv dtype
- * tile_bytes(P) = 2 * num_kv_heads * P * head_dim * elem_bytes.
+ *     then, for DP_Q8 only, K scales: (num_kv_heads, P) f32 and V scales: (num_kv_heads, P) f32
+ * tile_bytes(P) = 2 * num_kv_heads * P * (head_dim * elem_bytes + scale_bytes).
+ *
+ * DP_Q8 (kv_dtype q8): element (token t, head h, dim e) = scale[h, t] * int8 value,
+ * symmetric, scale = max_e |x[e]| / 127 of that token's row of that head, values
+ * round(x / scale) in [-127, 127] (0 and scale 0 for an all-zero row); the error of
+ * an element is at most scale / 2. Against llama.cpp's q8_0 cache type (blocks of
+ * 32 values along head_dim with an f16 scale, 34 bytes per 32 values):
+ *   - one scale per (token, KV head) row instead of per 32 dims: K is stored
+ *     transposed, so a scores kernel runs along tokens and reduces over dims; a
+ *     scale per row factors out of the dot product (score = scale * (q . k_int8),
+ *     one multiply per token), and in the V pass it folds into the softmax weight
+ *     (one multiply per token and query head), while a scale per 32 dims would cut
+ *     every dot product into blocks. The price: a row with an outlier dim quantizes
+ *     its other dims more coarsely than 32-blocks would (quality: README.md).
+ *   - the scale in f32, not f16: it is stored exactly as the quantizer used it (no
+ *     second rounding, no f16 underflow for rows below 6e-5 * 127), and the kernels
+ *     use it without conversion. It costs 2 bytes per row more than an f16 scale:
+ *     68 bytes per 64 values (8.5 bits, as q8_0), 132 per 128 (8.25 bits), 53% and
+ *     52% of f16's bytes.
+ *   - the scales sit in the tile behind the values, so a tile is still the unit the
+ *     two paths address (pages and extents work unchanged) and a kernel reads a
+ *     run's values and scales from the same few pages. They are 4-byte aligned
+ *     because DP_Q8 needs an even head_dim (2 * num_kv_heads * P * head_dim is then a
+ *     multiple of 4, and so is tile_bytes).
+ *   Values are quantized once, on write (dp_kv_write_slots, the same scalar code for
+ *   every ISA, so storage never depends on the kernel); the kernels widen int8 to f32
+ *   and use f32 FMAs, exact relative to the dequantized values.
  * The random path uses tiles of page_tokens (pages, several per block); the
  * sequential path uses one tile per block (P = tokens_per_block), so a head's K
  * rows run contiguously for a whole block. One kernel reads both.
@@ -37,8 +64,9 @@ typedef struct {
     int64_t num_layers;
     int64_t num_kv_heads;
     int64_t head_dim;
-    int kv_dtype;          /* DP_F32 or DP_F16 */
-    int64_t elem_bytes;
+    int kv_dtype;          /* DP_F32, DP_F16 or DP_Q8 */
+    int64_t elem_bytes;    /* 4, 2 or 1 */
+    int64_t scale_bytes;   /* per token and KV head, K and V each: 4 (f32) for DP_Q8, else 0 */
     int64_t layer_bytes;   /* num_blocks * block_size */
     int hugepages;         /* 1 when madvise(MADV_HUGEPAGE) was accepted */
     int numa_node;         /* node the arena is bound to, -1 when not bound */
@@ -47,6 +75,10 @@ typedef struct {
 int dp_arena_init(dp_arena *a, int64_t block_size, int64_t num_blocks, int64_t num_layers,
                   int64_t num_kv_heads, int64_t head_dim, int kv_dtype, int numa_node);
 void dp_arena_free(dp_arena *a);
+/* tile_bytes(P) of an arena of this shape and dtype (the one formula, for callers
+ * that size pages before they have an arena); -1 for an unknown dtype or a size
+ * that overflows. */
+int64_t dp_kv_tile_bytes(int kv_dtype, int64_t num_kv_heads, int64_t head_dim, int64_t P);
 
 #include "dp_attn_ops.h"
 #include "dp_pool.h"
@@ -70,7 +102,8 @@ int dp_kv_check_slots(const dp_arena *a, const int64_t *slots, int64_t num_token
 
 /* Write num_tokens rows of K and V (each (num_tokens, num_kv_heads * head_dim) f32,
  * row stride `stride` floats) of `layer` at `slots` (num_tokens, 3); f32 -> f16
- * conversion through `ops` (NULL = generic). Every slot is checked first. */
+ * conversion through `ops` (NULL = generic), f32 -> q8 quantization in scalar C (the
+ * same bytes whichever ops). Every slot is checked first. */
 int dp_kv_write_slots(const dp_arena *a, const dp_attn_ops *ops, int64_t layer, const float *k,
                       const float *v, int64_t stride, const int64_t *slots, int64_t num_tokens);
 
@@ -109,12 +142,13 @@ int dp_step_batch(const dp_arena *a, const dp_attn_ops *ops, dp_pool *pool, int6
                   float *out, int64_t out_stride, int64_t num_heads, int64_t num_rows, const int64_t *seqs,
                   int64_t num_seqs, const int64_t *spans, int64_t spans_len, dp_attn_params params);
 
-/* Copy every layer's K and V of num_tokens tokens from src slots to dst slots
- * (every slot of both checked first). */
+/* Copy every layer's K and V (and q8 scales) of num_tokens tokens from src slots to
+ * dst slots (every slot of both checked first). */
 int dp_kv_copy_slots(const dp_arena *a, const int64_t *src, const int64_t *dst, int64_t num_tokens);
 
 /* Gather the first num_tokens tokens of `spans` of `layer` into dense f32 arrays
- * k_out, v_out: (num_kv_heads, num_tokens, head_dim). For tests and migration checks. */
+ * k_out, v_out: (num_kv_heads, num_tokens, head_dim), q8 dequantized (scale * value,
+ * one f32 product). For tests and migration checks. */
 int dp_kv_gather(const dp_arena *a, int64_t layer, const int64_t *spans, int64_t num_spans,
                  int64_t num_tokens, float *k_out, float *v_out);
 

@@ -188,8 +188,9 @@ def cmd_info(args) -> int:
           f"available: {', '.join(available)}; usable ISA features: {', '.join(kernel_features()) or 'none'}"
           f"{'; disabled by DUALPATH_DISABLE_CPU_FEATURES=' + disabled if disabled else ''})")
     d = cfg.dualpath_config
+    kv_what = {"f16": "IEEE half", "f32": "float", "q8": "int8 + an f32 scale per token and KV head"}[d.kv_dtype]
     print(f"kv cache: one arena of {d.block_size // 1024} KiB blocks (block_size={d.block_size}), pages of "
-          f"{d.page_tokens} tokens, kv_dtype={d.kv_dtype}, prefetch_degree={d.prefetch_degree}, "
+          f"{d.page_tokens} tokens, kv_dtype={d.kv_dtype} ({kv_what}), prefetch_degree={d.prefetch_degree}, "
           f"huge pages requested (madvise)")
     from .platform.cpu import numa_nodes
 
@@ -236,6 +237,15 @@ def cmd_info(args) -> int:
         print(f"  arch={m.arch} dim={m.dim} hidden_dim={m.hidden_dim} layers={m.num_layers} heads={m.num_heads} "
               f"kv_heads={m.num_kv_heads} head_dim={m.head_dim} vocab={m.vocab_size} context={m.context_length}")
         print(f"  rope_theta={m.rope_theta:g} rms_eps={m.rms_eps:g} tied_output={m.tied_output}")
+        from .kernels import kv_tile_bytes
+
+        if d.kv_dtype != "q8" or m.head_dim % 2 == 0:
+            per_token = kv_tile_bytes(d.kv_dtype, m.num_kv_heads, m.head_dim, 1) * m.num_layers
+            f16 = kv_tile_bytes("f16", m.num_kv_heads, m.head_dim, 1) * m.num_layers
+            print(f"  kv cache: {per_token:,} bytes per token, all layers, in {d.kv_dtype} "
+                  f"({per_token / f16:.0%} of f16)")
+        else:
+            print(f"  kv cache: kv_dtype=q8 needs an even head_dim (this model's is {m.head_dim}): loading fails")
         diffs = m.differences()
         print(f"  family differences: {' '.join(f'{k}={v:g}' if isinstance(v, float) else f'{k}={v}' for k, v in diffs.items()) or 'none (plain Llama)'}")
         print(f"  file tensor types: {', '.join(spec.metadata.get('tensor_types', []))}")
@@ -314,7 +324,8 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config key, e.g. runtime.num_threads=2")
         sp.add_argument("-t", "--threads", type=int, help="threads (runtime.num_threads)")
         sp.add_argument("--ctx-size", type=int, help="context window in tokens (runtime.max_context_tokens)")
-        sp.add_argument("--kv-dtype", choices=["f16", "f32"], help="KV cache element type")
+        sp.add_argument("--kv-dtype", choices=["f16", "f32", "q8"], help="KV cache element type "
+                        "(dualpath_config.kv_dtype; q8 = int8 + an f32 scale per token and KV head)")
         sp.add_argument("--chat-template", choices=["chatml", "llama3", "gemma", "phi3"],
                         help="a built-in chat template instead of the model's (runtime.chat_template)")
 

@@ -159,8 +159,10 @@ class DualPathConfig(_Section):
     """Locality score at or above which the sequential path is chosen."""
     path_mode: str = _choice("dual", str, ("dual", "sequential", "random"))
     """``dual`` routes per request; ``sequential`` or ``random`` force one path."""
-    kv_dtype: str = _choice("f16", str, ("f16", "f32"))
-    """Element type of cached keys and values."""
+    kv_dtype: str = _choice("f16", str, ("f16", "f32", "q8"))
+    """Element type of cached keys and values: ``f16``; ``f32``; or ``q8``, int8 with one
+    f32 scale per token and KV head (about half the bytes of f16, in memory and in
+    every decode step's reads; quality figures in README.md). q8 needs an even head_dim."""
     numa_node: int = _int(-1, -1, 63)
     """NUMA node the arena is bound to (mbind before first touch); -1 = no binding."""
 

@@ -24,9 +24,12 @@ static float frand(void) { /* xorshift64*, uniform in [-1, 1) */
     return (float)((rng_state * 2685821657736338717ull) >> 40) / (float)(1u << 23) - 1.0f;
 }
 
+static int verbose; /* DP_TEST_VERBOSE=1: print the passing checks too */
+
 static void check(int ok, const char *what) {
     if (ok) passed++;
     else { failed++; printf("FAIL %s\n", what); }
+    if (ok && verbose) printf("ok %s\n", what);
 }
 
 /* Reference: causal attention over dense K/V (nkv, n, hd) in double. */
@@ -54,13 +57,21 @@ static void reference(const float *q, const float *k, const float *v, int64_t T,
     free(s);
 }
 
+static const char *dtype_name(int kv_dtype) {
+    return kv_dtype == DP_F32 ? "f32" : kv_dtype == DP_F16 ? "f16" : "q8";
+}
+
+/* The reference reads the K/V the arena returns (dp_kv_gather: f16 widened, q8
+ * dequantized), so the tolerance is the kernel's arithmetic alone: f32 and q8
+ * (int8 widens exactly, f32 FMAs, one scale multiply per token) like f32; f16 looser
+ * for neon_fp16's f16 products. */
 static void run_case(const dp_attn_ops *ops, dp_pool *pool, int kv_dtype, int64_t hd, int64_t group,
                      int64_t n_ctx, int64_t T, int scattered) {
     const int64_t nkv = 2, H = nkv * group, P = 16;
     dp_arena a;
     const int64_t block = 1 << 17;
     const int64_t pages_needed = (n_ctx + P - 1) / P;
-    const int64_t page_bytes = 2 * nkv * P * hd * (kv_dtype == DP_F32 ? 4 : 2);
+    const int64_t page_bytes = dp_kv_tile_bytes(kv_dtype, nkv, hd, P);
     const int64_t ppb = block / page_bytes;
     const int64_t nblocks = (pages_needed + ppb - 1) / ppb * 2 + 1;
     if (dp_arena_init(&a, block, nblocks, 1, nkv, hd, kv_dtype, -1) != DP_OK) { check(0, "arena init"); return; }
@@ -94,7 +105,7 @@ static void run_case(const dp_attn_ops *ops, dp_pool *pool, int kv_dtype, int64_
                            DP_PARAMS(1.0f / sqrtf((float)hd), 4));
     check(st == DP_OK, "attention status");
     reference(q, kd, vd, T, H, nkv, n_ctx, hd, pos0, want);
-    const double tol = kv_dtype == DP_F32 ? 1e-5 : 2e-3;
+    const double tol = kv_dtype == DP_F16 ? 2e-3 : 1e-5;
     double worst = 0;
     for (int64_t i = 0; i < T * H * hd; i++) {
         const double err = fabs(out[i] - want[i]) / (tol * (1 + fabs(want[i])));
@@ -102,7 +113,7 @@ static void run_case(const dp_attn_ops *ops, dp_pool *pool, int kv_dtype, int64_
     }
     char what[200];
     snprintf(what, sizeof what, "%s %s hd=%lld group=%lld ctx=%lld T=%lld %s pool=%d worst=%.3g", ops->name,
-             kv_dtype == DP_F32 ? "f32" : "f16", (long long)hd, (long long)group, (long long)n_ctx, (long long)T,
+             dtype_name(kv_dtype), (long long)hd, (long long)group, (long long)n_ctx, (long long)T,
              scattered ? "paged" : "contiguous", pool ? dp_pool_num_threads(pool) : 1, worst);
     check(worst <= 1.0, what);
     /* Out-of-bounds requests are refused, never read. */
@@ -132,8 +143,8 @@ static void run_ops_case(const dp_attn_ops *ops, int64_t group, int64_t hd) {
         vr[j] = (uint16_t *)malloc((size_t)(lens[j] * hd) * sizeof(uint16_t));
         for (int64_t i = 0; i < hd * lds[j]; i++) kt[j][i] = dp_float_to_half(frand());
         for (int64_t i = 0; i < lens[j] * hd; i++) vr[j][i] = dp_float_to_half(frand());
-        ks[j] = (dp_seg){kt[j] + row, lds[j], lens[j]};
-        vs[j] = (dp_seg){vr[j], hd, lens[j]};
+        ks[j] = (dp_seg){kt[j] + row, lds[j], lens[j], NULL};
+        vs[j] = (dp_seg){vr[j], hd, lens[j], NULL};
     }
     float *q = (float *)malloc((size_t)(group * hd) * sizeof(float));
     float *s1 = (float *)calloc((size_t)(group * sstride), sizeof(float));
@@ -164,6 +175,137 @@ static void run_ops_case(const dp_attn_ops *ops, int64_t group, int64_t hd) {
     free(q); free(s1); free(s2); free(o1); free(o2);
 }
 
+/* The same for q8 pieces: int8 K^T / V with a scale per row, carried by the pieces. */
+static void run_ops_case_q8(const dp_attn_ops *ops, int64_t group, int64_t hd) {
+    enum { NS = 7 };
+    const int64_t lens[NS] = {5, 16, 16, 11, 1, 16, 9}, lds[NS] = {16, 16, 32, 16, 16, 64, 16};
+    int64_t total = 0;
+    for (int j = 0; j < NS; j++) total += lens[j];
+    const int64_t sstride = total + 3;
+    int8_t *kt[NS], *vr[NS];
+    float *ksc[NS], *vsc[NS];
+    dp_seg ks[NS], vs[NS];
+    for (int j = 0; j < NS; j++) {
+        const int64_t row = lds[j] - lens[j];
+        kt[j] = (int8_t *)malloc((size_t)(hd * lds[j]));
+        vr[j] = (int8_t *)malloc((size_t)(lens[j] * hd));
+        ksc[j] = (float *)malloc((size_t)lds[j] * sizeof(float));
+        vsc[j] = (float *)malloc((size_t)lens[j] * sizeof(float));
+        for (int64_t i = 0; i < hd * lds[j]; i++) kt[j][i] = (int8_t)(127 * frand());
+        for (int64_t i = 0; i < lens[j] * hd; i++) vr[j][i] = (int8_t)(127 * frand());
+        for (int64_t i = 0; i < lds[j]; i++) ksc[j][i] = 0.01f * (1.5f + frand());
+        for (int64_t i = 0; i < lens[j]; i++) vsc[j][i] = 0.01f * (1.5f + frand());
+        ks[j] = (dp_seg){kt[j] + row, lds[j], lens[j], ksc[j] + row};
+        vs[j] = (dp_seg){vr[j], hd, lens[j], vsc[j]};
+    }
+    float *q = (float *)malloc((size_t)(group * hd) * sizeof(float));
+    float *s1 = (float *)calloc((size_t)(group * sstride), sizeof(float));
+    float *s2 = (float *)calloc((size_t)(group * sstride), sizeof(float));
+    float *o1 = (float *)malloc((size_t)(group * hd) * sizeof(float));
+    float *o2 = (float *)malloc((size_t)(group * hd) * sizeof(float));
+    for (int64_t i = 0; i < group * hd; i++) { q[i] = frand(); o1[i] = o2[i] = frand(); }
+    int64_t off = 0;
+    for (int j = 0; j < NS; off += lens[j], j++)
+        ops->scores_q8(q, group, hd, (const int8_t *)ks[j].ptr, lds[j], ks[j].scales, lens[j], 0.3f, s1 + off, sstride);
+    ops->scores_q8_run(q, group, hd, ks, NS, 0.3f, s2, sstride);
+    check(memcmp(s1, s2, (size_t)(group * sstride) * sizeof(float)) == 0, "q8 run scores == per-piece scores");
+    off = 0;
+    for (int j = 0; j < NS; off += lens[j], j++) ops->accum_q8(s1 + off, sstride, group, hd, vr[j], vsc[j], lens[j], o1);
+    ops->accum_q8_run(s1, sstride, group, hd, vs, NS, o2);
+    double worst = 0, scale = 0;
+    for (int64_t i = 0; i < group * hd; i++) scale = fabs((double)o1[i]) > scale ? fabs((double)o1[i]) : scale;
+    for (int64_t i = 0; i < group * hd; i++) {
+        const double err = fabs((double)o1[i] - o2[i]) / scale;
+        worst = err > worst ? err : worst;
+    }
+    char what[120];
+    snprintf(what, sizeof what, "%s q8 run accumulation == per-piece group=%lld hd=%lld (worst %.2g)", ops->name,
+             (long long)group, (long long)hd, worst);
+    check(worst < 1e-5, what);
+    for (int j = 0; j < NS; j++) { free(kt[j]); free(vr[j]); free(ksc[j]); free(vsc[j]); }
+    free(q); free(s1); free(s2); free(o1); free(o2);
+}
+
+/* q8 storage: every element of a written row comes back (dp_kv_gather) within half
+ * its row's scale s = max|x| / 127 (plus the f32 rounding of s * value), whatever the
+ * row's magnitude; an all-zero row comes back as zeros; copies are bit-exact, with
+ * their scales. Also the ops against a double-precision dequantized reference. */
+static void q8_storage_cases(void) {
+    const int64_t nkv = 3, hd = 48, P = 16, n = 40, block = 1 << 16;
+    dp_arena a;
+    check(dp_arena_init(&a, block, 4, 2, nkv, hd, DP_Q8, -1) == DP_OK, "q8 arena");
+    check(dp_kv_tile_bytes(DP_Q8, nkv, hd, P) == 2 * nkv * P * (hd + 4), "q8 tile: int8 values + f32 scale per row");
+    float *k = (float *)malloc((size_t)(n * nkv * hd) * sizeof(float)), *v = (float *)malloc((size_t)(n * nkv * hd) * sizeof(float));
+    float *kd = (float *)malloc((size_t)(n * nkv * hd) * sizeof(float)), *vd = (float *)malloc((size_t)(n * nkv * hd) * sizeof(float));
+    float *kc = (float *)malloc((size_t)(n * nkv * hd) * sizeof(float)), *vc = (float *)malloc((size_t)(n * nkv * hd) * sizeof(float));
+    for (int64_t t = 0; t < n; t++) {
+        const float mag = t == 3 ? 0.0f : powf(10.0f, (float)(t % 9) - 5.0f); /* 1e-5 .. 1e3, one zero row */
+        for (int64_t i = 0; i < nkv * hd; i++) {
+            k[t * nkv * hd + i] = mag * frand();
+            v[t * nkv * hd + i] = mag * frand() * (i % 7 == 0 ? 30.0f : 1.0f); /* an outlier every 7 dims */
+        }
+    }
+    const int64_t tb = dp_kv_tile_bytes(DP_Q8, nkv, hd, P);
+    int64_t slots[3 * 40], dst[3 * 40], spans[3 * 3], dspans[3 * 3];
+    for (int64_t t = 0; t < n; t++) {
+        slots[3 * t] = (t / P) * tb, slots[3 * t + 1] = t % P, slots[3 * t + 2] = P;
+        dst[3 * t] = block + (t / P) * tb, dst[3 * t + 1] = t % P, dst[3 * t + 2] = P;
+    }
+    for (int64_t p = 0; p < 3; p++) {
+        spans[3 * p] = p * tb, spans[3 * p + 1] = n - p * P < P ? n - p * P : P, spans[3 * p + 2] = P;
+        dspans[3 * p] = block + p * tb, dspans[3 * p + 1] = spans[3 * p + 1], dspans[3 * p + 2] = P;
+    }
+    check(dp_kv_write_slots(&a, NULL, 1, k, v, nkv * hd, slots, n) == DP_OK, "q8 write");
+    check(dp_kv_gather(&a, 1, spans, 3, n, kd, vd) == DP_OK, "q8 gather");
+    double worst = 0;
+    int zeros = 1;
+    for (int64_t t = 0; t < n; t++)
+        for (int64_t h = 0; h < nkv; h++)
+            for (int kv = 0; kv < 2; kv++) {
+                const float *x = (kv ? v : k) + t * nkv * hd + h * hd, *y = (kv ? vd : kd) + (h * n + t) * hd;
+                float amax = 0.0f;
+                for (int64_t e = 0; e < hd; e++) amax = fabsf(x[e]) > amax ? fabsf(x[e]) : amax;
+                const double s = amax / 127.0f;
+                for (int64_t e = 0; e < hd; e++) {
+                    if (t == 3) { zeros &= y[e] == 0.0f; continue; }
+                    /* s / 2, and the f32 roundings of x / s and s * value (each about 2^-24 relative) */
+                    const double err = fabs((double)x[e] - y[e]) / (0.5 * s + 2e-7 * amax);
+                    worst = err > worst ? err : worst;
+                }
+            }
+    char what[120];
+    snprintf(what, sizeof what, "q8 round trip: |x - dequant| <= scale / 2 (worst %.4f of the bound)", worst);
+    check(worst <= 1.0, what);
+    check(zeros, "q8: an all-zero row stays zero (scale 0)");
+    check(dp_kv_copy_slots(&a, slots, dst, n) == DP_OK, "q8 copy");
+    for (int l = 0; l < 2; l++) { /* layer 0 was never written: compare what the copy moved */
+        float *k0 = (float *)malloc((size_t)(n * nkv * hd) * sizeof(float)), *v0 = (float *)malloc((size_t)(n * nkv * hd) * sizeof(float));
+        check(dp_kv_gather(&a, l, spans, 3, n, k0, v0) == DP_OK && dp_kv_gather(&a, l, dspans, 3, n, kc, vc) == DP_OK,
+              "q8 gather after copy");
+        check(memcmp(k0, kc, (size_t)(n * nkv * hd) * sizeof(float)) == 0 &&
+              memcmp(v0, vc, (size_t)(n * nkv * hd) * sizeof(float)) == 0, "q8 copy moves values and scales");
+        free(k0); free(v0);
+    }
+    /* A copy with one bad slot changes nothing. */
+    const size_t bytes = (size_t)(a.layer_bytes * a.num_layers);
+    char *before = (char *)malloc(bytes);
+    memcpy(before, a.base, bytes);
+    dst[3 * 7] = tb / 2;
+    check(dp_kv_copy_slots(&a, dst, slots, n) == DP_ERR_ALIGN && memcmp(before, a.base, bytes) == 0,
+          "q8 copy with a bad slot: refused, arena unchanged");
+    free(before);
+    free(k); free(v); free(kd); free(vd); free(kc); free(vc);
+    dp_arena_free(&a);
+    check(dp_arena_init(&a, block, 4, 1, nkv, 47, DP_Q8, -1) == DP_ERR_ARG, "q8 refuses an odd head_dim");
+    check(dp_arena_init(&a, block, 4, 1, nkv, 47, DP_F16, -1) == DP_OK, "f16 takes an odd head_dim");
+    dp_arena_free(&a);
+    check(dp_arena_init(&a, 1 << 12, 1, 1, 32, 60, DP_Q8, -1) == DP_OK, "q8: a token of 2 x 32 x (60 + 4) bytes fits 4 KiB");
+    dp_arena_free(&a);
+    check(dp_arena_init(&a, 1 << 12, 1, 1, 32, 62, DP_Q8, -1) == DP_ERR_ARG, "q8: the scales count in a token's bytes");
+    check(dp_kv_tile_bytes(7, 2, 64, 16) == -1 && dp_kv_tile_bytes(DP_Q8, 2, 64, INT64_MAX / 4) == -1,
+          "tile bytes: unknown dtype, overflow");
+}
+
 /* ---- errors: allocation failures, thread creation, bad slots ------------------ */
 
 /* An arena of one or more layers with n_ctx tokens written to layer 0 through pages
@@ -181,7 +323,7 @@ static int fixture_init(fixture *f, const dp_attn_ops *ops, int kv_dtype, int64_
                         int64_t T) {
     memset(f, 0, sizeof *f);
     f->nkv = 2, f->hd = 64, f->H = 4, f->n_ctx = n_ctx, f->T = T;
-    const int64_t P = 16, block = 1 << 16, page = 2 * f->nkv * P * f->hd * (kv_dtype == DP_F32 ? 4 : 2);
+    const int64_t P = 16, block = 1 << 16, page = dp_kv_tile_bytes(kv_dtype, f->nkv, f->hd, P);
     f->num_pages = (n_ctx + P - 1) / P;
     const int64_t ppb = block / page, nblocks = (2 * f->num_pages + ppb - 1) / ppb + 1;
     if (dp_arena_init(&f->a, block, nblocks, num_layers, f->nkv, f->hd, kv_dtype, -1) != DP_OK) return 0;
@@ -406,6 +548,7 @@ static void bad_slot_cases(const dp_attn_ops *ops) {
 }
 
 int main(void) {
+    verbose = getenv("DP_TEST_VERBOSE") != NULL;
     const char *names[] = {"generic", "avx2", "avx512", "neon", "neon_fp16"};
     const dp_attn_ops *best = dp_select_ops(dp_parse_features(getenv("DUALPATH_DISABLE_CPU_FEATURES")));
     printf("cpu features 0x%x, dispatch picks %s\n", dp_cpu_features(), best->name);
@@ -415,14 +558,14 @@ int main(void) {
         const dp_attn_ops *ops = dp_ops_by_name(names[i]);
         if (!ops) { printf("skip %s (not on this CPU/build)\n", names[i]); continue; }
         const int64_t hds[] = {8, 48, 64, 80, 120, 128}, groups[] = {1, 2, 8}, ctxs[] = {1, 17, 300, 2048};
-        for (int d = 0; d < 2; d++)
+        const int dtypes[] = {DP_F32, DP_F16, DP_Q8};
+        for (int d = 0; d < 3; d++)
             for (int a = 0; a < 6; a++)
                 for (int b = 0; b < 3; b++)
                     for (int c = 0; c < 4; c++)
                         for (int sc = 0; sc < 2; sc++) {
                             const int64_t T = ctxs[c] >= 3 && (a + b + c) % 2 ? 3 : 1;
-                            run_case(ops, (a + c) % 2 ? pool : NULL, d ? DP_F16 : DP_F32, hds[a], groups[b],
-                                     ctxs[c], T, sc);
+                            run_case(ops, (a + c) % 2 ? pool : NULL, dtypes[d], hds[a], groups[b], ctxs[c], T, sc);
                         }
         /* f32 -> f16 conversion equals the portable reference, bit for bit. */
         float src[1000];
@@ -438,6 +581,12 @@ int main(void) {
             for (int a = 0; a < 5; a++)
                 for (int b = 0; b < 5; b++) run_ops_case(ops, groups[b], hds[a]);
         }
+        if (ops->scores_q8_run || ops->accum_q8_run) {
+            check(ops->scores_q8_run && ops->accum_q8_run, "q8 run ops come in pairs");
+            const int64_t hds[] = {8, 48, 64, 80, 128}, groups[] = {1, 3, 8, 16, 20};
+            for (int a = 0; a < 5; a++)
+                for (int b = 0; b < 5; b++) run_ops_case_q8(ops, groups[b], hds[a]);
+        }
         /* The FMA peak probe counts its flops exactly: linear in rounds, per thread. */
         float sink = 0.0f;
         const int64_t one = ops->fma_probe(1000, &sink);
@@ -447,8 +596,11 @@ int main(void) {
         check(dp_run_fma_probe(NULL, ops->fma_probe, 1000, &flops) == DP_OK && flops == one, "fma_probe on the caller");
         /* The largest head_dim, f16: the generic accumulation's row buffer is sized by it. */
         run_case(ops, NULL, DP_F16, DP_MAX_HEAD_DIM, 1, 17, 1, 0);
+        run_case(ops, NULL, DP_Q8, DP_MAX_HEAD_DIM, 1, 17, 1, 0);
+        run_case(ops, pool, DP_Q8, 50, 3, 300, 3, 1); /* head_dim not a multiple of 8: every scalar rest */
     }
     check_head_dim_limit();
+    q8_storage_cases();
     for (int i = 0; i < 5; i++) {
         const dp_attn_ops *ops = dp_ops_by_name(names[i]);
         if (!ops) continue;

@@ -486,6 +486,29 @@ def test_child_append_to_shared_partial_page_copies_it_and_leaves_parent_intact(
     cache.check_invariants()
 
 
+def test_copy_on_write_of_a_q8_page_copies_its_int8_rows_and_their_scales():
+    cfg = DualPathConfig(block_size=4096, page_tokens=P, kv_dtype="q8", locality_window=8)
+    cache = KVCacheManager(cfg, num_layers=1, num_kv_heads=NUM_KV_HEADS, head_dim=HEAD_DIM, num_blocks=8)
+    assert cache.page_bytes == 2 * NUM_KV_HEADS * P * (HEAD_DIM + 4)  # int8 + an f32 scale per token and head
+    assert cache.pages_per_block == 4096 // cache.page_bytes == 7
+    begin(cache, 0, [1, 2, 3, 4, 5, 6], Path.RANDOM, tag=1)
+    parent_k, parent_v = read(cache, 0)
+    # What was stored is within half a q8 step of what was written (the step: max |row| / 127).
+    want_k = kv_rows(1, 0, 6)[0].reshape(6, NUM_KV_HEADS, HEAD_DIM)
+    step = np.abs(want_k).max(-1, keepdims=True) / 127
+    assert (np.abs(parent_k.reshape(want_k.shape) - want_k) <= step / 2 * (1 + 1e-5)).all()
+    cache.fork(0, 1)
+    put(cache, 1, [7], Path.RANDOM, tag=2)
+    assert cache.cow_copies == 1
+    assert cache.seqs[1].pages[1] != cache.seqs[0].pages[1]
+    k, v = read(cache, 1)
+    np.testing.assert_array_equal(k[:6], parent_k)  # the copy is bit for bit: values and scales
+    np.testing.assert_array_equal(v[:6], parent_v)
+    np.testing.assert_array_equal(read(cache, 0)[0], parent_k)
+    np.testing.assert_allclose(k[6:], kv_rows(2, 6, 1)[0], rtol=1 / 254)
+    cache.check_invariants()
+
+
 def test_parent_append_to_shared_partial_page_copies_it_into_its_extent():
     cache = make_cache()
     begin(cache, 0, [1, 2, 3, 4, 5, 6], Path.SEQUENTIAL, tag=1)  # extent block 0: pages 0, 1

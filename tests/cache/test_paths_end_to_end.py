@@ -50,12 +50,25 @@ def test_golden_ids_are_identical_on_every_path(path_mode, kv_dtype):
                           lambda: _llm(path_mode=path_mode, kv_dtype="f32").runner, run["name"])
 
 
+def test_q8_ids_are_identical_on_every_path():
+    """q8 KV is quantized once, on write, whatever the path: every path reads the same
+    int8 rows and scales and gives the same tokens (not run.c's f32 ids: see
+    tests/cache/test_q8_end_to_end.py for q8's distance from f16)."""
+    seen = {}
+    for path_mode in ("dual", "sequential", "random"):
+        llm = _llm(path_mode=path_mode, kv_dtype="q8")
+        seen[path_mode] = [list(llm.generate(r["prompt_ids"], SamplingParams(
+            temperature=0, max_tokens=256 - len(r["prompt_ids"]) + 1)).token_ids) for r in _runs()]
+    assert seen["dual"] == seen["sequential"] == seen["random"]
+
+
 @pytest.mark.parametrize("path_mode", ["dual", "random"])
-def test_shared_300_token_prefix_is_computed_once(path_mode):
+@pytest.mark.parametrize("kv_dtype", ["f16", "q8"])
+def test_shared_300_token_prefix_is_computed_once(path_mode, kv_dtype):
     story = _runs()[0]["generated_ids"] + _runs()[1]["generated_ids"]
     prefix = [1] + story[:299]                         # 300 tokens
     first, second = prefix + story[300:340], prefix + story[400:430]
-    llm = _llm(path_mode=path_mode)
+    llm = _llm(path_mode=path_mode, kv_dtype=kv_dtype)
     counter = CountingRunner(llm)
     greedy = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
     llm.generate(first, greedy)
@@ -75,7 +88,7 @@ def test_shared_300_token_prefix_is_computed_once(path_mode):
     # ... and only the rest of its prompt went through the model (+19 decode steps).
     assert counter.tokens == len(second) - shared_pages * page_tokens + 19
 
-    reuse_off = _llm(path_mode="sequential")  # the sequential path never reuses prefixes
+    reuse_off = _llm(path_mode="sequential", kv_dtype=kv_dtype)  # the sequential path never reuses prefixes
     reuse_off.generate(first, greedy)
     baseline = reuse_off.generate(second, greedy)
     assert baseline.usage.cached_prompt_tokens == 0
@@ -118,13 +131,14 @@ def test_low_power_keeps_a_document_below_its_threshold_on_pages():
     assert seen["balanced"][1] == seen["low_power"][1] and len(seen["low_power"][1]) == 8
 
 
-def test_migrating_mid_generation_between_paths_does_not_change_the_output():
+@pytest.mark.parametrize("kv_dtype", ["f32", "q8"])
+def test_migrating_mid_generation_between_paths_does_not_change_the_output(kv_dtype):
     story = _runs()[0]["generated_ids"]
     prompt = [1] + story[:30]
     greedy = SamplingParams(temperature=0, max_tokens=60, ignore_eos=True)
-    ref = _llm(kv_dtype="f32").generate(prompt, greedy)
+    ref = _llm(kv_dtype=kv_dtype).generate(prompt, greedy)
 
-    llm = _llm(kv_dtype="f32", page_tokens=4)
+    llm = _llm(kv_dtype=kv_dtype, page_tokens=4)
     cache = llm.runner.cache
     gen = llm.stream(prompt, greedy)
     for i, _ in enumerate(gen):

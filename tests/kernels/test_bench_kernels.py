@@ -34,6 +34,22 @@ def test_rows_cover_layouts_and_ceilings():
     assert rows[(1, 1000, "random")]["spans"] == 63 and rows[(1, 1000, "sequential")]["spans"] == 1
 
 
+def test_q8_rows_count_the_bytes_of_int8_values_and_their_scales():
+    res = run_kernel_bench(contexts=(1000,), threads=(1,), repeats=1, llc_bytes=1 << 20, cached_context=512,
+                           bandwidth_bytes=16 << 20, kv_dtypes=("f16", "q8"))
+    rows = {(r["context"], r["layout"], r["kv_dtype"]): r for r in res["rows"]}
+    for layout in ("sequential", "random", "1 head/kv"):
+        f16, q8 = rows[(1000, layout, "f16")], rows[(1000, layout, "q8")]
+        assert f16["kv_bytes_per_layer"] == 1000 * NUM_KV_HEADS * HEAD_DIM * 2 * 2
+        assert q8["kv_bytes_per_layer"] == 1000 * NUM_KV_HEADS * (HEAD_DIM + 4) * 2  # + an f32 scale per row
+        assert abs(q8["gb_per_s"] - q8["kv_bytes_per_layer"] / (q8["us_per_layer"] * 1e-6) / 1e9) < 1e-6 * q8["gb_per_s"]
+        assert f16["spans"] == q8["spans"]
+    assert rows[(512, "cached", "q8")]["layers_rotated"] == 1
+    group = NUM_HEADS // NUM_KV_HEADS
+    assert res["flops_per_kv_byte"]["f16"] == group
+    assert res["flops_per_kv_byte"]["q8"] == pytest.approx(4 * group * HEAD_DIM / (2 * (HEAD_DIM + 4)))
+
+
 def test_fma_peak_counts_every_thread():
     # flops are counted, not estimated: linear in rounds, one probe per thread, per ISA
     for kernel in available_kernels():

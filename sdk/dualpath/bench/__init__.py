@@ -3,6 +3,7 @@
 * ``e2e``: prefill and decode tokens/s, DualPath beside llama-cpp-python and onnxruntime-genai
   (``ortgenai``: that peer, run in its own environment);
 * ``kernels``: decode attention GB/s beside this machine's read bandwidth;
+* ``kv-quality``: greedy agreement and logit error of a KV element type (q8) against another;
 * ``power``: CPU-seconds per token and tokens/s per power profile;
 * ``cache``: the KV cache's append throughput and bytes held against bytes needed;
 * ``serve``: latency under a mixed load, the cache's path modes side by side;
@@ -24,9 +25,9 @@ from __future__ import annotations
 
 def add_bench_parser(sub) -> None:
     """Add ``bench`` and its subcommands to the CLI's subparsers."""
-    from . import cache, e2e, kernels, load, power, serve, startup
+    from . import cache, e2e, kernels, kv_quality, load, power, serve, startup
 
     b = sub.add_parser("bench", help="benchmarks (side by side with llama.cpp where it applies)")
     bs = b.add_subparsers(dest="bench", required=True)
-    for module in (e2e, kernels, power, cache, serve, load, startup):
+    for module in (e2e, kernels, kv_quality, power, cache, serve, load, startup):
         module.add_parser(bs)

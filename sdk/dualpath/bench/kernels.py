@@ -4,7 +4,10 @@ Decode attention streams every K and V row of the context once per step, so its
 ceiling is memory read bandwidth. Both are measured in the same run, on the same
 thread pool: the bandwidth probe reads a large buffer with each thread; the
 kernel reads the KV of one layer (K + V: context x num_kv_heads x head_dim x 2
-bytes x 2). Layers rotate through an arena larger than the last-level cache so
+bytes x 2 in f16; in q8, context x num_kv_heads x (head_dim + 4) x 2: int8 values
+and an f32 scale per token and KV head, the bytes the kernel actually reads, which
+the GB/s are computed from). ``--kv-dtype f16,q8`` (the default) measures both
+element types side by side, each row after its own bandwidth probe. Layers rotate through an arena larger than the last-level cache so
 every step comes from DRAM, as in a real model. Every kernel repeat follows its
 own bandwidth probe, and a row's share of the bandwidth is the median of the
 per-pair ratios: this machine's speed drifts by up to 2x within a run, and a ratio
@@ -26,7 +29,9 @@ threads, measured in the same run. Decode attention does 4 * group * head_dim fl
 per KV head and position (scores and accumulation, f32: the f16 tolerance rules out
 f16 arithmetic) over 2 * head_dim * 2 bytes of f16 K and V, so `group` flops per KV
 byte: the FMA peak divided by `group` is a rate no f16 kernel can pass, before it
-pays for widening f16 to f32.
+pays for widening f16 to f32. q8 reads 2 * (head_dim + 4) bytes for the same flops,
+nearly twice the flops per byte (15 at head_dim 64): its ceiling is half as high,
+and it halves the bytes only where the kernel has arithmetic to spare.
 """
 
 from __future__ import annotations
@@ -36,7 +41,7 @@ import time
 
 import numpy as np
 
-from ..kernels import KVArena, ThreadPool, available_kernels, default_kernel
+from ..kernels import KV_DTYPES, KVArena, ThreadPool, available_kernels, default_kernel, kv_tile_bytes
 from .common import write_json
 
 NUM_HEADS, NUM_KV_HEADS, HEAD_DIM, PAGE_TOKENS = 32, 4, 64, 16
@@ -68,19 +73,24 @@ def measure_fma_peak(pool: ThreadPool, kernel: str | None = None, iters: int = 1
     return flops / statistics.median(_timed(lambda: pool.fma(iters, kernel)) for _ in range(repeats)) / 1e9
 
 
-def _kv_bytes(ctx: int) -> int:
-    """Bytes of one layer's f16 K and V for ctx positions."""
-    return ctx * NUM_KV_HEADS * HEAD_DIM * 2 * 2
+def _kv_bytes(ctx: int, kv_dtype: str = "f16") -> int:
+    """Bytes of one layer's K and V for ctx positions (q8: values and scales)."""
+    return ctx * kv_tile_bytes(kv_dtype, NUM_KV_HEADS, HEAD_DIM, 1)
 
 
-def _arena_for(ctx: int, layers: int, layout: str, seed: int = 0):
-    """An f16 arena holding `ctx` tokens in each of `layers` layers, and their spans."""
-    token_bytes = 2 * NUM_KV_HEADS * HEAD_DIM * 2
-    page_bytes = token_bytes * PAGE_TOKENS
+def flops_per_kv_byte(kv_dtype: str, group: int = NUM_HEADS // NUM_KV_HEADS) -> float:
+    """Decode attention's f32 flops per KV byte read: 4 * group * head_dim per KV head and
+    position, over that position's K and V bytes."""
+    return 4 * group * HEAD_DIM * NUM_KV_HEADS / kv_tile_bytes(kv_dtype, NUM_KV_HEADS, HEAD_DIM, 1)
+
+
+def _arena_for(ctx: int, layers: int, layout: str, seed: int = 0, kv_dtype: str = "f16"):
+    """An arena of `kv_dtype` holding `ctx` tokens in each of `layers` layers, and their spans."""
+    page_bytes = kv_tile_bytes(kv_dtype, NUM_KV_HEADS, HEAD_DIM, PAGE_TOKENS)
     ppb = BLOCK // page_bytes
     pages = -(-ctx // PAGE_TOKENS)
     blocks = -(-pages // ppb) + 1
-    arena = KVArena(BLOCK, blocks, layers, NUM_KV_HEADS, HEAD_DIM, "f16")
+    arena = KVArena(BLOCK, blocks, layers, NUM_KV_HEADS, HEAD_DIM, kv_dtype)
     order = np.arange(pages) if layout == "sequential" else np.random.default_rng(seed).permutation(pages)
     offs = np.array([(p // ppb) * BLOCK + (p % ppb) * page_bytes for p in order], np.int64)
     pos = np.arange(ctx)
@@ -113,21 +123,25 @@ def _layer_step(arena, spans, ctx: int, layers: int, num_heads: int, kernel: str
 
 def run_kernel_bench(contexts=(1024, 8192, 32768), threads=(1, 2), layouts=("sequential", "random"),
                      kernel: str | None = None, repeats: int = 7, llc_bytes: int = 64 << 20,
-                     ceilings: bool = True, cached_context: int = 4096, bandwidth_bytes: int = 512 << 20) -> dict:
+                     ceilings: bool = True, cached_context: int = 4096, bandwidth_bytes: int = 512 << 20,
+                     kv_dtypes=("f16",)) -> dict:
+    """Rows for every (threads, context, layout, kv_dtype); a row's GB/s counts the bytes
+    of its KV type (q8: int8 values and their f32 scales)."""
     kernel = kernel or default_kernel()
     rows = []
     bandwidth = {}
     fma_gflops = {}
     buf = np.ones(bandwidth_bytes // 8, np.uint64)
 
-    def row(pool, ctx, layout, heads, arena, spans, layers, passes=1):
+    def row(pool, ctx, layout, heads, arena, spans, layers, kv_dtype, passes=1):
         step, calls = _layer_step(arena, spans, ctx, layers, heads, kernel, pool, passes)
         tk, tp = _paired(step, lambda: pool.read(buf), repeats)
-        rates = [_kv_bytes(ctx) * calls / t / 1e9 for t in tk]
+        rates = [_kv_bytes(ctx, kv_dtype) * calls / t / 1e9 for t in tk]
         bws = [bandwidth_bytes / t / 1e9 for t in tp]
         shares = [r / b for r, b in zip(rates, bws)]
         bandwidth.setdefault(pool.num_threads, []).extend(bws)
         rows.append({"kernel": kernel, "threads": pool.num_threads, "context": ctx, "layout": layout,
+                     "kv_dtype": kv_dtype, "kv_bytes_per_layer": _kv_bytes(ctx, kv_dtype),
                      "query_heads": heads, "us_per_layer": statistics.median(tk) / calls * 1e6,
                      "gb_per_s": statistics.median(rates), "bandwidth_gb_per_s": statistics.median(bws),
                      "share_of_bandwidth": statistics.median(shares), "shares": shares,
@@ -137,29 +151,42 @@ def run_kernel_bench(contexts=(1024, 8192, 32768), threads=(1, 2), layouts=("seq
         pool = ThreadPool(n_threads)
         fma_gflops[n_threads] = measure_fma_peak(pool, kernel)
         for ctx in contexts:
-            layers = max(1, min(64, -(-2 * llc_bytes // _kv_bytes(ctx))))  # > LLC in total: DRAM reads
             for layout in layouts:
-                arena, spans = _arena_for(ctx, layers, layout)
-                row(pool, ctx, layout, NUM_HEADS, arena, spans, layers)
-                if ceilings and layout == "sequential" and ctx == max(contexts):
-                    row(pool, ctx, "1 head/kv", NUM_KV_HEADS, arena, spans, layers)
-                del arena
+                for kv_dtype in kv_dtypes:
+                    # > LLC in total: DRAM reads
+                    layers = max(1, min(64, -(-2 * llc_bytes // _kv_bytes(ctx, kv_dtype))))
+                    arena, spans = _arena_for(ctx, layers, layout, kv_dtype=kv_dtype)
+                    row(pool, ctx, layout, NUM_HEADS, arena, spans, layers, kv_dtype)
+                    if ceilings and layout == "sequential" and ctx == max(contexts):
+                        row(pool, ctx, "1 head/kv", NUM_KV_HEADS, arena, spans, layers, kv_dtype)
+                    del arena
         if ceilings:  # one small layer, read over and over: it stays in the caches
-            arena, spans = _arena_for(cached_context, 1, "sequential")
-            row(pool, cached_context, "cached", NUM_HEADS, arena, spans, 1, passes=32)
+            for kv_dtype in kv_dtypes:
+                arena, spans = _arena_for(cached_context, 1, "sequential", kv_dtype=kv_dtype)
+                row(pool, cached_context, "cached", NUM_HEADS, arena, spans, 1, kv_dtype, passes=32)
     bandwidth = {n: statistics.median(v) for n, v in bandwidth.items()}
     group = NUM_HEADS // NUM_KV_HEADS
     return {"kernel": kernel, "rows": rows, "bandwidth": bandwidth, "fma_gflops": fma_gflops,
             "arithmetic_ceiling_gb_per_s": {n: g / group for n, g in fma_gflops.items()},
+            "flops_per_kv_byte": {dt: flops_per_kv_byte(dt) for dt in kv_dtypes},
             "shape": {"num_heads": NUM_HEADS, "num_kv_heads": NUM_KV_HEADS, "head_dim": HEAD_DIM,
-                      "kv_dtype": "f16", "page_tokens": PAGE_TOKENS}}
+                      "kv_dtype": ",".join(kv_dtypes), "page_tokens": PAGE_TOKENS}}
+
+
+def _kv_dtypes(text: str) -> str:
+    import argparse
+
+    if not text or any(d not in KV_DTYPES for d in text.split(",")):
+        raise argparse.ArgumentTypeError(f"{text!r}: comma-separated KV types from {', '.join(KV_DTYPES)}")
+    return text
 
 
 def cmd_bench_kernels(args) -> int:
     contexts = tuple(int(c) for c in args.contexts.split(","))
     threads = tuple(int(t) for t in args.threads.split(","))
+    kv_dtypes = tuple(args.kv_dtype.split(","))
     res = run_kernel_bench(contexts, threads, kernel=args.kernel, repeats=args.repeats,
-                           ceilings=not args.no_ceilings)
+                           ceilings=not args.no_ceilings, kv_dtypes=kv_dtypes)
     s = res["shape"]
     print(f"decode attention, 1 query token: {s['num_heads']} query heads, {s['num_kv_heads']} KV heads, "
           f"head_dim {s['head_dim']}, {s['kv_dtype']} KV, pages of {s['page_tokens']} tokens; median of "
@@ -167,21 +194,21 @@ def cmd_bench_kernels(args) -> int:
     for n, bw in res["bandwidth"].items():
         print(f"read bandwidth, {n} thread{'s' if n > 1 else ''}: {bw:.1f} GB/s (median of the probes, one "
               f"before every kernel repeat)")
-    group = s["num_heads"] // s["num_kv_heads"]
     for n, g in res["fma_gflops"].items():
-        print(f"f32 FMA peak ({res['kernel']}), {n} "
-              f"thread{'s' if n > 1 else ''}: {g:.0f} GFLOP/s; at {group} flops per f16 KV byte, arithmetic "
-              f"alone caps decode attention at {res['arithmetic_ceiling_gb_per_s'][n]:.1f} GB/s "
-              f"(before widening f16)")
-    print(f"{'kernel':<8} {'thr':>3} {'context':>8} {'layout':<10} {'heads':>5} {'spans':>6} {'us/layer':>9} "
-          f"{'GB/s':>7} {'bw':>6} {'of bw':>6}")
+        caps = ", ".join(f"{g / fpb:.1f} GB/s at {fpb:.1f} flops per {dt} KV byte"
+                         for dt, fpb in res["flops_per_kv_byte"].items())
+        print(f"f32 FMA peak ({res['kernel']}), {n} thread{'s' if n > 1 else ''}: {g:.0f} GFLOP/s; arithmetic "
+              f"alone caps decode attention at {caps} (before widening to f32)")
+    print(f"{'kernel':<8} {'thr':>3} {'context':>8} {'layout':<10} {'kv':>3} {'heads':>5} {'spans':>6} "
+          f"{'us/layer':>9} {'GB/s':>7} {'bw':>6} {'of bw':>6}")
     for r in res["rows"]:
-        print(f"{r['kernel']:<8} {r['threads']:>3} {r['context']:>8} {r['layout']:<10} {r['query_heads']:>5} "
-              f"{r['spans']:>6} {r['us_per_layer']:>9.1f} {r['gb_per_s']:>7.1f} "
+        print(f"{r['kernel']:<8} {r['threads']:>3} {r['context']:>8} {r['layout']:<10} {r['kv_dtype']:>3} "
+              f"{r['query_heads']:>5} {r['spans']:>6} {r['us_per_layer']:>9.1f} {r['gb_per_s']:>7.1f} "
               f"{r['bandwidth_gb_per_s']:>6.1f} {r['share_of_bandwidth']:>6.0%}")
     print("ceilings: 'cached' = the same kernel on a context that stays in the caches (compute rate, "
           "no DRAM); '1 head/kv' = the longest context from DRAM with 4 query heads (an eighth of the "
-          "arithmetic)")
+          "arithmetic). GB/s count the bytes of the row's KV type: f16 values, or q8 int8 values and "
+          "their f32 scales")
     write_json(args.json, res)
     return 0
 
@@ -193,5 +220,7 @@ def add_parser(bs) -> None:
     k.add_argument("--kernel", help="force a kernel ISA (default: the dispatched one)")
     k.add_argument("-r", "--repeats", type=int, default=7)
     k.add_argument("--no-ceilings", action="store_true", help="skip the cached and 1 head/kv ceiling rows")
+    k.add_argument("--kv-dtype", default="f16,q8", type=_kv_dtypes,
+                   help="KV element types, comma-separated (default f16,q8: the two side by side)")
     k.add_argument("--json")
     k.set_defaults(func=cmd_bench_kernels)

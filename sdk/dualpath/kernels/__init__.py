@@ -13,6 +13,8 @@ The NumPy oracle the kernels are tested against lives with the tests
 """
 
 from .._kernels import embed, repack_ggml
-from .._kvarena import ArenaStepper, KVArena, ThreadPool, available_kernels, cpu_features, default_kernel
+from .._kvarena import (KV_DTYPES, ArenaStepper, KVArena, ThreadPool, available_kernels, cpu_features,
+                        default_kernel, kv_tile_bytes)
 
-__all__ = ["ArenaStepper", "KVArena", "ThreadPool", "available_kernels", "cpu_features", "default_kernel", "embed", "repack_ggml"]
+__all__ = ["KV_DTYPES", "ArenaStepper", "KVArena", "ThreadPool", "available_kernels", "cpu_features",
+           "default_kernel", "embed", "kv_tile_bytes", "repack_ggml"]

@@ -21,7 +21,7 @@ from ..cache.manager import KVCacheManager, NoRoom
 from ..cache.policy import PathPolicy
 from ..config import DualPathConfig, PowerConfig
 from ..errors import ConfigError, DualPathError
-from ..kernels import ArenaStepper, ThreadPool, embed as _embed
+from ..kernels import ArenaStepper, ThreadPool, embed as _embed, kv_tile_bytes
 from ..models.quants import gather_rows
 from ..models.spec import ModelSpec
 from ..models.store import Progress, temporary_entry
@@ -304,7 +304,10 @@ class ModelRunner:
         dp = cache_config or DualPathConfig()
         self.cache_config = dp
         P = dp.page_tokens
-        page_bytes = 2 * cfg.num_kv_heads * cfg.head_dim * (2 if dp.kv_dtype == "f16" else 4) * P
+        if dp.kv_dtype == "q8" and cfg.head_dim % 2:
+            raise ConfigError(f"dualpath_config.kv_dtype=q8 needs an even head_dim; this model's is "
+                              f"{cfg.head_dim}: use f16 or f32")
+        page_bytes = kv_tile_bytes(dp.kv_dtype, cfg.num_kv_heads, cfg.head_dim, P)
         if page_bytes > dp.block_size:
             raise ConfigError(f"dualpath_config.block_size={dp.block_size} cannot hold one page of "
                               f"page_tokens={P} tokens of this model ({page_bytes} bytes); raise block_size")
