@@ -72,3 +72,21 @@ def test_arithmetic_ceiling_is_fma_peak_over_group():
     group = NUM_HEADS // NUM_KV_HEADS
     assert res["fma_gflops"][1] > 0
     assert res["arithmetic_ceiling_gb_per_s"][1] == res["fma_gflops"][1] / group
+
+
+def test_every_shape_gets_its_rows_and_its_own_bytes():
+    from dualpath.bench.kernels import MHA, Shape
+
+    shapes = (Shape(8, 2, 64), MHA)
+    res = run_kernel_bench(contexts=(300,), threads=(1,), repeats=1, llc_bytes=1 << 20, cached_context=256,
+                           bandwidth_bytes=16 << 20, shapes=shapes)
+    rows = {(r["shape"], r["layout"]): r for r in res["rows"]}
+    gqa, mha = rows[("8/2x64", "sequential")], rows[("6/6x48", "sequential")]
+    assert gqa["kv_bytes_per_layer"] == 300 * 2 * 64 * 2 * 2 and gqa["query_heads"] == 8
+    assert mha["kv_bytes_per_layer"] == 300 * 6 * 48 * 2 * 2 and mha["query_heads"] == 6
+    assert ("8/2x64", "1 head/kv") in rows and ("6/6x48", "1 head/kv") not in rows  # MHA: that is the row itself
+    assert {("8/2x64", "cached"), ("6/6x48", "cached"), ("6/6x48", "random")} <= set(rows)
+    assert res["flops_per_kv_byte_by_shape"]["6/6x48"]["f16"] == 1  # one FMA per f16 value
+    assert res["flops_per_kv_byte_by_shape"]["8/2x64"]["f16"] == 4
+    with pytest.raises(ValueError, match="multiple"):
+        Shape.parse("6/4x64")
