@@ -310,8 +310,16 @@ cdef class ArenaStepper:
     slots:  (max_tokens, 3) int64; spans: (max_spans, 3) int64
     seqs:   (max_seqs, 5) int64 rows (row0, num_tokens, pos0, span0, num_spans) for
             ``step_batch`` (see dp_attn_batch); optional
+
+    The stepper owns the attention's scratch (a dp_attn_workspace: the batch's jobs,
+    span starts, flash-decoding partials and one slice per pool thread), grown when a
+    step needs more and kept: once warm, a layer step allocates nothing. One step at a
+    time: a step entered while another runs (another Python thread, the GIL released)
+    is refused with a RuntimeError instead of sharing the scratch.
     """
     cdef KVArena arena
+    cdef dp_attn_workspace ws
+    cdef bint busy
     cdef readonly object q, k, v, out, slots, spans, seqs
     cdef readonly ThreadPool pool
     cdef const dp_attn_ops *ops
@@ -357,16 +365,24 @@ cdef class ArenaStepper:
         self.pool = pool
         self.ops = _ops_for(kernel)
 
+    def __dealloc__(self):
+        dp_attn_workspace_free(&self.ws)
+
     @property
     def kernel(self):
         return (<bytes>self.ops.name).decode()
 
+    @property
+    def workspace_bytes(self):
+        """Bytes of attention scratch the stepper holds (0 before its first step)."""
+        return self.ws.bytes
+
     def step_batch(self, int64_t layer, int64_t num_rows, int64_t num_seqs, int64_t num_spans):
         """Write the K/V of rows [0, num_rows) at their slots, then attend for every
         sequence of ``seqs[:num_seqs]`` over ``spans[:num_spans]``: one C call, one pool
-        run. Slots, sequences and spans are all checked before the first write, so a
-        refused step leaves the arena as it was (a MemoryError inside the run is the
-        one failure that comes after the write)."""
+        run. Slots, sequences and spans are all checked, and the scratch grown, before
+        the first write, so a refused step (MemoryError included) leaves the arena as
+        it was."""
         if num_rows < 1 or num_rows > self.max_tokens:
             raise ValueError(f"num_rows {num_rows} out of range [1, {self.max_tokens}]")
         if num_seqs < 1 or num_seqs > self.max_seqs:
@@ -390,9 +406,17 @@ cdef class ArenaStepper:
         params.window = (<const int64_t *>cnp.PyArray_DATA(<cnp.ndarray>self.windows))[layer] \
             if 0 <= layer < a.num_layers else 0
         params.prefetch_degree = self.prefetch_degree
-        with nogil:
-            st = dp_step_batch(a, self.ops, pp, layer, kp, vp, self.kv_stride, slp, qp, self.q_stride, op,
-                               self.q_stride, self.num_heads, num_rows, sqp, num_seqs, spp, num_spans, params)
+        if self.busy:
+            raise RuntimeError("ArenaStepper.step_batch entered while another step of this stepper runs "
+                               "(it owns one scratch workspace: give each thread its own stepper)")
+        self.busy = True
+        try:
+            with nogil:
+                st = dp_step_batch(a, self.ops, pp, layer, kp, vp, self.kv_stride, slp, qp, self.q_stride, op,
+                                   self.q_stride, self.num_heads, num_rows, sqp, num_seqs, spp, num_spans, params,
+                                   &self.ws)
+        finally:
+            self.busy = False
         if st != DP_OK:
             bad = _bad_slot(a, self.slots[:num_rows], "slots")
             _check(st, f"batched attention step (layer {layer}, {num_rows} rows, {num_seqs} sequences)"

@@ -72,6 +72,10 @@ cdef extern from "csrc/kv_arena.h" nogil:
                       int64_t num_kv_heads, int64_t head_dim, int kv_dtype, int numa_node)
     void dp_arena_free(dp_arena *a)
     int64_t dp_kv_tile_bytes(int kv_dtype, int64_t num_kv_heads, int64_t head_dim, int64_t P)
+    ctypedef struct dp_attn_workspace:
+        void *buf
+        size_t bytes
+    void dp_attn_workspace_free(dp_attn_workspace *ws)
     ctypedef struct dp_attn_params:
         float scale
         float softcap
@@ -87,11 +91,12 @@ cdef extern from "csrc/kv_arena.h" nogil:
     int dp_attn_batch(const dp_arena *a, const dp_attn_ops *ops, dp_pool *pool, int64_t layer,
                       const float *q, int64_t q_stride, float *out, int64_t out_stride, int64_t num_heads,
                       int64_t num_rows, const int64_t *seqs, int64_t num_seqs, const int64_t *spans,
-                      int64_t spans_len, dp_attn_params params)
+                      int64_t spans_len, dp_attn_params params, dp_attn_workspace *ws)
     int dp_step_batch(const dp_arena *a, const dp_attn_ops *ops, dp_pool *pool, int64_t layer, const float *k,
                       const float *v, int64_t kv_stride, const int64_t *slots, const float *q, int64_t q_stride,
                       float *out, int64_t out_stride, int64_t num_heads, int64_t num_rows, const int64_t *seqs,
-                      int64_t num_seqs, const int64_t *spans, int64_t spans_len, dp_attn_params params)
+                      int64_t num_seqs, const int64_t *spans, int64_t spans_len, dp_attn_params params,
+                      dp_attn_workspace *ws)
     int dp_kv_copy_slots(const dp_arena *a, const int64_t *src, const int64_t *dst, int64_t num_tokens)
     int dp_kv_gather(const dp_arena *a, int64_t layer, const int64_t *spans, int64_t num_spans,
                      int64_t num_tokens, float *k_out, float *v_out)

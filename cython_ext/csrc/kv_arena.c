@@ -3,7 +3,6 @@
 #define _GNU_SOURCE
 #endif
 #include <math.h>
-#include <stdatomic.h>
 #include <stdlib.h>
 #include <sys/mman.h>
 #include <sys/syscall.h>
@@ -254,7 +253,8 @@ typedef struct {
     int64_t num_chunks;   /* per query block */
     int64_t block_tokens; /* query tokens per task (prefill blocking; 1 when chunked) */
     float *partial;     /* chunked: (tasks, num_heads, head_dim + 2) = o, m, l */
-    atomic_int *status; /* shared by the call's jobs: DP_OK, or a task's failure */
+    float *scratch;     /* (threads, scratch_stride): pool thread w's q, o, m, l, scores */
+    int64_t scratch_stride;
 } attn_job;
 
 static inline void prefetch_tile(const dp_arena *a, const char *tile, int64_t P) {
@@ -477,24 +477,23 @@ static void attend_range(const attn_job *J, int64_t t0, int64_t tq, const float 
     }
 }
 
-/* Task = (block of query tokens, context chunk). Scratch: q, o, m, l of the block. */
+/* Floats of a task's scratch: q, o (tq, num_heads, head_dim), m, l (tq, num_heads) and
+ * the scores of a run (tq, num_heads, DP_RUN), tq = the job's block of query tokens. */
+static int64_t task_scratch_floats(const attn_job *J) {
+    const int64_t tq = J->block_tokens, H = J->num_heads;
+    return 2 * tq * H * J->a->head_dim + 2 * tq * H + tq * H * DP_RUN;
+}
+
+/* Task = (block of query tokens, context chunk), on pool thread `worker`, in that
+ * thread's slice of the workspace (tasks run one after another on a thread). */
 static void attn_task(void *ctx, int64_t task, int worker) {
-    (void)worker;
     const attn_job *J = (const attn_job *)ctx;
     const int64_t hd = J->a->head_dim, H = J->num_heads, nkv = J->a->num_kv_heads, G = J->group;
     const int64_t c = task % J->num_chunks, b = task / J->num_chunks;
     const int64_t t0 = b * J->block_tokens;
     const int64_t tq = J->num_tokens - t0 < J->block_tokens ? J->num_tokens - t0 : J->block_tokens;
     const int64_t rows = tq * G, n_ctx = J->pos0 + t0 + tq; /* the block's last token sees [0, n_ctx) */
-    /* A failed task fails the call: the rest have nothing to add. Relaxed is enough,
-     * here and below: the caller reads the status after dp_pool_run, whose join
-     * orders every task's writes before it. */
-    if (atomic_load_explicit(J->status, memory_order_relaxed) != DP_OK) return;
-    float *scratch = (float *)dp_malloc((size_t)(2 * tq * H * hd + 2 * tq * H + tq * H * DP_RUN) * sizeof(float));
-    if (!scratch) {
-        atomic_store_explicit(J->status, DP_ERR_NOMEM, memory_order_relaxed);
-        return;
-    }
+    float *scratch = J->scratch + (int64_t)worker * J->scratch_stride;
     float *q = scratch, *o = q + tq * H * hd, *m = o + tq * H * hd, *l = m + tq * H, *sc = l + tq * H;
     for (int64_t tl = 0; tl < tq; tl++)  /* (token, head) -> (kv head, token, group member) */
         for (int64_t kh = 0; kh < nkv; kh++)
@@ -520,7 +519,6 @@ static void attn_task(void *ctx, int64_t task, int worker) {
                     part[hd + 1] = l[r];
                 }
             }
-    free(scratch);
 }
 
 /* Flash-decoding merge: combine the chunks' (o, m, l) of every (token, head). */
@@ -547,13 +545,14 @@ static void merge_chunks(const attn_job *J) {
         }
 }
 
-/* Set up one sequence's job: chunking and blocking depend only on this sequence
- * and the thread count, never on what else is in the batch, so a sequence's
- * result is bit-identical alone or batched. Returns its task count, or -1. */
-static int64_t attn_setup(attn_job *J, const dp_arena *a, const dp_attn_ops *ops, int64_t layer,
-                          const float *q, int64_t q_stride, float *out, int64_t out_stride, int64_t num_heads,
-                          const int64_t *spans, int64_t num_spans, int64_t pos0, int64_t num_tokens,
-                          dp_attn_params params, int threads) {
+/* Plan one sequence's job (no allocation): chunking and blocking depend only on this
+ * sequence and the thread count, never on what else is in the batch, so a sequence's
+ * result is bit-identical alone or batched. Returns its task count; attn_bind then
+ * points it at its buffers. */
+static int64_t attn_plan(attn_job *J, const dp_arena *a, const dp_attn_ops *ops, int64_t layer,
+                         const float *q, int64_t q_stride, float *out, int64_t out_stride, int64_t num_heads,
+                         const int64_t *spans, int64_t num_spans, int64_t pos0, int64_t num_tokens,
+                         dp_attn_params params, int threads) {
     memset(J, 0, sizeof *J);
     J->a = a; J->ops = ops; J->region = a->base + layer * a->layer_bytes;
     J->q = q; J->q_stride = q_stride; J->out = out; J->out_stride = out_stride;
@@ -561,11 +560,6 @@ static int64_t attn_setup(attn_job *J, const dp_arena *a, const dp_attn_ops *ops
     J->spans = spans; J->num_spans = num_spans; J->pos0 = pos0; J->num_tokens = num_tokens;
     J->scale = params.scale; J->prefetch_degree = params.prefetch_degree;
     J->softcap = params.softcap; J->window = params.window;
-    int64_t *starts = (int64_t *)dp_malloc((size_t)(num_spans + 1) * sizeof(int64_t));
-    if (!starts) return -1;
-    starts[0] = 0;
-    for (int64_t i = 0; i < num_spans; i++) starts[i + 1] = starts[i] + spans[3 * i + 1];
-    J->span_start = starts;
     /* Tasks are (token, context chunk). A decode step has too few tokens to feed
      * the pool: split its context into chunks (flash-decoding) and merge after. */
     const int64_t n_ctx = pos0 + num_tokens;
@@ -590,19 +584,41 @@ static int64_t attn_setup(attn_job *J, const dp_arena *a, const dp_attn_ops *ops
         while (J->block_tokens > 1 && (num_tokens + J->block_tokens - 1) / J->block_tokens < 2 * threads)
             J->block_tokens /= 2;
     }
-    const int64_t tasks = (num_tokens + J->block_tokens - 1) / J->block_tokens * J->num_chunks;
-    if (J->num_chunks > 1) {
-        J->partial = (float *)dp_malloc((size_t)tasks * num_heads * (a->head_dim + 2) * sizeof(float));
-        if (!J->partial) { free(starts); J->span_start = NULL; return -1; }
-    }
-    return tasks;
+    return (num_tokens + J->block_tokens - 1) / J->block_tokens * J->num_chunks;
 }
 
-static void attn_release(attn_job *J) {
-    free(J->partial);
-    free((void *)J->span_start);
-    J->partial = NULL;
-    J->span_start = NULL;
+/* Floats of a planned job's flash-decoding partials (0 when its context is not split). */
+static int64_t partial_floats(const attn_job *J, int64_t tasks) {
+    return J->num_chunks > 1 ? tasks * J->num_heads * (J->a->head_dim + 2) : 0;
+}
+
+/* Point a planned job at its buffers: starts (num_spans + 1), partial, the threads'
+ * scratch. */
+static void attn_bind(attn_job *J, int64_t *starts, float *partial, float *scratch, int64_t scratch_stride) {
+    starts[0] = 0;
+    for (int64_t i = 0; i < J->num_spans; i++) starts[i + 1] = starts[i] + J->spans[3 * i + 1];
+    J->span_start = starts;
+    J->partial = partial;
+    J->scratch = scratch;
+    J->scratch_stride = scratch_stride;
+}
+
+void dp_attn_workspace_free(dp_attn_workspace *ws) {
+    if (!ws) return;
+    free(ws->buf);
+    ws->buf = NULL;
+    ws->bytes = 0;
+}
+
+/* Make ws hold at least `bytes` (64-byte aligned; its contents are not kept). */
+static int workspace_reserve(dp_attn_workspace *ws, size_t bytes) {
+    if (ws->bytes >= bytes) return DP_OK;
+    dp_attn_workspace_free(ws);
+    void *p = NULL;
+    if (dp_aligned_alloc(&p, 64, bytes) != 0) return DP_ERR_NOMEM;
+    ws->buf = p;
+    ws->bytes = bytes;
+    return DP_OK;
 }
 
 static int check_attn_args(const dp_arena *a, const dp_attn_ops *ops, int64_t layer, const float *q,
@@ -636,11 +652,8 @@ static int check_seqs(const dp_arena *a, int64_t num_rows, const int64_t *seqs, 
 typedef struct {
     attn_job *jobs;     /* (num_seqs,) */
     int64_t *task_end;  /* (num_seqs,) running task totals: job i has tasks [task_end[i-1], task_end[i]) */
-    int64_t num_seqs;   /* jobs set up, and released by batch_release */
+    int64_t num_seqs;
     int64_t num_tasks;
-    atomic_int status;  /* DP_OK, or the first failure a task reported */
-    attn_job one_job;   /* jobs and task_end of a batch of one (dp_attn_spans): no allocation */
-    int64_t one_end;
 } batch_job;
 
 static void batch_task(void *ctx, int64_t task, int worker) {
@@ -653,77 +666,84 @@ static void batch_task(void *ctx, int64_t task, int worker) {
     attn_task(&B->jobs[lo], task - (lo ? B->task_end[lo - 1] : 0), worker);
 }
 
-static void batch_release(batch_job *B) {
-    for (int64_t i = 0; i < B->num_seqs; i++) attn_release(&B->jobs[i]);
-    if (B->jobs != &B->one_job) {
-        free(B->jobs);
-        free(B->task_end);
-    }
-    B->jobs = NULL;
-    B->task_end = NULL;
-    B->num_seqs = 0;
-}
+static size_t round64(size_t bytes) { return (bytes + 63) & ~(size_t)63; }
 
-/* Every allocation of the batch (the arguments already checked): DP_OK, or
- * DP_ERR_NOMEM with nothing left allocated. */
+/* Plan the batch (the arguments already checked) and carve everything it needs out of
+ * ws, growing it when it is too small: DP_OK, or DP_ERR_NOMEM with nothing planned.
+ * Workspace layout, each part 64-byte aligned: jobs (num_seqs), task_end (num_seqs),
+ * span starts (sum of num_spans + 1), partials (sum over split jobs), then one scratch
+ * slice per pool thread (the largest any job's task needs; slices 64-byte aligned, so
+ * threads never share a cache line). */
 static int batch_prepare(batch_job *B, const dp_arena *a, const dp_attn_ops *ops, dp_pool *pool, int64_t layer,
                          const float *q, int64_t q_stride, float *out, int64_t out_stride, int64_t num_heads,
-                         const int64_t *seqs, int64_t num_seqs, const int64_t *spans, dp_attn_params params) {
+                         const int64_t *seqs, int64_t num_seqs, const int64_t *spans, dp_attn_params params,
+                         dp_attn_workspace *ws) {
     memset(B, 0, sizeof *B);
-    atomic_init(&B->status, DP_OK);
-    if (num_seqs == 1) {
-        B->jobs = &B->one_job;
-        B->task_end = &B->one_end;
-    } else {
-        B->jobs = (attn_job *)dp_calloc((size_t)num_seqs, sizeof(attn_job));
-        B->task_end = (int64_t *)dp_malloc((size_t)num_seqs * sizeof(int64_t));
-    }
-    if (!B->jobs || !B->task_end) {
-        batch_release(B);
-        return DP_ERR_NOMEM;
-    }
     const int threads = pool ? dp_pool_num_threads(pool) : 1;
+    const uint64_t limit = (uint64_t)1 << 56; /* any part past this fails as out of memory, before it overflows */
+    uint64_t n_starts = 0, n_partial = 0, max_scratch = 0;
     for (int64_t i = 0; i < num_seqs; i++) {
         const int64_t *d = seqs + 5 * i;
-        const int64_t tasks = attn_setup(&B->jobs[i], a, ops, layer, q + d[0] * q_stride, q_stride,
-                                         out + d[0] * out_stride, out_stride, num_heads, spans + 3 * d[3], d[4],
-                                         d[2], d[1], params, threads);
-        if (tasks < 0) {
-            batch_release(B);
+        attn_job J;
+        const int64_t tasks = attn_plan(&J, a, ops, layer, q, q_stride, out, out_stride, num_heads, spans + 3 * d[3],
+                                        d[4], d[2], d[1], params, threads);
+        if ((uint64_t)tasks > limit / ((uint64_t)num_heads * (uint64_t)(a->head_dim + 2) + (uint64_t)DP_RUN))
             return DP_ERR_NOMEM;
-        }
-        B->jobs[i].status = &B->status;
-        B->num_seqs = i + 1;
+        n_starts += (uint64_t)d[4] + 1;
+        n_partial += (uint64_t)partial_floats(&J, tasks);
+        const uint64_t sf = (uint64_t)task_scratch_floats(&J);
+        max_scratch = sf > max_scratch ? sf : max_scratch;
+        if (n_starts > limit || n_partial > limit || max_scratch > limit) return DP_ERR_NOMEM;
+    }
+    const uint64_t stride = (max_scratch + 15) & ~(uint64_t)15; /* floats per thread: whole cache lines */
+    const size_t jobs_b = round64((size_t)num_seqs * sizeof(attn_job)), ends_b = round64((size_t)num_seqs * sizeof(int64_t));
+    const size_t starts_b = round64((size_t)n_starts * sizeof(int64_t)), partial_b = round64((size_t)n_partial * sizeof(float));
+    const size_t total = jobs_b + ends_b + starts_b + partial_b + (size_t)threads * (size_t)stride * sizeof(float);
+    if (workspace_reserve(ws, total) != DP_OK) return DP_ERR_NOMEM;
+    char *base = (char *)ws->buf;
+    B->jobs = (attn_job *)base;
+    B->task_end = (int64_t *)(base + jobs_b);
+    int64_t *starts = (int64_t *)(base + jobs_b + ends_b);
+    float *partial = (float *)(base + jobs_b + ends_b + starts_b);
+    float *scratch = (float *)(base + jobs_b + ends_b + starts_b + partial_b);
+    for (int64_t i = 0; i < num_seqs; i++) {
+        const int64_t *d = seqs + 5 * i;
+        attn_job *J = &B->jobs[i];
+        const int64_t tasks = attn_plan(J, a, ops, layer, q + d[0] * q_stride, q_stride, out + d[0] * out_stride,
+                                        out_stride, num_heads, spans + 3 * d[3], d[4], d[2], d[1], params, threads);
+        const int64_t pf = partial_floats(J, tasks);
+        attn_bind(J, starts, pf ? partial : NULL, scratch, (int64_t)stride);
+        starts += d[4] + 1;
+        partial += pf;
         B->num_tasks += tasks;
         B->task_end[i] = B->num_tasks;
     }
+    B->num_seqs = num_seqs;
     return DP_OK;
 }
 
-/* The pool run, then the flash-decoding merges; the status a task reported, if any
- * (then the output is incomplete: the caller must not read it). */
-static int batch_run(batch_job *B, dp_pool *pool) {
+/* The pool run, then the flash-decoding merges. Nothing in it can fail: every buffer
+ * was carved out before. */
+static void batch_run(batch_job *B, dp_pool *pool) {
     dp_pool_run(pool, B->num_tasks, batch_task, B);
-    const int st = atomic_load(&B->status);
-    if (st != DP_OK) return st;
     for (int64_t i = 0; i < B->num_seqs; i++)
         if (B->jobs[i].num_chunks > 1) merge_chunks(&B->jobs[i]);
-    return DP_OK;
 }
 
 int dp_attn_batch(const dp_arena *a, const dp_attn_ops *ops, dp_pool *pool, int64_t layer,
                   const float *q, int64_t q_stride, float *out, int64_t out_stride, int64_t num_heads,
                   int64_t num_rows, const int64_t *seqs, int64_t num_seqs, const int64_t *spans,
-                  int64_t spans_len, dp_attn_params params) {
+                  int64_t spans_len, dp_attn_params params, dp_attn_workspace *ws) {
     int st = check_attn_args(a, ops, layer, q, q_stride, out, out_stride, num_heads, spans);
     if (st == DP_OK) st = check_seqs(a, num_rows, seqs, num_seqs, spans, spans_len);
     if (st != DP_OK || num_seqs == 0) return st;
+    dp_attn_workspace own = {NULL, 0}; /* no workspace given: one allocation for this call */
+    dp_attn_workspace *w = ws ? ws : &own;
     batch_job B;
     st = batch_prepare(&B, a, ops, pool, layer, q, q_stride, out, out_stride, num_heads, seqs, num_seqs, spans,
-                       params);
-    if (st != DP_OK) return st;
-    st = batch_run(&B, pool);
-    batch_release(&B);
+                       params, w);
+    if (st == DP_OK) batch_run(&B, pool);
+    dp_attn_workspace_free(&own);
     return st;
 }
 
@@ -737,13 +757,14 @@ int dp_attn_spans(const dp_arena *a, const dp_attn_ops *ops, dp_pool *pool, int6
     if (num_tokens == 0) return DP_OK;
     const int64_t seq[5] = {0, num_tokens, pos0, 0, num_spans}; /* a batch of one */
     return dp_attn_batch(a, ops, pool, layer, q, q_stride, out, out_stride, num_heads, num_tokens, seq, 1, spans,
-                         num_spans, params);
+                         num_spans, params, NULL);
 }
 
 int dp_step_batch(const dp_arena *a, const dp_attn_ops *ops, dp_pool *pool, int64_t layer, const float *k,
                   const float *v, int64_t kv_stride, const int64_t *slots, const float *q, int64_t q_stride,
                   float *out, int64_t out_stride, int64_t num_heads, int64_t num_rows, const int64_t *seqs,
-                  int64_t num_seqs, const int64_t *spans, int64_t spans_len, dp_attn_params params) {
+                  int64_t num_seqs, const int64_t *spans, int64_t spans_len, dp_attn_params params,
+                  dp_attn_workspace *ws) {
     int st = check_attn_args(a, ops, layer, q, q_stride, out, out_stride, num_heads, spans);
     if (st == DP_OK) st = check_write_args(a, layer, k, v, kv_stride, slots, num_rows);
     if (st == DP_OK) st = check_seqs(a, num_rows, seqs, num_seqs, spans, spans_len);
@@ -752,13 +773,16 @@ int dp_step_batch(const dp_arena *a, const dp_attn_ops *ops, dp_pool *pool, int6
         write_rows(a, ops, layer, k, v, kv_stride, slots, num_rows);
         return DP_OK;
     }
+    dp_attn_workspace own = {NULL, 0};
+    dp_attn_workspace *w = ws ? ws : &own;
     batch_job B;
     st = batch_prepare(&B, a, ops, pool, layer, q, q_stride, out, out_stride, num_heads, seqs, num_seqs, spans,
-                       params);
-    if (st != DP_OK) return st; /* nothing written */
-    write_rows(a, ops, layer, k, v, kv_stride, slots, num_rows);
-    st = batch_run(&B, pool);
-    batch_release(&B);
+                       params, w);
+    if (st == DP_OK) { /* else nothing written */
+        write_rows(a, ops, layer, k, v, kv_stride, slots, num_rows);
+        batch_run(&B, pool);
+    }
+    dp_attn_workspace_free(&own);
     return st;
 }
 

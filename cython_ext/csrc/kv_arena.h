@@ -96,6 +96,20 @@ typedef struct {
     int prefetch_degree;
 } dp_attn_params;
 
+/* Scratch of an attention call: the batch's jobs, span starts, flash-decoding partials
+ * and one slice per pool thread (q, o, m, l and a run's scores of a task), owned by
+ * the caller and reused call after call. A call grows it when it needs more (one
+ * aligned allocation, before anything is written; it never shrinks), so with a warm
+ * workspace a layer step allocates nothing. One call at a time per workspace; inside
+ * a call each pool thread works in its own slice. A call given NULL allocates one for
+ * itself and frees it before it returns. Zero-initialize, free with
+ * dp_attn_workspace_free (which leaves it empty and reusable). */
+typedef struct {
+    void *buf;
+    size_t bytes;
+} dp_attn_workspace;
+void dp_attn_workspace_free(dp_attn_workspace *ws);
+
 /* Check slots (num_tokens, 3) against the arena: DP_OK, or the status of the first
  * bad slot and its index in *bad (-1 when every slot is good; bad may be NULL). */
 int dp_kv_check_slots(const dp_arena *a, const int64_t *slots, int64_t num_tokens, int64_t *bad);
@@ -114,8 +128,8 @@ int dp_kv_write_slots(const dp_arena *a, const dp_attn_ops *ops, int64_t layer, 
  *   q, out: (num_tokens, num_heads * head_dim) f32, row strides q_stride / out_stride
  * Work is split over (token, KV head, slice of its query heads); a decode with
  * too few of those also splits the context (flash-decoding) and merges.
- * DP_ERR_NOMEM when any allocation fails, the caller's or a worker's: then `out`
- * holds no result (possibly some of it), never one to use. */
+ * DP_ERR_NOMEM when its one allocation (a workspace, see dp_attn_workspace) fails:
+ * then `out` is untouched. */
 int dp_attn_spans(const dp_arena *a, const dp_attn_ops *ops, dp_pool *pool, int64_t layer,
                   const float *q, int64_t q_stride, float *out, int64_t out_stride, int64_t num_heads,
                   const int64_t *spans, int64_t num_spans, int64_t pos0, int64_t num_tokens,
@@ -126,21 +140,22 @@ int dp_attn_spans(const dp_arena *a, const dp_attn_ops *ops, dp_pool *pool, int6
  * sequence's queries are rows [row0, row0 + num_tokens) of q/out (which have
  * num_rows rows), its kernel view is spans[span0 : span0 + num_spans]. Each
  * sequence is split exactly as dp_attn_spans would split it alone, so its output
- * does not depend on the rest of the batch. */
+ * does not depend on the rest of the batch. Scratch comes from `ws` (NULL: one
+ * allocation for this call). */
 int dp_attn_batch(const dp_arena *a, const dp_attn_ops *ops, dp_pool *pool, int64_t layer,
                   const float *q, int64_t q_stride, float *out, int64_t out_stride, int64_t num_heads,
                   int64_t num_rows, const int64_t *seqs, int64_t num_seqs, const int64_t *spans,
-                  int64_t spans_len, dp_attn_params params);
+                  int64_t spans_len, dp_attn_params params, dp_attn_workspace *ws);
 
 /* One step of a layer: write rows [0, num_rows) of k, v (row stride kv_stride) at
  * `slots` (num_rows, 3), then dp_attn_batch. Slots, sequences and spans are all
- * checked, and every allocation made, before the first write: a failing step
- * leaves the arena as it was, except for DP_ERR_NOMEM in a worker (then the rows
- * are written and `out` holds no result). */
+ * checked, and the workspace made big enough, before the first write, and nothing
+ * after it can fail: a failing step leaves the arena as it was. */
 int dp_step_batch(const dp_arena *a, const dp_attn_ops *ops, dp_pool *pool, int64_t layer, const float *k,
                   const float *v, int64_t kv_stride, const int64_t *slots, const float *q, int64_t q_stride,
                   float *out, int64_t out_stride, int64_t num_heads, int64_t num_rows, const int64_t *seqs,
-                  int64_t num_seqs, const int64_t *spans, int64_t spans_len, dp_attn_params params);
+                  int64_t num_seqs, const int64_t *spans, int64_t spans_len, dp_attn_params params,
+                  dp_attn_workspace *ws);
 
 /* Copy every layer's K and V (and q8 scales) of num_tokens tokens from src slots to
  * dst slots (every slot of both checked first). */

@@ -360,9 +360,10 @@ static int attend(fixture *f, const dp_attn_ops *ops, dp_pool *pool) {
                          f->num_pages, f->n_ctx - f->T, f->T, DP_PARAMS(0.125f, 2));
 }
 
-/* Every allocation of an attention call failing in turn (the setup's and every
- * task's scratch on the workers) is reported as DP_ERR_NOMEM, never as DP_OK with
- * stale output; once all succeed the output equals an undisturbed call's. */
+/* An attention call without a workspace makes one allocation (its own workspace):
+ * failing, it is reported as DP_ERR_NOMEM, never as DP_OK with stale output; once it
+ * succeeds the output equals an undisturbed call's. With a warm workspace the same
+ * call allocates nothing at all, on the pool's workers included. */
 static void alloc_failure_case(const dp_attn_ops *ops, dp_pool *pool, int64_t n_ctx, int64_t T) {
     fixture f;
     if (!fixture_init(&f, ops, DP_F16, 1, n_ctx, T)) { check(0, "alloc failure fixture"); fixture_free(&f); return; }
@@ -384,17 +385,44 @@ static void alloc_failure_case(const dp_attn_ops *ops, dp_pool *pool, int64_t n_
     snprintf(what, sizeof what, "%s ctx=%lld T=%lld pool=%d: allocations 0..%lld failing each give DP_ERR_NOMEM",
              ops->name, (long long)n_ctx, (long long)T, pool ? dp_pool_num_threads(pool) : 1, (long long)n - 1);
     check(all_nomem, what);
-    /* The setup of a batch of one makes at most 2 (span starts, chunk partials): more
-     * means the tasks' scratch was among the failures reported. */
-    check(n > 2 && n < 1000, "the workers' scratch allocations are among those that fail the call");
+    check(n == 1, "an attention call without a workspace allocates once");
     memset(f.out, 0, out_bytes);
     check(attend(&f, ops, pool) == DP_OK && memcmp(f.out, want, out_bytes) == 0, "attention after the failures");
+    /* A workspace: the first call grows it (or fails, out untouched), later ones allocate nothing. */
+    dp_attn_workspace ws = {NULL, 0};
+    const int64_t seq[5] = {0, T, f.n_ctx - T, 0, f.num_pages};
+    dp_test_fail_alloc_after(0);
+    memset(f.out, 0x7f, out_bytes);
+    int st = dp_attn_batch(&f.a, ops, pool, 0, f.q, f.H * f.hd, f.out, f.H * f.hd, f.H, T, seq, 1, f.spans,
+                           f.num_pages, DP_PARAMS(0.125f, 2), &ws);
+    float *untouched = (float *)malloc(out_bytes);
+    memset(untouched, 0x7f, out_bytes);
+    check(st == DP_ERR_NOMEM && ws.bytes == 0 && memcmp(f.out, untouched, out_bytes) == 0,
+          "a cold workspace that cannot grow: DP_ERR_NOMEM, out untouched");
+    dp_test_fail_alloc_after(-1);
+    st = dp_attn_batch(&f.a, ops, pool, 0, f.q, f.H * f.hd, f.out, f.H * f.hd, f.H, T, seq, 1, f.spans, f.num_pages,
+                       DP_PARAMS(0.125f, 2), &ws);
+    check(st == DP_OK && ws.bytes > 0 && memcmp(f.out, want, out_bytes) == 0, "the first call grows the workspace");
+    const size_t grown = ws.bytes;
+    dp_test_fail_alloc_after(0); /* from here on any allocation would fail the call */
+    memset(f.out, 0, out_bytes);
+    st = dp_attn_batch(&f.a, ops, pool, 0, f.q, f.H * f.hd, f.out, f.H * f.hd, f.H, T, seq, 1, f.spans, f.num_pages,
+                       DP_PARAMS(0.125f, 2), &ws);
+    const int64_t fewer[5] = {0, 1, f.n_ctx - 1, 0, f.num_pages}; /* a smaller call fits too */
+    const int st2 = dp_attn_batch(&f.a, ops, pool, 0, f.q + (T - 1) * f.H * f.hd, f.H * f.hd, untouched,
+                                  f.H * f.hd, f.H, 1, fewer, 1, f.spans, f.num_pages, DP_PARAMS(0.125f, 2), &ws);
+    dp_test_fail_alloc_after(-1);
+    snprintf(what, sizeof what, "%s ctx=%lld T=%lld: a warm workspace: no allocation, same output", ops->name,
+             (long long)n_ctx, (long long)T);
+    check(st == DP_OK && st2 == DP_OK && ws.bytes == grown && memcmp(f.out, want, out_bytes) == 0, what);
+    dp_attn_workspace_free(&ws);
+    check(ws.buf == NULL && ws.bytes == 0, "a freed workspace is empty");
+    free(untouched);
     free(want);
     fixture_free(&f);
 }
 
-/* A step whose setup cannot allocate writes nothing; one whose workers cannot
- * allocate still reports DP_ERR_NOMEM. */
+/* A step that cannot allocate writes nothing; with a warm workspace it allocates nothing. */
 static void step_alloc_failure_case(dp_pool *pool) {
     const dp_attn_ops *ops = dp_ops_by_name("generic");
     fixture f;
@@ -407,17 +435,24 @@ static void step_alloc_failure_case(dp_pool *pool) {
     float *k = f.k + r0 * f.nkv * f.hd, *v = f.v + r0 * f.nkv * f.hd;
     for (int64_t i = 0; i < f.T * f.nkv * f.hd; i++) k[i] += 1.0f;
     dp_test_fail_alloc_after(0);
+    dp_attn_workspace ws = {NULL, 0};
     int st = dp_step_batch(&f.a, ops, pool, 0, k, v, f.nkv * f.hd, f.slots + 3 * r0, f.q, f.H * f.hd, f.out,
-                           f.H * f.hd, f.H, f.T, seq, 1, f.spans, f.num_pages, DP_PARAMS(0.125f, 0));
-    check(st == DP_ERR_NOMEM && memcmp(before, f.a.base, bytes) == 0, "step: setup out of memory writes nothing");
-    dp_test_fail_alloc_after(1); /* the span starts; then the tasks' scratch */
+                           f.H * f.hd, f.H, f.T, seq, 1, f.spans, f.num_pages, DP_PARAMS(0.125f, 0), NULL);
+    check(st == DP_ERR_NOMEM && memcmp(before, f.a.base, bytes) == 0, "step: out of memory writes nothing");
     st = dp_step_batch(&f.a, ops, pool, 0, k, v, f.nkv * f.hd, f.slots + 3 * r0, f.q, f.H * f.hd, f.out,
-                       f.H * f.hd, f.H, f.T, seq, 1, f.spans, f.num_pages, DP_PARAMS(0.125f, 0));
-    check(st == DP_ERR_NOMEM, "step: workers out of memory report DP_ERR_NOMEM");
+                       f.H * f.hd, f.H, f.T, seq, 1, f.spans, f.num_pages, DP_PARAMS(0.125f, 0), &ws);
+    check(st == DP_ERR_NOMEM && ws.bytes == 0 && memcmp(before, f.a.base, bytes) == 0,
+          "step: a workspace that cannot grow writes nothing");
     dp_test_fail_alloc_after(-1);
     st = dp_step_batch(&f.a, ops, pool, 0, k, v, f.nkv * f.hd, f.slots + 3 * r0, f.q, f.H * f.hd, f.out,
-                       f.H * f.hd, f.H, f.T, seq, 1, f.spans, f.num_pages, DP_PARAMS(0.125f, 0));
+                       f.H * f.hd, f.H, f.T, seq, 1, f.spans, f.num_pages, DP_PARAMS(0.125f, 0), &ws);
     check(st == DP_OK && memcmp(before, f.a.base, bytes) != 0, "step writes and attends");
+    dp_test_fail_alloc_after(0);
+    st = dp_step_batch(&f.a, ops, pool, 0, k, v, f.nkv * f.hd, f.slots + 3 * r0, f.q, f.H * f.hd, f.out,
+                       f.H * f.hd, f.H, f.T, seq, 1, f.spans, f.num_pages, DP_PARAMS(0.125f, 0), &ws);
+    dp_test_fail_alloc_after(-1);
+    check(st == DP_OK, "step with a warm workspace allocates nothing");
+    dp_attn_workspace_free(&ws);
     /* A batch of two sequences (its jobs and task ends allocated), every allocation failing in turn. */
     const int64_t two[10] = {0, 2, r0, 0, f.num_pages, 2, 2, r0 + 2, 0, f.num_pages};
     int64_t n = 0;
@@ -425,12 +460,12 @@ static void step_alloc_failure_case(dp_pool *pool) {
     for (; n < 1000; n++) {
         dp_test_fail_alloc_after(n);
         st = dp_attn_batch(&f.a, ops, pool, 0, f.q, f.H * f.hd, f.out, f.H * f.hd, f.H, f.T, two, 2, f.spans,
-                           f.num_pages, DP_PARAMS(0.125f, 0));
+                           f.num_pages, DP_PARAMS(0.125f, 0), NULL);
         if (st == DP_OK) break;
         all_nomem &= st == DP_ERR_NOMEM;
     }
     dp_test_fail_alloc_after(-1);
-    check(all_nomem && n > 4 && n < 1000, "batch of two: every allocation failing gives DP_ERR_NOMEM");
+    check(all_nomem && n == 1, "batch of two: its one allocation failing gives DP_ERR_NOMEM");
     free(before);
     fixture_free(&f);
 }
@@ -525,7 +560,7 @@ static void bad_slot_cases(const dp_attn_ops *ops) {
         float *q = (float *)calloc((size_t)(n * f.H * f.hd), sizeof(float)), *o = (float *)malloc((size_t)(n * f.H * f.hd) * sizeof(float));
         snprintf(what, sizeof what, "bad slot (%s): step refused, arena unchanged", bad[b].what);
         st = dp_step_batch(&f.a, ops, NULL, 0, f.k, f.v, f.nkv * f.hd, slots, q, f.H * f.hd, o, f.H * f.hd, f.H, n,
-                           seq, 1, f.spans, f.num_pages, DP_PARAMS(0.125f, 0));
+                           seq, 1, f.spans, f.num_pages, DP_PARAMS(0.125f, 0), NULL);
         check(st == bad[b].status && memcmp(before, f.a.base, bytes) == 0, what);
         free(q); free(o);
     }
@@ -535,12 +570,12 @@ static void bad_slot_cases(const dp_attn_ops *ops) {
     const int64_t seq[5] = {0, n, 0, 0, 1}, bad_span[3] = {tb / 2, n, P};
     float *q = (float *)calloc((size_t)(n * f.H * f.hd), sizeof(float)), *o = (float *)malloc((size_t)(n * f.H * f.hd) * sizeof(float));
     check(dp_step_batch(&f.a, ops, NULL, 0, f.k, f.v, f.nkv * f.hd, slots, q, f.H * f.hd, o, f.H * f.hd, f.H, n, seq,
-                        1, bad_span, 1, DP_PARAMS(0.125f, 0)) == DP_ERR_ALIGN && memcmp(before, f.a.base, bytes) == 0,
+                        1, bad_span, 1, DP_PARAMS(0.125f, 0), NULL) == DP_ERR_ALIGN && memcmp(before, f.a.base, bytes) == 0,
           "step with a misaligned span writes nothing");
     const int64_t short_seq[5] = {0, n, 60, 0, 1}; /* positions 60.. but the span holds 8 tokens */
     const int64_t good_span[3] = {f.spans[0] + tb, n, P};
     check(dp_step_batch(&f.a, ops, NULL, 0, f.k, f.v, f.nkv * f.hd, slots, q, f.H * f.hd, o, f.H * f.hd, f.H, n,
-                        short_seq, 1, good_span, 1, DP_PARAMS(0.125f, 0)) == DP_ERR_BOUNDS && memcmp(before, f.a.base, bytes) == 0,
+                        short_seq, 1, good_span, 1, DP_PARAMS(0.125f, 0), NULL) == DP_ERR_BOUNDS && memcmp(before, f.a.base, bytes) == 0,
           "step with positions past its spans writes nothing");
     free(q); free(o);
     free(before);

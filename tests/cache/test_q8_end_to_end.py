@@ -18,10 +18,19 @@ figures compare the same contexts. The bounds leave about 2x room on the errors.
 import pytest
 from tests_shared import models_dir_path
 
+import dualpath
 from dualpath.bench.kv_quality import PROMPTS, measure_kv_quality
+from dualpath.config import DualPathConfig
+from dualpath.kernels import KV_DTYPES
 from dualpath.models.synth import synth_gguf
 
 GGUF = models_dir_path() / "stories260K.gguf"
+
+
+@pytest.fixture(scope="module")
+def synth_model(tmp_path_factory):
+    """llama3-tiny's shape with random weights (seed 0, as ``synth:llama3-tiny``)."""
+    return synth_gguf(tmp_path_factory.mktemp("synth") / "llama3-tiny.gguf", "llama3-tiny", "F32", seed=0)
 
 
 def _check(res, min_agreement, min_top1, max_err, mean_err):
@@ -41,9 +50,8 @@ def test_q8_kv_on_stories260k_stays_close_to_f16():
     assert sum(r["same_prefix"] == 64 for r in res["rows"]) >= 2, res
 
 
-def test_q8_kv_on_a_synthetic_gqa_model_stays_close_to_f16(tmp_path):
-    model = synth_gguf(tmp_path / "llama3-tiny.gguf", "llama3-tiny", "F32", seed=0)
-    res = measure_kv_quality(model, "q8", "f16", num_tokens=64)
+def test_q8_kv_on_a_synthetic_gqa_model_stays_close_to_f16(synth_model):
+    res = measure_kv_quality(synth_model, "q8", "f16", num_tokens=64)
     assert (res["head_dim"], res["num_kv_heads"]) == (64, 2)
     _check(res, min_agreement=0.6, min_top1=0.95, max_err=0.3, mean_err=0.03)
 
@@ -52,3 +60,24 @@ def test_q8_kv_on_a_synthetic_gqa_model_stays_close_to_f16(tmp_path):
 def test_kv_quality_of_a_type_against_itself_is_exact():
     res = measure_kv_quality(str(GGUF), "q8", "q8", prompts=PROMPTS[:2], num_tokens=16)
     assert res["agreement"] == res["top1_agreement"] == 1.0 and res["max_abs_logit_error"] == 0.0
+
+
+def test_q8_about_halves_the_kv_arena_of_a_model(synth_model):
+    """Same token capacity, 53% of f16's bytes at head_dim 64: (64 + 4) / 128."""
+    seen = {}
+    for kv_dtype in ("f16", "q8"):
+        llm = dualpath.LLM(synth_model, dualpath.load_config(None, {
+            "dualpath_config.kv_dtype": kv_dtype, "runtime.max_context_tokens": 512,
+            "runtime.kv_cache_tokens": 16384}))
+        cache = llm.runner.cache
+        assert cache.arena.kv_dtype == kv_dtype and llm.runner.kv_cache_tokens >= 16384
+        seen[kv_dtype] = (cache.page_bytes, cache.arena.nbytes / llm.runner.kv_cache_tokens)
+    assert seen["q8"][0] / seen["f16"][0] == (64 + 4) / 128
+    assert 0.5 < seen["q8"][1] / seen["f16"][1] < 0.56
+
+
+def test_config_kv_dtype_choices_are_the_arenas():
+    for kv_dtype in KV_DTYPES:
+        assert DualPathConfig(kv_dtype=kv_dtype).kv_dtype == kv_dtype
+    with pytest.raises(dualpath.ConfigError, match="one of 'f16', 'f32', 'q8'"):
+        DualPathConfig(kv_dtype="q4_0")

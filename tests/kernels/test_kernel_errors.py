@@ -65,11 +65,11 @@ def _snapshot(arena):
     return np.stack([np.stack(arena.gather(layer, spans, n_pages * P)) for layer in range(arena.num_layers)])
 
 
-# setup_allocs: what the call allocates before its tasks run (the span starts, and the
-# chunk partials when decode splits the context over two threads); every task then
-# allocates its scratch on the thread running it.
-@pytest.mark.parametrize("num_q,threads,setup_allocs", [(1, 2, 2), (1, 1, 1), (37, 1, 1), (37, 2, 1)])
-def test_attention_allocation_failure_raises_memory_error_not_stale_output(num_q, threads, setup_allocs):
+# KVArena.attention has no workspace of its own: each call allocates one, once, for its
+# span starts, chunk partials and every pool thread's scratch (decode split over two
+# threads, prefill in query blocks); the workers allocate nothing.
+@pytest.mark.parametrize("num_q,threads", [(1, 2), (1, 1), (37, 1), (37, 2)])
+def test_attention_allocation_failure_raises_memory_error_not_stale_output(num_q, threads):
     arena, spans = _filled_arena(2048)
     pool = ThreadPool(threads)
     q = np.random.default_rng(1).standard_normal((num_q, NKV * GROUP, HD)).astype(np.float32)
@@ -84,7 +84,7 @@ def test_attention_allocation_failure_raises_memory_error_not_stale_output(num_q
                 failures += 1
                 continue
         break
-    assert failures > setup_allocs  # a task's scratch failed too, and said so
+    assert failures == 1  # the call's one allocation
     np.testing.assert_array_equal(got, want)
 
 
@@ -104,6 +104,41 @@ def test_stepper_allocation_failure_raises_memory_error():
     np.testing.assert_array_equal(_snapshot(arena), before)  # refused before its first write
     stepper.step_batch(0, n, 1, len(spans))
     assert not np.array_equal(_snapshot(arena), before)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_a_warm_stepper_allocates_nothing_per_layer_step(threads):
+    """The stepper keeps its attention scratch: after the first step, steps of the same
+    shape (or smaller) run with every allocation failing; a larger one grows the
+    scratch first, and refused (MemoryError) leaves the arena as it was."""
+    arena, spans = _filled_arena(2048, num_layers=2)
+    pool = ThreadPool(threads)
+    rng = np.random.default_rng(3)
+    n = 8
+    q = rng.standard_normal((n, NKV * GROUP * HD)).astype(np.float32)
+    k = rng.standard_normal((n, NKV * HD)).astype(np.float32)
+    v = rng.standard_normal((n, NKV * HD)).astype(np.float32)
+    pos = np.array([2047] + list(range(2048 - n, 2047)))  # row 0: one sequence's token; rows 1..: another's
+    slots = np.stack([spans[pos // P, 0], pos % P, np.full(n, P)], 1).astype(np.int64)
+    seqs = np.array([[0, 1, 2047, 0, len(spans)], [1, n - 1, 2040, 0, len(spans)]], np.int64)
+    out = np.empty_like(q)
+    stepper = ArenaStepper(arena, q, k, v, out, slots, spans, 0.125, 0, pool=pool, seqs=seqs)
+    assert stepper.workspace_bytes == 0
+    stepper.step_batch(0, 1, 1, len(spans))  # decode of one token: split over the threads when there are 2
+    grown = stepper.workspace_bytes
+    assert grown > 0
+    want = out[:1].copy()
+    with allocations_fail_after(0):
+        for layer in (0, 1, 0):
+            stepper.step_batch(layer, 1, 1, len(spans))
+    assert stepper.workspace_bytes == grown
+    np.testing.assert_array_equal(out[:1], want)
+    before = _snapshot(arena)
+    with allocations_fail_after(0), pytest.raises(MemoryError, match="batched attention step"):
+        stepper.step_batch(1, n, 2, len(spans))  # more query rows than the scratch holds
+    np.testing.assert_array_equal(_snapshot(arena), before)
+    stepper.step_batch(1, n, 2, len(spans))
+    assert stepper.workspace_bytes > grown
 
 
 def test_arena_allocation_failure_raises_memory_error():

@@ -467,7 +467,7 @@ def cmd_bench_cache(args) -> int:
     base = DualPathConfig(block_size=args.block_size, page_tokens=args.page_tokens)
     workload = MixedWorkload(num_requests=args.requests, num_shared=args.requests // 2, seed=args.seed)
     throughput = None if args.no_throughput else ThroughputWorkload(repeats=args.repeats)
-    res = run_cache_bench(workload, throughput, KVShape(), base)
+    res = run_cache_bench(workload, throughput, KVShape(kv_dtype=args.kv_dtype), base)
     res["seconds"] = time.perf_counter() - t0
     print(format_report(res))
     print(f"\n{res['seconds']:.1f} s")
@@ -482,6 +482,8 @@ def add_parser(bs) -> None:
     c.add_argument("--seed", type=int, default=0)
     c.add_argument("--block-size", type=int, default=DualPathConfig.block_size, help="bytes per arena block")
     c.add_argument("--page-tokens", type=int, default=DualPathConfig.page_tokens)
+    c.add_argument("--kv-dtype", default="f16", choices=["f16", "f32", "q8"],
+                   help="KV element type (bytes per token: q8 is int8 + an f32 scale per token and KV head)")
     c.add_argument("-r", "--repeats", type=int, default=5, help="timed runs per throughput figure (median)")
     c.add_argument("--no-throughput", action="store_true", help="skip the timed part")
     c.add_argument("--json", help="also write the rows as JSON here")
