@@ -27,6 +27,18 @@ def test_e2e_measures_every_engine_in_its_own_process(gguf_path, tmp_path, capsy
     assert "stories260K.gguf" in capsys.readouterr().out
 
 
+def test_e2e_kv_dtype_adds_a_dualpath_row_per_kv_type(gguf_path, tmp_path, capsys):
+    out = tmp_path / "e2e.json"
+    assert main(["bench", "e2e", "-m", str(gguf_path), "--ctx", "16", "--decode", "4", "--chunk", "16",
+                 "-t", "1", "-r", "1", "--no-peer", "--kv-dtype", "f16,q8", "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())
+    assert [r["engine"] for r in rows] == ["dualpath", "dualpath q8"]
+    assert all(r["decode_tps"] > 0 for r in rows)
+    with pytest.raises(SystemExit):
+        main(["bench", "e2e", "-m", str(gguf_path), "--kv-dtype", "f8"])
+    assert "comma-separated KV types" in capsys.readouterr().err
+
+
 def test_power_gives_one_row_per_profile(gguf_path, tmp_path, capsys):
     out = tmp_path / "power.json"
     assert main(["bench", "power", "-m", str(gguf_path), "--prompt", "8", "--tokens", "4", "-r", "1",

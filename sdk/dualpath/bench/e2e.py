@@ -25,13 +25,16 @@ TIMEOUT_S = 1800.0
 
 def worker(engine: str, model: str, ctx: int, decode: int, threads: int, chunk: int) -> dict:
     """One measurement: prefill ``ctx`` tokens, then decode ``decode`` tokens greedily."""
-    if engine == "dualpath":
+    if engine == "dualpath" or engine.startswith("dualpath "):
         from ..config import load_config
         from ..llm import LLM
         from ..runtime.sampler import SamplingParams
 
-        cfg = load_config(None, {"runtime.num_threads": threads, "runtime.max_context_tokens": ctx + decode + 1,
-                                 "runtime.prefill_chunk_tokens": chunk})
+        overrides = {"runtime.num_threads": threads, "runtime.max_context_tokens": ctx + decode + 1,
+                     "runtime.prefill_chunk_tokens": chunk}
+        if engine != "dualpath":  # "dualpath q8": that KV type
+            overrides["dualpath_config.kv_dtype"] = engine.split()[1]
+        cfg = load_config(None, overrides)
         llm = LLM(model, cfg)
         rss_loaded = peak_rss_mb()
         prompt = random_prompt(llm.spec.config.vocab_size, ctx)
@@ -116,15 +119,24 @@ def _prepare_ortgenai(args) -> tuple[ortgenai.OrtGenaiPeer | None, dict]:
     return peer, built
 
 
+def dualpath_engines(kv_dtypes: str) -> list[str]:
+    """Engine names for DualPath with each KV type of ``--kv-dtype``: the configured
+    default is plain ``dualpath``, another type ``dualpath q8``."""
+    from ..config import DualPathConfig
+
+    default = DualPathConfig().kv_dtype
+    return ["dualpath" if d == default else f"dualpath {d}" for d in kv_dtypes.split(",")]
+
+
 def cmd_bench_e2e(args) -> int:
-    engines = ["dualpath"] + ([] if args.no_peer else ["llama.cpp"])
+    engines = dualpath_engines(args.kv_dtype) + ([] if args.no_peer else ["llama.cpp"])
     if not args.no_peer:
         try:
             import llama_cpp  # noqa: F401  (availability check)
         except ImportError:
             print("dualpath bench: llama-cpp-python is not installed; measuring without llama.cpp "
                   "(pip install llama-cpp-python, or pass --no-peer)", file=sys.stderr)
-            engines = ["dualpath"]
+            engines = dualpath_engines(args.kv_dtype)
     peer, ort_models = (None, {}) if args.no_peer or args.no_ortgenai else _prepare_ortgenai(args)
     rows = run_e2e(args.model, args.ctx, args.decode, args.threads, args.repeats, engines, args.chunk,
                    peer, ort_models)
@@ -142,6 +154,16 @@ def cmd_bench_e2e(args) -> int:
     return 0
 
 
+def _kv_dtypes(text: str) -> str:
+    import argparse
+
+    from ..kernels import KV_DTYPES
+
+    if not text or any(d not in KV_DTYPES for d in text.split(",")):
+        raise argparse.ArgumentTypeError(f"{text!r}: comma-separated KV types from {', '.join(KV_DTYPES)}")
+    return text
+
+
 def add_parser(bs) -> None:
     e = bs.add_parser("e2e", help="prefill and decode tokens/s, DualPath beside llama-cpp-python and "
                                   "onnxruntime-genai, same file")
@@ -152,6 +174,9 @@ def add_parser(bs) -> None:
     e.add_argument("--chunk", type=int, default=512, help="prefill batch / chunk size for every engine")
     e.add_argument("-r", "--repeats", type=int, default=3)
     e.add_argument("--no-peer", action="store_true", help="measure DualPath only")
+    e.add_argument("--kv-dtype", default="f16", type=_kv_dtypes,
+                   help="DualPath's KV cache types, comma-separated: one DualPath row each (default f16; "
+                        "f16,q8 puts the int8 cache beside it)")
     e.add_argument("--ortgenai-python", metavar="PATH",
                    help="interpreter of an environment with onnxruntime-genai and its model builder's "
                         f"dependencies (default: ${ortgenai.PYTHON_ENV}, else this one); made by "
