@@ -273,10 +273,12 @@ cdef class KVArena:
         return k, v
 
     def attention(self, int64_t layer, q, spans, int64_t pos0, float scale=0.0, int prefetch_degree=0,
-                  str kernel=None, ThreadPool pool=None, float softcap=0.0, int64_t window=0):
+                  str kernel=None, ThreadPool pool=None, float softcap=0.0, int64_t window=0,
+                  bint decode_on_caller=False):
         """Causal attention of q (T, num_heads, head_dim) f32 at positions [pos0, pos0 + T),
         with ``kernel`` (default: the dispatched one) on ``pool`` (default: this thread);
-        ``softcap`` > 0 caps scores (Gemma 2), ``window`` > 0 is a sliding window."""
+        ``softcap`` > 0 caps scores (Gemma 2), ``window`` > 0 is a sliding window;
+        ``decode_on_caller``: a decode runs on this thread alone (no flash-decoding split)."""
         if softcap < 0 or window < 0:
             raise ValueError(f"softcap={softcap} and window={window} must be >= 0")
         _require(q, "q", 3, np.float32)
@@ -290,6 +292,7 @@ cdef class KVArena:
         params.softcap = softcap
         params.window = window
         params.prefetch_degree = prefetch_degree
+        params.decode_on_caller = decode_on_caller
         cdef int st
         cdef const float *qp = <const float *>cnp.PyArray_DATA(<cnp.ndarray>q)
         cdef float *op = <float *>cnp.PyArray_DATA(<cnp.ndarray>out)
@@ -326,10 +329,12 @@ cdef class ArenaStepper:
     cdef int64_t num_heads, max_tokens, max_spans, kv_stride, q_stride, max_seqs
     cdef float scale, softcap
     cdef int prefetch_degree
+    cdef bint decode_on_caller
     cdef object windows  # (num_layers,) int64: each layer's sliding window, 0 = none
 
     def __init__(self, KVArena arena, q, k, v, out, slots, spans, float scale, int prefetch_degree,
-                 ThreadPool pool=None, str kernel=None, seqs=None, float softcap=0.0, windows=None):
+                 ThreadPool pool=None, str kernel=None, seqs=None, float softcap=0.0, windows=None,
+                 bint decode_on_caller=False):
         kv_dim = arena.num_kv_heads * arena.head_dim
         for name, a in (("q", q), ("out", out)):
             _require(a, name, 2, np.float32)
@@ -355,6 +360,7 @@ cdef class ArenaStepper:
         self.q_stride = q.shape[1]
         self.scale = scale
         self.prefetch_degree = prefetch_degree
+        self.decode_on_caller = decode_on_caller
         if softcap < 0:
             raise ValueError(f"softcap={softcap} must be >= 0")
         self.softcap = softcap
@@ -406,6 +412,7 @@ cdef class ArenaStepper:
         params.window = (<const int64_t *>cnp.PyArray_DATA(<cnp.ndarray>self.windows))[layer] \
             if 0 <= layer < a.num_layers else 0
         params.prefetch_degree = self.prefetch_degree
+        params.decode_on_caller = self.decode_on_caller
         if self.busy:
             raise RuntimeError("ArenaStepper.step_batch entered while another step of this stepper runs "
                                "(it owns one scratch workspace: give each thread its own stepper)")

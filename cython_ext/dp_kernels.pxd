@@ -81,6 +81,7 @@ cdef extern from "csrc/kv_arena.h" nogil:
         float softcap
         int64_t window
         int prefetch_degree
+        int decode_on_caller
     int dp_kv_check_slots(const dp_arena *a, const int64_t *slots, int64_t num_tokens, int64_t *bad)
     int dp_kv_write_slots(const dp_arena *a, const dp_attn_ops *ops, int64_t layer, const float *k,
                           const float *v, int64_t stride, const int64_t *slots, int64_t num_tokens)

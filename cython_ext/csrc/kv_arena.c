@@ -569,7 +569,7 @@ static int64_t attn_plan(attn_job *J, const dp_arena *a, const dp_attn_ops *ops,
     const int64_t n_seen = n_ctx - J->ctx_lo;
     J->num_chunks = 1;
     J->chunk = n_seen;
-    if (num_tokens < 4 * threads && threads > 1 && n_seen >= 2 * DP_MIN_CHUNK) {
+    if (!params.decode_on_caller && num_tokens < 4 * threads && threads > 1 && n_seen >= 2 * DP_MIN_CHUNK) {
         int64_t chunks = (4 * threads + num_tokens - 1) / num_tokens;
         if (chunks > n_seen / DP_MIN_CHUNK) chunks = n_seen / DP_MIN_CHUNK;
         if (chunks > 1) {

@@ -88,12 +88,17 @@ int64_t dp_kv_tile_bytes(int kv_dtype, int64_t num_kv_heads, int64_t head_dim, i
  *   softcap: > 0 caps the scaled scores as softcap * tanh(score / softcap) (Gemma 2), 0 = off;
  *   window:  > 0 is a sliding window: a query at position p sees positions p - window + 1 .. p
  *            (llama.cpp's LLAMA_SWA_TYPE_STANDARD), 0 = the whole causal context;
- *   prefetch_degree: spans prefetched ahead (random path). */
+ *   prefetch_degree: spans prefetched ahead (random path);
+ *   decode_on_caller: see below (the model runner sets it: ONNX Runtime's own workers hold the
+ *            other cores between its ops, and a second pool's workers only contend with them). */
 typedef struct {
     float scale;
     float softcap;
     int64_t window;
     int prefetch_degree;
+    int decode_on_caller; /* 1: a step with too few tokens to feed the pool (decode) is not split
+                           * over the context (flash-decoding) but run by the calling thread
+                           * alone; 0 (the default): split */
 } dp_attn_params;
 
 /* Scratch of an attention call: the batch's jobs, span starts, flash-decoding partials

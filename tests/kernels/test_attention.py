@@ -61,6 +61,10 @@ def test_decode_attention_matches_reference(kernel, layout, head_dim, group, kv_
             for pool in (None, POOL):  # the pool splits long contexts (flash-decoding)
                 got = arena.attention(0, q, spans, pos0, prefetch_degree=4, kernel=kernel, pool=pool)
                 np.testing.assert_allclose(got, want, rtol=tol, atol=tol)
+            # the model runner's setting: a decode on the calling thread, never split
+            on_caller = arena.attention(0, q, spans, pos0, prefetch_degree=4, kernel=kernel, pool=POOL,
+                                        decode_on_caller=True)
+            np.testing.assert_allclose(on_caller, want, rtol=tol, atol=tol)
 
 
 @pytest.mark.parametrize("kernel", KERNELS)
