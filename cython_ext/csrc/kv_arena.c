@@ -215,15 +215,20 @@ static int check_spans(const dp_arena *a, const int64_t *spans, int64_t num_span
 }
 
 #define DP_GSLICE 16  /* query heads of one KV head scored in one call */
-/* Fewest positions of a flash-decoding chunk: a decode at 512 positions is split in
- * four (every thread busy; a chunk's merge costs num_heads * (head_dim + 2) floats). */
+/* Fewest positions of a flash-decoding chunk: a decode over 1,024 positions is split in
+ * two, over 4,096 in eight (a chunk's merge costs num_heads * (head_dim + 2) floats). */
 #define DP_MIN_CHUNK 512
-/* Positions per softmax pass; a run may cover several tiles. Small runs keep a run's
- * K and V in L1 between the scores and the accumulation, and its successor's reads
- * (prefetched during it, prefetch_next) arrive in time: measured with one thread on a
- * 16k context from DRAM, runs of 32 streamed 20 GB/s (MHA, head_dim 48) where runs of
- * 128 streamed 14, and 8.3 against 7.1 GB/s for 8 query heads per KV head. */
-#define DP_RUN 32
+/* Positions per softmax pass, at most; a run may cover several tiles (buffers and the
+ * scores' stride are sized for DP_RUN). A decode task (one query token) gathers runs of
+ * DP_RUN_DECODE: small runs keep a run's K and V in L1 between the scores and the
+ * accumulation, and its successor's reads (prefetched during it, prefetch_next) arrive
+ * in time: measured with one thread on a 16k context from DRAM, runs of 32 streamed
+ * 20 GB/s (MHA, head_dim 48) where runs of 128 streamed 14, and 8.3 against 7.1 GB/s
+ * for 8 query heads per KV head. A prefill block (many query rows per K/V load) is
+ * compute-bound and pays the softmax bookkeeping per run: runs of 128 there (stories15M
+ * shape, 4,096-token prefill: attention 600-770 ms against 930-1,010 with runs of 32). */
+#define DP_RUN 128
+#define DP_RUN_DECODE 32
 
 /* A piece of a run: n consecutive positions from row `row` of one tile. */
 typedef struct {
@@ -252,6 +257,7 @@ typedef struct {
     int64_t chunk;        /* context positions per task */
     int64_t num_chunks;   /* per query block */
     int64_t block_tokens; /* query tokens per task (prefill blocking; 1 when chunked) */
+    int64_t run_len;      /* positions per run: DP_RUN_DECODE in a decode step, else DP_RUN */
     float *partial;     /* chunked: (tasks, num_heads, head_dim + 2) = o, m, l */
     float *scratch;     /* (threads, scratch_stride): pool thread w's q, o, m, l, scores */
     int64_t scratch_stride;
@@ -286,12 +292,12 @@ static void cursor_init(const attn_job *J, run_cursor *c, int64_t lo) {
     c->tile = NULL;
 }
 
-/* Up to DP_RUN positions from c->pos (below hi) as segments of whole tiles' rows;
+/* Up to J->run_len positions from c->pos (below hi) as segments of whole tiles' rows;
  * returns how many. */
 static int64_t gather_run(const attn_job *J, run_cursor *c, int64_t hi, run_seg *seg, int64_t *ns) {
     int64_t n_run = 0;
     *ns = 0;
-    while (n_run < DP_RUN && c->pos < hi) {
+    while (n_run < J->run_len && c->pos < hi) {
         if (c->pos >= c->span_end) { /* enter the span holding pos (check_spans: one exists) */
             do { c->s++; } while (J->span_start[c->s] + J->spans[3 * c->s + 1] <= c->pos);
             c->P = J->spans[3 * c->s + 2];
@@ -307,7 +313,7 @@ static int64_t gather_run(const attn_job *J, run_cursor *c, int64_t hi, run_seg 
         int64_t n = c->P - c->row; /* rows left in this tile */
         if (n > c->span_end - c->pos) n = c->span_end - c->pos;
         if (n > hi - c->pos) n = hi - c->pos;
-        if (n > DP_RUN - n_run) n = DP_RUN - n_run;
+        if (n > J->run_len - n_run) n = J->run_len - n_run;
         seg[(*ns)++] = (run_seg){c->tile, c->P, c->row, n};
         c->pos += n;
         n_run += n;
@@ -584,6 +590,7 @@ static int64_t attn_plan(attn_job *J, const dp_arena *a, const dp_attn_ops *ops,
         while (J->block_tokens > 1 && (num_tokens + J->block_tokens - 1) / J->block_tokens < 2 * threads)
             J->block_tokens /= 2;
     }
+    J->run_len = num_tokens < 8 ? DP_RUN_DECODE : DP_RUN; /* decode steps: short runs (see DP_RUN) */
     return (num_tokens + J->block_tokens - 1) / J->block_tokens * J->num_chunks;
 }
 
