@@ -11,40 +11,16 @@ error quotes the tail, as the harness does for a worker.
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
-import tempfile
 import time
 
-from .common import free_port, metric, model_or_default, percentile_ms, write_json
-from .harness import BenchProcessError, stderr_tail
+from .common import free_port, live_server, metric, model_or_default, percentile_ms, write_json
 
 STARTUP_S = 120.0
 """How long the server may take to answer /health."""
 WORDS = ["Once", "upon", "a", "time", "there", "was", "a", "little", "girl", "dog", "named", "Lily",
          "Tom", "who", "loved", "to", "play", "in", "the", "park", "sun", "big", "red", "ball"]
 """The clients' prompts are drawn from these."""
-
-
-def _wait_until_up(proc: subprocess.Popen, base: str, stderr_file) -> None:
-    import httpx
-
-    deadline = time.time() + STARTUP_S
-    while True:
-        if proc.poll() is not None:
-            stderr_file.seek(0)
-            raise BenchProcessError(f"dualpath serve exited with status {proc.returncode} before answering "
-                                    f"/health; its stderr ends:\n{stderr_tail(stderr_file.read())}")
-        try:
-            if httpx.get(base + "/health", timeout=1).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        if time.time() > deadline:
-            stderr_file.seek(0)
-            raise BenchProcessError(f"dualpath serve did not come up in {STARTUP_S:g} s; its stderr ends:\n"
-                                    f"{stderr_tail(stderr_file.read())}")
-        time.sleep(0.2)
 
 
 def _clients(base: str, clients: int, duration_s: float, max_tokens: int, seed: int) -> dict:
@@ -109,20 +85,10 @@ def load_test(model: str, *, clients: int, duration_s: float, max_tokens: int, s
     port = free_port()
     cmd = [sys.executable, "-m", "dualpath.cli", "serve", "--model", model, "--port", str(port), *server_args]
     base = f"http://127.0.0.1:{port}"
-    with tempfile.TemporaryFile("w+") as stderr_file:
-        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=stderr_file, text=True)
-        try:
-            _wait_until_up(proc, base, stderr_file)
-            c = _clients(base, clients, duration_s, max_tokens, seed)
-            time.sleep(0.2)
-            metrics = httpx.get(base + "/metrics", timeout=10).text
-        finally:
-            proc.terminate()
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+    with live_server("dualpath serve", cmd, base, startup_s=STARTUP_S):
+        c = _clients(base, clients, duration_s, max_tokens, seed)
+        time.sleep(0.2)
+        metrics = httpx.get(base + "/metrics", timeout=10).text
     held = {use: metric(metrics, "dualpath_kv_cache_bytes", f'use="{use}"')
             for use in ("sequential", "random", "cached", "free")}
     ttft, tpot = c["ttft"], c["tpot"]
