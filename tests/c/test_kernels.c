@@ -32,6 +32,19 @@ static void check(int ok, const char *what) {
     if (ok && verbose) printf("ok %s\n", what);
 }
 
+/* The largest |ref[i] - got[i]|, relative to the largest |ref[i]| (error against the
+ * largest output: sums cancel, so elementwise relative errors mean nothing). */
+static double worst_rel_err(const float *ref, const float *got, int64_t n) {
+    double worst = 0, scale = 0;
+    for (int64_t i = 0; i < n; i++) scale = fabs((double)ref[i]) > scale ? fabs((double)ref[i]) : scale;
+    for (int64_t i = 0; i < n; i++) {
+        const double err = fabs((double)ref[i] - got[i]) / scale;
+        worst = err > worst ? err : worst;
+    }
+    return worst;
+}
+
+
 /* Reference: causal attention over dense K/V (nkv, n, hd) in double. */
 static void reference(const float *q, const float *k, const float *v, int64_t T, int64_t H, int64_t nkv,
                       int64_t n, int64_t hd, int64_t pos0, float *out) {
@@ -161,12 +174,7 @@ static void run_ops_case(const dp_attn_ops *ops, int64_t group, int64_t hd) {
     for (int j = 0; j < NS; off += lens[j], j++)
         ops->accum_f16(s1 + off, sstride, group, hd, vr[j], lens[j], o1);
     ops->accum_f16_run(s1, sstride, group, hd, vs, NS, o2);
-    double worst = 0, scale = 0; /* error against the largest output: sums cancel */
-    for (int64_t i = 0; i < group * hd; i++) scale = fabs((double)o1[i]) > scale ? fabs((double)o1[i]) : scale;
-    for (int64_t i = 0; i < group * hd; i++) {
-        const double err = fabs((double)o1[i] - o2[i]) / scale;
-        worst = err > worst ? err : worst;
-    }
+    const double worst = worst_rel_err(o1, o2, group * hd);
     char what[120];
     snprintf(what, sizeof what, "%s run accumulation == per-piece group=%lld hd=%lld (worst %.2g)", ops->name,
              (long long)group, (long long)hd, worst);
@@ -212,12 +220,7 @@ static void run_ops_case_q8(const dp_attn_ops *ops, int64_t group, int64_t hd) {
     off = 0;
     for (int j = 0; j < NS; off += lens[j], j++) ops->accum_q8(s1 + off, sstride, group, hd, vr[j], vsc[j], lens[j], o1);
     ops->accum_q8_run(s1, sstride, group, hd, vs, NS, o2);
-    double worst = 0, scale = 0;
-    for (int64_t i = 0; i < group * hd; i++) scale = fabs((double)o1[i]) > scale ? fabs((double)o1[i]) : scale;
-    for (int64_t i = 0; i < group * hd; i++) {
-        const double err = fabs((double)o1[i] - o2[i]) / scale;
-        worst = err > worst ? err : worst;
-    }
+    const double worst = worst_rel_err(o1, o2, group * hd);
     char what[120];
     snprintf(what, sizeof what, "%s q8 run accumulation == per-piece group=%lld hd=%lld (worst %.2g)", ops->name,
              (long long)group, (long long)hd, worst);
