@@ -158,6 +158,20 @@ def _usage(completions) -> dict:
             "prompt_tokens_details": {"cached_tokens": first.cached_prompt_tokens}}
 
 
+
+async def _engine_call(call, param: str):
+    """Await an engine call; its refusals as API errors: a full queue is 429 (retry),
+    a prompt too long or invalid is 400 naming ``param`` (the field that carried it)."""
+    try:
+        return await call
+    except QueueFullError as e:
+        raise APIError(429, str(e), type_="rate_limit_error", code="queue_full",
+                       headers={"Retry-After": "1"}) from None
+    except PromptTooLongError as e:
+        raise _bad(str(e), param, "context_length_exceeded") from None
+    except InvalidPromptError as e:
+        raise _bad(str(e), param) from None
+
 class Server:
     """State shared by the routes: the LLM, its engine, the server config."""
 
@@ -220,15 +234,8 @@ class Server:
 
     async def _submit(self, ids: list[int], params: SamplingParams, n: int = 1, prompt_logprobs: bool = False,
                       grammar=None):
-        try:
-            return await self.engine.submit_n(ids, params, n, prompt_logprobs=prompt_logprobs, grammar=grammar)
-        except QueueFullError as e:
-            raise APIError(429, str(e), type_="rate_limit_error", code="queue_full",
-                           headers={"Retry-After": "1"}) from None
-        except PromptTooLongError as e:
-            raise _bad(str(e), "prompt", "context_length_exceeded") from None
-        except InvalidPromptError as e:
-            raise _bad(str(e), "prompt") from None
+        return await _engine_call(self.engine.submit_n(ids, params, n, prompt_logprobs=prompt_logprobs,
+                                                       grammar=grammar), "prompt")
 
     async def embeddings(self, request: Request) -> Response:
         """The pooled final hidden state of each input (the model's pooling type from its
@@ -255,15 +262,8 @@ class Server:
         dim = self.llm.spec.config.dim
         _get(body, "dimensions", (int,), dim, check=lambda v: v == dim,
              allowed=f"{dim} (this model's embedding size; shortening is not supported)")
-        try:
-            vectors = await self.engine.embed(prompts, self.llm.spec.metadata.get("pooling", "mean"))
-        except QueueFullError as e:
-            raise APIError(429, str(e), type_="rate_limit_error", code="queue_full",
-                           headers={"Retry-After": "1"}) from None
-        except PromptTooLongError as e:
-            raise _bad(str(e), "input", "context_length_exceeded") from None
-        except InvalidPromptError as e:
-            raise _bad(str(e), "input") from None
+        vectors = await _engine_call(self.engine.embed(prompts, self.llm.spec.metadata.get("pooling", "mean")),
+                                     "input")
         data = []
         for i, v in enumerate(vectors):
             if fmt == "base64":
