@@ -61,7 +61,8 @@ class _Builder:
     """Accumulates nodes and initializers for one part."""
 
     def __init__(self, spec: ModelSpec, layout: dict[str, tuple[int, int]], accuracy_level: int,
-                 context_tokens: int = 0, fused: dict[str, Weight] | None = None):
+                 context_tokens: int = 0, fused: dict[str, Weight] | None = None,
+                 rope_memo: dict | None = None):
         self.spec = spec
         self.context_tokens = context_tokens or spec.config.context_length
         self.cfg = spec.config
@@ -76,6 +77,7 @@ class _Builder:
         self.tables: dict[str, np.ndarray] = {}  # graph-folder initializers (RoPE tables)
         self.derived: set[str] = set()  # initializers that are no model weight (tables, fused matrices)
         self.fused = fused or {}
+        self.rope_memo = rope_memo if rope_memo is not None else {}  # table key -> (cos, sin)
         self._n = 0
 
     def tmp(self, stem: str) -> str:
@@ -181,8 +183,11 @@ class _Builder:
         """The cos and sin tables of ``layer``'s angles, (context, head_dim / 2) f32 each,
         named by their content: layers with the same frequencies share one pair, and every
         part hands ONNX Runtime the same arrays (graph folder's ``rope.bin``)."""
-        cos, sin = rope_cache(self.inv_freq(layer), self.context_tokens, self.cfg.rope_attn_factor)
-        key = hashlib.sha1(self.inv_freq(layer).tobytes() + np.float32(self.cfg.rope_attn_factor).tobytes()).hexdigest()[:12]
+        inv = self.inv_freq(layer)
+        key = hashlib.sha1(inv.tobytes() + np.float32(self.cfg.rope_attn_factor).tobytes()).hexdigest()[:12]
+        if key not in self.rope_memo:  # shared by the parts: computed once per distinct table
+            self.rope_memo[key] = rope_cache(inv, self.context_tokens, self.cfg.rope_attn_factor)
+        cos, sin = self.rope_memo[key]
         return self.table(f"rope.{key}.cos", cos), self.table(f"rope.{key}.sin", sin)
 
     def table(self, name: str, array: np.ndarray) -> str:
@@ -312,6 +317,7 @@ def build_parts(spec: ModelSpec, accuracy_level: int = 4, context_tokens: int = 
     depend on it), with the fused matrices ``fused`` (``fusion_groups``) where given."""
     cfg = spec.config
     layout = weight_layout(spec)
+    rope_memo: dict = {}  # RoPE tables, computed once for every part
     F, I64 = TensorProto.FLOAT, TensorProto.INT64
 
     def vi(name, elem, shape):
@@ -322,7 +328,7 @@ def build_parts(spec: ModelSpec, accuracy_level: int = 4, context_tokens: int = 
     qkv_out = [vi("q", F, [1, "T", cfg.q_dim]), vi("k", F, [1, "T", cfg.kv_dim]), vi("v", F, ["T", cfg.kv_dim])]
     parts = []
     for index in range(cfg.num_layers + 1):
-        b = _Builder(spec, layout, accuracy_level, context_tokens, fused)
+        b = _Builder(spec, layout, accuracy_level, context_tokens, fused, rope_memo)
         if index == cfg.num_layers:
             rows = "rows"
             h = b.node("Gather", ["h", rows], "hsel", axis=0)
