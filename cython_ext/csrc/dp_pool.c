@@ -39,6 +39,14 @@ int dp_aligned_alloc(void **p, size_t alignment, size_t bytes) {
 }
 
 /* ---- the pool ---------------------------------------------------------------- */
+static inline void dp_cpu_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ __volatile__("yield");
+#endif
+}
+
 _Static_assert(DP_POOL_MAX_CPUS <= CPU_SETSIZE, "a pinned cpu must fit in a cpu_set_t");
 
 typedef struct { dp_pool *pool; int idx; } worker_arg;
@@ -62,8 +70,13 @@ struct dp_pool {
     void *ctx;
     int64_t num_tasks;
     atomic_llong next_task;
-    atomic_int busy;           /* workers still inside the current job */
+    /* Workers inside the current job (low bits) and DP_POOL_CLOSED once the caller has
+     * run out of tasks: a worker joins only an open job, so the caller waits for the
+     * workers that took tasks, never for one that is still waking up. */
+    atomic_int joined;
 };
+
+#define DP_POOL_CLOSED (1 << 30)
 
 static void apply_affinity(dp_pool *p, int idx) {
     const int gen = atomic_load(&p->affinity_gen);
@@ -104,8 +117,13 @@ static void *worker_main(void *arg) {
         seen = p->job;
         pthread_mutex_unlock(&p->lock);
         apply_affinity(p, wa.idx);
+        /* Join the job unless the caller already closed it (took the last task). */
+        int v = atomic_load(&p->joined);
+        while (!(v & DP_POOL_CLOSED) && !atomic_compare_exchange_weak(&p->joined, &v, v + 1)) {
+        }
+        if (v & DP_POOL_CLOSED) continue;
         drain(p, wa.idx);
-        if (atomic_fetch_sub(&p->busy, 1) == 1) {
+        if (atomic_fetch_sub(&p->joined, 1) == (DP_POOL_CLOSED | 1)) { /* the last, caller waiting */
             pthread_mutex_lock(&p->lock);
             pthread_cond_signal(&p->done);
             pthread_mutex_unlock(&p->lock);
@@ -185,14 +203,22 @@ void dp_pool_run(dp_pool *p, int64_t num_tasks, dp_task_fn fn, void *ctx) {
     p->ctx = ctx;
     p->num_tasks = num_tasks;
     atomic_store(&p->next_task, 0);
-    atomic_store(&p->busy, p->num_threads - 1);
+    atomic_store(&p->joined, 0); /* open: the previous job closed with no worker inside */
     p->job++;
     pthread_cond_broadcast(&p->wake);
     pthread_mutex_unlock(&p->lock);
     drain(p, 0); /* the caller works too (its affinity is the caller's business) */
-    pthread_mutex_lock(&p->lock);
-    while (atomic_load(&p->busy) > 0) pthread_cond_wait(&p->done, &p->lock);
-    pthread_mutex_unlock(&p->lock);
+    /* No task is left to take: close the job, then wait for the workers inside it,
+     * which are running their last tasks. A worker woken after this finds it closed:
+     * waiting for its wake-up (tens of microseconds through the scheduler) cost more
+     * than a short job itself. The wait spins first (those tasks are short), then
+     * sleeps. */
+    if (atomic_fetch_or(&p->joined, DP_POOL_CLOSED) != 0) {
+        for (int spin = 0; spin < 20000 && atomic_load(&p->joined) != DP_POOL_CLOSED; spin++) dp_cpu_relax();
+        pthread_mutex_lock(&p->lock);
+        while (atomic_load(&p->joined) != DP_POOL_CLOSED) pthread_cond_wait(&p->done, &p->lock);
+        pthread_mutex_unlock(&p->lock);
+    }
     pthread_mutex_unlock(&p->run_lock);
 }
 

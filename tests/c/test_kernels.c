@@ -4,9 +4,11 @@
  * cross-compiled for aarch64 under qemu (with and without FP16 arithmetic).
  * Prints one line per check and a final "N passed, N failed" line; exit 1 on failure. */
 #include <math.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "../../cython_ext/csrc/dp_attn_ops.h"
 #include "../../cython_ext/csrc/dp_pool.h"
@@ -505,6 +507,40 @@ static void pool_failure_cases(void) {
     dp_test_fail_alloc_after(-1);
 }
 
+/* The pool's job protocol under churn: jobs of 1..64 tasks back to back, with and
+ * without gaps that let the workers fall asleep. Every task runs exactly once, and
+ * once dp_pool_run returns no worker touches that job any more: the next job reuses
+ * the same counters, so a late write shows up as a wrong count. */
+typedef struct { atomic_int runs[64]; atomic_int stray; int64_t num_tasks; } pool_job;
+
+static void pool_job_task(void *ctx, int64_t task, int worker) {
+    pool_job *J = (pool_job *)ctx;
+    if (task < 0 || task >= J->num_tasks || worker < 0 || worker >= 4) atomic_fetch_add(&J->stray, 1);
+    else atomic_fetch_add(&J->runs[task], 1);
+}
+
+static void pool_protocol_cases(void) {
+    dp_pool *p = NULL;
+    check(dp_pool_create(4, &p) == DP_OK, "pool of 4 for the protocol cases");
+    pool_job J;
+    int ok = 1;
+    for (int it = 0; it < 3000 && ok; it++) {
+        rng_state = rng_state * 6364136223846793005ull + 1442695040888963407ull;
+        J.num_tasks = 1 + (int64_t)((rng_state >> 33) % 64);
+        for (int t = 0; t < 64; t++) atomic_store(&J.runs[t], 0);
+        atomic_store(&J.stray, 0);
+        if (it % 100 == 0) { /* workers asleep by now */
+            struct timespec ts = {0, 2000000};
+            nanosleep(&ts, NULL);
+        }
+        dp_pool_run(p, J.num_tasks, pool_job_task, &J);
+        for (int t = 0; t < 64; t++) ok &= atomic_load(&J.runs[t]) == (t < J.num_tasks);
+        ok &= atomic_load(&J.stray) == 0;
+    }
+    check(ok, "pool: 3,000 jobs of 1..64 tasks, every task exactly once, none after the job returned");
+    dp_pool_destroy(p);
+}
+
 static void check_head_dim_limit(void) {
     dp_arena a;
     check(dp_arena_init(&a, 1 << 16, 1, 1, 1, DP_MAX_HEAD_DIM, DP_F16, -1) == DP_OK, "head_dim = DP_MAX_HEAD_DIM");
@@ -647,6 +683,7 @@ int main(void) {
     }
     step_alloc_failure_case(pool);
     pool_failure_cases();
+    pool_protocol_cases();
     bad_slot_cases(best);
     dp_pool_destroy(pool);
     printf("%d passed, %d failed\n", passed, failed);

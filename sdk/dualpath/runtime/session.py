@@ -52,13 +52,12 @@ def _use_env_allocator() -> bool:
 
 
 def _use_global_pool(num_threads: int) -> bool:
-    """Share one ONNX Runtime thread pool between all parts of a model.
+    """Share one ONNX Runtime thread pool between all parts of a model (those whose
+    workers never spin: ``create_sessions`` says when).
 
-    With a pool per session, a model of L + 1 parts owns L + 1 pools whose idle
-    workers spin against the active one: on a 2-core machine that is worse than one
-    thread. The global pool is created once per process, and once it exists ONNX
-    Runtime refuses sessions with pools of their own: a later model that asks for
-    another thread count shares it anyway (with a log line saying so).
+    The global pool is created once per process, and once it exists ONNX Runtime
+    refuses sessions with pools of their own: a later model that asks for another
+    thread count shares it anyway (with a log line saying so).
     """
     global _global_pool_threads
     if _global_pool_threads is None:
@@ -83,9 +82,13 @@ class SessionSet(list):
     them with ``add_initializer``: ONNX Runtime reads those in place and requires them
     to outlive the sessions, so they live exactly as long as this list."""
 
-    def __init__(self, sessions: list[ort.InferenceSession], initializers: list[ort.OrtValue]):
+    def __init__(self, sessions: list[ort.InferenceSession], initializers: list[ort.OrtValue],
+                 idle_between_runs: bool = True):
         super().__init__(sessions)
         self.initializers = initializers
+        self.idle_between_runs = idle_between_runs
+        """ONNX Runtime's workers leave the cores when a part's Run returns (they do not
+        spin into our attention between the parts)."""
 
 
 def create_sessions(parts: list[PartFile], num_threads: int, spinning: bool = True,
@@ -105,6 +108,16 @@ def create_sessions(parts: list[PartFile], num_threads: int, spinning: bool = Tr
     dropped once it exists (``Entry.drop_pages``): the load's peak memory is the packed
     copies plus one part's pages per thread.
 
+    Thread pools: with ``spinning``, each part has a pool of its own whose workers spin
+    while its Run lasts and stop the moment it returns (``session.force_spinning_stop``),
+    so that between the parts both cores are free for our attention; spinning workers
+    of a pool shared by all parts (ORT's global pool) held the second core through the
+    attention between parts (stories15M shape F32, 16k context, 2 threads: a decode
+    step of 9.6 ms with attention on the calling thread alone against 8.45 ms with these
+    pools and attention on both threads). Without spinning nothing holds a core between
+    Runs, and the parts share ORT's global pool (fewer threads). Pinned sets always have
+    their own pools (ORT pins per pool).
+
     ONNX Runtime releases the GIL while it creates a session and packs on one thread:
     the parts are created ``num_threads`` at a time.
     """
@@ -112,7 +125,9 @@ def create_sessions(parts: list[PartFile], num_threads: int, spinning: bool = Tr
         raise DualPathError("pinned sessions need per-session ONNX Runtime thread pools, but this process "
                             "already created ORT's global pool (an earlier unpinned LLM); create pinned "
                             "LLMs first or set power.pin_threads: false")
-    shared_pool = not per_session_pools and affinities is None and _use_global_pool(num_threads)
+    # Once the global pool exists ORT refuses pools of a session's own: share it then.
+    own_pools = per_session_pools or affinities is not None or (spinning and not _global_pool_threads)
+    shared_pool = not own_pools and _use_global_pool(num_threads)
     env_allocator = _use_env_allocator()
     done = [0]
     lock = threading.Lock()
@@ -129,6 +144,8 @@ def create_sessions(parts: list[PartFile], num_threads: int, spinning: bool = Tr
         so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
         so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         so.add_session_config_entry("session.intra_op.allow_spinning", "1" if spinning else "0")
+        if spinning and not shared_pool:  # applies to a session's own pool only
+            so.add_session_config_entry("session.force_spinning_stop", "1")
         pack = part.prepack or prepack_float
         so.add_session_config_entry("session.disable_prepacking", "0" if pack else "1")
         if affinities:
@@ -156,7 +173,8 @@ def create_sessions(parts: list[PartFile], num_threads: int, spinning: bool = Tr
         with ThreadPoolExecutor(workers, thread_name_prefix="dualpath-load") as ex:
             made = list(ex.map(create, parts))
     # every add_initializer OrtValue is kept alive with the sessions
-    return SessionSet([m[0] for m in made], [v for m in made for v in m[1]])
+    return SessionSet([m[0] for m in made], [v for m in made for v in m[1]],
+                      idle_between_runs=not (spinning and shared_pool))
 
 
 class _Binding:
@@ -338,16 +356,16 @@ class ModelRunner:
         # How each layer attends: the family's scale and soft-cap, sliding windows per layer.
         windows = np.array([cfg.layer_window(i) for i in range(cfg.num_layers)], np.int64)
 
-        def stepper(pool):
-            # Decode attention runs on the calling thread: between the parts, ONNX Runtime's
-            # workers hold the other cores, and our pool's workers only contend with them.
-            # Measured (stories15M shape F32, 16k context, 2 threads): a decode step took
-            # 9.2 ms with attention on the caller and 13 ms split over our pool (12.7 with
-            # ORT's spinning off), though the split kernel alone is faster. Prefill keeps the
-            # pool (1,400 against 1,030 tokens/s there).
+        def stepper(pool, sessions):
+            # Decode attention is split over our pool when ONNX Runtime's workers leave the
+            # cores between the parts; where they spin on (its global pool, shared with an
+            # earlier model) our workers would only contend with them, and a decode runs on
+            # the calling thread (stories15M shape F32, 16k context, 2 threads: 9.2 ms a step
+            # on the caller against 13 ms split). Prefill always uses the pool.
             return ArenaStepper(self.cache.arena, self.q, self.k, self.v, self.attn, self.slots, self.spans,
                                 cfg.attention_scale, dp.prefetch_degree, pool, kernel, self.seqs,
-                                softcap=cfg.attn_softcap, windows=windows, decode_on_caller=True)
+                                softcap=cfg.attn_softcap, windows=windows,
+                                decode_on_caller=not sessions.idle_between_runs)
 
         self._sets = {}  # SessionSpec -> (sessions, kernel stepper)
         self.pool = None if governor is not None else ThreadPool(num_threads)
@@ -356,12 +374,12 @@ class ModelRunner:
             pool = ThreadPool(sp.num_threads)  # our kernels' workers, on the same cores as ORT's
             if sp.pinned:
                 governor.placer.pin_pool(pool, sp.cpus)
-            self._sets[sp] = (sessions, stepper(pool))
+            self._sets[sp] = (sessions, stepper(pool, sessions))
         # What a step of each set pins the calling thread to: its first CPU, or back where
         # this runner was built for a set that runs unpinned (a placement fallback).
         self._caller_cpus = {sp: frozenset(sp.cpus[:1]) if sp.pinned else home for sp in self._sets}
         self._pin_caller = governor.placer.pin_caller if governor is not None else None
-        self.kv = next(iter(self._sets.values()))[1] if self._sets else stepper(self.pool)
+        self.kv = next(iter(self._sets.values()))[1] if self._sets else stepper(self.pool, self.sessions)
         self._bindings: dict[int, _Binding] = {}  # id(session set) -> its bindings
         self.last_plan = None
         """The governor's plan of the last ``plan_step`` (None without a governor)."""
@@ -405,7 +423,7 @@ class ModelRunner:
                 sessions = create_sessions(parts, sp.num_threads, False, None, per_session_pools=True,
                                            progress=progress, entry=self.spec.entry)
                 self.session_sets[sp] = sessions
-                self._sets[sp] = (sessions, stepper(ThreadPool(sp.num_threads)))
+                self._sets[sp] = (sessions, stepper(ThreadPool(sp.num_threads), sessions))
                 self._caller_cpus[sp] = home
         self.sessions, self.kv = next(iter(self._sets.values()))
 
