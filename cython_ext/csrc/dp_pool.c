@@ -74,6 +74,7 @@ struct dp_pool {
      * run out of tasks: a worker joins only an open job, so the caller waits for the
      * workers that took tasks, never for one that is still waking up. */
     atomic_int joined;
+    atomic_int arrived;        /* workers that woke for the current job (dp_pool_run_all) */
 };
 
 #define DP_POOL_CLOSED (1 << 30)
@@ -117,6 +118,12 @@ static void *worker_main(void *arg) {
         seen = p->job;
         pthread_mutex_unlock(&p->lock);
         apply_affinity(p, wa.idx);
+        /* Awake and pinned for job `seen`: counted under the lock, and only while that job
+         * is still the current one (a late worker counts for the job it then finds). */
+        pthread_mutex_lock(&p->lock);
+        if (p->job == seen && atomic_fetch_add(&p->arrived, 1) == p->num_threads - 2)
+            pthread_cond_broadcast(&p->done); /* the last one: a dp_pool_run_all caller goes on */
+        pthread_mutex_unlock(&p->lock);
         /* Join the job unless the caller already closed it (took the last task). */
         int v = atomic_load(&p->joined);
         while (!(v & DP_POOL_CLOSED) && !atomic_compare_exchange_weak(&p->joined, &v, v + 1)) {
@@ -190,9 +197,9 @@ int dp_pool_worker_tids(const dp_pool *p, int64_t *tids, int max) {
     return n;
 }
 
-void dp_pool_run(dp_pool *p, int64_t num_tasks, dp_task_fn fn, void *ctx) {
+static void pool_run(dp_pool *p, int64_t num_tasks, dp_task_fn fn, void *ctx, int all) {
     if (num_tasks <= 0) return;
-    if (!p || p->num_threads == 1 || num_tasks == 1) {
+    if (!p || p->num_threads == 1 || (num_tasks == 1 && !all)) {
         for (int64_t t = 0; t < num_tasks; t++) fn(ctx, t, 0);
         return;
     }
@@ -204,8 +211,11 @@ void dp_pool_run(dp_pool *p, int64_t num_tasks, dp_task_fn fn, void *ctx) {
     p->num_tasks = num_tasks;
     atomic_store(&p->next_task, 0);
     atomic_store(&p->joined, 0); /* open: the previous job closed with no worker inside */
+    atomic_store(&p->arrived, 0);
     p->job++;
     pthread_cond_broadcast(&p->wake);
+    if (all) /* every worker awake (and pinned) before any task is taken */
+        while (atomic_load(&p->arrived) < p->num_threads - 1) pthread_cond_wait(&p->done, &p->lock);
     pthread_mutex_unlock(&p->lock);
     drain(p, 0); /* the caller works too (its affinity is the caller's business) */
     /* No task is left to take: close the job, then wait for the workers inside it,
@@ -221,6 +231,10 @@ void dp_pool_run(dp_pool *p, int64_t num_tasks, dp_task_fn fn, void *ctx) {
     }
     pthread_mutex_unlock(&p->run_lock);
 }
+
+void dp_pool_run(dp_pool *p, int64_t num_tasks, dp_task_fn fn, void *ctx) { pool_run(p, num_tasks, fn, ctx, 0); }
+
+void dp_pool_run_all(dp_pool *p, int64_t num_tasks, dp_task_fn fn, void *ctx) { pool_run(p, num_tasks, fn, ctx, 1); }
 
 /* ---- memory read bandwidth probe (for `dualpath bench kernels`) ---------------- */
 typedef struct {
@@ -250,7 +264,7 @@ uint64_t dp_read_buffer(dp_pool *pool, const void *buf, int64_t nbytes) {
     const int threads = pool ? pool->num_threads : 1;
     const int64_t tasks = threads * 4; /* a few contiguous streams per thread */
     J.per_task = (J.words + tasks - 1) / tasks;
-    dp_pool_run(pool, tasks, bw_task, &J);
+    dp_pool_run_all(pool, tasks, bw_task, &J);
     uint64_t r = 0;
     for (int i = 0; i < DP_POOL_MAX_THREADS; i++) r ^= J.sink[i * 8];
     return r;
@@ -280,7 +294,7 @@ int dp_run_fma_probe(dp_pool *pool, int64_t (*probe)(int64_t iters, float *sink)
     J->iters = iters;
     /* One task per thread: every thread computes at the same time. */
     const int threads = pool ? pool->num_threads : 1;
-    dp_pool_run(pool, threads, fma_task, J);
+    dp_pool_run_all(pool, threads, fma_task, J);
     for (int i = 0; i < threads; i++) *flops += J->flops[i * 8];
     free(J);
     return DP_OK;

@@ -33,8 +33,13 @@ int dp_pool_set_affinity(dp_pool *pool, const int *cpus, int num_cpus);
 /* Linux thread ids of the workers (tids[0] is the caller's slot, 0 until it runs). */
 int dp_pool_worker_tids(const dp_pool *pool, int64_t *tids, int max);
 /* Runs fn(ctx, t, worker) for every t in [0, num_tasks), the caller included, and
- * returns when all have run. Callers on several threads take turns. */
+ * returns when all have run. Callers on several threads take turns. A worker that
+ * wakes after the caller took the last task skips the job (the caller does not wait
+ * for its wake-up). */
 void dp_pool_run(dp_pool *pool, int64_t num_tasks, dp_task_fn fn, void *ctx);
+/* The same, but no task starts before every worker is awake and has applied its
+ * affinity: the probes (every thread at once) and the placement warm-up use it. */
+void dp_pool_run_all(dp_pool *pool, int64_t num_tasks, dp_task_fn fn, void *ctx);
 /* Read nbytes of buf once on the pool (a bandwidth probe); returns a checksum. */
 uint64_t dp_read_buffer(dp_pool *pool, const void *buf, int64_t nbytes);
 /* Run `probe` (an ISA's fma_probe) for `iters` rounds on every thread at once (an
