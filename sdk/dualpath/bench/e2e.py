@@ -23,6 +23,12 @@ TIMEOUT_S = 1800.0
 """Wall-clock limit of one measurement."""
 
 
+WARM_TOKENS, WARM_STEPS = 64, 4
+"""Every engine's warm-up before it is timed: up to this many prompt tokens (no more
+than the run's), then decode steps (no more than the run's decode + 1: it fits the
+run's context)."""
+
+
 def worker(engine: str, model: str, ctx: int, decode: int, threads: int, chunk: int) -> dict:
     """One measurement: prefill ``ctx`` tokens, then decode ``decode`` tokens greedily."""
     if engine == "dualpath" or engine.startswith("dualpath "):
@@ -38,6 +44,10 @@ def worker(engine: str, model: str, ctx: int, decode: int, threads: int, chunk: 
         llm = LLM(model, cfg)
         rss_loaded = peak_rss_mb()
         prompt = random_prompt(llm.spec.config.vocab_size, ctx)
+        # The warm-up every engine gets (onnxruntime-genai's worker too): 64 prompt tokens
+        # and 4 decoded, discarded; another seed, so that no prefix of it is reused.
+        llm.generate(random_prompt(llm.spec.config.vocab_size, min(WARM_TOKENS, ctx), seed=99),
+                     SamplingParams(temperature=0, max_tokens=min(WARM_STEPS, decode + 1), ignore_eos=True))
         c = llm.generate(prompt, SamplingParams(temperature=0, max_tokens=decode + 1, ignore_eos=True))
         return {"prefill_tps": c.timings.prefill_tokens_per_s, "decode_tps": c.timings.decode_tokens_per_s,
                 "peak_rss_mb": peak_rss_mb(), "loaded_rss_mb": rss_loaded}
@@ -55,6 +65,12 @@ def worker(engine: str, model: str, ctx: int, decode: int, threads: int, chunk: 
             ptr = llama_cpp.llama_get_logits_ith(llm.ctx, -1)
             return np.ctypeslib.as_array(ptr, shape=(n_vocab,))
 
+        llm.eval(random_prompt(n_vocab, min(WARM_TOKENS, ctx), seed=99))  # every engine's warm-up
+        token = int(np.argmax(last_logits()))
+        for _ in range(min(WARM_STEPS, decode + 1)):
+            llm.eval([token])
+            token = int(np.argmax(last_logits()))
+        llm.reset()  # positions from 0 again: the prompt overwrites the warm-up's cache cells
         t0 = time.perf_counter()
         llm.eval(prompt)
         t1 = time.perf_counter()
