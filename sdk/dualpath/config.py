@@ -183,6 +183,13 @@ class RuntimeConfig(_Section):
     """MatMulNBits ``accuracy_level``: 4 = int8 activations (as llama.cpp), 0 = unset."""
     intra_op_spinning: bool = setting(True, bool, None, "true or false")
     """Let idle ORT threads spin (lower latency, more power)."""
+    ort_thread_pools: str = _choice("shared", str, ("shared", "per_part"))
+    """With spinning: ``shared``, one ONNX Runtime pool for every graph part, whose workers
+    stay hot from part to part (and spin on into our attention between them: a decode's
+    attention runs on the calling thread); ``per_part``, a pool per part whose workers
+    stop spinning when its Run returns, so our attention gets every core (long prompts
+    prefill up to 1.45x faster, but each part's Run starts with its worker asleep:
+    short-context decode up to 20% slower; README, Kernels)."""
     attention_kernel: str = _choice("auto", str, ("auto", "generic", "avx2", "avx512", "neon", "neon_fp16"))
     """Attention kernel ISA: ``auto`` picks the best this CPU supports (minus
     DUALPATH_DISABLE_CPU_FEATURES); naming one that is not available is an error."""

@@ -98,6 +98,7 @@ class LLM:
             cache_config=config.dualpath_config,
             accuracy_level=rt.quantized_matmul_accuracy,
             spinning=rt.intra_op_spinning,
+            ort_pools=rt.ort_thread_pools,
             kernel=None if rt.attention_kernel == "auto" else rt.attention_kernel,
             governor=self.governor,
             max_num_seqs=rt.max_num_seqs,

@@ -93,7 +93,8 @@ class SessionSet(list):
 
 def create_sessions(parts: list[PartFile], num_threads: int, spinning: bool = True,
                     affinities: str | None = None, per_session_pools: bool = False,
-                    progress: Progress | None = None, entry=None, prepack_float: bool = False) -> SessionSet:
+                    progress: Progress | None = None, entry=None, prepack_float: bool = False,
+                    ort_pools: str = "shared") -> SessionSet:
     """One InferenceSession per part (graph files of a converted-model cache entry).
 
     Every weight is handed over as an OrtValue over the entry's memory-mapped arrays
@@ -108,15 +109,16 @@ def create_sessions(parts: list[PartFile], num_threads: int, spinning: bool = Tr
     dropped once it exists (``Entry.drop_pages``): the load's peak memory is the packed
     copies plus one part's pages per thread.
 
-    Thread pools: with ``spinning``, each part has a pool of its own whose workers spin
-    while its Run lasts and stop the moment it returns (``session.force_spinning_stop``),
-    so that between the parts both cores are free for our attention; spinning workers
-    of a pool shared by all parts (ORT's global pool) held the second core through the
-    attention between parts (stories15M shape F32, 16k context, 2 threads: a decode
-    step of 9.6 ms with attention on the calling thread alone against 8.45 ms with these
-    pools and attention on both threads). Without spinning nothing holds a core between
-    Runs, and the parts share ORT's global pool (fewer threads). Pinned sets always have
-    their own pools (ORT pins per pool).
+    Thread pools (``ort_pools``, ``runtime.ort_thread_pools``): ``shared``, the parts share
+    ORT's global pool, whose workers stay hot from one part's Run to the next (and spin
+    on into our attention between them); ``per_part`` with ``spinning``, each part has a
+    pool of its own whose workers spin while its Run lasts and stop the moment it
+    returns (``session.force_spinning_stop``), so that between the parts every core is
+    free for our attention, but every Run starts with its worker asleep. Measured (2
+    threads, fresh processes): stories15M shape F32, 16k prompt, prefill 1.4-1.5k ->
+    2.1-2.2k tokens/s with ``per_part``; TinyLlama shape Q4_0 at 512, decode 39.0 ->
+    31.3 tokens/s (23 Runs a token). Pinned sets always have their own pools (ORT pins
+    per pool), with spinning off.
 
     ONNX Runtime releases the GIL while it creates a session and packs on one thread:
     the parts are created ``num_threads`` at a time.
@@ -126,7 +128,8 @@ def create_sessions(parts: list[PartFile], num_threads: int, spinning: bool = Tr
                             "already created ORT's global pool (an earlier unpinned LLM); create pinned "
                             "LLMs first or set power.pin_threads: false")
     # Once the global pool exists ORT refuses pools of a session's own: share it then.
-    own_pools = per_session_pools or affinities is not None or (spinning and not _global_pool_threads)
+    own_pools = per_session_pools or affinities is not None or (
+        spinning and ort_pools == "per_part" and not _global_pool_threads)
     shared_pool = not own_pools and _use_global_pool(num_threads)
     env_allocator = _use_env_allocator()
     done = [0]
@@ -256,7 +259,8 @@ class ModelRunner:
 
     def __init__(self, spec: ModelSpec, *, num_threads: int, max_context_tokens: int,
                  max_step_tokens: int, cache_config: DualPathConfig | None = None,
-                 accuracy_level: int = 4, spinning: bool = True, kernel: str | None = None,
+                 accuracy_level: int = 4, spinning: bool = True, ort_pools: str = "shared",
+                 kernel: str | None = None,
                  governor=None, max_num_seqs: int = 1, kv_cache_tokens: int = 0,
                  power_config: PowerConfig | None = None, progress: Progress | None = None):
         cfg = spec.config
@@ -277,7 +281,7 @@ class ModelRunner:
             self.governor = governor
             if governor is None:
                 self.sessions = create_sessions(parts, num_threads, spinning, progress=progress, entry=spec.entry,
-                                                prepack_float=True)
+                                                prepack_float=True, ort_pools=ort_pools)
                 self.session_sets = {}
             else:
                 # One session set per distinct (cores, threads) of every reachable profile:
@@ -358,10 +362,10 @@ class ModelRunner:
 
         def stepper(pool, sessions):
             # Decode attention is split over our pool when ONNX Runtime's workers leave the
-            # cores between the parts; where they spin on (its global pool, shared with an
-            # earlier model) our workers would only contend with them, and a decode runs on
-            # the calling thread (stories15M shape F32, 16k context, 2 threads: 9.2 ms a step
-            # on the caller against 13 ms split). Prefill always uses the pool.
+            # cores between the parts (per-part pools, or no spinning); where they spin on
+            # (the shared pool) our workers would only contend with them, and a decode runs
+            # on the calling thread (stories15M shape F32, 16k context, 2 threads: 9.2 ms a
+            # step on the caller against 13 ms split). Prefill always uses the pool.
             return ArenaStepper(self.cache.arena, self.q, self.k, self.v, self.attn, self.slots, self.spans,
                                 cfg.attention_scale, dp.prefetch_degree, pool, kernel, self.seqs,
                                 softcap=cfg.attn_softcap, windows=windows,

@@ -1,0 +1,47 @@
+"""runtime.ort_thread_pools: ``shared`` (ORT's global pool, decode attention on the calling
+thread) and ``per_part`` (a pool per graph part that stops spinning when its Run returns,
+decode attention split over our pool) give the same greedy tokens on stories260K, and each
+arrangement is the one asked for. In a fresh process: once ORT's global pool exists it
+refuses pools of a session's own, so ``per_part`` must come first."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+CODE = r'''
+import json, sys
+import dualpath
+
+def run(pools):
+    llm = dualpath.LLM(sys.argv[1], dualpath.load_config(None, {
+        "runtime.ort_thread_pools": pools, "runtime.num_threads": 2, "runtime.max_context_tokens": 1200}))
+    runner = llm.runner
+    # a prompt past 1,024 tokens: a decode's context is split into flash-decoding chunks
+    prompt = [1] + [(7 * i) % 500 + 3 for i in range(1100)]
+    ids = list(llm.generate(prompt, dualpath.SamplingParams(temperature=0, max_tokens=16)).token_ids)
+    return {"ids": ids, "idle_between_runs": runner.sessions.idle_between_runs}
+
+print(json.dumps({"per_part": run("per_part"), "shared": run("shared")}))
+'''
+
+
+def test_shared_and_per_part_pools_give_the_same_tokens(gguf_path):
+    out = subprocess.run([sys.executable, "-c", CODE, str(gguf_path)], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got["per_part"]["idle_between_runs"] is True   # ORT's workers leave the cores between parts
+    assert got["shared"]["idle_between_runs"] is False    # the global pool's workers spin on
+    assert len(got["shared"]["ids"]) == 16
+    assert got["per_part"]["ids"] == got["shared"]["ids"]
+
+
+def test_unknown_pool_arrangement_is_refused_naming_the_choices():
+    import pytest
+
+    import dualpath
+
+    with pytest.raises(dualpath.ConfigError) as e:
+        dualpath.load_config(None, {"runtime.ort_thread_pools": "global"})
+    assert "ort_thread_pools" in str(e.value) and "per_part" in str(e.value)
