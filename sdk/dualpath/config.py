@@ -189,7 +189,7 @@ class RuntimeConfig(_Section):
     attention runs on the calling thread); ``per_part``, a pool per part whose workers
     stop spinning when its Run returns, so our attention gets every core (long prompts
     prefill up to 1.45x faster, but each part's Run starts with its worker asleep:
-    short-context decode up to 20% slower; README, Kernels)."""
+    TinyLlama-shape decode at 512 about 14% slower; README, Kernels)."""
     attention_kernel: str = _choice("auto", str, ("auto", "generic", "avx2", "avx512", "neon", "neon_fp16"))
     """Attention kernel ISA: ``auto`` picks the best this CPU supports (minus
     DUALPATH_DISABLE_CPU_FEATURES); naming one that is not available is an error."""

@@ -116,9 +116,9 @@ def create_sessions(parts: list[PartFile], num_threads: int, spinning: bool = Tr
     returns (``session.force_spinning_stop``), so that between the parts every core is
     free for our attention, but every Run starts with its worker asleep. Measured (2
     threads, fresh processes): stories15M shape F32, 16k prompt, prefill 1.4-1.5k ->
-    2.1-2.2k tokens/s with ``per_part``; TinyLlama shape Q4_0 at 512, decode 39.0 ->
-    31.3 tokens/s (23 Runs a token). Pinned sets always have their own pools (ORT pins
-    per pool), with spinning off.
+    2.1-2.2k tokens/s with ``per_part``; TinyLlama shape Q4_0 at 512, decode 40.2 ->
+    34.4 tokens/s (medians of 4; 23 Runs a token). Pinned sets always have their own
+    pools (ORT pins per pool), with spinning off.
 
     ONNX Runtime releases the GIL while it creates a session and packs on one thread:
     the parts are created ``num_threads`` at a time.
