@@ -167,6 +167,10 @@ class DualPathConfig(_Section):
     """NUMA node the arena is bound to (mbind before first touch); -1 = no binding."""
 
 
+ORT_THREAD_POOLS = ("shared", "per_part")
+"""``runtime.ort_thread_pools`` choices: see RuntimeConfig."""
+
+
 @dataclass(frozen=True)
 class RuntimeConfig(_Section):
     """ONNX Runtime sessions: threads, context and prefill sizes."""
@@ -183,7 +187,7 @@ class RuntimeConfig(_Section):
     """MatMulNBits ``accuracy_level``: 4 = int8 activations (as llama.cpp), 0 = unset."""
     intra_op_spinning: bool = setting(True, bool, None, "true or false")
     """Let idle ORT threads spin (lower latency, more power)."""
-    ort_thread_pools: str = _choice("shared", str, ("shared", "per_part"))
+    ort_thread_pools: str = _choice("shared", str, ORT_THREAD_POOLS)
     """With spinning: ``shared``, one ONNX Runtime pool for every graph part, whose workers
     stay hot from part to part (and spin on into our attention between them: a decode's
     attention runs on the calling thread); ``per_part``, a pool per part whose workers

@@ -39,6 +39,19 @@ def test_e2e_kv_dtype_adds_a_dualpath_row_per_kv_type(gguf_path, tmp_path, capsy
     assert "comma-separated KV types" in capsys.readouterr().err
 
 
+def test_e2e_ort_pools_adds_a_row_per_arrangement_and_kv_type(gguf_path, tmp_path, capsys):
+    out = tmp_path / "e2e.json"
+    assert main(["bench", "e2e", "-m", str(gguf_path), "--ctx", "16", "--decode", "4", "--chunk", "16",
+                 "-t", "2", "-r", "1", "--no-peer", "--kv-dtype", "f16,q8", "--ort-pools", "shared,per_part",
+                 "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())
+    assert [r["engine"] for r in rows] == ["dualpath", "dualpath q8", "dualpath per_part", "dualpath q8 per_part"]
+    assert all(r["decode_tps"] > 0 for r in rows)
+    with pytest.raises(SystemExit):
+        main(["bench", "e2e", "-m", str(gguf_path), "--ort-pools", "global"])
+    assert "comma-separated ORT pool arrangements from shared, per_part" in capsys.readouterr().err
+
+
 def test_power_gives_one_row_per_profile(gguf_path, tmp_path, capsys):
     out = tmp_path / "power.json"
     assert main(["bench", "power", "-m", str(gguf_path), "--prompt", "8", "--tokens", "4", "-r", "1",

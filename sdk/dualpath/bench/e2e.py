@@ -14,6 +14,7 @@ import os
 import sys
 import time
 
+from ..config import ORT_THREAD_POOLS
 from . import ortgenai
 from .common import interleaved, medians, peak_rss_mb, random_prompt, write_json
 from .harness import run_worker
@@ -38,8 +39,9 @@ def worker(engine: str, model: str, ctx: int, decode: int, threads: int, chunk: 
 
         overrides = {"runtime.num_threads": threads, "runtime.max_context_tokens": ctx + decode + 1,
                      "runtime.prefill_chunk_tokens": chunk}
-        if engine != "dualpath":  # "dualpath q8": that KV type
-            overrides["dualpath_config.kv_dtype"] = engine.split()[1]
+        for word in engine.split()[1:]:  # "dualpath q8 per_part": that KV type, those ORT pools
+            key = "runtime.ort_thread_pools" if word in ORT_THREAD_POOLS else "dualpath_config.kv_dtype"
+            overrides[key] = word
         cfg = load_config(None, overrides)
         llm = LLM(model, cfg)
         rss_loaded = peak_rss_mb()
@@ -135,24 +137,26 @@ def _prepare_ortgenai(args) -> tuple[ortgenai.OrtGenaiPeer | None, dict]:
     return peer, built
 
 
-def dualpath_engines(kv_dtypes: str) -> list[str]:
-    """Engine names for DualPath with each KV type of ``--kv-dtype``: the configured
-    default is plain ``dualpath``, another type ``dualpath q8``."""
-    from ..config import DualPathConfig
+def dualpath_engines(kv_dtypes: str, ort_pools: str = "shared") -> list[str]:
+    """Engine names for DualPath with each KV type of ``--kv-dtype`` and each ORT pool
+    arrangement of ``--ort-pools``: the configured defaults are plain ``dualpath``,
+    others are named (``dualpath q8``, ``dualpath per_part``, ``dualpath q8 per_part``)."""
+    from ..config import DualPathConfig, RuntimeConfig
 
-    default = DualPathConfig().kv_dtype
-    return ["dualpath" if d == default else f"dualpath {d}" for d in kv_dtypes.split(",")]
+    kv0, pools0 = DualPathConfig().kv_dtype, RuntimeConfig().ort_thread_pools
+    return [" ".join(["dualpath"] + [w for w, w0 in ((d, kv0), (p, pools0)) if w != w0])
+            for p in ort_pools.split(",") for d in kv_dtypes.split(",")]
 
 
 def cmd_bench_e2e(args) -> int:
-    engines = dualpath_engines(args.kv_dtype) + ([] if args.no_peer else ["llama.cpp"])
+    engines = dualpath_engines(args.kv_dtype, args.ort_pools) + ([] if args.no_peer else ["llama.cpp"])
     if not args.no_peer:
         try:
             import llama_cpp  # noqa: F401  (availability check)
         except ImportError:
             print("dualpath bench: llama-cpp-python is not installed; measuring without llama.cpp "
                   "(pip install llama-cpp-python, or pass --no-peer)", file=sys.stderr)
-            engines = dualpath_engines(args.kv_dtype)
+            engines = dualpath_engines(args.kv_dtype, args.ort_pools)
     peer, ort_models = (None, {}) if args.no_peer or args.no_ortgenai else _prepare_ortgenai(args)
     rows = run_e2e(args.model, args.ctx, args.decode, args.threads, args.repeats, engines, args.chunk,
                    peer, ort_models)
@@ -180,6 +184,15 @@ def _kv_dtypes(text: str) -> str:
     return text
 
 
+def _ort_pools(text: str) -> str:
+    import argparse
+
+    if not text or any(p not in ORT_THREAD_POOLS for p in text.split(",")):
+        raise argparse.ArgumentTypeError(f"{text!r}: comma-separated ORT pool arrangements from "
+                                         f"{', '.join(ORT_THREAD_POOLS)}")
+    return text
+
+
 def add_parser(bs) -> None:
     e = bs.add_parser("e2e", help="prefill and decode tokens/s, DualPath beside llama-cpp-python and "
                                   "onnxruntime-genai, same file")
@@ -193,6 +206,9 @@ def add_parser(bs) -> None:
     e.add_argument("--kv-dtype", default="f16", type=_kv_dtypes,
                    help="DualPath's KV cache types, comma-separated: one DualPath row each (default f16; "
                         "f16,q8 puts the int8 cache beside it)")
+    e.add_argument("--ort-pools", default="shared", type=_ort_pools,
+                   help="runtime.ort_thread_pools, comma-separated: one DualPath row each (default shared; "
+                        "shared,per_part puts the per-part pools beside it)")
     e.add_argument("--ortgenai-python", metavar="PATH",
                    help="interpreter of an environment with onnxruntime-genai and its model builder's "
                         f"dependencies (default: ${ortgenai.PYTHON_ENV}, else this one); made by "
