@@ -75,6 +75,7 @@ struct dp_pool {
      * workers that took tasks, never for one that is still waking up. */
     atomic_int joined;
     atomic_int arrived;        /* workers that woke for the current job (dp_pool_run_all) */
+    int all;                   /* the current job is a dp_pool_run_all one, guarded by lock */
 };
 
 #define DP_POOL_CLOSED (1 << 30)
@@ -116,14 +117,17 @@ static void *worker_main(void *arg) {
             return NULL;
         }
         seen = p->job;
+        const int all = p->all;
         pthread_mutex_unlock(&p->lock);
         apply_affinity(p, wa.idx);
-        /* Awake and pinned for job `seen`: counted under the lock, and only while that job
-         * is still the current one (a late worker counts for the job it then finds). */
-        pthread_mutex_lock(&p->lock);
-        if (p->job == seen && atomic_fetch_add(&p->arrived, 1) == p->num_threads - 2)
-            pthread_cond_broadcast(&p->done); /* the last one: a dp_pool_run_all caller goes on */
-        pthread_mutex_unlock(&p->lock);
+        if (all) { /* awake and pinned for job `seen`: counted under the lock, and only while
+                    * that job is still the current one (a late worker counts for the job it
+                    * then finds); a plain job's workers take no lock here */
+            pthread_mutex_lock(&p->lock);
+            if (p->job == seen && atomic_fetch_add(&p->arrived, 1) == p->num_threads - 2)
+                pthread_cond_broadcast(&p->done); /* the last one: the caller goes on */
+            pthread_mutex_unlock(&p->lock);
+        }
         /* Join the job unless the caller already closed it (took the last task). */
         int v = atomic_load(&p->joined);
         while (!(v & DP_POOL_CLOSED) && !atomic_compare_exchange_weak(&p->joined, &v, v + 1)) {
@@ -212,6 +216,7 @@ static void pool_run(dp_pool *p, int64_t num_tasks, dp_task_fn fn, void *ctx, in
     atomic_store(&p->next_task, 0);
     atomic_store(&p->joined, 0); /* open: the previous job closed with no worker inside */
     atomic_store(&p->arrived, 0);
+    p->all = all;
     p->job++;
     pthread_cond_broadcast(&p->wake);
     if (all) /* every worker awake (and pinned) before any task is taken */

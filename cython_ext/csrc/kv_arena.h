@@ -89,8 +89,8 @@ int64_t dp_kv_tile_bytes(int kv_dtype, int64_t num_kv_heads, int64_t head_dim, i
  *   window:  > 0 is a sliding window: a query at position p sees positions p - window + 1 .. p
  *            (llama.cpp's LLAMA_SWA_TYPE_STANDARD), 0 = the whole causal context;
  *   prefetch_degree: spans prefetched ahead (random path);
- *   decode_on_caller: see below (the model runner sets it: ONNX Runtime's own workers hold the
- *            other cores between its ops, and a second pool's workers only contend with them). */
+ *   decode_on_caller: see below (the model runner sets it where ONNX Runtime's shared pool
+ *            spins on between its parts: a second pool's workers would only contend with it). */
 typedef struct {
     float scale;
     float softcap;

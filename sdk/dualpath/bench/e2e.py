@@ -174,23 +174,23 @@ def cmd_bench_e2e(args) -> int:
     return 0
 
 
-def _kv_dtypes(text: str) -> str:
+def _comma_choices(text: str, choices, what: str) -> str:
+    """``text`` if it is a comma-separated list of ``choices``, else argparse's error."""
     import argparse
 
+    if not text or any(w not in choices for w in text.split(",")):
+        raise argparse.ArgumentTypeError(f"{text!r}: comma-separated {what} from {', '.join(choices)}")
+    return text
+
+
+def _kv_dtypes(text: str) -> str:
     from ..kernels import KV_DTYPES
 
-    if not text or any(d not in KV_DTYPES for d in text.split(",")):
-        raise argparse.ArgumentTypeError(f"{text!r}: comma-separated KV types from {', '.join(KV_DTYPES)}")
-    return text
+    return _comma_choices(text, KV_DTYPES, "KV types")
 
 
 def _ort_pools(text: str) -> str:
-    import argparse
-
-    if not text or any(p not in ORT_THREAD_POOLS for p in text.split(",")):
-        raise argparse.ArgumentTypeError(f"{text!r}: comma-separated ORT pool arrangements from "
-                                         f"{', '.join(ORT_THREAD_POOLS)}")
-    return text
+    return _comma_choices(text, ORT_THREAD_POOLS, "ORT pool arrangements")
 
 
 def add_parser(bs) -> None:

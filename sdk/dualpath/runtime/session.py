@@ -52,8 +52,8 @@ def _use_env_allocator() -> bool:
 
 
 def _use_global_pool(num_threads: int) -> bool:
-    """Share one ONNX Runtime thread pool between all parts of a model (those whose
-    workers never spin: ``create_sessions`` says when).
+    """Share one ONNX Runtime thread pool between all parts of a model (``create_sessions``
+    says when).
 
     The global pool is created once per process, and once it exists ONNX Runtime
     refuses sessions with pools of their own: a later model that asks for another
