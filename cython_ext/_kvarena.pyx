@@ -154,6 +154,29 @@ cdef class ThreadPool:
         cdef int n = dp_pool_worker_tids(self.pool, tids, DP_POOL_MAX_THREADS)
         return [tids[i] for i in range(n)]
 
+    def set_yielders(self, tids):
+        """Threads (Linux thread ids) that yield their cores to this pool's jobs: under
+        SCHED_IDLE while a job that wakes the workers runs, back under their own policy
+        after (ONNX Runtime's shared-pool workers, which spin on between Runs). Only
+        threads under SCHED_OTHER or SCHED_BATCH are taken; [] clears. Needs
+        ``can_unidle()``."""
+        tids = [int(t) for t in tids]
+        if len(tids) > DP_POOL_MAX_YIELDERS:
+            raise ValueError(f"set_yielders: {len(tids)} threads, at most {DP_POOL_MAX_YIELDERS}")
+        if any(t <= 0 for t in tids):
+            raise ValueError(f"set_yielders: thread ids must be positive, got {tids}")
+        cdef int64_t buf[DP_POOL_MAX_YIELDERS]
+        cdef int i, n = len(tids)
+        for i in range(n):
+            buf[i] = tids[i]
+        _check(dp_pool_set_yielders(self.pool, buf, n), f"set_yielders({tids})", "the pool")
+
+    @staticmethod
+    def can_unidle():
+        """Whether this process may put a thread back under SCHED_OTHER after SCHED_IDLE
+        (CAP_SYS_NICE, or an RLIMIT_NICE that allows nice 0); tried on a throwaway thread."""
+        return bool(dp_can_unidle())
+
     @staticmethod
     def _fail_thread_creation_after(int64_t n):
         """Test only, process-wide: the next ``n`` worker threads that pools start
@@ -329,7 +352,7 @@ cdef class ArenaStepper:
     cdef int64_t num_heads, max_tokens, max_spans, kv_stride, q_stride, max_seqs
     cdef float scale, softcap
     cdef int prefetch_degree
-    cdef bint decode_on_caller
+    cdef readonly bint decode_on_caller
     cdef object windows  # (num_layers,) int64: each layer's sliding window, 0 = none
 
     def __init__(self, KVArena arena, q, k, v, out, slots, spans, float scale, int prefetch_degree,

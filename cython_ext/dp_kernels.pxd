@@ -43,11 +43,14 @@ cdef extern from "csrc/dp_pool.h" nogil:
     enum:
         DP_POOL_MAX_THREADS
         DP_POOL_MAX_CPUS
+        DP_POOL_MAX_YIELDERS
     int dp_pool_create(int num_threads, dp_pool **out)
     void dp_pool_destroy(dp_pool *pool)
     int dp_pool_num_threads(const dp_pool *pool)
     int dp_pool_set_affinity(dp_pool *pool, const int *cpus, int num_cpus)
     int dp_pool_worker_tids(const dp_pool *pool, int64_t *tids, int max)
+    int dp_pool_set_yielders(dp_pool *pool, const int64_t *tids, int n)
+    int dp_can_unidle()
     unsigned long long dp_read_buffer(dp_pool *pool, const void *buf, int64_t nbytes)
     int dp_run_fma_probe(dp_pool *pool, int64_t (*probe)(int64_t iters, float *sink), int64_t iters,
                          int64_t *flops)

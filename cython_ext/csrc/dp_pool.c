@@ -76,6 +76,9 @@ struct dp_pool {
     atomic_int joined;
     atomic_int arrived;        /* workers that woke for the current job (dp_pool_run_all) */
     int all;                   /* the current job is a dp_pool_run_all one, guarded by lock */
+    int num_yielders;          /* dp_pool_set_yielders, under run_lock */
+    int64_t yielders[DP_POOL_MAX_YIELDERS]; /* tid, 0 once it has exited */
+    int yield_policy[DP_POOL_MAX_YIELDERS]; /* the policy each goes back to */
 };
 
 #define DP_POOL_CLOSED (1 << 30)
@@ -201,6 +204,47 @@ int dp_pool_worker_tids(const dp_pool *p, int64_t *tids, int max) {
     return n;
 }
 
+/* The yielders under SCHED_IDLE (idle = 1) or back under their own policy. */
+static void yielders_idle(dp_pool *p, int idle) {
+    const struct sched_param zero = {0};
+    for (int i = 0; i < p->num_yielders; i++) {
+        if (!p->yielders[i]) continue;
+        if (sched_setscheduler((pid_t)p->yielders[i], idle ? SCHED_IDLE : p->yield_policy[i], &zero) != 0 &&
+            errno == ESRCH)
+            p->yielders[i] = 0; /* exited */
+    }
+}
+
+int dp_pool_set_yielders(dp_pool *p, const int64_t *tids, int n) {
+    if (!p || n < 0 || n > DP_POOL_MAX_YIELDERS || (n > 0 && !tids)) return DP_ERR_ARG;
+    for (int i = 0; i < n; i++)
+        if (tids[i] <= 0) return DP_ERR_ARG;
+    pthread_mutex_lock(&p->run_lock); /* not while a job runs */
+    p->num_yielders = 0;
+    for (int i = 0; i < n; i++) {
+        const int policy = sched_getscheduler((pid_t)tids[i]);
+        if (policy != SCHED_OTHER && policy != SCHED_BATCH) continue; /* exited, real-time or idle already */
+        p->yielders[p->num_yielders] = tids[i];
+        p->yield_policy[p->num_yielders++] = policy;
+    }
+    pthread_mutex_unlock(&p->run_lock);
+    return DP_OK;
+}
+
+static void *unidle_probe(void *arg) {
+    const struct sched_param zero = {0};
+    *(int *)arg = sched_setscheduler(0, SCHED_IDLE, &zero) == 0 && sched_setscheduler(0, SCHED_OTHER, &zero) == 0;
+    return NULL;
+}
+
+int dp_can_unidle(void) {
+    int ok = 0;
+    pthread_t t;
+    if (pthread_create(&t, NULL, unidle_probe, &ok) != 0) return 0;
+    pthread_join(t, NULL);
+    return ok;
+}
+
 static void pool_run(dp_pool *p, int64_t num_tasks, dp_task_fn fn, void *ctx, int all) {
     if (num_tasks <= 0) return;
     if (!p || p->num_threads == 1 || (num_tasks == 1 && !all)) {
@@ -209,6 +253,7 @@ static void pool_run(dp_pool *p, int64_t num_tasks, dp_task_fn fn, void *ctx, in
     }
     pthread_mutex_lock(&p->run_lock);
     p->tids[0] = (int64_t)syscall(SYS_gettid);
+    yielders_idle(p, 1); /* before our workers wake: they take the yielders' cores */
     pthread_mutex_lock(&p->lock);
     p->fn = fn;
     p->ctx = ctx;
@@ -234,6 +279,7 @@ static void pool_run(dp_pool *p, int64_t num_tasks, dp_task_fn fn, void *ctx, in
         while (atomic_load(&p->joined) != DP_POOL_CLOSED) pthread_cond_wait(&p->done, &p->lock);
         pthread_mutex_unlock(&p->lock);
     }
+    yielders_idle(p, 0);
     pthread_mutex_unlock(&p->run_lock);
 }
 

@@ -40,6 +40,21 @@ void dp_pool_run(dp_pool *pool, int64_t num_tasks, dp_task_fn fn, void *ctx);
 /* The same, but no task starts before every worker is awake and has applied its
  * affinity: the probes (every thread at once) and the placement warm-up use it. */
 void dp_pool_run_all(dp_pool *pool, int64_t num_tasks, dp_task_fn fn, void *ctx);
+/* Threads that yield their cores to this pool's jobs: ONNX Runtime's shared-pool
+ * workers, which spin for tens of milliseconds after a Run returns (38-40 ms measured
+ * here), right through our attention between two Runs. While a job that wakes this
+ * pool's workers runs, each yielder is under SCHED_IDLE (a woken worker of ours
+ * preempts it at once instead of sharing its core half and half); when the job ends it
+ * is back under the policy it had when registered. A yielder that is not under
+ * SCHED_OTHER or SCHED_BATCH then is left alone, and one that has exited is dropped.
+ * Taking a thread out of SCHED_IDLE needs CAP_SYS_NICE or RLIMIT_NICE: register only
+ * where dp_can_unidle() says so. n = 0 clears; DP_ERR_ARG for n outside
+ * [0, DP_POOL_MAX_YIELDERS] or a tid <= 0 (nothing changed). */
+#define DP_POOL_MAX_YIELDERS 64
+int dp_pool_set_yielders(dp_pool *pool, const int64_t *tids, int n);
+/* 1 when this process may put a thread back under SCHED_OTHER after SCHED_IDLE:
+ * tried on a throwaway thread, the only thread it changes. */
+int dp_can_unidle(void);
 /* Read nbytes of buf once on the pool (a bandwidth probe); returns a checksum. */
 uint64_t dp_read_buffer(dp_pool *pool, const void *buf, int64_t nbytes);
 /* Run `probe` (an ISA's fma_probe) for `iters` rounds on every thread at once (an

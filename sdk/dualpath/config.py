@@ -189,11 +189,13 @@ class RuntimeConfig(_Section):
     """Let idle ORT threads spin (lower latency, more power)."""
     ort_thread_pools: str = _choice("shared", str, ORT_THREAD_POOLS)
     """With spinning: ``shared``, one ONNX Runtime pool for every graph part, whose workers
-    stay hot from part to part (and spin on into our attention between them: a decode's
-    attention runs on the calling thread); ``per_part``, a pool per part whose workers
-    stop spinning when its Run returns, so our attention gets every core (long prompts
-    prefill up to 1.45x faster, but each part's Run starts with its worker asleep:
-    TinyLlama-shape decode at 512 about 14% slower; README, Kernels)."""
+    stay hot from part to part and spin on for tens of milliseconds after a Run; while
+    our pool's jobs run they yield their cores (under SCHED_IDLE, back after the job)
+    where the process may take a thread out of SCHED_IDLE again (CAP_SYS_NICE or
+    RLIMIT_NICE), else a decode's attention runs on the calling thread. ``per_part``, a
+    pool per part whose workers stop spinning when its Run returns, so our attention
+    gets every core, but each part's Run starts with its worker asleep (TinyLlama-shape
+    decode at 512 about 14% slower; README, Kernels)."""
     attention_kernel: str = _choice("auto", str, ("auto", "generic", "avx2", "avx512", "neon", "neon_fp16"))
     """Attention kernel ISA: ``auto`` picks the best this CPU supports (minus
     DUALPATH_DISABLE_CPU_FEATURES); naming one that is not available is an error."""

@@ -3,12 +3,19 @@
  * Built and run by .ci/run natively, under -fsanitize=address,undefined, and
  * cross-compiled for aarch64 under qemu (with and without FP16 arithmetic).
  * Prints one line per check and a final "N passed, N failed" line; exit 1 on failure. */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE /* SCHED_IDLE, syscall */
+#endif
 #include <math.h>
+#include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/syscall.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "../../cython_ext/csrc/dp_attn_ops.h"
 #include "../../cython_ext/csrc/dp_pool.h"
@@ -542,6 +549,65 @@ static void pool_protocol_cases(void) {
     dp_pool_destroy(p);
 }
 
+/* Yielders: a thread blocked on a pipe is under SCHED_IDLE while a job of several tasks
+ * runs (every task sees it so), back under SCHED_OTHER after; one task runs on the
+ * caller and leaves it alone; an exited thread is skipped. */
+typedef struct { int fd; atomic_llong tid; } sleeper;
+typedef struct { pid_t tid; atomic_int idle, other; } yield_job;
+
+static void *sleeper_main(void *arg) {
+    sleeper *s = (sleeper *)arg;
+    atomic_store(&s->tid, (long long)syscall(SYS_gettid));
+    char c;
+    while (read(s->fd, &c, 1) < 0) {
+    }
+    return NULL;
+}
+
+static void yield_task(void *ctx, int64_t task, int worker) {
+    (void)task;
+    (void)worker;
+    yield_job *J = (yield_job *)ctx;
+    atomic_fetch_add(sched_getscheduler(J->tid) == SCHED_IDLE ? &J->idle : &J->other, 1);
+}
+
+static void pool_yielder_cases(void) {
+    int64_t bad = 0;
+    dp_pool *p = NULL;
+    check(dp_pool_create(2, &p) == DP_OK, "pool of 2 for the yielder cases");
+    check(dp_pool_set_yielders(p, &bad, 1) == DP_ERR_ARG && dp_pool_set_yielders(p, NULL, 1) == DP_ERR_ARG &&
+              dp_pool_set_yielders(p, &bad, DP_POOL_MAX_YIELDERS + 1) == DP_ERR_ARG,
+          "yielders: tid <= 0, NULL or too many refused");
+    if (!dp_can_unidle()) {
+        printf("skip: yielders (this process may not leave SCHED_IDLE)\n");
+        dp_pool_destroy(p);
+        return;
+    }
+    int fds[2];
+    sleeper s = {0, 0};
+    pthread_t t;
+    check(pipe(fds) == 0, "pipe for the sleeper");
+    s.fd = fds[0];
+    pthread_create(&t, NULL, sleeper_main, &s);
+    while (!atomic_load(&s.tid)) sched_yield();
+    yield_job J = {(pid_t)atomic_load(&s.tid), 0, 0};
+    const int64_t tids[2] = {J.tid, 999999999}; /* the second names no thread: skipped */
+    check(dp_pool_set_yielders(p, tids, 2) == DP_OK, "yielders: set");
+    dp_pool_run(p, 8, yield_task, &J);
+    check(atomic_load(&J.idle) == 8 && atomic_load(&J.other) == 0, "yielders: SCHED_IDLE during a job of 8 tasks");
+    check(sched_getscheduler(J.tid) == SCHED_OTHER, "yielders: SCHED_OTHER again after the job");
+    atomic_store(&J.idle, 0);
+    dp_pool_run(p, 1, yield_task, &J);
+    check(atomic_load(&J.idle) == 0 && atomic_load(&J.other) == 1, "yielders: a one-task job (the caller's) leaves them be");
+    check(write(fds[1], "x", 1) == 1, "wake the sleeper");
+    pthread_join(t, NULL);
+    dp_pool_run(p, 8, yield_task, &J); /* it has exited: nothing to set, nothing fails */
+    check(dp_pool_set_yielders(p, NULL, 0) == DP_OK, "yielders: cleared");
+    close(fds[0]);
+    close(fds[1]);
+    dp_pool_destroy(p);
+}
+
 static void check_head_dim_limit(void) {
     dp_arena a;
     check(dp_arena_init(&a, 1 << 16, 1, 1, 1, DP_MAX_HEAD_DIM, DP_F16, -1) == DP_OK, "head_dim = DP_MAX_HEAD_DIM");
@@ -685,6 +751,7 @@ int main(void) {
     step_alloc_failure_case(pool);
     pool_failure_cases();
     pool_protocol_cases();
+    pool_yielder_cases();
     bad_slot_cases(best);
     dp_pool_destroy(pool);
     printf("%d passed, %d failed\n", passed, failed);

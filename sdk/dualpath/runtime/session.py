@@ -32,7 +32,19 @@ log = logging.getLogger(__name__)
 
 
 _global_pool_threads: int | None = None
+_global_pool_workers: list[int] = []  # Linux thread ids of the global pool's workers
 _env_allocator: bool | None = None
+
+
+@functools.cache
+def _can_unidle() -> bool:
+    """Whether ORT's workers can be put under SCHED_IDLE and back (``ThreadPool.can_unidle``)."""
+    ok = ThreadPool.can_unidle()
+    if not ok:
+        log.info("this process may not take a thread out of SCHED_IDLE (no CAP_SYS_NICE, RLIMIT_NICE "
+                 "below 20): ONNX Runtime's spinning workers keep their cores, decode attention runs "
+                 "on the calling thread")
+    return ok
 
 
 def _use_env_allocator() -> bool:
@@ -51,6 +63,13 @@ def _use_env_allocator() -> bool:
     return _env_allocator
 
 
+def _thread_ids() -> set[int]:
+    try:
+        return {int(t) for t in os.listdir("/proc/self/task")}
+    except OSError:  # no procfs: the workers stay unknown (and never yield)
+        return set()
+
+
 def _use_global_pool(num_threads: int) -> bool:
     """Share one ONNX Runtime thread pool between all parts of a model (``create_sessions``
     says when).
@@ -64,7 +83,9 @@ def _use_global_pool(num_threads: int) -> bool:
         try:
             from onnxruntime.capi import _pybind_state
 
-            _pybind_state.set_global_thread_pool_sizes(num_threads, 1)
+            before = _thread_ids()
+            _pybind_state.set_global_thread_pool_sizes(num_threads, 1)  # starts its workers
+            _global_pool_workers[:] = sorted(_thread_ids() - before)
             _global_pool_threads = num_threads
         except Exception as e:  # an environment already exists (created outside DualPath)
             log.warning("cannot create ONNX Runtime's global thread pool (%s); using per-session pools", e)
@@ -83,12 +104,16 @@ class SessionSet(list):
     to outlive the sessions, so they live exactly as long as this list."""
 
     def __init__(self, sessions: list[ort.InferenceSession], initializers: list[ort.OrtValue],
-                 idle_between_runs: bool = True):
+                 idle_between_runs: bool = True, spinning_workers: list[int] | None = None):
         super().__init__(sessions)
         self.initializers = initializers
         self.idle_between_runs = idle_between_runs
         """ONNX Runtime's workers leave the cores when a part's Run returns (they do not
         spin into our attention between the parts)."""
+        self.spinning_workers = spinning_workers or []
+        """Otherwise, where known, the Linux thread ids of those workers (the global
+        pool's): they spin on for tens of milliseconds after a Run, and our pool's jobs
+        can make them yield their cores (``ThreadPool.set_yielders``)."""
 
 
 def create_sessions(parts: list[PartFile], num_threads: int, spinning: bool = True,
@@ -111,7 +136,8 @@ def create_sessions(parts: list[PartFile], num_threads: int, spinning: bool = Tr
 
     Thread pools (``ort_pools``, ``runtime.ort_thread_pools``): ``shared``, the parts share
     ORT's global pool, whose workers stay hot from one part's Run to the next (and spin
-    on into our attention between them); ``per_part`` with ``spinning``, each part has a
+    on for 38-40 ms after it, into our attention: the set names them in
+    ``spinning_workers``, for our pool to make them yield); ``per_part`` with ``spinning``, each part has a
     pool of its own whose workers spin while its Run lasts and stop the moment it
     returns (``session.force_spinning_stop``), so that between the parts every core is
     free for our attention, but every Run starts with its worker asleep. Measured (2
@@ -176,8 +202,9 @@ def create_sessions(parts: list[PartFile], num_threads: int, spinning: bool = Tr
         with ThreadPoolExecutor(workers, thread_name_prefix="dualpath-load") as ex:
             made = list(ex.map(create, parts))
     # every add_initializer OrtValue is kept alive with the sessions
-    return SessionSet([m[0] for m in made], [v for m in made for v in m[1]],
-                      idle_between_runs=not (spinning and shared_pool))
+    spins = spinning and shared_pool
+    return SessionSet([m[0] for m in made], [v for m in made for v in m[1]], idle_between_runs=not spins,
+                      spinning_workers=list(_global_pool_workers) if spins else [])
 
 
 class _Binding:
@@ -362,14 +389,21 @@ class ModelRunner:
 
         def stepper(pool, sessions):
             # Decode attention is split over our pool when ONNX Runtime's workers leave the
-            # cores between the parts (per-part pools, or no spinning); where they spin on
-            # (the shared pool) our workers would only contend with them, and a decode runs
-            # on the calling thread (stories15M shape F32, 16k context, 2 threads: 9.2 ms a
-            # step on the caller against 13 ms split). Prefill always uses the pool.
+            # cores between the parts (per-part pools, or no spinning), or yield them to our
+            # workers (the shared pool's, which spin on for 38-40 ms after a Run: under
+            # SCHED_IDLE while our pool's jobs run, where the process may take them out of
+            # it again). Where they spin on and cannot yield, our workers would only contend
+            # with them, and a decode runs on the calling thread (stories15M shape F32, 16k
+            # context, 2 threads: 9.2 ms a step on the caller against 13 ms split; yielding,
+            # 8.5-9.0 ms split against 9.8-10.1 on the caller, and 16k prefill 1.4-1.6k ->
+            # 1.9-2.2k tokens/s). Prefill always uses the pool.
+            yields = bool(sessions.spinning_workers) and _can_unidle()
+            if yields:
+                pool.set_yielders(sessions.spinning_workers)
             return ArenaStepper(self.cache.arena, self.q, self.k, self.v, self.attn, self.slots, self.spans,
                                 cfg.attention_scale, dp.prefetch_degree, pool, kernel, self.seqs,
                                 softcap=cfg.attn_softcap, windows=windows,
-                                decode_on_caller=not sessions.idle_between_runs)
+                                decode_on_caller=not sessions.idle_between_runs and not yields)
 
         self._sets = {}  # SessionSpec -> (sessions, kernel stepper)
         self.pool = None if governor is not None else ThreadPool(num_threads)
