@@ -296,12 +296,18 @@ static void cursor_init(const attn_job *J, run_cursor *c, int64_t lo) {
     c->tile = NULL;
 }
 
-/* Up to J->run_len positions from c->pos (below hi) as segments of whole tiles' rows;
- * returns how many. */
+/* Up to J->run_len positions from c->pos (below hi) as segments of whole tiles' rows,
+ * ending at a multiple of J->run_len: runs start on a multiple of it (after a range's
+ * first), so their pieces start on a tile's row 0 and fill whole 16-position vectors
+ * (a range starting mid-run, as a flash-decoding chunk or a sliding window does, would
+ * otherwise leave every run straddling tiles, two partial pieces and their masked
+ * tails each: TinyLlama shape, 4k context, 2 threads, 13.0 -> 8.1-9.0 ms of decode
+ * attention a step); returns how many. */
 static int64_t gather_run(const attn_job *J, run_cursor *c, int64_t hi, run_seg *seg, int64_t *ns) {
     int64_t n_run = 0;
+    const int64_t cap = J->run_len - c->pos % J->run_len;
     *ns = 0;
-    while (n_run < J->run_len && c->pos < hi) {
+    while (n_run < cap && c->pos < hi) {
         if (c->pos >= c->span_end) { /* enter the span holding pos (check_spans: one exists) */
             do { c->s++; } while (J->span_start[c->s] + J->spans[3 * c->s + 1] <= c->pos);
             c->P = J->spans[3 * c->s + 2];
@@ -317,7 +323,7 @@ static int64_t gather_run(const attn_job *J, run_cursor *c, int64_t hi, run_seg 
         int64_t n = c->P - c->row; /* rows left in this tile */
         if (n > c->span_end - c->pos) n = c->span_end - c->pos;
         if (n > hi - c->pos) n = hi - c->pos;
-        if (n > J->run_len - n_run) n = J->run_len - n_run;
+        if (n > cap - n_run) n = cap - n_run;
         seg[(*ns)++] = (run_seg){c->tile, c->P, c->row, n};
         c->pos += n;
         n_run += n;
