@@ -395,8 +395,8 @@ class ModelRunner:
             # it again). Where they spin on and cannot yield, our workers would only contend
             # with them, and a decode runs on the calling thread (stories15M shape F32, 16k
             # context, 2 threads: 9.2 ms a step on the caller against 13 ms split; yielding,
-            # 8.5-9.0 ms split against 9.8-10.1 on the caller, and 16k prefill 1.4-1.6k ->
-            # 1.9-2.2k tokens/s). Prefill always uses the pool.
+            # 7.9-8.1 ms split against 8.9-9.8 on the caller, and 16k prefill 1.5k -> 1.95k
+            # tokens/s; README, Kernels). Prefill always uses the pool.
             yields = bool(sessions.spinning_workers) and _can_unidle()
             if yields:
                 pool.set_yielders(sessions.spinning_workers)
