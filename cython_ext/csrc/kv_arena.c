@@ -301,7 +301,7 @@ static void cursor_init(const attn_job *J, run_cursor *c, int64_t lo) {
  * first), so their pieces start on a tile's row 0 and fill whole 16-position vectors
  * (a range starting mid-run, as a flash-decoding chunk or a sliding window does, would
  * otherwise leave every run straddling tiles, two partial pieces and their masked
- * tails each: TinyLlama shape, 4k context, 2 threads, 13.0 -> 8.1-9.0 ms of decode
+ * tails each: TinyLlama shape, 4k context, 2 threads, 13.0 -> 8.6-9.2 ms of decode
  * attention a step); returns how many. */
 static int64_t gather_run(const attn_job *J, run_cursor *c, int64_t hi, run_seg *seg, int64_t *ns) {
     int64_t n_run = 0;

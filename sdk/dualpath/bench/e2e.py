@@ -149,14 +149,15 @@ def dualpath_engines(kv_dtypes: str, ort_pools: str = "shared") -> list[str]:
 
 
 def cmd_bench_e2e(args) -> int:
-    engines = dualpath_engines(args.kv_dtype, args.ort_pools) + ([] if args.no_peer else ["llama.cpp"])
+    ours = dualpath_engines(args.kv_dtype, args.ort_pools)
+    engines = ours + ([] if args.no_peer else ["llama.cpp"])
     if not args.no_peer:
         try:
             import llama_cpp  # noqa: F401  (availability check)
         except ImportError:
             print("dualpath bench: llama-cpp-python is not installed; measuring without llama.cpp "
                   "(pip install llama-cpp-python, or pass --no-peer)", file=sys.stderr)
-            engines = dualpath_engines(args.kv_dtype, args.ort_pools)
+            engines = ours
     peer, ort_models = (None, {}) if args.no_peer or args.no_ortgenai else _prepare_ortgenai(args)
     rows = run_e2e(args.model, args.ctx, args.decode, args.threads, args.repeats, engines, args.chunk,
                    peer, ort_models)
