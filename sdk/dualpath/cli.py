@@ -293,7 +293,20 @@ def cmd_serve(args) -> int:
 
     cfg = load_config(args.config, overrides)
     llm = LLM(_model_path(args), cfg, tokenizer_path=args.tokenizer)
-    app = create_app(llm)
+    def stopped():
+        # The engine has stopped (the app's shutdown): whatever load it served, the cache must
+        # account for every page. Load tests read this line from stderr.
+        cache = llm.runner.cache
+        try:
+            cache.check_invariants()
+        except AssertionError as e:
+            print(f"dualpath: KV cache invariants broken at shutdown: {e}", file=sys.stderr, flush=True)
+            return
+        print(f"dualpath: stopped; KV cache invariants hold ({cache.num_sequences - 1} sequences held, "
+              f"{cache.free_page_count()} of {cache.num_blocks * cache.pages_per_block} pages free or cached)",
+              file=sys.stderr, flush=True)
+
+    app = create_app(llm, on_shutdown=stopped)
     sc = cfg.server
     print(f"dualpath: serving {app.state.server.model_name} on http://{sc.host}:{sc.port}/v1 "
           f"({cfg.runtime.max_num_seqs} requests at once, {llm.runner.kv_cache_tokens} KV tokens, "

@@ -40,3 +40,9 @@ class TokenizerError(DualPathError, ValueError):
 
 class ChatTemplateError(DualPathError, ValueError):
     """The model has no chat template, or the template failed to render."""
+
+
+class InternalError(DualPathError, RuntimeError):
+    """The engine failed for a reason of its own, not the request's (a step raised twice
+    while the request was in it): the request could not be completed. The message says
+    so without internals; the cause is logged and chained."""

@@ -219,7 +219,31 @@ def test_many_requests_reading_one_long_shared_prefix_from_a_small_cache(gguf_pa
     llm.runner.cache.check_invariants()
 
 
-def test_a_failing_step_fails_its_requests_and_the_engine_keeps_serving(gguf_path, solo):
+def test_a_model_run_that_fails_once_is_recomputed_and_the_output_is_unchanged(gguf_path, solo):
+    llm = make_llm(gguf_path, **{"runtime.max_num_seqs": 2})
+    engine, runner = llm.engine, llm.runner
+    params = SamplingParams(temperature=0, max_tokens=64, ignore_eos=True)
+    reqs = [engine.add_request(llm.tokenize(p), params) for p in PROMPTS[:2]]
+    real_run, calls = runner.run, [0]
+
+    def flaky(entries):  # fault injection: the 4th model run (mid-decode) raises
+        calls[0] += 1
+        if calls[0] == 4:
+            raise MemoryError("injected failure")
+        return real_run(entries)
+
+    runner.run = flaky
+    engine.run_until_done()
+    for p, r in zip(PROMPTS, reqs):
+        assert r.completion.token_ids == solo[p] and r.failed_steps == 1
+    assert engine.metrics.retried_requests == 2 and engine.metrics.failed_requests == 0
+    assert set(runner.cache.seqs) == {runner.seq_id}
+    runner.cache.check_invariants()
+
+
+def test_a_request_in_two_failed_runs_ends_with_an_internal_error_and_the_engine_keeps_serving(gguf_path, solo):
+    from dualpath.errors import InternalError
+
     llm = make_llm(gguf_path, **{"runtime.max_num_seqs": 2})
     engine, runner = llm.engine, llm.runner
     params = SamplingParams(temperature=0, max_tokens=64, ignore_eos=True)
@@ -227,18 +251,76 @@ def test_a_failing_step_fails_its_requests_and_the_engine_keeps_serving(gguf_pat
     doomed = engine.add_request(llm.tokenize(PROMPTS[0]), params, sink=lambda d, e: e and errors.append(e))
     real_run = runner.run
 
-    def broken(entries):  # fault injection: the model run raises once
-        runner.run = real_run
+    def broken(entries):  # fault injection: every model run raises
         raise MemoryError("injected failure")
 
     runner.run = broken
     engine.step()
-    assert len(errors) == 1 and "injected failure" in str(errors[0])
+    assert not errors and doomed.status is Status.WAITING  # sent back to be recomputed
+    engine.step()
+    assert len(errors) == 1 and isinstance(errors[0], InternalError)
+    assert "injected" not in str(errors[0]) and isinstance(errors[0].__cause__, MemoryError)
     assert doomed.status is Status.FINISHED and doomed.seq_id is None
     assert set(runner.cache.seqs) == {runner.seq_id}  # its cache was freed
+    runner.run = real_run
     c = llm.generate(PROMPTS[1], params)  # the engine still serves, with the same output
     assert c.token_ids == solo[PROMPTS[1]]
+    assert engine.metrics.failed_requests == 1
     runner.cache.check_invariants()
+
+
+def test_an_error_while_one_request_samples_ends_that_request_alone(gguf_path, solo):
+    from dualpath.errors import InternalError
+
+    llm = make_llm(gguf_path, **{"runtime.max_num_seqs": 2})
+    engine = llm.engine
+    params = SamplingParams(temperature=0, max_tokens=64, ignore_eos=True)
+    errors = []
+    bad = engine.add_request(llm.tokenize(PROMPTS[0]), params, sink=lambda d, e: e and errors.append(e))
+    good = engine.add_request(llm.tokenize(PROMPTS[1]), params)
+    real_sample, calls = bad.sampler.sample, [0]
+
+    def broken(*args):  # fault injection: the bad request's 5th sample raises
+        calls[0] += 1
+        if calls[0] == 5:
+            raise ValueError("injected sampler failure")
+        return real_sample(*args)
+
+    bad.sampler.sample = broken
+    engine.run_until_done()
+    assert len(errors) == 1 and isinstance(errors[0], InternalError) and bad.status is Status.FINISHED
+    assert good.completion.token_ids == solo[PROMPTS[1]]  # in the same steps, untouched
+    assert set(llm.runner.cache.seqs) == {llm.runner.seq_id}
+    llm.runner.cache.check_invariants()
+
+
+def test_n_samples_of_many_requests_never_overflow_a_step(gguf_path, solo):
+    # 10 requests of 1 to 4 samples each over 4 sequence slots: forks start when their
+    # parent's prompt is computed, and each holds a slot reserved for it at admission.
+    llm = make_llm(gguf_path, **{"runtime.max_num_seqs": 4})
+    engine, runner = llm.engine, llm.runner
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    errors = []
+    sink = lambda d, e: e and errors.append(e)  # noqa: E731
+    reqs = [engine.add_request(llm.tokenize(p), params, sink=sink, fork_sinks=[sink] * (i % 4))
+            for i, p in enumerate(PROMPTS[:10])]
+    widest = 0
+    while True:
+        widest = max(widest, engine.scheduler.num_seqs())
+        if not engine.step():
+            break
+        assert engine.scheduler.num_seqs() <= 4
+    assert not errors and widest == 4
+    for i, (p, r) in enumerate(zip(PROMPTS, reqs)):
+        assert len(r.forks) == i % 4
+        for sample in [r] + r.forks:  # greedy: every sample is the solo output
+            assert sample.completion.token_ids == solo[p][:24], sample.request_id
+    assert engine.metrics.retried_requests == 0 and runner.cache.forks == sum(i % 4 for i in range(10))
+    assert set(runner.cache.seqs) == {runner.seq_id}
+    runner.cache.check_invariants()
+    with pytest.raises(ValueError, match="5 samples of one prompt need as many sequences at once; "
+                                         "this engine runs at most 4"):
+        engine.add_request(llm.tokenize(PROMPTS[0]), params, fork_sinks=[None] * 4)
 
 
 def test_a_step_where_no_request_samples_runs_after_a_longer_one(gguf_path):

@@ -16,6 +16,9 @@ import subprocess
 import sys
 import time
 
+import numpy as np
+import pytest
+
 from dualpath.cache.manager import KVCacheManager
 from dualpath.config import DualPathConfig
 from dualpath.scheduler.batch import BatchScheduler
@@ -134,6 +137,80 @@ def test_max_num_seqs_bounds_the_running_requests():
     assert [r.request_id for r in sched.waiting] == ["c"]
     sched.remove(sched.running[0])                          # a finishes: its slot frees
     assert step(sched, 32) == [("b", 1), ("c", 8)]
+
+
+def test_a_request_with_forks_is_admitted_only_with_a_slot_for_each():
+    cache = make_cache(64)
+    sched = scheduler(cache, max_num_seqs=4)
+    t0 = time.perf_counter()
+    a, b, c = make_request("a", 1000, 8, t0), make_request("b", 2000, 8, t0 + 1e-3), make_request("c", 3000, 8, t0 + 2e-3)
+    sched.reserve(b, 2)                                     # n = 3: two forks once its prompt is computed
+    for r in (a, b, c):
+        sched.add(r)
+    # a takes 1 slot, b 1 + 2: c waits although only two requests run.
+    assert step(sched, 32) == [("a", 8), ("b", 8)]
+    assert sched.num_seqs() == 4 and [r.request_id for r in sched.waiting] == ["c"]
+    forks = []
+    for i in (1, 2):                                        # the engine forks b after its first sample
+        fork = Request(f"b.{i}", b.prompt_ids, context_tokens=512)
+        fork.seq_id = cache.new_seq_id()
+        cache.fork(b.seq_id, fork.seq_id)
+        fork.n = fork.computed = b.computed                 # the prompt; b's own sample follows it
+        fork.ids[:b.computed] = b.ids[:b.computed]
+        sched.start_fork(b, fork)
+        fork.append(8000 + i)
+        forks.append(fork)
+    assert b.reserved_seqs == 0 and sched.num_seqs() == 4
+    assert step(sched, 32) == [("a", 1), ("b", 1), ("b.1", 1), ("b.2", 1)]
+    sched.remove(forks[0])                                  # a fork ends: c gets its slot
+    assert step(sched, 32) == [("a", 1), ("b", 1), ("b.2", 1), ("c", 8)]
+    with pytest.raises(ValueError, match="5 sequences of one request; at most 4"):
+        sched.reserve(make_request("d", 4000, 8, t0), 4)
+    cache.check_invariants()
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_no_plan_exceeds_max_num_seqs_with_forks_preemption_and_chunked_prefill(seed):
+    # A small cache (preemptions), short chunks (prompts over several steps), and requests
+    # with up to 3 forks that start when their prompt is computed, as the engine starts
+    # them; requests end after a few tokens and new ones keep coming.
+    rng = np.random.default_rng(seed)
+    max_seqs = 5
+    cache = make_cache(12, path_mode=("random", "sequential", "dual")[seed % 3])
+    sched = scheduler(cache, max_num_seqs=max_seqs, max_batch_tokens=24)
+    pending: dict[int, list[Request]] = {}                  # parent id -> forks not started
+    made = widest = forked = 0
+    for _ in range(400):
+        if rng.random() < 0.5:
+            req = make_request(f"r{made}", 10000 * (made + 1), int(rng.integers(2, 30)), time.perf_counter())
+            forks = int(rng.integers(0, max_seqs)) if rng.random() < 0.4 else 0
+            sched.reserve(req, forks)
+            pending[id(req)] = [Request(f"r{made}.{i}", req.prompt_ids, context_tokens=512) for i in range(forks)]
+            sched.add(req)
+            made += 1
+        plan = sched.schedule(int(rng.choice([4, 8, 16])))
+        assert len(plan.seqs) <= max_seqs and sched.num_seqs() <= max_seqs
+        assert not plan.failed
+        widest = max(widest, len(plan.seqs))
+        for s in plan.seqs:
+            cache.commit(s.seq_id)
+        for s in plan.seqs:
+            req = s.request
+            if not s.logits:
+                continue
+            for fork in pending.pop(id(req), ()):           # the prompt is computed: fork now
+                fork.seq_id = cache.new_seq_id()
+                cache.fork(req.seq_id, fork.seq_id)
+                fork.ids[:req.n], fork.n, fork.computed = req.ids[:req.n], req.n, req.computed
+                sched.start_fork(req, fork)
+                fork.append(8000 + fork.n)                  # its own first sample
+                forked += 1
+            req.append(9000 + req.n)
+            if len(req.generated) >= 12 or req.n >= 500:
+                sched.remove(req)
+        assert sched.num_seqs() <= max_seqs
+        cache.check_invariants()
+    assert widest == max_seqs and forked > 10 and sched.preemptions > 0
 
 
 def test_decode_without_room_preempts_the_newest_running_request_and_keeps_its_prefix():

@@ -27,3 +27,24 @@ def test_64_streaming_clients_all_succeed_and_free_every_block(gguf_path):
     assert r["kv_bytes_held_after"] == 0
     assert r["kv_bytes_free_or_cached_after"] == r["kv_capacity_bytes"]  # no block leaked
     assert r["generated_tokens"] > 0
+
+
+def test_a_mixed_load_with_n_samples_gets_no_5xx_and_leaves_the_cache_consistent(gguf_path):
+    # 16 clients over 4 sequence slots for 30 s: n = 2 chats (forks), streams cut mid-way,
+    # embeddings, json_schema, malformed JSON and prompts over the context, at random.
+    from dualpath.bench.load import mixed_load_test
+
+    pytest.importorskip("llguidance")
+    r = mixed_load_test(str(gguf_path), clients=16, duration_s=30, max_tokens=32,
+                        server_args=("--set", "runtime.max_num_seqs=4", "--set", "runtime.max_context_tokens=256",
+                                     "--set", "server.max_queued_requests=64", "--chat-template", "chatml",
+                                     "-t", "2"))
+    print(f"\nmixed load, 16 clients, 30 s: {r['requests']} requests {r['sent']}; statuses {r['statuses']}; "
+          f"RSS {r['rss_warm_mb']:.0f} -> {r['rss_end_mb']:.0f} MiB")
+    assert r["server_errors"] == 0 and r["failures"] == 0, r["failure_examples"]
+    assert all(r["sent"].get(kind, 0) > 10 for kind in ("chat_n", "chat_n_stream", "cut", "embed", "json_schema"))
+    assert r["statuses"].get("400", 0) >= r["sent"]["bad_json"] + r["sent"]["too_long"]
+    assert r["tracebacks_in_log"] == 0
+    assert r["greedy_unchanged"], (r["greedy_before"], r["greedy_after"])
+    assert r["invariants_ok"], r["invariants"]
+    assert r["running_after"] == 0 and r["waiting_after"] == 0 and r["kv_bytes_held_after"] == 0

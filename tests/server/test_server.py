@@ -203,6 +203,35 @@ def test_malformed_json_and_oversized_bodies(live):
     assert r.status_code == 404 and "error" in r.json()
 
 
+def test_an_engine_failure_is_a_500_error_object_and_ends_a_stream_with_an_error_event(live):
+    headers = {"Authorization": f"Bearer {KEY}"}
+    runner = live.llm.runner
+    real_run = runner.run
+
+    def broken(entries):  # fault injection: every model run raises (a request is retried once, then fails)
+        raise MemoryError("secret internals")
+
+    runner.run = broken
+    try:
+        r = httpx.post(live.base + "/v1/completions", json={"prompt": "Once", "max_tokens": 4}, headers=headers)
+        assert r.status_code == 500
+        err = r.json()["error"]
+        assert err["type"] == "server_error" and err["code"] == "internal_error"
+        assert "secret" not in r.text and "Traceback" not in r.text
+        body = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4, "stream": True}
+        with httpx.stream("POST", live.base + "/v1/chat/completions", json=body, headers=headers) as r:
+            assert r.status_code == 200  # the status line went out before the failure
+            events = [line[6:] for line in r.iter_lines() if line.startswith("data: ")]
+        assert json.loads(events[0])["choices"][0]["delta"]["role"] == "assistant"
+        assert json.loads(events[-2])["error"]["code"] == "internal_error" and events[-1] == "[DONE]"
+    finally:
+        runner.run = real_run
+    c = live.client().completions.create(model="stories260k", prompt="Once", max_tokens=4)
+    assert c.choices[0].finish_reason == "length"  # the engine keeps serving
+    assert set(runner.cache.seqs) == {runner.seq_id}
+    runner.cache.check_invariants()
+
+
 def test_a_full_queue_answers_429_with_retry_after(slow_live):
     engine = slow_live.llm.engine
     assert idle(engine)

@@ -148,6 +148,24 @@ class LiveServer:
         self._stderr_file.seek(0)
         return stderr_tail(self._stderr_file.read())
 
+    def stderr_text(self) -> str:
+        self._stderr_file.flush()
+        self._stderr_file.seek(0)
+        return self._stderr_file.read()
+
+    def stop(self, timeout_s: float = 30.0) -> str:
+        """Stop the server as an operator would (SIGTERM: it shuts down cleanly), SIGKILL
+        after ``timeout_s``; returns its whole stderr."""
+        import subprocess
+
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        return self.stderr_text()
+
     def check_alive(self) -> None:
         """Raise ``BenchProcessError`` (with the tail of its stderr) if the server has exited."""
         from .harness import BenchProcessError

@@ -75,6 +75,177 @@ def _clients(base: str, clients: int, duration_s: float, max_tokens: int, seed: 
     return {"wall_s": wall, "requests": done[0], "failures": failures, "ttft": ttft, "tpot": tpot}
 
 
+MIX = ("stream", "cut", "chat_n", "chat_n_stream", "embed", "json_schema", "bad_json", "too_long", "plain")
+"""What a mixed client sends, one at random per request: completions streamed to the end or
+cut after a few chunks (the client closes the connection), chats with ``n`` = 2 (whole or
+streamed), embeddings, a chat held to a JSON schema, malformed JSON, a prompt longer than
+the context, a plain completion."""
+_EXPECTED = {"bad_json": 400, "too_long": 400}
+"""The status each kind must get (200 where not listed)."""
+_SCHEMA = {"type": "json_schema", "json_schema": {"name": "pet", "schema": {
+    "type": "object", "properties": {"name": {"type": "string", "maxLength": 12}, "age": {"type": "integer"}},
+    "required": ["name", "age"], "additionalProperties": False}}}
+GREEDY_PROBE = {"prompt": "Once upon a time", "max_tokens": 48, "temperature": 0}
+"""Sent alone before and after a mixed load: the load must not change greedy output."""
+
+
+def _rss_mb(pid: int) -> float | None:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) / 1024.0
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def _mixed_clients(base: str, clients: int, duration_s: float, max_tokens: int, seed: int, pid: int) -> dict:
+    """Run ``clients`` clients sending the ``MIX`` at random for ``duration_s``; every answer's
+    status checked against what its kind must get, every stream read for an error event.
+    The server's RSS is sampled each second."""
+    import asyncio
+    import collections
+
+    import httpx
+    import numpy as np
+
+    sent, statuses = collections.Counter(), collections.Counter()
+    failures, rss = [], []
+    context = [0]
+
+    async def one(kind: str, rng, http: httpx.AsyncClient) -> tuple[int, str | None]:
+        """(status, what was wrong with a 2xx answer or None)."""
+        words = " ".join(rng.choice(WORDS, int(rng.integers(3, 24))))
+        n_tok = int(rng.integers(max_tokens // 2, max_tokens + 1))
+        sampling = {"max_tokens": n_tok, "temperature": 0.8, "seed": int(rng.integers(1 << 30))}
+        chat = {"messages": [{"role": "user", "content": words}], **sampling}
+        if kind == "bad_json":
+            r = await http.post("/v1/completions", content=b'{"prompt": "x", "max_tokens": ',
+                                headers={"content-type": "application/json"})
+            return r.status_code, None if "error" in r.json() else "no error object"
+        if kind == "too_long":
+            r = await http.post("/v1/completions", json={"prompt": [int(t) for t in rng.integers(5, 200, context[0] + 8)],
+                                                         "max_tokens": 4})
+            return r.status_code, None if r.json()["error"]["code"] == "context_length_exceeded" else r.text[:200]
+        if kind == "embed":
+            r = await http.post("/v1/embeddings", json={"input": [words, words[::-1] or "a"]})
+            return r.status_code, None if r.status_code != 200 or len(r.json()["data"]) == 2 else "not 2 vectors"
+        if kind in ("plain", "chat_n", "json_schema"):
+            path, body = {"plain": ("/v1/completions", {"prompt": words, **sampling}),
+                          "chat_n": ("/v1/chat/completions", {**chat, "n": 2}),
+                          "json_schema": ("/v1/chat/completions", {**chat, "response_format": _SCHEMA})}[kind]
+            r = await http.post(path, json=body)
+            if r.status_code != 200:
+                return r.status_code, None
+            got = r.json()["choices"]
+            return 200, None if len(got) == (2 if kind == "chat_n" else 1) else f"{len(got)} choices"
+        # Streams: to the end, or cut after three chunks (the client goes away).
+        path, body = (("/v1/chat/completions", {**chat, "n": 2}) if kind == "chat_n_stream"
+                      else ("/v1/completions", {"prompt": words, **sampling}))
+        finished, chunks = set(), 0
+        async with http.stream("POST", path, json={**body, "stream": True}) as r:
+            if r.status_code != 200:
+                await r.aread()
+                return r.status_code, None
+            async for line in r.aiter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                event = json.loads(line[6:])
+                if "error" in event:
+                    return 500, f"error event: {event['error']}"
+                chunks += 1
+                for c in event["choices"]:
+                    if c["finish_reason"] is not None:
+                        finished.add(c["index"])
+                if kind == "cut" and chunks >= 3:
+                    return 200, None  # leaving the block closes the connection mid-stream
+        want = 2 if kind == "chat_n_stream" else 1
+        return 200, None if len(finished) == want else f"{len(finished)} of {want} choices finished"
+
+    async def client(i: int, http: httpx.AsyncClient, stop_at: float):
+        rng = np.random.default_rng(seed * 1000 + i)
+        while time.perf_counter() < stop_at:
+            kind = MIX[int(rng.integers(len(MIX)))]
+            sent[kind] += 1
+            try:
+                status, wrong = await one(kind, rng, http)
+            except (httpx.HTTPError, ValueError, KeyError) as e:
+                status, wrong = 0, f"{type(e).__name__}: {e}"
+            statuses[status] += 1
+            if status == 429:  # overload, refused with Retry-After: a right answer, counted apart
+                await asyncio.sleep(0.1)
+                continue
+            if status != _EXPECTED.get(kind, 200) or wrong:
+                failures.append(f"{kind}: HTTP {status}{': ' + wrong if wrong else ''}")
+
+    async def watch_rss(stop_at: float, t0: float):
+        while time.perf_counter() < stop_at:
+            rss.append((time.perf_counter() - t0, _rss_mb(pid)))
+            await asyncio.sleep(1.0)
+
+    async def main():
+        limits = httpx.Limits(max_connections=clients + 8, max_keepalive_connections=clients + 8)
+        async with httpx.AsyncClient(base_url=base, timeout=httpx.Timeout(600.0), limits=limits) as http:
+            context[0] = (await http.get("/v1/models")).json()["data"][0]["context_length"]
+            t0 = time.perf_counter()
+            stop_at = t0 + duration_s
+            await asyncio.gather(watch_rss(stop_at, t0), *(client(i, http, stop_at) for i in range(clients)))
+            rss.append((time.perf_counter() - t0, _rss_mb(pid)))
+            return time.perf_counter() - t0
+
+    wall = asyncio.run(main())
+    return {"wall_s": wall, "sent": dict(sent), "statuses": {str(k): v for k, v in sorted(statuses.items())},
+            "failures": failures, "rss_mb": rss}
+
+
+def _greedy(base: str) -> str:
+    import httpx
+
+    r = httpx.post(base + "/v1/completions", json=GREEDY_PROBE, timeout=120)
+    r.raise_for_status()
+    return r.json()["choices"][0]["text"]
+
+
+def mixed_load_test(model: str, *, clients: int, duration_s: float, max_tokens: int, seed: int = 0,
+                    server_args: tuple[str, ...] = ()) -> dict:
+    """Start ``dualpath serve`` on loopback and run ``clients`` clients sending the ``MIX``
+    for ``duration_s``; a greedy probe before and after. Afterwards: no request held, no
+    KV byte held, and (from the server's stderr once it stopped) the cache's invariants.
+    Returns the figures; RSS in MiB."""
+    import httpx
+
+    port = free_port()
+    cmd = [sys.executable, "-m", "dualpath.cli", "serve", "--model", model, "--port", str(port), *server_args]
+    base = f"http://127.0.0.1:{port}"
+    with live_server("dualpath serve", cmd, base, startup_s=STARTUP_S) as server:
+        before = _greedy(base)
+        c = _mixed_clients(base, clients, duration_s, max_tokens, seed, server.proc.pid)
+        time.sleep(0.5)  # the engine ends the requests whose clients went away
+        after = _greedy(base)
+        metrics = httpx.get(base + "/metrics", timeout=10).text
+        stderr = server.stop()
+    warm = [m for t, m in c["rss_mb"] if t >= min(60.0, duration_s / 3) and m is not None]
+    invariants = [line for line in stderr.splitlines() if "KV cache invariants" in line]
+    held = sum(metric(metrics, "dualpath_kv_cache_bytes", f'use="{use}"') for use in ("sequential", "random"))
+    return {
+        "clients": clients, "wall_s": c["wall_s"], "sent": c["sent"], "statuses": c["statuses"],
+        "requests": sum(c["sent"].values()), "failures": len(c["failures"]),
+        "failure_examples": c["failures"][:8],
+        "server_errors": sum(v for k, v in c["statuses"].items() if k.startswith("5")),
+        "greedy_unchanged": before == after, "greedy_before": before, "greedy_after": after,
+        "rss_warm_mb": warm[0] if warm else None, "rss_end_mb": warm[-1] if warm else None,
+        "rss_growth_after_warmup": (warm[-1] / warm[0] - 1.0) if len(warm) > 1 else None,
+        "running_after": metric(metrics, "dualpath_running_requests"),
+        "waiting_after": metric(metrics, "dualpath_queue_depth"),
+        "kv_bytes_held_after": held,
+        "invariants": invariants[-1] if invariants else "(no invariant line: the server did not stop cleanly)",
+        "invariants_ok": bool(invariants) and "hold" in invariants[-1],
+        "tracebacks_in_log": stderr.count("Traceback"),
+        "step_retries": metric(metrics, "dualpath_step_retries_total"),
+    }
+
+
 def load_test(model: str, *, clients: int, duration_s: float, max_tokens: int, seed: int = 0,
               server_args: tuple[str, ...] = ()) -> dict:
     """Start ``dualpath serve`` on loopback, run ``clients`` streaming clients that send
@@ -121,6 +292,9 @@ def cmd_bench_load(args) -> int:
                    "--set", f"server.max_queued_requests={args.clients}", "-t", str(args.threads)]
     for item in args.set or ():
         server_args += ["--set", item]
+    if args.mix:  # an embedding request queues one request per input
+        server_args[3] = f"server.max_queued_requests={4 * args.clients}"
+        return _cmd_mixed(args, model, server_args)
     print(f"{args.clients} streaming clients for {args.duration:g}s against dualpath serve ({model}, "
           f"{args.max_num_seqs} requests at once)", flush=True)
     r = load_test(model, clients=args.clients, duration_s=args.duration, max_tokens=args.max_tokens,
@@ -137,6 +311,30 @@ def cmd_bench_load(args) -> int:
     return 0 if ok else 1
 
 
+def _cmd_mixed(args, model: str, server_args: list[str]) -> int:
+    if args.chat_template:
+        server_args += ["--chat-template", args.chat_template]
+    print(f"{args.clients} clients sending a mix ({', '.join(MIX)}) for {args.duration:g}s against "
+          f"dualpath serve ({model}, {args.max_num_seqs} sequences at once)", flush=True)
+    r = mixed_load_test(model, clients=args.clients, duration_s=args.duration, max_tokens=args.max_tokens,
+                        seed=args.seed, server_args=tuple(server_args))
+    print(f"requests: {r['requests']} in {r['wall_s']:.1f}s ({', '.join(f'{k} {v}' for k, v in sorted(r['sent'].items()))})")
+    print(f"statuses: {', '.join(f'{k}: {v}' for k, v in r['statuses'].items())}; 5xx {r['server_errors']}; "
+          f"unexpected answers {r['failures']}")
+    for e in r["failure_examples"]:
+        print(f"  {e}")
+    growth = r["rss_growth_after_warmup"]
+    print(f"server RSS {r['rss_warm_mb'] or 0:.0f} MiB after warm-up, {r['rss_end_mb'] or 0:.0f} MiB at the end "
+          f"({'-' if growth is None else f'{growth * 100:+.1f}%'}); tracebacks in its log: {r['tracebacks_in_log']}")
+    print(f"greedy output {'unchanged' if r['greedy_unchanged'] else 'CHANGED'} by the load; after: running "
+          f"{r['running_after']:.0f}, waiting {r['waiting_after']:.0f}, KV bytes held {r['kv_bytes_held_after']:.0f}")
+    print(f"server at shutdown: {r['invariants']}")
+    write_json(args.json, r)
+    ok = (r["failures"] == 0 and r["server_errors"] == 0 and r["greedy_unchanged"] and r["invariants_ok"]
+          and r["kv_bytes_held_after"] == 0 and r["running_after"] == 0)
+    return 0 if ok else 1
+
+
 def add_parser(bs) -> None:
     lo = bs.add_parser("load", help="N concurrent streaming clients against a live dualpath serve")
     lo.add_argument("-m", "--model", help="GGUF file (default: a stories15M-shaped synth model, random weights)")
@@ -147,5 +345,10 @@ def add_parser(bs) -> None:
     lo.add_argument("--seed", type=int, default=0)
     lo.add_argument("-t", "--threads", type=int, default=2)
     lo.add_argument("--set", action="append", metavar="KEY=VALUE", help="server config override")
+    lo.add_argument("--mix", action="store_true", help="clients send a mix instead of streamed completions: "
+                    + ", ".join(MIX) + "; every status checked, greedy output compared before and after, "
+                    "the cache's invariants read from the server's shutdown")
+    lo.add_argument("--chat-template", default="chatml", choices=["chatml", "llama3", "gemma", "phi3"],
+                    help="the server's chat template with --mix (default chatml: the default model has none)")
     lo.add_argument("--json")
     lo.set_defaults(func=cmd_bench_load)

@@ -14,8 +14,11 @@ Three ways to drive it:
 * ``engine.step()`` by hand (tests, benchmarks).
 
 ``abort(request_id)`` ends a request and frees its cache before the next step
-(at once when no step is running). A failing step fails the requests in it
-(their consumers get the exception), never the engine.
+(at once when no step is running). A failing step never fails the engine: an error
+while one request's output is made (sampling, grammar, text) ends that request
+alone; a model run that raises sends every request in it back to be recomputed
+once (as a preemption does), and a request in a second failed run ends with an
+``InternalError``. Either way the consumer gets the error and the others go on.
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ from typing import AsyncIterator, Sequence
 
 import numpy as np
 
-from ..errors import DualPathError
+from ..errors import DualPathError, InternalError
 from ..scheduler.batch import BatchScheduler, attention_tokens
 from ..scheduler.request import Request, Status
 from .generate import Completion, TextStream, Timings, Usage, check_prompt
@@ -102,6 +105,14 @@ class EngineRequest(Request):
         """For such a fork: the request it is waiting to be forked from (None once forked)."""
 
 
+def _internal(req: Request, cause: BaseException) -> InternalError:
+    """The error a request's consumer gets when the engine failed it: no internals in the
+    message (the cause is logged, and chained for callers in-process)."""
+    err = InternalError(f"request {req.request_id} failed inside the engine; it may be retried")
+    err.__cause__ = cause
+    return err
+
+
 class Engine:
     """Schedules and runs many requests over one ``ModelRunner`` (see module doc)."""
 
@@ -154,7 +165,7 @@ class Engine:
         with self._mu:
             # Queued beyond the free sequence slots (those start at the next step).
             sch = self.scheduler
-            waiting = len(sch.waiting) - max(0, sch.max_num_seqs - len(sch.running))
+            waiting = len(sch.waiting) - max(0, sch.max_num_seqs - sch.num_seqs())
             if self.max_queued_requests is not None and waiting >= self.max_queued_requests:
                 raise QueueFullError(waiting, self.max_queued_requests)
             rid = request_id or f"req-{next(self._ids)}"
@@ -181,6 +192,7 @@ class Engine:
                 fork.fork_of = req
                 req.forks.append(fork)
                 self._requests[fork.request_id] = fork
+            self.scheduler.reserve(req, len(req.forks))  # a slot for each fork, taken when it starts
             self.scheduler.add(req)
             self._wake.notify()
         return req
@@ -230,11 +242,11 @@ class Engine:
             t0 = time.perf_counter()
             try:
                 logits = self.runner.run(plan.seqs)
-            except Exception as e:  # fail these requests, keep serving the others
-                log.exception("engine step failed")
+            except Exception as e:  # recompute these requests once, keep serving the others
+                log.exception("engine step of %d sequences failed", len(plan.seqs))
                 with self._mu:
                     for s in plan.seqs:
-                        self._end(s.request, error=e)
+                        self._retry_or_fail(s.request, e)
                 return len(plan.seqs)
             now = time.perf_counter()
             row = 0
@@ -242,42 +254,61 @@ class Engine:
             forked = []
             hidden = self.runner.hidden
             for s in plan.seqs:
-                if s.hidden and s.request.embedding:  # an embedding's chunk: pool its rows, end after the last
-                    req, n = s.request, len(s.token_ids)
-                    end = self._pool(req, hidden[row:row + n], s.alloc.pos0)
-                    if end is not None:
-                        ended.append(end)
-                    row += n
-                    continue
-                if s.hidden:  # a prompt chunk whose every position's log-probabilities are wanted
-                    n = len(s.token_ids)
-                    self._prompt_logprobs(s.request, logits[row:row + n], s.alloc.pos0)
-                    row += n - 1  # its last row is the sampling row when the chunk ends the prompt
-                    if not s.logits:
-                        row += 1
-                        continue
-                if s.logits:
-                    req = s.request
-                    if req.forks and req.first_token_time is None:  # its prompt is computed: fork now
-                        for fork in req.forks:
-                            if fork.fork_of is not None:  # not aborted while waiting
-                                forked.append(fork)
-                                end = self._advance(fork, logits[row], now)
-                                if end is not None:
-                                    ended.append(end)
-                    end = self._advance(req, logits[row], now)
-                    if end is not None:
-                        ended.append(end)
-                    row += 1
+                n = s.num_rows  # the plan says which rows are whose: run() returns them in step order
+                try:
+                    self._output(s, logits[row:row + n], hidden[row:row + n], now, ended, forked)
+                except Exception as e:  # this request's output failed: it alone ends
+                    log.exception("request %s failed while its output was made", s.request.request_id)
+                    ended.append((s.request, "abort", {"error": _internal(s.request, e)}))
+                row += n
             with self._mu:
                 for fork in forked:  # before the parent's sequence grows (at the next step)
                     self._start_fork(fork)
                 for req, finish, kwargs in ended:
-                    self._end(req, finish, **kwargs)
+                    if req.status is not Status.FINISHED:  # its output failed after it had ended
+                        self._end(req, finish, **kwargs)
             m = self.metrics
             m.peak_kv_bytes_held = max(m.peak_kv_bytes_held, self.runner.cache.bytes_held())
-            m.on_step(now, now - t0, plan.num_tokens, row)
+            m.on_step(now, now - t0, plan.num_tokens, sum(s.logits for s in plan.seqs) + len(forked))
             return len(plan.seqs)
+
+    def _output(self, s, rows: np.ndarray, hidden: np.ndarray, now: float, ended: list, forked: list) -> None:
+        """Use one sequence's rows of a step's output (logits (R, vocab), final hidden
+        states (R, dim)): pool an embedding, keep the prompt's log-probabilities, sample
+        (after forking, when the prompt was just computed). Requests that end go to
+        ``ended``, forks to start to ``forked``."""
+        req = s.request
+        if s.hidden and req.embedding:  # an embedding's chunk: pool its rows, end after the last
+            end = self._pool(req, hidden, s.alloc.pos0)
+            if end is not None:
+                ended.append(end)
+            return
+        if s.hidden:  # a prompt chunk whose every position's log-probabilities are wanted
+            self._prompt_logprobs(req, rows, s.alloc.pos0)
+        if not s.logits:
+            return
+        if req.forks and req.first_token_time is None:  # its prompt is computed: fork now
+            for fork in req.forks:
+                if fork.fork_of is not None:  # not aborted while waiting
+                    forked.append(fork)
+                    end = self._advance(fork, rows[-1], now)
+                    if end is not None:
+                        ended.append(end)
+        end = self._advance(req, rows[-1], now)  # the chunk's last row samples
+        if end is not None:
+            ended.append(end)
+
+    def _retry_or_fail(self, req: EngineRequest, error: BaseException) -> None:
+        """A model run with ``req`` in it raised (holding _mu): the first time, recompute it
+        from its known tokens (the run's KV was never committed); the second, end it."""
+        if req.status is not Status.RUNNING:
+            return
+        if req.failed_steps == 0:
+            req.failed_steps = 1
+            self.scheduler.preempt(req)
+            self.metrics.retried_requests += 1
+        else:
+            self._end(req, error=_internal(req, error))
 
     def run_until_done(self) -> None:
         while self.step():
@@ -361,7 +392,8 @@ class Engine:
 
     def _start_fork(self, fork: EngineRequest) -> None:
         """Run ``fork`` from now on, on a fork of its parent's cache sequence (holding _mu):
-        it shares every page of the prompt, copy-on-write."""
+        it shares every page of the prompt, copy-on-write, and takes the sequence slot its
+        parent reserved."""
         parent = fork.fork_of
         fork.fork_of = None
         cache = self.runner.cache
@@ -370,13 +402,13 @@ class Engine:
         fork.computed = parent.computed
         fork.cached_tokens = parent.cached_tokens
         fork.path = parent.path
-        fork.status = Status.RUNNING
-        self.scheduler.running.append(fork)
+        self.scheduler.start_fork(parent, fork)
 
     def _end(self, req: EngineRequest, finish: str = "abort", stop_reason=None, *, text: str = "",
              token: int | None = None, error: BaseException | None = None) -> None:
         """Finish a request (holding _mu): free its cache, deliver the last delta."""
         if req.fork_of is not None:  # a fork that never started: nothing scheduled, no cache
+            self.scheduler.drop_fork(req.fork_of)
             req.fork_of = None
             req.status = Status.FINISHED
         else:
@@ -387,6 +419,8 @@ class Engine:
         self._requests.pop(req.request_id, None)
         self._aborts.discard(req.request_id)
         if error is not None:
+            if isinstance(error, InternalError):
+                self.metrics.failed_requests += 1
             if req.sink is not None:
                 req.sink(None, error)
             return
@@ -460,7 +494,8 @@ class Engine:
                 log.exception("engine step failed outside the model run")
                 with self._mu:
                     for req in list(self._requests.values()):
-                        self._end(req, error=e)
+                        if req.status is not Status.FINISHED:
+                            self._end(req, error=_internal(req, e))
 
     # -- async API -----------------------------------------------------------------
     async def submit(self, prompt: str | Sequence[int], params: SamplingParams | None = None, *,

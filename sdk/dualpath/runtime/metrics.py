@@ -50,6 +50,10 @@ class EngineMetrics:
         self._recent: collections.deque[tuple[float, int]] = collections.deque()  # (time, generated)
         self.step_log: collections.deque[tuple[float, int]] = collections.deque(maxlen=100000)
         """(seconds, tokens) of recent steps, for benchmarks."""
+        self.retried_requests = 0
+        """Requests sent back to be recomputed because a model run with them in it raised."""
+        self.failed_requests = 0
+        """Requests ended by an error of the engine's (InternalError)."""
         self.peak_kv_bytes_held = 0
         """Most KV cache bytes held by requests after any step (extents counted whole)."""
 
@@ -99,6 +103,10 @@ class EngineMetrics:
             gauge("dualpath_prompt_tokens_total", "Prompt tokens of finished requests.", self.prompt_tokens, "counter")
             gauge("dualpath_generation_tokens_total", "Generated tokens.", self.generation_tokens, "counter")
             gauge("dualpath_steps_total", "Engine steps run.", self.steps, "counter")
+            gauge("dualpath_step_retries_total", "Requests recomputed because a model run with them in it failed.",
+                  self.retried_requests, "counter")
+            gauge("dualpath_requests_failed_total", "Requests ended by an internal error of the engine.",
+                  self.failed_requests, "counter")
             g.append("# HELP dualpath_requests_finished_total Finished requests by finish reason.")
             g.append("# TYPE dualpath_requests_finished_total counter")
             for reason in ("stop", "length", "context_full", "abort"):

@@ -20,6 +20,10 @@ released (full pages stay in the prefix cache, so much of the recompute is often
 a cache hit), and it goes back to the front of the queue with its prompt plus
 the tokens generated so far. Prompt chunks never preempt; they wait for room.
 
+A request holds one sequence slot of ``max_num_seqs`` while it runs, plus one for each
+fork it will start (``n`` > 1: the forks start when its prompt is computed), reserved
+when it is admitted: a step never carries more sequences than the runner holds.
+
 The scheduler talks to the cache only through its facade (``start``,
 ``allocate``, ``free``, ``free_page_count``, ``evict_all``, ``new_seq_id``) and
 hands the runner a ``StepPlan``: nothing here knows about ONNX Runtime.
@@ -68,6 +72,12 @@ class SeqStep:
     @property
     def num_tokens(self) -> int:
         return len(self.token_ids)
+
+    @property
+    def num_rows(self) -> int:
+        """Output rows the runner returns for it, in step order: every token's with
+        ``hidden`` (the last one samples when ``logits``), else one to sample, or none."""
+        return len(self.token_ids) if self.hidden else int(self.logits)
 
 
 @dataclass
@@ -156,7 +166,8 @@ class BatchScheduler:
         # Waiting requests are candidates only while a sequence slot is free (``running``
         # does not shrink in this phase: chunks never preempt), so a long queue behind
         # full slots costs nothing per step.
-        waiting = list(self.waiting) if len(self.running) < self.max_num_seqs else []
+        seqs = self.num_seqs()
+        waiting = list(self.waiting) if seqs < self.max_num_seqs else []
         candidates = [r for r in self.running if r.n - r.computed > 1] + waiting
         # Priority classes by prompt chunks still to run, first come first served within
         # a class. A second in the queue promotes a waiting request by one class (so a
@@ -184,7 +195,7 @@ class BatchScheduler:
                     continue  # waits for decoders to finish or be preempted
                 add(req, alloc, tokens)
                 budget -= cost
-            elif len(self.running) < self.max_num_seqs:
+            elif seqs + 1 + req.reserved_seqs <= self.max_num_seqs:  # a slot for it and its forks
                 # A certain refusal is decided before start() hashes the whole prompt (each
                 # step, while the cache is full): the admission test below needs at least one
                 # page for the prompt (its last token is never cached) plus one per running
@@ -216,8 +227,11 @@ class BatchScheduler:
                 if req.cached_tokens is None:
                     req.cached_tokens = cached
                 self.running.append(req)
+                seqs += 1 + req.reserved_seqs
                 add(req, alloc, tokens)
                 budget -= cost
+        # The runner holds max_num_seqs sequences: a plan beyond that would fail the whole step.
+        assert len(out) <= self.num_seqs() <= self.max_num_seqs, (len(out), self.num_seqs())
         if not out and self.running:
             # Nothing fits: every running request is mid-prompt and the cache is full.
             # Let the newest go (recompute later) so the others can move on.
@@ -228,6 +242,31 @@ class BatchScheduler:
                 plan.failed.append((req, f"the KV cache ({cache.capacity_tokens} tokens) cannot hold "
                                          f"request {req.request_id} ({req.n} tokens)"))
         return plan
+
+    def num_seqs(self) -> int:
+        """Sequence slots in use: the running requests and the forks they will start.
+        Never above ``max_num_seqs`` (admission checks it; a fork takes its parent's slot)."""
+        return len(self.running) + sum(r.reserved_seqs for r in self.running)
+
+    def reserve(self, req: Request, num_seqs: int) -> None:
+        """``req`` will start ``num_seqs`` more sequences (forks): it is admitted only with
+        a slot for each."""
+        if 1 + num_seqs > self.max_num_seqs:
+            raise ValueError(f"{1 + num_seqs} sequences of one request; at most {self.max_num_seqs} run at once")
+        req.reserved_seqs = num_seqs
+
+    def start_fork(self, parent: Request, child: Request) -> None:
+        """``child`` runs from now on (its cache sequence set up by the caller), in a slot
+        its parent reserved."""
+        if parent.reserved_seqs < 1:
+            raise ValueError(f"request {parent.request_id} has no slot reserved for a fork")
+        parent.reserved_seqs -= 1
+        child.status = Status.RUNNING
+        self.running.append(child)
+
+    def drop_fork(self, parent: Request) -> None:
+        """A fork of ``parent`` ends before it started: its reserved slot is free."""
+        parent.reserved_seqs = max(0, parent.reserved_seqs - 1)
 
     def _chunk(self, pos: int, want: int, budget: float, weighted: bool) -> tuple[int, float]:
         """(tokens, cost) of the largest chunk of at most ``want`` tokens from position

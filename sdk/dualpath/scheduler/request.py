@@ -58,6 +58,12 @@ class Request:
         self.embedding = False
         """Wants the final hidden state of every prompt token (an embedding) and samples
         nothing: its prompt is never served from the prefix cache (every token is computed)."""
+        self.reserved_seqs = 0
+        """Sequences it will add to the running set beyond its own (the forks of an ``n`` > 1
+        request not started yet): the scheduler admits it only with a slot for each, so a
+        step never carries more than ``max_num_seqs`` sequences."""
+        self.failed_steps = 0
+        """Steps that failed while it was in them (it is recomputed once, then failed)."""
 
     def append(self, token: int) -> None:
         """A generated token becomes known (its KV is computed by the next step)."""

@@ -7,7 +7,10 @@ server-sent events with ``"stream": true``), ``POST /v1/embeddings``, ``GET /v1/
 Errors are OpenAI-style objects ``{"error": {"message", "type", "param", "code"}}``:
 400 for malformed JSON or bad parameters, 401 for a missing or wrong API key,
 404 for an unknown model or route, 413 for a body over ``server.max_body_bytes``,
-429 (with ``Retry-After``) when ``server.max_queued_requests`` are waiting.
+429 (with ``Retry-After``) when ``server.max_queued_requests`` are waiting,
+500 (``server_error``, no internals: the cause goes to the log) when the engine
+failed the request. A stream that fails after it started sends one
+``data: {"error": ...}`` event, then ``data: [DONE]``.
 A client that disconnects aborts its request, which frees its cache.
 """
 
@@ -30,7 +33,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from ..errors import ChatTemplateError, DualPathError, InvalidPromptError, PromptTooLongError, SamplingParamsError
+from ..errors import (ChatTemplateError, DualPathError, InternalError, InvalidPromptError, PromptTooLongError,
+                      SamplingParamsError)
 from ..runtime.engine import QueueFullError
 from ..runtime.sampler import SamplingParams
 
@@ -53,6 +57,21 @@ class APIError(Exception):
 
 def _bad(message: str, param: str | None = None, code: str | None = None) -> APIError:
     return APIError(400, message, param=param, code=code)
+
+
+def api_error(exc: BaseException) -> APIError:
+    """The API error a route answers with for ``exc``: our refusals as 400, the engine's own
+    failures and anything unexpected as 500 with no internals (those are logged here)."""
+    if isinstance(exc, APIError):
+        return exc
+    if isinstance(exc, InternalError):
+        log.error("%s (cause: %r)", exc, exc.__cause__)
+        return APIError(500, str(exc), type_="server_error", code="internal_error")
+    if isinstance(exc, DualPathError):
+        return APIError(400, str(exc))
+    log.error("request failed", exc_info=exc)
+    return APIError(500, "the server failed to complete the request; it may be retried",
+                    type_="server_error", code="internal_error")
 
 
 # -- request parsing ---------------------------------------------------------------
@@ -526,6 +545,10 @@ def _event_stream(events, handles) -> StreamingResponse:
         try:
             async for e in events:
                 yield e
+        except Exception as exc:  # the status line is sent: the error goes in the stream
+            body = json.loads(api_error(exc).response().body)
+            yield _sse(body)
+            yield "data: [DONE]\n\n"
         finally:
             for h in handles:
                 if h.completion is None:
@@ -555,18 +578,17 @@ async def _collect(request: Request, handles) -> list:
     return [h.completion for h in handles]
 
 
-def create_app(llm, *, model_name: str | None = None) -> Starlette:
-    """The ASGI app serving ``llm`` (its engine's background loop starts on the first request)."""
+def create_app(llm, *, model_name: str | None = None, on_shutdown=None) -> Starlette:
+    """The ASGI app serving ``llm`` (its engine's background loop starts on the first request).
+    ``on_shutdown()`` is called once the engine has stopped, when the app shuts down."""
     server = Server(llm, model_name)
 
     def wrap(fn):
         async def endpoint(request: Request) -> Response:
             try:
                 return await fn(request)
-            except APIError as e:
-                return e.response()
-            except DualPathError as e:
-                return APIError(400, str(e)).response()
+            except Exception as e:
+                return api_error(e).response()
         return endpoint
 
     async def not_found(request: Request, exc) -> Response:
@@ -588,6 +610,8 @@ def create_app(llm, *, model_name: str | None = None) -> Starlette:
     async def lifespan(app):
         yield
         llm.engine.shutdown()
+        if on_shutdown is not None:
+            on_shutdown()
 
     app = Starlette(routes=routes, exception_handlers={404: not_found, 405: bad_method}, lifespan=lifespan)
     app.state.server = server
