@@ -100,6 +100,24 @@ def _rss_mb(pid: int) -> float | None:
     return None
 
 
+def _mapping_rss_mb(pid: int, min_bytes: int, max_bytes: int) -> float | None:
+    """Resident MiB of the smallest mapping of the process whose size is within
+    [min_bytes, max_bytes] (the KV arena: one mapping of its capacity plus alignment),
+    from /proc/PID/smaps; None where there is none."""
+    found, size = [], 0
+    try:
+        with open(f"/proc/{pid}/smaps") as f:
+            for line in f:
+                if "-" in line.split(" ", 1)[0]:  # a mapping's header: start-end perms ...
+                    lo, hi = line.split(" ", 1)[0].split("-")
+                    size = int(hi, 16) - int(lo, 16)
+                elif line.startswith("Rss:") and min_bytes <= size <= max_bytes:
+                    found.append((size, int(line.split()[1])))
+    except (OSError, ValueError, IndexError):
+        return None
+    return min(found)[1] / 1024.0 if found else None
+
+
 def _mixed_clients(base: str, clients: int, duration_s: float, max_tokens: int, seed: int, pid: int) -> dict:
     """Run ``clients`` clients sending the ``MIX`` at random for ``duration_s``; every answer's
     status checked against what its kind must get, every stream read for an error event.
@@ -179,19 +197,25 @@ def _mixed_clients(base: str, clients: int, duration_s: float, max_tokens: int, 
             if status != _EXPECTED.get(kind, 200) or wrong:
                 failures.append(f"{kind}: HTTP {status}{': ' + wrong if wrong else ''}")
 
+    arena = [0]
+
+    def sample(t0: float):  # (seconds, RSS, of which the KV arena) in MiB
+        rss.append((time.perf_counter() - t0, _rss_mb(pid), _mapping_rss_mb(pid, arena[0], arena[0] + (4 << 20))))
+
     async def watch_rss(stop_at: float, t0: float):
         while time.perf_counter() < stop_at:
-            rss.append((time.perf_counter() - t0, _rss_mb(pid)))
+            sample(t0)
             await asyncio.sleep(1.0)
 
     async def main():
         limits = httpx.Limits(max_connections=clients + 8, max_keepalive_connections=clients + 8)
         async with httpx.AsyncClient(base_url=base, timeout=httpx.Timeout(600.0), limits=limits) as http:
             context[0] = (await http.get("/v1/models")).json()["data"][0]["context_length"]
+            arena[0] = int(metric((await http.get("/metrics")).text, "dualpath_kv_cache_capacity_bytes"))
             t0 = time.perf_counter()
             stop_at = t0 + duration_s
             await asyncio.gather(watch_rss(stop_at, t0), *(client(i, http, stop_at) for i in range(clients)))
-            rss.append((time.perf_counter() - t0, _rss_mb(pid)))
+            sample(t0)
             return time.perf_counter() - t0
 
     wall = asyncio.run(main())
@@ -225,7 +249,11 @@ def mixed_load_test(model: str, *, clients: int, duration_s: float, max_tokens: 
         after = _greedy(base)
         metrics = httpx.get(base + "/metrics", timeout=10).text
         stderr = server.stop()
-    warm = [m for t, m in c["rss_mb"] if t >= min(60.0, duration_s / 3) and m is not None]
+    # RSS without the KV arena too: its pages are touched as the prefix cache first uses
+    # them, which is growth up to its capacity, not a leak.
+    warm_at = min(60.0, duration_s / 3)
+    warm = [m for t, m, _ in c["rss_mb"] if t >= warm_at and m is not None]
+    rest = [m - a for t, m, a in c["rss_mb"] if t >= warm_at and m is not None and a is not None]
     invariants = [line for line in stderr.splitlines() if "KV cache invariants" in line]
     held = sum(metric(metrics, "dualpath_kv_cache_bytes", f'use="{use}"') for use in ("sequential", "random"))
     return {
@@ -236,6 +264,10 @@ def mixed_load_test(model: str, *, clients: int, duration_s: float, max_tokens: 
         "greedy_unchanged": before == after, "greedy_before": before, "greedy_after": after,
         "rss_warm_mb": warm[0] if warm else None, "rss_end_mb": warm[-1] if warm else None,
         "rss_growth_after_warmup": (warm[-1] / warm[0] - 1.0) if len(warm) > 1 else None,
+        "rss_mb": c["rss_mb"],
+        "rss_growth_after_warmup_without_kv": (rest[-1] / rest[0] - 1.0) if len(rest) > 1 else None,
+        "kv_arena_mb": metric(metrics, "dualpath_kv_cache_capacity_bytes") / 2**20,
+        "kv_arena_resident_mb": c["rss_mb"][-1][2],
         "running_after": metric(metrics, "dualpath_running_requests"),
         "waiting_after": metric(metrics, "dualpath_queue_depth"),
         "kv_bytes_held_after": held,
@@ -326,6 +358,11 @@ def _cmd_mixed(args, model: str, server_args: list[str]) -> int:
     growth = r["rss_growth_after_warmup"]
     print(f"server RSS {r['rss_warm_mb'] or 0:.0f} MiB after warm-up, {r['rss_end_mb'] or 0:.0f} MiB at the end "
           f"({'-' if growth is None else f'{growth * 100:+.1f}%'}); tracebacks in its log: {r['tracebacks_in_log']}")
+    marks = [(m, a) for t, m, a in r["rss_mb"] if m is not None][::max(1, len(r["rss_mb"]) // 6)]
+    print(f"server RSS over the run (MiB, of which KV arena): {', '.join(f'{m:.0f} ({a or 0:.0f})' for m, a in marks)}; "
+          f"KV arena {r['kv_arena_mb']:.0f} MiB, resident at the end {r['kv_arena_resident_mb'] or 0:.0f}")
+    rest = r["rss_growth_after_warmup_without_kv"]
+    print(f"RSS growth after warm-up without the KV arena: {'-' if rest is None else f'{rest * 100:+.1f}%'}")
     print(f"greedy output {'unchanged' if r['greedy_unchanged'] else 'CHANGED'} by the load; after: running "
           f"{r['running_after']:.0f}, waiting {r['waiting_after']:.0f}, KV bytes held {r['kv_bytes_held_after']:.0f}")
     print(f"server at shutdown: {r['invariants']}")
