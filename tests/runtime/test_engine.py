@@ -398,3 +398,43 @@ def test_the_sessions_keep_alive_the_ort_values_they_read_in_place(gguf_path):
     assert sum(p not in ours for p in ptrs) == 2 * llm.spec.config.num_layers  # shared, not copied
     ids = llm.tokenize(PROMPTS[0])
     assert llm.generate(ids, SamplingParams(temperature=0, max_tokens=4)).token_ids  # still valid
+
+
+def test_a_queued_request_holds_memory_for_its_prompt_not_the_vocabulary_or_context(gguf_path):
+    # 64 queued requests at a 4,096 context: the samplers share vocabulary-sized scratch
+    # buffers and each request's token array starts at its prompt (plus a reserve).
+    import tracemalloc
+
+    llm = make_llm(gguf_path, **{"runtime.max_context_tokens": 4096, "server.max_queued_requests": 100})
+    ids = llm.tokenize(PROMPTS[0])
+    params = SamplingParams(temperature=0.8, max_tokens=48, seed=1)
+    llm.engine.abort(llm.engine.add_request(ids, params).request_id)  # first use imports modules
+    tracemalloc.start()
+    before = tracemalloc.take_snapshot()
+    reqs = [llm.engine.add_request(ids, params) for _ in range(64)]
+    grown = sum(s.size_diff for s in tracemalloc.take_snapshot().compare_to(before, "filename"))
+    tracemalloc.stop()
+    per_request = grown / len(reqs)
+    assert per_request < 8 * 1024, per_request  # a context-sized int64 array alone would be 32 KiB
+    for r in reqs[1:]:
+        llm.engine.abort(r.request_id)
+    llm.engine.run_until_done()
+    assert len(reqs[0].completion.token_ids) == 48  # grew past its first capacity as it generated
+
+
+def test_samplers_sharing_scratch_buffers_draw_what_lone_samplers_draw():
+    import numpy as np
+
+    from dualpath.runtime.sampler import Sampler, SamplerScratch
+
+    rng = np.random.default_rng(0)
+    rows = rng.normal(size=(40, 300)).astype(np.float32)
+    kinds = [SamplingParams(temperature=0.9, top_p=0.8, seed=3), SamplingParams(temperature=1.2, min_p=0.05, seed=4),
+             SamplingParams(temperature=0.7, top_k=20, presence_penalty=0.5, frequency_penalty=0.2, seed=5)]
+    scratch = SamplerScratch(300)
+    shared = [Sampler(p, 300, scratch) for p in kinds]
+    alone = [Sampler(p, 300) for p in kinds]
+    for row in rows:  # interleaved, as the engine samples its requests
+        assert [s.sample(row) for s in shared] == [s.sample(row) for s in alone]
+    with pytest.raises(ValueError, match="scratch buffers of 300 entries for a vocabulary of 301"):
+        Sampler(kinds[0], 301, scratch)

@@ -40,7 +40,7 @@ from ..scheduler.batch import BatchScheduler, attention_tokens
 from ..scheduler.request import Request, Status
 from .generate import Completion, TextStream, Timings, Usage, check_prompt
 from .metrics import EngineMetrics
-from .sampler import Sampler, SamplingParams
+from .sampler import Sampler, SamplerScratch, SamplingParams
 
 log = logging.getLogger(__name__)
 
@@ -81,14 +81,13 @@ class EngineRequest(Request):
     the sink its deltas go to."""
 
     def __init__(self, request_id: str, prompt_ids: list[int], params: SamplingParams, tokenizer,
-                 context_tokens: int, vocab_size: int, sink, grammar=None):
-        super().__init__(request_id, prompt_ids, context_tokens)
+                 context_tokens: int, scratch: SamplerScratch, sink, grammar=None):
+        super().__init__(request_id, prompt_ids, context_tokens, reserve_tokens=params.max_tokens)
         self.grammar = grammar
         self.matcher = grammar.new_matcher() if grammar is not None else None
         """Structured output (runtime/grammar.py): this sequence's walk through the grammar."""
-        self.mask_bias = np.empty(vocab_size, np.float32) if grammar is not None else None  # (vocab,) 0 / -inf
         self.params = params
-        self.sampler = Sampler(params, vocab_size)
+        self.sampler = Sampler(params, scratch.vocab_size, scratch)
         self.stream = TextStream(tokenizer, prompt_ids, params)
         self.stop_ids = frozenset() if params.ignore_eos else tokenizer.stop_ids
         self.sink = sink
@@ -125,6 +124,8 @@ class Engine:
                                         max_batch_tokens=min(max_batch_tokens, runner.max_step_tokens),
                                         attention_tokens=attention_tokens(runner.spec.config))
         self.metrics = EngineMetrics()
+        self._scratch = SamplerScratch(runner.spec.config.vocab_size)
+        """Every request's sampler works in these (only the stepping thread samples)."""
         self._profile_name = profile_name
         self._ids = itertools.count()
         self._requests: dict[str, EngineRequest] = {}
@@ -174,8 +175,7 @@ class Engine:
             if 1 + len(fork_sinks) > self.scheduler.max_num_seqs:
                 raise ValueError(f"{1 + len(fork_sinks)} samples of one prompt need as many sequences at once; "
                                  f"this engine runs at most {self.scheduler.max_num_seqs} (runtime.max_num_seqs)")
-            req = EngineRequest(rid, ids, params, self.tokenizer, self.context_tokens,
-                          self.runner.spec.config.vocab_size, sink, grammar)
+            req = EngineRequest(rid, ids, params, self.tokenizer, self.context_tokens, self._scratch, sink, grammar)
             if prompt_logprobs:
                 req.prompt_logits = True
                 req.prompt_logprobs = []
@@ -188,7 +188,7 @@ class Engine:
             for i, fork_sink in enumerate(fork_sinks, 1):
                 fork_params = params if params.seed is None else dataclasses.replace(params, seed=params.seed + i)
                 fork = EngineRequest(f"{rid}.{i}", ids, fork_params, self.tokenizer, self.context_tokens,
-                                     self.runner.spec.config.vocab_size, fork_sink, grammar)
+                                     self._scratch, fork_sink, grammar)
                 fork.fork_of = req
                 req.forks.append(fork)
                 self._requests[fork.request_id] = fork
@@ -323,9 +323,11 @@ class Engine:
         else:
             req.decode_steps += 1
         m = req.matcher
+        bias = None
         if m is not None:
-            m.fill_bias(req.mask_bias)
-        token = req.sampler.sample(logits, req.ids[:req.n], req.mask_bias)
+            bias = self._scratch.bias
+            m.fill_bias(bias)
+        token = req.sampler.sample(logits, req.ids[:req.n], bias)
         if m is not None:
             m.accept(token)  # the mask only let through what the grammar accepts
             if token in self.tokenizer.stop_ids:  # the grammar allowed an end: it is complete (even with ignore_eos)

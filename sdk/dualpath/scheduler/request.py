@@ -31,11 +31,14 @@ class Request:
     """
 
     def __init__(self, request_id: str, prompt_ids: list[int], context_tokens: int,
-                 arrival: float | None = None):
+                 arrival: float | None = None, reserve_tokens: int = 64):
         self.request_id = request_id
         self.prompt_ids = prompt_ids
         self.context_tokens = context_tokens
-        self.ids = np.zeros(context_tokens, np.int64)  # (context,) prompt then generated tokens
+        # (capacity,) prompt then generated tokens: room for ``reserve_tokens`` generated ones
+        # (at most the context), doubled when full, so a queued request holds its prompt's
+        # size, not the context's.
+        self.ids = np.zeros(min(context_tokens, len(prompt_ids) + max(1, min(reserve_tokens, 1024))), np.int64)
         self.n = len(prompt_ids)
         """Known tokens: the prompt plus the tokens generated so far."""
         self.ids[:self.n] = prompt_ids
@@ -68,5 +71,9 @@ class Request:
     def append(self, token: int) -> None:
         """A generated token becomes known (its KV is computed by the next step)."""
         self.generated.append(token)
+        if self.n == len(self.ids):
+            grown = np.zeros(min(max(self.context_tokens, self.n + 1), 2 * len(self.ids)), np.int64)
+            grown[:self.n] = self.ids
+            self.ids = grown
         self.ids[self.n] = token
         self.n += 1
