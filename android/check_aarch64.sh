@@ -4,7 +4,8 @@
 #  1. an arm64 Debian bookworm userland (debootstrap --foreign, packages unpacked,
 #     nothing configured: Python needs no more) with Python 3.11 and its headers;
 #  2. aarch64 wheels from PyPI for numpy, onnxruntime, onnx, gguf, ... (pip --platform):
-#     onnxruntime is pinned to 1.24.1 for this check only (1.32 dies at import under
+#     onnxruntime is pinned to 1.24.1 for this check only, and to 1.20.1 (our minimum, Termux's oldest) for a
+#     second golden run (1.32 dies at import under
 #     QEMU 7.2, see ../shared/FINDINGS.md), and ORT's aarch64 build is a different
 #     build of MLAS from the x86 one we ship with;
 #  3. DualPath's extensions cross-compiled from this checkout with setup.py
@@ -27,7 +28,12 @@ cd "$(dirname "$0")/.."
 REPO=$(pwd)
 CACHE=${DUALPATH_AARCH64_CACHE:-$HOME/.cache/dualpath-ci/aarch64}
 ORT_VERSION=1.24.1
-PACKAGES="onnxruntime==$ORT_VERSION numpy<2.3 gguf pyyaml jinja2 onnx ml_dtypes<0.7 tokenizers pytest"
+# Termux's python-onnxruntime has moved between 1.20.2 and 1.29 (termux-packages'
+# build.sh); 1.20.1, our declared minimum, is the nearest aarch64 wheel on PyPI to the
+# oldest of them: the golden cases run on it too.
+ORT_TERMUX=1.20.1
+packages() { echo "onnxruntime==$1 numpy<2.3 gguf pyyaml jinja2 onnx ml_dtypes<0.7 tokenizers pytest"; }
+PACKAGES=$(packages $ORT_VERSION)
 KEY=$(echo "bookworm python3.11 $PACKAGES" | sha1sum | cut -c1-12)
 ROOT=$CACHE/rootfs-$KEY
 SITE=$CACHE/site-$KEY
@@ -79,17 +85,23 @@ run_arm() { # $1 = QEMU cpu model, rest: python arguments
 }
 
 # -- 2. aarch64 wheels (cached) -----------------------------------------------------
-if [ ! -f "$SITE/.complete" ]; then
-    echo "== pip: aarch64 wheels ($PACKAGES)"
-    rm -rf "$SITE"
-    plats=()
+wheels() { # $1 = site folder, rest: packages
+    local site=$1; shift
+    [ -f "$site/.complete" ] && return
+    echo "== pip: aarch64 wheels ($*)"
+    rm -rf "$site"
+    local plats=()
     for p in manylinux2014_aarch64 manylinux_2_17_aarch64 manylinux_2_27_aarch64 manylinux_2_28_aarch64 \
              manylinux_2_31_aarch64 manylinux_2_34_aarch64 any; do plats+=(--platform "$p"); done
-    # shellcheck disable=SC2086
-    $PY -m pip install -q --target "$SITE" --only-binary=:all: --python-version 3.11 --implementation cp \
-        --abi cp311 "${plats[@]}" $PACKAGES
-    touch "$SITE/.complete"
-fi
+    $PY -m pip install -q --target "$site" --only-binary=:all: --python-version 3.11 --implementation cp \
+        --abi cp311 "${plats[@]}" "$@"
+    touch "$site/.complete"
+}
+# shellcheck disable=SC2046
+wheels "$SITE" $PACKAGES
+SITE_TERMUX=$CACHE/site-$(echo "bookworm python3.11 $(packages $ORT_TERMUX)" | sha1sum | cut -c1-12)
+# shellcheck disable=SC2046
+wheels "$SITE_TERMUX" $(packages $ORT_TERMUX)
 
 # -- 3. DualPath, cross-compiled from this checkout ---------------------------------
 echo "== building DualPath's extensions for aarch64 (setup.py, aarch64-linux-gnu-gcc)"
@@ -154,6 +166,12 @@ GOLDEN=tests/kernels/test_forced_isa_end_to_end.py
 golden max "generic neon neon_fp16" "$GOLDEN::test_golden_ids_with_each_forced_kernel" $CROSS
 golden cortex-a53 "generic neon" "$GOLDEN::test_golden_ids_with_each_forced_kernel" \
     "$GOLDEN::test_forcing_a_kernel_this_cpu_lacks_is_a_clear_error"
+echo "== the same golden cases on onnxruntime $ORT_TERMUX (Termux's version)"
+SITE=$SITE_TERMUX
+run_arm max -c "import onnxruntime as ort; print('== onnxruntime', ort.__version__)" 2>&1 | grep -v "cpuid_info warning"
+p0=$passed t0=$total
+golden max "generic neon neon_fp16" "$GOLDEN::test_golden_ids_with_each_forced_kernel"
+echo "aarch64 golden on onnxruntime $ORT_TERMUX: $((passed - p0))/$((total - t0))"
 echo "== $(( $(date +%s) - t_start )) s"
 echo "aarch64 golden: $passed/$total"
 [ "$passed" = "$total" ] && [ "$total" -ge 6 ]

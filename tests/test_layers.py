@@ -16,7 +16,7 @@ import pytest
 PACKAGE = Path(__file__).resolve().parents[1] / "sdk" / "dualpath"
 
 LAYERS = [
-    ("errors", "config"),
+    ("errors", "config", "versions"),
     ("kernels", "models", "tokenizer", "platform"),
     ("graph", "cache"),
     ("scheduler",),

@@ -25,7 +25,7 @@ TERMUX_PKG_SETUP_PYTHON=true
 TERMUX_PKG_PYTHON_COMMON_BUILD_DEPS="'Cython>=3.0', setuptools, wheel"
 _NUMPY_VERSION=$(. "$TERMUX_SCRIPTDIR"/packages/python-numpy/build.sh; echo "$TERMUX_PKG_VERSION")
 TERMUX_PKG_PYTHON_CROSS_BUILD_DEPS="'numpy==$_NUMPY_VERSION'"
-TERMUX_PKG_PYTHON_RUNTIME_DEPS="'gguf>=0.10', 'pyyaml>=6.0', 'jinja2>=3.1'"
+TERMUX_PKG_PYTHON_RUNTIME_DEPS="'gguf>=0.17', 'pyyaml>=6.0', 'jinja2>=3.1'"
 TERMUX_PKG_BUILD_IN_SRC=true
 TERMUX_PKG_AUTO_UPDATE=false
 

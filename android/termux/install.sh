@@ -40,7 +40,7 @@ echo "== build tools (pure Python wheels)"
 python -m pip install "Cython>=3.0" setuptools wheel
 
 echo "== the pure-Python dependencies"
-python -m pip install "gguf>=0.10" "pyyaml>=6.0" "jinja2>=3.1"
+python -m pip install "gguf>=0.17" "pyyaml>=6.0" "jinja2>=3.1"
 if [ "$with_server" = 1 ]; then
   python -m pip install "starlette>=0.40" "uvicorn>=0.30"
 fi

@@ -17,6 +17,7 @@ from .models.store import CorruptEntry, ModelStore, Progress
 from .runtime.engine import Engine, SyncStream
 from .runtime.generate import Completion
 from .runtime.sampler import SamplingParams
+from .versions import check_versions
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +35,7 @@ class LLM:
                  *, tokenizer_path: str | os.PathLike | None = None, governor=None,
                  progress: Progress | None = None):
         t0 = time.perf_counter()
+        check_versions()  # a dependency older than we declare is refused before any file is read
         if config is None or isinstance(config, (str, os.PathLike)):
             config = load_config(config)
         self.config = config

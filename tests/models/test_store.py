@@ -16,7 +16,8 @@ import pytest
 from dualpath.config import load_config
 from dualpath.llm import LLM
 from dualpath.models import load_model
-from dualpath.graph.parts import GRAPH_VERSION
+from dualpath.graph.parts import graph_folder_name
+from dualpath.runtime.session import nbits8_graphs
 from dualpath.models.store import ModelStore
 from dualpath.models.synth import synth_gguf
 from dualpath.runtime.sampler import SamplingParams
@@ -203,7 +204,7 @@ def test_a_damaged_entry_is_logged_discarded_and_rebuilt(damage, tmp_path, q4_mo
     store = ModelStore(tmp_path)
     folder = entry_folder(store, q4_model)
     weights = os.path.join(folder, "weights.bin")
-    graphs = os.path.join(folder, f"graphs-v{GRAPH_VERSION}-a4-c512")  # kquant-tiny: 512 positions
+    graphs = os.path.join(folder, graph_folder_name(4, 512, nbits8_graphs(first.spec)))  # kquant-tiny: 512 positions
     assert os.path.isdir(graphs), os.listdir(folder)
     if damage == "truncate weights":
         os.truncate(weights, os.path.getsize(weights) // 2)
@@ -264,7 +265,8 @@ def test_two_processes_loading_the_same_file_at_once_both_succeed(tmp_path, q4_m
         assert p.returncode == 0, err
     assert outs[0][0] == outs[1][0] and len(json.loads(outs[0][0])) == 8
     entries = ModelStore(tmp_path).entries()
-    assert len(entries) == 1 and entries[0].graphs == [f"graphs-v{GRAPH_VERSION}-a4-c512"]
+    spec = LLM(q4_model, cfg(tmp_path)).spec
+    assert len(entries) == 1 and entries[0].graphs == [graph_folder_name(4, 512, nbits8_graphs(spec))]
     assert not [n for n in os.listdir(tmp_path) if n.startswith(".tmp-")]
 
 

@@ -200,7 +200,7 @@ def _mixed_clients(base: str, clients: int, duration_s: float, max_tokens: int, 
     arena = [0]
 
     def sample(t0: float):  # (seconds, RSS, of which the KV arena) in MiB
-        rss.append((time.perf_counter() - t0, _rss_mb(pid), _mapping_rss_mb(pid, arena[0], arena[0] + (4 << 20))))
+        rss.append((time.perf_counter() - t0, _rss_mb(pid), _mapping_rss_mb(pid, arena[0], arena[0] + arena[0] // 32 + (8 << 20))))
 
     async def watch_rss(stop_at: float, t0: float):
         while time.perf_counter() < stop_at:

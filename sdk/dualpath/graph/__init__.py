@@ -1,0 +1,7 @@
+"""ONNX graphs of a model (builder.py) and their files in its cache entry (parts.py)."""
+
+OPSET = 21
+"""The graphs' ONNX opset: the newest that ONNX Runtime 1.20 (our oldest, Termux's) loads.
+RMSNorm is ONNX Runtime's SimplifiedLayerNormalization, registered in the ONNX domain in
+every version we support (newer versions run opset 23's RMSNormalization with the same
+kernel)."""

@@ -31,8 +31,8 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from ..models.spec import QUANT_BLOCK, ModelSpec, Weight
+from . import OPSET
 
-OPSET = 23  # RMSNormalization
 IR_VERSION = 10
 PLACEHOLDER = "weights.placeholder"
 
@@ -57,13 +57,44 @@ class GraphPart:
     prepacking to be fast (measured ~100x), and the prepacked copy replaces ours."""
 
 
+
+class _DequantizedT:
+    """W^T (in, out) f32 of a quantized weight, computed only when the graph folder's
+    tables are written (one matrix in memory at a time, not every part's at once)."""
+
+    def __init__(self, weight: Weight):
+        self.weight = weight
+        self.shape = (weight.shape[1], weight.shape[0])
+        self.dtype = np.dtype(np.float32)
+        self.nbytes = 4 * weight.shape[0] * weight.shape[1]
+
+    def __array__(self, dtype=None, copy=None):
+        from ..models.quants import gather_rows
+
+        w = self.weight
+        N, K = w.shape
+        bits = w.bits or {"q8_0": 8, "q4_0": 4}[w.dtype]
+        bs = w.block_size or QUANT_BLOCK
+        blob = w.data.reshape(N, K // bs, -1)
+        out = np.empty((K, N), np.float32)
+        rows = np.empty((min(N, 4096), K), np.float32)  # (rows, in) a band at a time
+        for r0 in range(0, N, len(rows)):
+            ids = np.arange(r0, min(N, r0 + len(rows)))
+            gather_rows(blob, w.scales, w.zero_points, w.mins, bits, bs, ids, rows)
+            out[:, r0:r0 + len(ids)] = rows[:len(ids)].T
+        return out if dtype is None else out.astype(dtype)
+
+
 class _Builder:
     """Accumulates nodes and initializers for one part."""
 
     def __init__(self, spec: ModelSpec, layout: dict[str, tuple[int, int]], accuracy_level: int,
                  context_tokens: int = 0, fused: dict[str, Weight] | None = None,
-                 rope_memo: dict | None = None):
+                 rope_memo: dict | None = None, nbits8: bool = True):
         self.spec = spec
+        self.nbits8 = nbits8
+        """MatMulNBits runs 8 bits (ONNX Runtime 1.22 and newer); else 8-bit matrices run
+        as f32 (``dequantized_linear``)."""
         self.context_tokens = context_tokens or spec.config.context_length
         self.cfg = spec.config
         self.layout = layout
@@ -124,7 +155,8 @@ class _Builder:
     # -- layers ---------------------------------------------------------------
     def rmsnorm(self, x: str, weight: Weight) -> str:
         w = self.external(f"{weight.name}.weight", weight.data)
-        return self.node("RMSNormalization", [x, w], "norm", axis=-1, epsilon=float(self.cfg.rms_eps))
+        return self.node("SimplifiedLayerNormalization", [x, w], "norm", axis=-1, epsilon=float(self.cfg.rms_eps),
+                         stash_type=1)
 
     def head_norm(self, x: str, num_heads: int, weight: Weight) -> str:
         """RMSNorm over each head of x (T, num_heads * head_dim) (Qwen3, Gemma 3 q/k norms)."""
@@ -141,6 +173,8 @@ class _Builder:
             w = self.external(f"{weight.name}.weight", weight.data)
             return self.node("Gemm", [x, w], "mm", transB=1)
         bits = weight.bits or {"q8_0": 8, "q4_0": 4}[weight.dtype]
+        if bits == 8 and not self.nbits8:
+            return self.dequantized_linear(x, weight)
         inputs = [x, self.external(f"{weight.name}.weight", weight.data),
                   self.external(f"{weight.name}.scales", weight.scales)]
         if weight.zero_points is not None:
@@ -162,6 +196,13 @@ class _Builder:
             self.blocksums[(x, bs)] = sums
         mins = self.external(f"{weight.name}.mins", weight.mins)
         return self.node("Gemm", [sums, mins, y], "mmq", transB=1, alpha=-1.0, beta=1.0)  # y - sums @ mins^T
+
+    def dequantized_linear(self, x: str, weight: Weight) -> str:
+        """x @ W^T for an 8-bit MatMulNBits weight on an ONNX Runtime whose MatMulNBits takes
+        4 bits only: ``MatMul`` over W^T (in, out) dequantized to f32 (mins included), an
+        array of the graph folder (``rope.bin``) made when the folder is written."""
+        N, K = weight.shape
+        return self.node("MatMul", [x, self.table(f"dq8.{weight.name}.weight_t", _DequantizedT(weight))], "mm")
 
     def inv_freq(self, layer: int) -> np.ndarray:
         """Angle per position of each rotated pair of ``layer``: (head_dim / 2,) f32."""
@@ -311,10 +352,11 @@ def weight_layout(spec: ModelSpec) -> dict[str, tuple[int, int]]:
 
 
 def build_parts(spec: ModelSpec, accuracy_level: int = 4, context_tokens: int = 0,
-                fused: dict[str, Weight] | None = None) -> list[GraphPart]:
+                fused: dict[str, Weight] | None = None, nbits8: bool = True) -> list[GraphPart]:
     """The ``num_layers + 1`` graphs of ``spec`` (see the module docstring) for a
     context of ``context_tokens`` (default: the model's; Phi-3's LongRoPE factors
-    depend on it), with the fused matrices ``fused`` (``fusion_groups``) where given."""
+    depend on it), with the fused matrices ``fused`` (``fusion_groups``) where given.
+    ``nbits8``: the runtime's MatMulNBits takes 8 bits (see ``_Builder.nbits8``)."""
     cfg = spec.config
     layout = weight_layout(spec)
     rope_memo: dict = {}  # RoPE tables, computed once for every part
@@ -328,7 +370,7 @@ def build_parts(spec: ModelSpec, accuracy_level: int = 4, context_tokens: int = 
     qkv_out = [vi("q", F, [1, "T", cfg.q_dim]), vi("k", F, [1, "T", cfg.kv_dim]), vi("v", F, ["T", cfg.kv_dim])]
     parts = []
     for index in range(cfg.num_layers + 1):
-        b = _Builder(spec, layout, accuracy_level, context_tokens, fused, rope_memo)
+        b = _Builder(spec, layout, accuracy_level, context_tokens, fused, rope_memo, nbits8)
         if index == cfg.num_layers:
             rows = "rows"
             h = b.node("Gather", ["h", rows], "hsel", axis=0)

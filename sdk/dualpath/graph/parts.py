@@ -8,10 +8,12 @@ an Android app) loads any model whose entry already has the graphs, e.g. an entr
 desktop with the phone's configuration and copied over (android/README.md). Building graphs
 without onnx raises ``ModelLoadError`` naming the package and the command.
 
-Folder ``graphs-v{GRAPH_VERSION}-a{accuracy}-c{context}`` of the entry::
+Folder ``graphs-v{GRAPH_VERSION}-o{OPSET}[-dq8]-a{accuracy}-c{context}`` of the entry
+(``-dq8``: 8-bit matrices as f32 tables, for ONNX Runtime before 1.22)::
 
     parts.json          per part: inputs, outputs, initializer names, prepack; the tables
-    rope.bin            RoPE cos/sin tables of every position (f32), shared by the parts
+    rope.bin            RoPE cos/sin tables of every position (f32), shared by the parts;
+                        in a -dq8 folder also the 8-bit matrices dequantized (f32, (in, out))
     part{i}.onnx        the graph; its external initializers point into
     weights.placeholder a sparse file (no disk, never read): the runtime hands ONNX
                         Runtime the entry's mapped arrays under the same names
@@ -30,6 +32,7 @@ import numpy as np
 from ..errors import ModelLoadError
 from ..models.spec import ModelSpec
 from ..models.store import CorruptEntry, write_arrays, write_json
+from . import OPSET
 
 log = logging.getLogger(__name__)
 
@@ -37,11 +40,14 @@ TABLES = "rope.bin"
 """Graph-folder file of the initializers that are not model weights (RoPE cos/sin tables)."""
 FUSED_VERSION = 1
 """Bump when builder.fusion_groups or fuse change: older fused folders are then never read."""
-GRAPH_VERSION = 3
+GRAPH_VERSION = 4
 """Bump when the graphs change (builder.py): an entry's older graph folders are then never
 read (``dualpath cache prune`` removes entries, not folders; ``rm`` frees them).
 2: MatMul over (in, out) float weights, outputs written by their producers, fused RoPE.
-3: positions (1, T), q and k (1, T, ...); fused q | k | v and gate | up."""
+3: positions (1, T), q and k (1, T, ...); fused q | k | v and gate | up.
+4: opset 21 (SimplifiedLayerNormalization for RMSNorm): ONNX Runtime 1.20 loads it.
+The folder name carries the opset too, so a cache shared by two environments never hands
+a graph to a runtime that cannot load it."""
 
 
 @dataclass
@@ -58,13 +64,23 @@ class PartFile:
     """The part has MatMulNBits: ONNX Runtime packs its own copy of those weights."""
 
 
-def graph_parts(spec: ModelSpec, accuracy_level: int, context_tokens: int) -> list[PartFile]:
-    """The ``num_layers + 1`` graph parts of ``spec`` (which must have a cache entry)."""
-    name = f"graphs-v{GRAPH_VERSION}-a{accuracy_level}-c{context_tokens}"
+def graph_folder_name(accuracy_level: int, context_tokens: int, nbits8: bool = True) -> str:
+    """The entry's folder of the graphs for that accuracy level and context (see the module
+    docstring): named by everything that changes them."""
+    return f"graphs-v{GRAPH_VERSION}-o{OPSET}{'' if nbits8 else '-dq8'}-a{accuracy_level}-c{context_tokens}"
+
+
+def graph_parts(spec: ModelSpec, accuracy_level: int, context_tokens: int, nbits8: bool = True) -> list[PartFile]:
+    """The ``num_layers + 1`` graph parts of ``spec`` (which must have a cache entry).
+    ``nbits8``: the runtime's MatMulNBits takes 8-bit weights (ONNX Runtime 1.22 and newer);
+    the folder name says which graphs it holds, so a cache shared by two environments
+    never hands one of them graphs it cannot load."""
+    name = graph_folder_name(accuracy_level, context_tokens, nbits8)
     _remove_stale(spec.entry.folder)
     fused_arrays(spec)  # made before the graphs, which name its arrays
     for _ in range(2):
-        folder = spec.entry.derived(name, lambda tmp: _write_parts(spec, accuracy_level, context_tokens, tmp))
+        folder = spec.entry.derived(name, lambda tmp: _write_parts(spec, accuracy_level, context_tokens, tmp,
+                                                                   nbits8))
         parts = _read_parts(folder, spec)
         if parts is not None:
             return parts
@@ -126,7 +142,8 @@ def _remove_stale(entry_folder: str) -> None:
             shutil.rmtree(os.path.join(entry_folder, n), ignore_errors=True)
 
 
-def _write_parts(spec: ModelSpec, accuracy_level: int, context_tokens: int, folder: str) -> None:
+def _write_parts(spec: ModelSpec, accuracy_level: int, context_tokens: int, folder: str,
+                 nbits8: bool = True) -> None:
     try:
         import onnx
     except ImportError as e:
@@ -140,7 +157,7 @@ def _write_parts(spec: ModelSpec, accuracy_level: int, context_tokens: int, fold
 
     from .builder import PLACEHOLDER, build_parts
 
-    built = build_parts(spec, accuracy_level, context_tokens, _fused_weights(spec))
+    built = build_parts(spec, accuracy_level, context_tokens, _fused_weights(spec), nbits8)
     with open(os.path.join(folder, PLACEHOLDER), "wb") as f:
         f.truncate(max((p.placeholder_bytes for p in built), default=0))  # sparse: never read
     tables, offset = {}, 0

@@ -10,7 +10,7 @@ its first 64 KiB, the tokenizer file's the same way, and ``CONVERSION_VERSION``)
       tokenizer.json       the TokenizerSpec
       weights.bin          every converted array at a 64 KiB-aligned offset (memory-mapped
                            on load: ONNX Runtime and our kernels read it in place)
-      graphs-vV-a{A}-c{C}/ the ONNX graph parts (version V) for accuracy level A and context C:
+      graphs-vV-oO-a{A}-c{C}/ the ONNX graph parts (version V, opset O) for accuracy level A and context C:
         parts.json, part{i}.onnx, weights.placeholder (sparse: the graphs' external
         initializers point into it; the real arrays are handed over at session creation)
 

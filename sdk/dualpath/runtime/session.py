@@ -20,13 +20,14 @@ import onnxruntime as ort
 from ..cache.manager import KVCacheManager, NoRoom
 from ..cache.policy import PathPolicy
 from ..config import DualPathConfig, PowerConfig
-from ..errors import ConfigError, DualPathError
+from ..errors import ConfigError, DualPathError, ModelLoadError
 from ..kernels import ArenaStepper, ThreadPool, embed as _embed, kv_tile_bytes
 from ..models.quants import gather_rows
 from ..models.spec import ModelSpec
 from ..models.store import Progress, temporary_entry
 from ..graph.parts import PartFile, graph_parts
 from ..scheduler.batch import SeqStep
+from ..versions import declared_minimums, parse_version
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +64,21 @@ def _use_env_allocator() -> bool:
     return _env_allocator
 
 
+ORT_VERSION = parse_version(ort.__version__)
+NBITS8_SINCE = (1, 22)
+"""ONNX Runtime's CPU MatMulNBits takes 8-bit weights from 1.22 on ("Only 4b quantization
+is supported" before)."""
+
+
+def nbits8_graphs(spec: ModelSpec) -> bool:
+    """Whether the graphs may use 8-bit MatMulNBits; says once when a model loses it."""
+    if ORT_VERSION >= NBITS8_SINCE or not any(w.bits == 8 or w.dtype == "q8_0" for w in spec.weights.values()):
+        return True
+    log.warning("ONNX Runtime %s has no 8-bit MatMulNBits (%s and newer have it): this model's 8-bit "
+                "matrices run as f32, with 4x their memory", ort.__version__, ".".join(map(str, NBITS8_SINCE)))
+    return False
+
+
 def _thread_ids() -> set[int]:
     try:
         return {int(t) for t in os.listdir("/proc/self/task")}
@@ -83,6 +99,12 @@ def _use_global_pool(num_threads: int) -> bool:
         try:
             from onnxruntime.capi import _pybind_state
 
+            if not hasattr(_pybind_state, "set_global_thread_pool_sizes"):  # before ONNX Runtime 1.23
+                log.warning("ONNX Runtime %s has no shared thread pool (1.23 and newer have one): each graph "
+                            "part runs a pool of its own, which costs decode speed at short context",
+                            ort.__version__)
+                _global_pool_threads = 0
+                return False
             before = _thread_ids()
             _pybind_state.set_global_thread_pool_sizes(num_threads, 1)  # starts its workers
             _global_pool_workers[:] = sorted(_thread_ids() - before)
@@ -186,7 +208,13 @@ def create_sessions(parts: list[PartFile], num_threads: int, spinning: bool = Tr
             value = ort.OrtValue.ortvalue_from_numpy(array)
             values.append(value)
             so.add_initializer(name, value)
-        session = ort.InferenceSession(part.path, so, providers=["CPUExecutionProvider"])
+        try:
+            session = ort.InferenceSession(part.path, so, providers=["CPUExecutionProvider"])
+        except Exception as e:  # e.g. a graph from a newer DualPath in a shared cache
+            raise ModelLoadError(part.path, f"ONNX Runtime {ort.__version__} cannot load this graph "
+                                 f"({str(e).strip().splitlines()[0][:300]}); DualPath needs onnxruntime "
+                                 f"{declared_minimums().get('onnxruntime', '1.20.1')} or newer: "
+                                 f"pip install -U onnxruntime") from e
         if entry is not None and pack:
             entry.drop_pages(part.weights.values())
         if progress is not None:
@@ -303,7 +331,7 @@ class ModelRunner:
         if temporary:  # converted in memory: a private entry in a temporary folder, removed below
             spec = self.spec = temporary_entry(spec)
         try:
-            parts = graph_parts(spec, accuracy_level, max_context_tokens)
+            parts = graph_parts(spec, accuracy_level, max_context_tokens, nbits8_graphs(spec))
             t1 = time.perf_counter()
             self.governor = governor
             if governor is None:
