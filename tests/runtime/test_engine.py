@@ -438,3 +438,25 @@ def test_samplers_sharing_scratch_buffers_draw_what_lone_samplers_draw():
         assert [s.sample(row) for s in shared] == [s.sample(row) for s in alone]
     with pytest.raises(ValueError, match="scratch buffers of 300 entries for a vocabulary of 301"):
         Sampler(kinds[0], 301, scratch)
+
+
+def test_a_fork_whose_first_sample_fails_ends_alone_and_holds_no_slot(gguf_path, solo):
+    from dualpath.errors import InternalError
+
+    llm = make_llm(gguf_path, **{"runtime.max_num_seqs": 3})
+    engine = llm.engine
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    errors = []
+    sink = lambda d, e: e and errors.append(e)  # noqa: E731
+    parent = engine.add_request(llm.tokenize(PROMPTS[2]), params, sink=sink, fork_sinks=[sink, sink])
+
+    def broken(*args):  # fault injection: the first fork cannot sample
+        raise ValueError("injected sampler failure")
+
+    parent.forks[0].sampler.sample = broken
+    engine.run_until_done()
+    assert len(errors) == 1 and isinstance(errors[0], InternalError)
+    assert parent.forks[0].status is Status.FINISHED and parent.forks[0].completion is None
+    assert parent.completion.token_ids == parent.forks[1].completion.token_ids == solo[PROMPTS[2]][:24]
+    assert engine.scheduler.num_seqs() == 0 and set(llm.runner.cache.seqs) == {llm.runner.seq_id}
+    llm.runner.cache.check_invariants()

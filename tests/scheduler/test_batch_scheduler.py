@@ -143,7 +143,7 @@ def test_a_request_with_forks_is_admitted_only_with_a_slot_for_each():
     cache = make_cache(64)
     sched = scheduler(cache, max_num_seqs=4)
     t0 = time.perf_counter()
-    a, b, c = make_request("a", 1000, 8, t0), make_request("b", 2000, 8, t0 + 1e-3), make_request("c", 3000, 8, t0 + 2e-3)
+    a, b, c = (make_request(name, 1000 * (i + 1), 8, t0 + i * 1e-3) for i, name in enumerate("abc"))
     sched.reserve(b, 2)                                     # n = 3: two forks once its prompt is computed
     for r in (a, b, c):
         sched.add(r)

@@ -121,13 +121,14 @@ def metric(text: str, name: str, labels: str = "") -> float:
     raise KeyError(prefix.strip())
 
 
-def process_peak_rss_mb(pid: int) -> float | None:
-    """Peak resident memory of a live process (``VmHWM`` of /proc/PID/status), in MiB;
-    None where /proc does not say (not Linux, or the process is gone)."""
+def process_peak_rss_mb(pid: int, field: str = "VmHWM") -> float | None:
+    """Peak resident memory of a live process (``VmHWM`` of /proc/PID/status; ``VmRSS``:
+    its resident memory now), in MiB; None where /proc does not say (not Linux, or the
+    process is gone)."""
     try:
         with open(f"/proc/{pid}/status") as f:
             for line in f:
-                if line.startswith("VmHWM:"):
+                if line.startswith(field + ":"):
                     return int(line.split()[1]) / 1024.0
     except (OSError, ValueError, IndexError):
         return None

@@ -14,7 +14,8 @@ import json
 import sys
 import time
 
-from .common import free_port, live_server, metric, model_or_default, percentile_ms, write_json
+from .common import (free_port, live_server, metric, model_or_default, percentile_ms, process_peak_rss_mb,
+                     write_json)
 
 STARTUP_S = 120.0
 """How long the server may take to answer /health."""
@@ -89,17 +90,6 @@ GREEDY_PROBE = {"prompt": "Once upon a time", "max_tokens": 48, "temperature": 0
 """Sent alone before and after a mixed load: the load must not change greedy output."""
 
 
-def _rss_mb(pid: int) -> float | None:
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) / 1024.0
-    except (OSError, ValueError, IndexError):
-        return None
-    return None
-
-
 def _mapping_rss_mb(pid: int, min_bytes: int, max_bytes: int) -> float | None:
     """Resident MiB of the smallest mapping of the process whose size is within
     [min_bytes, max_bytes] (the KV arena: one mapping of its capacity plus alignment),
@@ -143,8 +133,8 @@ def _mixed_clients(base: str, clients: int, duration_s: float, max_tokens: int, 
                                 headers={"content-type": "application/json"})
             return r.status_code, None if "error" in r.json() else "no error object"
         if kind == "too_long":
-            r = await http.post("/v1/completions", json={"prompt": [int(t) for t in rng.integers(5, 200, context[0] + 8)],
-                                                         "max_tokens": 4})
+            ids = [int(t) for t in rng.integers(5, 200, context[0] + 8)]  # past the context
+            r = await http.post("/v1/completions", json={"prompt": ids, "max_tokens": 4})
             return r.status_code, None if r.json()["error"]["code"] == "context_length_exceeded" else r.text[:200]
         if kind == "embed":
             r = await http.post("/v1/embeddings", json={"input": [words, words[::-1] or "a"]})
@@ -200,7 +190,8 @@ def _mixed_clients(base: str, clients: int, duration_s: float, max_tokens: int, 
     arena = [0]
 
     def sample(t0: float):  # (seconds, RSS, of which the KV arena) in MiB
-        rss.append((time.perf_counter() - t0, _rss_mb(pid), _mapping_rss_mb(pid, arena[0], arena[0] + arena[0] // 32 + (8 << 20))))
+        rss.append((time.perf_counter() - t0, process_peak_rss_mb(pid, "VmRSS"),
+                    _mapping_rss_mb(pid, arena[0], arena[0] + arena[0] // 32 + (8 << 20))))
 
     async def watch_rss(stop_at: float, t0: float):
         while time.perf_counter() < stop_at:
@@ -350,7 +341,8 @@ def _cmd_mixed(args, model: str, server_args: list[str]) -> int:
           f"dualpath serve ({model}, {args.max_num_seqs} sequences at once)", flush=True)
     r = mixed_load_test(model, clients=args.clients, duration_s=args.duration, max_tokens=args.max_tokens,
                         seed=args.seed, server_args=tuple(server_args))
-    print(f"requests: {r['requests']} in {r['wall_s']:.1f}s ({', '.join(f'{k} {v}' for k, v in sorted(r['sent'].items()))})")
+    sent = ", ".join(f"{k} {v}" for k, v in sorted(r["sent"].items()))
+    print(f"requests: {r['requests']} in {r['wall_s']:.1f}s ({sent})")
     print(f"statuses: {', '.join(f'{k}: {v}' for k, v in r['statuses'].items())}; 5xx {r['server_errors']}; "
           f"unexpected answers {r['failures']}")
     for e in r["failure_examples"]:
@@ -359,7 +351,8 @@ def _cmd_mixed(args, model: str, server_args: list[str]) -> int:
     print(f"server RSS {r['rss_warm_mb'] or 0:.0f} MiB after warm-up, {r['rss_end_mb'] or 0:.0f} MiB at the end "
           f"({'-' if growth is None else f'{growth * 100:+.1f}%'}); tracebacks in its log: {r['tracebacks_in_log']}")
     marks = [(m, a) for t, m, a in r["rss_mb"] if m is not None][::max(1, len(r["rss_mb"]) // 6)]
-    print(f"server RSS over the run (MiB, of which KV arena): {', '.join(f'{m:.0f} ({a or 0:.0f})' for m, a in marks)}; "
+    over = ", ".join(f"{m:.0f} ({a or 0:.0f})" for m, a in marks)
+    print(f"server RSS over the run (MiB, of which KV arena): {over}; "
           f"KV arena {r['kv_arena_mb']:.0f} MiB, resident at the end {r['kv_arena_resident_mb'] or 0:.0f}")
     rest = r["rss_growth_after_warmup_without_kv"]
     print(f"RSS growth after warm-up without the KV arena: {'-' if rest is None else f'{rest * 100:+.1f}%'}")

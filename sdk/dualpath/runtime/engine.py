@@ -291,10 +291,17 @@ class Engine:
             for fork in req.forks:
                 if fork.fork_of is not None:  # not aborted while waiting
                     forked.append(fork)
-                    end = self._advance(fork, rows[-1], now)
-                    if end is not None:
-                        ended.append(end)
-        end = self._advance(req, rows[-1], now)  # the chunk's last row samples
+                    self._sample(fork, rows[-1], now, ended)
+        self._sample(req, rows[-1], now, ended)  # the chunk's last row samples
+
+    def _sample(self, req: EngineRequest, logits: np.ndarray, now: float, ended: list) -> None:
+        """``_advance``, and the request's end (if any) into ``ended``; an error while it
+        samples ends this request alone (a fork that failed its first sample never runs)."""
+        try:
+            end = self._advance(req, logits, now)
+        except Exception as e:
+            log.exception("request %s failed while it sampled", req.request_id)
+            end = (req, "abort", {"error": _internal(req, e)})
         if end is not None:
             ended.append(end)
 
