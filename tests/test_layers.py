@@ -21,7 +21,7 @@ LAYERS = [
     ("graph", "cache"),
     ("scheduler",),
     ("runtime",),
-    ("llm", ""),  # "" = the package's own __init__ (the public API: it imports llm)
+    ("llm", "chat", ""),  # "" = the package's own __init__ (the public API: it imports llm)
     ("server",),
     ("bench",),
     ("cli",),

@@ -12,13 +12,14 @@ from .errors import (ChatTemplateError, ConfigError, DualPathError, InvalidPromp
                      PromptTooLongError,
                      SamplingParamsError, TokenizerError)
 from .llm import LLM
+from .chat import Chat
 from .runtime.generate import Completion, Timings, Usage
 from .runtime.sampler import SamplingParams
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "LLM", "SamplingParams", "Completion", "Usage", "Timings", "Config", "DualPathConfig", "RuntimeConfig",
+    "LLM", "Chat", "SamplingParams", "Completion", "Usage", "Timings", "Config", "DualPathConfig", "RuntimeConfig",
     "load_config", "DualPathError", "ModelLoadError", "ConfigError", "SamplingParamsError",
     "PromptTooLongError", "InvalidPromptError", "TokenizerError", "ChatTemplateError",
 ]

@@ -117,6 +117,109 @@ def cmd_run(args) -> int:
     return 0
 
 
+CHAT_HELP = """commands: /clear (forget the conversation), /system TEXT (a new system prompt), /save FILE,
+/load FILE (the conversation as JSON messages), /stats (tokens, speed, cache reuse), /help;
+Ctrl-C stops a reply, Ctrl-D (or /exit) leaves"""
+
+
+def cmd_chat(args) -> int:
+    import signal
+    import threading
+
+    from .chat import Chat
+    from .llm import LLM
+    from .runtime.sampler import SamplingParams
+
+    interactive = sys.stdin.isatty()
+    if interactive:
+        try:
+            import readline  # noqa: F401  (line editing and history for input(), where Python has it)
+        except ImportError:  # Termux's Python may lack it: a plain prompt then
+            pass
+    llm = LLM(_model_path(args), _config(args), tokenizer_path=args.tokenizer, progress=_ProgressBar())
+    params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_k=args.top_k,
+                            top_p=args.top_p, min_p=args.min_p, repetition_penalty=args.repeat_penalty,
+                            seed=args.seed)
+    chat = Chat(llm, args.system, params, reply_tokens=args.max_tokens)
+    out, err = sys.stdout, sys.stderr
+    if interactive:
+        print(f"dualpath chat: {os.path.basename(str(llm.spec.path))}, context {llm.context_tokens} tokens. "
+              f"{CHAT_HELP}", file=err)
+    stop = threading.Event()
+
+    def on_sigint(signum, frame):  # while a reply streams: stop it, never interrupt the engine mid-step
+        stop.set()
+
+    while True:
+        try:
+            line = input(">>> " if interactive else "")
+        except EOFError:
+            if interactive:
+                print(file=err)
+            return 0
+        except KeyboardInterrupt:  # at the prompt: a fresh line, the session goes on
+            print("\n(Ctrl-D leaves)", file=err)
+            continue
+        line = line.strip()
+        if not line:
+            continue
+        if interactive and line.startswith("/"):
+            if _chat_command(chat, line, out, err):
+                return 0
+            continue
+        previous = signal.signal(signal.SIGINT, on_sigint)
+        stop.clear()
+        try:
+            reply = chat.send(line)
+            for text in reply:
+                out.write(text)
+                out.flush()
+                if stop.is_set():
+                    reply.close()  # the reply so far stays in the conversation
+                    break
+        finally:
+            signal.signal(signal.SIGINT, previous)
+        out.write("\n")
+        out.flush()
+        st = chat.last
+        if st.dropped_turns:
+            print(f"(context full: dropped the {st.dropped_turns} oldest turn(s))", file=err)
+        if stop.is_set() and interactive:
+            print("(stopped)", file=err)
+
+
+def _chat_command(chat, line: str, out, err) -> bool:
+    """One REPL command; True when the session should end."""
+    from .errors import DualPathError
+
+    name, _, arg = line.partition(" ")
+    arg = arg.strip()
+    if name in ("/exit", "/quit", "/bye"):
+        return True
+    if name == "/clear":
+        chat.clear()
+        print("(conversation cleared)", file=err)
+    elif name == "/system":
+        chat.set_system(arg)
+        print(f"(system prompt {'set' if arg else 'removed'}; the conversation goes on under it)", file=err)
+    elif name in ("/save", "/load") and arg:
+        try:
+            (chat.save if name == "/save" else chat.load)(arg)
+        except (OSError, DualPathError) as e:
+            print(f"(cannot {name[1:]}: {e})", file=err)
+        else:
+            print(f"({'saved' if name == '/save' else 'loaded'} {len(chat.messages)} messages "
+                  f"{'to' if name == '/save' else 'from'} {arg})", file=err)
+    elif name == "/stats":
+        st = chat.last
+        print(f"turns {chat.turns}, context {chat.context_used}/{chat.llm.context_tokens} tokens; last turn: prompt "
+              f"{st.prompt_tokens} tokens ({st.cached_tokens} from the cache), reply {st.completion_tokens} "
+              f"tokens, first token after {st.ttft_ms:.0f} ms, {st.decode_tokens_per_s:.1f} tok/s", file=err)
+    else:
+        print(CHAT_HELP, file=err)
+    return False
+
+
 def cmd_cache(args) -> int:
     from .config import load_config
     from .models.store import ModelStore
@@ -289,6 +392,8 @@ def cmd_serve(args) -> int:
         value = getattr(args, key)
         if value is not None:
             overrides[f"server.{name}"] = value
+    if args.no_webui:
+        overrides["server.webui"] = False
     from .config import load_config
 
     cfg = load_config(args.config, overrides)
@@ -308,6 +413,8 @@ def cmd_serve(args) -> int:
 
     app = create_app(llm, on_shutdown=stopped)
     sc = cfg.server
+    if sc.webui:
+        print(f"dualpath: chat page at http://{sc.host}:{sc.port}/", file=sys.stderr)
     print(f"dualpath: serving {app.state.server.model_name} on http://{sc.host}:{sc.port}/v1 "
           f"({cfg.runtime.max_num_seqs} requests at once, {llm.runner.kv_cache_tokens} KV tokens, "
           f"api key {'required' if sc.api_key else 'off'})", file=sys.stderr, flush=True)
@@ -361,6 +468,19 @@ def build_parser() -> argparse.ArgumentParser:
                    help="print the load time split into its stages (and log what the library does, as -v)")
     r.set_defaults(func=cmd_run)
 
+    ch = sub.add_parser("chat", help="an interactive conversation in the terminal (piped: one reply per line)")
+    model_args(ch)
+    config_args(ch)
+    ch.add_argument("--system", help="a system prompt")
+    ch.add_argument("-n", "--max-tokens", type=int, default=512, help="tokens a reply may take (default 512)")
+    ch.add_argument("--temperature", type=float, default=0.7)
+    ch.add_argument("--top-k", type=int, default=40)
+    ch.add_argument("--top-p", type=float, default=0.95)
+    ch.add_argument("--min-p", type=float, default=0.05)
+    ch.add_argument("--repeat-penalty", type=float, default=1.0)
+    ch.add_argument("--seed", type=int)
+    ch.set_defaults(func=cmd_chat)
+
     c = sub.add_parser("cache", help="the converted-model cache: list, remove, prune entries")
     c.add_argument("--dir", help="the cache folder (default: model_cache.dir, $DUALPATH_CACHE_DIR or ~/.cache/dualpath/models)")
     csub = c.add_subparsers(dest="cache_command", required=True)
@@ -406,6 +526,7 @@ def build_parser() -> argparse.ArgumentParser:
                                     "server.strict_model_name is true")
     sv.add_argument("--api-key", help="require 'Authorization: Bearer KEY' (server.api_key; "
                                       "env DUALPATH_API_KEY)", default=os.environ.get("DUALPATH_API_KEY"))
+    sv.add_argument("--no-webui", action="store_true", help="no chat page at / (server.webui: false)")
     sv.set_defaults(func=cmd_serve)
 
     from .bench import add_bench_parser

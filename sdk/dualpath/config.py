@@ -305,6 +305,8 @@ class ServerConfig(_Section):
     """Requests waiting for a slot beyond the running ones; more get 429 with Retry-After."""
     model_name: str = setting("", str, None, "a string ('' = the model file's name)")
     """The model id that /v1/models lists and responses carry (``dualpath serve --alias``)."""
+    webui: bool = setting(True, bool, None, "true or false")
+    """Serve the chat page at ``/`` (static files shipped in the package; ``--no-webui``)."""
     strict_model_name: bool = setting(False, bool, None, "true or false")
     """true: a request naming another model than model_name or the file name gets 404; false: a
     single-model server answers whatever model a client names (as llama.cpp's server does)."""

@@ -298,3 +298,20 @@ def test_non_streamed_disconnect_aborts_too(slow_live):
             time.sleep(0.005)
         assert engine.num_running == 1
     assert idle(engine), "the request of a client that went away is still running"
+
+
+def test_the_chat_page_is_served_with_a_strict_policy_and_can_be_turned_off(live, chat_gguf):
+    r = httpx.get(live.base + "/")
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/html")
+    assert "script-src 'self'" in r.headers["content-security-policy"]
+    assert '<script src="static/chat.js"' in r.text
+    assert httpx.get(live.base + "/static/chat.js").headers["content-type"].startswith("text/javascript")
+    assert httpx.get(live.base + "/static/../app.py").status_code == 404
+    assert httpx.get(live.base + "/static/nothing.js").json()["error"]["code"] == "not_found"
+    cfg = dualpath.load_config(None, {"runtime.max_context_tokens": 64, "server.webui": False})
+    off = LiveServer(dualpath.LLM(chat_gguf, cfg))
+    try:
+        assert httpx.get(off.base + "/").status_code == 404
+        assert httpx.get(off.base + "/v1/models").status_code == 200
+    finally:
+        off.stop()

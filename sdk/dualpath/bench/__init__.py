@@ -8,7 +8,8 @@
 * ``cache``: the KV cache's append throughput and bytes held against bytes needed;
 * ``serve``: latency under a mixed load, the cache's path modes side by side;
 * ``load``: many streaming clients against a live ``dualpath serve``;
-* ``startup``: process start to the first and 8th token, first and cached load.
+* ``startup``: process start to the first and 8th token, first and cached load;
+* ``chat``: time to first token per turn of a conversation, its KV reused across turns or not.
 
 A measurement that needs a process of its own runs through ``harness.run_worker``
 (the one isolated-process harness); what several benchmarks share is in
@@ -25,9 +26,9 @@ from __future__ import annotations
 
 def add_bench_parser(sub) -> None:
     """Add ``bench`` and its subcommands to the CLI's subparsers."""
-    from . import cache, e2e, kernels, kv_quality, load, power, serve, startup
+    from . import cache, chat, e2e, kernels, kv_quality, load, power, serve, startup
 
     b = sub.add_parser("bench", help="benchmarks (side by side with llama.cpp where it applies)")
     bs = b.add_subparsers(dest="bench", required=True)
-    for module in (e2e, kernels, kv_quality, power, cache, serve, load, startup):
+    for module in (e2e, kernels, kv_quality, power, cache, serve, load, startup, chat):
         module.add_parser(bs)

@@ -2,7 +2,9 @@
 
 Routes: ``POST /v1/completions``, ``POST /v1/chat/completions`` (JSON, or
 server-sent events with ``"stream": true``), ``POST /v1/embeddings``, ``GET /v1/models``, ``GET /health``,
-``GET /metrics`` (Prometheus text).
+``GET /metrics`` (Prometheus text), and unless ``server.webui`` is off, the chat page at ``GET /``
+(``static/``: plain files, no build step, no external requests, served with a
+Content-Security-Policy that allows this server's own scripts only).
 
 Errors are OpenAI-style objects ``{"error": {"message", "type", "param", "code"}}``:
 400 for malformed JSON or bad parameters, 401 for a missing or wrong API key,
@@ -348,6 +350,19 @@ class Server:
     async def metrics(self, request: Request) -> Response:
         return PlainTextResponse(self.engine.metrics_text(), media_type="text/plain; version=0.0.4")
 
+    async def page(self, request: Request) -> Response:
+        """The chat page and its two files; nothing else is read from disk."""
+        name = request.path_params.get("name", "index.html")
+        kind = _STATIC.get(name)
+        if kind is None:
+            raise APIError(404, f"no route GET {request.url.path}", code="not_found")
+        with open(os.path.join(os.path.dirname(__file__), "static", name), "rb") as f:
+            body = f.read()
+        return Response(body, media_type=kind, headers={
+            "Content-Security-Policy": "default-src 'none'; script-src 'self'; style-src 'self'; "
+                                       "connect-src 'self'; img-src 'self'; base-uri 'none'; form-action 'none'",
+            "X-Content-Type-Options": "nosniff", "Cache-Control": "no-cache"})
+
     async def models(self, request: Request) -> Response:
         self._check_auth(request)
         return JSONResponse({"object": "list", "data": [
@@ -504,6 +519,9 @@ class Server:
 
 
 EMBEDDING_FIELDS = {"model", "input", "encoding_format", "dimensions", "user"}
+_STATIC = {"index.html": "text/html; charset=utf-8", "chat.js": "text/javascript; charset=utf-8",
+           "chat.css": "text/css; charset=utf-8"}
+"""The chat page's files (``static/``) and their types."""
 
 
 def _sse(obj: dict) -> str:
@@ -606,6 +624,9 @@ def create_app(llm, *, model_name: str | None = None, on_shutdown=None) -> Starl
         Route("/v1/chat/completions", wrap(server.chat_completions), methods=["POST"]),
         Route("/v1/embeddings", wrap(server.embeddings), methods=["POST"]),
     ]
+    if server.cfg.webui:
+        routes += [Route("/", wrap(server.page), methods=["GET"]),
+                   Route("/static/{name}", wrap(server.page), methods=["GET"])]
     @contextlib.asynccontextmanager
     async def lifespan(app):
         yield

@@ -1,0 +1,175 @@
+"""A multi-turn conversation over one ``LLM``: ``dualpath chat`` and the API's ``Chat``.
+
+Each turn prefills only what is new. The conversation is kept as the token ids the
+model saw and wrote (``ids``: every prompt, then every generated token), beside the
+template's text of them (``text``). A new turn renders the whole conversation with the
+chat template and, where that text starts with ``text`` (the usual case: templates
+append), tokenizes only the rest and appends it to ``ids``. The prompt of turn N then
+starts with turn N-1's prompt and reply, token for token, so the prefix cache serves
+all its full pages and only the new message and the last partial page are computed.
+Where the rendering does not extend the last one (a template that trims a reply's
+whitespace, a system prompt changed), the whole conversation is tokenized again and
+the prefix cache still serves the pages up to the first different token.
+
+When a turn would not fit the context (with room for ``reply_tokens`` more), the
+oldest turns are dropped (the system message stays) and ``dropped_turns`` says how
+many: the caller tells the user. A conversation that cannot fit even with one turn
+raises ``PromptTooLongError``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass
+from typing import Iterator
+
+from .errors import ChatTemplateError, DualPathError, PromptTooLongError
+from .llm import LLM
+from .runtime.sampler import SamplingParams
+
+__all__ = ["Chat", "TurnStats"]
+
+
+@dataclass
+class TurnStats:
+    """How one turn went."""
+
+    prompt_tokens: int = 0
+    """Tokens of the turn's whole prompt (the conversation so far and the new message)."""
+    cached_tokens: int = 0
+    """Of those, read from the prefix cache instead of computed."""
+    completion_tokens: int = 0
+    ttft_ms: float = 0.0
+    """Time to the first token of the reply."""
+    decode_tokens_per_s: float = 0.0
+    finish_reason: str = ""
+    dropped_turns: int = 0
+    """Oldest turns dropped before this one to make it fit the context."""
+
+
+class Chat:
+    """A conversation: ``for text in chat.send("Hi"): ...`` streams the reply."""
+
+    def __init__(self, llm: LLM, system: str | None = None, params: SamplingParams | None = None,
+                 reply_tokens: int = 512):
+        self.llm = llm
+        self.params = params or SamplingParams(temperature=0.7, top_p=0.95, max_tokens=reply_tokens)
+        self.reply_tokens = min(reply_tokens, self.params.max_tokens)
+        """Room kept free in the context for the reply."""
+        self.system = system
+        self.messages: list[dict] = []
+        """The turns, ``{"role": "user" | "assistant", "content": str}``, oldest first."""
+        self.ids: list[int] = []
+        """What the model saw and wrote, in order (empty: nothing yet, or to be rendered again)."""
+        self.text = ""
+        """The chat template's text of ``ids``."""
+        self.last = TurnStats()
+        llm.apply_chat_template([{"role": "user", "content": "x"}])  # no template: ChatTemplateError now
+
+    # -- the conversation ---------------------------------------------------------
+    def _all(self, messages: list[dict]) -> list[dict]:
+        return ([{"role": "system", "content": self.system}] if self.system else []) + messages
+
+    def clear(self) -> None:
+        """Forget every turn (the system message stays)."""
+        self.messages, self.ids, self.text = [], [], ""
+
+    def set_system(self, system: str | None) -> None:
+        self.system = system or None
+        self.ids, self.text = [], ""
+
+    def save(self, path: str | os.PathLike) -> None:
+        """The conversation as JSON messages (OpenAI's shape), system message first."""
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump(self._all(self.messages), f, ensure_ascii=False, indent=1)
+            f.write("\n")
+
+    def load(self, path: str | os.PathLike) -> None:
+        """Replace the conversation with the messages of a file written by ``save`` (or any
+        list of ``{"role", "content"}`` objects); a leading system message becomes ``system``."""
+        try:
+            with open(path, encoding="utf-8") as f:
+                doc = json.load(f)
+        except (OSError, ValueError) as e:
+            raise DualPathError(f"{path}: cannot read a conversation ({e})") from None
+        if not isinstance(doc, list) or not all(
+                isinstance(m, dict) and m.get("role") in ("system", "user", "assistant")
+                and isinstance(m.get("content"), str) for m in doc):
+            raise DualPathError(f"{path}: a conversation is a JSON list of {{\"role\": "
+                                f"\"system\" | \"user\" | \"assistant\", \"content\": string}} objects")
+        system = doc[0]["content"] if doc and doc[0]["role"] == "system" else None
+        self.set_system(system)
+        self.messages = [{"role": m["role"], "content": m["content"]} for m in doc[1 if system is not None else 0:]]
+
+    # -- one turn -------------------------------------------------------------------
+    def _prompt(self, messages: list[dict]) -> tuple[list[int], str]:
+        """Prompt ids and text of ``messages`` and a generation prompt, extending ``ids``
+        where the rendering extends ``text``."""
+        llm = self.llm
+        full = llm.apply_chat_template(self._all(messages))
+        if self.ids and full.startswith(self.text):
+            new = llm.tokenizer.encode(full[len(self.text):], add_bos=False, parse_special=True)
+            return self.ids + new, full
+        return llm.chat_prompt_ids(self._all(messages)), full
+
+    def _fit(self, user: dict) -> tuple[list[int], str, int]:
+        """The prompt of the next turn, dropping the oldest turns until it leaves room for
+        the reply."""
+        limit = self.llm.context_tokens - self.reply_tokens
+        dropped = 0
+        while True:
+            ids, text = self._prompt(self.messages + [user])
+            if len(ids) <= limit:
+                return ids, text, dropped
+            if not self.messages:
+                raise PromptTooLongError(f"the message and the system prompt take {len(ids)} tokens; with "
+                                         f"{self.reply_tokens} for the reply that is over the context of "
+                                         f"{self.llm.context_tokens} tokens")
+            # the oldest user turn and its reply go; the conversation is rendered afresh
+            cut = next((i for i, m in enumerate(self.messages[1:], 1) if m["role"] == "user"), len(self.messages))
+            self.messages = self.messages[cut:]
+            self.ids, self.text = [], ""
+            dropped += 1
+
+    def send(self, message: str) -> Iterator[str]:
+        """Stream the reply to ``message``; the turn is in the conversation once the reply
+        ends, or is cut short (the iterator closed early, or Ctrl-C while it streams):
+        then the reply so far is kept, as the model wrote it."""
+        user = {"role": "user", "content": message}
+        ids, text, dropped = self._fit(user)
+        gen = self.llm.stream(ids, self.params)
+        t0 = time.perf_counter()
+        first = None
+        parts: list[str] = []
+        try:
+            for delta in gen:
+                if first is None:
+                    first = time.perf_counter()
+                parts.append(delta)
+                yield delta
+        finally:
+            gen.close()
+            c = gen.completion
+            reply = "".join(parts)
+            generated = list(c.token_ids) if c is not None else list(gen.request.generated)
+            self.messages += [user, {"role": "assistant", "content": reply}]
+            self.ids, self.text = ids + generated, text + self.llm.detokenize(generated)
+            now = time.perf_counter()
+            cached = c.usage.cached_prompt_tokens if c is not None else (gen.request.cached_tokens or 0)
+            decode_s = now - first if first is not None else 0.0
+            self.last = TurnStats(len(ids), cached, len(generated), ((first or now) - t0) * 1e3,
+                                  (len(generated) - 1) / decode_s if decode_s > 0 and len(generated) > 1 else 0.0,
+                                  c.finish_reason if c is not None else "interrupted", dropped)
+
+    @property
+    def turns(self) -> int:
+        """User messages in the conversation."""
+        return sum(m["role"] == "user" for m in self.messages)
+
+    @property
+    def context_used(self) -> int:
+        """Tokens of the conversation held for the next turn."""
+        return len(self.ids)
+

@@ -1,0 +1,162 @@
+// The chat page of `dualpath serve`: streams from this server's /v1/chat/completions.
+// No build step, no external requests. Replies are shown as text (textContent), never
+// as HTML, so nothing a model or a user writes can run here.
+"use strict";
+
+const $ = (id) => document.getElementById(id);
+const messages = [];          // the conversation, OpenAI's shape
+let controller = null;        // the AbortController of the reply being streamed
+let modelName = null;
+let replyTokens = 512;        // a reply's limit: a quarter of the context, at most 1024
+
+function apiKey() { return sessionStorage.getItem("dualpath-api-key") || ""; }
+
+function headers() {
+  const h = { "Content-Type": "application/json" };
+  if (apiKey()) h.Authorization = "Bearer " + apiKey();
+  return h;
+}
+
+function add(role, text) {
+  const div = document.createElement("div");
+  div.className = "msg " + role;
+  div.textContent = text;
+  $("log").appendChild(div);
+  $("log").scrollTop = $("log").scrollHeight;
+  return div;
+}
+
+function status(text) { $("status").textContent = text; }
+
+async function connect() {
+  let r;
+  try {
+    r = await fetch("v1/models", { headers: headers() });
+  } catch (e) {
+    status("cannot reach the server: " + e);
+    return;
+  }
+  if (r.status === 401) {
+    $("key-form").hidden = false;
+    $("model").textContent = "(API key needed)";
+    $("key").focus();
+    return;
+  }
+  const body = await r.json();
+  modelName = body.data[0].id;
+  replyTokens = Math.max(16, Math.min(1024, Math.floor(body.data[0].context_length / 4)));
+  $("key-form").hidden = true;
+  $("model").textContent = modelName + " · context " + body.data[0].context_length + " tokens";
+  $("input").focus();
+}
+
+async function send(text) {
+  messages.push({ role: "user", content: text });
+  add("user", text);
+  const out = add("assistant", "");
+  controller = new AbortController();
+  $("send").disabled = true;
+  $("stop").disabled = false;
+  let reply = "", chunks = 0, first = 0, usage = null;
+  const t0 = performance.now();
+  status("thinking…");
+  try {
+    let r;
+    for (;;) {
+      r = await fetch("v1/chat/completions", {
+        method: "POST", headers: headers(), signal: controller.signal,
+        body: JSON.stringify({ model: modelName, messages, max_tokens: replyTokens, stream: true,
+                               stream_options: { include_usage: true } }),
+      });
+      if (r.ok) break;
+      const err = await r.json().catch(() => ({}));
+      // The conversation outgrew the context: the oldest turn goes, as in `dualpath chat`.
+      if (err.error && err.error.code === "context_length_exceeded" && messages.length > 2) {
+        messages.splice(0, 2);
+        status("context full: dropped the oldest turn");
+        continue;
+      }
+      throw new Error((err.error && err.error.message) || ("HTTP " + r.status));
+    }
+    const reader = r.body.getReader();
+    const decoder = new TextDecoder();
+    let buf = "";
+    for (;;) {
+      const { value, done } = await reader.read();
+      if (done) break;
+      buf += decoder.decode(value, { stream: true });
+      let nl;
+      while ((nl = buf.indexOf("\n")) >= 0) {
+        const line = buf.slice(0, nl).trim();
+        buf = buf.slice(nl + 1);
+        if (!line.startsWith("data: ") || line === "data: [DONE]") continue;
+        const event = JSON.parse(line.slice(6));
+        if (event.error) throw new Error(event.error.message);
+        if (event.usage) usage = event.usage;
+        for (const c of event.choices || []) {
+          const piece = (c.delta && c.delta.content) || "";
+          if (!piece) continue;
+          if (!first) first = performance.now();
+          chunks += 1;
+          reply += piece;
+          out.textContent = reply;
+          $("log").scrollTop = $("log").scrollHeight;
+          const secs = (performance.now() - first) / 1000;
+          if (secs > 0) $("speed").textContent = (chunks / secs).toFixed(1) + " tok/s";
+        }
+      }
+    }
+    const tokens = usage ? usage.completion_tokens : chunks;
+    const secs = first ? (performance.now() - first) / 1000 : 0;
+    status(tokens + " tokens" + (secs > 0 ? ", " + (Math.max(tokens - 1, 0) / secs).toFixed(1) + " tok/s" : "") +
+           ", first after " + ((first || performance.now()) - t0).toFixed(0) + " ms" +
+           (usage ? ", " + usage.prompt_tokens_details.cached_tokens + " of " + usage.prompt_tokens +
+                    " prompt tokens from the cache" : ""));
+  } catch (e) {
+    if (e.name === "AbortError") {
+      status("stopped");
+    } else {
+      out.className = "msg error";
+      out.textContent = (reply ? reply + "\n\n" : "") + "error: " + e.message;
+      status("error");
+    }
+  } finally {
+    if (reply) messages.push({ role: "assistant", content: reply });
+    else messages.pop();  // nothing came back: the question is not part of the conversation
+    controller = null;
+    $("send").disabled = false;
+    $("stop").disabled = true;
+    $("input").focus();
+  }
+}
+
+document.addEventListener("DOMContentLoaded", () => {
+  $("ask").addEventListener("submit", (ev) => {
+    ev.preventDefault();
+    const text = $("input").value.trim();
+    if (!text || controller) return;
+    $("input").value = "";
+    send(text);
+  });
+  $("input").addEventListener("keydown", (ev) => {
+    if (ev.key === "Enter" && !ev.shiftKey) {
+      ev.preventDefault();
+      $("ask").requestSubmit();
+    }
+  });
+  $("stop").addEventListener("click", () => { if (controller) controller.abort(); });
+  $("new").addEventListener("click", () => {
+    if (controller) controller.abort();
+    messages.length = 0;
+    $("log").textContent = "";
+    $("speed").textContent = "";
+    status("new conversation");
+  });
+  $("key-form").addEventListener("submit", (ev) => {
+    ev.preventDefault();
+    sessionStorage.setItem("dualpath-api-key", $("key").value);
+    $("key").value = "";
+    connect();
+  });
+  connect();
+});
