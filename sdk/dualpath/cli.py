@@ -49,7 +49,8 @@ def _sampling(args, prompt_tokens: int):
         max_tokens = max(args.steps - prompt_tokens + 1, 1)
     return SamplingParams(max_tokens=max_tokens, temperature=args.temperature, top_k=args.top_k,
                           top_p=args.top_p, min_p=args.min_p, repetition_penalty=args.repeat_penalty,
-                          seed=args.seed, stop=tuple(args.stop or ()), ignore_eos=args.ignore_eos)
+                          seed=args.seed, stop=tuple(getattr(args, "stop", None) or ()),
+                          ignore_eos=getattr(args, "ignore_eos", False))
 
 
 class _ProgressBar:
@@ -128,7 +129,6 @@ def cmd_chat(args) -> int:
 
     from .chat import Chat
     from .llm import LLM
-    from .runtime.sampler import SamplingParams
 
     interactive = sys.stdin.isatty()
     if interactive:
@@ -137,9 +137,7 @@ def cmd_chat(args) -> int:
         except ImportError:  # Termux's Python may lack it: a plain prompt then
             pass
     llm = LLM(_model_path(args), _config(args), tokenizer_path=args.tokenizer, progress=_ProgressBar())
-    params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_k=args.top_k,
-                            top_p=args.top_p, min_p=args.min_p, repetition_penalty=args.repeat_penalty,
-                            seed=args.seed)
+    params = _sampling(args, 0)
     chat = Chat(llm, args.system, params, reply_tokens=args.max_tokens)
     out, err = sys.stdout, sys.stderr
     if interactive:
@@ -449,18 +447,21 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("--chat-template", choices=["chatml", "llama3", "gemma", "phi3"],
                         help="a built-in chat template instead of the model's (runtime.chat_template)")
 
+    def sampling_args(sp, temperature: float):
+        sp.add_argument("--temperature", type=float, default=temperature)
+        sp.add_argument("--top-k", type=int, default=40)
+        sp.add_argument("--top-p", type=float, default=0.95)
+        sp.add_argument("--min-p", type=float, default=0.05)
+        sp.add_argument("--repeat-penalty", type=float, default=1.0)
+        sp.add_argument("--seed", type=int)
+
     r = sub.add_parser("run", help="generate text from a prompt, streamed to stdout")
     model_args(r)
     config_args(r)
     r.add_argument("prompt", nargs="?", help="the prompt (default: empty, i.e. start from BOS)")
     r.add_argument("-n", "--max-tokens", type=int, help="tokens to generate (default: up to --steps)")
     r.add_argument("--steps", type=int, default=256, help="stop when prompt + generated reach this many positions, as llama2.c's -n (default 256)")
-    r.add_argument("--temperature", type=float, default=0.8)
-    r.add_argument("--top-k", type=int, default=40)
-    r.add_argument("--top-p", type=float, default=0.95)
-    r.add_argument("--min-p", type=float, default=0.05)
-    r.add_argument("--repeat-penalty", type=float, default=1.0)
-    r.add_argument("--seed", type=int)
+    sampling_args(r, temperature=0.8)
     r.add_argument("--stop", action="append", help="stop string (repeatable)")
     r.add_argument("--ignore-eos", action="store_true")
     r.add_argument("--no-echo", dest="echo", action="store_false", help="do not print the prompt before the output")
@@ -473,12 +474,7 @@ def build_parser() -> argparse.ArgumentParser:
     config_args(ch)
     ch.add_argument("--system", help="a system prompt")
     ch.add_argument("-n", "--max-tokens", type=int, default=512, help="tokens a reply may take (default 512)")
-    ch.add_argument("--temperature", type=float, default=0.7)
-    ch.add_argument("--top-k", type=int, default=40)
-    ch.add_argument("--top-p", type=float, default=0.95)
-    ch.add_argument("--min-p", type=float, default=0.05)
-    ch.add_argument("--repeat-penalty", type=float, default=1.0)
-    ch.add_argument("--seed", type=int)
+    sampling_args(ch, temperature=0.7)
     ch.set_defaults(func=cmd_chat)
 
     c = sub.add_parser("cache", help="the converted-model cache: list, remove, prune entries")
