@@ -116,20 +116,22 @@ class Chat:
 
     def _fit(self, user: dict) -> tuple[list[int], str, int]:
         """The prompt of the next turn, dropping the oldest turns until it leaves room for
-        the reply."""
+        the reply (the conversation is changed only once it fits)."""
         limit = self.llm.context_tokens - self.reply_tokens
-        dropped = 0
+        messages, dropped = self.messages, 0
         while True:
-            ids, text = self._prompt(self.messages + [user])
+            ids, text = self._prompt(messages + [user])
             if len(ids) <= limit:
+                if dropped:
+                    self.messages = messages
                 return ids, text, dropped
-            if not self.messages:
+            if not messages:
                 raise PromptTooLongError(f"the message and the system prompt take {len(ids)} tokens; with "
                                          f"{self.reply_tokens} for the reply that is over the context of "
                                          f"{self.llm.context_tokens} tokens")
             # the oldest user turn and its reply go; the conversation is rendered afresh
-            cut = next((i for i, m in enumerate(self.messages[1:], 1) if m["role"] == "user"), len(self.messages))
-            self.messages = self.messages[cut:]
+            cut = next((i for i, m in enumerate(messages[1:], 1) if m["role"] == "user"), len(messages))
+            messages = messages[cut:]
             self.ids, self.text = [], ""
             dropped += 1
 

@@ -128,6 +128,7 @@ def cmd_chat(args) -> int:
     import threading
 
     from .chat import Chat
+    from .errors import DualPathError
     from .llm import LLM
 
     interactive = sys.stdin.isatty()
@@ -144,6 +145,7 @@ def cmd_chat(args) -> int:
         print(f"dualpath chat: {os.path.basename(str(llm.spec.path))}, context {llm.context_tokens} tokens. "
               f"{CHAT_HELP}", file=err)
     stop = threading.Event()
+    failed = False  # piped: the exit status says whether every line got its reply
 
     def on_sigint(signum, frame):  # while a reply streams: stop it, never interrupt the engine mid-step
         stop.set()
@@ -154,7 +156,7 @@ def cmd_chat(args) -> int:
         except EOFError:
             if interactive:
                 print(file=err)
-            return 0
+            return 1 if failed and not interactive else 0
         except KeyboardInterrupt:  # at the prompt: a fresh line, the session goes on
             print("\n(Ctrl-D leaves)", file=err)
             continue
@@ -175,6 +177,11 @@ def cmd_chat(args) -> int:
                 if stop.is_set():
                     reply.close()  # the reply so far stays in the conversation
                     break
+        except DualPathError as e:  # this turn failed (too long, an engine error): the session goes on
+            out.flush()
+            print(f"\n(error: {e})", file=err)
+            failed = True
+            continue
         finally:
             signal.signal(signal.SIGINT, previous)
         out.write("\n")

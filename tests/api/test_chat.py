@@ -56,8 +56,11 @@ def test_a_full_context_drops_the_oldest_turns_and_keeps_the_system_prompt(gguf_
         assert chat.last.prompt_tokens + 24 <= 128
     assert dropped > 0 and chat.system == "Be short."
     assert chat.messages[0]["role"] == "user" and len(chat.messages) < 16
+    kept = list(chat.messages)
     with pytest.raises(dualpath.PromptTooLongError, match="over the context of 128 tokens"):
         "".join(chat.send("word " * 200))
+    assert chat.messages == kept  # a turn that cannot fit changes nothing
+    "".join(chat.send("And the dog?"))  # the conversation goes on
 
 
 def test_save_and_load_restore_the_conversation(gguf_path, tmp_path):
@@ -80,6 +83,14 @@ def test_a_model_without_a_chat_template_names_the_built_ins(gguf_path):
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 2
     assert "no chat template" in r.stderr and "--chat-template {chatml,llama3,gemma,phi3}" in r.stderr
+
+
+def test_a_piped_line_too_long_for_the_context_is_reported_and_the_next_is_answered(gguf_path):
+    r = subprocess.run([sys.executable, "-m", "dualpath.cli", "chat", "-m", str(gguf_path), "--chat-template",
+                        "chatml", "-n", "12", "--ctx-size", "64"], input="word " * 100 + "\nTom\n",
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 1 and "over the context of 64 tokens" in r.stderr
+    assert r.stdout.strip()  # the second line got its reply
 
 
 def test_piped_stdin_gets_one_reply_per_line_and_no_decoration(gguf_path):

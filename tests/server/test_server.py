@@ -307,6 +307,7 @@ def test_the_chat_page_is_served_with_a_strict_policy_and_can_be_turned_off(live
     assert '<script src="static/chat.js"' in r.text
     assert httpx.get(live.base + "/static/chat.js").headers["content-type"].startswith("text/javascript")
     assert httpx.get(live.base + "/static/../app.py").status_code == 404
+    assert httpx.get(live.base + "/static/index.html").status_code == 404  # the page lives at / only
     assert httpx.get(live.base + "/static/nothing.js").json()["error"]["code"] == "not_found"
     cfg = dualpath.load_config(None, {"runtime.max_context_tokens": 64, "server.webui": False})
     off = LiveServer(dualpath.LLM(chat_gguf, cfg))

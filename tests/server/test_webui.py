@@ -103,13 +103,22 @@ def test_the_page_streams_a_reply_stops_one_and_shows_the_speed(browser, tmp_pat
         print(f"\nscreenshot: {out / 'webui.png'}")
         # the server let go of the stopped request
         assert _wait(browser, lambda: "dualpath_running_requests 0" in httpx.get(server.base + "/metrics").text, 30)
-        # New chat empties the page; the next question is answered
+        # New chat while a reply streams: the page and the conversation empty, and the cut
+        # reply does not come back into the new one
+        browser.find_element(By.ID, "input").send_keys("Another long story")
+        browser.find_element(By.ID, "send").click()
+        _wait(browser, lambda: len(_reply(browser)) > 20)
         browser.find_element(By.ID, "new").click()
+        time.sleep(1.0)
         assert browser.find_elements(By.CSS_SELECTOR, ".msg") == []
+        assert browser.execute_script("return messages.length") == 0
         browser.find_element(By.ID, "input").send_keys("Hi")
         browser.find_element(By.ID, "send").click()
         _wait(browser, lambda: _reply(browser))
         browser.find_element(By.ID, "stop").click()
+        _wait(browser, lambda: browser.find_element(By.ID, "status").text == "stopped")
+        roles = browser.execute_script("return messages.map(m => m.role)")
+        assert roles == ["user", "assistant"]
 
 
 def test_with_an_api_key_the_page_asks_for_it(browser):

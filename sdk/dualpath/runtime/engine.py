@@ -249,6 +249,8 @@ class Engine:
                         self._retry_or_fail(s.request, e)
                 return len(plan.seqs)
             now = time.perf_counter()
+            for s in plan.seqs:  # a run went through: a later failure is a new one, retried again
+                s.request.failed_steps = 0
             row = 0
             ended = []
             forked = []

@@ -180,6 +180,7 @@ class BatchScheduler:
             return chunks, r.arrival
 
         candidates.sort(key=priority)
+        held = False  # a waiting request was refused for want of sequence slots
         for req in candidates:
             if budget < 1:
                 break
@@ -195,7 +196,13 @@ class BatchScheduler:
                     continue  # waits for decoders to finish or be preempted
                 add(req, alloc, tokens)
                 budget -= cost
-            elif seqs + 1 + req.reserved_seqs <= self.max_num_seqs:  # a slot for it and its forks
+            elif held:
+                continue
+            elif seqs + 1 + req.reserved_seqs > self.max_num_seqs:
+                # No slot for it and its forks: the requests behind it wait too, so that the
+                # slots that free up gather for it (else n > 1 could starve behind n = 1).
+                held = True
+            else:
                 # A certain refusal is decided before start() hashes the whole prompt (each
                 # step, while the cache is full): the admission test below needs at least one
                 # page for the prompt (its last token is never cached) plus one per running

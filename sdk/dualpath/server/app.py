@@ -354,7 +354,8 @@ class Server:
         """The chat page and its two files; nothing else is read from disk."""
         name = request.path_params.get("name", "index.html")
         kind = _STATIC.get(name)
-        if kind is None:
+        at_root = "name" not in request.path_params
+        if kind is None or (name == "index.html") != at_root:  # the page at / only: its links are relative
             raise APIError(404, f"no route GET {request.url.path}", code="not_found")
         with open(os.path.join(os.path.dirname(__file__), "static", name), "rb") as f:
             body = f.read()

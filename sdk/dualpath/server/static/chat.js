@@ -6,6 +6,7 @@
 const $ = (id) => document.getElementById(id);
 const messages = [];          // the conversation, OpenAI's shape
 let controller = null;        // the AbortController of the reply being streamed
+let conversation = 0;         // bumped by New chat: a reply of an older one changes nothing
 let modelName = null;
 let replyTokens = 512;        // a reply's limit: a quarter of the context, at most 1024
 
@@ -51,6 +52,7 @@ async function connect() {
 }
 
 async function send(text) {
+  const mine = conversation;
   messages.push({ role: "user", content: text });
   add("user", text);
   const out = add("assistant", "");
@@ -121,8 +123,10 @@ async function send(text) {
       status("error");
     }
   } finally {
-    if (reply) messages.push({ role: "assistant", content: reply });
-    else messages.pop();  // nothing came back: the question is not part of the conversation
+    if (mine === conversation) {
+      if (reply) messages.push({ role: "assistant", content: reply });
+      else messages.pop();  // nothing came back: the question is not part of the conversation
+    }
     controller = null;
     $("send").disabled = false;
     $("stop").disabled = true;
@@ -146,6 +150,7 @@ document.addEventListener("DOMContentLoaded", () => {
   });
   $("stop").addEventListener("click", () => { if (controller) controller.abort(); });
   $("new").addEventListener("click", () => {
+    conversation += 1;
     if (controller) controller.abort();
     messages.length = 0;
     $("log").textContent = "";
