@@ -39,6 +39,8 @@ DEFAULT_CONFIG = os.path.join(os.path.dirname(os.path.dirname(APP_DIR)), "config
 MODEL_MTIME_NS = 1_700_000_000 * 1_000_000_000
 """The bundle model's mtime (2023-11-14 22:13:20 UTC): whole seconds, so a copy that keeps
 seconds keeps it too."""
+OLDEST_ORT = "1.20.1"
+"""The oldest ONNX Runtime DualPath supports: the bundle holds the graphs it loads too."""
 PLACEHOLDER = "weights.placeholder"
 """graph/parts.py's sparse file, never read: a plain copy writes it out as zeros."""
 
@@ -63,7 +65,13 @@ def make_bundle(model: str | None = None, config: str = DEFAULT_CONFIG, out: str
     shutil.copyfile(src, dst)
     os.utime(dst, ns=(MODEL_MTIME_NS, MODEL_MTIME_NS))
     shutil.copyfile(config, os.path.join(out, "config.yaml"))
-    dualpath.LLM(dst, bundle_config(out)).engine.shutdown()
+    llm = dualpath.LLM(dst, bundle_config(out))
+    llm.engine.shutdown()
+    # A phone's ONNX Runtime may be older than this desktop's (Termux's has been 1.20-1.29):
+    # before 1.22 a model's 8-bit matrices need graphs of their own, made here too.
+    from dualpath.runtime.session import graphs_for_runtime
+
+    graphs_for_runtime(llm.spec, llm.config.runtime.quantized_matmul_accuracy, llm.context_tokens, OLDEST_ORT)
     return dst
 
 

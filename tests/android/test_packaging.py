@@ -351,3 +351,28 @@ def holes_supported(folder: Path) -> bool:
     with open(probe, "wb") as f:
         f.truncate(1 << 20)
     return probe.stat().st_blocks * 512 < (1 << 19)
+
+
+def test_a_bundle_of_an_8bit_model_holds_graphs_for_onnxruntime_before_1_22_too(tmp_path):
+    from dualpath.graph.parts import graph_folder_name
+    from dualpath.models.synth import synth_gguf
+
+    sys.path.insert(0, str(APP))
+    try:
+        import model_bundle
+    finally:
+        sys.path.remove(str(APP))
+    model = synth_gguf(tmp_path / "q8.gguf", "llama3-tiny", "Q8_0", seed=0)
+    bundle = tmp_path / "bundle"
+    model_bundle.make_bundle(str(model), model_bundle.DEFAULT_CONFIG, str(bundle))
+    from dualpath.runtime.session import NBITS8_SINCE, ORT_VERSION
+
+    folders = sorted(p.name for p in (bundle / "cache").rglob("graphs-*") if p.is_dir())
+    if ORT_VERSION < NBITS8_SINCE:  # this runtime's graphs are the ones for before 1.22
+        assert len(folders) == 1 and "-dq8-" in folders[0], folders
+        return
+    assert len(folders) == 2, folders  # one for this ONNX Runtime, one for those before 1.22
+    older = [f for f in folders if "-dq8-" in f]
+    assert len(older) == 1 and older[0].replace("-dq8", "") in folders
+    rt = model_bundle.bundle_config(str(bundle)).runtime
+    assert older[0].startswith(graph_folder_name(rt.quantized_matmul_accuracy, 0, nbits8=False).rsplit("-c", 1)[0])

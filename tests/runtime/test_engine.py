@@ -460,3 +460,23 @@ def test_a_fork_whose_first_sample_fails_ends_alone_and_holds_no_slot(gguf_path,
     assert parent.completion.token_ids == parent.forks[1].completion.token_ids == solo[PROMPTS[2]][:24]
     assert engine.scheduler.num_seqs() == 0 and set(llm.runner.cache.seqs) == {llm.runner.seq_id}
     llm.runner.cache.check_invariants()
+
+
+def test_a_request_whose_end_fails_gets_the_error_alone(gguf_path, solo):
+    from dualpath.errors import InternalError
+
+    llm = make_llm(gguf_path, **{"runtime.max_num_seqs": 2})
+    engine = llm.engine
+    params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
+    errors = []
+    bad = engine.add_request(llm.tokenize(PROMPTS[0]), params, sink=lambda d, e: e and errors.append(e))
+    good = engine.add_request(llm.tokenize(PROMPTS[1]), params)
+
+    def broken(flush):  # fault injection: the text stream cannot finish
+        raise UnicodeError("injected")
+
+    bad.stream.finish = broken
+    engine.run_until_done()
+    assert len(errors) == 1 and isinstance(errors[0], InternalError) and bad.completion is None
+    assert good.completion.token_ids == solo[PROMPTS[1]][:16]
+    assert engine.scheduler.preemptions == 0 and set(llm.runner.cache.seqs) == {llm.runner.seq_id}

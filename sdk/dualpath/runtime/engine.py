@@ -314,7 +314,7 @@ class Engine:
             return
         if req.failed_steps == 0:
             req.failed_steps = 1
-            self.scheduler.preempt(req)
+            self.scheduler.preempt(req, for_room=False)
             self.metrics.retried_requests += 1
         else:
             self._end(req, error=_internal(req, error))
@@ -435,25 +435,33 @@ class Engine:
             if req.sink is not None:
                 req.sink(None, error)
             return
-        flush = finish != "stop" or stop_reason in req.stop_ids
-        text += req.stream.finish(flush)
-        now = time.perf_counter()
-        first = req.first_token_time or now
-        cached = req.cached_tokens or 0
-        req.completion = Completion(
-            text=req.stream.text,
-            token_ids=tuple(req.generated),
-            prompt_token_ids=tuple(req.prompt_ids),
-            finish_reason=finish,
-            usage=Usage(len(req.prompt_ids), len(req.generated), cached),
-            timings=Timings((first - req.arrival) * 1e3, (now - first) * 1e3, len(req.prompt_ids) - cached,
-                            req.decode_steps),
-            stop_reason=stop_reason,
-            logprobs=tuple(req.logprobs) if req.logprobs is not None else None,
-            embedding=_normalised(req.pooled) if req.embedding and finish == "stop" else None,
-            prompt_logprobs=tuple(req.prompt_logprobs) if req.prompt_logits else None,
-        )
-        self.metrics.on_finish(req, now)
+        try:
+            flush = finish != "stop" or stop_reason in req.stop_ids
+            text += req.stream.finish(flush)
+            now = time.perf_counter()
+            first = req.first_token_time or now
+            cached = req.cached_tokens or 0
+            req.completion = Completion(
+                text=req.stream.text,
+                token_ids=tuple(req.generated),
+                prompt_token_ids=tuple(req.prompt_ids),
+                finish_reason=finish,
+                usage=Usage(len(req.prompt_ids), len(req.generated), cached),
+                timings=Timings((first - req.arrival) * 1e3, (now - first) * 1e3, len(req.prompt_ids) - cached,
+                                req.decode_steps),
+                stop_reason=stop_reason,
+                logprobs=tuple(req.logprobs) if req.logprobs is not None else None,
+                embedding=_normalised(req.pooled) if req.embedding and finish == "stop" else None,
+                prompt_logprobs=tuple(req.prompt_logprobs) if req.prompt_logits else None,
+            )
+            self.metrics.on_finish(req, now)
+        except Exception as e:  # its last delta cannot be made: its consumer alone gets the error
+            log.exception("request %s failed as it ended", req.request_id)
+            req.completion = None
+            self.metrics.failed_requests += 1
+            if req.sink is not None:
+                req.sink(None, _internal(req, e))
+            return
         if req.sink is not None:
             last = tuple(req.logprobs[-1:]) if req.logprobs is not None and token is not None else ()
             req.sink(Delta(text, () if token is None else (token,), finish, req.completion, last), None)

@@ -294,15 +294,17 @@ class BatchScheduler:
             n = min(want, int((-b + (b * b + 4 * a * budget) ** 0.5) / (2 * a)))
         return max(n, 0), cost(max(n, 0))
 
-    def preempt(self, req: Request) -> None:
-        """Release the request's cache and queue it first, to be recomputed."""
+    def preempt(self, req: Request, for_room: bool = True) -> None:
+        """Release the request's cache and queue it first, to be recomputed. ``for_room``:
+        counted as a preemption (False: the engine retries a failed run this way)."""
         self.running.remove(req)
         self.cache.free(req.seq_id)
         req.seq_id = None
         req.computed = 0
         req.status = Status.WAITING
-        req.preemptions += 1
-        self.preemptions += 1
+        if for_room:
+            req.preemptions += 1
+            self.preemptions += 1
         self.waiting.appendleft(req)
 
     def remove(self, req: Request) -> None:
