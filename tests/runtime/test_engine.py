@@ -269,15 +269,20 @@ def test_a_request_in_two_failed_runs_ends_with_an_internal_error_and_the_engine
     runner.cache.check_invariants()
 
 
+def bad_and_good(gguf_path, max_tokens: int):
+    """Two greedy requests in one engine: the first's consumer collects its errors."""
+    llm = make_llm(gguf_path, **{"runtime.max_num_seqs": 2})
+    params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
+    errors = []
+    bad = llm.engine.add_request(llm.tokenize(PROMPTS[0]), params, sink=lambda d, e: e and errors.append(e))
+    good = llm.engine.add_request(llm.tokenize(PROMPTS[1]), params)
+    return llm, llm.engine, errors, bad, good
+
+
 def test_an_error_while_one_request_samples_ends_that_request_alone(gguf_path, solo):
     from dualpath.errors import InternalError
 
-    llm = make_llm(gguf_path, **{"runtime.max_num_seqs": 2})
-    engine = llm.engine
-    params = SamplingParams(temperature=0, max_tokens=64, ignore_eos=True)
-    errors = []
-    bad = engine.add_request(llm.tokenize(PROMPTS[0]), params, sink=lambda d, e: e and errors.append(e))
-    good = engine.add_request(llm.tokenize(PROMPTS[1]), params)
+    llm, engine, errors, bad, good = bad_and_good(gguf_path, 64)
     real_sample, calls = bad.sampler.sample, [0]
 
     def broken(*args):  # fault injection: the bad request's 5th sample raises
@@ -465,12 +470,7 @@ def test_a_fork_whose_first_sample_fails_ends_alone_and_holds_no_slot(gguf_path,
 def test_a_request_whose_end_fails_gets_the_error_alone(gguf_path, solo):
     from dualpath.errors import InternalError
 
-    llm = make_llm(gguf_path, **{"runtime.max_num_seqs": 2})
-    engine = llm.engine
-    params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
-    errors = []
-    bad = engine.add_request(llm.tokenize(PROMPTS[0]), params, sink=lambda d, e: e and errors.append(e))
-    good = engine.add_request(llm.tokenize(PROMPTS[1]), params)
+    llm, engine, errors, bad, good = bad_and_good(gguf_path, 16)
 
     def broken(flush):  # fault injection: the text stream cannot finish
         raise UnicodeError("injected")

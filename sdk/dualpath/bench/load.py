@@ -214,6 +214,13 @@ def _mixed_clients(base: str, clients: int, duration_s: float, max_tokens: int, 
             "failures": failures, "rss_mb": rss}
 
 
+def _serve_command(model: str, server_args: tuple[str, ...]) -> tuple[list[str], str]:
+    """``dualpath serve`` of ``model`` on a free loopback port: its argv and base URL."""
+    port = free_port()
+    return ([sys.executable, "-m", "dualpath.cli", "serve", "--model", model, "--port", str(port), *server_args],
+            f"http://127.0.0.1:{port}")
+
+
 def _greedy(base: str) -> str:
     import httpx
 
@@ -230,9 +237,7 @@ def mixed_load_test(model: str, *, clients: int, duration_s: float, max_tokens: 
     Returns the figures; RSS in MiB."""
     import httpx
 
-    port = free_port()
-    cmd = [sys.executable, "-m", "dualpath.cli", "serve", "--model", model, "--port", str(port), *server_args]
-    base = f"http://127.0.0.1:{port}"
+    cmd, base = _serve_command(model, server_args)
     with live_server("dualpath serve", cmd, base, startup_s=STARTUP_S) as server:
         before = _greedy(base)
         c = _mixed_clients(base, clients, duration_s, max_tokens, seed, server.proc.pid)
@@ -276,9 +281,7 @@ def load_test(model: str, *, clients: int, duration_s: float, max_tokens: int, s
     request and no KV cache block. Returns the figures (latencies in ms)."""
     import httpx
 
-    port = free_port()
-    cmd = [sys.executable, "-m", "dualpath.cli", "serve", "--model", model, "--port", str(port), *server_args]
-    base = f"http://127.0.0.1:{port}"
+    cmd, base = _serve_command(model, server_args)
     with live_server("dualpath serve", cmd, base, startup_s=STARTUP_S):
         c = _clients(base, clients, duration_s, max_tokens, seed)
         time.sleep(0.2)
@@ -311,12 +314,12 @@ def cmd_bench_load(args) -> int:
 
     load_config(None, parse_overrides(args.set))  # a bad --set fails here, not in the server
     model = model_or_default(args.model)
+    queued = 4 * args.clients if args.mix else args.clients  # --mix: an embedding queues one per input
     server_args = ["--set", f"runtime.max_num_seqs={args.max_num_seqs}",
-                   "--set", f"server.max_queued_requests={args.clients}", "-t", str(args.threads)]
+                   "--set", f"server.max_queued_requests={queued}", "-t", str(args.threads)]
     for item in args.set or ():
         server_args += ["--set", item]
-    if args.mix:  # an embedding request queues one request per input
-        server_args[3] = f"server.max_queued_requests={4 * args.clients}"
+    if args.mix:
         return _cmd_mixed(args, model, server_args)
     print(f"{args.clients} streaming clients for {args.duration:g}s against dualpath serve ({model}, "
           f"{args.max_num_seqs} requests at once)", flush=True)

@@ -57,7 +57,6 @@ class GraphPart:
     prepacking to be fast (measured ~100x), and the prepacked copy replaces ours."""
 
 
-
 class _DequantizedT:
     """W^T (in, out) f32 of a quantized weight, computed only when the graph folder's
     tables are written (one matrix in memory at a time, not every part's at once)."""
@@ -73,14 +72,13 @@ class _DequantizedT:
 
         w = self.weight
         N, K = w.shape
-        bits = w.bits or {"q8_0": 8, "q4_0": 4}[w.dtype]
         bs = w.block_size or QUANT_BLOCK
         blob = w.data.reshape(N, K // bs, -1)
         out = np.empty((K, N), np.float32)
         rows = np.empty((min(N, 4096), K), np.float32)  # (rows, in) a band at a time
         for r0 in range(0, N, len(rows)):
             ids = np.arange(r0, min(N, r0 + len(rows)))
-            gather_rows(blob, w.scales, w.zero_points, w.mins, bits, bs, ids, rows)
+            gather_rows(blob, w.scales, w.zero_points, w.mins, w.matmul_bits, bs, ids, rows)
             out[:, r0:r0 + len(ids)] = rows[:len(ids)].T
         return out if dtype is None else out.astype(dtype)
 
@@ -172,7 +170,7 @@ class _Builder:
                 return self.node("MatMul", [x, self.external(f"{weight.name}.weight_t", weight.data_t)], "mm")
             w = self.external(f"{weight.name}.weight", weight.data)
             return self.node("Gemm", [x, w], "mm", transB=1)
-        bits = weight.bits or {"q8_0": 8, "q4_0": 4}[weight.dtype]
+        bits = weight.matmul_bits
         if bits == 8 and not self.nbits8:
             return self.dequantized_linear(x, weight)
         inputs = [x, self.external(f"{weight.name}.weight", weight.data),
@@ -201,7 +199,6 @@ class _Builder:
         """x @ W^T for an 8-bit MatMulNBits weight on an ONNX Runtime whose MatMulNBits takes
         4 bits only: ``MatMul`` over W^T (in, out) dequantized to f32 (mins included), an
         array of the graph folder (``rope.bin``) made when the folder is written."""
-        N, K = weight.shape
         return self.node("MatMul", [x, self.table(f"dq8.{weight.name}.weight_t", _DequantizedT(weight))], "mm")
 
     def inv_freq(self, layer: int) -> np.ndarray:

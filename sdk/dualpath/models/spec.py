@@ -162,6 +162,11 @@ class Weight:
         return {k: getattr(self, a) for k, a in self.ARRAYS.items() if getattr(self, a) is not None}
 
     @property
+    def matmul_bits(self) -> int:
+        """MatMulNBits bits of a quantized weight (Q8_0 and Q4_0 say so by their dtype); 0 for float."""
+        return self.bits or {"q8_0": 8, "q4_0": 4}.get(self.dtype, 0)
+
+    @property
     def nbytes(self) -> int:
         """Bytes of the weight's values (a float matrix counts once, whichever layouts it has)."""
         return int(sum(a.nbytes for k, a in self.arrays().items() if k != "weight_t"))

@@ -70,21 +70,22 @@ NBITS8_SINCE = (1, 22)
 is supported" before)."""
 
 
-def has_8bit_matrices(spec: ModelSpec) -> bool:
-    return any(w.bits == 8 or w.dtype == "q8_0" for w in spec.weights.values())
+def _nbits8(spec: ModelSpec, ort_version: tuple[int, ...]) -> bool:
+    """Whether ``spec``'s graphs for that ONNX Runtime use 8-bit MatMulNBits (the graphs of a
+    model without 8-bit matrices are the same either way)."""
+    return ort_version >= NBITS8_SINCE or not any(w.matmul_bits == 8 for w in spec.weights.values())
 
 
 def graphs_for_runtime(spec: ModelSpec, accuracy_level: int, context_tokens: int, onnxruntime_version: str):
     """Build (or find) in ``spec``'s cache entry the graphs another ONNX Runtime version
     loads: a bundle made on a desktop for a phone whose ONNX Runtime is older than 1.22
     and that cannot build graphs itself (no onnx) needs the 8-bit fallback's graphs."""
-    nbits8 = parse_version(onnxruntime_version) >= NBITS8_SINCE or not has_8bit_matrices(spec)
-    return graph_parts(spec, accuracy_level, context_tokens, nbits8)
+    return graph_parts(spec, accuracy_level, context_tokens, _nbits8(spec, parse_version(onnxruntime_version)))
 
 
 def nbits8_graphs(spec: ModelSpec) -> bool:
     """Whether the graphs may use 8-bit MatMulNBits; says once when a model loses it."""
-    if ORT_VERSION >= NBITS8_SINCE or not has_8bit_matrices(spec):
+    if _nbits8(spec, ORT_VERSION):
         return True
     log.warning("ONNX Runtime %s has no 8-bit MatMulNBits (%s and newer have it): this model's 8-bit "
                 "matrices run as f32, with 4x their memory", ort.__version__, ".".join(map(str, NBITS8_SINCE)))

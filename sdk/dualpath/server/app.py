@@ -52,9 +52,11 @@ class APIError(Exception):
         self.status, self.message, self.type, self.param, self.code = status, message, type_, param, code
         self.headers = headers or {}
 
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
     def response(self) -> JSONResponse:
-        body = {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
-        return JSONResponse(body, status_code=self.status, headers=self.headers)
+        return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
 
 
 def _bad(message: str, param: str | None = None, code: str | None = None) -> APIError:
@@ -565,8 +567,7 @@ def _event_stream(events, handles) -> StreamingResponse:
             async for e in events:
                 yield e
         except Exception as exc:  # the status line is sent: the error goes in the stream
-            body = json.loads(api_error(exc).response().body)
-            yield _sse(body)
+            yield _sse(api_error(exc).body())
             yield "data: [DONE]\n\n"
         finally:
             for h in handles:
