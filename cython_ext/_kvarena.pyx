@@ -279,6 +279,38 @@ cdef class KVArena:
             bad = _bad_slot(&self.a, src_slots, "src_slots") or _bad_slot(&self.a, dst_slots, "dst_slots")
             _check(st, f"copy of {n} tokens{bad}; nothing copied", "the arena")
 
+    def read_tiles(self, offsets, int64_t tile_tokens):
+        """The bytes of whole tiles (every layer, as stored): (len(offsets), num_layers,
+        tile_bytes) uint8, a copy."""
+        out = np.empty(self._tiles_shape(offsets, tile_tokens), np.uint8)
+        self._tiles_io(offsets, tile_tokens, out, 0)
+        return out
+
+    def write_tiles(self, offsets, int64_t tile_tokens, data):
+        """Write ``data`` (len(offsets), num_layers, tile_bytes) uint8 over the tiles at
+        ``offsets`` (what ``read_tiles`` returned, perhaps in another process)."""
+        want = self._tiles_shape(offsets, tile_tokens)
+        _require(data, "data", 3, np.uint8)
+        if tuple(data.shape) != want:
+            raise ValueError(f"data must have shape {want}, got {tuple(data.shape)}")
+        self._tiles_io(offsets, tile_tokens, data, 1)
+
+    def _tiles_shape(self, offsets, int64_t tile_tokens):
+        _require(offsets, "offsets", 1, np.int64)
+        if tile_tokens <= 0:
+            raise ValueError(f"tile_tokens must be >= 1, got {tile_tokens}")
+        return (offsets.shape[0], self.a.num_layers, self.tile_bytes(tile_tokens))
+
+    cdef _tiles_io(self, offsets, int64_t tile_tokens, buf, int to_arena):
+        cdef int st
+        cdef const int64_t *op = <const int64_t *>cnp.PyArray_DATA(<cnp.ndarray>offsets)
+        cdef void *bp = cnp.PyArray_DATA(<cnp.ndarray>buf)
+        cdef int64_t n = offsets.shape[0]
+        with nogil:
+            st = dp_kv_tiles_io(&self.a, op, n, tile_tokens, bp, to_arena)
+        _check(st, f"{'write' if to_arena else 'read'} of {n} tiles of {tile_tokens} tokens; nothing copied",
+               "the arena")
+
     def gather(self, int64_t layer, spans, int64_t num_tokens):
         """Dense (k, v), each (num_kv_heads, num_tokens, head_dim) f32, read through spans
         (q8: dequantized, scale * value)."""

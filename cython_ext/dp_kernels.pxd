@@ -102,5 +102,7 @@ cdef extern from "csrc/kv_arena.h" nogil:
                       int64_t num_seqs, const int64_t *spans, int64_t spans_len, dp_attn_params params,
                       dp_attn_workspace *ws)
     int dp_kv_copy_slots(const dp_arena *a, const int64_t *src, const int64_t *dst, int64_t num_tokens)
+    int dp_kv_tiles_io(const dp_arena *a, const int64_t *offsets, int64_t num_tiles, int64_t P, void *buf,
+                       int to_arena)
     int dp_kv_gather(const dp_arena *a, int64_t layer, const int64_t *spans, int64_t num_spans,
                      int64_t num_tokens, float *k_out, float *v_out)

@@ -832,6 +832,24 @@ int dp_kv_copy_slots(const dp_arena *a, const int64_t *src, const int64_t *dst, 
     return DP_OK;
 }
 
+int dp_kv_tiles_io(const dp_arena *a, const int64_t *offsets, int64_t num_tiles, int64_t P, void *buf,
+                   int to_arena) {
+    if (!a || !a->base || (!offsets && num_tiles > 0) || (!buf && num_tiles > 0) || num_tiles < 0) return DP_ERR_ARG;
+    for (int64_t i = 0; i < num_tiles; i++) {
+        const int st = check_tile(a, offsets[i], P);
+        if (st != DP_OK) return st; /* nothing copied */
+    }
+    const size_t tb = (size_t)tile_bytes(a, P);
+    char *b = (char *)buf;
+    for (int64_t i = 0; i < num_tiles; i++)
+        for (int64_t l = 0; l < a->num_layers; l++, b += tb) {
+            char *tile = a->base + l * a->layer_bytes + offsets[i];
+            if (to_arena) memcpy(tile, b, tb);
+            else memcpy(b, tile, tb);
+        }
+    return DP_OK;
+}
+
 int dp_kv_gather(const dp_arena *a, int64_t layer, const int64_t *spans, int64_t num_spans,
                  int64_t num_tokens, float *k_out, float *v_out) {
     if (!a || !a->base || !spans || !k_out || !v_out || num_tokens < 0) return DP_ERR_ARG;

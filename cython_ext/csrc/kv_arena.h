@@ -166,6 +166,13 @@ int dp_step_batch(const dp_arena *a, const dp_attn_ops *ops, dp_pool *pool, int6
  * dst slots (every slot of both checked first). */
 int dp_kv_copy_slots(const dp_arena *a, const int64_t *src, const int64_t *dst, int64_t num_tokens);
 
+/* Copy whole tiles of P tokens, every layer, between the arena and buf, which is
+ * (num_tiles, num_layers, tile_bytes(P)) bytes: to_arena 0 reads the tiles at `offsets`
+ * into buf, 1 writes buf over them (the on-disk prefix cache stores pages as they are).
+ * Every offset is checked first: a refused call copies nothing. */
+int dp_kv_tiles_io(const dp_arena *a, const int64_t *offsets, int64_t num_tiles, int64_t P, void *buf,
+                   int to_arena);
+
 /* Gather the first num_tokens tokens of `spans` of `layer` into dense f32 arrays
  * k_out, v_out: (num_kv_heads, num_tokens, head_dim), q8 dequantized (scale * value,
  * one f32 product). For tests and migration checks. */

@@ -328,6 +328,26 @@ class ModelCacheConfig(_Section):
     """Least recently used entries are removed when a new entry takes the cache past this."""
 
 
+PREFIX_CACHE_USES = ("serve", "always", "never")
+
+
+@dataclass(frozen=True)
+class PrefixCacheConfig(_Section):
+    """The prefix cache on disk (cache/disk.py): full prompt pages kept across restarts,
+    so a prompt prefix seen before a restart is read back instead of computed."""
+
+    _section: ClassVar[str] = "prefix_cache"
+
+    use: str = _choice("serve", str, PREFIX_CACHE_USES)
+    """serve: on in ``dualpath serve``, off in the API unless ``LLM(..., prefix_cache=True)``;
+    always; never."""
+    dir: str = setting("", str, None, "a folder path ('' = beside the converted-model cache)")
+    """Where the pages live; '' = ``prefix`` beside the converted-model cache's default
+    folder (~/.cache/dualpath/prefix)."""
+    max_size_gb: float = _float(2.0, 0.0, 1 << 20)
+    """Least recently used pages are removed when the store grows past this."""
+
+
 @dataclass(frozen=True)
 class Config(_Section):
     """Everything configurable, one field per YAML section."""
@@ -342,6 +362,8 @@ class Config(_Section):
     """The HTTP server."""
     model_cache: ModelCacheConfig = section(ModelCacheConfig)
     """The converted-model cache."""
+    prefix_cache: PrefixCacheConfig = section(PrefixCacheConfig)
+    """The prefix cache on disk."""
 
 
 # ---------------------------------------------------------------------------

@@ -7,6 +7,7 @@ import os
 import shutil
 import tempfile
 import time
+import weakref
 from typing import Sequence
 
 from .tokenizer.chat_templates import BUILTIN as BUILTIN_CHAT_TEMPLATES
@@ -29,11 +30,15 @@ class LLM:
     Requests go through ``engine`` (continuous batching): several ``stream``s can be
     interleaved, and requests reuse the KV cache pages of a common prompt prefix
     (page_tokens at a time). ``engine.submit`` is the async API.
+
+    ``prefix_cache`` keeps full prompt pages on disk, so that a restarted process reads
+    a prefix it saw before instead of computing it (cache/disk.py): True (in
+    ``prefix_cache.dir``), a folder, False, or None to follow ``prefix_cache.use``.
     """
 
     def __init__(self, model_path: str | os.PathLike, config: Config | str | os.PathLike | None = None,
                  *, tokenizer_path: str | os.PathLike | None = None, governor=None,
-                 progress: Progress | None = None):
+                 progress: Progress | None = None, prefix_cache: bool | str | os.PathLike | None = None):
         t0 = time.perf_counter()
         check_versions()  # a dependency older than we declare is refused before any file is read
         if config is None or isinstance(config, (str, os.PathLike)):
@@ -52,6 +57,37 @@ class LLM:
             if not mc.enabled:
                 shutil.rmtree(store.root, ignore_errors=True)
                 self.load_stats["cache"] = "off"
+        self.prefix_store = self._open_prefix_store(prefix_cache)
+        """The prefix cache on disk (cache/disk.PrefixStore), or None."""
+
+    def _open_prefix_store(self, prefix_cache):
+        import onnxruntime
+
+        from .cache.disk import PrefixStore, default_root
+        from .kernels import default_kernel
+        from .runtime.session import nbits8_graphs
+
+        pc, rt = self.config.prefix_cache, self.config.runtime
+        if prefix_cache is None:
+            prefix_cache = pc.use == "always"
+        if prefix_cache is False:
+            return None
+        root = pc.dir or default_root() if prefix_cache is True else os.fspath(prefix_cache)
+        cache = self.runner.cache
+        arena = cache.arena
+        # Everything that decides a page's bytes: a store made under any other value is never read.
+        namespace = {"model": self.spec.entry.key if self.spec.entry else str(self.spec.path),
+                     "source": os.path.basename(str(self.spec.path)), "salt": cache.salt.hex(),
+                     "kv_dtype": arena.kv_dtype, "page_tokens": cache.page_tokens,
+                     "num_layers": arena.num_layers, "num_kv_heads": arena.num_kv_heads, "head_dim": arena.head_dim,
+                     "onnxruntime": onnxruntime.__version__, "accuracy_level": rt.quantized_matmul_accuracy,
+                     "nbits8_graphs": nbits8_graphs(self.spec),
+                     "kernel": default_kernel() if rt.attention_kernel == "auto" else rt.attention_kernel}
+        store = PrefixStore(root, namespace, page_tokens=cache.page_tokens, num_layers=arena.num_layers,
+                            tile_bytes=cache.page_bytes, max_bytes=int(pc.max_size_gb * (1 << 30)))
+        cache.disk = store
+        weakref.finalize(self, store.close)  # pages still queued are written before the process exits
+        return store
 
     def _load(self, store: ModelStore, model_path, tokenizer_path, progress, governor, t0: float) -> None:
         from .runtime.session import ModelRunner
@@ -146,6 +182,20 @@ class LLM:
         for _ in gen:
             pass
         return gen.completion
+
+    def warm(self, prompt: str | Sequence[int]) -> dict:
+        """Compute ``prompt``'s KV now, so that later requests starting with it reuse its
+        pages, and, with the prefix cache on disk, so that a restarted process does too
+        (returns once those pages are written). Returns ``prompt_tokens``,
+        ``cached_tokens`` (already cached before) and ``stored_tokens`` (the prompt's
+        tokens in full pages: what a later request can reuse)."""
+        ids = self.tokenize(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
+        c = self.generate(ids, SamplingParams(max_tokens=1, temperature=0.0))
+        if self.prefix_store is not None:
+            self.prefix_store.flush()
+        P = self.runner.cache.page_tokens
+        return {"prompt_tokens": len(ids), "cached_tokens": c.usage.cached_prompt_tokens,
+                "stored_tokens": len(ids) // P * P}
 
     def apply_chat_template(self, messages: Sequence[dict], add_generation_prompt: bool = True) -> str:
         builtin = self.config.runtime.chat_template

@@ -56,6 +56,7 @@ import numpy as np
 
 from ..kernels import KVArena
 from ..config import DualPathConfig
+from .disk import PrefixStore
 from .policy import Path, PathPolicy, Phase
 
 log = logging.getLogger(__name__)
@@ -198,6 +199,8 @@ class KVCacheManager:
         self.evictions = self.migrations = self.cow_copies = 0
         self.forks = self.forked_pages = 0  # fork() calls, and the pages they shared instead of copying
         self.prefix_queries = self.prefix_hit_pages = 0
+        self.disk: PrefixStore | None = None
+        """The prefix pages on disk (cache/disk.py), or None: set by whoever opens the store."""
 
     # -- pages and blocks ------------------------------------------------------
     def page_offset(self, page: int) -> int:
@@ -418,7 +421,9 @@ class KVCacheManager:
             self.prefix_queries += 1
             page = self.table.get(h)
             if page is None:
-                break
+                page = self._page_from_disk(h, chunk)
+                if page is None:
+                    break
             self.prefix_hit_pages += 1
             if self.page_ref[page] == 0:
                 self.lru.pop(page, None)
@@ -429,6 +434,23 @@ class KVCacheManager:
             parent = h
         seq.committed = seq.num_tokens
         return seq.num_tokens
+
+    def _page_from_disk(self, h: bytes, tokens: list[int]) -> int | None:
+        """A cached page holding the disk store's copy of page ``h``, or None (no store,
+        not on disk, damaged, or no room)."""
+        if self.disk is None:
+            return None
+        data = self.disk.read(h, tokens)
+        if data is None:
+            return None
+        page = self._random_page()
+        if page is None:
+            return None
+        self.arena.write_tiles(np.array([self.page_offset(page)], np.int64), self.page_tokens, data[None])
+        self.table[h] = page
+        self.page_hash[page] = h
+        self.lru[page] = None  # the caller takes its reference as for any cached page
+        return page
 
     def allocate(self, seq_id: int, token_ids, path: Path | None = None) -> Allocation | NoRoom:
         """Room for ``token_ids`` appended to the sequence. ``path`` (SEQUENTIAL or RANDOM)
@@ -527,6 +549,12 @@ class KVCacheManager:
             if seq.register_pages and h not in self.table and self.page_hash[page] is None:
                 self.table[h] = page
                 self.page_hash[page] = h
+            # Prompt pages go to disk (what a restarted process is asked again); a page
+            # already there or queued is not copied again.
+            if self.disk is not None and seq.register_pages and (i + 1) * P <= seq.prompt_tokens \
+                    and self.disk.wants(h):
+                offset = np.array([self.page_offset(page)], np.int64)
+                self.disk.put(h, seq.tokens[i * P:(i + 1) * P], self.arena.read_tiles(offset, P)[0])
 
     def free(self, seq_id: int) -> None:
         """Release a sequence at once; its registered full pages stay cached (LRU)."""

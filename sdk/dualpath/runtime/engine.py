@@ -571,9 +571,10 @@ class Engine:
         """Prometheus text exposition of the engine's state."""
         with self._mu:
             stats = self.runner.cache.stats()
+            disk = self.runner.cache.disk
             return self.metrics.render(waiting=len(self.scheduler.waiting), running=len(self.scheduler.running),
                                        cache=stats, preemptions=self.scheduler.preemptions,
-                                       profile=self.power_profile)
+                                       profile=self.power_profile, disk=disk.stats if disk else None)
 
 
 class _Consumer:

@@ -86,7 +86,7 @@ class EngineMetrics:
         span = now - recent[0][0]
         return sum(n for _, n in recent) / span if span > 0 else 0.0
 
-    def render(self, *, waiting: int, running: int, cache, preemptions: int, profile: str) -> str:
+    def render(self, *, waiting: int, running: int, cache, preemptions: int, profile: str, disk=None) -> str:
         import time
 
         now = time.perf_counter()
@@ -132,5 +132,18 @@ class EngineMetrics:
               cache.forks, kind="counter")
         gauge("dualpath_kv_forked_pages_total", "KV pages those forks share with their parent instead of copying.",
               cache.forked_pages, kind="counter")
+        if disk is not None:  # the prefix cache on disk (cache/disk.py StoreStats)
+            g.append("# HELP dualpath_prefix_disk_pages_total Prompt pages looked up on disk, by result.")
+            g.append("# TYPE dualpath_prefix_disk_pages_total counter")
+            g.append(f'dualpath_prefix_disk_pages_total{{result="hit"}} {disk.hit_pages}')
+            g.append(f'dualpath_prefix_disk_pages_total{{result="miss"}} {disk.miss_pages}')
+            g.append("# HELP dualpath_prefix_disk_bytes_total Bytes of KV pages read from and written to disk.")
+            g.append("# TYPE dualpath_prefix_disk_bytes_total counter")
+            g.append(f'dualpath_prefix_disk_bytes_total{{op="read"}} {disk.bytes_read}')
+            g.append(f'dualpath_prefix_disk_bytes_total{{op="write"}} {disk.bytes_written}')
+            gauge("dualpath_prefix_disk_dropped_total", "Page files found damaged and removed.", disk.dropped,
+                  kind="counter")
+            gauge("dualpath_prefix_disk_write_errors_total", "Page writes that failed (full disk, permissions).",
+                  disk.write_errors, kind="counter")
         gauge("dualpath_power_profile", "The power profile in use (label).", 1, labels=f'{{profile="{profile}"}}')
         return "\n".join(g) + "\n"

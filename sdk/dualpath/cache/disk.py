@@ -1,0 +1,372 @@
+"""The prefix cache on disk: full prompt pages that survive a restart.
+
+A page is one file, ``<prefix hash>.kv``, named by the chained hash the in-memory
+prefix table already uses (cache/manager.py), so a page on disk is found the way a
+cached page in memory is. The files sit in a folder named by the *namespace*: a digest
+of everything that decides a page's bytes (the converted model, the KV type, the page
+size and shape, the ONNX Runtime version and graphs, the accuracy level, the kernel
+that writes the KV, this format's version). Another model, quantization, tokenizer or
+layout therefore looks in another folder and never finds a page.
+
+A file holds a header (which repeats the namespace, the hash and the shape), the
+page's token ids and its bytes for every layer as the arena stores them. It is
+checked before use: size, header, token ids and a CRC-32 of all of it. A damaged or
+truncated file is dropped with one log line, and its tokens are computed again.
+
+The engine never waits for the disk on a write: it copies the page out of the arena
+(one memcpy per layer) and queues it; one thread writes. A file is written under a
+temporary name and renamed into place, so a reader sees a whole page or none; a
+process killed mid-write leaves only a temporary file, which the next process to open
+the folder removes. The store is kept under ``max_bytes`` (all namespaces under the
+root together) by removing the least recently used files; a read touches a file's
+modification time.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import json
+import logging
+import os
+import queue
+import struct
+import threading
+import zlib
+from dataclasses import dataclass
+
+import numpy as np
+
+log = logging.getLogger(__name__)
+
+FORMAT_VERSION = 1
+"""Bump when a page's bytes or the file layout change: older stores are then never read."""
+MAGIC = b"DPKVPAGE"
+_HEAD = struct.Struct("<8s16s16sIIQ")  # magic, namespace, page hash, tokens, layers, tile bytes
+_CRC = struct.Struct("<I")
+SUFFIX = ".kv"
+TMP_SUFFIX = ".tmp"
+NAMESPACE_FILE = "namespace.json"
+MAX_PENDING_BYTES = 64 << 20
+"""Pages queued for the writer beyond this are not written (the disk is slower than
+prefill): a page left out is recomputed after a restart, never waited for."""
+
+
+def default_root() -> str:
+    """Beside the converted-model cache: ``<its parent>/prefix`` (``~/.cache/dualpath/prefix``)."""
+    from ..models.store import default_root as models_root
+
+    return os.path.join(os.path.dirname(models_root().rstrip(os.sep)), "prefix")
+
+
+def namespace_digest(namespace: dict) -> bytes:
+    text = json.dumps({"format": FORMAT_VERSION, **namespace}, sort_keys=True)
+    return hashlib.blake2b(text.encode(), digest_size=16).digest()
+
+
+@dataclass
+class StoreStats:
+    hit_pages: int = 0
+    """Pages read from disk into the arena."""
+    miss_pages: int = 0
+    """Lookups that found no page on disk (one per prompt at most: the chain stops there)."""
+    bytes_read: int = 0
+    bytes_written: int = 0
+    pages_written: int = 0
+    dropped: int = 0
+    """Files found damaged (checksum, size, header) and removed."""
+    write_errors: int = 0
+    skipped_writes: int = 0
+    """Pages not queued because the writer was too far behind."""
+
+
+class PrefixStore:
+    """The pages of one namespace under ``root`` (see the module docstring)."""
+
+    def __init__(self, root: str, namespace: dict, *, page_tokens: int, num_layers: int, tile_bytes: int,
+                 max_bytes: int):
+        self.root = os.fspath(root)
+        self.namespace = namespace
+        self.digest = namespace_digest(namespace)
+        self.folder = os.path.join(self.root, self.digest.hex())
+        self.page_tokens, self.num_layers, self.tile_bytes = page_tokens, num_layers, tile_bytes
+        self.max_bytes = max_bytes
+        self.file_bytes = _HEAD.size + _CRC.size + 8 * page_tokens + num_layers * tile_bytes
+        self.stats = StoreStats()
+        self._lock = threading.Lock()
+        self._known: set[bytes] | None = None  # hashes on disk, listed on first use
+        self._pending: set[bytes] = set()
+        self._pending_bytes = 0
+        self._queue: queue.Queue = queue.Queue()
+        self._thread: threading.Thread | None = None
+        self._root_bytes: int | None = None  # bytes of every store under root (writer thread only)
+        self._warned: set[int] = set()
+
+    # -- lookups (the engine's thread) -------------------------------------------
+    def _index(self) -> set[bytes]:
+        if self._known is None:
+            known: set[bytes] = set()
+            try:
+                names = os.listdir(self.folder)
+            except FileNotFoundError:
+                names = []
+            except OSError as e:
+                log.warning("prefix cache: cannot list %s: %s; pages are computed", self.folder, e)
+                names = []
+            for name in names:
+                if name.endswith(SUFFIX) and len(name) == 32 + len(SUFFIX):
+                    try:
+                        known.add(bytes.fromhex(name[:32]))
+                    except ValueError:
+                        pass
+                elif name.endswith(TMP_SUFFIX):
+                    _remove_if_orphan(os.path.join(self.folder, name))
+            with self._lock:
+                self._known = known
+        return self._known
+
+    def _path(self, page_hash: bytes) -> str:
+        return os.path.join(self.folder, page_hash.hex() + SUFFIX)
+
+    def read(self, page_hash: bytes, tokens) -> np.ndarray | None:
+        """The page's bytes, (num_layers, tile_bytes) uint8, or None (absent or damaged:
+        a damaged file is removed)."""
+        if page_hash not in self._index():
+            self.stats.miss_pages += 1
+            return None
+        path = self._path(page_hash)
+        try:
+            with open(path, "rb") as f:
+                buf = f.read(self.file_bytes + 1)
+        except FileNotFoundError:  # another process evicted it
+            self._forget(page_hash)
+            self.stats.miss_pages += 1
+            return None
+        except OSError as e:
+            log.warning("prefix cache: cannot read %s: %s; computing its tokens", path, e)
+            self._forget(page_hash)
+            return None
+        problem = self._check(buf, page_hash, tokens)
+        if problem:
+            log.warning("prefix cache: dropping %s: %s; computing its tokens", path, problem)
+            self.stats.dropped += 1
+            self._forget(page_hash)
+            _unlink(path)
+            return None
+        try:
+            os.utime(path)  # recently used: the size limit removes the oldest first
+        except OSError:
+            pass
+        self.stats.hit_pages += 1
+        self.stats.bytes_read += len(buf)
+        start = len(buf) - self.num_layers * self.tile_bytes
+        return np.frombuffer(buf, np.uint8, offset=start).reshape(self.num_layers, self.tile_bytes)
+
+    def _check(self, buf: bytes, page_hash: bytes, tokens) -> str:
+        if len(buf) != self.file_bytes:
+            return f"{len(buf)} bytes, not {self.file_bytes} (truncated or from another layout)"
+        magic, ns, h, ntok, layers, tb = _HEAD.unpack_from(buf)
+        if magic != MAGIC:
+            return "not a DualPath KV page"
+        if (ns, h, ntok, layers, tb) != (self.digest, page_hash, self.page_tokens, self.num_layers,
+                                         self.tile_bytes):
+            return "its header names another model, layout or page"
+        (crc,) = _CRC.unpack_from(buf, _HEAD.size)
+        body = memoryview(buf)[_HEAD.size + _CRC.size:]
+        if zlib.crc32(body, zlib.crc32(memoryview(buf)[:_HEAD.size])) != crc:
+            return "checksum mismatch"
+        ids = np.frombuffer(buf, "<i8", count=ntok, offset=_HEAD.size + _CRC.size)
+        if not np.array_equal(ids, np.asarray(tokens, np.int64)):
+            return "its token ids differ from the prompt's (hash collision)"
+        return ""
+
+    def _forget(self, page_hash: bytes) -> None:
+        with self._lock:
+            if self._known is not None:
+                self._known.discard(page_hash)
+
+    # -- writes --------------------------------------------------------------------
+    def wants(self, page_hash: bytes) -> bool:
+        """Whether a page should be offered: not on disk, not queued, writer not behind."""
+        if page_hash in self._index() or page_hash in self._pending:
+            return False
+        if self._pending_bytes + self.num_layers * self.tile_bytes > MAX_PENDING_BYTES:
+            self.stats.skipped_writes += 1
+            return False
+        return True
+
+    def put(self, page_hash: bytes, tokens, data: np.ndarray) -> None:
+        """Queue a page (``data``: (num_layers, tile_bytes) uint8, a copy the caller gives up)."""
+        with self._lock:
+            self._pending.add(page_hash)
+            self._pending_bytes += data.nbytes
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._writer, name="dualpath-prefix-store", daemon=True)
+            self._thread.start()
+        self._queue.put((page_hash, np.asarray(tokens, "<i8"), data))
+
+    def flush(self) -> None:
+        """Wait until every queued page is on disk (or failed)."""
+        if self._thread is not None:
+            self._queue.join()
+
+    def close(self) -> None:
+        if self._thread is not None:
+            self._queue.join()
+            self._queue.put(None)
+            self._thread.join()
+            self._thread = None
+
+    def _writer(self) -> None:
+        while True:
+            item = self._queue.get()
+            try:
+                if item is None:
+                    return
+                self._write(*item)
+            except Exception:  # never lose the writer: a page not written is only recomputed
+                log.exception("prefix cache: writing a page failed")
+            finally:
+                if item is not None:
+                    with self._lock:
+                        self._pending.discard(item[0])
+                        self._pending_bytes -= item[2].nbytes
+                self._queue.task_done()
+
+    def _write(self, page_hash: bytes, tokens: np.ndarray, data: np.ndarray) -> None:
+        head = _HEAD.pack(MAGIC, self.digest, page_hash, self.page_tokens, self.num_layers, self.tile_bytes)
+        crc = zlib.crc32(data, zlib.crc32(tokens, zlib.crc32(head)))
+        final = self._path(page_hash)
+        tmp = os.path.join(self.folder, f".{page_hash.hex()}.{os.getpid()}{TMP_SUFFIX}")
+        try:
+            if self._root_bytes is None:
+                self._start_folder()
+            with open(tmp, "wb") as f:
+                f.write(head)
+                f.write(_CRC.pack(crc))
+                f.write(tokens)
+                f.write(data)
+            os.replace(tmp, final)
+        except OSError as e:
+            _unlink(tmp)
+            self.stats.write_errors += 1
+            if e.errno not in self._warned:  # one line per kind of failure, not one per page
+                self._warned.add(e.errno)
+                log.warning("prefix cache: cannot write pages in %s: %s; they are recomputed after a restart "
+                            "(prefix_cache.dir, --prefix-cache)", self.folder, e.strerror or e)
+            if e.errno == errno.ENOSPC:
+                self._evict(self.max_bytes // 2)
+            return
+        with self._lock:
+            if self._known is not None:
+                self._known.add(page_hash)
+        self.stats.pages_written += 1
+        self.stats.bytes_written += self.file_bytes
+        self._root_bytes += self.file_bytes
+        if self._root_bytes > self.max_bytes:
+            self._evict(self.max_bytes * 9 // 10)  # a margin, so that eviction does not run on every write
+
+    def _start_folder(self) -> None:
+        os.makedirs(self.folder, exist_ok=True)
+        meta = os.path.join(self.folder, NAMESPACE_FILE)
+        if not os.path.exists(meta):
+            tmp = f"{meta}.{os.getpid()}{TMP_SUFFIX}"
+            with open(tmp, "w", encoding="utf-8") as f:
+                json.dump({"format": FORMAT_VERSION, **self.namespace}, f, indent=1, sort_keys=True)
+            os.replace(tmp, meta)
+        self._root_bytes = sum(e.size_bytes for e in list_stores(self.root))
+
+    def _evict(self, target: int) -> None:
+        """Remove the least recently used pages of every store under root down to ``target`` bytes."""
+        files = []
+        for store in list_stores(self.root):
+            files += store.files()
+        files.sort()
+        total = sum(size for _, size, _ in files)
+        for _, size, path in files:
+            if total <= target:
+                break
+            _unlink(path)
+            total -= size
+            name = os.path.basename(path)
+            if os.path.dirname(path) == self.folder:
+                self._forget(bytes.fromhex(name[:32]))
+        self._root_bytes = total
+
+
+@dataclass
+class StoreInfo:
+    """One namespace folder under a prefix-cache root (``dualpath cache ls``)."""
+
+    key: str
+    folder: str
+    pages: int
+    size_bytes: int
+    last_used: float
+    namespace: dict
+
+    def files(self) -> list[tuple[float, int, str]]:
+        """(mtime, bytes, path) of each page file."""
+        out = []
+        try:
+            names = os.listdir(self.folder)
+        except OSError:
+            return out
+        for name in names:
+            if name.endswith(SUFFIX):
+                path = os.path.join(self.folder, name)
+                try:
+                    st = os.stat(path)
+                except OSError:
+                    continue
+                out.append((st.st_mtime, st.st_size, path))
+        return out
+
+
+def list_stores(root: str) -> list[StoreInfo]:
+    out = []
+    try:
+        names = sorted(os.listdir(root))
+    except OSError:
+        return out
+    for name in names:
+        folder = os.path.join(root, name)
+        if len(name) != 32 or not os.path.isdir(folder):
+            continue
+        try:
+            with open(os.path.join(folder, NAMESPACE_FILE), encoding="utf-8") as f:
+                namespace = json.load(f)
+        except (OSError, ValueError):
+            namespace = {}
+        info = StoreInfo(name, folder, 0, 0, 0.0, namespace)
+        files = info.files()
+        info.pages, info.size_bytes = len(files), sum(size for _, size, _ in files)
+        info.last_used = max((m for m, _, _ in files), default=0.0)
+        out.append(info)
+    return out
+
+
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+
+
+def _remove_if_orphan(path: str) -> None:
+    """Remove a temporary file whose writer is gone (killed mid-write)."""
+    try:
+        pid = int(os.path.basename(path).rsplit(".", 2)[-2])
+    except (ValueError, IndexError):
+        pid = -1
+    if pid > 0 and pid != os.getpid():
+        try:
+            os.kill(pid, 0)
+            return  # its writer is alive (another process sharing the store)
+        except ProcessLookupError:
+            pass
+        except PermissionError:
+            return
+    elif pid == os.getpid():
+        return
+    _unlink(path)
