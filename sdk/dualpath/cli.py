@@ -22,6 +22,10 @@ def _overrides(args) -> dict:
         out["dualpath_config.kv_dtype"] = args.kv_dtype
     if getattr(args, "chat_template", None) is not None:
         out["runtime.chat_template"] = args.chat_template
+    if getattr(args, "prefix_cache", None) is not None:
+        out["prefix_cache.use"], out["prefix_cache.dir"] = "always", args.prefix_cache
+    if getattr(args, "no_prefix_cache", False):
+        out["prefix_cache.use"] = "never"
     return out
 
 
@@ -226,28 +230,37 @@ def _chat_command(chat, line: str, out, err) -> bool:
 
 
 def cmd_cache(args) -> int:
+    from .cache import disk
     from .config import load_config
     from .models.store import ModelStore
 
-    mc = load_config().model_cache
+    cfg = load_config()
+    mc, pc = cfg.model_cache, cfg.prefix_cache
     store = ModelStore(args.dir or mc.dir or None, int(mc.max_size_gb * (1 << 30)))
+    prefix_root = args.prefix_dir or pc.dir or disk.default_root()
+    stores = disk.list_stores(prefix_root)
     if args.cache_command == "ls":
         entries = store.entries()
         for e in entries:
-            used = time.strftime("%Y-%m-%d %H:%M", time.localtime(e.last_used)) if e.last_used else "-"
-            print(f"{e.key}  {e.size_bytes / (1 << 20):9.1f} MiB  {used}  {e.source}  "
+            print(f"{e.key}  {e.size_bytes / (1 << 20):9.1f} MiB  {_when(e.last_used)}  {e.source}  "
                   f"({', '.join(e.graphs) or 'no graphs yet'})")
         total = sum(e.size_bytes for e in entries)
         print(f"{len(entries)} entries, {total / (1 << 20):.1f} MiB in {store.root}")
+        for s in stores:
+            ns = s.namespace
+            print(f"{s.key}  {s.size_bytes / (1 << 20):9.1f} MiB  {_when(s.last_used)}  prefix pages of "
+                  f"{ns.get('source', '?')} (kv {ns.get('kv_dtype', '?')}, {ns.get('page_tokens', '?')}-token "
+                  f"pages, {s.pages} pages)")
+        print(f"{len(stores)} prefix stores, {sum(s.size_bytes for s in stores) / (1 << 20):.1f} MiB in {prefix_root}")
         return 0
     if args.cache_command == "rm":
-        keys = [e.key for e in store.entries()] if args.all else args.keys
+        keys = [e.key for e in store.entries()] + [s.key for s in stores] if args.all else args.keys
         if not keys and not args.all:
             print("dualpath: error: name the keys to remove (dualpath cache ls) or give --all", file=sys.stderr)
             return 2
-        missing = [k for k in keys if not store.remove(k)]
+        missing = [k for k in keys if not store.remove(k) and not disk.remove_store(prefix_root, k)]
         for k in missing:
-            print(f"dualpath: no cache entry {k!r} in {store.root}", file=sys.stderr)
+            print(f"dualpath: no cache entry or prefix store {k!r} in {store.root} or {prefix_root}", file=sys.stderr)
         print(f"removed {len(keys) - len(missing)} entries")
         return 1 if missing else 0
     limit = None if args.max_size_gb is None else int(args.max_size_gb * (1 << 30))
@@ -255,7 +268,14 @@ def cmd_cache(args) -> int:
     for e in removed:
         print(f"removed {e.key} ({e.size_bytes / (1 << 20):.1f} MiB, {e.source})")
     print(f"{len(removed)} entries removed; {sum(e.size_bytes for e in store.entries()) / (1 << 20):.1f} MiB left")
+    gb = pc.max_size_gb if args.prefix_max_size_gb is None else args.prefix_max_size_gb
+    pages, left = disk.prune(prefix_root, int(gb * (1 << 30)))
+    print(f"{len(pages)} prefix pages removed; {left / (1 << 20):.1f} MiB left in {prefix_root}")
     return 0
+
+
+def _when(t: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M", time.localtime(t)) if t else "-"
 
 
 def cmd_tokenize(args) -> int:
@@ -402,7 +422,11 @@ def cmd_serve(args) -> int:
     from .config import load_config
 
     cfg = load_config(args.config, overrides)
-    llm = LLM(_model_path(args), cfg, tokenizer_path=args.tokenizer)
+    # The server is the long-lived process an app restarts: its prompt pages go to disk
+    # unless the config or --no-prefix-cache says never.
+    llm = LLM(_model_path(args), cfg, tokenizer_path=args.tokenizer,
+              prefix_cache=cfg.prefix_cache.use != "never")
+
     def stopped():
         # The engine has stopped (the app's shutdown): whatever load it served, the cache must
         # account for every page. Load tests read this line from stderr.
@@ -423,6 +447,9 @@ def cmd_serve(args) -> int:
     print(f"dualpath: serving {app.state.server.model_name} on http://{sc.host}:{sc.port}/v1 "
           f"({cfg.runtime.max_num_seqs} requests at once, {llm.runner.kv_cache_tokens} KV tokens, "
           f"api key {'required' if sc.api_key else 'off'})", file=sys.stderr, flush=True)
+    if llm.prefix_store is not None:
+        print(f"dualpath: prompt pages kept on disk in {llm.prefix_store.folder} (POST /v1/warm computes a "
+              "prompt ahead; --no-prefix-cache turns this off)", file=sys.stderr, flush=True)
     uvicorn.run(app, host=sc.host, port=sc.port, log_level="info" if args.verbose else "warning",
                 timeout_graceful_shutdown=5, timeout_keep_alive=75)
     return 0
@@ -453,6 +480,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "(dualpath_config.kv_dtype; q8 = int8 + an f32 scale per token and KV head)")
         sp.add_argument("--chat-template", choices=["chatml", "llama3", "gemma", "phi3"],
                         help="a built-in chat template instead of the model's (runtime.chat_template)")
+        disk = sp.add_mutually_exclusive_group()
+        disk.add_argument("--prefix-cache", metavar="DIR", help="keep prompt pages on disk in DIR, so that a "
+                          "restarted process reuses a prefix it saw (prefix_cache.dir; on by default in serve)")
+        disk.add_argument("--no-prefix-cache", action="store_true", help="no prefix pages on disk "
+                          "(prefix_cache.use: never)")
 
     def sampling_args(sp, temperature: float):
         sp.add_argument("--temperature", type=float, default=temperature)
@@ -484,15 +516,18 @@ def build_parser() -> argparse.ArgumentParser:
     sampling_args(ch, temperature=0.7)
     ch.set_defaults(func=cmd_chat)
 
-    c = sub.add_parser("cache", help="the converted-model cache: list, remove, prune entries")
+    c = sub.add_parser("cache", help="the converted-model cache and the prefix pages on disk: list, remove, prune")
     c.add_argument("--dir", help="the cache folder (default: model_cache.dir, $DUALPATH_CACHE_DIR or ~/.cache/dualpath/models)")
+    c.add_argument("--prefix-dir", help="the prefix pages' folder (default: prefix_cache.dir or ~/.cache/dualpath/prefix)")
     csub = c.add_subparsers(dest="cache_command", required=True)
-    csub.add_parser("ls", help="list entries: key, size, last use, source file, graphs")
-    crm = csub.add_parser("rm", help="remove entries by key (or --all)")
+    csub.add_parser("ls", help="list entries (key, size, last use, source file, graphs) and prefix stores")
+    crm = csub.add_parser("rm", help="remove entries or prefix stores by key (or --all)")
     crm.add_argument("keys", nargs="*")
     crm.add_argument("--all", action="store_true")
     cpr = csub.add_parser("prune", help="remove least recently used entries down to a size, and stale temporary folders")
     cpr.add_argument("--max-size-gb", type=float, help="default: model_cache.max_size_gb")
+    cpr.add_argument("--prefix-max-size-gb", type=float, help="prefix pages kept, least recently used "
+                     "removed first (default: prefix_cache.max_size_gb)")
     c.set_defaults(func=cmd_cache)
 
     t = sub.add_parser("tokenize", help="print the token ids of a text")

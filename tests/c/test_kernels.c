@@ -318,6 +318,38 @@ static void q8_storage_cases(void) {
           "tile bytes: unknown dtype, overflow");
 }
 
+/* Whole tiles out of the arena and back (the prefix cache on disk): every layer round
+ * trips, and a bad offset among good ones copies nothing either way. */
+static void tile_io_cases(void) {
+    dp_arena a;
+    const int64_t block = 1 << 14, P = 16;
+    check(dp_arena_init(&a, block, 4, 3, 2, 64, DP_Q8, -1) == DP_OK, "tile io: arena");
+    const int64_t tb = dp_kv_tile_bytes(DP_Q8, 2, 64, P);
+    const size_t bytes = (size_t)(a.layer_bytes * a.num_layers);
+    for (size_t i = 0; i < bytes; i++) a.base[i] = (char)(i * 7 + 3);
+    const int64_t src[2] = {0, tb}, dst[2] = {block, 2 * block};
+    char *buf = (char *)malloc((size_t)(2 * 3 * tb)), *before = (char *)malloc(bytes);
+    check(dp_kv_tiles_io(&a, src, 2, P, buf, 0) == DP_OK && dp_kv_tiles_io(&a, dst, 2, P, buf, 1) == DP_OK,
+          "tile io: read, write");
+    int same = 1;
+    for (int64_t l = 0; l < 3; l++)
+        for (int t = 0; t < 2; t++)
+            same &= memcmp(a.base + l * a.layer_bytes + src[t], a.base + l * a.layer_bytes + dst[t], (size_t)tb) == 0;
+    check(same, "tile io: every layer's tile arrives");
+    memcpy(before, a.base, bytes);
+    const int64_t bad[][2] = {{0, tb / 2}, {0, 4 * block}, {0, -tb}, {0, block - tb / 2}};
+    for (int b = 0; b < 4; b++) {
+        check(dp_kv_tiles_io(&a, bad[b], 2, P, buf, 1) != DP_OK && memcmp(before, a.base, bytes) == 0,
+              "tile io: a bad offset is refused, arena unchanged");
+        check(dp_kv_tiles_io(&a, bad[b], 2, P, buf, 0) != DP_OK, "tile io: a bad offset is refused on read");
+    }
+    check(dp_kv_tiles_io(&a, src, 2, 0, buf, 0) == DP_ERR_BOUNDS && dp_kv_tiles_io(&a, src, -1, P, buf, 0) == DP_ERR_ARG &&
+          dp_kv_tiles_io(&a, src, 2, P, NULL, 0) == DP_ERR_ARG, "tile io: bad arguments");
+    free(buf);
+    free(before);
+    dp_arena_free(&a);
+}
+
 /* ---- errors: allocation failures, thread creation, bad slots ------------------ */
 
 /* An arena of one or more layers with n_ctx tokens written to layer 0 through pages
@@ -742,6 +774,7 @@ int main(void) {
     }
     check_head_dim_limit();
     q8_storage_cases();
+    tile_io_cases();
     for (int i = 0; i < 5; i++) {
         const dp_attn_ops *ops = dp_ops_by_name(names[i]);
         if (!ops) continue;

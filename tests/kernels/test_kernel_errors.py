@@ -257,3 +257,49 @@ def test_stepper_with_a_bad_span_writes_none_of_its_good_slots():
     with pytest.raises(ValueError, match=r"\(in seqs or spans\).*does not start a tile"):
         stepper.step_batch(0, n, 1, len(spans))
     np.testing.assert_array_equal(_snapshot(arena), before)
+
+
+# Whole-tile copies (the prefix cache on disk): a bad offset among good ones copies nothing.
+BAD_TILES = {k: v for k, v in BAD_SLOTS.items() if k not in ("row_past_its_page", "tile_tokens_zero",
+                                                              "tile_tokens_overflowing")}
+
+
+@pytest.mark.parametrize("kv_dtype", ["f16", "q8"])
+def test_tiles_read_back_what_was_written_on_every_layer(kv_dtype):
+    arena, _ = _filled_arena(64, num_layers=3, kv_dtype=kv_dtype)
+    page = arena.tile_bytes(P)
+    ppb = BLOCK // page
+    src = np.array([0, page, 2 * page], np.int64)
+    dst = np.array([3 * BLOCK + (ppb - 1) * page, BLOCK, 2 * BLOCK], np.int64)  # free pages, in other blocks
+    arena.write_tiles(dst, P, arena.read_tiles(src, P))
+    spans = lambda offs: np.stack([offs, np.full(3, P), np.full(3, P)], 1).astype(np.int64)  # noqa: E731
+    for layer in range(3):
+        for a, b in zip(arena.gather(layer, spans(src), 3 * P), arena.gather(layer, spans(dst), 3 * P)):
+            np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("kind", sorted(BAD_TILES))
+@pytest.mark.parametrize("op", ["read", "write"])
+def test_tiles_with_one_bad_offset_raise_and_copy_nothing(kind, op):
+    arena, _ = _filled_arena(64, num_layers=2)
+    page = arena.tile_bytes(P)
+    off, _, tile_tokens = BAD_TILES[kind][0](page)
+    offs = np.array([0, page, off], np.int64)
+    before = _snapshot(arena)
+    with pytest.raises(ValueError, match=BAD_TILES[kind][1]):
+        if op == "read":
+            arena.read_tiles(offs, tile_tokens)
+        else:
+            arena.write_tiles(offs, tile_tokens, np.zeros((3, 2, arena.tile_bytes(tile_tokens)), np.uint8))
+    np.testing.assert_array_equal(_snapshot(arena), before)
+
+
+def test_tiles_refuse_a_bad_shape_or_tile_size():
+    arena, _ = _filled_arena(16)
+    offs = np.zeros(1, np.int64)
+    with pytest.raises(ValueError, match="tile_tokens must be >= 1"):
+        arena.read_tiles(offs, 0)
+    with pytest.raises(ValueError, match="data must have shape"):
+        arena.write_tiles(offs, P, np.zeros((1, 1, 7), np.uint8))
+    with pytest.raises(TypeError, match="must be uint8"):
+        arena.write_tiles(offs, P, np.zeros((1, 1, arena.tile_bytes(P)), np.float32))

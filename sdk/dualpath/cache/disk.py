@@ -30,6 +30,7 @@ import json
 import logging
 import os
 import queue
+import shutil
 import struct
 import threading
 import zlib
@@ -278,20 +279,10 @@ class PrefixStore:
 
     def _evict(self, target: int) -> None:
         """Remove the least recently used pages of every store under root down to ``target`` bytes."""
-        files = []
-        for store in list_stores(self.root):
-            files += store.files()
-        files.sort()
-        total = sum(size for _, size, _ in files)
-        for _, size, path in files:
-            if total <= target:
-                break
-            _unlink(path)
-            total -= size
-            name = os.path.basename(path)
+        removed, self._root_bytes = prune(self.root, target)
+        for path in removed:
             if os.path.dirname(path) == self.folder:
-                self._forget(bytes.fromhex(name[:32]))
-        self._root_bytes = total
+                self._forget(bytes.fromhex(os.path.basename(path)[:32]))
 
 
 @dataclass
@@ -344,6 +335,41 @@ def list_stores(root: str) -> list[StoreInfo]:
         info.last_used = max((m for m, _, _ in files), default=0.0)
         out.append(info)
     return out
+
+
+def prune(root: str, max_bytes: int) -> tuple[list[str], int]:
+    """Remove orphaned temporary files, then the least recently used pages of every store
+    under ``root`` until they hold at most ``max_bytes``. Returns the removed pages' paths
+    and the bytes left."""
+    files = []
+    for store in list_stores(root):
+        files += store.files()
+        try:
+            names = os.listdir(store.folder)
+        except OSError:
+            continue
+        for name in names:
+            if name.endswith(TMP_SUFFIX):
+                _remove_if_orphan(os.path.join(store.folder, name))
+    files.sort()
+    total = sum(size for _, size, _ in files)
+    removed = []
+    for _, size, path in files:
+        if total <= max_bytes:
+            break
+        _unlink(path)
+        total -= size
+        removed.append(path)
+    return removed, total
+
+
+def remove_store(root: str, key: str) -> bool:
+    """Remove the store ``key`` (a namespace folder) under ``root``."""
+    folder = os.path.join(root, key)
+    if len(key) != 32 or os.sep in key or not os.path.isdir(folder):
+        return False
+    shutil.rmtree(folder, ignore_errors=True)
+    return True
 
 
 def _unlink(path: str) -> None:

@@ -1,7 +1,8 @@
 """The OpenAI-compatible HTTP server: a Starlette app over one ``LLM``'s engine.
 
 Routes: ``POST /v1/completions``, ``POST /v1/chat/completions`` (JSON, or
-server-sent events with ``"stream": true``), ``POST /v1/embeddings``, ``GET /v1/models``, ``GET /health``,
+server-sent events with ``"stream": true``), ``POST /v1/embeddings``, ``POST /v1/warm`` (compute a
+prompt's KV ahead of its requests; on disk too with the prefix cache), ``GET /v1/models``, ``GET /health``,
 ``GET /metrics`` (Prometheus text), and unless ``server.webui`` is off, the chat page at ``GET /``
 (``static/``: plain files, no build step, no external requests, served with a
 Content-Security-Policy that allows this server's own scripts only).
@@ -375,16 +376,7 @@ class Server:
     async def completions(self, request: Request) -> Response:
         self._check_auth(request)
         body = await self._json(request)
-        prompt = body.get("prompt")
-        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
-            prompt = prompt[0]
-        if isinstance(prompt, str):
-            ids = self.llm.tokenize(prompt)
-        elif isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool)
-                                                         for t in prompt):
-            ids = list(prompt)
-        else:
-            raise _bad("'prompt' must be a string, a list of token ids, or a list holding one of those", "prompt")
+        ids = self._prompt_ids(body.get("prompt"))
         check_fields(body, COMPLETION_FIELDS, "/v1/completions")
         logprobs = _get(body, "logprobs", (int,), None, check=lambda v: 0 <= v <= 20,
                         allowed="an integer between 0 and 20")
@@ -436,10 +428,8 @@ class Server:
         out["usage"] = _usage(cs)
         return JSONResponse(out)
 
-    async def chat_completions(self, request: Request) -> Response:
-        self._check_auth(request)
-        body = await self._json(request)
-        messages = body.get("messages")
+    def _chat_ids(self, messages) -> list[int]:
+        """The prompt token ids of a chat's ``messages``, rendered by the chat template."""
         if not isinstance(messages, list) or not messages:
             raise _bad("'messages' must be a non-empty list of {role, content} objects", "messages")
         clean = []
@@ -459,6 +449,49 @@ class Server:
             if not isinstance(content, str):
                 raise _bad(f"messages[{i}].content must be a string or a list of text parts", "messages")
             clean.append({"role": m["role"], "content": content})
+        try:
+            return self.llm.chat_prompt_ids(clean)
+        except ChatTemplateError as e:
+            raise _bad(f"{e} (send it to /v1/completions)", "messages", "chat_template") from None
+
+    def _prompt_ids(self, prompt) -> list[int]:
+        """The token ids of a completion's ``prompt``: text, token ids, or a list of one of those."""
+        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+            prompt = prompt[0]
+        if isinstance(prompt, str):
+            return self.llm.tokenize(prompt)
+        if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool)
+                                                       for t in prompt):
+            return list(prompt)
+        raise _bad("'prompt' must be a string, a list of token ids, or a list holding one of those", "prompt")
+
+    async def warm(self, request: Request) -> Response:
+        """Compute a prompt's KV now (``prompt`` as for /v1/completions, or ``messages`` as
+        for /v1/chat/completions), so that later requests starting with it reuse its pages;
+        with the prefix cache on disk, after a restart too: the answer comes once its pages
+        are written."""
+        self._check_auth(request)
+        body = await self._json(request)
+        check_fields(body, {"model", "prompt", "messages"}, "/v1/warm")
+        if ("prompt" in body) == ("messages" in body):
+            raise _bad("give either 'prompt' (text or token ids) or 'messages' (a chat)", "prompt")
+        ids = self._chat_ids(body["messages"]) if "messages" in body else self._prompt_ids(body["prompt"])
+        params = SamplingParams(max_tokens=1, temperature=0.0)
+        handles = await self._submit(ids, params)
+        (c,) = await _collect(request, handles)
+        store = self.llm.prefix_store
+        if store is not None:
+            await asyncio.to_thread(store.flush)
+        P = self.engine.runner.cache.page_tokens
+        return JSONResponse({"object": "warm", "model": self.model_name, "stored_tokens": len(ids) // P * P,
+                             "on_disk": store is not None,
+                             "usage": {"prompt_tokens": len(ids),
+                                       "prompt_tokens_details": {"cached_tokens": c.usage.cached_prompt_tokens}}})
+
+    async def chat_completions(self, request: Request) -> Response:
+        self._check_auth(request)
+        body = await self._json(request)
+        messages = body.get("messages")
         check_fields(body, CHAT_FIELDS, "/v1/chat/completions")
         want_logprobs = _get(body, "logprobs", (bool,), False)
         top = _get(body, "top_logprobs", (int,), None, check=lambda v: 0 <= v <= 20,
@@ -467,10 +500,7 @@ class Server:
             raise _bad("'top_logprobs' needs 'logprobs': true", "top_logprobs")
         params = sampling_params(body, None, self.engine.context_tokens, (top or 0) if want_logprobs else None)
         stream = _get(body, "stream", (bool,), False)
-        try:
-            ids = self.llm.chat_prompt_ids(clean)
-        except ChatTemplateError as e:
-            raise _bad(f"{e} (send it to /v1/completions)", "messages", "chat_template") from None
+        ids = self._chat_ids(messages)
         n = self._num_choices(body)
         grammar = self._grammar(body)
         tool_call = grammar is not None and grammar.kind == "tool_call"
@@ -625,6 +655,7 @@ def create_app(llm, *, model_name: str | None = None, on_shutdown=None) -> Starl
         Route("/v1/completions", wrap(server.completions), methods=["POST"]),
         Route("/v1/chat/completions", wrap(server.chat_completions), methods=["POST"]),
         Route("/v1/embeddings", wrap(server.embeddings), methods=["POST"]),
+        Route("/v1/warm", wrap(server.warm), methods=["POST"]),
     ]
     if server.cfg.webui:
         routes += [Route("/", wrap(server.page), methods=["GET"]),
