@@ -23,8 +23,10 @@ def model_cache_dir():
     user's ~/.cache); server and CLI subprocesses inherit it through the environment."""
     old = os.environ.get("DUALPATH_CACHE_DIR")
     with tempfile.TemporaryDirectory(prefix="dualpath-test-cache-") as folder:
-        os.environ["DUALPATH_CACHE_DIR"] = folder
-        yield Path(folder)
+        # models/ inside it: the prefix cache's default folder is its sibling, prefix/
+        # (cache/disk.default_root), so that stays inside the temporary folder too.
+        os.environ["DUALPATH_CACHE_DIR"] = os.path.join(folder, "models")
+        yield Path(folder) / "models"
         if old is None:
             os.environ.pop("DUALPATH_CACHE_DIR", None)
         else:

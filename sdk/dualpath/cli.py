@@ -440,6 +440,7 @@ def cmd_serve(args) -> int:
               f"{cache.free_page_count()} of {cache.num_blocks * cache.pages_per_block} pages free or cached)",
               file=sys.stderr, flush=True)
 
+    llm.runner.warm_up()  # the first request does not wait for the weights to be paged in
     app = create_app(llm, on_shutdown=stopped)
     sc = cfg.server
     if sc.webui:

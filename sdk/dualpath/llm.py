@@ -76,8 +76,7 @@ class LLM:
         cache = self.runner.cache
         arena = cache.arena
         # Everything that decides a page's bytes: a store made under any other value is never read.
-        namespace = {"model": self.spec.entry.key if self.spec.entry else str(self.spec.path),
-                     "source": os.path.basename(str(self.spec.path)), "salt": cache.salt.hex(),
+        namespace = {"model": cache.salt.decode(), "source": os.path.basename(str(self.spec.path)),
                      "kv_dtype": arena.kv_dtype, "page_tokens": cache.page_tokens,
                      "num_layers": arena.num_layers, "num_kv_heads": arena.num_kv_heads, "head_dim": arena.head_dim,
                      "onnxruntime": onnxruntime.__version__, "accuracy_level": rt.quantized_matmul_accuracy,

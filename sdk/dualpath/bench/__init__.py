@@ -9,7 +9,9 @@
 * ``serve``: latency under a mixed load, the cache's path modes side by side;
 * ``load``: many streaming clients against a live ``dualpath serve``;
 * ``startup``: process start to the first and 8th token, first and cached load;
-* ``chat``: time to first token per turn of a conversation, its KV reused across turns or not.
+* ``chat``: time to first token per turn of a conversation, its KV reused across turns or not;
+* ``prefix-restart``: time to first token after a kill and restart, for a prefix seen before
+  (the prefix cache on disk; llama-server's slot save and restore).
 
 A measurement that needs a process of its own runs through ``harness.run_worker``
 (the one isolated-process harness); what several benchmarks share is in
@@ -26,9 +28,9 @@ from __future__ import annotations
 
 def add_bench_parser(sub) -> None:
     """Add ``bench`` and its subcommands to the CLI's subparsers."""
-    from . import cache, chat, e2e, kernels, kv_quality, load, power, serve, startup
+    from . import cache, chat, e2e, kernels, kv_quality, load, prefix_restart, power, serve, startup
 
     b = sub.add_parser("bench", help="benchmarks (side by side with llama.cpp where it applies)")
     bs = b.add_subparsers(dest="bench", required=True)
-    for module in (e2e, kernels, kv_quality, power, cache, serve, load, startup, chat):
+    for module in (e2e, kernels, kv_quality, power, cache, serve, load, startup, chat, prefix_restart):
         module.add_parser(bs)

@@ -11,7 +11,9 @@ process (``harness.run_worker``; onnxruntime-genai's in its own environment,
 from __future__ import annotations
 
 import os
+import shutil
 import sys
+import tempfile
 import time
 
 from ..config import ORT_THREAD_POOLS
@@ -39,7 +41,12 @@ def worker(engine: str, model: str, ctx: int, decode: int, threads: int, chunk: 
 
         overrides = {"runtime.num_threads": threads, "runtime.max_context_tokens": ctx + decode + 1,
                      "runtime.prefill_chunk_tokens": chunk}
-        for word in engine.split()[1:]:  # "dualpath q8 per_part": that KV type, those ORT pools
+        store = None
+        for word in engine.split()[1:]:  # "dualpath q8 per_part disk": that KV type, those ORT pools, a store
+            if word == "disk":  # prompt pages written to an empty prefix store as the run goes
+                store = tempfile.mkdtemp(prefix="dualpath-e2e-prefix-")
+                overrides["prefix_cache.use"], overrides["prefix_cache.dir"] = "always", store
+                continue
             key = "runtime.ort_thread_pools" if word in ORT_THREAD_POOLS else "dualpath_config.kv_dtype"
             overrides[key] = word
         cfg = load_config(None, overrides)
@@ -51,6 +58,9 @@ def worker(engine: str, model: str, ctx: int, decode: int, threads: int, chunk: 
         llm.generate(random_prompt(llm.spec.config.vocab_size, min(WARM_TOKENS, ctx), seed=99),
                      SamplingParams(temperature=0, max_tokens=min(WARM_STEPS, decode + 1), ignore_eos=True))
         c = llm.generate(prompt, SamplingParams(temperature=0, max_tokens=decode + 1, ignore_eos=True))
+        if store:
+            llm.prefix_store.close()
+            shutil.rmtree(store, ignore_errors=True)
         return {"prefill_tps": c.timings.prefill_tokens_per_s, "decode_tps": c.timings.decode_tokens_per_s,
                 "peak_rss_mb": peak_rss_mb(), "loaded_rss_mb": rss_loaded}
     if engine == "llama.cpp":
@@ -137,19 +147,20 @@ def _prepare_ortgenai(args) -> tuple[ortgenai.OrtGenaiPeer | None, dict]:
     return peer, built
 
 
-def dualpath_engines(kv_dtypes: str, ort_pools: str = "shared") -> list[str]:
-    """Engine names for DualPath with each KV type of ``--kv-dtype`` and each ORT pool
-    arrangement of ``--ort-pools``: the configured defaults are plain ``dualpath``,
-    others are named (``dualpath q8``, ``dualpath per_part``, ``dualpath q8 per_part``)."""
+def dualpath_engines(kv_dtypes: str, ort_pools: str = "shared", prefix_cache: str = "off") -> list[str]:
+    """Engine names for DualPath with each KV type of ``--kv-dtype``, each ORT pool
+    arrangement of ``--ort-pools`` and each ``--prefix-cache`` setting: the configured
+    defaults are plain ``dualpath``, others are named (``dualpath q8``, ``dualpath
+    per_part``, ``dualpath q8 per_part``, ``dualpath disk``)."""
     from ..config import DualPathConfig, RuntimeConfig
 
     kv0, pools0 = DualPathConfig().kv_dtype, RuntimeConfig().ort_thread_pools
-    return [" ".join(["dualpath"] + [w for w, w0 in ((d, kv0), (p, pools0)) if w != w0])
-            for p in ort_pools.split(",") for d in kv_dtypes.split(",")]
+    return [" ".join(["dualpath"] + [w for w, w0 in ((d, kv0), (p, pools0)) if w != w0] + ["disk"] * (c == "on"))
+            for c in prefix_cache.split(",") for p in ort_pools.split(",") for d in kv_dtypes.split(",")]
 
 
 def cmd_bench_e2e(args) -> int:
-    ours = dualpath_engines(args.kv_dtype, args.ort_pools)
+    ours = dualpath_engines(args.kv_dtype, args.ort_pools, args.prefix_cache)
     engines = ours + ([] if args.no_peer else ["llama.cpp"])
     if not args.no_peer:
         try:
@@ -219,5 +230,8 @@ def add_parser(bs) -> None:
     e.add_argument("--ortgenai-cache", metavar="DIR",
                    help="where its built models are kept (default ~/.cache/dualpath/ortgenai)")
     e.add_argument("--no-ortgenai", action="store_true", help="leave onnxruntime-genai out")
+    e.add_argument("--prefix-cache", default="off", type=lambda t: _comma_choices(t, ("off", "on"), "settings"),
+                   help="off, on or off,on: DualPath with its prompt pages written to an empty prefix store "
+                        "on disk as it runs ('dualpath disk')")
     e.add_argument("--json", help="also write the rows as JSON here")
     e.set_defaults(func=cmd_bench_e2e)

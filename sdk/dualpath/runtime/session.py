@@ -83,6 +83,13 @@ def graphs_for_runtime(spec: ModelSpec, accuracy_level: int, context_tokens: int
     return graph_parts(spec, accuracy_level, context_tokens, _nbits8(spec, parse_version(onnxruntime_version)))
 
 
+def _prefix_salt(spec: ModelSpec) -> bytes:
+    """What the prefix hashes of this model's pages are salted with: its converted-model
+    cache key (the file's identity, not its path: the same file found through another path
+    still matches the pages it wrote to disk)."""
+    return (spec.entry.key if spec.entry is not None else spec.path).encode()
+
+
 def nbits8_graphs(spec: ModelSpec) -> bool:
     """Whether the graphs may use 8-bit MatMulNBits; says once when a model loses it."""
     if _nbits8(spec, ORT_VERSION):
@@ -408,7 +415,7 @@ class ModelRunner:
         if not kv_cache_tokens:
             num_blocks += 2
         self.cache = KVCacheManager(dp, num_layers=cfg.num_layers, num_kv_heads=cfg.num_kv_heads,
-                                    head_dim=cfg.head_dim, num_blocks=num_blocks, salt=spec.path.encode())
+                                    head_dim=cfg.head_dim, num_blocks=num_blocks, salt=_prefix_salt(spec))
         self.kv_cache_tokens = self.cache.capacity_tokens
         """Tokens the KV cache holds (all sequences together)."""
         # The path policy of every profile the governor can choose, built once: a step
@@ -482,7 +489,7 @@ class ModelRunner:
         self._pin_caller = functools.partial(placer.pin_caller, warn=False)  # the report says it all
         try:
             for sp, (sessions, kv) in self._sets.items():
-                self._warm_up(sp)
+                self.warm_up(sp)
                 read = placer.check_set(sp, ort_tids=ort_tids.get(sp, ()), num_sessions=len(sessions),
                                         pool_tids=kv.pool.worker_tids()[1:])
                 if read is not None:  # None: /proc unreadable (logged), the plan stands unverified
@@ -506,10 +513,12 @@ class ModelRunner:
                 self._caller_cpus[sp] = home
         self.sessions, self.kv = next(iter(self._sets.values()))
 
-    def _warm_up(self, sp) -> None:
-        """One one-token step on session set ``sp`` for a scratch sequence (freed after: a
-        partial page is never cached), its caller pinned as that set's steps pin it; then one
-        job on our pool, whose workers apply their affinity at their next job."""
+    def warm_up(self, sp=None) -> None:
+        """One one-token step on session set ``sp`` (None: the default one) for a scratch
+        sequence (freed after: a partial page is never cached), its caller pinned as that
+        set's steps pin it; then one job on our pool, whose workers apply their affinity at
+        their next job. The weights are paged in and ONNX Runtime's first-run allocations
+        made here, not in the first request (a server calls it before it listens)."""
         cache = self.cache
         seq_id = cache.new_seq_id()
         cache.start(seq_id, [])
@@ -519,7 +528,7 @@ class ModelRunner:
                 self.run([SeqStep(None, seq_id, [0], alloc, True)], session_spec=sp)
         finally:
             cache.free(seq_id)
-        pool = self._sets[sp][1].pool
+        pool = self._sets[sp][1].pool if sp is not None else self.kv.pool
         pool.read(np.zeros(64 * pool.num_threads, np.uint64))  # (64 * threads,) one job for every worker
 
     # -- batched steps (the engine) ---------------------------------------------
