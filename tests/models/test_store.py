@@ -326,10 +326,38 @@ def test_cache_cli_lists_removes_and_prunes(tmp_path, gguf_path, q4_model):
     out = cli("rm", key)
     assert out.returncode == 0 and "removed 1 entries" in out.stdout
     out = cli("rm", "nosuchkey")
-    assert out.returncode == 1 and "no cache entry 'nosuchkey'" in out.stderr
+    assert out.returncode == 1 and "no cache entry or prefix store 'nosuchkey'" in out.stderr
     out = cli("prune", "--max-size-gb", "0")
     assert out.returncode == 0 and "1 entries removed" in out.stdout
     assert store.entries() == []
+
+
+def test_cache_cli_lists_prunes_and_removes_prefix_stores(tmp_path):
+    import numpy as np
+
+    from dualpath.cache.disk import PrefixStore, list_stores
+
+    root = tmp_path / "prefix"
+    pages = PrefixStore(str(root), {"model": "m", "source": "m.gguf", "kv_dtype": "q8", "page_tokens": 4},
+                        page_tokens=4, num_layers=2, tile_bytes=64, max_bytes=1 << 20)
+    for i in range(3):
+        pages.put(bytes([i]) * 16, [i] * 4, np.full((2, 64), i, np.uint8))
+    pages.flush()
+    env = {**os.environ, "DUALPATH_CACHE_DIR": str(tmp_path / "models")}
+
+    def cli(*args):
+        return subprocess.run([sys.executable, "-m", "dualpath.cli", "cache", "--prefix-dir", str(root), *args],
+                              capture_output=True, text=True, env=env, timeout=120)
+
+    out = cli("ls")
+    assert out.returncode == 0, out.stderr
+    assert "prefix pages of m.gguf (kv q8, 4-token pages, 3 pages)" in out.stdout and "1 prefix stores" in out.stdout
+    out = cli("prune", "--prefix-max-size-gb", str(2 * pages.file_bytes / (1 << 30)))
+    assert out.returncode == 0 and "1 prefix pages removed" in out.stdout, out.stdout
+    assert [s.pages for s in list_stores(str(root))] == [2]
+    out = cli("rm", pages.digest.hex())
+    assert out.returncode == 0 and "removed 1 entries" in out.stdout
+    assert list_stores(str(root)) == []
 
 
 def test_an_unwritable_cache_folder_is_a_clear_error(tmp_path, gguf_path):

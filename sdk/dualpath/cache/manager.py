@@ -25,7 +25,10 @@ return to one pool. The balance between the kinds therefore follows demand.
 
 Every full page is hashed and can be shared, whichever path wrote it (except in
 the forced ``sequential`` path mode, the single-path baseline with no prefix cache).
-A shared page that would change is copied first (copy-on-write).
+A shared page that would change is copied first (copy-on-write). With a store on
+disk (``disk``, cache/disk.py), full prompt pages are also copied out to it when
+committed, and a prefix page missing from the table is looked up there before it is
+computed: a page read back becomes a cached random-path page like any other.
 
 Which path a sequence's tokens take, and when it migrates, is decided by the
 cache's ``policy`` (cache/policy.py), the one home of those rules; the runner
