@@ -22,6 +22,8 @@ def _overrides(args) -> dict:
         out["dualpath_config.kv_dtype"] = args.kv_dtype
     if getattr(args, "chat_template", None) is not None:
         out["runtime.chat_template"] = args.chat_template
+    if getattr(args, "speculative", None) is not None:
+        out["runtime.speculative"] = args.speculative
     if getattr(args, "prefix_cache", None) is not None:
         out["prefix_cache.use"], out["prefix_cache.dir"] = "always", args.prefix_cache
     if getattr(args, "no_prefix_cache", False):
@@ -481,6 +483,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "(dualpath_config.kv_dtype; q8 = int8 + an f32 scale per token and KV head)")
         sp.add_argument("--chat-template", choices=["chatml", "llama3", "gemma", "phi3"],
                         help="a built-in chat template instead of the model's (runtime.chat_template)")
+        sp.add_argument("--speculative", choices=["off", "ngram"], help="speculative decoding (runtime.speculative): "
+                        "ngram proposes tokens from the request's own text; same output, faster where text repeats")
         disk = sp.add_mutually_exclusive_group()
         disk.add_argument("--prefix-cache", metavar="DIR", help="keep prompt pages on disk in DIR, so that a "
                           "restarted process reuses a prefix it saw (prefix_cache.dir; on by default in serve)")

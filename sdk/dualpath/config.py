@@ -77,6 +77,8 @@ def check_settings(obj: Any, prefix: str, error: type[Exception]) -> None:
             hint = ""
             if kind is float and isinstance(value, str) and _parses_as_float(value):
                 hint = "; write the number unquoted, with a dot before any exponent: 1.0e-3, not 1e-3"
+            if kind is str and isinstance(value, bool):
+                hint = "; YAML reads an unquoted off, on, yes or no as false or true: write it quoted, \"off\""
             raise error(f"{where} (got {type(value).__name__}{hint})")
         if kind in (int, float):
             value = kind(value)
@@ -168,6 +170,7 @@ class DualPathConfig(_Section):
 
 
 ORT_THREAD_POOLS = ("shared", "per_part")
+SPECULATIVE_MODES = ("off", "ngram")
 """``runtime.ort_thread_pools`` choices: see RuntimeConfig."""
 
 
@@ -211,6 +214,12 @@ class RuntimeConfig(_Section):
     chat_template: str = setting("", str, lambda v: v == "" or v in ("chatml", "llama3", "gemma", "phi3"),
                                  "'' (the model's own) or one of chatml, llama3, gemma, phi3")
     """A built-in chat template used instead of the model file's (tokenizer/chat_templates.py)."""
+    speculative: str = _choice("off", str, SPECULATIVE_MODES)
+    """Speculative decoding: ``ngram`` proposes a request's next tokens from its own text
+    (prompt lookup, no second model; runtime/speculative.py) and checks them in one step;
+    the output is the same as with ``off``."""
+    speculative_tokens: int = _int(8, 1, 64)
+    """Most tokens proposed per step (the draft length adapts below it)."""
 
     def effective_max_batch_tokens(self) -> int:
         return self.max_batch_tokens or self.prefill_chunk_tokens + self.max_num_seqs

@@ -118,7 +118,8 @@ class LLM:
         self.engine = Engine(self.runner, self.tokenizer, max_num_seqs=rt.max_num_seqs,
                              max_batch_tokens=batch_tokens,
                              max_queued_requests=config.server.max_queued_requests,
-                             profile_name=config.power.profile)
+                             profile_name=config.power.profile, speculative=rt.speculative,
+                             speculative_tokens=rt.speculative_tokens)
         """The continuous-batching engine every request goes through."""
         self.load_stats["total_s"] = time.perf_counter() - t0
         log.info("loaded %s (%s, %d layers, dim %d) in %.2fs (converted-model cache: %s)", model_path,

@@ -87,6 +87,28 @@ class CacheMachine(RuleBasedStateMachine):
         self._write(sid, tokens, alloc)
 
     @precondition(lambda self: self.model)
+    @rule(data=st.data(), drafts=st.integers(1, 9), path=st.sampled_from([None, Path.SEQUENTIAL, Path.RANDOM]))
+    def speculate(self, data, drafts, path):
+        """Speculative decoding's step: proposals written and committed, then all but the
+        accepted ones rolled back. What stays reads back exactly; freed pages are free."""
+        STEPS["count"] += 1
+        sid = data.draw(st.sampled_from(sorted(self.model)))
+        tokens = data.draw(st.lists(st.integers(0, 2), min_size=drafts, max_size=drafts))
+        before = len(self.model[sid])
+        free_before, cow_before = self.cache.free_page_count(), self.cache.cow_copies
+        alloc = self.cache.allocate(sid, tokens, path)
+        if isinstance(alloc, NoRoom):
+            return
+        self.model[sid].extend(tokens)
+        self._write(sid, tokens, alloc)
+        accepted = data.draw(st.integers(0, drafts))
+        self.cache.truncate(sid, before + accepted)
+        del self.model[sid][before + accepted:]
+        if accepted == 0 and self.cache.cow_copies == cow_before:
+            # Every page the proposals took is back (a copy-on-write copy of a shared last page stays).
+            assert self.cache.free_page_count() == free_before
+
+    @precondition(lambda self: self.model)
     @rule(data=st.data())
     def fork(self, data):
         STEPS["count"] += 1

@@ -11,7 +11,8 @@
 * ``startup``: process start to the first and 8th token, first and cached load;
 * ``chat``: time to first token per turn of a conversation, its KV reused across turns or not;
 * ``prefix-restart``: time to first token after a kill and restart, for a prefix seen before
-  (the prefix cache on disk; llama-server's slot save and restore).
+  (the prefix cache on disk; llama-server's slot save and restore);
+* ``spec``: speculative decoding (prompt lookup) against plain decoding, beside llama.cpp's.
 
 A measurement that needs a process of its own runs through ``harness.run_worker``
 (the one isolated-process harness); what several benchmarks share is in
@@ -28,9 +29,9 @@ from __future__ import annotations
 
 def add_bench_parser(sub) -> None:
     """Add ``bench`` and its subcommands to the CLI's subparsers."""
-    from . import cache, chat, e2e, kernels, kv_quality, load, prefix_restart, power, serve, startup
+    from . import cache, chat, e2e, kernels, kv_quality, load, power, prefix_restart, serve, spec, startup
 
     b = sub.add_parser("bench", help="benchmarks (side by side with llama.cpp where it applies)")
     bs = b.add_subparsers(dest="bench", required=True)
-    for module in (e2e, kernels, kv_quality, power, cache, serve, load, startup, chat, prefix_restart):
+    for module in (e2e, kernels, kv_quality, power, cache, serve, load, startup, chat, prefix_restart, spec):
         module.add_parser(bs)

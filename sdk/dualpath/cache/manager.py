@@ -272,10 +272,7 @@ class KVCacheManager:
         if not self.lru:
             return False
         page, _ = self.lru.popitem(last=False)
-        h = self.page_hash[page]
-        if h is not None and self.table.get(h) == page:
-            del self.table[h]
-        self.page_hash[page] = None
+        self._unregister(page)
         self.evictions += 1
         self._release_slot(page)
         return True
@@ -559,6 +556,35 @@ class KVCacheManager:
                 offset = np.array([self.page_offset(page)], np.int64)
                 self.disk.put(h, seq.tokens[i * P:(i + 1) * P], self.arena.read_tiles(offset, P)[0])
 
+    def truncate(self, seq_id: int, num_tokens: int) -> None:
+        """Keep the sequence's first ``num_tokens`` positions (speculative decoding rolls
+        back the proposals it rejected): pages past them go back where they came from (an
+        extent's last slots to the extent), and pages no longer full leave the prefix
+        table. O(pages dropped), the kernel view included."""
+        seq = self.seqs[seq_id]
+        if not 0 <= num_tokens <= seq.num_tokens:
+            raise ValueError(f"cannot truncate sequence {seq_id} of {seq.num_tokens} tokens to {num_tokens}")
+        P = self.page_tokens
+        keep = -(-num_tokens // P)
+        while len(seq.pages) > keep:
+            page = seq.pages.pop()
+            self._unregister(page)
+            self.page_ref[page] -= 1
+            if self.page_ref[page] == 0:
+                self._give_back_new(seq, page)
+        if num_tokens % P and len(seq.hashes) > num_tokens // P:
+            self._unregister(seq.pages[-1])  # full no more: its hash names tokens it loses
+        del seq.tokens[num_tokens:]
+        del seq.hashes[num_tokens // P:]
+        seq.committed = min(seq.committed, num_tokens)
+        self._unfold_spans(seq)
+
+    def _unregister(self, page: int) -> None:
+        h = self.page_hash[page]
+        if h is not None and self.table.get(h) == page:
+            del self.table[h]
+        self.page_hash[page] = None
+
     def free(self, seq_id: int) -> None:
         """Release a sequence at once; its registered full pages stay cached (LRU)."""
         seq = self.seqs.pop(seq_id)
@@ -671,6 +697,25 @@ class KVCacheManager:
                 seq.span_n = r + 1
         seq.span_pages = len(seq.pages)
         return rows
+
+    def _unfold_spans(self, seq: Sequence) -> None:
+        """Take the pages a truncation dropped back out of the kernel view: the last
+        spans shrink or go, and ``span_long`` loses the span that becomes the open one."""
+        if seq.span_pages <= len(seq.pages):
+            return
+        P, rows = self.page_tokens, seq.span_rows
+        while seq.span_pages > len(seq.pages):
+            r = seq.span_n
+            pages = int(rows[r - 1, 1]) // P
+            drop = seq.span_pages - len(seq.pages)
+            if drop < pages:
+                rows[r - 1, 1] -= drop * P
+                seq.span_pages -= drop
+                break
+            seq.span_n = r - 1  # the whole last span goes: the one before it is open again
+            seq.span_pages -= pages
+            if r > 1 and rows[r - 2, 1] >= seq.span_window:
+                seq.span_long -= int(rows[r - 2, 1])
 
     def spans(self, seq_id: int, out: np.ndarray | None = None) -> np.ndarray:
         """Kernel view: (num_spans, 3) int64 rows (byte offset, num_tokens, page_tokens);

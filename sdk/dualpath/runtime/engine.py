@@ -41,6 +41,7 @@ from ..scheduler.request import Request, Status
 from .generate import Completion, TextStream, Timings, Usage, check_prompt
 from .metrics import EngineMetrics
 from .sampler import Sampler, SamplerScratch, SamplingParams
+from .speculative import NgramProposer
 
 log = logging.getLogger(__name__)
 
@@ -81,8 +82,10 @@ class EngineRequest(Request):
     the sink its deltas go to."""
 
     def __init__(self, request_id: str, prompt_ids: list[int], params: SamplingParams, tokenizer,
-                 context_tokens: int, scratch: SamplerScratch, sink, grammar=None):
+                 context_tokens: int, scratch: SamplerScratch, sink, grammar=None, speculative_tokens: int = 0):
         super().__init__(request_id, prompt_ids, context_tokens, reserve_tokens=params.max_tokens)
+        self.proposer = NgramProposer(speculative_tokens) if speculative_tokens else None
+        """Speculative decoding's proposals for this request (runtime/speculative.py), or None."""
         self.grammar = grammar
         self.matcher = grammar.new_matcher() if grammar is not None else None
         """Structured output (runtime/grammar.py): this sequence's walk through the grammar."""
@@ -116,9 +119,12 @@ class Engine:
     """Schedules and runs many requests over one ``ModelRunner`` (see module doc)."""
 
     def __init__(self, runner, tokenizer, *, max_num_seqs: int, max_batch_tokens: int,
-                 max_queued_requests: int | None = None, profile_name: str = ""):
+                 max_queued_requests: int | None = None, profile_name: str = "",
+                 speculative: str = "off", speculative_tokens: int = 8):
         self.runner = runner  # it consults the power governor at every step
         self.tokenizer = tokenizer
+        self.speculative_tokens = speculative_tokens if speculative == "ngram" else 0
+        """Most tokens proposed per decode step (0: speculative decoding off)."""
         self.max_queued_requests = max_queued_requests
         self.scheduler = BatchScheduler(runner.cache, max_num_seqs=max_num_seqs,
                                         max_batch_tokens=min(max_batch_tokens, runner.max_step_tokens),
@@ -175,7 +181,9 @@ class Engine:
             if 1 + len(fork_sinks) > self.scheduler.max_num_seqs:
                 raise ValueError(f"{1 + len(fork_sinks)} samples of one prompt need as many sequences at once; "
                                  f"this engine runs at most {self.scheduler.max_num_seqs} (runtime.max_num_seqs)")
-            req = EngineRequest(rid, ids, params, self.tokenizer, self.context_tokens, self._scratch, sink, grammar)
+            spec = 0 if pooling is not None or prompt_logprobs else self.speculative_tokens
+            req = EngineRequest(rid, ids, params, self.tokenizer, self.context_tokens, self._scratch, sink, grammar,
+                                spec)
             if prompt_logprobs:
                 req.prompt_logits = True
                 req.prompt_logprobs = []
@@ -188,7 +196,7 @@ class Engine:
             for i, fork_sink in enumerate(fork_sinks, 1):
                 fork_params = params if params.seed is None else dataclasses.replace(params, seed=params.seed + i)
                 fork = EngineRequest(f"{rid}.{i}", ids, fork_params, self.tokenizer, self.context_tokens,
-                                     self._scratch, fork_sink, grammar)
+                                     self._scratch, fork_sink, grammar, spec)
                 fork.fork_of = req
                 req.forks.append(fork)
                 self._requests[fork.request_id] = fork
@@ -251,14 +259,14 @@ class Engine:
             now = time.perf_counter()
             for s in plan.seqs:  # a run went through: a later failure is a new one, retried again
                 s.request.failed_steps = 0
-            row = 0
+            row = generated = 0
             ended = []
             forked = []
             hidden = self.runner.hidden
             for s in plan.seqs:
                 n = s.num_rows  # the plan says which rows are whose: run() returns them in step order
                 try:
-                    self._output(s, logits[row:row + n], hidden[row:row + n], now, ended, forked)
+                    generated += self._output(s, logits[row:row + n], hidden[row:row + n], now, ended, forked)
                 except Exception as e:  # this request's output failed: it alone ends
                     log.exception("request %s failed while its output was made", s.request.request_id)
                     ended.append((s.request, "abort", {"error": _internal(s.request, e)}))
@@ -271,34 +279,73 @@ class Engine:
                         self._end(req, finish, **kwargs)
             m = self.metrics
             m.peak_kv_bytes_held = max(m.peak_kv_bytes_held, self.runner.cache.bytes_held())
-            m.on_step(now, now - t0, plan.num_tokens, sum(s.logits for s in plan.seqs) + len(forked))
+            m.on_step(now, now - t0, plan.num_tokens, generated)
             return len(plan.seqs)
 
-    def _output(self, s, rows: np.ndarray, hidden: np.ndarray, now: float, ended: list, forked: list) -> None:
+    def _output(self, s, rows: np.ndarray, hidden: np.ndarray, now: float, ended: list, forked: list) -> int:
         """Use one sequence's rows of a step's output (logits (R, vocab), final hidden
         states (R, dim)): pool an embedding, keep the prompt's log-probabilities, sample
-        (after forking, when the prompt was just computed). Requests that end go to
-        ``ended``, forks to start to ``forked``."""
+        (after forking, when the prompt was just computed; each proposal's row while the
+        samples agree with them). Requests that end go to ``ended``, forks to start to
+        ``forked``. Returns the tokens sampled."""
         req = s.request
         if s.hidden and req.embedding:  # an embedding's chunk: pool its rows, end after the last
             end = self._pool(req, hidden, s.alloc.pos0)
             if end is not None:
                 ended.append(end)
-            return
+            return 0
         if s.hidden:  # a prompt chunk whose every position's log-probabilities are wanted
             self._prompt_logprobs(req, rows, s.alloc.pos0)
         if not s.logits:
-            return
+            return 0
+        sampled = 0
         if req.forks and req.first_token_time is None:  # its prompt is computed: fork now
             for fork in req.forks:
                 if fork.fork_of is not None:  # not aborted while waiting
                     forked.append(fork)
-                    self._sample(fork, rows[-1], now, ended)
-        self._sample(req, rows[-1], now, ended)  # the chunk's last row samples
+                    sampled += 1
+                    if self._sample(fork, rows[-1], now, ended) and fork.proposer is not None:
+                        self._propose(fork)
+        if s.draft:
+            going, rows_sampled = self._verify(req, s.token_ids[-s.draft:], rows, now, ended)
+        else:
+            going, rows_sampled = self._sample(req, rows[-1], now, ended), 1  # the chunk's last row samples
+        if going and req.proposer is not None:
+            self._propose(req)
+        return sampled + rows_sampled
 
-    def _sample(self, req: EngineRequest, logits: np.ndarray, now: float, ended: list) -> None:
+    def _verify(self, req: EngineRequest, draft: list[int], rows: np.ndarray, now: float,
+                ended: list) -> tuple[bool, int]:
+        """Sample the rows of a step that ran proposals (runtime/speculative.py), in order,
+        as plain decoding would: row i's sample is kept, and the next row sampled, while it
+        equals proposal i. The cache rolls back the proposals after the last one kept.
+        Returns whether the request goes on, and the rows sampled."""
+        known = req.n  # the last known token's KV was computed in this step, with the proposals'
+        kept, going = 0, True
+        for i in range(len(draft) + 1):
+            if not self._sample(req, rows[i], now, ended):
+                going = False  # the request ended; its cache goes with it
+                break
+            if i == len(draft) or req.ids[req.n - 1] != draft[i]:
+                break
+            kept += 1
+        req.proposer.update(len(draft), kept)
+        self.metrics.on_proposals(len(draft), kept)
+        if going:
+            req.computed = known + kept
+            self.runner.cache.truncate(req.seq_id, req.computed)
+        return going, i + 1
+
+    def _propose(self, req: EngineRequest) -> None:
+        """The proposals the request's next decode step runs (the scheduler may cut them
+        to its budget): no more than the tokens it may still generate and the context holds."""
+        limit = min(req.params.max_tokens - len(req.generated) - 1, req.context_tokens - req.n)
+        req.draft = req.proposer.propose(req.ids, req.n, limit) if limit > 0 else []
+
+    def _sample(self, req: EngineRequest, logits: np.ndarray, now: float, ended: list) -> bool:
         """``_advance``, and the request's end (if any) into ``ended``; an error while it
-        samples ends this request alone (a fork that failed its first sample never runs)."""
+        samples ends this request alone (a fork that failed its first sample never runs).
+        True while the request goes on; then its next proposals are made."""
         try:
             end = self._advance(req, logits, now)
         except Exception as e:
@@ -306,6 +353,8 @@ class Engine:
             end = (req, "abort", {"error": _internal(req, e)})
         if end is not None:
             ended.append(end)
+            return False
+        return True
 
     def _retry_or_fail(self, req: EngineRequest, error: BaseException) -> None:
         """A model run with ``req`` in it raised (holding _mu): the first time, recompute it

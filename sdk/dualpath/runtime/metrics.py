@@ -56,6 +56,8 @@ class EngineMetrics:
         """Requests ended by an error of the engine's (InternalError)."""
         self.peak_kv_bytes_held = 0
         """Most KV cache bytes held by requests after any step (extents counted whole)."""
+        self.proposed_tokens = self.accepted_tokens = 0
+        """Speculative decoding: tokens proposed, and those the samples agreed with."""
 
     def on_step(self, now: float, seconds: float, tokens: int, generated: int) -> None:
         with self._lock:
@@ -65,6 +67,11 @@ class EngineMetrics:
             self._recent.append((now, generated))
             while self._recent and self._recent[0][0] < now - self.rate_window_s:
                 self._recent.popleft()
+
+    def on_proposals(self, proposed: int, accepted: int) -> None:
+        with self._lock:
+            self.proposed_tokens += proposed
+            self.accepted_tokens += accepted
 
     def on_first_token(self, ttft_s: float) -> None:
         with self._lock:
@@ -107,6 +114,10 @@ class EngineMetrics:
                   self.retried_requests, "counter")
             gauge("dualpath_requests_failed_total", "Requests ended by an internal error of the engine.",
                   self.failed_requests, "counter")
+            gauge("dualpath_spec_proposed_tokens_total", "Tokens proposed by speculative decoding.",
+                  self.proposed_tokens, "counter")
+            gauge("dualpath_spec_accepted_tokens_total", "Proposed tokens the samples agreed with (kept).",
+                  self.accepted_tokens, "counter")
             g.append("# HELP dualpath_requests_finished_total Finished requests by finish reason.")
             g.append("# TYPE dualpath_requests_finished_total counter")
             for reason in ("stop", "length", "context_full", "abort"):

@@ -544,8 +544,9 @@ class ModelRunner:
 
     def run(self, steps: list[SeqStep], all_rows: bool = False, *, session_spec=None) -> np.ndarray:
         """One step over ``steps`` (allocated, at most max_num_seqs, at most
-        max_step_tokens tokens together). Returns logits (R, vocab): one row per step
-        with ``logits`` and one per token of a step with ``hidden``, in step order, or with
+        max_step_tokens tokens together). Returns logits (R, vocab): ``SeqStep.num_rows``
+        rows per step (one with ``logits``, plus one per proposal it carries; one per token
+        with ``hidden``), in step order, or with
         ``all_rows`` one per token of the step; ``self.hidden[:R]`` holds the same rows'
         final hidden states. The cache commits every sequence after. ``session_spec``: run on that session
         set instead of the plan's (the warm-up of each set)."""
@@ -571,9 +572,10 @@ class ModelRunner:
             if e.hidden:  # an embedding: every token's row
                 self.rows[R:R + n] = self._steps[:n] + row
                 R += n
-            elif e.logits:
-                self.rows[R] = row + n - 1
-                R += 1
+            elif e.logits:  # the last known token's row, and one per proposal after it
+                k = 1 + e.draft
+                self.rows[R:R + k] = self._steps[:k] + (row + n - k)
+                R += k
             prefill = prefill or alloc.prefill
             row += n
             span += ns

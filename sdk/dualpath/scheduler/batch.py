@@ -58,16 +58,17 @@ def attention_tokens(c: ModelConfig) -> float:
 class SeqStep:
     """One sequence's part of a step: what the runner needs to run it."""
 
-    __slots__ = ("request", "seq_id", "token_ids", "alloc", "logits", "hidden")
+    __slots__ = ("request", "seq_id", "token_ids", "alloc", "logits", "hidden", "draft")
 
     def __init__(self, request: Request | None, seq_id: int, token_ids: list[int], alloc: Allocation,
-                 logits: bool, hidden: bool = False):
+                 logits: bool, hidden: bool = False, draft: int = 0):
         self.request = request     # None for the runner's own single-sequence steps
         self.seq_id = seq_id
         self.token_ids = token_ids
         self.alloc = alloc         # where the tokens' KV goes (slots, first position, prefill or not)
         self.logits = logits       # the chunk ends the known tokens: sample after it
         self.hidden = hidden       # every token's final hidden state is wanted (an embedding)
+        self.draft = draft         # the last `draft` tokens are proposals: a row each to verify them
 
     @property
     def num_tokens(self) -> int:
@@ -76,8 +77,9 @@ class SeqStep:
     @property
     def num_rows(self) -> int:
         """Output rows the runner returns for it, in step order: every token's with
-        ``hidden`` (the last one samples when ``logits``), else one to sample, or none."""
-        return len(self.token_ids) if self.hidden else int(self.logits)
+        ``hidden`` (the last one samples when ``logits``), else one to sample and one per
+        proposal, or none."""
+        return len(self.token_ids) if self.hidden else int(self.logits) + self.draft
 
 
 @dataclass
@@ -128,10 +130,11 @@ class BatchScheduler:
         taken: set[int] = set()
         cache = self.cache
 
-        def allocate(req, n, preempt_others):
-            """Room for the request's next n tokens: (Allocation or NoRoom, the tokens).
-            The cache's policy picks the path (the prompt's path within the prompt)."""
-            tokens = req.ids[req.computed:req.computed + n].tolist()
+        def allocate(req, n, preempt_others, draft=()):
+            """Room for the request's next n tokens and the proposals ``draft``: (Allocation
+            or NoRoom, the tokens). The cache's policy picks the path (the prompt's path
+            within the prompt)."""
+            tokens = req.ids[req.computed:req.computed + n].tolist() + list(draft)
             alloc = cache.allocate(req.seq_id, tokens)
             while isinstance(alloc, NoRoom) and preempt_others:
                 victim = next((r for r in reversed(self.running) if id(r) not in taken and r is not req), None)
@@ -141,24 +144,29 @@ class BatchScheduler:
                 alloc = cache.allocate(req.seq_id, tokens)
             return alloc, tokens
 
-        def add(req, alloc, tokens):
+        def add(req, alloc, tokens, draft=0):
             every_row = req.embedding or (req.prompt_logits and req.computed < len(req.prompt_ids))
-            req.computed += len(tokens)
+            req.computed += len(tokens) - draft  # proposals are not known tokens (yet)
             out.append(SeqStep(req, req.seq_id, tokens, alloc, req.computed == req.n and not req.embedding,
-                               every_row))
+                               every_row, draft))
             taken.add(id(req))
 
-        # 1. A token for every decoding request, oldest first; one that finds no room
-        #    preempts the newest request not yet scheduled (or waits itself).
+        # 1. A token for every decoding request, oldest first, with its proposals while
+        #    the budget lasts; one that finds no room preempts the newest request not yet
+        #    scheduled (or waits itself). Proposals never preempt: they are dropped first.
         for req in list(self.running):
             if req.status is not Status.RUNNING or req.n - req.computed != 1 or budget < 1:
                 continue
-            alloc, tokens = allocate(req, 1, True)
+            draft = req.draft[:max(0, int(budget) - 1)]
+            alloc, tokens = allocate(req, 1, not draft, draft)
+            if isinstance(alloc, NoRoom) and draft:
+                draft = []
+                alloc, tokens = allocate(req, 1, True)
             if isinstance(alloc, NoRoom):
                 self.preempt(req)
                 continue
-            add(req, alloc, tokens)
-            budget -= 1
+            add(req, alloc, tokens, len(draft))
+            budget -= len(tokens)
         # 2. Prompt chunks: running prompts continue, waiting requests start. With nobody
         #    decoding there is no pace to keep: chunks count plain tokens.
         weighted = bool(out)

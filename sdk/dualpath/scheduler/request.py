@@ -67,6 +67,10 @@ class Request:
         step never carries more than ``max_num_seqs`` sequences."""
         self.failed_steps = 0
         """Steps that failed while it was in them (it is recomputed once, then failed)."""
+        self.draft: list[int] = []
+        """Proposed next tokens (speculative decoding): the next decode step runs them after
+        the last known token, each with its logits row; the engine keeps those its samples
+        agree with and the cache rolls back the rest."""
 
     def append(self, token: int) -> None:
         """A generated token becomes known (its KV is computed by the next step)."""
