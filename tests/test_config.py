@@ -192,3 +192,13 @@ def test_parse_overrides_names_a_malformed_item(item, message):
 
     with pytest.raises(ConfigError, match=message):
         parse_overrides([item])
+
+
+def test_an_unquoted_off_is_named_with_the_fix(tmp_path):
+    """YAML 1.1 reads `speculative: off` as false: the error says to quote it."""
+    path = tmp_path / "c.yaml"
+    path.write_text("runtime:\n  speculative: off\n")
+    with pytest.raises(ConfigError, match=r"runtime.speculative=False must be one of 'off', 'ngram'.*write it quoted"):
+        load_config(path)
+    path.write_text("runtime:\n  speculative: \"off\"\n")
+    assert load_config(path).runtime.speculative == "off"

@@ -218,7 +218,7 @@ class RuntimeConfig(_Section):
     """Speculative decoding: ``ngram`` proposes a request's next tokens from its own text
     (prompt lookup, no second model; runtime/speculative.py) and checks them in one step;
     the output is the same as with ``off``."""
-    speculative_tokens: int = _int(8, 1, 64)
+    speculative_tokens: int = _int(16, 1, 64)
     """Most tokens proposed per step (the draft length adapts below it)."""
 
     def effective_max_batch_tokens(self) -> int:

@@ -138,3 +138,25 @@ def test_the_proposer_finds_the_latest_longest_match_and_backs_off():
     p.cooldown = 0
     p.update(1, 1)
     assert p.k == 2  # kept everything: it doubles
+
+
+def test_a_grammar_cuts_proposals_it_refuses():
+    """Structured output: the mask makes the sample refuse a proposal the grammar does not
+    allow, so the step's output stops there; the text is the plain run's and it parses."""
+    pytest.importorskip("llguidance", reason="structured output needs llguidance (the [structured] extra)")
+    import json
+
+    from dualpath.runtime.grammar import GrammarCompiler
+
+    outs = []
+    for mode in ("off", "ngram"):
+        llm = _llm(mode)
+        grammar = GrammarCompiler(llm.tokenizer).compile({"type": "json_object"}, None, None)
+        # The prompt repeats text a JSON object cannot hold: proposals from it are refused.
+        gen = llm.engine.add_request(llm.tokenize(PROMPT + ' {"name": "Lily", "age": 3} ' + PROMPT),
+                                     SamplingParams(temperature=0, max_tokens=60), grammar=grammar)
+        llm.engine.run_until_done()
+        outs.append(gen.completion)
+    assert outs[1].token_ids == outs[0].token_ids
+    if outs[1].finish_reason == "stop":
+        json.loads(outs[1].text)

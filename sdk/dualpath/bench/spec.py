@@ -119,9 +119,10 @@ def cmd_bench_spec(args) -> int:
             import llama_cpp
             from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
 
-            def make(draft):
+            def make(draft):  # its lookup checks the proposals with every position's logits: logits_all
                 return llama_cpp.Llama(args.model, n_ctx=args.ctx, n_threads=args.threads,
-                                       n_threads_batch=args.threads, verbose=False, draft_model=draft)
+                                       n_threads_batch=args.threads, verbose=False, draft_model=draft,
+                                       logits_all=draft is not None)
             lcpp = {"llama-cpp-python": make(None),
                     "llama-cpp-python lookup": make(LlamaPromptLookupDecoding(num_pred_tokens=10))}
         except ImportError:
@@ -171,7 +172,7 @@ def add_parser(bs) -> None:
     s.add_argument("--passage-tokens", type=int, default=400, help="tokens of the passage the grounded prompt holds")
     s.add_argument("--tokens", type=int, default=256, help="greedy tokens generated per request")
     s.add_argument("--ctx", type=int, default=2048)
-    s.add_argument("--spec-tokens", type=int, default=8, help="most tokens proposed per step (runtime.speculative_tokens)")
+    s.add_argument("--spec-tokens", type=int, default=16, help="most tokens proposed per step (runtime.speculative_tokens)")
     s.add_argument("-t", "--threads", type=int, default=2)
     s.add_argument("-r", "--repeats", type=int, default=3)
     s.add_argument("--peer", metavar="llama-server=PATH", help="also run llama.cpp's llama-server at PATH")

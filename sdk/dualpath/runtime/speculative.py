@@ -5,7 +5,8 @@ the weights once, as a step of one token does. A request's next tokens often rep
 its own text (a document it is asked about, code, JSON that echoes field names), so
 the proposals come from there: the longest suffix of the known tokens (``MAX_NGRAM``
 tokens down to ``MIN_NGRAM``) that occurred before, and the tokens that followed its
-latest occurrence.
+latest occurrence; or, while a copy goes on (every proposal kept and the next token
+the source's next one), the source's next tokens.
 
 The engine runs the proposals after the last known token in one step, one logits row
 each, and samples every row in order as it would without them: a proposal is kept
@@ -16,7 +17,8 @@ the output, greedy or sampled with a seed, is the output without proposals.
 
 A proposal that is rejected costs a logits row and its share of the step. The draft
 length therefore follows the acceptance: it doubles after a step that kept every
-proposal, falls to one past what was kept otherwise, and after repeated misses the
+proposal, stays after a step that kept some (copied text has edits; the copy goes on
+after them), halves after a step that kept none, and after two such steps in a row the
 request decodes plainly for a while (free text is not slowed).
 """
 
@@ -33,7 +35,8 @@ COOLDOWN_STEPS = 8
 class NgramProposer:
     """One request's n-gram table and draft length (see the module docstring)."""
 
-    __slots__ = ("max_tokens", "k", "tables", "indexed", "misses", "cooldown", "backoff", "proposed", "accepted")
+    __slots__ = ("max_tokens", "k", "tables", "indexed", "misses", "cooldown", "backoff", "proposed", "accepted",
+                 "src")
 
     def __init__(self, max_tokens: int):
         self.max_tokens = max_tokens
@@ -47,6 +50,10 @@ class NgramProposer:
         self.cooldown = 0
         self.backoff = COOLDOWN_STEPS
         self.proposed = self.accepted = 0
+        self.src: int | None = None
+        """Where the last proposal ended in ``ids``: a copy in progress continues from there
+        rather than from the latest occurrence of the suffix (text that repeats with
+        changes has several)."""
 
     def _index(self, ids: np.ndarray, end: int) -> None:
         """Enter the n-grams ending before ``end`` (O(new tokens))."""
@@ -66,11 +73,20 @@ class NgramProposer:
         if k < 1 or n <= MIN_NGRAM:
             return []
         self._index(ids, n - 1)  # every occurrence that ends before the current suffix
+        src = self.src
+        if src is not None and src < n - 1 and ids[src] == ids[n - 1] and ids[src - 1] == ids[n - 2]:
+            return self._from(ids, src + 1, n, k)  # the copy goes on where the last proposal ended
         for m in range(min(MAX_NGRAM, n - 1), MIN_NGRAM - 1, -1):
             p = self.tables[m].get(ids[n - m:n].tobytes())
             if p is not None and p < n:
-                return ids[p:min(p + k, n)].tolist()
+                return self._from(ids, p, n, k)
+        self.src = None
         return []
+
+    def _from(self, ids: np.ndarray, p: int, n: int, k: int) -> list[int]:
+        out = ids[p:min(p + k, n)].tolist()
+        self.src = p + len(out)  # if all are kept, the sample after them is checked against ids[src]
+        return out
 
     def update(self, proposed: int, accepted: int) -> None:
         """How the last proposal went: the next draft length, or a rest from proposing."""
@@ -83,7 +99,10 @@ class NgramProposer:
             self.misses = 0
             self.backoff = COOLDOWN_STEPS
             return
-        self.k = max(1, accepted + 1)
-        self.misses = self.misses + 1 if accepted == 0 else 0
+        if accepted:  # the source is right for a while yet: an edit, not the end of the copy
+            self.misses = 0
+            return
+        self.k = max(1, self.k // 2)
+        self.misses += 1
         if self.misses >= 2:
             self.cooldown, self.backoff, self.misses = self.backoff, 2 * self.backoff, 0
