@@ -22,6 +22,8 @@ def _overrides(args) -> dict:
         out["dualpath_config.kv_dtype"] = args.kv_dtype
     if getattr(args, "chat_template", None) is not None:
         out["runtime.chat_template"] = args.chat_template
+    if getattr(args, "draft_model", None):
+        out["runtime.speculative"], out["runtime.draft_model"] = "draft", args.draft_model
     if getattr(args, "speculative", None) is not None:
         out["runtime.speculative"] = args.speculative
     if getattr(args, "prefix_cache", None) is not None:
@@ -483,8 +485,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "(dualpath_config.kv_dtype; q8 = int8 + an f32 scale per token and KV head)")
         sp.add_argument("--chat-template", choices=["chatml", "llama3", "gemma", "phi3"],
                         help="a built-in chat template instead of the model's (runtime.chat_template)")
-        sp.add_argument("--speculative", choices=["off", "ngram"], help="speculative decoding (runtime.speculative): "
-                        "ngram proposes tokens from the request's own text; same output, faster where text repeats")
+        sp.add_argument("--speculative", choices=["off", "ngram", "draft"], help="speculative decoding "
+                        "(runtime.speculative): ngram proposes tokens from the request's own text, draft from "
+                        "--draft-model; same output, faster where the proposals are right")
+        sp.add_argument("--draft-model", help="a smaller GGUF with the same vocabulary (runtime.draft_model; "
+                        "implies --speculative draft)")
         disk = sp.add_mutually_exclusive_group()
         disk.add_argument("--prefix-cache", metavar="DIR", help="keep prompt pages on disk in DIR, so that a "
                           "restarted process reuses a prefix it saw (prefix_cache.dir; on by default in serve)")

@@ -170,7 +170,7 @@ class DualPathConfig(_Section):
 
 
 ORT_THREAD_POOLS = ("shared", "per_part")
-SPECULATIVE_MODES = ("off", "ngram")
+SPECULATIVE_MODES = ("off", "ngram", "draft")
 """``runtime.ort_thread_pools`` choices: see RuntimeConfig."""
 
 
@@ -216,10 +216,13 @@ class RuntimeConfig(_Section):
     """A built-in chat template used instead of the model file's (tokenizer/chat_templates.py)."""
     speculative: str = _choice("off", str, SPECULATIVE_MODES)
     """Speculative decoding: ``ngram`` proposes a request's next tokens from its own text
-    (prompt lookup, no second model; runtime/speculative.py) and checks them in one step;
-    the output is the same as with ``off``."""
+    (prompt lookup, no second model; runtime/speculative.py), ``draft`` from
+    ``draft_model``; either is checked in one step, and the output is the same as with ``off``."""
     speculative_tokens: int = _int(16, 1, 64)
     """Most tokens proposed per step (the draft length adapts below it)."""
+    draft_model: str = setting("", str, None, "a GGUF path ('' = none)")
+    """With ``speculative: draft``: a smaller model with the same vocabulary, run in this
+    process with a KV cache of its own."""
 
     def effective_max_batch_tokens(self) -> int:
         return self.max_batch_tokens or self.prefill_chunk_tokens + self.max_num_seqs

@@ -115,21 +115,44 @@ class LLM:
             self.spec = store.load(model_path, tokenizer_path, progress, self.load_stats)
             self.runner = self._runner(ModelRunner, ctx, chunk, batch_tokens, progress)
         self.load_stats.update(self.runner.load_stats)
+        draft = self._draft(store, ctx, chunk, batch_tokens) if rt.speculative == "draft" else None
         self.engine = Engine(self.runner, self.tokenizer, max_num_seqs=rt.max_num_seqs,
                              max_batch_tokens=batch_tokens,
                              max_queued_requests=config.server.max_queued_requests,
                              profile_name=config.power.profile, speculative=rt.speculative,
-                             speculative_tokens=rt.speculative_tokens)
+                             speculative_tokens=rt.speculative_tokens, draft=draft)
         """The continuous-batching engine every request goes through."""
         self.load_stats["total_s"] = time.perf_counter() - t0
         log.info("loaded %s (%s, %d layers, dim %d) in %.2fs (converted-model cache: %s)", model_path,
                  self.spec.format, self.spec.config.num_layers, self.spec.config.dim,
                  self.load_stats["total_s"], self.load_stats["cache"])
 
-    def _runner(self, runner_class, ctx: int, chunk: int, batch_tokens: int, progress):
+    def _draft(self, store: ModelStore, ctx: int, chunk: int, batch_tokens: int):
+        """The draft model of ``speculative: draft``: refused unless it shares the vocabulary."""
+        from .errors import ConfigError
+        from .runtime.session import ModelRunner
+        from .runtime.speculative import DraftModel
+
+        rt = self.config.runtime
+        if not rt.draft_model:
+            raise ConfigError("runtime.speculative=draft needs runtime.draft_model: a smaller GGUF with this "
+                              "model's vocabulary (or use speculative: ngram, which needs no second model)")
+        spec = store.load(rt.draft_model)
+        mine, theirs = self.spec.tokenizer.tokens, spec.tokenizer.tokens
+        if list(mine) != list(theirs):
+            differ = next((i for i, (a, b) in enumerate(zip(mine, theirs)) if a != b), min(len(mine), len(theirs)))
+            raise ConfigError(f"runtime.draft_model={rt.draft_model!r}: its vocabulary ({len(theirs)} tokens) is not "
+                              f"this model's ({len(mine)} tokens; they differ from token {differ} on): proposals "
+                              "would be other tokens' ids")
+        # A sequence per running request, each up to the context.
+        return DraftModel(self._runner(ModelRunner, ctx, chunk, batch_tokens, None, spec=spec,
+                                       kv_cache_tokens=ctx * rt.max_num_seqs))
+
+    def _runner(self, runner_class, ctx: int, chunk: int, batch_tokens: int, progress, spec=None,
+                kv_cache_tokens=None):
         rt, config = self.config.runtime, self.config
         return runner_class(
-            self.spec,
+            spec or self.spec,
             num_threads=rt.effective_num_threads(),
             max_context_tokens=ctx,
             max_step_tokens=max(chunk, batch_tokens),
@@ -140,7 +163,7 @@ class LLM:
             kernel=None if rt.attention_kernel == "auto" else rt.attention_kernel,
             governor=self.governor,
             max_num_seqs=rt.max_num_seqs,
-            kv_cache_tokens=rt.kv_cache_tokens,
+            kv_cache_tokens=rt.kv_cache_tokens if kv_cache_tokens is None else kv_cache_tokens,
             power_config=config.power,
             progress=progress,
         )

@@ -160,3 +160,34 @@ def test_a_grammar_cuts_proposals_it_refuses():
     assert outs[1].token_ids == outs[0].token_ids
     if outs[1].finish_reason == "stop":
         json.loads(outs[1].text)
+
+
+@pytest.mark.parametrize("kv_dtype", ["f16", "q8"])
+@pytest.mark.parametrize("path", sorted(PATHS))
+def test_draft_model_output_is_plain_output(kv_dtype, path):
+    """A draft model (here the target itself: every greedy proposal right, sampled ones
+    often wrong) changes nothing in the output, and gives its sequences back."""
+    more = {"dualpath_config.kv_dtype": kv_dtype, **PATHS[path]}
+    plain = _llm("off", **more)
+    spec = _llm("draft", **{"runtime.draft_model": str(GGUF), **more})
+    for temp in (0, 0.9):
+        for p in (PROMPT, "The cat sat on the mat."):
+            params = SamplingParams(temperature=temp, max_tokens=80, seed=5)
+            assert spec.generate(p, params).token_ids == plain.generate(p, params).token_ids
+    m = spec.engine.metrics
+    assert m.accepted_tokens > 0.5 * m.proposed_tokens > 0
+    draft_cache = spec.engine.draft.runner.cache
+    draft_cache.check_invariants()
+    assert draft_cache.num_sequences == 1  # the draft runner's own; the requests' are freed
+
+
+def test_a_draft_model_with_another_vocabulary_is_refused(tmp_path):
+    from dualpath.errors import ConfigError
+    from dualpath.models.synth import synth_gguf
+
+    other = synth_gguf(tmp_path / "other.gguf", "llama3-tiny")
+    with pytest.raises(ConfigError, match=r"runtime.draft_model=.*its vocabulary \(2048 tokens\) is not this "
+                                          r"model's \(512 tokens"):
+        _llm("draft", **{"runtime.draft_model": other})
+    with pytest.raises(ConfigError, match="runtime.speculative=draft needs runtime.draft_model"):
+        _llm("draft")

@@ -8,7 +8,7 @@ plain decoding, on two workloads, beside llama.cpp's own prompt lookup.
 Every engine gets the same prompt ids and generates ``--tokens`` greedy tokens; decode
 tokens/s counts from the first generated token to the last. Side by side, per repeat:
 DualPath plain and ``ngram`` (one process: the engine's setting switched between
-requests); with ``--peer llama-server=PATH``, llama-server plain and with
+requests), and with ``--draft-model`` its draft-model drafting; with ``--peer llama-server=PATH``, llama-server plain and with
 ``--spec-type ngram-simple``; with llama-cpp-python installed, ``Llama`` plain and with
 ``LlamaPromptLookupDecoding(num_pred_tokens=10)``. Medians of ``--repeats``; the text of
 each speculative run is compared with its plain run's.
@@ -39,10 +39,11 @@ def prompts(tokenizer, passage_tokens: int) -> dict[str, list[int]]:
     return {"grounded": tokenizer.encode(text + GROUNDED, add_bos=True), "free": tokenizer.encode(FREE, add_bos=True)}
 
 
-def _dualpath_run(llm, ids: list[int], tokens: int, spec_tokens: int) -> dict:
+def _dualpath_run(llm, ids: list[int], tokens: int, spec_tokens: int, draft=None) -> dict:
     from ..runtime.sampler import SamplingParams
 
-    llm.engine.speculative_tokens = spec_tokens  # read when a request is added
+    llm.engine.speculative_tokens = spec_tokens  # both read when a request is added
+    llm.engine.draft = draft
     m = llm.engine.metrics
     p0, a0 = m.proposed_tokens, m.accepted_tokens
     c = llm.generate(ids, SamplingParams(temperature=0, max_tokens=tokens, ignore_eos=True))
@@ -96,9 +97,12 @@ def cmd_bench_spec(args) -> int:
     from .serve import parse_peer
 
     peer = parse_peer(args.peer) if args.peer else None
-    cfg = load_config(None, {"runtime.num_threads": args.threads, "runtime.max_context_tokens": args.ctx,
-                             "runtime.speculative": "ngram", "runtime.speculative_tokens": args.spec_tokens})
-    llm = LLM(args.model, cfg)
+    overrides = {"runtime.num_threads": args.threads, "runtime.max_context_tokens": args.ctx,
+                 "runtime.speculative": "ngram", "runtime.speculative_tokens": args.spec_tokens}
+    if args.draft_model:
+        overrides.update({"runtime.speculative": "draft", "runtime.draft_model": args.draft_model})
+    llm = LLM(args.model, load_config(None, overrides))
+    draft = llm.engine.draft
     work = prompts(llm.tokenizer, args.passage_tokens)
     for name, ids in work.items():
         if len(ids) + args.tokens > args.ctx:
@@ -131,6 +135,8 @@ def cmd_bench_spec(args) -> int:
         for workload, ids in work.items():
             add("dualpath", workload, _dualpath_run(llm, ids, args.tokens, 0))
             add("dualpath ngram", workload, _dualpath_run(llm, ids, args.tokens, args.spec_tokens))
+            if draft is not None:
+                add("dualpath draft", workload, _dualpath_run(llm, ids, args.tokens, args.spec_tokens, draft))
             for name, model in (lcpp or {}).items():
                 add(name, workload, _llama_cpp_run(model, ids, args.tokens))
     if peer:
@@ -144,7 +150,7 @@ def cmd_bench_spec(args) -> int:
                 for r in range(args.repeats):
                     for workload, ids in work.items():
                         add(name, workload, _stream_decode(base, ids, args.tokens))
-    plain_of = {"dualpath ngram": "dualpath", "llama-cpp-python lookup": "llama-cpp-python",
+    plain_of = {"dualpath ngram": "dualpath", "dualpath draft": "dualpath", "llama-cpp-python lookup": "llama-cpp-python",
                 "llama-server ngram-simple": "llama-server"}
     print(f"\n| engine | workload | decode tok/s | speed-up over its plain decoding | same text as plain |")
     print("|---|---|---:|---:|---|")
@@ -177,5 +183,6 @@ def add_parser(bs) -> None:
     s.add_argument("-r", "--repeats", type=int, default=3)
     s.add_argument("--peer", metavar="llama-server=PATH", help="also run llama.cpp's llama-server at PATH")
     s.add_argument("--no-llama-cpp", action="store_true", help="leave llama-cpp-python out")
+    s.add_argument("--draft-model", help="also DualPath with this draft model (same vocabulary): 'dualpath draft'")
     s.add_argument("--json", help="also write every run as JSON here")
     s.set_defaults(func=cmd_bench_spec)

@@ -41,7 +41,7 @@ from ..scheduler.request import Request, Status
 from .generate import Completion, TextStream, Timings, Usage, check_prompt
 from .metrics import EngineMetrics
 from .sampler import Sampler, SamplerScratch, SamplingParams
-from .speculative import NgramProposer
+from .speculative import DraftProposer, NgramProposer
 
 log = logging.getLogger(__name__)
 
@@ -82,9 +82,9 @@ class EngineRequest(Request):
     the sink its deltas go to."""
 
     def __init__(self, request_id: str, prompt_ids: list[int], params: SamplingParams, tokenizer,
-                 context_tokens: int, scratch: SamplerScratch, sink, grammar=None, speculative_tokens: int = 0):
+                 context_tokens: int, scratch: SamplerScratch, sink, grammar=None, proposer=None):
         super().__init__(request_id, prompt_ids, context_tokens, reserve_tokens=params.max_tokens)
-        self.proposer = NgramProposer(speculative_tokens) if speculative_tokens else None
+        self.proposer = proposer
         """Speculative decoding's proposals for this request (runtime/speculative.py), or None."""
         self.grammar = grammar
         self.matcher = grammar.new_matcher() if grammar is not None else None
@@ -120,11 +120,13 @@ class Engine:
 
     def __init__(self, runner, tokenizer, *, max_num_seqs: int, max_batch_tokens: int,
                  max_queued_requests: int | None = None, profile_name: str = "",
-                 speculative: str = "off", speculative_tokens: int = 8):
+                 speculative: str = "off", speculative_tokens: int = 16, draft=None):
         self.runner = runner  # it consults the power governor at every step
         self.tokenizer = tokenizer
-        self.speculative_tokens = speculative_tokens if speculative == "ngram" else 0
+        self.speculative_tokens = speculative_tokens if speculative != "off" else 0
         """Most tokens proposed per decode step (0: speculative decoding off)."""
+        self.draft = draft
+        """The draft model (runtime/speculative.DraftModel) with ``speculative: draft``, else None."""
         self.max_queued_requests = max_queued_requests
         self.scheduler = BatchScheduler(runner.cache, max_num_seqs=max_num_seqs,
                                         max_batch_tokens=min(max_batch_tokens, runner.max_step_tokens),
@@ -181,9 +183,9 @@ class Engine:
             if 1 + len(fork_sinks) > self.scheduler.max_num_seqs:
                 raise ValueError(f"{1 + len(fork_sinks)} samples of one prompt need as many sequences at once; "
                                  f"this engine runs at most {self.scheduler.max_num_seqs} (runtime.max_num_seqs)")
-            spec = 0 if pooling is not None or prompt_logprobs else self.speculative_tokens
+            spec = pooling is None and not prompt_logprobs and self.speculative_tokens > 0
             req = EngineRequest(rid, ids, params, self.tokenizer, self.context_tokens, self._scratch, sink, grammar,
-                                spec)
+                                self._proposer() if spec else None)
             if prompt_logprobs:
                 req.prompt_logits = True
                 req.prompt_logprobs = []
@@ -196,7 +198,7 @@ class Engine:
             for i, fork_sink in enumerate(fork_sinks, 1):
                 fork_params = params if params.seed is None else dataclasses.replace(params, seed=params.seed + i)
                 fork = EngineRequest(f"{rid}.{i}", ids, fork_params, self.tokenizer, self.context_tokens,
-                                     self._scratch, fork_sink, grammar, spec)
+                                     self._scratch, fork_sink, grammar, self._proposer() if spec else None)
                 fork.fork_of = req
                 req.forks.append(fork)
                 self._requests[fork.request_id] = fork
@@ -204,6 +206,11 @@ class Engine:
             self.scheduler.add(req)
             self._wake.notify()
         return req
+
+    def _proposer(self):
+        if self.draft is not None:
+            return DraftProposer(self.draft, self.speculative_tokens)
+        return NgramProposer(self.speculative_tokens)
 
     def abort(self, request_id: str) -> bool:
         """End a request (finish_reason ``abort``); its cache is freed before the next
@@ -478,6 +485,8 @@ class Engine:
                 self._end(fork, "abort", error=error)
         self._requests.pop(req.request_id, None)
         self._aborts.discard(req.request_id)
+        if req.proposer is not None:
+            req.proposer.close()  # a draft model's sequence for it
         if error is not None:
             if isinstance(error, InternalError):
                 self.metrics.failed_requests += 1

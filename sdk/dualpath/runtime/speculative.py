@@ -1,4 +1,5 @@
-"""Speculative decoding's proposals: prompt lookup (n-grams), no second model.
+"""Speculative decoding's proposals: prompt lookup (n-grams, no second model), or a
+draft model.
 
 Decode is bound by memory bandwidth: a step that checks several proposed tokens reads
 the weights once, as a step of one token does. A request's next tokens often repeat
@@ -14,6 +15,11 @@ while the sampled token equals it, and the first sample that differs ends the st
 output (the cache rolls back the proposals after it). Proposals are a deterministic
 function of the known tokens, so this is speculative sampling with a point-mass draft:
 the output, greedy or sampled with a seed, is the output without proposals.
+
+A draft model (``runtime.draft_model``: a smaller GGUF with the same vocabulary)
+proposes its own greedy continuation instead, from a KV cache of its own that keeps
+each request's tokens as far as the target kept them. Greedy proposals are again a
+deterministic function of the known tokens: the same rule holds.
 
 A proposal that is rejected costs a logits row and its share of the step. The draft
 length therefore follows the acceptance: it doubles after a step that kept every
@@ -32,24 +38,55 @@ COOLDOWN_STEPS = 8
 """Plain decode steps after proposals kept failing (doubled each time it happens again)."""
 
 
-class NgramProposer:
-    """One request's n-gram table and draft length (see the module docstring)."""
-
-    __slots__ = ("max_tokens", "k", "tables", "indexed", "misses", "cooldown", "backoff", "proposed", "accepted",
-                 "src")
+class Proposer:
+    """What every proposer shares: the draft length, which follows the acceptance (see
+    the module docstring), and the counts."""
 
     def __init__(self, max_tokens: int):
         self.max_tokens = max_tokens
         self.k = max_tokens
         """Draft length of the next proposal."""
-        self.tables: list[dict] = [{} for _ in range(MAX_NGRAM + 1)]
-        """tables[m]: m tokens -> the position after their latest occurrence."""
-        self.indexed = 0
-        """Positions whose n-grams ending there are in the tables."""
         self.misses = 0
         self.cooldown = 0
         self.backoff = COOLDOWN_STEPS
         self.proposed = self.accepted = 0
+
+    def propose(self, ids: np.ndarray, n: int, limit: int) -> list[int]:
+        """Up to ``min(k, limit)`` tokens to follow ``ids[:n]``, or []."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """The request ended: release what the proposer holds."""
+
+    def update(self, proposed: int, accepted: int) -> None:
+        """How the last proposal went: the next draft length, or a rest from proposing."""
+        if not proposed:
+            return
+        self.proposed += proposed
+        self.accepted += accepted
+        if accepted == proposed:
+            self.k = min(self.max_tokens, 2 * self.k)
+            self.misses = 0
+            self.backoff = COOLDOWN_STEPS
+            return
+        if accepted:  # the source is right for a while yet: an edit, not the end of the copy
+            self.misses = 0
+            return
+        self.k = max(1, self.k // 2)
+        self.misses += 1
+        if self.misses >= 2:
+            self.cooldown, self.backoff, self.misses = self.backoff, 2 * self.backoff, 0
+
+
+class NgramProposer(Proposer):
+    """One request's n-gram table (see the module docstring)."""
+
+    def __init__(self, max_tokens: int):
+        super().__init__(max_tokens)
+        self.tables: list[dict] = [{} for _ in range(MAX_NGRAM + 1)]
+        """tables[m]: m tokens -> the position after their latest occurrence."""
+        self.indexed = 0
+        """Positions whose n-grams ending there are in the tables."""
         self.src: int | None = None
         """Where the last proposal ended in ``ids``: a copy in progress continues from there
         rather than from the latest occurrence of the suffix (text that repeats with
@@ -88,21 +125,82 @@ class NgramProposer:
         self.src = p + len(out)  # if all are kept, the sample after them is checked against ids[src]
         return out
 
-    def update(self, proposed: int, accepted: int) -> None:
-        """How the last proposal went: the next draft length, or a rest from proposing."""
-        if not proposed:
-            return
-        self.proposed += proposed
-        self.accepted += accepted
-        if accepted == proposed:
-            self.k = min(self.max_tokens, 2 * self.k)
-            self.misses = 0
-            self.backoff = COOLDOWN_STEPS
-            return
-        if accepted:  # the source is right for a while yet: an edit, not the end of the copy
-            self.misses = 0
-            return
-        self.k = max(1, self.k // 2)
-        self.misses += 1
-        if self.misses >= 2:
-            self.cooldown, self.backoff, self.misses = self.backoff, 2 * self.backoff, 0
+
+class DraftModel:
+    """A second, smaller model with the target's vocabulary (``runtime.draft_model``): a
+    ``ModelRunner`` with its own KV cache, a sequence per request."""
+
+    def __init__(self, runner):
+        self.runner = runner
+
+    def extend(self, seq_id: int, tokens) -> np.ndarray | None:
+        """Run ``tokens`` after the sequence's; the last one's logits (vocab,), or None
+        when the draft's cache is full."""
+        from ..cache.manager import NoRoom
+        from ..scheduler.batch import SeqStep
+
+        runner, cache = self.runner, self.runner.cache
+        step = runner.max_step_tokens
+        for i in range(0, len(tokens), step):
+            chunk = [int(t) for t in tokens[i:i + step]]
+            runner.plan_step()
+            alloc = cache.allocate(seq_id, chunk)
+            if isinstance(alloc, NoRoom):
+                return None
+            logits = runner.run([SeqStep(None, seq_id, chunk, alloc, True)])
+        return logits[0]
+
+
+class DraftProposer(Proposer):
+    """Proposals from a draft model's greedy continuation. The draft's cache holds this
+    request's tokens as far as they agree with what the target kept."""
+
+    def __init__(self, model: DraftModel, max_tokens: int):
+        super().__init__(max_tokens)
+        self.model = model
+        self.seq_id: int | None = None
+        self.held: list[int] = []
+        """The tokens whose KV the draft's cache holds for this request."""
+
+    def propose(self, ids: np.ndarray, n: int, limit: int) -> list[int]:
+        if self.cooldown:
+            self.cooldown -= 1
+            return []
+        k = min(self.k, limit)
+        if k < 1:
+            return []
+        cache = self.model.runner.cache
+        if self.seq_id is None:
+            self.seq_id = cache.new_seq_id()
+            cache.start(self.seq_id, [])
+        # Keep what still agrees with the known tokens (proposals that were kept), drop the rest.
+        held = self.held
+        same = 0
+        limit_same = min(len(held), n - 1)  # the last known token is run again: its logits are needed
+        while same < limit_same and held[same] == ids[same]:
+            same += 1
+        if same < len(held):
+            cache.truncate(self.seq_id, same)
+            del held[same:]
+        logits = self.model.extend(self.seq_id, ids[same:n])
+        if logits is None:
+            self.close()
+            return []
+        held.extend(int(t) for t in ids[same:n])
+        out = []
+        for j in range(k):
+            t = int(np.argmax(logits))
+            out.append(t)
+            if j == k - 1:
+                break
+            logits = self.model.extend(self.seq_id, [t])
+            if logits is None:
+                break
+            held.append(t)
+        return out
+
+    def close(self) -> None:
+        if self.seq_id is not None:
+            self.model.runner.cache.free(self.seq_id)
+            self.seq_id = None
+            self.held = []
