@@ -173,8 +173,8 @@ def cmd_bench_prefix_restart(args) -> int:
                 print(f"  repeat {r + 1} llama-server: {json.dumps(row)}", flush=True)
         finally:
             shutil.rmtree(work, ignore_errors=True)
-    print(f"\n| server | cold TTFT ms | restored TTFT ms | ratio | prompt tokens restored | recomputed | "
-          f"same text | restart to health ms |")
+    print("\n| server | cold TTFT ms | restored TTFT ms | ratio | prompt tokens restored | recomputed | "
+          "same text | restart to health ms |")
     print("|---|---:|---:|---:|---:|---:|---|---:|")
     summary = {}
     for name, rows in runs.items():

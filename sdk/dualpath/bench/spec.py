@@ -152,7 +152,7 @@ def cmd_bench_spec(args) -> int:
                         add(name, workload, _stream_decode(base, ids, args.tokens))
     plain_of = {"dualpath ngram": "dualpath", "dualpath draft": "dualpath", "llama-cpp-python lookup": "llama-cpp-python",
                 "llama-server ngram-simple": "llama-server"}
-    print(f"\n| engine | workload | decode tok/s | speed-up over its plain decoding | same text as plain |")
+    print("\n| engine | workload | decode tok/s | speed-up over its plain decoding | same text as plain |")
     print("|---|---|---:|---:|---|")
     summary = []
     for (engine, workload), rs in rows.items():
