@@ -4,6 +4,7 @@ token, greedy or sampled, alone or batched; rolled-back proposals leave the cach
 from __future__ import annotations
 
 import math
+import os
 
 import numpy as np
 import pytest
@@ -191,3 +192,26 @@ def test_a_draft_model_with_another_vocabulary_is_refused(tmp_path):
         _llm("draft", **{"runtime.draft_model": other})
     with pytest.raises(ConfigError, match="runtime.speculative=draft needs runtime.draft_model"):
         _llm("draft")
+
+
+GEMMA = os.environ.get("DUALPATH_GEMMA3_270M") or os.path.expanduser(
+    "~/.cache/dualpath-test-models/gemma-3-270m-q4_k_m.gguf")
+
+
+@pytest.mark.skipif(not os.path.isfile(GEMMA), reason="Gemma 3 270M not found: fetch it with "
+                    "../shared/models/get_gemma3_270m.sh (or set DUALPATH_GEMMA3_270M)")
+def test_greedy_output_is_plain_on_a_quantized_file():
+    """Int8 activations turn a last-bit difference into a visible one: each proposal row
+    must attend as a one-row decode step does (with the prefill kernel this story parted
+    from plain decoding at token 60)."""
+    from dualpath.bench.spec import prompts
+
+    cfg = {"runtime.max_context_tokens": 1024, "runtime.num_threads": 2}
+    plain = dualpath.LLM(GEMMA, dualpath.load_config(None, cfg))
+    ids = prompts(plain.tokenizer, 400)["free"]
+    params = SamplingParams(temperature=0, max_tokens=96, ignore_eos=True)
+    want = plain.generate(ids, params).token_ids
+    del plain
+    spec = dualpath.LLM(GEMMA, dualpath.load_config(None, {**cfg, "runtime.speculative": "ngram"}))
+    assert spec.generate(ids, params).token_ids == want
+    assert spec.engine.metrics.accepted_tokens > 0

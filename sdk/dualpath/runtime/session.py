@@ -430,7 +430,9 @@ class ModelRunner:
         # them), 24 bytes per page_tokens of context: nothing beside the KV itself.
         max_spans = self.max_num_seqs * (-(-max_context_tokens // P) + 1)
         self.spans = np.zeros((max_spans, 3), np.int64)         # (max_spans, 3)
-        self.seqs = np.zeros((self.max_num_seqs, 5), np.int64)   # (S, 5) row0, n, pos0, span0, num_spans
+        # (S, 5) row0, n, pos0, span0, num_spans: an entry per sequence, or per row of a
+        # sequence with proposals (speculative decoding), hence room for a row each.
+        self.seqs = np.zeros((self.max_num_seqs + T, 5), np.int64)
         # Our kernels' own pool (ONNX Runtime has its own): same thread count and cores.
         # How each layer attends: the family's scale and soft-cap, sliding windows per layer.
         windows = np.array([cfg.layer_window(i) for i in range(cfg.num_layers)], np.int64)
@@ -553,7 +555,7 @@ class ModelRunner:
         S = len(steps)
         if not 1 <= S <= self.max_num_seqs:
             raise ValueError(f"a step takes 1..{self.max_num_seqs} sequences, got {S}")
-        row = R = span = 0
+        row = R = span = E = 0
         prefill = False
         cache = self.cache
         for i, e in enumerate(steps):
@@ -568,7 +570,18 @@ class ModelRunner:
             self.slots[row:row + n] = alloc.slots
             np.add(self._steps[:n], pos0, out=self.positions[row:row + n])
             ns = len(cache.spans(e.seq_id, out=self.spans[span:]))
-            self.seqs[i] = (row, n, pos0, span, ns)
+            if e.draft:
+                # Each row attends as a one-row decode step at its position would (the same
+                # context split, so the same bits): its proposals are checked against exactly
+                # the logits plain decoding computes.
+                self.seqs[E:E + n, 0] = self._steps[:n] + row
+                self.seqs[E:E + n, 1] = 1
+                self.seqs[E:E + n, 2] = self._steps[:n] + pos0
+                self.seqs[E:E + n, 3:] = (span, ns)
+                E += n
+            else:
+                self.seqs[E] = (row, n, pos0, span, ns)
+                E += 1
             if e.hidden:  # an embedding: every token's row
                 self.rows[R:R + n] = self._steps[:n] + row
                 R += n
@@ -584,7 +597,7 @@ class ModelRunner:
             self.rows[:R] = self._steps[:R]
         elif R == 0:  # no entry samples: lm_head still runs on one row, make it a valid one
             self.rows[0] = 0
-        logits = self._execute(row, max(R, 1), prefill, S, span, session_spec)
+        logits = self._execute(row, max(R, 1), prefill, E, span, session_spec)
         for e in steps:
             cache.commit(e.seq_id)
         return logits[:R]
