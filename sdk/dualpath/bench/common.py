@@ -9,6 +9,7 @@ import json
 import socket
 import statistics
 import sys
+import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
@@ -186,7 +187,6 @@ def live_server(name: str, argv: Sequence[str], base: str, startup_s: float = 12
     ``BenchProcessError`` naming it and quoting the end of its stderr."""
     import subprocess
     import tempfile
-    import time
 
     import httpx
 
@@ -217,3 +217,38 @@ def live_server(name: str, argv: Sequence[str], base: str, startup_s: float = 12
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+
+
+def stream_completion(base: str, prompt: list[int], max_tokens: int, **extra) -> dict:
+    """One streamed greedy ``/v1/completions`` request (``extra``: more body fields):
+    ``ttft_ms`` (first text), ``decode_tps`` (text chunks after the first over the time
+    from the first to the last; None under two), ``text``, ``usage``, and llama-server's
+    ``timings``."""
+    import httpx
+
+    body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True,
+            "stream_options": {"include_usage": True}, **extra}
+    out = {"ttft_ms": None, "decode_tps": None, "text": "", "usage": None, "timings": None}
+    t0 = time.perf_counter()
+    first = last = None
+    chunks = 0
+    with httpx.stream("POST", base + "/v1/completions", json=body, timeout=600) as r:
+        if r.status_code != 200:
+            raise RuntimeError(f"{base}: HTTP {r.status_code}: {r.read()[:300]!r}")
+        for line in r.iter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[6:])
+            out["usage"] = chunk.get("usage") or out["usage"]
+            out["timings"] = chunk.get("timings") or out["timings"]
+            for choice in chunk.get("choices") or ():
+                if choice.get("text"):
+                    last = time.perf_counter()
+                    first = first or last
+                    chunks += 1
+                    out["text"] += choice["text"]
+    if first is not None:
+        out["ttft_ms"] = (first - t0) * 1e3
+        if last > first:
+            out["decode_tps"] = (chunks - 1) / (last - first)
+    return out

@@ -30,7 +30,7 @@ import sys
 import tempfile
 import time
 
-from .common import free_port, live_server, write_json
+from .common import free_port, live_server, stream_completion, write_json
 
 WORDS = ("the old keeper of the lighthouse wrote in his book every evening what the sea had done that day "
          "which ships had passed and how the wind had turned while the gulls slept on the rocks below").split()
@@ -47,31 +47,6 @@ def build_prompt(tokenizer, prefix_tokens: int) -> tuple[list[int], int]:
         ids = tokenizer.encode(" ".join(words), add_bos=True)
     ids = ids[:prefix_tokens]
     return ids + tokenizer.encode(QUESTION, add_bos=False), len(ids)
-
-
-def stream_request(base: str, prompt: list[int], max_tokens: int) -> dict:
-    """One streamed completion: TTFT (first text), the text, usage and llama-server's timings."""
-    import httpx
-
-    body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True,
-            "stream_options": {"include_usage": True}}
-    out = {"ttft_ms": None, "text": "", "usage": None, "timings": None}
-    t0 = time.perf_counter()
-    with httpx.stream("POST", base + "/v1/completions", json=body, timeout=600) as r:
-        if r.status_code != 200:
-            raise RuntimeError(f"{base}: HTTP {r.status_code}: {r.read()[:300]!r}")
-        for line in r.iter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            chunk = json.loads(line[6:])
-            out["usage"] = chunk.get("usage") or out["usage"]
-            out["timings"] = chunk.get("timings") or out["timings"]
-            for choice in chunk.get("choices") or ():
-                if choice.get("text"):
-                    if out["ttft_ms"] is None:
-                        out["ttft_ms"] = (time.perf_counter() - t0) * 1e3
-                    out["text"] += choice["text"]
-    return out
 
 
 def _log(log_dir: str | None, name: str, tag: str) -> str | None:
@@ -94,13 +69,13 @@ def dualpath_trial(args, prompt: list[int], store: str, log_dir: str | None, r: 
     if args.kv_dtype:
         argv += ["--kv-dtype", args.kv_dtype]
     with live_server("dualpath", argv, base, 600, _log(log_dir, "dualpath", f"{r}-cold")) as server:
-        cold = stream_request(base, prompt, args.max_tokens)
+        cold = stream_completion(base, prompt, args.max_tokens)
         httpx.post(base + "/v1/warm", json={"prompt": prompt}, timeout=600).raise_for_status()
         _kill(server)
     t0 = time.perf_counter()
     with live_server("dualpath", argv, base, 600, _log(log_dir, "dualpath", f"{r}-restored")) as server:
         start_ms = (time.perf_counter() - t0) * 1e3
-        again = stream_request(base, prompt, args.max_tokens)
+        again = stream_completion(base, prompt, args.max_tokens)
         _kill(server)
     cached = ((again["usage"] or {}).get("prompt_tokens_details") or {}).get("cached_tokens")
     return {"cold_ttft_ms": cold["ttft_ms"], "restored_ttft_ms": again["ttft_ms"], "restart_ms": start_ms,
@@ -122,7 +97,7 @@ def llama_server_trial(args, path: str, prompt: list[int], slot_dir: str, log_di
     argv = [path, "-m", args.model, "--host", "127.0.0.1", "--port", str(port), "-t", str(args.threads),
             "-tb", str(args.threads), "-c", str(args.ctx), "--parallel", "1", "--slot-save-path", slot_dir]
     with live_server("llama-server", argv, base, 600, _log(log_dir, "llama-server", f"{r}-cold")) as server:
-        cold = stream_request(base, prompt, args.max_tokens)
+        cold = stream_completion(base, prompt, args.max_tokens)
         saved = _slot(base, "save")
         _kill(server)
     t0 = time.perf_counter()
@@ -131,7 +106,7 @@ def llama_server_trial(args, path: str, prompt: list[int], slot_dir: str, log_di
         t1 = time.perf_counter()
         restored = _slot(base, "restore")
         restore_ms = (time.perf_counter() - t1) * 1e3
-        again = stream_request(base, prompt, args.max_tokens)
+        again = stream_completion(base, prompt, args.max_tokens)
         _kill(server)
     # The restore is a call of its own before the request: its time counts with the TTFT.
     return {"cold_ttft_ms": cold["ttft_ms"], "restored_ttft_ms": restore_ms + again["ttft_ms"],

@@ -16,13 +16,12 @@ each speculative run is compared with its plain run's.
 
 from __future__ import annotations
 
-import json
 import os
 import statistics
 import sys
 import time
 
-from .common import free_port, live_server, write_json
+from .common import free_port, live_server, stream_completion, write_json
 
 PASSAGE = ("The lighthouse on the northern cape was built in 1871 from granite quarried on the island itself. "
            "Its lamp burned whale oil for the first twenty years, then paraffin, and from 1934 electricity "
@@ -52,31 +51,13 @@ def _dualpath_run(llm, ids: list[int], tokens: int, spec_tokens: int, draft=None
 
 
 def _stream_decode(base: str, ids: list[int], tokens: int) -> dict:
-    """A streamed greedy completion; decode tokens/s from the first token to the last."""
-    import httpx
-
-    body = {"prompt": ids, "max_tokens": tokens, "temperature": 0, "stream": True, "ignore_eos": True}
-    first = last = None
-    n, text, timings = 0, "", None
-    with httpx.stream("POST", base + "/v1/completions", json=body, timeout=600) as r:
-        r.raise_for_status()
-        for line in r.iter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            chunk = json.loads(line[6:])
-            timings = chunk.get("timings") or timings
-            for choice in chunk.get("choices") or ():
-                if choice.get("text"):
-                    now = time.perf_counter()
-                    first = first or now
-                    last = now
-                    n += 1
-                    text += choice["text"]
-    tps = (timings or {}).get("predicted_per_second")
-    if tps is None and first and last > first:
-        tps = (n - 1) / (last - first)
-    return {"decode_tps": tps, "text": text, "draft_n": (timings or {}).get("draft_n"),
-            "accepted": (timings or {}).get("draft_n_accepted")}
+    """A streamed greedy completion; decode tokens/s as the server's timings say, else
+    from the first token to the last."""
+    out = stream_completion(base, ids, tokens, ignore_eos=True)
+    timings = out["timings"] or {}
+    tps = timings.get("predicted_per_second")
+    return {"decode_tps": out["decode_tps"] if tps is None else tps, "text": out["text"],
+            "draft_n": timings.get("draft_n"), "accepted": timings.get("draft_n_accepted")}
 
 
 def _llama_cpp_run(llm, ids: list[int], tokens: int) -> dict:

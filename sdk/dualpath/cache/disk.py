@@ -291,27 +291,38 @@ class StoreInfo:
 
     key: str
     folder: str
-    pages: int
-    size_bytes: int
-    last_used: float
     namespace: dict
+    files: list[tuple[float, int, str]]
+    """(mtime, bytes, path) of each page file, listed once."""
 
-    def files(self) -> list[tuple[float, int, str]]:
-        """(mtime, bytes, path) of each page file."""
-        out = []
-        try:
-            names = os.listdir(self.folder)
-        except OSError:
-            return out
-        for name in names:
-            if name.endswith(SUFFIX):
-                path = os.path.join(self.folder, name)
-                try:
-                    st = os.stat(path)
-                except OSError:
-                    continue
-                out.append((st.st_mtime, st.st_size, path))
+    @property
+    def pages(self) -> int:
+        return len(self.files)
+
+    @property
+    def size_bytes(self) -> int:
+        return sum(size for _, size, _ in self.files)
+
+    @property
+    def last_used(self) -> float:
+        return max((m for m, _, _ in self.files), default=0.0)
+
+
+def _page_files(folder: str) -> list[tuple[float, int, str]]:
+    out = []
+    try:
+        names = os.listdir(folder)
+    except OSError:
         return out
+    for name in names:
+        if name.endswith(SUFFIX):
+            path = os.path.join(folder, name)
+            try:
+                st = os.stat(path)
+            except OSError:
+                continue
+            out.append((st.st_mtime, st.st_size, path))
+    return out
 
 
 def list_stores(root: str) -> list[StoreInfo]:
@@ -329,11 +340,7 @@ def list_stores(root: str) -> list[StoreInfo]:
                 namespace = json.load(f)
         except (OSError, ValueError):
             namespace = {}
-        info = StoreInfo(name, folder, 0, 0, 0.0, namespace)
-        files = info.files()
-        info.pages, info.size_bytes = len(files), sum(size for _, size, _ in files)
-        info.last_used = max((m for m, _, _ in files), default=0.0)
-        out.append(info)
+        out.append(StoreInfo(name, folder, namespace, _page_files(folder)))
     return out
 
 
@@ -343,7 +350,7 @@ def prune(root: str, max_bytes: int) -> tuple[list[str], int]:
     and the bytes left."""
     files = []
     for store in list_stores(root):
-        files += store.files()
+        files += store.files
         try:
             names = os.listdir(store.folder)
         except OSError:
