@@ -1,0 +1,200 @@
+"""What one step of the runner reads and writes: its buffers, allocated once, how a
+step's sequences are laid out in them, the IOBindings of the ONNX parts over them, the
+token embedding, and our attention kernels' stepper between the parts.
+
+A step's rows are the sequences' new tokens back to back (T of them); R rows of those
+want logits. Every buffer is sized for the largest step (``max_step_tokens`` tokens,
+``max_num_seqs`` sequences) and never moves, so a step allocates no Python objects per
+layer and nothing is rebound but the sizes that changed.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..kernels import ArenaStepper, embed as _embed
+from ..models.quants import gather_rows
+from ..models.spec import ModelConfig, Weight
+from ..scheduler.batch import SeqStep
+from .ort_sessions import SessionSet, can_unidle
+
+
+class StepBuffers:
+    """Every array a step reads or writes, allocated once (T = ``max_step_tokens``)."""
+
+    def __init__(self, cfg: ModelConfig, max_step_tokens: int, max_num_seqs: int, max_context_tokens: int,
+                 page_tokens: int):
+        T = self.max_step_tokens = max_step_tokens
+        self.max_context_tokens = max_context_tokens
+        self.ids = np.zeros(T, np.int64)                        # (T,)
+        self.positions = np.zeros(T, np.int64)                  # (T,)
+        self.rows = np.zeros(T, np.int64)                       # (R,) rows whose logits are wanted
+        self.h_a = np.zeros((T, cfg.dim), np.float32)           # (T, dim) residual, ping
+        self.h_b = np.zeros((T, cfg.dim), np.float32)           # (T, dim) residual, pong
+        self.q = np.zeros((T, cfg.q_dim), np.float32)           # (T, num_heads * head_dim)
+        self.k = np.zeros((T, cfg.kv_dim), np.float32)          # (T, num_kv_heads * head_dim)
+        self.v = np.zeros((T, cfg.kv_dim), np.float32)          # (T, num_kv_heads * head_dim)
+        self.attn = np.zeros((T, cfg.q_dim), np.float32)        # (T, num_heads * head_dim)
+        self.logits = np.zeros((T, cfg.vocab_size), np.float32)  # (R, vocab)
+        self.hidden = np.zeros((T, cfg.dim), np.float32)        # (R, dim) final-normed hidden state of the rows
+        self.arange = np.arange(T, dtype=np.int64)              # (T,) 0, 1, ... T - 1
+        self.slots = np.zeros((T, 3), np.int64)                 # (T, 3) where new tokens go
+        # Kernel view of every sequence of a step, back to back: a sequence has at most
+        # one span per page (shared prefix pages appear in every sequence that reads
+        # them), 24 bytes per page_tokens of context: nothing beside the KV itself.
+        max_spans = max_num_seqs * (-(-max_context_tokens // page_tokens) + 1)
+        self.spans = np.zeros((max_spans, 3), np.int64)         # (max_spans, 3)
+        # (S, 5) row0, n, pos0, span0, num_spans: an entry per sequence, or per row of a
+        # sequence with proposals (speculative decoding), hence room for a row each.
+        self.seqs = np.zeros((max_num_seqs + T, 5), np.int64)
+
+    def fill(self, steps: list[SeqStep], cache, all_rows: bool) -> tuple[int, int, bool, int, int]:
+        """Lay ``steps`` out in the buffers (``ModelRunner.run`` says which rows). Returns
+        (T tokens, R rows wanted, whether any sequence prefills, kernel entries, spans)."""
+        row = R = span = E = 0
+        prefill = False
+        a = self.arange
+        for e in steps:
+            n = len(e.token_ids)
+            alloc = e.alloc
+            pos0 = alloc.pos0
+            if row + n > self.max_step_tokens:
+                raise ValueError(f"a step takes at most {self.max_step_tokens} tokens")
+            if pos0 + n > self.max_context_tokens:
+                raise ValueError(f"positions {pos0}..{pos0 + n - 1} exceed the context of {self.max_context_tokens}")
+            self.ids[row:row + n] = e.token_ids
+            self.slots[row:row + n] = alloc.slots
+            np.add(a[:n], pos0, out=self.positions[row:row + n])
+            ns = len(cache.spans(e.seq_id, out=self.spans[span:]))
+            if e.draft:
+                # Each row attends as a one-row decode step at its position would (the same
+                # context split, so the same bits): its proposals are checked against exactly
+                # the logits plain decoding computes.
+                self.seqs[E:E + n, 0] = a[:n] + row
+                self.seqs[E:E + n, 1] = 1
+                self.seqs[E:E + n, 2] = a[:n] + pos0
+                self.seqs[E:E + n, 3:] = (span, ns)
+                E += n
+            else:
+                self.seqs[E] = (row, n, pos0, span, ns)
+                E += 1
+            if e.hidden:  # an embedding: every token's row
+                self.rows[R:R + n] = a[:n] + row
+                R += n
+            elif e.logits:  # the last known token's row, and one per proposal after it
+                k = 1 + e.draft
+                self.rows[R:R + k] = a[:k] + (row + n - k)
+                R += k
+            prefill = prefill or alloc.prefill
+            row += n
+            span += ns
+        if all_rows:
+            R = row
+            self.rows[:R] = a[:R]
+        elif R == 0:  # no entry samples: lm_head still runs on one row, make it a valid one
+            self.rows[0] = 0
+        return row, R, prefill, E, span
+
+
+class StepBinding:
+    """IOBindings of every part of one session set, over the runner's buffers.
+
+    One per session set, reused by every step: a step of another size (T tokens, R
+    rows wanted) rebinds only the names whose first dimension changed (ONNX Runtime
+    replaces a name bound again on the same IOBinding), so steps that mix decodes and
+    prefill chunks of any size create no binding objects. The buffers never move, so
+    nothing else is ever rebound."""
+
+    def __init__(self, buf: StepBuffers, num_layers: int, sessions: SessionSet):
+        self.sessions = sessions
+        self.bindings = [sess.io_binding() for sess in sessions]
+        f32, i64 = np.float32, np.int64
+        # (bind method, name, element type, shape after the first dimension, data pointer)
+        self._per_token: list[tuple] = []  # names with T rows
+        self._per_row: list[tuple] = []    # names with R rows (the lm_head part's)
+        h_src, h_dst = buf.h_a, buf.h_b
+
+        def bound(b, output, key, arr, elem=f32, lead=()):
+            # (bind, name, element type, dims before T, dims after T, data pointer)
+            return (b.bind_output if output else b.bind_input, key, elem, list(lead), list(arr.shape[1:]),
+                    arr.ctypes.data)
+
+        for i, b in enumerate(self.bindings):
+            if i == num_layers:
+                self._per_token += [bound(b, False, "h", h_src), bound(b, False, "attn", buf.attn)]
+                self._per_row += [bound(b, False, "rows", buf.rows, i64), bound(b, True, "logits", buf.logits),
+                                  bound(b, True, "hidden", buf.hidden)]
+            else:
+                # positions (1, T), q and k (1, T, ...): see builder.rope
+                self._per_token += [bound(b, False, "h", h_src),
+                                    bound(b, False, "positions", buf.positions, i64, (1,))]
+                if i > 0:
+                    self._per_token += [bound(b, False, "attn", buf.attn), bound(b, True, "h_out", h_dst)]
+                    h_src, h_dst = h_dst, h_src
+                self._per_token += [bound(b, True, "q", buf.q, lead=(1,)), bound(b, True, "k", buf.k, lead=(1,)),
+                                    bound(b, True, "v", buf.v)]
+        self._ids, self._h0 = buf.ids, buf.h_a
+        self.num_tokens = self.num_rows = 0  # nothing bound yet
+        self.ids = self.h0 = None
+        # (run, binding, layer) per part, built once: a step creates no objects per layer.
+        L = num_layers
+        self.plan = [(sess.run_with_iobinding, b, layer if layer < L else -1)
+                     for layer, (sess, b) in enumerate(zip(sessions, self.bindings))]
+
+    def resize(self, num_tokens: int, num_rows: int) -> None:
+        """Bind for a step of ``num_tokens`` tokens and ``num_rows`` logits rows: only the
+        names whose size changed since the last step."""
+        if num_tokens != self.num_tokens:
+            for bind, key, elem, lead, tail, ptr in self._per_token:
+                bind(key, "cpu", 0, elem, lead + [num_tokens] + tail, ptr)
+            self.num_tokens = num_tokens
+            self.ids = self._ids[:num_tokens]  # (T,)
+            self.h0 = self._h0[:num_tokens]    # (T, dim)
+        if num_rows != self.num_rows:
+            for bind, key, elem, lead, tail, ptr in self._per_row:
+                bind(key, "cpu", 0, elem, lead + [num_rows] + tail, ptr)
+            self.num_rows = num_rows
+
+
+class TokenEmbedding:
+    """Token ids to the first residual: our kernel gathers f32, Q8_0 and Q4_0 tables,
+    NumPy's gather every other type; then the family's scale (Gemma: sqrt(dim), in f32
+    as llama.cpp)."""
+
+    def __init__(self, weight: Weight, embed_scale: float):
+        self._table, self._scales, self._dtype = weight.data, weight.scales, weight.dtype
+        self._nbits = None if weight.dtype in ("f32", "q8_0", "q4_0") else weight
+        self._scale = np.float32(embed_scale)
+
+    def __call__(self, ids: np.ndarray, out: np.ndarray) -> None:
+        """Write the rows of ``ids`` (T,) into ``out`` (T, dim)."""
+        e = self._nbits
+        if e is None:
+            _embed(ids, self._table, self._scales, self._dtype, out)
+        else:
+            gather_rows(e.data, e.scales, e.zero_points, e.mins, e.bits, e.block_size, ids, out)
+        if self._scale != 1.0:
+            np.multiply(out, self._scale, out=out)
+
+
+def kernel_stepper(buf: StepBuffers, arena, cfg: ModelConfig, prefetch_degree: int, kernel: str | None,
+                   pool, sessions: SessionSet) -> ArenaStepper:
+    """Our attention between the parts of ``sessions``, over ``buf`` and the KV ``arena``,
+    run on our kernels' ``pool`` (ONNX Runtime has its own: same thread count and cores).
+
+    Decode attention is split over our pool when ONNX Runtime's workers leave the cores
+    between the parts (per-part pools, or no spinning), or yield them to our workers
+    (the shared pool's, which spin on after a Run: under SCHED_IDLE while our pool's
+    jobs run, where the process may take them out of it again). Where they spin on and
+    cannot yield, our workers would only contend with them, and a decode runs on the
+    calling thread (docs/performance.md, README's Kernels). Prefill always uses the pool.
+    """
+    # How each layer attends: the family's scale and soft-cap, sliding windows per layer.
+    windows = np.array([cfg.layer_window(i) for i in range(cfg.num_layers)], np.int64)
+    yields = bool(sessions.spinning_workers) and can_unidle()
+    if yields:
+        pool.set_yielders(sessions.spinning_workers)
+    return ArenaStepper(arena, buf.q, buf.k, buf.v, buf.attn, buf.slots, buf.spans,
+                        cfg.attention_scale, prefetch_degree, pool, kernel, buf.seqs,
+                        softcap=cfg.attn_softcap, windows=windows,
+                        decode_on_caller=not sessions.idle_between_runs and not yields)
