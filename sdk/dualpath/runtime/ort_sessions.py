@@ -4,7 +4,7 @@ One InferenceSession per graph part, its weights handed over in place
 (``add_initializer``). What ONNX Runtime keeps once per process lives here too: the
 shared CPU allocator, the global thread pool and the Linux ids of its workers (which
 can yield their cores to our kernels' pool), and which ONNX Runtime version's graphs
-this process loads.
+this process loads. No other module of the runtime imports onnxruntime.
 """
 
 from __future__ import annotations

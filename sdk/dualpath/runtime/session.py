@@ -29,8 +29,8 @@ from .ort_sessions import (NBITS8_SINCE, ORT_VERSION, SessionSet, create_session
 from .placement_sets import ProfileSets
 from .runner_step import StepBinding, StepBuffers, TokenEmbedding, kernel_stepper
 
-__all__ = ["NBITS8_SINCE", "ORT_VERSION", "CacheFullError", "ModelRunner", "SessionSet", "create_sessions",
-           "graphs_for_runtime", "kv_cache", "nbits8_graphs"]
+__all__ = ["NBITS8_SINCE", "ORT_VERSION", "CacheFullError", "ModelRunner", "SessionSet", "build_kv_cache",
+           "create_sessions", "graphs_for_runtime", "nbits8_graphs"]
 
 
 def __getattr__(name: str):
@@ -47,7 +47,8 @@ def _prefix_salt(spec: ModelSpec) -> bytes:
     return (spec.entry.key if spec.entry is not None else spec.path).encode()
 
 
-def kv_cache(spec: ModelSpec, dp: DualPathConfig, max_context_tokens: int, kv_cache_tokens: int) -> KVCacheManager:
+def build_kv_cache(spec: ModelSpec, dp: DualPathConfig, max_context_tokens: int,
+                   kv_cache_tokens: int) -> KVCacheManager:
     """The KV cache of ``spec``'s runner: ``kv_cache_tokens`` (0: the context twice over, the
     live sequence plus cached prefixes) in whole blocks of ``dp.block_size`` bytes."""
     cfg = spec.config
@@ -105,7 +106,7 @@ class ModelRunner:
         self._embed = TokenEmbedding(self.spec.weights["token_embd"], cfg.embed_scale)
         self.cache_config = dp = cache_config or DualPathConfig()
         self.buffers = StepBuffers(cfg, max_step_tokens, self.max_num_seqs, max_context_tokens, dp.page_tokens)
-        self.cache = kv_cache(self.spec, dp, max_context_tokens, kv_cache_tokens)
+        self.cache = build_kv_cache(self.spec, dp, max_context_tokens, kv_cache_tokens)
         self.kv_cache_tokens = self.cache.capacity_tokens
         """Tokens the KV cache holds (all sequences together)."""
         self._policies = self._path_policies(dp, power_config)
