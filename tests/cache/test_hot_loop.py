@@ -4,8 +4,9 @@ sequences or context tokens: shown structurally, never by timing.
 * A decode step (allocate one token by the policy, commit, the kernel view into a
   buffer) iterates none of the block or page tables, slices only a few entries of the
   sequence's own lists, and allocates no memory that grows with the context.
+* ``stats()`` (what /metrics reads) iterates none of them either.
 * The incremental counters and heaps (free page count, lowest free block per parity,
-  lowest RAND block with a free slot, locality score) equal their from-scratch values
+  lowest RAND block with a free slot, locality score, stats) equal their from-scratch values
   after thousands of random operations on a cache of many blocks, and pick the same
   blocks the scans picked.
 
@@ -150,6 +151,19 @@ def test_a_decode_step_iterates_no_block_or_page_table():
     assert calls["take_block"] >= 4 and calls["random_page"] >= steps // P
     assert cache.seqs[long].path is Path.RANDOM and len(cache.spans(long)) > 600  # still scattered
     cache.check_invariants()
+
+
+def test_stats_iterates_no_block_or_page_table():
+    """/metrics reads stats() under the engine lock: running counts, no walk, whatever the size."""
+    cache, long, doc = scattered(num_pages=600, num_blocks=1024)
+    decode(cache, (long, doc), 0, np.zeros((1024, 3), np.int64))
+    counting = Counting()
+    counting.install(cache)
+    for _ in range(3):
+        stats = cache.stats()
+    assert counting.iterations == {} and counting.sliced == 0
+    assert stats == cache.recount_stats()
+    assert counting.iterations  # the recount walks the tables: the wrapping sees a walk
 
 
 def test_a_decode_step_allocates_no_memory_that_grows_with_the_context():

@@ -780,6 +780,51 @@ def test_stats_count_unused_extent_pages_as_fragmentation():
     assert s.token_bytes_needed == 10 * 512
 
 
+def test_stats_equal_a_recount_after_every_operation_of_a_mixed_run():
+    """stats() reads running counts; recount_stats() walks the tables as stats() once did."""
+    cache = make_cache(num_blocks=12)
+    prompt = list(range(100, 110))
+
+    def agree():
+        assert cache.stats() == cache.recount_stats()
+
+    begin(cache, 0, prompt, Path.HYBRID)                    # 10 tokens in an extent
+    agree()
+    assert begin(cache, 1, prompt[:8] + [7, 7, 7], Path.RANDOM) == 8  # two shared pages
+    agree()
+    cache.fork(0, 2)                                        # shares all three pages of 0
+    agree()
+    cache.truncate(2, 6)                                    # 2 ends in 0's full page 1, half filled
+    agree()
+    # Pages of 0 and 1 (2 shared), and 1's own: 10 + 3 tokens stored; 2 adds none.
+    assert cache.stats().token_bytes_needed == (10 + 3) * 512
+    put(cache, 2, [5, 5, 5], Path.RANDOM)                   # copy-on-write of the shared page
+    agree()
+    assert cache.cow_copies == 1 and cache.stats().token_bytes_needed == (10 + 3 + 5) * 512
+    cache.fork(1, 3)
+    cache.truncate(1, 9)                                    # 1 and 3 share a last page, 1 and 2 tokens
+    agree()
+    cache.free(3)                                           # 1's shorter fill is what stays
+    agree()
+    assert cache.migrate(0, Path.RANDOM) is True and cache.migrate(1, Path.SEQUENTIAL) is True
+    agree()
+    cache.start(4, list(range(200, 230)), Path.HYBRID)      # a long prompt, preempted mid-way:
+    assert cache.allocate(4, list(range(200, 212)))         # its first chunk allocated, never committed
+    agree()
+    cache.free(4)
+    agree()
+    for sid in (0, 2):
+        cache.free(sid)
+        agree()
+    assert cache.evict_all() > 0
+    agree()
+    cache.free(1)
+    cache.evict_all()
+    agree()
+    assert cache.stats().bytes_free == cache.stats().bytes_total
+    cache.check_invariants()
+
+
 def test_prefix_hit_rate_counts_pages_queried_and_hit():
     cache = make_cache()
     assert cache.stats().prefix_hit_rate == 0.0             # no query yet
