@@ -4,8 +4,8 @@ A block is ``FREE``, an extent block (``SEQ``, owned by one sequence, its slots
 handed out in order) or a random-path block (``RAND``, its slots given to any
 sequence one page at a time). Page ``p`` is slot ``p % pages_per_block`` of block
 ``p // pages_per_block``. The pool picks blocks and slots; it does not know about
-sequences, prefix hashes or the arena: the manager (cache/manager.py) composes it
-with the prefix index and the page tables.
+sequences, prefix hashes or the arena: the page allocator (cache/pages.py) pairs it
+with the prefix index, and the manager (cache/manager.py) composes both.
 
 Every choice is O(log n) and every count O(1), whatever the number of blocks: the
 lowest free block of a parity and the lowest RAND block with a free slot come from

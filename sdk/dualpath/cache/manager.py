@@ -117,7 +117,7 @@ class KVCacheManager:
         self.disk: PrefixStore | None = None
         """The prefix pages on disk (cache/disk.py), or None: set by whoever opens the store."""
 
-    # Counts kept by the parts, read where they always were.
+    # Counts the parts keep, read on the facade (metrics, benchmarks, tests).
     evictions = property(lambda self: self.pages.evictions)
     cow_copies = property(lambda self: self.tables.cow_copies)
     free_blocks = property(lambda self: self.pool.free_blocks, doc="The free blocks (the pool's own set).")

@@ -3,7 +3,7 @@
 ``/metrics`` reads ``KVCacheManager.stats()`` under the engine lock, so it must not
 walk the blocks or pages: every count it needs (``Occupancy``) is kept running by
 the block pool, the prefix index and ``TokenTally``. ``scan_occupancy`` counts the
-same from the tables, as the cache once did on every call; ``check_invariants``
+same from the tables in O(blocks + pages); ``KVCacheManager.check_invariants``
 compares the two.
 """
 
