@@ -141,7 +141,7 @@ class CacheMachine(RuleBasedStateMachine):
     @invariant()
     def reads_back_exactly(self):
         self.cache.check_invariants()
-        assert all(r >= 0 for r in self.cache.page_ref)
+        assert all(r >= 0 for r in self.cache.pool.page_ref)
         for sid, tokens in self.model.items():
             n = len(tokens)
             assert self.cache.seqs[sid].num_tokens == n
@@ -159,7 +159,7 @@ class CacheMachine(RuleBasedStateMachine):
         self.cache.evict_all()
         self.cache.check_invariants()
         assert len(self.cache.free_blocks) == self.cache.num_blocks, "blocks leaked"
-        assert not any(self.cache.page_ref)
+        assert not any(self.cache.pool.page_ref)
 
 
 CacheMachine.TestCase.settings = settings(max_examples=60, stateful_step_count=50, deadline=None)

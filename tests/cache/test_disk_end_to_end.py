@@ -103,7 +103,7 @@ def test_a_damaged_page_is_recomputed_and_the_tokens_stay_exact(tmp_path, caplog
     cache = writer.runner.cache
     h = b""
     for i in range(3):
-        h = cache._page_hash(h, ids[i * P:(i + 1) * P])
+        h = cache.prefix.hash(h, ids[i * P:(i + 1) * P])
     path = writer.prefix_store._path(h)
     raw = bytearray(open(path, "rb").read())
     raw[-7] ^= 0xFF

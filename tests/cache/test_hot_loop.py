@@ -4,8 +4,9 @@ sequences or context tokens: shown structurally, never by timing.
 * A decode step (allocate one token by the policy, commit, the kernel view into a
   buffer) iterates none of the block or page tables, slices only a few entries of the
   sequence's own lists, and allocates no memory that grows with the context.
+* ``stats()`` (what /metrics reads) iterates none of them either.
 * The incremental counters and heaps (free page count, lowest free block per parity,
-  lowest RAND block with a free slot, locality score) equal their from-scratch values
+  lowest RAND block with a free slot, locality score, stats) equal their from-scratch values
   after thousands of random operations on a cache of many blocks, and pick the same
   blocks the scans picked.
 
@@ -58,8 +59,13 @@ def scattered(num_pages: int, num_blocks: int) -> tuple[KVCacheManager, int, int
     for sid in (doc, wall, long):
         cache.commit(sid)
     assert len(cache.spans(long)) == num_pages
-    assert len(cache.rand_free) >= num_pages // 2
+    assert len(cache.pool.rand_free) >= num_pages // 2
     return cache, long, doc
+
+
+def locality_scan(cache: KVCacheManager, seq_id: int) -> float:
+    """The locality score counted from scratch over the whole page table."""
+    return cache.view.locality_score_scan(cache.seqs[seq_id], cache.policy.locality_window)
 
 
 def decode(cache: KVCacheManager, seq_ids, step: int, buf: np.ndarray) -> None:
@@ -107,13 +113,16 @@ class Counting:
         return Wrapped
 
     def install(self, cache: KVCacheManager) -> None:
-        cache.free_blocks = self._wrap(set, "free_blocks")(cache.free_blocks)
-        cache.rand_free = self._wrap(dict, "rand_free")(cache.rand_free)
-        cache._extent_used = self._wrap(dict, "extent_used")(cache._extent_used)
-        cache.lru = self._wrap(OrderedDict, "lru")(cache.lru)
-        cache.table = self._wrap(dict, "table")(cache.table)
-        for name in ("block_state", "block_live", "page_ref", "page_hash"):
-            setattr(cache, name, self._wrap(list, name)(getattr(cache, name)))
+        pool, prefix, tally = cache.pool, cache.prefix, cache.tables.tally
+        pool.free_blocks = self._wrap(set, "free_blocks")(pool.free_blocks)
+        pool.rand_free = self._wrap(dict, "rand_free")(pool.rand_free)
+        pool.extent_used = self._wrap(dict, "extent_used")(pool.extent_used)
+        prefix.lru = self._wrap(OrderedDict, "lru")(prefix.lru)
+        prefix.table = self._wrap(dict, "table")(prefix.table)
+        tally.partial = self._wrap(dict, "partial")(tally.partial)
+        for owner, name in ((pool, "block_state"), (pool, "block_live"), (pool, "page_ref"),
+                            (prefix, "page_hash"), (tally, "full_refs")):
+            setattr(owner, name, self._wrap(list, name)(getattr(owner, name)))
         for sid, seq in cache.seqs.items():
             for name in ("pages", "tokens", "hashes", "blocks"):
                 setattr(seq, name, self._wrap(list, f"{name} of {sid}")(getattr(seq, name)))
@@ -121,15 +130,15 @@ class Counting:
 
 def test_a_decode_step_iterates_no_block_or_page_table():
     cache, long, doc = scattered(num_pages=600, num_blocks=1024)
-    calls = {"_take_block": 0, "_random_page": 0}
-    for name in calls:  # the block-choosing paths really run during the steps
-        method = getattr(cache, name)
+    calls = {"take_block": 0, "random_page": 0}
+    for owner, name in ((cache.pool, "take_block"), (cache.pages, "random_page")):
+        method = getattr(owner, name)  # the block-choosing paths really run during the steps
 
         def counted(*args, _method=method, _name=name, **kwargs):
             calls[_name] += 1
             return _method(*args, **kwargs)
 
-        setattr(cache, name, counted)
+        setattr(owner, name, counted)
     counting = Counting()
     counting.install(cache)
     buf = np.zeros((1024, 3), np.int64)
@@ -139,9 +148,22 @@ def test_a_decode_step_iterates_no_block_or_page_table():
     assert counting.iterations == {}
     # Per step and sequence: the pages added since the last fold, a page of tokens to hash.
     assert counting.sliced <= steps * 2 * (2 + P)
-    assert calls["_take_block"] >= 4 and calls["_random_page"] >= steps // P
+    assert calls["take_block"] >= 4 and calls["random_page"] >= steps // P
     assert cache.seqs[long].path is Path.RANDOM and len(cache.spans(long)) > 600  # still scattered
     cache.check_invariants()
+
+
+def test_stats_iterates_no_block_or_page_table():
+    """/metrics reads stats() under the engine lock: running counts, no walk, whatever the size."""
+    cache, long, doc = scattered(num_pages=600, num_blocks=1024)
+    decode(cache, (long, doc), 0, np.zeros((1024, 3), np.int64))
+    counting = Counting()
+    counting.install(cache)
+    for _ in range(3):
+        stats = cache.stats()
+    assert counting.iterations == {} and counting.sliced == 0
+    assert stats == cache.recount_stats()
+    assert counting.iterations  # the recount walks the tables: the wrapping sees a walk
 
 
 def test_a_decode_step_allocates_no_memory_that_grows_with_the_context():
@@ -173,7 +195,7 @@ def test_counters_and_heaps_match_a_recount_after_random_operations_on_many_bloc
     rng = np.random.default_rng(7)
     ppb = cache.pages_per_block
     picks = {"take": 0, "random": 0}
-    take_block, random_page = cache._take_block, cache._random_page
+    take_block, random_page = cache.pool.take_block, cache.pages.random_page
 
     def checked_take_block(prefer_odd=False):  # the block the scan of the old code chose
         parity = 1 if prefer_odd else 0
@@ -186,14 +208,14 @@ def test_counters_and_heaps_match_a_recount_after_random_operations_on_many_bloc
         return got
 
     def checked_random_page():
-        want = min(cache.rand_free) if cache.rand_free else None
+        want = min(cache.pool.rand_free) if cache.pool.rand_free else None
         page = random_page()
         if want is not None:
             assert page // ppb == want
             picks["random"] += 1
         return page
 
-    cache._take_block, cache._random_page = checked_take_block, checked_random_page
+    cache.pool.take_block, cache.pages.random_page = checked_take_block, checked_random_page
     live: list[int] = []
     base = [int(t) for t in rng.integers(0, 3, 64)]
     for op in range(3000):
@@ -242,15 +264,15 @@ def test_counters_and_heaps_match_a_recount_after_random_operations_on_many_bloc
 def test_locality_score_is_recounted_once_for_a_policy_with_another_window():
     cache, long, doc = scattered(num_pages=40, num_blocks=128)
     for sid in (long, doc):
-        assert cache.locality_score(sid) == cache._locality_score_scan(sid)
+        assert cache.locality_score(sid) == locality_scan(cache, sid)
     assert cache.locality_score(doc) == 1.0                 # one 16-token run >= 8
     cache.policy = PathPolicy(locality_window=32)
     assert cache.locality_score(doc) == 0.0                 # shorter than 32
-    assert cache.locality_score(doc) == cache._locality_score_scan(doc)
+    assert cache.locality_score(doc) == locality_scan(cache, doc)
     buf = np.zeros((256, 3), np.int64)
     for i in range(40):
         decode(cache, (long, doc), i, buf)
-        assert cache.locality_score(doc) == cache._locality_score_scan(doc)
-        assert cache.locality_score(long) == cache._locality_score_scan(long)
+        assert cache.locality_score(doc) == locality_scan(cache, doc)
+        assert cache.locality_score(long) == locality_scan(cache, long)
     cache.policy = PathPolicy(locality_window=8)
     cache.check_invariants()

@@ -75,15 +75,15 @@ def read(cache: KVCacheManager, seq_id: int) -> tuple[np.ndarray, np.ndarray]:
 def snapshot(cache: KVCacheManager) -> dict:
     """Every piece of bookkeeping an allocation may touch, copied."""
     return {
-        "page_ref": list(cache.page_ref),
-        "page_hash": list(cache.page_hash),
+        "page_ref": list(cache.pool.page_ref),
+        "page_hash": list(cache.prefix.page_hash),
         "free_blocks": sorted(cache.free_blocks),
-        "rand_free": {b: list(s) for b, s in cache.rand_free.items()},
-        "block_state": list(cache.block_state),
-        "block_live": list(cache.block_live),
-        "extent_used": dict(cache._extent_used),
-        "lru": list(cache.lru),
-        "table": dict(cache.table),
+        "rand_free": {b: list(s) for b, s in cache.pool.rand_free.items()},
+        "block_state": list(cache.pool.block_state),
+        "block_live": list(cache.pool.block_live),
+        "extent_used": dict(cache.pool.extent_used),
+        "lru": list(cache.prefix.lru),
+        "table": dict(cache.prefix.table),
         "seqs": {i: (list(s.pages), list(s.tokens), list(s.blocks), list(s.hashes), s.committed, s.path)
                  for i, s in cache.seqs.items()},
         "counters": (cache.evictions, cache.migrations, cache.cow_copies,
@@ -180,10 +180,10 @@ def test_prefix_hit_reuses_pages_and_bumps_refcount():
     prompt = list(range(1, 11))                             # 10 tokens
     assert begin(cache, 0, prompt, Path.HYBRID, tag=1) == 0
     assert cache.seqs[0].pages == [0, 1, 2]                 # extent on blocks 0, 1
-    assert cache.table == {cache.seqs[0].hashes[0]: 0, cache.seqs[0].hashes[1]: 1}
+    assert cache.prefix.table == {cache.seqs[0].hashes[0]: 0, cache.seqs[0].hashes[1]: 1}
     assert cache.start(1, prompt[:8] + [50, 51, 52], Path.HYBRID) == 8
     assert cache.seqs[1].pages == [0, 1]
-    assert cache.page_ref[:4] == [2, 2, 1, 0]
+    assert cache.pool.page_ref[:4] == [2, 2, 1, 0]
     assert (cache.prefix_queries, cache.prefix_hit_pages) == (1 + 2, 2)
     put(cache, 1, [50, 51, 52], Path.HYBRID, tag=2)
     assert cache.seqs[1].pages == [0, 1, 4]                 # block 1 is seq 0's: new extent on block 2
@@ -199,15 +199,15 @@ def test_prefix_hit_never_reuses_the_page_of_the_last_prompt_token():
     prompt = list(range(1, 9))                              # 8 tokens: exactly 2 pages
     begin(cache, 0, prompt, Path.RANDOM)
     assert cache.seqs[0].pages == [2, 3]
-    assert len(cache.table) == 2
+    assert len(cache.prefix.table) == 2
     # Both pages are cached, but the last token must run through the model for logits.
     assert cache.start(1, prompt, Path.RANDOM) == 4
     assert cache.seqs[1].pages == [2]
-    assert cache.page_ref[2:4] == [2, 1]
+    assert cache.pool.page_ref[2:4] == [2, 1]
     # One more token and the second page can be reused.
     assert cache.start(2, prompt + [9], Path.RANDOM) == 8
     assert cache.seqs[2].pages == [2, 3]
-    assert cache.page_ref[2:4] == [3, 2]
+    assert cache.pool.page_ref[2:4] == [3, 2]
     # A prompt of exactly one page never queries the table.
     queries = cache.prefix_queries
     assert cache.start(3, prompt[:4], Path.RANDOM) == 0
@@ -237,14 +237,14 @@ def test_forced_sequential_mode_neither_looks_up_nor_registers_pages():
     assert seq.path is Path.SEQUENTIAL
     assert seq.pages == [0, 1, 2]                           # extent on blocks 0, 1
     assert len(seq.hashes) == 2                             # hashed, but not registered
-    assert cache.table == {}
-    assert cache.page_hash == [None] * 16
+    assert cache.prefix.table == {}
+    assert cache.prefix.page_hash == [None] * 16
     assert cache.start(1, prompt, None) == 0                # same prompt: no lookup
     assert (cache.prefix_queries, cache.prefix_hit_pages) == (0, 0)
-    assert cache.page_ref[:3] == [1, 1, 1]
+    assert cache.pool.page_ref[:3] == [1, 1, 1]
     cache.free(1)
     cache.free(0)                                           # nothing registered: nothing cached
-    assert list(cache.lru) == []
+    assert list(cache.prefix.lru) == []
     assert sorted(cache.free_blocks) == list(range(8))
     cache.check_invariants()
 
@@ -254,15 +254,15 @@ def test_sequential_route_still_reuses_and_registers_prefix_pages_in_dual_mode()
     prompt = list(range(1, 10))                             # 9 tokens
     begin(cache, 0, prompt, Path.SEQUENTIAL)
     assert cache.seqs[0].pages == [0, 1, 2]
-    assert sorted(cache.table.values()) == [0, 1]           # a long document asked twice is reused
+    assert sorted(cache.prefix.table.values()) == [0, 1]           # a long document asked twice is reused
     assert cache.start(1, prompt, Path.SEQUENTIAL) == 8
     assert cache.seqs[1].pages == [0, 1]
-    assert cache.page_ref[:3] == [2, 2, 1]
+    assert cache.pool.page_ref[:3] == [2, 2, 1]
     cache.free(0)
-    assert list(cache.lru) == []                            # seq 1 still holds pages 0, 1
-    assert cache.block_state[:2] == [2, 0]                  # block 0 RAND (shared pages), block 1 FREE
+    assert list(cache.prefix.lru) == []                            # seq 1 still holds pages 0, 1
+    assert cache.pool.block_state[:2] == [2, 0]                  # block 0 RAND (shared pages), block 1 FREE
     cache.free(1)
-    assert list(cache.lru) == [1, 0]                        # free() releases the last page first
+    assert list(cache.prefix.lru) == [1, 0]                        # free() releases the last page first
     cache.check_invariants()
 
 
@@ -344,17 +344,17 @@ def test_free_caches_registered_full_pages_and_releases_the_rest():
     cache.free(0)
     # Last page first: 6 (partial, unregistered) is released, then 3, then 2 are cached,
     # so the LRU holds the prefix in reverse position order (its tail goes first).
-    assert list(cache.lru) == [3, 2]
-    assert sorted(cache.table.values()) == [2, 3]
+    assert list(cache.prefix.lru) == [3, 2]
+    assert sorted(cache.prefix.table.values()) == [2, 3]
     assert sorted(cache.free_blocks) == [0, 2, 3, 4, 5, 6, 7]  # block 3 held only page 6
-    assert cache.rand_free == {}                            # block 1 is full of cached pages
-    assert not any(cache.page_ref)
+    assert cache.pool.rand_free == {}                            # block 1 is full of cached pages
+    assert not any(cache.pool.page_ref)
     # Written but never committed: unregistered, released at once.
     cache.start(1, [], Path.RANDOM)
     assert cache.allocate(1, list(range(50, 58)), Path.RANDOM)
     assert cache.seqs[1].pages == [6, 7]
     cache.free(1)
-    assert list(cache.lru) == [3, 2]                        # unchanged: seq 1 cached nothing
+    assert list(cache.prefix.lru) == [3, 2]                        # unchanged: seq 1 cached nothing
     assert sorted(cache.free_blocks) == [0, 2, 3, 4, 5, 6, 7]
     cache.check_invariants()
 
@@ -363,10 +363,10 @@ def test_free_of_an_extent_keeps_its_cached_pages_and_frees_empty_blocks():
     cache = make_cache()
     begin(cache, 0, list(range(1, 11)), Path.HYBRID)        # extent blocks 0, 1: pages 0, 1, 2
     cache.free(0)
-    assert list(cache.lru) == [1, 0]                        # page 2 (partial) released, then 1, 0 cached
-    assert cache.block_state[:2] == [2, 0]                  # block 0 joins the random pool (RAND), 1 FREE
+    assert list(cache.prefix.lru) == [1, 0]                        # page 2 (partial) released, then 1, 0 cached
+    assert cache.pool.block_state[:2] == [2, 0]                  # block 0 joins the random pool (RAND), 1 FREE
     assert sorted(cache.free_blocks) == [1, 2, 3, 4, 5, 6, 7]
-    assert cache._extent_used == {}
+    assert cache.pool.extent_used == {}
     cache.check_invariants()
 
 
@@ -376,11 +376,11 @@ def test_evict_all_drops_every_cached_page_and_frees_their_blocks():
     begin(cache, 1, list(range(11, 19)), Path.RANDOM)       # pages 6, 7
     cache.free(0)
     cache.free(1)
-    assert list(cache.lru) == [3, 2, 7, 6]                  # by sequence freed, each last page first
+    assert list(cache.prefix.lru) == [3, 2, 7, 6]                  # by sequence freed, each last page first
     assert cache.evict_all() == 4
     assert cache.evictions == 4
-    assert list(cache.lru) == [] and cache.table == {}
-    assert cache.page_hash == [None] * 8
+    assert list(cache.prefix.lru) == [] and cache.prefix.table == {}
+    assert cache.prefix.page_hash == [None] * 8
     assert sorted(cache.free_blocks) == [0, 1, 2, 3]
     assert cache.evict_all() == 0
     cache.check_invariants()
@@ -393,7 +393,7 @@ def test_pressure_evicts_the_least_recently_freed_sequence_first_from_its_tail()
     begin(cache, 1, b, Path.RANDOM)                         # pages 6, 7
     cache.free(1)                                           # b's pages enter the LRU 7, then 6
     cache.free(0)                                           # then a's: 3, then 2
-    assert list(cache.lru) == [7, 6, 3, 2]
+    assert list(cache.prefix.lru) == [7, 6, 3, 2]
     cache.start(2, [], Path.RANDOM)
     assert cache.allocate(2, [0] * 16, Path.RANDOM)          # free blocks 0, 2 first: no eviction
     assert cache.seqs[2].pages == [0, 1, 4, 5]
@@ -405,10 +405,10 @@ def test_pressure_evicts_the_least_recently_freed_sequence_first_from_its_tail()
     for i, page in enumerate([7, 6, 3, 2]):
         assert cache.allocate(2, [0] * 4, Path.RANDOM)
         assert cache.seqs[2].pages[-1] == page
-        assert list(cache.lru) == expected_lru[i]
-        assert sorted(cache.table.values()) == sorted(expected_lru[i])
+        assert list(cache.prefix.lru) == expected_lru[i]
+        assert sorted(cache.prefix.table.values()) == sorted(expected_lru[i])
         assert cache.evictions == i + 1
-    assert cache.table == {}
+    assert cache.prefix.table == {}
     assert not cache.allocate(2, [0], Path.RANDOM)
     assert cache.start(3, b + [0], Path.RANDOM) == 0         # b's pages are gone
     cache.check_invariants()
@@ -419,17 +419,17 @@ def test_prefix_hit_takes_cached_pages_out_of_lru_and_refree_moves_them_to_the_b
     prompt = list(range(1, 13))                             # 3 full pages
     begin(cache, 0, prompt + [99], Path.RANDOM)             # pages 2, 3, 6, 7
     cache.free(0)                                           # 7 (partial) released; 6, 3, 2 cached
-    assert list(cache.lru) == [6, 3, 2]
+    assert list(cache.prefix.lru) == [6, 3, 2]
     begin(cache, 2, list(range(50, 55)), Path.RANDOM)       # page 7 (block 3's free slot), then 10
     assert cache.seqs[2].pages == [7, 10]
     cache.free(2)                                           # 10 (partial) released; 7 cached behind 2
-    assert list(cache.lru) == [6, 3, 2, 7]
+    assert list(cache.prefix.lru) == [6, 3, 2, 7]
     assert cache.start(1, prompt[:8] + [42], Path.RANDOM) == 8
     assert cache.seqs[1].pages == [2, 3]
-    assert list(cache.lru) == [6, 7]
-    assert cache.page_ref[2:4] == [1, 1]
+    assert list(cache.prefix.lru) == [6, 7]
+    assert cache.pool.page_ref[2:4] == [1, 1]
     cache.free(1)
-    assert list(cache.lru) == [6, 7, 3, 2]                  # behind page 7 now, last page first
+    assert list(cache.prefix.lru) == [6, 7, 3, 2]                  # behind page 7 now, last page first
     cache.check_invariants()
 
 
@@ -439,12 +439,12 @@ def test_a_prefix_partly_evicted_under_pressure_still_hits_its_head_pages():
     begin(cache, 0, prompt, Path.RANDOM)                    # block 1: pages 2, 3; block 0: pages 0, 1
     assert cache.seqs[0].pages == [2, 3, 0, 1]
     cache.free(0)                                           # 1 (partial) released; 0, 3, 2 cached
-    assert list(cache.lru) == [0, 3, 2]
+    assert list(cache.prefix.lru) == [0, 3, 2]
     cache.start(1, [], Path.RANDOM)
     put(cache, 1, list(range(50, 58)), Path.RANDOM)         # page 1 (free), then page 0 by evicting
     assert cache.seqs[1].pages == [1, 0]                    # the prompt's tail page, not its head
     assert cache.evictions == 1
-    assert list(cache.lru) == [3, 2]
+    assert list(cache.prefix.lru) == [3, 2]
     assert cache.start(2, prompt, Path.RANDOM) == 8         # pages 2, 3 still reachable
     assert cache.seqs[2].pages == [2, 3]
     cache.check_invariants()
@@ -460,13 +460,13 @@ def test_child_append_to_shared_partial_page_copies_it_and_leaves_parent_intact(
     parent_k, parent_v = read(cache, 0)
     cache.fork(0, 1)
     assert cache.seqs[1].pages == [2, 3]
-    assert cache.page_ref[2:4] == [2, 2]
+    assert cache.pool.page_ref[2:4] == [2, 2]
     assert spans_of(cache, 1) == [[2 * PAGE_BYTES, 6, P]]   # kernel view before the copy
     alloc = put(cache, 1, [7], Path.RANDOM, tag=2)
     assert cache.cow_copies == 1
     assert cache.seqs[1].pages == [2, 6]                    # the copy: block 3, page 6
     assert cache.seqs[0].pages == [2, 3]
-    assert (cache.page_ref[2], cache.page_ref[3], cache.page_ref[6]) == (2, 1, 1)
+    assert (cache.pool.page_ref[2], cache.pool.page_ref[3], cache.pool.page_ref[6]) == (2, 1, 1)
     assert alloc.slots.tolist() == [[6 * PAGE_BYTES, 2, P]]
     assert spans_of(cache, 0) == [[2 * PAGE_BYTES, 6, P]]
     assert spans_of(cache, 1) == [[2 * PAGE_BYTES, 4, P], [6 * PAGE_BYTES, 3, P]]
@@ -518,7 +518,7 @@ def test_parent_append_to_shared_partial_page_copies_it_into_its_extent():
     assert cache.seqs[0].pages == [0, 2]                    # grew in place into block 1
     assert cache.seqs[0].blocks == [0, 1]
     assert cache.seqs[1].pages == [0, 1]
-    assert cache.page_ref[:3] == [2, 1, 1]
+    assert cache.pool.page_ref[:3] == [2, 1, 1]
     np.testing.assert_array_equal(read(cache, 1)[0], kv_rows(1, 0, 6)[0])
     np.testing.assert_array_equal(read(cache, 0)[0][:6], kv_rows(1, 0, 6)[0])
     cache.check_invariants()
@@ -531,7 +531,7 @@ def test_append_after_shared_full_page_needs_no_copy():
     put(cache, 1, [9], Path.RANDOM)
     assert cache.cow_copies == 0
     assert cache.seqs[1].pages == [2, 3, 6]
-    assert cache.page_ref[2:4] == [2, 2]
+    assert cache.pool.page_ref[2:4] == [2, 2]
     cache.check_invariants()
 
 
@@ -639,8 +639,8 @@ def test_migrate_gathers_scattered_pages_into_one_extent_and_back_bit_exact():
     assert seq.blocks == [0, 2]
     assert spans_of(cache, 0) == [[0, 8, P], [4 * PAGE_BYTES, 1, P]]
     assert cache.migrations == 1
-    assert list(cache.lru) == [2, 6]                        # the old registered pages stay cached
-    assert cache.page_ref[7] == 0 and 7 not in cache.lru    # the partial one is released
+    assert list(cache.prefix.lru) == [2, 6]                        # the old registered pages stay cached
+    assert cache.pool.page_ref[7] == 0 and 7 not in cache.prefix.lru    # the partial one is released
     np.testing.assert_array_equal(read(cache, 0)[0], k)
     np.testing.assert_array_equal(read(cache, 0)[1], v)
 
@@ -667,7 +667,7 @@ def test_migrate_into_free_neighbouring_blocks_gives_one_span():
     assert cache.locality_score(0) == 0.0                   # runs of 4 and 6 tokens < 8
     k, v = read(cache, 0)
     cache.free(9)
-    assert list(cache.lru) == [3, 2, 1, 0]                  # its pages are cached, last first ...
+    assert list(cache.prefix.lru) == [3, 2, 1, 0]                  # its pages are cached, last first ...
     assert cache.evict_all() == 4                           # ... until evicted
     assert sorted(cache.free_blocks) == [0, 1, 2, 4, 6, 7]
     assert cache.migrate(0, Path.SEQUENTIAL) is True
@@ -727,7 +727,7 @@ def test_stats_of_a_known_layout():
     begin(cache, 1, list(range(200, 206)), Path.RANDOM)     # 6 tokens: block 1, pages 2, 3
     begin(cache, 2, list(range(300, 304)), Path.RANDOM)     # 4 tokens: block 3, page 6
     cache.free(2)                                           # page 6 cached
-    assert (cache.seqs[0].pages, cache.seqs[1].pages, list(cache.lru)) == ([0, 1], [2, 3], [6])
+    assert (cache.seqs[0].pages, cache.seqs[1].pages, list(cache.prefix.lru)) == ([0, 1], [2, 3], [6])
     s = cache.stats()
     assert s.bytes_total == 8 * 4096
     assert s.bytes_used_sequential == 2 * PAGE_BYTES
@@ -778,6 +778,51 @@ def test_stats_count_unused_extent_pages_as_fragmentation():
     assert s.bytes_used_sequential == 3 * PAGE_BYTES        # pages handed out
     assert s.bytes_free == 6 * 2 * PAGE_BYTES               # blocks 2..7; the reserved page is not free
     assert s.token_bytes_needed == 10 * 512
+
+
+def test_stats_equal_a_recount_after_every_operation_of_a_mixed_run():
+    """stats() reads running counts; recount_stats() walks the tables as stats() once did."""
+    cache = make_cache(num_blocks=12)
+    prompt = list(range(100, 110))
+
+    def agree():
+        assert cache.stats() == cache.recount_stats()
+
+    begin(cache, 0, prompt, Path.HYBRID)                    # 10 tokens in an extent
+    agree()
+    assert begin(cache, 1, prompt[:8] + [7, 7, 7], Path.RANDOM) == 8  # two shared pages
+    agree()
+    cache.fork(0, 2)                                        # shares all three pages of 0
+    agree()
+    cache.truncate(2, 6)                                    # 2 ends in 0's full page 1, half filled
+    agree()
+    # Pages of 0 and 1 (2 shared), and 1's own: 10 + 3 tokens stored; 2 adds none.
+    assert cache.stats().token_bytes_needed == (10 + 3) * 512
+    put(cache, 2, [5, 5, 5], Path.RANDOM)                   # copy-on-write of the shared page
+    agree()
+    assert cache.cow_copies == 1 and cache.stats().token_bytes_needed == (10 + 3 + 5) * 512
+    cache.fork(1, 3)
+    cache.truncate(1, 9)                                    # 1 and 3 share a last page, 1 and 2 tokens
+    agree()
+    cache.free(3)                                           # 1's shorter fill is what stays
+    agree()
+    assert cache.migrate(0, Path.RANDOM) is True and cache.migrate(1, Path.SEQUENTIAL) is True
+    agree()
+    cache.start(4, list(range(200, 230)), Path.HYBRID)      # a long prompt, preempted mid-way:
+    assert cache.allocate(4, list(range(200, 212)))         # its first chunk allocated, never committed
+    agree()
+    cache.free(4)
+    agree()
+    for sid in (0, 2):
+        cache.free(sid)
+        agree()
+    assert cache.evict_all() > 0
+    agree()
+    cache.free(1)
+    cache.evict_all()
+    agree()
+    assert cache.stats().bytes_free == cache.stats().bytes_total
+    cache.check_invariants()
 
 
 def test_prefix_hit_rate_counts_pages_queried_and_hit():
@@ -881,12 +926,12 @@ def test_freeing_everything_and_evicting_returns_every_block():
     for seq_id in [3, 0, 4, 2, 1]:
         cache.free(seq_id)
         cache.check_invariants()
-    assert cache.lru                                        # registered pages stay cached
+    assert cache.prefix.lru                                        # registered pages stay cached
     cache.evict_all()
     cache.check_invariants()
     assert sorted(cache.free_blocks) == list(range(16))
-    assert cache.block_state == [0] * 16 and cache.block_live == [0] * 16
-    assert not any(cache.page_ref)
-    assert cache.page_hash == [None] * 32
-    assert (cache.lru, cache.table, cache.rand_free, cache._extent_used, cache.seqs) == ({}, {}, {}, {}, {})
+    assert cache.pool.block_state == [0] * 16 and cache.pool.block_live == [0] * 16
+    assert not any(cache.pool.page_ref)
+    assert cache.prefix.page_hash == [None] * 32
+    assert (cache.prefix.lru, cache.prefix.table, cache.pool.rand_free, cache.pool.extent_used, cache.seqs) == ({}, {}, {}, {}, {})
     assert cache.free_page_count() == 32

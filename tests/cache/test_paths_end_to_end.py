@@ -81,7 +81,7 @@ def test_shared_300_token_prefix_is_computed_once(path_mode, kv_dtype):
     cache = llm.runner.cache
     seq = cache.seqs[gen.request.seq_id]
     # The second request holds the first request's pages for the shared prefix...
-    assert all(cache.page_ref[p] >= 1 and cache.page_hash[p] is not None for p in seq.pages[:shared_pages])
+    assert all(cache.pool.page_ref[p] >= 1 and cache.prefix.page_hash[p] is not None for p in seq.pages[:shared_pages])
     list(gen)
     second_out = gen.completion
     assert second_out.usage.cached_prompt_tokens == shared_pages * page_tokens

@@ -98,6 +98,21 @@ class StepPlan:
         return bool(self.seqs)
 
 
+@dataclass
+class _Step:
+    """One ``schedule()`` call in progress: the plan so far and what is left of the budget."""
+
+    plan: StepPlan
+    budget: float
+    """Budget tokens left (see ``attention_tokens``)."""
+    chunk: int
+    """Most prompt tokens in one chunk."""
+    taken: set[int] = field(default_factory=set)
+    """``id()`` of the requests already in the plan."""
+    weighted: bool = False
+    """Prompt chunks cost more at long context (someone is decoding in this step)."""
+
+
 class BatchScheduler:
     """Waiting and running requests over one cache (see the module docstring)."""
 
@@ -123,53 +138,62 @@ class BatchScheduler:
     def schedule(self, chunk_tokens: int) -> StepPlan:
         """The next step's work, prompt chunks of at most ``chunk_tokens`` (the power
         plan's prefill chunk). Requests the cache can never hold go to ``failed``."""
-        plan = StepPlan()
-        budget = self.max_batch_tokens
-        chunk = max(1, chunk_tokens)
-        out = plan.seqs
-        taken: set[int] = set()
-        cache = self.cache
+        step = _Step(StepPlan(), self.max_batch_tokens, max(1, chunk_tokens))
+        self._schedule_decodes(step)
+        self._schedule_prompts(step)
+        out = step.plan.seqs
+        # The runner holds max_num_seqs sequences: a plan beyond that would fail the whole step.
+        assert len(out) <= self.num_seqs() <= self.max_num_seqs, (len(out), self.num_seqs())
+        if not out and self.running:
+            self._unstick(step.plan)
+        return step.plan
 
-        def allocate(req, n, preempt_others, draft=()):
-            """Room for the request's next n tokens and the proposals ``draft``: (Allocation
-            or NoRoom, the tokens). The cache's policy picks the path (the prompt's path
-            within the prompt)."""
-            tokens = req.ids[req.computed:req.computed + n].tolist() + list(draft)
-            alloc = cache.allocate(req.seq_id, tokens)
-            while isinstance(alloc, NoRoom) and preempt_others:
-                victim = next((r for r in reversed(self.running) if id(r) not in taken and r is not req), None)
-                if victim is None:
-                    break
-                self.preempt(victim)
-                alloc = cache.allocate(req.seq_id, tokens)
-            return alloc, tokens
+    def _allocate(self, step: _Step, req: Request, n: int, preempt_others: bool,
+                  draft=()) -> tuple[Allocation | NoRoom, list[int]]:
+        """Room for the request's next n tokens and the proposals ``draft``: (Allocation
+        or NoRoom, the tokens). The cache's policy picks the path (the prompt's path
+        within the prompt). With ``preempt_others``, the newest running requests not in
+        the step yet are preempted until there is room."""
+        tokens = req.ids[req.computed:req.computed + n].tolist() + list(draft)
+        alloc = self.cache.allocate(req.seq_id, tokens)
+        while isinstance(alloc, NoRoom) and preempt_others:
+            victim = next((r for r in reversed(self.running) if id(r) not in step.taken and r is not req), None)
+            if victim is None:
+                break
+            self.preempt(victim)
+            alloc = self.cache.allocate(req.seq_id, tokens)
+        return alloc, tokens
 
-        def add(req, alloc, tokens, draft=0):
-            every_row = req.embedding or (req.prompt_logits and req.computed < len(req.prompt_ids))
-            req.computed += len(tokens) - draft  # proposals are not known tokens (yet)
-            out.append(SeqStep(req, req.seq_id, tokens, alloc, req.computed == req.n and not req.embedding,
-                               every_row, draft))
-            taken.add(id(req))
+    def _add(self, step: _Step, req: Request, alloc: Allocation, tokens: list[int], draft: int = 0) -> None:
+        """The request's ``tokens`` (the last ``draft`` of them proposals) join the step."""
+        every_row = req.embedding or (req.prompt_logits and req.computed < len(req.prompt_ids))
+        req.computed += len(tokens) - draft  # proposals are not known tokens (yet)
+        step.plan.seqs.append(SeqStep(req, req.seq_id, tokens, alloc, req.computed == req.n and not req.embedding,
+                                      every_row, draft))
+        step.taken.add(id(req))
 
-        # 1. A token for every decoding request, oldest first, with its proposals while
-        #    the budget lasts; one that finds no room preempts the newest request not yet
-        #    scheduled (or waits itself). Proposals never preempt: they are dropped first.
+    def _schedule_decodes(self, step: _Step) -> None:
+        """1. A token for every decoding request, oldest first, with its proposals while
+        the budget lasts; one that finds no room preempts the newest request not yet
+        scheduled (or waits itself). Proposals never preempt: they are dropped first."""
         for req in list(self.running):
-            if req.status is not Status.RUNNING or req.n - req.computed != 1 or budget < 1:
+            if req.status is not Status.RUNNING or req.n - req.computed != 1 or step.budget < 1:
                 continue
-            draft = req.draft[:max(0, int(budget) - 1)]
-            alloc, tokens = allocate(req, 1, not draft, draft)
+            draft = req.draft[:max(0, int(step.budget) - 1)]
+            alloc, tokens = self._allocate(step, req, 1, not draft, draft)
             if isinstance(alloc, NoRoom) and draft:
                 draft = []
-                alloc, tokens = allocate(req, 1, True)
+                alloc, tokens = self._allocate(step, req, 1, True)
             if isinstance(alloc, NoRoom):
                 self.preempt(req)
                 continue
-            add(req, alloc, tokens, len(draft))
-            budget -= len(tokens)
-        # 2. Prompt chunks: running prompts continue, waiting requests start. With nobody
-        #    decoding there is no pace to keep: chunks count plain tokens.
-        weighted = bool(out)
+            self._add(step, req, alloc, tokens, len(draft))
+            step.budget -= len(tokens)
+
+    def _schedule_prompts(self, step: _Step) -> None:
+        """2. Prompt chunks: running prompts continue, waiting requests start. With nobody
+        decoding there is no pace to keep: chunks count plain tokens."""
+        step.weighted = bool(step.plan.seqs)
         now = time.perf_counter()
         # Waiting requests are candidates only while a sequence slot is free (``running``
         # does not shrink in this phase: chunks never preempt), so a long queue behind
@@ -182,7 +206,7 @@ class BatchScheduler:
         # long document gets a slot); a running prompt is not promoted, so it never
         # holds up the short prompts behind it, and moves on with what they leave.
         def priority(r):
-            chunks = -(-(r.n - r.computed) // chunk)
+            chunks = -(-(r.n - r.computed) // step.chunk)
             if r.status is Status.WAITING:
                 chunks = max(1, chunks - int(now - r.arrival))
             return chunks, r.arrival
@@ -190,73 +214,82 @@ class BatchScheduler:
         candidates.sort(key=priority)
         held = False  # a waiting request was refused for want of sequence slots
         for req in candidates:
-            if budget < 1:
+            if step.budget < 1:
                 break
             if req.status is Status.RUNNING:
-                if id(req) in taken:
-                    continue
-                todo = req.n - req.computed
-                n, cost = self._chunk(req.computed, min(todo, chunk), budget, weighted)
-                if n < min(todo, chunk, _MIN_CHUNK):  # only a sliver of budget left
-                    continue
-                alloc, tokens = allocate(req, n, False)
-                if isinstance(alloc, NoRoom):
-                    continue  # waits for decoders to finish or be preempted
-                add(req, alloc, tokens)
-                budget -= cost
+                if id(req) not in step.taken:
+                    self._continue_prompt(step, req)
             elif held:
                 continue
             elif seqs + 1 + req.reserved_seqs > self.max_num_seqs:
                 # No slot for it and its forks: the requests behind it wait too, so that the
                 # slots that free up gather for it (else n > 1 could starve behind n = 1).
                 held = True
-            else:
-                # A certain refusal is decided before start() hashes the whole prompt (each
-                # step, while the cache is full): the admission test below needs at least one
-                # page for the prompt (its last token is never cached) plus one per running
-                # request, and start() only ever lowers the free count.
-                if cache.free_page_count() < 2 + len(self.running):
-                    continue
-                seq_id = cache.new_seq_id()
-                prompt = req.ids[:req.n].tolist()
-                cached = cache.start(seq_id, [] if req.embedding or req.prompt_logits else prompt)
-                todo = req.n - cached
-                # Admit only with room to spare: the uncached prompt's pages plus a page for
-                # every running request to grow into, or the newcomer is preempted next step.
-                if cache.free_page_count() < -(-todo // cache.page_tokens) + 1 + len(self.running):
-                    cache.free(seq_id)
-                    continue
-                n, cost = self._chunk(cached, min(todo, chunk), budget, weighted)
-                if n < min(todo, chunk, _MIN_CHUNK):
-                    cache.free(seq_id)
-                    continue
-                req.seq_id, req.computed = seq_id, cached
-                alloc, tokens = allocate(req, n, False)
-                if isinstance(alloc, NoRoom):
-                    cache.free(seq_id)
-                    req.seq_id, req.computed = None, 0
-                    continue
-                self.waiting.remove(req)
-                req.status = Status.RUNNING
-                req.path = cache.path_of(seq_id)
-                if req.cached_tokens is None:
-                    req.cached_tokens = cached
-                self.running.append(req)
+            elif self._admit(step, req):
                 seqs += 1 + req.reserved_seqs
-                add(req, alloc, tokens)
-                budget -= cost
-        # The runner holds max_num_seqs sequences: a plan beyond that would fail the whole step.
-        assert len(out) <= self.num_seqs() <= self.max_num_seqs, (len(out), self.num_seqs())
-        if not out and self.running:
-            # Nothing fits: every running request is mid-prompt and the cache is full.
-            # Let the newest go (recompute later) so the others can move on.
-            if len(self.running) > 1:
-                self.preempt(self.running[-1])
-            elif cache.evict_all() == 0:
-                req = self.running[0]
-                plan.failed.append((req, f"the KV cache ({cache.capacity_tokens} tokens) cannot hold "
-                                         f"request {req.request_id} ({req.n} tokens)"))
-        return plan
+
+    def _continue_prompt(self, step: _Step, req: Request) -> None:
+        """The next chunk of a running request's prompt, if a useful one fits the budget
+        and the cache (else it waits for decoders to finish or be preempted)."""
+        todo = req.n - req.computed
+        n, cost = self._chunk(req.computed, min(todo, step.chunk), step.budget, step.weighted)
+        if n < min(todo, step.chunk, _MIN_CHUNK):  # only a sliver of budget left
+            return
+        alloc, tokens = self._allocate(step, req, n, False)
+        if isinstance(alloc, NoRoom):
+            return
+        self._add(step, req, alloc, tokens)
+        step.budget -= cost
+
+    def _admit(self, step: _Step, req: Request) -> bool:
+        """Start a waiting request with its first prompt chunk, if the cache has room to
+        spare and a useful chunk fits the budget. True when it runs."""
+        cache = self.cache
+        # A certain refusal is decided before start() hashes the whole prompt (each
+        # step, while the cache is full): the admission test below needs at least one
+        # page for the prompt (its last token is never cached) plus one per running
+        # request, and start() only ever lowers the free count.
+        if cache.free_page_count() < 2 + len(self.running):
+            return False
+        seq_id = cache.new_seq_id()
+        prompt = req.ids[:req.n].tolist()
+        cached = cache.start(seq_id, [] if req.embedding or req.prompt_logits else prompt)
+        todo = req.n - cached
+        # Admit only with room to spare: the uncached prompt's pages plus a page for
+        # every running request to grow into, or the newcomer is preempted next step.
+        if cache.free_page_count() < -(-todo // cache.page_tokens) + 1 + len(self.running):
+            cache.free(seq_id)
+            return False
+        n, cost = self._chunk(cached, min(todo, step.chunk), step.budget, step.weighted)
+        if n < min(todo, step.chunk, _MIN_CHUNK):
+            cache.free(seq_id)
+            return False
+        req.seq_id, req.computed = seq_id, cached
+        alloc, tokens = self._allocate(step, req, n, False)
+        if isinstance(alloc, NoRoom):
+            cache.free(seq_id)
+            req.seq_id, req.computed = None, 0
+            return False
+        self.waiting.remove(req)
+        req.status = Status.RUNNING
+        req.path = cache.path_of(seq_id)
+        if req.cached_tokens is None:
+            req.cached_tokens = cached
+        self.running.append(req)
+        self._add(step, req, alloc, tokens)
+        step.budget -= cost
+        return True
+
+    def _unstick(self, plan: StepPlan) -> None:
+        """Nothing fits: every running request is mid-prompt and the cache is full. Let the
+        newest go (recompute later) so the others can move on; a lone request the cache
+        cannot hold even empty fails."""
+        if len(self.running) > 1:
+            self.preempt(self.running[-1])
+        elif self.cache.evict_all() == 0:
+            req = self.running[0]
+            plan.failed.append((req, f"the KV cache ({self.cache.capacity_tokens} tokens) cannot hold "
+                                     f"request {req.request_id} ({req.n} tokens)"))
 
     def num_seqs(self) -> int:
         """Sequence slots in use: the running requests and the forks they will start.
