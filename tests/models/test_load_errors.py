@@ -69,7 +69,7 @@ def test_empty_file_is_reported_as_empty(tmp_path, name):
 def test_empty_file_is_reported_as_empty_by_each_loader(tmp_path):
     path = write_bytes(tmp_path, "empty.gguf", b"")
     expect_load_error(load_gguf, path, "empty")
-    expect_load_error(load_llama2c, path, "truncated", "0 bytes")
+    expect_load_error(load_llama2c, path, "empty", "0 bytes")
 
 
 # --- GGUF: damaged bytes ---------------------------------------------------------------------

@@ -483,8 +483,8 @@ class _LlgVocabulary:
     """
 
     def __init__(self, tokenizer: Tokenizer, num_tokens: int):
-        plain, _ = tokenizer._decode_tables(skip_special=True)
-        special, _ = tokenizer._decode_tables(skip_special=False)
+        plain, _ = tokenizer.decode_tables(skip_special=True)
+        special, _ = tokenizer.decode_tables(skip_special=False)
         types = tokenizer.spec.token_types
         tokens: list[bytes] = []
         for token_id, text in enumerate(plain):
