@@ -6,10 +6,10 @@ Q6_K, Q4_K, Q5_K, Q3_K, Q2_K, Q5_0, Q4_1, Q5_1, IQ4_NL (the types of llama.cpp's
 Q4_K_M / Q5_K_M / Q6_K / Q3_K / Q2_K files and their fallbacks).
 
 * F32 stays a zero-copy view of the memory-mapped file.
-* F16 and BF16 are widened to F32 at load. Measured with onnxruntime 1.32 on x86-64,
-  the CPU provider runs an fp16 ``Gemm`` at about half the speed of fp32 in decode,
-  so keeping fp16 would halve memory but cost decode speed; we choose exactness and
-  speed and report the memory (``dualpath info``).
+* F16 and BF16 are widened to F32 at load: ONNX Runtime's CPU provider runs an fp16
+  ``Gemm`` slower than fp32 in decode (docs/performance.md), so keeping fp16 would halve
+  memory but cost decode speed; we choose exactness and speed and report the memory
+  (``dualpath info``).
 * Q8_0 and Q4_0 are repacked once into ``MatMulNBits`` blobs (exact: same values and
   scales, see ``spec.py``); the file's pages are not kept.
 * The other block types are repacked into ``MatMulNBits`` form by ``quants.py``, which
@@ -65,8 +65,8 @@ def _reader_class():
         def _get(self, offset, dtype, count=1, override_order=None):
             # gguf-py's _get (a typed view of `count` items at `offset`), with a bound check,
             # over a plain ndarray view of the np.memmap: slicing a memmap costs a Python-level
-            # __array_finalize__ per call, and a 32k-token vocabulary makes 130k calls (this
-            # halves the reader's time). The memmap stays reachable as `memmap` (and as the base).
+            # __array_finalize__ per call, and a large vocabulary makes a call per token and
+            # field. The memmap stays reachable as `memmap` (and as the base).
             data = self.data
             if type(data) is np.memmap:
                 self.memmap = data
@@ -366,7 +366,7 @@ def ggml_to_nbits(raw: np.ndarray, type_name: str, shape: tuple[int, int]) -> tu
     nb = cols // QUANT_BLOCK
     blob = np.empty((rows, nb, QUANT_BLOCK if type_name == "Q8_0" else QUANT_BLOCK // 2), np.uint8)
     scales = np.empty(rows * nb, np.float32)
-    repack_ggml(np.ascontiguousarray(raw).reshape(-1), type_name.lower(), blob, scales)  # C: ~1 ms per MB
+    repack_ggml(np.ascontiguousarray(raw).reshape(-1), type_name.lower(), blob, scales)
     return blob, scales
 
 

@@ -436,8 +436,8 @@ class _Writer:
             self._tied_output()
         end = -(-self.f.seek(0, os.SEEK_END) // 8) * 8  # whole words: the checksum of the last array reads its padding
         self.f.truncate(end)
-        # Not fsynced (0.5 s for 700 MB here; more on a phone): after a power loss the data
-        # the manifest describes may be missing, and its sizes and checksums catch that.
+        # Not fsynced (it would cost the load time, more on a phone): after a power loss the
+        # data the manifest describes may be missing, and its sizes and checksums catch that.
         self.f.close()
         write_json(os.path.join(self.folder, "tokenizer.json"), dataclasses.asdict(spec.tokenizer))
         tok_path = spec.metadata.get("tokenizer_path")
