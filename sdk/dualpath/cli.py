@@ -334,13 +334,24 @@ def cmd_info(args) -> int:
     print(f"runtime: threads={cfg.runtime.effective_num_threads()} prefill_chunk={cfg.runtime.prefill_chunk_tokens} "
           f"max_context={cfg.runtime.max_context_tokens or 'model'}")
     from .cache.policy import PathPolicy
-    from .platform import Governor, describe, describe_placement, load_topology, read_power_state
+    from .platform import Governor, describe, load_topology, read_power_state
 
     topology = load_topology(cfg.power.cpu_classes)
     power = read_power_state(timeout_s=cfg.power.termux_timeout_s)
     plan = Governor(topology, lambda: power, cfg).choose()
     policy = PathPolicy.from_config(d, cfg.power, plan.profile)
     print(describe(topology, power, plan, policy.summary()))
+    _print_placement(cfg, topology, power)
+    if args.model or args.hf_repo:
+        _print_model(args, d)
+    return 0
+
+
+def _print_placement(cfg, topology, power) -> None:
+    """Where the threads run: pinned as the engine pins them, on the built-in model, and
+    read back from the OS."""
+    from .platform import Governor, describe_placement
+
     if topology.uniform or not cfg.power.pin_threads:
         print("scheduling: cores are alike (or power.pin_threads is off): one unpinned session set on "
               "ONNX Runtime's shared pool; nothing is pinned, so there is no placement to verify")
@@ -360,38 +371,41 @@ def cmd_info(args) -> int:
         else:
             print(describe_placement(gov.placement) if gov.placement is not None
                   else "placement: not verified (/proc could not be read)")
-    if args.model or args.hf_repo:
-        from .models import load_model
 
-        spec = load_model(_model_path(args), args.tokenizer)
-        m = spec.config
-        print(f"model: {spec.path}  format={spec.format}  name={spec.metadata.get('name', '')!r}")
-        print(f"  arch={m.arch} dim={m.dim} hidden_dim={m.hidden_dim} layers={m.num_layers} heads={m.num_heads} "
-              f"kv_heads={m.num_kv_heads} head_dim={m.head_dim} vocab={m.vocab_size} context={m.context_length}")
-        print(f"  rope_theta={m.rope_theta:g} rms_eps={m.rms_eps:g} tied_output={m.tied_output}")
-        from .kernels import kv_tile_bytes
 
-        if d.kv_dtype != "q8" or m.head_dim % 2 == 0:
-            per_token = kv_tile_bytes(d.kv_dtype, m.num_kv_heads, m.head_dim, 1) * m.num_layers
-            f16 = kv_tile_bytes("f16", m.num_kv_heads, m.head_dim, 1) * m.num_layers
-            print(f"  kv cache: {per_token:,} bytes per token, all layers, in {d.kv_dtype} "
-                  f"({per_token / f16:.0%} of f16)")
-        else:
-            print(f"  kv cache: kv_dtype=q8 needs an even head_dim (this model's is {m.head_dim}): loading fails")
-        diffs = m.differences()
-        print(f"  family differences: {' '.join(f'{k}={v:g}' if isinstance(v, float) else f'{k}={v}' for k, v in diffs.items()) or 'none (plain Llama)'}")
-        print(f"  file tensor types: {', '.join(spec.metadata.get('tensor_types', []))}")
-        types = ", ".join(f"{k}: {v / 2**20:.1f} MiB" for k, v in spec.weight_types().items())
-        print(f"  weights in memory: {spec.weight_bytes / 2**20:.1f} MiB ({types})")
-        print(f"  tokenizer: {spec.tokenizer.model}, {spec.tokenizer.vocab_size} tokens, "
-              f"chat template: {'yes' if spec.tokenizer.chat_template else 'no'}")
-    return 0
+def _print_model(args, d) -> None:
+    """``dualpath info -m FILE``: the model's hyper-parameters, and its KV cache under ``d``."""
+    from .models import load_model
+
+    spec = load_model(_model_path(args), args.tokenizer)
+    m = spec.config
+    print(f"model: {spec.path}  format={spec.format}  name={spec.metadata.get('name', '')!r}")
+    print(f"  arch={m.arch} dim={m.dim} hidden_dim={m.hidden_dim} layers={m.num_layers} heads={m.num_heads} "
+          f"kv_heads={m.num_kv_heads} head_dim={m.head_dim} vocab={m.vocab_size} context={m.context_length}")
+    print(f"  rope_theta={m.rope_theta:g} rms_eps={m.rms_eps:g} tied_output={m.tied_output}")
+    from .errors import ConfigError
+    from .kernels import kv_tile_bytes
+
+    try:
+        d.check_head_dim(m.head_dim)
+    except ConfigError as e:
+        print(f"  kv cache: {e} (loading fails)")
+    else:
+        per_token = kv_tile_bytes(d.kv_dtype, m.num_kv_heads, m.head_dim, 1) * m.num_layers
+        f16 = kv_tile_bytes("f16", m.num_kv_heads, m.head_dim, 1) * m.num_layers
+        print(f"  kv cache: {per_token:,} bytes per token, all layers, in {d.kv_dtype} "
+              f"({per_token / f16:.0%} of f16)")
+    diffs = m.differences()
+    print(f"  family differences: {' '.join(f'{k}={v:g}' if isinstance(v, float) else f'{k}={v}' for k, v in diffs.items()) or 'none (plain Llama)'}")
+    print(f"  file tensor types: {', '.join(spec.metadata.get('tensor_types', []))}")
+    types = ", ".join(f"{k}: {v / 2**20:.1f} MiB" for k, v in spec.weight_types().items())
+    print(f"  weights in memory: {spec.weight_bytes / 2**20:.1f} MiB ({types})")
+    print(f"  tokenizer: {spec.tokenizer.model}, {spec.tokenizer.vocab_size} tokens, "
+          f"chat template: {'yes' if spec.tokenizer.chat_template else 'no'}")
 
 
 def cmd_synth(args) -> int:
-    from .models.synth import synth_gguf
-
-    from .models.synth import preset_for
+    from .models.synth import preset_for, synth_gguf
 
     t0 = time.perf_counter()
     try:
@@ -461,20 +475,11 @@ def cmd_serve(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from .models.synth import LLAMA_CPP_TYPES, PRESETS, TYPES
+    from .config import CHAT_TEMPLATES, SPECULATIVE_MODES
 
     p = argparse.ArgumentParser(prog="dualpath", description="On-device LLM inference on the CPU.")
     p.add_argument("-v", "--verbose", action="store_true", help="log what the library does")
     sub = p.add_subparsers(dest="command", required=True)
-
-    def model_args(sp):
-        which = sp.add_mutually_exclusive_group()
-        which.add_argument("-m", "--model", help="a .gguf file, a llama2.c .bin, or synth:PRESET (random weights, "
-                           "real shapes; presets as for synth). Default: the built-in stories260K.gguf")
-        which.add_argument("-hf", "--hf-repo", metavar="REPO[:QUANT]", help="a GGUF from the Hugging Face Hub, e.g. "
-                           "bartowski/Llama-3.2-1B-Instruct-GGUF:Q4_K_M (default quant Q4_K_M; REPO:FILE.gguf "
-                           "names a file; cached by huggingface_hub, HF_HUB_OFFLINE=1 to use the cache only)")
-        sp.add_argument("--tokenizer", help="tokenizer for a llama2.c checkpoint (default: tok<vocab>.bin beside it)")
 
     def config_args(sp):
         sp.add_argument("-c", "--config", help="YAML config file (see configs/default.yaml)")
@@ -483,9 +488,9 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("--ctx-size", type=int, help="context window in tokens (runtime.max_context_tokens)")
         sp.add_argument("--kv-dtype", choices=["f16", "f32", "q8"], help="KV cache element type "
                         "(dualpath_config.kv_dtype; q8 = int8 + an f32 scale per token and KV head)")
-        sp.add_argument("--chat-template", choices=["chatml", "llama3", "gemma", "phi3"],
+        sp.add_argument("--chat-template", choices=CHAT_TEMPLATES,
                         help="a built-in chat template instead of the model's (runtime.chat_template)")
-        sp.add_argument("--speculative", choices=["off", "ngram", "draft"], help="speculative decoding "
+        sp.add_argument("--speculative", choices=SPECULATIVE_MODES, help="speculative decoding "
                         "(runtime.speculative): ngram proposes tokens from the request's own text, draft from "
                         "--draft-model; same output, faster where the proposals are right")
         sp.add_argument("--draft-model", help="a smaller GGUF with the same vocabulary (runtime.draft_model; "
@@ -495,14 +500,6 @@ def build_parser() -> argparse.ArgumentParser:
                           "restarted process reuses a prefix it saw (prefix_cache.dir; on by default in serve)")
         disk.add_argument("--no-prefix-cache", action="store_true", help="no prefix pages on disk "
                           "(prefix_cache.use: never)")
-
-    def sampling_args(sp, temperature: float):
-        sp.add_argument("--temperature", type=float, default=temperature)
-        sp.add_argument("--top-k", type=int, default=40)
-        sp.add_argument("--top-p", type=float, default=0.95)
-        sp.add_argument("--min-p", type=float, default=0.05)
-        sp.add_argument("--repeat-penalty", type=float, default=1.0)
-        sp.add_argument("--seed", type=int)
 
     r = sub.add_parser("run", help="generate text from a prompt, streamed to stdout")
     model_args(r)
@@ -526,6 +523,55 @@ def build_parser() -> argparse.ArgumentParser:
     sampling_args(ch, temperature=0.7)
     ch.set_defaults(func=cmd_chat)
 
+    _add_cache_parser(sub)
+
+    t = sub.add_parser("tokenize", help="print the token ids of a text")
+    model_args(t)
+    t.add_argument("text")
+    t.add_argument("--no-bos", action="store_true")
+    t.add_argument("--ids-only", action="store_true", help="print a JSON list of ids")
+    t.set_defaults(func=cmd_tokenize)
+
+    i = sub.add_parser("info", help="versions, CPU features, kernels, and a model's hyper-parameters")
+    model_args(i)
+    config_args(i)
+    i.set_defaults(func=cmd_info)
+
+    _add_synth_parser(sub)
+
+    sv = sub.add_parser("serve", help="an OpenAI-compatible HTTP server (needs the [server] extra)")
+    model_args(sv)
+    config_args(sv)
+    _serve_options(sv)
+
+    from .bench import add_bench_parser
+
+    add_bench_parser(sub)
+    return p
+
+
+def model_args(sp) -> None:
+    """Which model: ``-m FILE`` or ``-hf REPO``, and a llama2.c checkpoint's tokenizer."""
+    which = sp.add_mutually_exclusive_group()
+    which.add_argument("-m", "--model", help="a .gguf file, a llama2.c .bin, or synth:PRESET (random weights, "
+                       "real shapes; presets as for synth). Default: the built-in stories260K.gguf")
+    which.add_argument("-hf", "--hf-repo", metavar="REPO[:QUANT]", help="a GGUF from the Hugging Face Hub, e.g. "
+                       "bartowski/Llama-3.2-1B-Instruct-GGUF:Q4_K_M (default quant Q4_K_M; REPO:FILE.gguf "
+                       "names a file; cached by huggingface_hub, HF_HUB_OFFLINE=1 to use the cache only)")
+    sp.add_argument("--tokenizer", help="tokenizer for a llama2.c checkpoint (default: tok<vocab>.bin beside it)")
+
+
+def sampling_args(sp, temperature: float) -> None:
+    """The sampling options of ``run`` and ``chat`` (``SamplingParams``, built by ``_sampling``)."""
+    sp.add_argument("--temperature", type=float, default=temperature)
+    sp.add_argument("--top-k", type=int, default=40)
+    sp.add_argument("--top-p", type=float, default=0.95)
+    sp.add_argument("--min-p", type=float, default=0.05)
+    sp.add_argument("--repeat-penalty", type=float, default=1.0)
+    sp.add_argument("--seed", type=int)
+
+
+def _add_cache_parser(sub) -> None:
     c = sub.add_parser("cache", help="the converted-model cache and the prefix pages on disk: list, remove, prune")
     c.add_argument("--dir", help="the cache folder (default: model_cache.dir, $DUALPATH_CACHE_DIR or ~/.cache/dualpath/models)")
     c.add_argument("--prefix-dir", help="the prefix pages' folder (default: prefix_cache.dir or ~/.cache/dualpath/prefix)")
@@ -540,17 +586,9 @@ def build_parser() -> argparse.ArgumentParser:
                      "removed first (default: prefix_cache.max_size_gb)")
     c.set_defaults(func=cmd_cache)
 
-    t = sub.add_parser("tokenize", help="print the token ids of a text")
-    model_args(t)
-    t.add_argument("text")
-    t.add_argument("--no-bos", action="store_true")
-    t.add_argument("--ids-only", action="store_true", help="print a JSON list of ids")
-    t.set_defaults(func=cmd_tokenize)
 
-    i = sub.add_parser("info", help="versions, CPU features, kernels, and a model's hyper-parameters")
-    model_args(i)
-    config_args(i)
-    i.set_defaults(func=cmd_info)
+def _add_synth_parser(sub) -> None:
+    from .models.synth import LLAMA_CPP_TYPES, PRESETS, TYPES
 
     s = sub.add_parser("synth", help="write a GGUF with random weights and real shapes (for benchmarks)")
     s.add_argument("--preset", choices=list(PRESETS),
@@ -564,9 +602,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("-o", "--out", required=True)
     s.set_defaults(func=cmd_synth)
 
-    sv = sub.add_parser("serve", help="an OpenAI-compatible HTTP server (needs the [server] extra)")
-    model_args(sv)
-    config_args(sv)
+
+def _serve_options(sv) -> None:
+    """``serve``'s own options, after the model and config ones."""
     sv.add_argument("--host", help="bind address (server.host, default 127.0.0.1: loopback only)")
     sv.add_argument("--port", type=int, help="TCP port (server.port, default 8080)")
     sv.add_argument("--alias", help="the model id /v1/models lists and responses carry (server.model_name; "
@@ -576,11 +614,6 @@ def build_parser() -> argparse.ArgumentParser:
                                       "env DUALPATH_API_KEY)", default=os.environ.get("DUALPATH_API_KEY"))
     sv.add_argument("--no-webui", action="store_true", help="no chat page at / (server.webui: false)")
     sv.set_defaults(func=cmd_serve)
-
-    from .bench import add_bench_parser
-
-    add_bench_parser(sub)
-    return p
 
 
 def main(argv=None) -> int:

@@ -168,10 +168,33 @@ class DualPathConfig(_Section):
     numa_node: int = _int(-1, -1, 63)
     """NUMA node the arena is bound to (mbind before first touch); -1 = no binding."""
 
+    def check_head_dim(self, head_dim: int) -> None:
+        """Raise ConfigError when ``kv_dtype`` cannot cache heads of ``head_dim`` values: q8
+        keeps each token's f32 scales after its int8 values, 4-byte aligned only when
+        head_dim is even (the arena's C code refuses the rest)."""
+        if self.kv_dtype == "q8" and head_dim % 2:
+            raise ConfigError(f"dualpath_config.kv_dtype=q8 needs an even head_dim; this model's is "
+                              f"{head_dim}: use f16 or f32")
+
+    def pages_per_block(self, page_bytes: int) -> int:
+        """KV pages of ``page_bytes`` (one layer's K and V of ``page_tokens`` tokens) in a block;
+        ConfigError when not even one fits, since a page never straddles two blocks."""
+        if page_bytes > self.block_size:
+            raise ConfigError(f"dualpath_config.block_size={self.block_size} cannot hold one page of "
+                              f"page_tokens={self.page_tokens} tokens of this model ({page_bytes} bytes); "
+                              "raise block_size or lower page_tokens")
+        return self.block_size // page_bytes
+
 
 ORT_THREAD_POOLS = ("shared", "per_part")
-SPECULATIVE_MODES = ("off", "ngram", "draft")
 """``runtime.ort_thread_pools`` choices: see RuntimeConfig."""
+SPECULATIVE_MODES = ("off", "ngram", "draft")
+"""``runtime.speculative`` choices: see RuntimeConfig."""
+CHAT_TEMPLATES = ("chatml", "llama3", "gemma", "phi3")
+"""The built-in chat templates' names (``runtime.chat_template``, ``--chat-template``), in
+the order messages list them. Their Jinja sources are tokenizer/chat_templates.py's
+``BUILTIN``, keyed by these names; the list lives here because the config, the lowest
+layer, validates the setting."""
 
 
 @dataclass(frozen=True)
@@ -211,8 +234,8 @@ class RuntimeConfig(_Section):
     kv_cache_tokens: int = _int(0, 0, allowed="an integer: 0 (twice the context) or >= 1")
     """Tokens the KV cache holds, all requests together (at least one full context);
     0 = twice the context window. When it is full the engine preempts (recompute)."""
-    chat_template: str = setting("", str, lambda v: v == "" or v in ("chatml", "llama3", "gemma", "phi3"),
-                                 "'' (the model's own) or one of chatml, llama3, gemma, phi3")
+    chat_template: str = setting("", str, lambda v: v == "" or v in CHAT_TEMPLATES,
+                                 f"'' (the model's own) or one of {', '.join(CHAT_TEMPLATES)}")
     """A built-in chat template used instead of the model file's (tokenizer/chat_templates.py)."""
     speculative: str = _choice("off", str, SPECULATIVE_MODES)
     """Speculative decoding: ``ngram`` proposes a request's next tokens from its own text

@@ -7,7 +7,7 @@ import pytest
 
 import dualpath
 from dualpath.tokenizer.chat_templates import BUILTIN
-from dualpath.config import RuntimeConfig
+from dualpath.config import CHAT_TEMPLATES, RuntimeConfig
 from dualpath.errors import ConfigError
 
 MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi there"},
@@ -29,11 +29,23 @@ EXPECTED = {
 
 
 def test_the_config_names_exactly_the_built_in_templates():
+    assert tuple(BUILTIN) == CHAT_TEMPLATES  # the one list of names, in the same order
     for name in BUILTIN:
         assert RuntimeConfig(chat_template=name).chat_template == name
     with pytest.raises(ConfigError, match="chatml, llama3, gemma, phi3"):
         RuntimeConfig(chat_template="vicuna")
     assert set(EXPECTED) == set(BUILTIN)
+
+
+def test_the_cli_offers_exactly_the_built_in_templates(capsys):
+    from dualpath.cli import build_parser
+
+    for name in CHAT_TEMPLATES:
+        assert build_parser().parse_args(["run", "--chat-template", name]).chat_template == name
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["run", "--chat-template", "vicuna"])
+    err = capsys.readouterr().err
+    assert "invalid choice" in err and all(name in err for name in CHAT_TEMPLATES)
 
 
 @pytest.mark.parametrize("name", sorted(BUILTIN))

@@ -69,7 +69,7 @@ def test_empty_file_is_reported_as_empty(tmp_path, name):
 def test_empty_file_is_reported_as_empty_by_each_loader(tmp_path):
     path = write_bytes(tmp_path, "empty.gguf", b"")
     expect_load_error(load_gguf, path, "empty")
-    expect_load_error(load_llama2c, path, "truncated", "0 bytes")
+    expect_load_error(load_llama2c, path, "empty", "0 bytes")
 
 
 # --- GGUF: damaged bytes ---------------------------------------------------------------------
@@ -108,6 +108,18 @@ def test_short_file_with_wrong_magic_is_not_a_gguf_file(tmp_path):
     path = write_bytes(tmp_path, "tiny.gguf", b"GG")
     expect_load_error(load_model, path, "not a GGUF file")
     expect_load_error(load_gguf, path, "not a GGUF file")
+
+
+def test_each_file_rule_has_one_message_whichever_loader_checks_it(tmp_path, gguf_path):
+    """models/files.py holds the checks every loader shares: the same words from each."""
+    folder = tmp_path / "model.gguf"
+    folder.mkdir()
+    empty = write_bytes(tmp_path, "empty.bin", b"")
+    for path in (folder, tmp_path / "nope.gguf", empty):
+        assert len({expect_load_error(load, path).problem for load in (load_model, load_gguf, load_llama2c)}) == 1
+    wrong = write_bytes(tmp_path, "wrong.gguf", b"GGUX" + gguf_path.read_bytes()[4:])
+    for load in (load_model, load_gguf):
+        assert expect_load_error(load, wrong).problem == "not a GGUF file (magic b'GGUX', expected b'GGUF')"
 
 
 @pytest.mark.parametrize("version", [0, 1, 4, 0xFFFF])

@@ -6,6 +6,7 @@ import os
 from typing import Callable
 
 from ..errors import ModelLoadError
+from .files import GGUF_MAGIC, check_model_file
 from .spec import ModelConfig, ModelSpec, Weight
 
 
@@ -51,24 +52,6 @@ def resolve_model(name: str | os.PathLike | None, hf_repo: str | None = None) ->
     return name, ""
 
 
-def check_model_file(path: str) -> bytes:
-    """The first 4 bytes of ``path``, after the checks every format shares."""
-    if os.path.isdir(path):
-        raise ModelLoadError(path, "is a folder; Hugging Face folders are not supported yet (pass a .gguf or llama2.c .bin)")
-    if not os.path.isfile(path):
-        raise ModelLoadError(path, "no such file")
-    if os.path.getsize(path) == 0:
-        raise ModelLoadError(path, "empty file (0 bytes), not a model")
-    try:
-        with open(path, "rb") as f:
-            magic = f.read(4)
-    except OSError as e:
-        raise ModelLoadError(path, f"cannot read: {e.strerror or e}") from e
-    if magic != b"GGUF" and path.endswith(".gguf"):
-        raise ModelLoadError(path, f"not a GGUF file (magic {magic!r}, expected b'GGUF')")
-    return magic
-
-
 def load_model(path: str | os.PathLike, tokenizer_path: str | os.PathLike | None = None,
                sink: Callable[[Weight, int], Weight] | None = None) -> ModelSpec:
     """Load a GGUF file or a llama2.c checkpoint (chosen by content, not by name),
@@ -79,7 +62,7 @@ def load_model(path: str | os.PathLike, tokenizer_path: str | os.PathLike | None
     from .llama2c import load_llama2c
 
     path = os.fspath(path)
-    if check_model_file(path) == b"GGUF":
+    if check_model_file(path) == GGUF_MAGIC:
         return load_gguf(path, sink)
     return load_llama2c(path, tokenizer_path, sink)
 

@@ -6,10 +6,10 @@ Q6_K, Q4_K, Q5_K, Q3_K, Q2_K, Q5_0, Q4_1, Q5_1, IQ4_NL (the types of llama.cpp's
 Q4_K_M / Q5_K_M / Q6_K / Q3_K / Q2_K files and their fallbacks).
 
 * F32 stays a zero-copy view of the memory-mapped file.
-* F16 and BF16 are widened to F32 at load. Measured with onnxruntime 1.32 on x86-64,
-  the CPU provider runs an fp16 ``Gemm`` at about half the speed of fp32 in decode,
-  so keeping fp16 would halve memory but cost decode speed; we choose exactness and
-  speed and report the memory (``dualpath info``).
+* F16 and BF16 are widened to F32 at load: ONNX Runtime's CPU provider runs an fp16
+  ``Gemm`` slower than fp32 in decode (docs/performance.md), so keeping fp16 would halve
+  memory but cost decode speed; we choose exactness and speed and report the memory
+  (``dualpath info``).
 * Q8_0 and Q4_0 are repacked once into ``MatMulNBits`` blobs (exact: same values and
   scales, see ``spec.py``); the file's pages are not kept.
 * The other block types are repacked into ``MatMulNBits`` form by ``quants.py``, which
@@ -34,6 +34,7 @@ from ..errors import ModelLoadError
 from ..tokenizer.spec import TokenizerSpec, default_add_bos
 from . import quants
 from .families import family
+from .files import check_gguf_file, mapped_memmap
 from .spec import QUANT_BLOCK, ModelConfig, ModelSpec, Weight, check_config, check_weights
 
 log = logging.getLogger(__name__)
@@ -64,8 +65,8 @@ def _reader_class():
         def _get(self, offset, dtype, count=1, override_order=None):
             # gguf-py's _get (a typed view of `count` items at `offset`), with a bound check,
             # over a plain ndarray view of the np.memmap: slicing a memmap costs a Python-level
-            # __array_finalize__ per call, and a 32k-token vocabulary makes 130k calls (this
-            # halves the reader's time). The memmap stays reachable as `memmap` (and as the base).
+            # __array_finalize__ per call, and a large vocabulary makes a call per token and
+            # field. The memmap stays reachable as `memmap` (and as the base).
             data = self.data
             if type(data) is np.memmap:
                 self.memmap = data
@@ -124,36 +125,56 @@ def _check_tensor_offsets(path: str, reader) -> None:
 def load_gguf(path: str | os.PathLike, sink=None) -> ModelSpec:
     """Read a GGUF file into a ModelSpec. Every problem raises ``ModelLoadError``.
     ``sink``: see ``load_model``."""
-    import gguf
-
     path = os.fspath(path)
-    if os.path.isdir(path):
-        raise ModelLoadError(path, "is a folder, not a GGUF file")
-    if not os.path.isfile(path):
-        raise ModelLoadError(path, "no such file")
-    try:
-        with open(path, "rb") as f:
-            magic = f.read(4)
-    except OSError as e:
-        raise ModelLoadError(path, f"cannot read: {e.strerror}") from e
-    if not magic:
-        raise ModelLoadError(path, "empty file (0 bytes), not a GGUF file")
-    if magic != b"GGUF":
-        raise ModelLoadError(path, f"not a GGUF file (magic {magic!r}, expected b'GGUF')")
+    check_gguf_file(path)
+    reader = _open_reader(path)
+    meta = _Metadata(path, reader)
+    fam = family(path, meta.get("general.architecture"))
+    a = fam.name  # GGUF keys are prefixed with the architecture
+    tensors = {t.name: t for t in reader.tensors}
+    _check_tensor_offsets(path, reader)
+    cfg = _model_config(path, meta, fam, tensors)
+    weights = _convert_weights(path, reader, tensors, sink)
+    check_weights(path, cfg, weights)
+
+    tok = _tokenizer_spec(path, meta, cfg.vocab_size)
+    file_type = meta.get("general.file_type")
+    metadata = {
+        "name": meta.get("general.name", ""),
+        "file_type": _FILE_TYPES.get(file_type, str(file_type)) if file_type is not None else "",
+        "tensor_types": sorted({t.tensor_type.name for t in tensors.values()}),
+        # llama.cpp's pooling types (1 mean, 2 cls, 3 last) for embeddings; mean when absent
+        "pooling": {1: "mean", 2: "cls", 3: "last"}.get(meta.get_int(f"{a}.pooling_type", 1), "mean"),
+    }
+    header_bytes = int(reader.data_offset)
+    del reader, tensors, meta
+    gc.collect()  # the reader's memory map is released once nothing views it
+    return ModelSpec(
+        path=path,
+        format="gguf",
+        config=cfg,
+        tokenizer=tok,
+        weights=weights,
+        metadata=metadata,
+        header_bytes=header_bytes,
+    )
+
+
+def _open_reader(path: str):
+    """The checked ``gguf.GGUFReader`` of ``path``; whatever the reader raises becomes a ModelLoadError."""
     _Reader = _reader_class()
     try:
-        reader = _Reader(path, "r")
+        return _Reader(path, "r")
     except _UnknownTensorType as e:
         raise ModelLoadError(path, f"tensor {e.name!r} has unknown type code {e.code} (not a GGML type this "
                                    f"gguf package knows; supported: {', '.join(SUPPORTED_TYPES)})") from None
     except Exception as e:  # the reader raises ValueError, IndexError, struct errors ...
         raise ModelLoadError(path, f"corrupt or truncated GGUF: {type(e).__name__}: {e}") from e
 
-    meta = _Metadata(path, reader)
-    fam = family(path, meta.get("general.architecture"))
-    a = fam.name  # GGUF keys are prefixed with the architecture
-    tensors = {t.name: t for t in reader.tensors}
-    _check_tensor_offsets(path, reader)
+
+def _model_config(path: str, meta: _Metadata, fam, tensors: dict) -> ModelConfig:
+    """The checked hyper-parameters: the keys every family has, then ``fam``'s own."""
+    a = fam.name
     dim = meta.require_int(f"{a}.embedding_length")
     num_heads = meta.require_int(f"{a}.attention.head_count")
     if f"{a}.attention.key_length" not in meta.fields and num_heads > 0 and dim % num_heads:
@@ -192,10 +213,17 @@ def load_gguf(path: str | os.PathLike, sink=None) -> ModelSpec:
     if cfg.num_layers > len(tensors):  # else check_weights lists billions of expected names first
         raise ModelLoadError(path, f"{a}.block_count={cfg.num_layers} but the file holds only {len(tensors)} "
                                    "tensors (at least one per layer)")
+    return cfg
 
-    # Zero copy pays when the file is mostly F32. When it is mostly converted weights
-    # (quantized or F16), the few F32 views (norms) would pin the whole mapping, whose
-    # pages the conversion touched: copy them so the mapping is released.
+
+def _convert_weights(path: str, reader, tensors: dict, sink) -> dict[str, Weight]:
+    """Every ``.weight``/``.bias`` tensor as a Weight, each handed to ``sink`` once converted.
+
+    Zero copy pays when the file is mostly F32. When it is mostly converted weights
+    (quantized or F16), the few F32 views (norms) would pin the whole mapping, whose
+    pages the conversion touched: copy them so the mapping is released."""
+    import gguf
+
     f32_bytes = sum(int(t.n_bytes) for t in tensors.values() if t.tensor_type == gguf.GGMLQuantizationType.F32)
     keep_views = f32_bytes >= 0.05 * os.path.getsize(path)
     weights: dict[str, Weight] = {}
@@ -211,35 +239,14 @@ def load_gguf(path: str | os.PathLike, sink=None) -> ModelSpec:
                 if not view:
                     _drop_source_pages(reader.memmap, int(t.data_offset), int(t.n_bytes))
             weights[key] = w
-    check_weights(path, cfg, weights)
-
-    tok = _tokenizer_spec(path, meta, cfg.vocab_size)
-    file_type = meta.get("general.file_type")
-    metadata = {
-        "name": meta.get("general.name", ""),
-        "file_type": _FILE_TYPES.get(file_type, str(file_type)) if file_type is not None else "",
-        "tensor_types": sorted({t.tensor_type.name for t in tensors.values()}),
-        # llama.cpp's pooling types (1 mean, 2 cls, 3 last) for embeddings; mean when absent
-        "pooling": {1: "mean", 2: "cls", 3: "last"}.get(meta.get_int(f"{a}.pooling_type", 1), "mean"),
-    }
-    header_bytes = int(reader.data_offset)
-    del reader, tensors, meta
-    gc.collect()  # the reader's memory map is released once nothing views it
-    return ModelSpec(
-        path=path,
-        format="gguf",
-        config=cfg,
-        tokenizer=tok,
-        weights=weights,
-        metadata=metadata,
-        header_bytes=header_bytes,
-    )
+    return weights
 
 
 def _drop_source_pages(data: np.memmap, offset: int, nbytes: int) -> None:
     """Forget the resident pages of a tensor just converted (streaming into a cache
     entry): the file's mapping then never holds more than one tensor's pages."""
-    m = getattr(data, "_mmap", None)
+    owner = mapped_memmap(data)
+    m = None if owner is None else owner.base
     if m is None or not hasattr(m, "madvise"):
         return
     lo = -(-offset // mmap.PAGESIZE) * mmap.PAGESIZE
@@ -359,7 +366,7 @@ def ggml_to_nbits(raw: np.ndarray, type_name: str, shape: tuple[int, int]) -> tu
     nb = cols // QUANT_BLOCK
     blob = np.empty((rows, nb, QUANT_BLOCK if type_name == "Q8_0" else QUANT_BLOCK // 2), np.uint8)
     scales = np.empty(rows * nb, np.float32)
-    repack_ggml(np.ascontiguousarray(raw).reshape(-1), type_name.lower(), blob, scales)  # C: ~1 ms per MB
+    repack_ggml(np.ascontiguousarray(raw).reshape(-1), type_name.lower(), blob, scales)
     return blob, scales
 
 

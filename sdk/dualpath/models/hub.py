@@ -266,8 +266,8 @@ def _list_files(repo_id: str, quant: str | None, revision: str | None, cache_dir
         from huggingface_hub import model_info
 
         # model_info, not list_repo_files: one request (its siblings are every file), where
-        # list_repo_files pages through the tree with 5 retries, ~23 s of backoff when the
-        # network is down before the cache is even looked at.
+        # list_repo_files pages through the tree with retries, whose backoff keeps a user
+        # waiting when the network is down before the cache is even looked at.
         try:
             info = model_info(repo_id, revision=revision, timeout=_LIST_TIMEOUT_S)
             return [s.rfilename for s in info.siblings or ()], None, "hub"

@@ -24,6 +24,7 @@ import struct
 import numpy as np
 
 from ..errors import ModelLoadError
+from .files import read_magic
 from .spec import ModelConfig, ModelSpec, Weight, check_config, check_weights
 
 MAGIC_V1 = 0x616B3432  # "ak42"
@@ -34,11 +35,38 @@ def load_llama2c(path: str | os.PathLike, tokenizer_path: str | os.PathLike | No
     from ..tokenizer import load_llama2c_tokenizer
 
     path = os.fspath(path)
-    if os.path.isdir(path):
-        raise ModelLoadError(path, "is a folder, not a llama2.c checkpoint")
-    if not os.path.isfile(path):
-        raise ModelLoadError(path, "no such file")
+    read_magic(path)
     size = os.path.getsize(path)
+    cfg, version, offset = _read_header(path)
+    order = _layout(cfg, version)
+    num_floats = sum(math.prod(s) for _, s in order)  # Python ints: np.prod wraps around past 2**63
+    expected = offset + 4 * num_floats
+    if size < expected:
+        raise ModelLoadError(path, f"truncated: {size} bytes, the header (dim={cfg.dim}, n_layers={cfg.num_layers}, "
+                                   f"vocab={cfg.vocab_size}) needs {expected}")
+    if size > expected:
+        raise ModelLoadError(path, f"{size - expected} unexpected trailing bytes after {expected}: "
+                                   "wrong header or an unsupported llama2.c export version")
+    flat = np.memmap(path, dtype="<f4", mode="r", offset=offset, shape=(num_floats,))
+    arrays = {}
+    pos = 0
+    for name, shape in order:
+        n = math.prod(shape)
+        arrays[name] = flat[pos:pos + n].reshape(shape)
+        pos += n
+    weights = _weights(arrays, cfg, sink)
+    check_weights(path, cfg, weights)
+
+    tok_path = _find_tokenizer(path, tokenizer_path, cfg.vocab_size)
+    tok = load_llama2c_tokenizer(tok_path, vocab_size=cfg.vocab_size)
+    return ModelSpec(path=path, format="llama2c", config=cfg, tokenizer=tok, weights=weights,
+                     metadata={"name": os.path.basename(path), "file_type": "F32",
+                               "tensor_types": ["F32"], "tokenizer_path": tok_path},
+                     header_bytes=offset)
+
+
+def _read_header(path: str) -> tuple[ModelConfig, int, int]:
+    """(the checked hyper-parameters, the export version (0 or 1), the first weight's offset)."""
     try:
         with open(path, "rb") as f:
             head = f.read(256)
@@ -54,26 +82,30 @@ def load_llama2c(path: str | os.PathLike, tokenizer_path: str | os.PathLike | No
             raise ModelLoadError(path, "truncated version-1 header (needs 256 bytes)")
         dim, hidden, n_layers, n_heads, n_kv, vocab, seq_len = struct.unpack_from("<7i", head, 8)
         shared = bool(head[36])
-        offset = 256
+        version, offset = 1, 256
     else:
         dim, hidden, n_layers, n_heads, n_kv, vocab, seq_len = struct.unpack_from("<7i", head, 0)
         shared = vocab > 0
         vocab = abs(vocab)
-        offset = 28
+        version, offset = 0, 28
     for name, value in (("dim", dim), ("hidden_dim", hidden), ("n_layers", n_layers), ("n_heads", n_heads),
                         ("n_kv_heads", n_kv), ("vocab_size", vocab), ("seq_len", seq_len)):
         if not 0 < value < (1 << 24):
             raise ModelLoadError(path, f"header field {name}={value} is out of range: not a llama2.c checkpoint?")
     if dim % n_heads:
         raise ModelLoadError(path, f"dim={dim} is not a multiple of n_heads={n_heads}")
-    head_dim = dim // n_heads
     cfg = ModelConfig(arch="llama", dim=dim, hidden_dim=hidden, num_layers=n_layers, num_heads=n_heads,
-                      num_kv_heads=n_kv, head_dim=head_dim, vocab_size=vocab, context_length=seq_len,
+                      num_kv_heads=n_kv, head_dim=dim // n_heads, vocab_size=vocab, context_length=seq_len,
                       tied_output=shared)
     check_config(path, cfg)
-    kv_dim = cfg.kv_dim
-    L = n_layers
-    if magic == MAGIC_V1:
+    return cfg, version, offset
+
+
+def _layout(cfg: ModelConfig, version: int) -> list[tuple[str, tuple[int, ...]]]:
+    """(name, shape) of each float32 array in file order (the module docstring's layout)."""
+    dim, hidden, kv_dim, L = cfg.dim, cfg.hidden_dim, cfg.kv_dim, cfg.num_layers
+    vocab, seq_len, head_dim = cfg.vocab_size, cfg.context_length, cfg.head_dim
+    if version == 1:
         order = [("rms_att", (L, dim)), ("rms_ffn", (L, dim)), ("rms_final", (dim,)), ("tok", (vocab, dim)),
                  ("wq", (L, dim, dim)), ("wk", (L, kv_dim, dim)), ("wv", (L, kv_dim, dim)),
                  ("wo", (L, dim, dim)), ("w1", (L, hidden, dim)), ("w2", (L, dim, hidden)),
@@ -83,24 +115,13 @@ def load_llama2c(path: str | os.PathLike, tokenizer_path: str | os.PathLike | No
                  ("wv", (L, kv_dim, dim)), ("wo", (L, dim, dim)), ("rms_ffn", (L, dim)),
                  ("w1", (L, hidden, dim)), ("w2", (L, dim, hidden)), ("w3", (L, hidden, dim)),
                  ("rms_final", (dim,)), ("freq_cis", (2, seq_len, head_dim // 2))]
-    if not shared:
+    if not cfg.tied_output:
         order.append(("wcls", (vocab, dim)))
-    num_floats = sum(math.prod(s) for _, s in order)  # Python ints: np.prod wraps around past 2**63
-    expected = offset + 4 * num_floats
-    if size < expected:
-        raise ModelLoadError(path, f"truncated: {size} bytes, the header (dim={dim}, n_layers={L}, "
-                                   f"vocab={vocab}) needs {expected}")
-    if size > expected:
-        raise ModelLoadError(path, f"{size - expected} unexpected trailing bytes after {expected}: "
-                                   "wrong header or an unsupported llama2.c export version")
-    flat = np.memmap(path, dtype="<f4", mode="r", offset=offset, shape=(num_floats,))
-    arrays = {}
-    pos = 0
-    for name, shape in order:
-        n = math.prod(shape)
-        arrays[name] = flat[pos:pos + n].reshape(shape)
-        pos += n
+    return order
 
+
+def _weights(arrays: dict[str, np.ndarray], cfg: ModelConfig, sink) -> dict[str, Weight]:
+    """The file's arrays under GGUF tensor names, each handed to ``sink``."""
     weights: dict[str, Weight] = {}
 
     def put(name, arr):
@@ -109,21 +130,14 @@ def load_llama2c(path: str | os.PathLike, tokenizer_path: str | os.PathLike | No
 
     put("token_embd", arrays["tok"])
     put("output_norm", arrays["rms_final"])
-    if not shared:
+    if not cfg.tied_output:
         put("output", arrays["wcls"])
-    for i in range(L):
+    for i in range(cfg.num_layers):
         for name, key in (("attn_norm", "rms_att"), ("attn_q", "wq"), ("attn_k", "wk"), ("attn_v", "wv"),
                           ("attn_output", "wo"), ("ffn_norm", "rms_ffn"), ("ffn_gate", "w1"),
                           ("ffn_down", "w2"), ("ffn_up", "w3")):
             put(f"blk.{i}.{name}", arrays[key][i])
-    check_weights(path, cfg, weights)
-
-    tok_path = _find_tokenizer(path, tokenizer_path, vocab)
-    tok = load_llama2c_tokenizer(tok_path, vocab_size=vocab)
-    return ModelSpec(path=path, format="llama2c", config=cfg, tokenizer=tok, weights=weights,
-                     metadata={"name": os.path.basename(path), "file_type": "F32",
-                               "tensor_types": ["F32"], "tokenizer_path": tok_path},
-                     header_bytes=offset)
+    return weights
 
 
 def _find_tokenizer(path: str, tokenizer_path, vocab: int) -> str:

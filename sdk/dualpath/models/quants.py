@@ -1,8 +1,8 @@
 """GGML block types -> ONNX Runtime ``MatMulNBits`` (domain ``com.microsoft``).
 
-What ``MatMulNBits`` accepts, measured on the pinned onnxruntime 1.32 CPU provider
-(one node, A = identity so that Y = W^T shows every dequantized weight; accuracy_level
-0 or 1, K up to 256):
+What ``MatMulNBits`` accepts, as the pinned onnxruntime 1.32 CPU provider computes it
+(found with one node, A = identity so that Y = W^T shows every dequantized weight;
+accuracy_level 0 or 1, K up to 256):
 
 * ``bits`` 2, 4 and 8 all run; ``block_size`` 16, 32, 64 and 128 all run, for each.
 * B is uint8 ``(N, K / block_size, block_size * bits / 8)``; within a byte the
@@ -14,13 +14,12 @@ What ``MatMulNBits`` accepts, measured on the pinned onnxruntime 1.32 CPU provid
   value = (q - zp) * scale, bit for bit.
 * float zero points (float32 ``(N * K / block_size,)``, the scales' type): value =
   q * scale - zp * scale, each product rounded to fp32 (bit for bit; it is *not*
-  (q - zp) * scale, which differs by up to 2e-6 on the same data). Accepted for 2 and
+  (q - zp) * scale, which differs in the last bits). Accepted for 2 and
   4 bits. For 8 bits the CPU provider refuses the model at session creation:
   "MatMulNBits on CPU does not support 8-bit weights with floating-point zero
   points; use uint8 zero points".
 * accuracy_level 4 (int8 activations, our default for speed) makes the *product*
-  approximate (max abs error 2e-6 for 4 bits, 3e-5 for 8 bits on that identity test);
-  the mappings below are about the dequantized values, which are the same at any
+  approximate; the mappings below are about the dequantized values, which are the same at any
   accuracy level.
 
 The mappings (x = the value ``gguf.quants.dequantize`` computes, in fp32; q = the
@@ -45,20 +44,18 @@ Q5_1     d * q + m                   points z = round(dm / s) in [0, 255]
 =======  ==========================  ============================================  ==========
 
 Why not float zero points for Q4_K, Q4_1 and Q2_K (value = q * s - zp * s, which the
-CPU provider accepts for 2 and 4 bits): measured on onnxruntime 1.32, 2 threads, one
-decode row, a 2048 x 5632 matrix, float zero points take 25 ms against 0.15 ms without
-(the provider has no fast kernel for them and dequantizes the matrix on every call),
-and 2-bit weights in blocks of 16 take 46 ms against 0.14 ms for 4 bits; so these
-types are stored as 4-bit blocks with integer (uint8) zero points, which are fast
-(0.13 ms), and the per-block remainder dm - z s goes through the same blocksum
-correction as Q5_K's mins. The zero point is the nearest integer to dm / s, so that
-remainder is small: with int8 activations (accuracy_level 4) only the MatMulNBits part
-sees quantized activations, as llama.cpp's dot products do, and a large remainder (8 s,
-with the implicit offset) measurably worsened agreement with llama.cpp (cosine 0.9990
--> 0.9989 on a Q4_K_M file). The integer part is exact; the min term dm - z s is exact
-when it fits fp32 (s and dm have at most 17
-significant bits: every random block of tests/models/test_quants.py), else one rounding. Q2_K's 2-bit values take 4 bits (its weights double in memory:
-2.6 -> 4.6 bits per value with the scales). Q5_K and Q5_1 need 5 bits plus a min (and
+CPU provider accepts for 2 and 4 bits): the provider has no fast kernel for them and
+dequantizes the matrix on every call, and 2-bit weights in blocks of 16 are as slow
+(docs/performance.md); so these types are stored as 4-bit blocks with integer (uint8)
+zero points, which are fast, and the per-block remainder dm - z s goes through the same
+blocksum correction as Q5_K's mins. The zero point is the nearest integer to dm / s, so
+that remainder is small: with int8 activations (accuracy_level 4) only the MatMulNBits
+part sees quantized activations, as llama.cpp's dot products do, and a large remainder
+(8 s, with the implicit offset) measurably worsened agreement with llama.cpp on a
+Q4_K_M file. The integer part is exact; the min term dm - z s is exact
+when it fits fp32 (s and dm have at most 17 significant bits: every random block of
+tests/models/test_quants.py), else one rounding. Q2_K's 2-bit values take 4 bits (its
+weights double in memory: 2.6 -> 4.6 bits per value with the scales). Q5_K and Q5_1 need 5 bits plus a min (and
 8-bit float zero points are refused): they take 8 bits, with uint8 zero points the same
 way (one a byte).
 
@@ -130,7 +127,7 @@ def unpack(blob: np.ndarray, bits: int) -> np.ndarray:
 
 
 def dequantize(w: NBits, shape: tuple[int, int]) -> np.ndarray:
-    """The float32 ``shape`` matrix ONNX Runtime computes with (measured formulas above)."""
+    """The float32 ``shape`` matrix ONNX Runtime computes with (the formulas above)."""
     out = np.empty(shape, np.float32)
     gather_rows(w.blob, w.scales, w.zero_points, w.mins, w.bits, w.block_size, np.arange(shape[0]), out)
     return out

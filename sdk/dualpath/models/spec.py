@@ -149,9 +149,8 @@ class Weight:
     data_t: np.ndarray | None = None
     """f32 ``(in_features, out_features)``, contiguous: what the graphs' ``MatMul`` reads
     for a float matrix (the converted-model cache makes it; ``data`` may then be a view
-    of it). ONNX Runtime's fp32 GEMV streams this layout at about twice the rate of
-    ``Gemm`` with ``transB`` over ``data`` (measured: 40 against 20 GB/s, 1 x 288 x 32000,
-    2 threads, weights from DRAM)."""
+    of it). ONNX Runtime's fp32 GEMV streams this layout faster than ``Gemm`` with
+    ``transB`` over ``data`` (docs/performance.md)."""
 
     ARRAYS = {"weight": "data", "scales": "scales", "zero_points": "zero_points", "mins": "mins",
               "weight_t": "data_t"}

@@ -46,6 +46,7 @@ import numpy as np
 
 from ..errors import DualPathError, ModelLoadError
 from ..tokenizer.spec import TokenizerSpec
+from .files import mapped_memmap
 from .spec import ModelConfig, ModelSpec, Weight
 
 log = logging.getLogger(__name__)
@@ -139,17 +140,12 @@ def _offset_in(m: mmap.mmap, a: np.ndarray) -> int | None:
 
 def _source_offset(arr: np.ndarray, path: str) -> int | None:
     """The offset in file ``path`` of an array that is a view of an np.memmap of it, or None."""
-    base = arr
-    while isinstance(base, np.ndarray):
-        m = getattr(base, "_mmap", None)
-        if isinstance(base, np.memmap) and m is not None:
-            if not (base.filename and os.path.exists(base.filename) and os.path.samefile(base.filename, path)):
-                return None
-            start = np.frombuffer(m, np.uint8, 1).ctypes.data  # the mapping begins at this file offset:
-            mapped_from = base.offset - base.offset % mmap.ALLOCATIONGRANULARITY
-            return int(arr.ctypes.data - start + mapped_from)
-        base = base.base
-    return None
+    owner = mapped_memmap(arr)
+    if owner is None:
+        return None
+    if not (owner.filename and os.path.exists(owner.filename) and os.path.samefile(owner.filename, path)):
+        return None
+    return int(owner.offset + arr.ctypes.data - owner.ctypes.data)
 
 
 @dataclass
@@ -440,8 +436,8 @@ class _Writer:
             self._tied_output()
         end = -(-self.f.seek(0, os.SEEK_END) // 8) * 8  # whole words: the checksum of the last array reads its padding
         self.f.truncate(end)
-        # Not fsynced (0.5 s for 700 MB here; more on a phone): after a power loss the data
-        # the manifest describes may be missing, and its sizes and checksums catch that.
+        # Not fsynced (it would cost the load time, more on a phone): after a power loss the
+        # data the manifest describes may be missing, and its sizes and checksums catch that.
         self.f.close()
         write_json(os.path.join(self.folder, "tokenizer.json"), dataclasses.asdict(spec.tokenizer))
         tok_path = spec.metadata.get("tokenizer_path")

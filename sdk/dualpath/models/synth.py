@@ -93,6 +93,8 @@ PRESETS: dict[str, Shape] = {
     "phi3-tiny": Shape(dim=256, hidden_dim=512, num_layers=2, num_heads=4, num_kv_heads=4, vocab_size=2048,
                        context_length=512, arch="phi3", rope_factors=True, init_std=0.08),
 }
+
+
 def preset_for(arch: str | None, preset: str | None) -> str:
     """The preset ``dualpath synth --arch/--preset`` names: the preset when given (it
     must be of ``arch``), else ``arch``'s tiny test shape, else stories15M."""
@@ -170,17 +172,25 @@ def synth_gguf(path: str | os.PathLike, preset: str = "stories15M", weight_type:
     if weight_type not in TYPES:
         raise ValueError(f"unknown weight type {weight_type!r}; choose one of {', '.join(TYPES + LLAMA_CPP_TYPES)}")
     shape = PRESETS[preset]
-    ctx = context_length or shape.context_length
-    head_dim = shape.hd
-    q_dim, kv_dim = head_dim * shape.num_heads, head_dim * shape.num_kv_heads
-    arch = shape.arch
     path = os.fspath(path)
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     tmp = path + ".part"
 
-    w = gguf.GGUFWriter(tmp, arch)
+    w = gguf.GGUFWriter(tmp, shape.arch)
     w.add_name(f"dualpath-synth-{preset}-{weight_type}-seed{seed}")
     w.add_description("random weights with real shapes, written by `dualpath synth`; its text is noise")
+    _add_hyperparameters(w, shape, weight_type, context_length or shape.context_length)
+    _add_vocabulary(w, shape, seed)
+    _write_tensors(w, _tensor_list(shape), weight_type, seed)
+    w.close()
+    os.replace(tmp, path)
+    log.info("wrote %s (%s, %s)", path, preset, weight_type)
+    return path
+
+
+def _add_hyperparameters(w, shape: Shape, weight_type: str, ctx: int) -> None:
+    """``shape``'s hyper-parameters as the GGUF keys llama.cpp reads for its family."""
+    arch, head_dim = shape.arch, shape.hd
     w.add_context_length(ctx)
     w.add_embedding_length(shape.dim)
     w.add_feed_forward_length(shape.hidden_dim)
@@ -206,8 +216,12 @@ def synth_gguf(path: str | os.PathLike, preset: str = "stories15M", weight_type:
         w.add_string(f"{arch}.rope.scaling.type", "longrope")
         w.add_uint32(f"{arch}.rope.scaling.original_context_length", ctx // 2)
         w.add_float32(f"{arch}.rope.scaling.attn_factor", 1.19)
+
+
+def _add_vocabulary(w, shape: Shape, seed: int) -> None:
+    """A ``synth_vocab`` SentencePiece vocabulary of ``shape.vocab_size`` tokens."""
     tokens, scores, types = synth_vocab(shape.vocab_size, seed)
-    if arch == "phi3":  # llama.cpp looks these up by name in a Phi-3 vocabulary
+    if shape.arch == "phi3":  # llama.cpp looks these up by name in a Phi-3 vocabulary
         from ..tokenizer.spec import TOKEN_CONTROL
 
         tokens[-2:], types[-2:] = ["<|end|>", "<|endoftext|>"], [TOKEN_CONTROL, TOKEN_CONTROL]
@@ -221,9 +235,12 @@ def synth_gguf(path: str | os.PathLike, preset: str = "stories15M", weight_type:
     w.add_add_bos_token(True)
     w.add_add_eos_token(False)
 
-    # (name, (out, in) or (n,), init std); names in llama.cpp's order. std 0: a norm
-    # (around 1); std < 0: positive factors (RoPE frequency factors, 1 .. 1 + |std|).
-    std = shape.init_std
+
+def _tensor_list(shape: Shape) -> list[tuple[str, tuple[int, ...], float]]:
+    """(name, (out, in) or (n,), init std) per tensor; names in llama.cpp's order. std 0: a
+    norm (around 1); std < 0: positive factors (RoPE frequency factors, 1 .. 1 + |std|)."""
+    arch, head_dim, std = shape.arch, shape.hd, shape.init_std
+    q_dim, kv_dim = head_dim * shape.num_heads, head_dim * shape.num_kv_heads
     tensors: list[tuple[str, tuple[int, ...], float]] = [("token_embd.weight", (shape.vocab_size, shape.dim), std)]
     if shape.rope_freqs:
         tensors.append(("rope_freqs.weight", (head_dim // 2,), -8.0))
@@ -260,6 +277,15 @@ def synth_gguf(path: str | os.PathLike, preset: str = "stories15M", weight_type:
     tensors.append(("output_norm.weight", (shape.dim,), 0.0))
     if not shape.tied:
         tensors.append(("output.weight", (shape.vocab_size, shape.dim), std))
+    return tensors
+
+
+def _write_tensors(w, tensors: list[tuple[str, tuple[int, ...], float]], weight_type: str, seed: int) -> None:
+    """The header, then ``tensors``' random data in ``weight_type`` (norms stay F32).
+
+    Pass 1 writes the tensor infos (shapes and byte sizes); pass 2 streams the data with
+    the same seed, so the whole model is never in memory at once."""
+    import gguf
 
     rng = np.random.default_rng(seed)
     qtype = getattr(gguf.GGMLQuantizationType, weight_type)
@@ -278,8 +304,6 @@ def synth_gguf(path: str | os.PathLike, preset: str = "stories15M", weight_type:
             return arr.astype(np.float16), gguf.GGMLQuantizationType.F16
         return gguf.quants.quantize(arr, qtype), qtype
 
-    # Pass 1: tensor infos (shapes and byte sizes); pass 2 streams the data with the
-    # same seed, so the whole model is never in memory at once.
     for name, shp, std in tensors:
         nbytes, raw = _encoded_size(shp, weight_type if len(shp) == 2 else "F32")
         if raw in ("F32", "F16"):
@@ -293,10 +317,6 @@ def synth_gguf(path: str | os.PathLike, preset: str = "stories15M", weight_type:
     for name, shp, std in tensors:
         data, _ = encode(make(shp, std))
         w.write_tensor_data(data)
-    w.close()
-    os.replace(tmp, path)
-    log.info("wrote %s (%s, %s)", path, preset, weight_type)
-    return path
 
 
 def _encoded_size(shape: tuple[int, ...], type_name: str) -> tuple[int, str]:

@@ -2,16 +2,14 @@
 
 The only module that imports the constrained-decoding library, llguidance (Rust, no Python
 dependencies; ``pip install "dualpath[structured]"``). It turns OpenAI's
-
-* ``response_format={"type": "json_object"}``: any JSON object;
-* ``response_format={"type": "json_schema", "json_schema": {"name", "schema", "strict"}}``;
-* ``tools`` with ``tool_choice="required"`` or ``{"type": "function", "function": {"name"}}``:
-  one JSON object ``{"name": <one of the tools>, "arguments": <valid for its parameters>}``
-
-into a ``Grammar``, and each sequence's walk through it into a ``Matcher`` that fills a
-preallocated mask over the model's vocabulary. No Python loop over the vocabulary runs per
-token: llguidance writes one bit per token into an int32 buffer, and one ``np.take`` over a
-256-entry table expands the bytes of that buffer into the caller's mask.
+``response_format`` (``json_object``, or ``json_schema``) and ``tools`` with a forced
+``tool_choice`` (one ``{"name", "arguments"}`` object valid for a tool's parameters) into a
+``Grammar``, and each sequence's walk through it into a ``Matcher`` that fills a preallocated
+mask over the vocabulary. No Python loop over the vocabulary runs per token: llguidance writes
+one bit per token, and one ``np.take`` over a 256-entry table expands those bits into the
+caller's mask. ``fill_bias`` (0 or -inf, added with ``np.add``) is the form to apply;
+``fill_mask`` writes booleans (True = allowed), whose ``np.copyto(..., where=~allowed)``
+branches per element and is several times slower.
 
 Lifecycle (one facade per subsystem, paired lifetimes)::
 
@@ -24,10 +22,6 @@ Lifecycle (one facade per subsystem, paired lifetimes)::
         np.add(logits, bias, out=logits)                     # the one numpy call in the sampler
         token = sample(logits)
         if not matcher.accept(token): ...                    # cannot happen if the mask was applied
-
-``fill_mask`` writes booleans instead (True = allowed). Applying those with
-``np.copyto(logits, -np.inf, where=~allowed)`` costs 50 us at 32k tokens and 500 us at 128k here
-(the masked copy branches per element), against 3 us / 12 us for ``np.add`` of the bias.
 
 Invariants
 
@@ -46,37 +40,13 @@ Invariants
   ``pattern``, an unknown ``format``) are refused with ``StructuredOutputError`` naming the field,
   never silently ignored.
 
-Why llguidance (scratch comparison, same schema and vocabularies; /work/scratch/grammar/):
-no Python dependency, one abi3 wheel per platform for every CPython >= 3.9 (manylinux_2_31
-x86-64 and aarch64, macOS arm64), a Rust sdist elsewhere (Termux: ``pkg install rust``);
-context-free (recursive ``$ref``, any-JSON), several EOS ids, schema errors we can report,
-and no per-schema precomputation over the vocabulary (a new schema compiles in 2-4 ms at 128k
-tokens; outlines-core's index takes 2-4 s there). xgrammar is faster per token but imports
-torch and transformers; outlines-core is regex-only with one EOS id; formatron/kbnf needs
-pydantic < 2.11 and three more Rust builds on Termux.
-
-Per-token cost: ``fill_bias`` + ``accept``, in microseconds, one process on a 2-core x86-64
-VM (load average 2 from other work), llguidance 1.9.1, numpy 2.4. Schema: an object with a
-string (maxLength 24), an integer 0..150, an enum, an array of at most 4 strings (maxLength 12),
-all required. "walk": a uniformly random allowed token per step (numpy, seed 0); "replay": our
-encoding of ``{"name": "Lily the brave cat", "age": 7, "mood": "happy", "tags": ["park", "ball",
-"friends"]}`` then EOS; each restarted until 400 steps. Two runs agreed within 10%::
-
-    source /work/venv/bin/activate && python /work/scratch/grammar/bench_grammar.py 400
-
-    vocabulary (tokens)                      first compile  next   walk med/mean/p90   replay med/mean/p90  np.add
-    stories260K (512, SPM, real)                 0.02 s    2.3 ms   12 /  17 /   25      9 /  11 /   14      0.5
-    TinyLlama synth (32000, SPM, random text)    0.06 s    2.1 ms   25 /  47 /   81     23 /  52 /   79      2.7
-    Llama 2 (32000, SPM, real)                   0.06 s    2.2 ms   31 /  58 /  102     27 /  66 /  268      3.2
-    Llama 3.2 synth (128256, SPM, random text)   0.32 s    2.6 ms   65 / 198 /  734     67 / 212 /  320     13
-    Llama 3 (128256, byte-level BPE, real)       0.32 s    2.6 ms   74 / 169 /  351     71 / 275 / 1220     13
-
-"first compile" includes building llguidance's vocabulary (once per model); "next" is a new
-schema; ``new_matcher`` costs 2 us. The real vocabularies are llama.cpp's
-``models/ggml-vocab-llama-spm.gguf`` and ``ggml-vocab-llama-bpe.gguf`` (in the llama-cpp-python
-sdist). Against a decode step of TinyLlama here (47 ms, 21 tokens/s) the mean cost is 0.1%; the
-slow steps (p90 ~1 ms at 128k) are inside strings, where most of the vocabulary stays allowed
-and llguidance walks its token trie.
+Why llguidance: no Python dependency and one abi3 wheel per platform (a Rust sdist elsewhere,
+e.g. Termux); context-free (recursive ``$ref``, any JSON), several EOS ids, schema errors we can
+report, and no per-schema precomputation over the vocabulary, so a new schema compiles quickly
+even at 128k tokens. xgrammar is faster per token but imports torch and transformers;
+outlines-core is regex-only with one EOS id and indexes each schema over the vocabulary;
+formatron/kbnf pins an old pydantic and needs more Rust builds on Termux. The per-token cost
+against a decode step is in docs/performance.md.
 """
 
 from __future__ import annotations
@@ -363,7 +333,7 @@ class Grammar:
     tool_names: tuple[str, ...]
     """The tools a ``tool_call`` grammar lets the model call, in the request's order."""
     _proto: object = field(repr=False)
-    """An llguidance matcher at the start; every new matcher is a copy (2 us, not a rebuild)."""
+    """An llguidance matcher at the start; every new matcher is a copy, not a rebuild."""
     _num_llg_tokens: int = field(repr=False)
     _vocab_size: int = field(repr=False)
 
@@ -376,8 +346,8 @@ class GrammarCompiler:
     """Compiles requests into ``Grammar``s for one model's vocabulary, and caches them.
 
     ``vocab_size`` is the width of the model's logits (default: the tokenizer's). The
-    llguidance vocabulary (token byte strings, 0.1 s at 32k tokens, 0.4 s at 128k) is built on the
-    first ``compile`` that needs a grammar, so a server that never sees one never pays for it.
+    llguidance vocabulary (token byte strings) is built on the first ``compile`` that needs a
+    grammar, so a server that never sees one never pays for it.
     Thread-safe.
     """
 
@@ -483,8 +453,8 @@ class _LlgVocabulary:
     """
 
     def __init__(self, tokenizer: Tokenizer, num_tokens: int):
-        plain, _ = tokenizer._decode_tables(skip_special=True)
-        special, _ = tokenizer._decode_tables(skip_special=False)
+        plain, _ = tokenizer.decode_tables(skip_special=True)
+        special, _ = tokenizer.decode_tables(skip_special=False)
         types = tokenizer.spec.token_types
         tokens: list[bytes] = []
         for token_id, text in enumerate(plain):

@@ -143,7 +143,7 @@ class Tokenizer:
 
     def piece(self, token_id: int) -> str:
         """The vocabulary text of ``token_id`` (for logs and debugging)."""
-        self._check_id(token_id)
+        self.check_id(token_id)
         return self._spec.tokens[token_id]
 
     # ------------------------------------------------------------------ encode
@@ -225,7 +225,7 @@ class Tokenizer:
         Byte tokens give their one byte, U+2581 becomes a space, CONTROL/UNKNOWN give b"".
         No leading-space rule is applied here.
         """
-        self._check_id(token_id)
+        self.check_id(token_id)
         return self._bytes_plain[token_id]
 
     def decode(self, ids: Iterable[int], skip_special: bool = True) -> str:
@@ -236,13 +236,13 @@ class Tokenizer:
         leading space: the one the dummy prefix put there (as run.c, SentencePiece and
         llama-cpp-python's ``detokenize`` do).
         """
-        table, first = self._decode_tables(skip_special)
+        table, first = self.decode_tables(skip_special)
         num_tokens = len(table)
         parts: list[bytes] = []
         started = False
         for token_id in ids:
             if not 0 <= token_id < num_tokens:
-                self._check_id(token_id)
+                self.check_id(token_id)
             if started:
                 parts.append(table[token_id])
             elif table[token_id]:
@@ -250,13 +250,16 @@ class Tokenizer:
                 started = True
         return b"".join(parts).decode("utf-8", errors="replace")
 
-    def _decode_tables(self, skip_special: bool) -> tuple[list[bytes], list[bytes]]:
-        """(bytes per token id, the same for the first text-producing token) for decoding."""
+    def decode_tables(self, skip_special: bool) -> tuple[list[bytes], list[bytes]]:
+        """(bytes per token id, the same for the first text-producing token): what ``decode``
+        joins, for callers that decode incrementally (``StreamDecoder``) or match bytes
+        (the grammar's vocabulary). Shared, not copied: do not modify them."""
         if skip_special:
             return self._bytes_plain, self._bytes_first
         return self._bytes_special, self._bytes_first_special
 
-    def _check_id(self, token_id: int) -> None:
+    def check_id(self, token_id: int) -> None:
+        """Raise TokenizerError unless ``token_id`` is in the vocabulary."""
         if not 0 <= token_id < len(self._spec.tokens):
             raise TokenizerError(f"token id {token_id} is outside the vocabulary [0, {len(self._spec.tokens)})")
 

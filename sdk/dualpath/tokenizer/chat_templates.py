@@ -31,4 +31,5 @@ BUILTIN = {
         "{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}<|end|>\n{% endfor %}"
         "{% if add_generation_prompt %}<|assistant|>\n{% else %}{{ eos_token }}{% endif %}"),
 }
-"""Name -> Jinja source."""
+"""Name -> Jinja source: one per name of ``config.CHAT_TEMPLATES``, in its order (a test
+checks), so every list of the names reads that one."""

@@ -29,12 +29,12 @@ class StreamDecoder:
 
     def __init__(self, tokenizer: Tokenizer, skip_special: bool = True, *, prompt_ids: Iterable[int] = ()):
         self._tokenizer = tokenizer
-        self._table, self._first = tokenizer._decode_tables(skip_special)
+        self._table, self._first = tokenizer.decode_tables(skip_special)
         self._num_tokens = len(self._table)
         # Has a token produced text yet? Once it has, the leading-space rule is spent.
         self._started = False
         for token_id in prompt_ids:
-            tokenizer._check_id(token_id)
+            tokenizer.check_id(token_id)
             if self._table[token_id]:
                 self._started = True
                 break
@@ -43,7 +43,7 @@ class StreamDecoder:
     def feed(self, token_id: int) -> str:
         """The text that ``token_id`` completes (may be "" while a character is incomplete)."""
         if not 0 <= token_id < self._num_tokens:
-            self._tokenizer._check_id(token_id)
+            self._tokenizer.check_id(token_id)
         if self._started:
             return self._utf8.decode(self._table[token_id])
         if not self._table[token_id]:
