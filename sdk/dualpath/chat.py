@@ -25,7 +25,7 @@ import time
 from dataclasses import dataclass
 from typing import Iterator
 
-from .errors import ChatTemplateError, DualPathError, PromptTooLongError
+from .errors import DualPathError, PromptTooLongError
 from .llm import LLM
 from .runtime.sampler import SamplingParams
 

@@ -7,7 +7,6 @@ per repeat; medians per turn."""
 from __future__ import annotations
 
 import statistics
-import time
 
 from .common import model_or_default, write_json
 

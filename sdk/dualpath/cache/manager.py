@@ -96,11 +96,7 @@ class KVCacheManager:
             log.warning("could not bind the KV arena to NUMA node %d (mbind refused); memory is unbound",
                         cfg.numa_node)
         self.page_bytes = self.arena.tile_bytes(P)
-        if self.page_bytes > cfg.block_size:
-            raise ValueError(f"dualpath_config.block_size={cfg.block_size} cannot hold one page of "
-                             f"page_tokens={P} tokens ({self.page_bytes} bytes for this model); "
-                             "raise block_size or lower page_tokens")
-        self.pages_per_block = cfg.block_size // self.page_bytes
+        self.pages_per_block = cfg.pages_per_block(self.page_bytes)
         self.num_blocks = num_blocks
         self.salt = salt
         self.pool = BlockPool(num_blocks, self.pages_per_block)

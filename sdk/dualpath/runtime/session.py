@@ -17,7 +17,7 @@ import numpy as np
 from ..cache.manager import KVCacheManager, NoRoom
 from ..cache.policy import PathPolicy
 from ..config import DualPathConfig, PowerConfig
-from ..errors import ConfigError, DualPathError
+from ..errors import DualPathError
 from ..graph.parts import graph_parts
 from ..kernels import ThreadPool, kv_tile_bytes
 from ..models.spec import ModelSpec
@@ -53,14 +53,9 @@ def build_kv_cache(spec: ModelSpec, dp: DualPathConfig, max_context_tokens: int,
     live sequence plus cached prefixes) in whole blocks of ``dp.block_size`` bytes."""
     cfg = spec.config
     P = dp.page_tokens
-    if dp.kv_dtype == "q8" and cfg.head_dim % 2:
-        raise ConfigError(f"dualpath_config.kv_dtype=q8 needs an even head_dim; this model's is "
-                          f"{cfg.head_dim}: use f16 or f32")
+    dp.check_head_dim(cfg.head_dim)
     page_bytes = kv_tile_bytes(dp.kv_dtype, cfg.num_kv_heads, cfg.head_dim, P)
-    if page_bytes > dp.block_size:
-        raise ConfigError(f"dualpath_config.block_size={dp.block_size} cannot hold one page of "
-                          f"page_tokens={P} tokens of this model ({page_bytes} bytes); raise block_size")
-    pages_per_block = dp.block_size // page_bytes
+    pages_per_block = dp.pages_per_block(page_bytes)
     cache_tokens = kv_cache_tokens or 2 * max_context_tokens
     num_blocks = max(1, -(-cache_tokens // (P * pages_per_block)))
     if not kv_cache_tokens:
