@@ -6,7 +6,7 @@
 #  2. aarch64 wheels from PyPI for numpy, onnxruntime, onnx, gguf, ... (pip --platform):
 #     onnxruntime is pinned to 1.24.1 for this check only, and to 1.20.1 (our minimum, Termux's oldest) for a
 #     second golden run (1.32 dies at import under
-#     QEMU 7.2, see ../shared/FINDINGS.md), and ORT's aarch64 build is a different
+#     QEMU 7.2), and ORT's aarch64 build is a different
 #     build of MLAS from the x86 one we ship with;
 #  3. DualPath's extensions cross-compiled from this checkout with setup.py
 #     (aarch64-linux-gnu-gcc against the userland's Python headers), installed with

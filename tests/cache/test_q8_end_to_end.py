@@ -1,4 +1,4 @@
-"""kv_dtype q8 against f16 on whole models, greedy: the figures README.md quotes, with
+"""kv_dtype q8 against f16 on whole models, greedy: the figures docs/performance.md quotes, with
 bounds that hold (``dualpath bench kv-quality`` measures the same thing, see its module
 docstring). 5 prompts x 64 generated tokens each.
 

@@ -14,8 +14,8 @@ it needs:
 Protocol (the harness's): ``PYTHON _ortgenai_worker.py FUNCTION RESULT_PATH``, the
 keyword arguments as JSON on stdin, the JSON result written to RESULT_PATH.
 
-The build and measurement follow the project's peer tools, /work/shared/peers/
-``make_hf_dir.py`` and ``bench_ortgenai.py`` (ours; adapted here).
+The build and measurement follow the project's own peer tools (``make_hf_dir.py`` and
+``bench_ortgenai.py``, kept beside the shared test models), adapted here.
 """
 
 from __future__ import annotations
@@ -70,7 +70,7 @@ def write_hf_folder(reader, out: str) -> dict:
     """Write config.json and a tokenizer to ``out`` from a llama GGUF's metadata and
     vocabulary (no hub access): what the builder reads besides the weights.
 
-    Adapted from /work/shared/peers/make_hf_dir.py (ours): the tokenizer is a
+    Adapted from the project's peer tool ``make_hf_dir.py``: the tokenizer is a
     byte-fallback BPE over the GGUF's own token list (same ids), with no merges,
     enough for AutoTokenizer and the genai config (the benchmark feeds token ids).
     The builder's RoPE is plain: a GGUF's RoPE scaling is not carried over, which

@@ -93,7 +93,7 @@ def cmd_bench_startup(args) -> int:
                       file=sys.stderr)
         else:
             print("dualpath bench: no --ortgenai-dir (a folder onnxruntime-genai's builder made from this "
-                  "file, see ../shared/peers/README.md); no onnxruntime-genai row", file=sys.stderr)
+                  "file: examples/peers/); no onnxruntime-genai row", file=sys.stderr)
     runs = run_startup(args.model, args.threads, args.tokens, args.repeats, variants, args.ortgenai_dir or "")
     keys = ("load_s", "first_token_s", "last_token_s", "load_peak_rss_mb", "generation_rss_mb")
     rows = [{"variant": v, **medians(r, keys), "runs": len(r)} for v, r in runs.items()]

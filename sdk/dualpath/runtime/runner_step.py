@@ -187,7 +187,7 @@ def kernel_stepper(buf: StepBuffers, arena, cfg: ModelConfig, prefetch_degree: i
     (the shared pool's, which spin on after a Run: under SCHED_IDLE while our pool's
     jobs run, where the process may take them out of it again). Where they spin on and
     cannot yield, our workers would only contend with them, and a decode runs on the
-    calling thread (docs/performance.md, README's Kernels). Prefill always uses the pool.
+    calling thread (docs/performance.md has the measurements). Prefill always uses the pool.
     """
     # How each layer attends: the family's scale and soft-cap, sliding windows per layer.
     windows = np.array([cfg.layer_window(i) for i in range(cfg.num_layers)], np.int64)
