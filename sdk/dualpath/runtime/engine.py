@@ -120,41 +120,48 @@ class Engine:
         the request ends when the grammar is complete."""
         ids = [int(t) for t in prompt_ids]
         check_prompt(ids, self.runner.spec.config.vocab_size, self.context_tokens)
-        params = params or SamplingParams()
+        # Made before the lock is taken: a request's token array and text stream, one per
+        # sample, grow with the prompt (a refused request's are dropped).
+        req = self._new_request(request_id or f"req-{next(self._ids)}", ids, params or SamplingParams(), sink,
+                                fork_sinks, pooling, prompt_logprobs, grammar)
         with self._mu:
             # Queued beyond the free sequence slots (those start at the next step).
             sch = self.scheduler
             waiting = len(sch.waiting) - max(0, sch.max_num_seqs - sch.num_seqs())
             if self.max_queued_requests is not None and waiting >= self.max_queued_requests:
                 raise QueueFullError(waiting, self.max_queued_requests)
-            rid = request_id or f"req-{next(self._ids)}"
-            if rid in self._requests:
-                raise ValueError(f"request id {rid!r} is already in use")
+            if req.request_id in self._requests:
+                raise ValueError(f"request id {req.request_id!r} is already in use")
             if 1 + len(fork_sinks) > self.scheduler.max_num_seqs:
                 raise ValueError(f"{1 + len(fork_sinks)} samples of one prompt need as many sequences at once; "
                                  f"this engine runs at most {self.scheduler.max_num_seqs} (runtime.max_num_seqs)")
-            spec = pooling is None and not prompt_logprobs and self.speculative_tokens > 0
-            req = EngineRequest(rid, ids, params, self.tokenizer, self.context_tokens, self._scratch, sink, grammar,
-                                self._proposer() if spec else None)
-            if prompt_logprobs:
-                req.prompt_logits = True
-                req.prompt_logprobs = []
-            if pooling is not None:
-                if pooling not in ("mean", "last", "cls"):
-                    raise ValueError(f"pooling {pooling!r} must be mean, last or cls")
-                req.embedding, req.pooling = True, pooling
-                req.pooled = np.zeros(self.runner.spec.config.dim, np.float64)  # (dim,) running sum or pick
-            self._requests[rid] = req
-            for i, fork_sink in enumerate(fork_sinks, 1):
-                fork_params = params if params.seed is None else dataclasses.replace(params, seed=params.seed + i)
-                fork = EngineRequest(f"{rid}.{i}", ids, fork_params, self.tokenizer, self.context_tokens,
-                                     self._scratch, fork_sink, grammar, self._proposer() if spec else None)
-                fork.fork_of = req
-                req.forks.append(fork)
-                self._requests[fork.request_id] = fork
+            if pooling is not None and pooling not in ("mean", "last", "cls"):
+                raise ValueError(f"pooling {pooling!r} must be mean, last or cls")
+            for r in [req] + req.forks:
+                self._requests[r.request_id] = r
             self.scheduler.reserve(req, len(req.forks))  # a slot for each fork, taken when it starts
             self.scheduler.add(req)
             self._wake.notify()
+        return req
+
+    def _new_request(self, rid: str, ids: list[int], params: SamplingParams, sink, fork_sinks: Sequence,
+                     pooling: str | None, prompt_logprobs: bool, grammar) -> EngineRequest:
+        """The request ``add_request`` queues, its forks in ``forks`` (not holding _mu)."""
+        spec = pooling is None and not prompt_logprobs and self.speculative_tokens > 0
+        req = EngineRequest(rid, ids, params, self.tokenizer, self.context_tokens, self._scratch, sink, grammar,
+                            self._proposer() if spec else None)
+        if prompt_logprobs:
+            req.prompt_logits = True
+            req.prompt_logprobs = []
+        if pooling is not None:
+            req.embedding, req.pooling = True, pooling
+            req.pooled = np.zeros(self.runner.spec.config.dim, np.float64)  # (dim,) running sum or pick
+        for i, fork_sink in enumerate(fork_sinks, 1):
+            fork_params = params if params.seed is None else dataclasses.replace(params, seed=params.seed + i)
+            fork = EngineRequest(f"{rid}.{i}", ids, fork_params, self.tokenizer, self.context_tokens,
+                                 self._scratch, fork_sink, grammar, self._proposer() if spec else None)
+            fork.fork_of = req
+            req.forks.append(fork)
         return req
 
     def _proposer(self):
