@@ -29,7 +29,7 @@ class OutputMaker:
     def __init__(self, tokenizer, scratch: SamplerScratch, metrics, cache):
         self.tokenizer = tokenizer
         self.scratch = scratch
-        """Every request's sampler works in these (only the stepping thread samples)."""
+        """The engine's sampler buffers: a grammar's token mask is filled into its ``bias``."""
         self.metrics = metrics
         self.cache = cache
 
