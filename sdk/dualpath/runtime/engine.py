@@ -5,6 +5,11 @@ tokens and prefill chunks, runs it through the model in one pass (one attention
 call per layer covers every sequence), samples one token for every request whose
 known tokens are all computed, and hands each request its text delta.
 
+The engine owns scheduling and the step loop; what a request's rows of a step turn
+into (sampling, grammar, stop strings, text, speculative verification) is
+runtime/outputs.py, the request itself runtime/request.py, and what its consumer reads
+(``Delta``, ``RequestHandle``, ``SyncStream``) runtime/handles.py.
+
 Three ways to drive it:
 
 * ``LLM.generate/stream`` (synchronous): the caller's thread steps the engine
@@ -27,21 +32,26 @@ import asyncio
 import dataclasses
 import itertools
 import logging
-import queue
 import threading
 import time
-from dataclasses import dataclass
-from typing import AsyncIterator, Sequence
+from typing import Iterator, Sequence
 
 import numpy as np
 
-from ..errors import DualPathError, InternalError
-from ..scheduler.batch import BatchScheduler, attention_tokens
-from ..scheduler.request import Request, Status
-from .generate import Completion, TextStream, Timings, Usage, check_prompt
+from ..errors import DualPathError
+from ..scheduler.batch import BatchScheduler, SeqStep, attention_tokens
+from ..scheduler.request import Status
+from .generate import check_prompt
+from .handles import Delta, RequestHandle, SyncStream
 from .metrics import EngineMetrics
-from .sampler import Sampler, SamplerScratch, SamplingParams
+from .outputs import OutputMaker
+from .request import EngineRequest, internal_error
+from .sampler import SamplerScratch, SamplingParams
 from .speculative import DraftProposer, NgramProposer
+
+__all__ = ["Delta", "Engine", "EngineRequest", "QueueFullError", "RequestHandle", "SyncStream"]
+"""Delta, EngineRequest, RequestHandle and SyncStream live in runtime/handles.py and
+runtime/request.py; they are importable from here as they always were."""
 
 log = logging.getLogger(__name__)
 
@@ -52,67 +62,6 @@ class QueueFullError(DualPathError):
     def __init__(self, waiting: int, limit: int):
         super().__init__(f"{waiting} requests are already waiting (limit {limit}); retry later")
         self.waiting, self.limit = waiting, limit
-
-
-@dataclass(frozen=True)
-class Delta:
-    """What one step produced for a request."""
-
-    text: str
-    """New text (may be empty: held back for a possible stop string, or a partial
-    UTF-8 character)."""
-    token_ids: tuple[int, ...]
-    """New generated token ids (empty on the final delta of a stop token)."""
-    finish_reason: str | None = None
-    """Set on the last delta: ``stop``, ``length``, ``context_full`` or ``abort``."""
-    completion: Completion | None = None
-    """Set on the last delta."""
-    logprobs: tuple = ()
-    """With ``SamplingParams.logprobs``: one entry per token of ``token_ids``,
-    ``(token_id, logprob, ((id, logprob), ...))`` (see ``Sampler.last_logprobs``)."""
-
-
-def _normalised(v: np.ndarray) -> np.ndarray:
-    norm = float(np.linalg.norm(v))
-    return (v / norm if norm > 0 else v).astype(np.float32)
-
-
-class EngineRequest(Request):
-    """A scheduler Request plus what generating text needs: sampler, text stream and
-    the sink its deltas go to."""
-
-    def __init__(self, request_id: str, prompt_ids: list[int], params: SamplingParams, tokenizer,
-                 context_tokens: int, scratch: SamplerScratch, sink, grammar=None, proposer=None):
-        super().__init__(request_id, prompt_ids, context_tokens, reserve_tokens=params.max_tokens)
-        self.proposer = proposer
-        """Speculative decoding's proposals for this request (runtime/speculative.py), or None."""
-        self.grammar = grammar
-        self.matcher = grammar.new_matcher() if grammar is not None else None
-        """Structured output (runtime/grammar.py): this sequence's walk through the grammar."""
-        self.params = params
-        self.sampler = Sampler(params, scratch.vocab_size, scratch)
-        self.stream = TextStream(tokenizer, prompt_ids, params)
-        self.stop_ids = frozenset() if params.ignore_eos else tokenizer.stop_ids
-        self.sink = sink
-        self.first_token_time: float | None = None
-        self.decode_steps = 0
-        self.completion: Completion | None = None
-        self.logprobs: list | None = [] if params.logprobs is not None else None
-        """Per generated token: (token_id, logprob, top alternatives), with params.logprobs."""
-        self.forks: list[EngineRequest] = []
-        """Further samples of this prompt (``n`` > 1): requests that start, when this one's
-        prompt is computed, from a fork of its cache sequence (sharing its pages), each
-        sampling its own first token from the same logits."""
-        self.fork_of: EngineRequest | None = None
-        """For such a fork: the request it is waiting to be forked from (None once forked)."""
-
-
-def _internal(req: Request, cause: BaseException) -> InternalError:
-    """The error a request's consumer gets when the engine failed it: no internals in the
-    message (the cause is logged, and chained for callers in-process)."""
-    err = InternalError(f"request {req.request_id} failed inside the engine; it may be retried")
-    err.__cause__ = cause
-    return err
 
 
 class Engine:
@@ -134,6 +83,7 @@ class Engine:
         self.metrics = EngineMetrics()
         self._scratch = SamplerScratch(runner.spec.config.vocab_size)
         """Every request's sampler works in these (only the stepping thread samples)."""
+        self.outputs = OutputMaker(tokenizer, self._scratch, self.metrics, runner.cache)
         self._profile_name = profile_name
         self._ids = itertools.count()
         self._requests: dict[str, EngineRequest] = {}
@@ -170,41 +120,48 @@ class Engine:
         the request ends when the grammar is complete."""
         ids = [int(t) for t in prompt_ids]
         check_prompt(ids, self.runner.spec.config.vocab_size, self.context_tokens)
-        params = params or SamplingParams()
+        # Made before the lock is taken: a request's token array and text stream, one per
+        # sample, grow with the prompt (a refused request's are dropped).
+        req = self._new_request(request_id or f"req-{next(self._ids)}", ids, params or SamplingParams(), sink,
+                                fork_sinks, pooling, prompt_logprobs, grammar)
         with self._mu:
             # Queued beyond the free sequence slots (those start at the next step).
             sch = self.scheduler
             waiting = len(sch.waiting) - max(0, sch.max_num_seqs - sch.num_seqs())
             if self.max_queued_requests is not None and waiting >= self.max_queued_requests:
                 raise QueueFullError(waiting, self.max_queued_requests)
-            rid = request_id or f"req-{next(self._ids)}"
-            if rid in self._requests:
-                raise ValueError(f"request id {rid!r} is already in use")
+            if req.request_id in self._requests:
+                raise ValueError(f"request id {req.request_id!r} is already in use")
             if 1 + len(fork_sinks) > self.scheduler.max_num_seqs:
                 raise ValueError(f"{1 + len(fork_sinks)} samples of one prompt need as many sequences at once; "
                                  f"this engine runs at most {self.scheduler.max_num_seqs} (runtime.max_num_seqs)")
-            spec = pooling is None and not prompt_logprobs and self.speculative_tokens > 0
-            req = EngineRequest(rid, ids, params, self.tokenizer, self.context_tokens, self._scratch, sink, grammar,
-                                self._proposer() if spec else None)
-            if prompt_logprobs:
-                req.prompt_logits = True
-                req.prompt_logprobs = []
-            if pooling is not None:
-                if pooling not in ("mean", "last", "cls"):
-                    raise ValueError(f"pooling {pooling!r} must be mean, last or cls")
-                req.embedding, req.pooling = True, pooling
-                req.pooled = np.zeros(self.runner.spec.config.dim, np.float64)  # (dim,) running sum or pick
-            self._requests[rid] = req
-            for i, fork_sink in enumerate(fork_sinks, 1):
-                fork_params = params if params.seed is None else dataclasses.replace(params, seed=params.seed + i)
-                fork = EngineRequest(f"{rid}.{i}", ids, fork_params, self.tokenizer, self.context_tokens,
-                                     self._scratch, fork_sink, grammar, self._proposer() if spec else None)
-                fork.fork_of = req
-                req.forks.append(fork)
-                self._requests[fork.request_id] = fork
+            if pooling is not None and pooling not in ("mean", "last", "cls"):
+                raise ValueError(f"pooling {pooling!r} must be mean, last or cls")
+            for r in [req] + req.forks:
+                self._requests[r.request_id] = r
             self.scheduler.reserve(req, len(req.forks))  # a slot for each fork, taken when it starts
             self.scheduler.add(req)
             self._wake.notify()
+        return req
+
+    def _new_request(self, rid: str, ids: list[int], params: SamplingParams, sink, fork_sinks: Sequence,
+                     pooling: str | None, prompt_logprobs: bool, grammar) -> EngineRequest:
+        """The request ``add_request`` queues, its forks in ``forks`` (not holding _mu)."""
+        spec = pooling is None and not prompt_logprobs and self.speculative_tokens > 0
+        req = EngineRequest(rid, ids, params, self.tokenizer, self.context_tokens, self._scratch, sink, grammar,
+                            self._proposer() if spec else None)
+        if prompt_logprobs:
+            req.prompt_logits = True
+            req.prompt_logprobs = []
+        if pooling is not None:
+            req.embedding, req.pooling = True, pooling
+            req.pooled = np.zeros(self.runner.spec.config.dim, np.float64)  # (dim,) running sum or pick
+        for i, fork_sink in enumerate(fork_sinks, 1):
+            fork_params = params if params.seed is None else dataclasses.replace(params, seed=params.seed + i)
+            fork = EngineRequest(f"{rid}.{i}", ids, fork_params, self.tokenizer, self.context_tokens,
+                                 self._scratch, fork_sink, grammar, self._proposer() if spec else None)
+            fork.fork_of = req
+            req.forks.append(fork)
         return req
 
     def _proposer(self):
@@ -266,18 +223,7 @@ class Engine:
             now = time.perf_counter()
             for s in plan.seqs:  # a run went through: a later failure is a new one, retried again
                 s.request.failed_steps = 0
-            row = generated = 0
-            ended = []
-            forked = []
-            hidden = self.runner.hidden
-            for s in plan.seqs:
-                n = s.num_rows  # the plan says which rows are whose: run() returns them in step order
-                try:
-                    generated += self._output(s, logits[row:row + n], hidden[row:row + n], now, ended, forked)
-                except Exception as e:  # this request's output failed: it alone ends
-                    log.exception("request %s failed while its output was made", s.request.request_id)
-                    ended.append((s.request, "abort", {"error": _internal(s.request, e)}))
-                row += n
+            generated, ended, forked = self._make_outputs(plan.seqs, logits, now)
             with self._mu:
                 for fork in forked:  # before the parent's sequence grows (at the next step)
                     self._start_fork(fork)
@@ -289,79 +235,17 @@ class Engine:
             m.on_step(now, now - t0, plan.num_tokens, generated)
             return len(plan.seqs)
 
-    def _output(self, s, rows: np.ndarray, hidden: np.ndarray, now: float, ended: list, forked: list) -> int:
-        """Use one sequence's rows of a step's output (logits (R, vocab), final hidden
-        states (R, dim)): pool an embedding, keep the prompt's log-probabilities, sample
-        (after forking, when the prompt was just computed; each proposal's row while the
-        samples agree with them). Requests that end go to ``ended``, forks to start to
-        ``forked``. Returns the tokens sampled."""
-        req = s.request
-        if s.hidden and req.embedding:  # an embedding's chunk: pool its rows, end after the last
-            end = self._pool(req, hidden, s.alloc.pos0)
-            if end is not None:
-                ended.append(end)
-            return 0
-        if s.hidden:  # a prompt chunk whose every position's log-probabilities are wanted
-            self._prompt_logprobs(req, rows, s.alloc.pos0)
-        if not s.logits:
-            return 0
-        sampled = 0
-        if req.forks and req.first_token_time is None:  # its prompt is computed: fork now
-            for fork in req.forks:
-                if fork.fork_of is not None:  # not aborted while waiting
-                    forked.append(fork)
-                    sampled += 1
-                    if self._sample(fork, rows[-1], now, ended) and fork.proposer is not None:
-                        self._propose(fork)
-        if s.draft:
-            going, rows_sampled = self._verify(req, s.token_ids[-s.draft:], rows, now, ended)
-        else:
-            going, rows_sampled = self._sample(req, rows[-1], now, ended), 1  # the chunk's last row samples
-        if going and req.proposer is not None:
-            self._propose(req)
-        return sampled + rows_sampled
-
-    def _verify(self, req: EngineRequest, draft: list[int], rows: np.ndarray, now: float,
-                ended: list) -> tuple[bool, int]:
-        """Sample the rows of a step that ran proposals (runtime/speculative.py), in order,
-        as plain decoding would: row i's sample is kept, and the next row sampled, while it
-        equals proposal i. The cache rolls back the proposals after the last one kept.
-        Returns whether the request goes on, and the rows sampled."""
-        known = req.n  # the last known token's KV was computed in this step, with the proposals'
-        kept, going = 0, True
-        for i in range(len(draft) + 1):
-            if not self._sample(req, rows[i], now, ended):
-                going = False  # the request ended; its cache goes with it
-                break
-            if i == len(draft) or req.ids[req.n - 1] != draft[i]:
-                break
-            kept += 1
-        req.proposer.update(len(draft), kept)
-        self.metrics.on_proposals(len(draft), kept)
-        if going:
-            req.computed = known + kept
-            self.runner.cache.truncate(req.seq_id, req.computed)
-        return going, i + 1
-
-    def _propose(self, req: EngineRequest) -> None:
-        """The proposals the request's next decode step runs (the scheduler may cut them
-        to its budget): no more than the tokens it may still generate and the context holds."""
-        limit = min(req.params.max_tokens - len(req.generated) - 1, req.context_tokens - req.n)
-        req.draft = req.proposer.propose(req.ids, req.n, limit) if limit > 0 else []
-
-    def _sample(self, req: EngineRequest, logits: np.ndarray, now: float, ended: list) -> bool:
-        """``_advance``, and the request's end (if any) into ``ended``; an error while it
-        samples ends this request alone (a fork that failed its first sample never runs).
-        True while the request goes on; then its next proposals are made."""
-        try:
-            end = self._advance(req, logits, now)
-        except Exception as e:
-            log.exception("request %s failed while it sampled", req.request_id)
-            end = (req, "abort", {"error": _internal(req, e)})
-        if end is not None:
-            ended.append(end)
-            return False
-        return True
+    def _make_outputs(self, seqs: list[SeqStep], logits: np.ndarray, now: float) -> tuple[int, list, list]:
+        """Every sequence's output from its rows of the run (not holding _mu): the tokens
+        sampled, the requests that ended and the forks to start (``OutputMaker.make``)."""
+        generated, ended, forked = 0, [], []
+        for s, rows, hidden in rows_by_seq(seqs, logits, self.runner.hidden):
+            try:
+                generated += self.outputs.make(s, rows, hidden, now, ended, forked)
+            except Exception as e:  # this request's output failed: it alone ends
+                log.exception("request %s failed while its output was made", s.request.request_id)
+                ended.append((s.request, "abort", {"error": internal_error(s.request, e)}))
+        return generated, ended, forked
 
     def _retry_or_fail(self, req: EngineRequest, error: BaseException) -> None:
         """A model run with ``req`` in it raised (holding _mu): the first time, recompute it
@@ -373,89 +257,11 @@ class Engine:
             self.scheduler.preempt(req, for_room=False)
             self.metrics.retried_requests += 1
         else:
-            self._end(req, error=_internal(req, error))
+            self._end(req, error=internal_error(req, error))
 
     def run_until_done(self) -> None:
         while self.step():
             pass
-
-    def _advance(self, req: EngineRequest, logits: np.ndarray, now: float):
-        """Sample the request's next token and deliver its delta (not holding _mu).
-        Returns ``(request, finish_reason, _end keywords)`` when the request ends."""
-        if req.first_token_time is None:
-            req.first_token_time = now
-            self.metrics.on_first_token(now - req.arrival)
-        else:
-            req.decode_steps += 1
-        m = req.matcher
-        bias = None
-        if m is not None:
-            bias = self._scratch.bias
-            m.fill_bias(bias)
-        token = req.sampler.sample(logits, req.ids[:req.n], bias)
-        if m is not None:
-            m.accept(token)  # the mask only let through what the grammar accepts
-            if token in self.tokenizer.stop_ids:  # the grammar allowed an end: it is complete (even with ignore_eos)
-                return req, "stop", {"stop_reason": token}
-        if token in req.stop_ids:
-            return req, "stop", {"stop_reason": token}
-        req.append(token)
-        if req.logprobs is not None:
-            req.logprobs.append((token, *req.sampler.last_logprobs))
-        text, stop = req.stream.push(token)
-        if stop is not None:
-            return req, "stop", {"stop_reason": stop, "text": text, "token": token}
-        if m is not None and m.is_finished():  # the grammar is complete: nothing may follow
-            return req, "stop", {"text": text, "token": token}
-        if len(req.generated) >= req.params.max_tokens:
-            return req, "length", {"text": text, "token": token}
-        if req.n >= req.context_tokens:
-            return req, "context_full", {"text": text, "token": token}
-        if req.sink is not None:
-            req.sink(Delta(text, (token,), logprobs=req.logprobs[-1:] if req.logprobs is not None else ()), None)
-        return None
-
-    def _prompt_logprobs(self, req: EngineRequest, rows: np.ndarray, pos0: int) -> None:
-        """Log-probabilities of the prompt tokens a chunk's logits rows (n, vocab) predict:
-        row j predicts the token at pos0 + j + 1 (the raw model distribution)."""
-        if pos0 == 0:
-            req.prompt_logprobs.clear()  # the first chunk (again, after a preemption)
-        m = min(len(rows), len(req.prompt_ids) - 1 - pos0)
-        if m <= 0:
-            return
-        x = rows[:m].astype(np.float64)                                   # (m, vocab)
-        top = x.max(axis=1, keepdims=True)
-        lse = top[:, 0] + np.log(np.exp(x - top).sum(axis=1))            # (m,)
-        nxt = np.asarray(req.prompt_ids[pos0 + 1:pos0 + 1 + m], np.int64)
-        lp = x[np.arange(m), nxt] - lse
-        k = min(req.params.logprobs or 0, x.shape[1])
-        if k:
-            ids = np.argpartition(x, x.shape[1] - k, axis=1)[:, -k:]       # (m, k)
-            ids = np.take_along_axis(ids, np.argsort(-np.take_along_axis(x, ids, 1), axis=1, kind="stable"), 1)
-            vals = np.take_along_axis(x, ids, 1) - lse[:, None]
-            alts = [tuple(zip(map(int, a), map(float, v))) for a, v in zip(ids, vals)]
-        else:
-            alts = [()] * m
-        req.prompt_logprobs.extend(zip(map(int, nxt), map(float, lp), alts))
-
-    def _pool(self, req: EngineRequest, rows: np.ndarray, pos0: int):
-        """Fold a chunk's hidden rows (n, dim) into an embedding request; at its last
-        chunk return its end (as ``_advance`` does)."""
-        if pos0 == 0:  # the first chunk (again, after a preemption)
-            req.pooled[:] = 0.0
-        if req.pooling == "mean":
-            req.pooled += rows.sum(axis=0, dtype=np.float64)
-        elif req.pooling == "cls" and pos0 == 0:
-            req.pooled[:] = rows[0]
-        if req.computed < req.n:
-            return None
-        if req.pooling == "last":
-            req.pooled[:] = rows[-1]
-        elif req.pooling == "mean":
-            req.pooled /= req.n
-        if req.first_token_time is None:
-            req.first_token_time = time.perf_counter()
-        return req, "stop", {}
 
     def _start_fork(self, fork: EngineRequest) -> None:
         """Run ``fork`` from now on, on a fork of its parent's cache sequence (holding _mu):
@@ -487,42 +293,7 @@ class Engine:
         self._aborts.discard(req.request_id)
         if req.proposer is not None:
             req.proposer.close()  # a draft model's sequence for it
-        if error is not None:
-            if isinstance(error, InternalError):
-                self.metrics.failed_requests += 1
-            if req.sink is not None:
-                req.sink(None, error)
-            return
-        try:
-            flush = finish != "stop" or stop_reason in req.stop_ids
-            text += req.stream.finish(flush)
-            now = time.perf_counter()
-            first = req.first_token_time or now
-            cached = req.cached_tokens or 0
-            req.completion = Completion(
-                text=req.stream.text,
-                token_ids=tuple(req.generated),
-                prompt_token_ids=tuple(req.prompt_ids),
-                finish_reason=finish,
-                usage=Usage(len(req.prompt_ids), len(req.generated), cached),
-                timings=Timings((first - req.arrival) * 1e3, (now - first) * 1e3, len(req.prompt_ids) - cached,
-                                req.decode_steps),
-                stop_reason=stop_reason,
-                logprobs=tuple(req.logprobs) if req.logprobs is not None else None,
-                embedding=_normalised(req.pooled) if req.embedding and finish == "stop" else None,
-                prompt_logprobs=tuple(req.prompt_logprobs) if req.prompt_logits else None,
-            )
-            self.metrics.on_finish(req, now)
-        except Exception as e:  # its last delta cannot be made: its consumer alone gets the error
-            log.exception("request %s failed as it ended", req.request_id)
-            req.completion = None
-            self.metrics.failed_requests += 1
-            if req.sink is not None:
-                req.sink(None, _internal(req, e))
-            return
-        if req.sink is not None:
-            last = tuple(req.logprobs[-1:]) if req.logprobs is not None and token is not None else ()
-            req.sink(Delta(text, () if token is None else (token,), finish, req.completion, last), None)
+        self.outputs.end(req, finish, stop_reason, text, token, error)
 
     def _apply_aborts(self) -> None:
         with self._mu:
@@ -572,11 +343,11 @@ class Engine:
                 with self._mu:
                     for req in list(self._requests.values()):
                         if req.status is not Status.FINISHED:
-                            self._end(req, error=_internal(req, e))
+                            self._end(req, error=internal_error(req, e))
 
     # -- async API -----------------------------------------------------------------
     async def submit(self, prompt: str | Sequence[int], params: SamplingParams | None = None, *,
-                     request_id: str | None = None) -> "RequestHandle":
+                     request_id: str | None = None) -> RequestHandle:
         """Queue a request; the handle is an async iterator of ``Delta``s."""
         return (await self.submit_n(prompt, params, 1, request_id=request_id))[0]
 
@@ -587,7 +358,7 @@ class Engine:
         try:
             for ids in prompts:
                 h = RequestHandle(self, loop)
-                h.request = self.add_request(list(ids), SamplingParams(max_tokens=1), sink=h._sink, pooling=pooling)
+                h.request = self.add_request(list(ids), SamplingParams(max_tokens=1), sink=h.sink, pooling=pooling)
                 handles.append(h)
             self.start()
             for h in handles:
@@ -602,15 +373,15 @@ class Engine:
 
     async def submit_n(self, prompt: str | Sequence[int], params: SamplingParams | None = None, n: int = 1, *,
                        request_id: str | None = None, prompt_logprobs: bool = False,
-                       grammar=None) -> list["RequestHandle"]:
+                       grammar=None) -> list[RequestHandle]:
         """Queue ``n`` samples of one prompt: the prompt is computed once and the other
         samples run on forks of its cache sequence (``add_request``'s ``fork_sinks``).
         One handle per sample."""
         ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
         loop = asyncio.get_running_loop()
         handles = [RequestHandle(self, loop) for _ in range(n)]
-        req = self.add_request(ids, params, request_id=request_id, sink=handles[0]._sink,
-                               fork_sinks=[h._sink for h in handles[1:]], prompt_logprobs=prompt_logprobs,
+        req = self.add_request(ids, params, request_id=request_id, sink=handles[0].sink,
+                               fork_sinks=[h.sink for h in handles[1:]], prompt_logprobs=prompt_logprobs,
                                grammar=grammar)
         for h, r in zip(handles, [req] + req.forks):
             h.request = r
@@ -635,77 +406,16 @@ class Engine:
                                        profile=self.power_profile, disk=disk.stats if disk else None)
 
 
-class _Consumer:
-    """What a request's consumer shares: turning sink items into deltas."""
-
-    done = False
-
-    def _receive(self, delta: Delta | None, error: BaseException | None) -> Delta:
-        """The delta of one sink item (raising the error it carries); ``done`` after the last."""
-        if error is not None:
-            self.done = True
-            raise error
-        self.done = delta.finish_reason is not None
-        return delta
-
-
-class RequestHandle(_Consumer):
-    """An async iterator of one request's ``Delta``s; ``completion`` once it ends."""
-
-    def __init__(self, engine: Engine, loop: asyncio.AbstractEventLoop):
-        self.engine = engine
-        self.request: EngineRequest | None = None
-        self._loop = loop
-        self._queue: asyncio.Queue = asyncio.Queue()
-
-    @property
-    def request_id(self) -> str:
-        return self.request.request_id
-
-    @property
-    def completion(self) -> Completion | None:
-        return self.request.completion if self.request else None
-
-    def _sink(self, delta: Delta | None, error: BaseException | None) -> None:
-        try:
-            self._loop.call_soon_threadsafe(self._queue.put_nowait, (delta, error))
-        except RuntimeError:  # the event loop is closed: nobody is listening
-            pass
-
-    def __aiter__(self) -> AsyncIterator[Delta]:
-        return self
-
-    async def __anext__(self) -> Delta:
-        if self.done:
-            raise StopAsyncIteration
-        return self._receive(*await self._queue.get())
-
-    def abort(self) -> None:
-        self.engine.abort(self.request_id)
-
-
-class SyncStream(_Consumer):
-    """Deltas of one request for a synchronous caller: steps the engine itself unless
-    the background loop runs."""
-
-    def __init__(self, engine: Engine, prompt_ids: Sequence[int], params: SamplingParams):
-        self.engine = engine
-        self._q: queue.SimpleQueue = queue.SimpleQueue()
-        self.request = engine.add_request(prompt_ids, params, sink=lambda d, e: self._q.put((d, e)))
-
-    def next_delta(self) -> Delta | None:
-        """The next delta; None once the request has ended."""
-        if self.done:
-            return None
-        while True:
-            try:
-                delta, error = self._q.get_nowait()
-                break
-            except queue.Empty:
-                pass
-            if self.engine.running_in_background:
-                delta, error = self._q.get()
-                break
-            if not self.engine.step() and self._q.empty():
-                raise DualPathError(f"request {self.request.request_id} made no progress")
-        return self._receive(delta, error)
+def rows_by_seq(seqs: list[SeqStep], logits: np.ndarray,
+                hidden: np.ndarray) -> Iterator[tuple[SeqStep, np.ndarray, np.ndarray]]:
+    """Each sequence of a step with its rows of the run's output (logits (R, vocab), final
+    hidden states (R, dim)): the plan says whose they are, ``SeqStep.num_rows`` each in
+    step order, as ``ModelRunner.run`` returns them."""
+    bounds, row = [], 0
+    for s in seqs:
+        bounds.append((s, row, row + s.num_rows))
+        row += s.num_rows
+    if row != len(logits):
+        raise RuntimeError(f"the model run returned {len(logits)} logits rows; the step's plan has {row}")
+    for s, start, end in bounds:
+        yield s, logits[start:end], hidden[start:end]

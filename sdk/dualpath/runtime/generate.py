@@ -4,7 +4,9 @@ module turns them into text."""
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
+from typing import Sequence
 
 import numpy as np
 
@@ -84,15 +86,22 @@ class TextStream:
 
     Stop strings are held back: a delta never contains text that could still turn
     out to be the start of a stop string, and the stop string itself is not emitted.
-    The prompt goes through the stream decoder silently first, so the leading-space
-    rule and UTF-8 boundaries apply to the whole sequence.
+    The generated text decodes as it would after the whole prompt (the leading-space
+    rule and UTF-8 boundaries apply to the whole sequence), yet the prompt is not
+    decoded: the engine makes a stream under its lock for every request and every
+    sample, so the cost must not grow with the prompt.
     """
 
-    def __init__(self, tokenizer, prompt_ids, params: SamplingParams):
+    def __init__(self, tokenizer, prompt_ids: Sequence[int], params: SamplingParams):
         from ..tokenizer import StreamDecoder
 
-        self.decoder = StreamDecoder(tokenizer)
-        for t in prompt_ids:
+        # What the prompt leaves in the decoder: whether text has started (read from the
+        # front, up to the first token with text) and the UTF-8 bytes of an unfinished
+        # character (only the last UTF8_MAX_BYTES bytes decide those, so only the tokens
+        # holding them are fed).
+        tail = _tail_start(tokenizer, prompt_ids)
+        self.decoder = StreamDecoder(tokenizer, prompt_ids=itertools.islice(prompt_ids, tail))
+        for t in prompt_ids[tail:]:
             self.decoder.feed(t)
         self.stops = params.stop
         self.hold = max((len(s) for s in self.stops), default=1) - 1
@@ -126,6 +135,23 @@ class TextStream:
         out, self.pending = self.pending[:n], self.pending[n:]
         self.emitted.append(out)
         return out
+
+
+UTF8_MAX_BYTES = 4
+"""The longest UTF-8 sequence. An incremental UTF-8 decoder restarts at every byte that
+is not a continuation byte, so its state after a byte string depends only on the last
+this many bytes."""
+
+
+def _tail_start(tokenizer, prompt_ids: Sequence[int]) -> int:
+    """Where the prompt tokens begin whose bytes end the prompt with at least
+    ``UTF8_MAX_BYTES`` bytes (0 for a shorter prompt). Tokens without text (BOS, control
+    tokens) add no bytes, so the walk is as long as the prompt's trailing run of them."""
+    start, num_bytes = len(prompt_ids), 0
+    while start > 0 and num_bytes < UTF8_MAX_BYTES:
+        start -= 1
+        num_bytes += len(tokenizer.token_bytes(prompt_ids[start]))
+    return start
 
 
 def _find_stop(text: str, stops: tuple[str, ...]) -> tuple[int, str] | None:
