@@ -78,13 +78,11 @@ class StepBuffers:
             else:
                 self.seqs[E] = (row, n, pos0, span, ns)
                 E += 1
-            if e.hidden:  # an embedding: every token's row
-                self.rows[R:R + n] = a[:n] + row
-                R += n
-            elif e.logits:  # the last known token's row, and one per proposal after it
-                k = 1 + e.draft
-                self.rows[R:R + k] = a[:k] + (row + n - k)
-                R += k
+            # The plan's row count (SeqStep.num_rows): an embedding's every token, else the
+            # last known token's row and one per proposal after it, which end the chunk.
+            k = e.num_rows
+            self.rows[R:R + k] = a[:k] + (row if e.hidden else row + n - k)
+            R += k
             prefill = prefill or alloc.prefill
             row += n
             span += ns
