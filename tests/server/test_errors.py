@@ -24,17 +24,10 @@ pytest.importorskip("uvicorn")
 import dualpath  # noqa: E402
 from dualpath.errors import DualPathError  # noqa: E402
 
-from test_server import CHAT_TEMPLATE, LiveServer, idle  # noqa: E402
-from tests_shared import write_gguf_with_chat_template  # noqa: E402
+from test_server import LiveServer, idle  # noqa: E402
 
 MODEL = "stories260k"
 CHAT = [{"role": "user", "content": "Once upon a time"}]
-
-
-@pytest.fixture(scope="module")
-def chat_gguf(gguf_path, tmp_path_factory):
-    return write_gguf_with_chat_template(gguf_path, tmp_path_factory.mktemp("errors") / "stories260K-chat.gguf",
-                                         CHAT_TEMPLATE)
 
 
 @pytest.fixture(scope="module")
