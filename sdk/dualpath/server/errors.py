@@ -61,7 +61,7 @@ before its base. Their messages are written for the user and are sent as they ar
 other ``DualPathError`` (a model, config, tokenizer, store or dependency problem) can only
 be the server's own fault, and is a 500 like any unexpected exception."""
 RETRY_AFTER_S = 1
-"""``Retry-After`` of a 429 or 503: one second, about the time a few requests take to end."""
+"""``Retry-After`` of a 429 or 503, in seconds: the queue moves as soon as a running request ends."""
 
 
 def api_error(exc: BaseException, param: str | None = None) -> APIError:
