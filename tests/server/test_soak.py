@@ -52,6 +52,7 @@ def test_a_soak_under_the_mixed_load_ends_clean_without_5xx_leaks_or_growth(gguf
           f"tracebacks in the server's log {r['tracebacks_in_log']}"
           f"\n  server RSS {r['rss_warm_mb']:.1f} MiB after warm-up, {r['rss_end_mb']:.1f} MiB at the end "
           f"({growth * 100:+.2f}%); without the KV arena {r['rss_growth_after_warmup_without_kv'] or 0:+.2%}"
+          f"\n  RSS over the run (s: MiB): {', '.join(f'{t:.0f}: {m:.1f}' for t, m, _ in r['rss_mb'][::15])}"
           f"\n  greedy output {'unchanged' if r['greedy_unchanged'] else 'CHANGED'}; step retries "
           f"{r['step_retries']:.0f}; at shutdown: {r['invariants']}")
     assert r["server_errors"] == 0 and r["failures"] == 0, r["failure_examples"]

@@ -94,7 +94,7 @@ class Server:
     async def _submit(self, ids: list[int], params: SamplingParams, n: int = 1, prompt_logprobs: bool = False,
                       grammar=None):
         return await engine_call(self.engine.submit_n(ids, params, n, prompt_logprobs=prompt_logprobs,
-                                                       grammar=grammar), "prompt")
+                                                      grammar=grammar), "prompt")
 
     async def embeddings(self, request: Request) -> Response:
         """The pooled final hidden state of each input (the model's pooling type from its
@@ -107,9 +107,9 @@ class Server:
                         allowed="'float' or 'base64'")
         dim = self.llm.spec.config.dim
         get_field(body, "dimensions", (int,), dim, check=lambda v: v == dim,
-             allowed=f"{dim} (this model's embedding size; shortening is not supported)")
+                  allowed=f"{dim} (this model's embedding size; shortening is not supported)")
         vectors = await engine_call(self.engine.embed(prompts, self.llm.spec.metadata.get("pooling", "mean")),
-                                     "input")
+                                    "input")
         data = []
         for i, v in enumerate(vectors):
             if fmt == "base64":
