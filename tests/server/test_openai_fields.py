@@ -15,16 +15,9 @@ pytest.importorskip("uvicorn")
 import dualpath  # noqa: E402
 from dualpath.runtime.sampler import Sampler, SamplingParams  # noqa: E402
 
-from test_server import CHAT_TEMPLATE, KEY, LiveServer  # noqa: E402
-from tests_shared import write_gguf_with_chat_template  # noqa: E402
+from test_server import KEY, LiveServer  # noqa: E402
 
 PROMPT = "Once upon a time"
-
-
-@pytest.fixture(scope="module")
-def chat_gguf(gguf_path, tmp_path_factory):
-    return write_gguf_with_chat_template(gguf_path, tmp_path_factory.mktemp("fields") / "stories260K-chat.gguf",
-                                         CHAT_TEMPLATE)
 
 
 @pytest.fixture(scope="module")

@@ -17,7 +17,6 @@ uvicorn = pytest.importorskip("uvicorn")
 import dualpath  # noqa: E402
 from dualpath import SamplingParams  # noqa: E402
 from dualpath.server import create_app  # noqa: E402
-from tests_shared import write_gguf_with_chat_template  # noqa: E402
 
 CHAT_TEMPLATE = ("{% for m in messages %}{% if m['role'] == 'user' %}{{ m['content'] }}"
                  "{% else %}{{ m['content'] }}\n{% endif %}{% endfor %}")
@@ -48,12 +47,6 @@ class LiveServer:
     def stop(self):
         self.server.should_exit = True
         self.thread.join(timeout=30)
-
-
-@pytest.fixture(scope="module")
-def chat_gguf(gguf_path, tmp_path_factory):
-    return write_gguf_with_chat_template(gguf_path, tmp_path_factory.mktemp("srv") / "stories260K-chat.gguf",
-                                         CHAT_TEMPLATE)
 
 
 @pytest.fixture(scope="module")

@@ -76,13 +76,16 @@ def _clients(base: str, clients: int, duration_s: float, max_tokens: int, seed: 
     return {"wall_s": wall, "requests": done[0], "failures": failures, "ttft": ttft, "tpot": tpot}
 
 
-MIX = ("stream", "cut", "chat_n", "chat_n_stream", "embed", "json_schema", "bad_json", "too_long", "plain")
+MIX = ("stream", "cut", "cancel", "chat_n", "chat_n_stream", "embed", "json_schema", "bad_json", "too_long",
+       "plain")
 """What a mixed client sends, one at random per request: completions streamed to the end or
-cut after a few chunks (the client closes the connection), chats with ``n`` = 2 (whole or
-streamed), embeddings, a chat held to a JSON schema, malformed JSON, a prompt longer than
-the context, a plain completion."""
-_EXPECTED = {"bad_json": 400, "too_long": 400}
-"""The status each kind must get (200 where not listed)."""
+cut after a few chunks (the client closes the connection), a chat given up before its whole
+answer came (cancelled), chats with ``n`` = 2 (whole or streamed), embeddings, a chat held
+to a JSON schema, malformed JSON, a prompt longer than the context, a plain completion."""
+CANCELLED = 499
+"""The status counted for a request the client gave up (nginx's "client closed request")."""
+_EXPECTED = {"bad_json": (400,), "too_long": (400,), "cancel": (CANCELLED, 200)}
+"""The statuses each kind may get (200 where not listed; a cancelled request may finish first)."""
 _SCHEMA = {"type": "json_schema", "json_schema": {"name": "pet", "schema": {
     "type": "object", "properties": {"name": {"type": "string", "maxLength": 12}, "age": {"type": "integer"}},
     "required": ["name", "age"], "additionalProperties": False}}}
@@ -108,6 +111,71 @@ def _mapping_rss_mb(pid: int, min_bytes: int, max_bytes: int) -> float | None:
     return min(found)[1] / 1024.0 if found else None
 
 
+async def _mixed_stream(kind: str, http, path: str, body: dict) -> tuple[int, str | None]:
+    """A streamed request of the mix, read to the end or cut after three chunks (``cut``:
+    the client goes away mid-stream); (status, what was wrong or None)."""
+    finished, chunks = set(), 0
+    async with http.stream("POST", path, json={**body, "stream": True}) as r:
+        if r.status_code != 200:
+            await r.aread()
+            return r.status_code, None
+        async for line in r.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            event = json.loads(line[6:])
+            if "error" in event:
+                return 500, f"error event: {event['error']}"
+            chunks += 1
+            for c in event["choices"]:
+                if c["finish_reason"] is not None:
+                    finished.add(c["index"])
+            if kind == "cut" and chunks >= 3:
+                return 200, None  # leaving the block closes the connection mid-stream
+    want = 2 if kind == "chat_n_stream" else 1
+    return 200, None if len(finished) == want else f"{len(finished)} of {want} choices finished"
+
+
+async def _mixed_request(kind: str, rng, http, max_tokens: int, context_tokens: int) -> tuple[int, str | None]:
+    """Send one request of the ``MIX``: (status, what was wrong with a 2xx answer or None);
+    ``CANCELLED`` for a request the client gave up before its answer came."""
+    import asyncio
+
+    words = " ".join(rng.choice(WORDS, int(rng.integers(3, 24))))
+    n_tok = int(rng.integers(max_tokens // 2, max_tokens + 1))
+    sampling = {"max_tokens": n_tok, "temperature": 0.8, "seed": int(rng.integers(1 << 30))}
+    chat = {"messages": [{"role": "user", "content": words}], **sampling}
+    if kind == "bad_json":
+        r = await http.post("/v1/completions", content=b'{"prompt": "x", "max_tokens": ',
+                            headers={"content-type": "application/json"})
+        return r.status_code, None if "error" in r.json() else "no error object"
+    if kind == "too_long":
+        ids = [int(t) for t in rng.integers(5, 200, context_tokens + 8)]  # past the context
+        r = await http.post("/v1/completions", json={"prompt": ids, "max_tokens": 4})
+        return r.status_code, None if r.json()["error"]["code"] == "context_length_exceeded" else r.text[:200]
+    if kind == "embed":
+        r = await http.post("/v1/embeddings", json={"input": [words, words[::-1] or "a"]})
+        return r.status_code, None if r.status_code != 200 or len(r.json()["data"]) == 2 else "not 2 vectors"
+    if kind == "cancel":  # a whole answer awaited, then given up: the connection closes before it comes
+        post = http.post("/v1/chat/completions", json={**chat, "max_tokens": max_tokens, "ignore_eos": True})
+        try:
+            r = await asyncio.wait_for(post, timeout=float(rng.uniform(0.01, 0.2)))
+        except asyncio.TimeoutError:
+            return CANCELLED, None
+        return r.status_code, None
+    if kind in ("plain", "chat_n", "json_schema"):
+        path, body = {"plain": ("/v1/completions", {"prompt": words, **sampling}),
+                      "chat_n": ("/v1/chat/completions", {**chat, "n": 2}),
+                      "json_schema": ("/v1/chat/completions", {**chat, "response_format": _SCHEMA})}[kind]
+        r = await http.post(path, json=body)
+        if r.status_code != 200:
+            return r.status_code, None
+        got = r.json()["choices"]
+        return 200, None if len(got) == (2 if kind == "chat_n" else 1) else f"{len(got)} choices"
+    path, body = (("/v1/chat/completions", {**chat, "n": 2}) if kind == "chat_n_stream"
+                  else ("/v1/completions", {"prompt": words, **sampling}))
+    return await _mixed_stream(kind, http, path, body)
+
+
 def _mixed_clients(base: str, clients: int, duration_s: float, max_tokens: int, seed: int, pid: int) -> dict:
     """Run ``clients`` clients sending the ``MIX`` at random for ``duration_s``; every answer's
     status checked against what its kind must get, every stream read for an error event.
@@ -122,69 +190,20 @@ def _mixed_clients(base: str, clients: int, duration_s: float, max_tokens: int, 
     failures, rss = [], []
     context = [0]
 
-    async def one(kind: str, rng, http: httpx.AsyncClient) -> tuple[int, str | None]:
-        """(status, what was wrong with a 2xx answer or None)."""
-        words = " ".join(rng.choice(WORDS, int(rng.integers(3, 24))))
-        n_tok = int(rng.integers(max_tokens // 2, max_tokens + 1))
-        sampling = {"max_tokens": n_tok, "temperature": 0.8, "seed": int(rng.integers(1 << 30))}
-        chat = {"messages": [{"role": "user", "content": words}], **sampling}
-        if kind == "bad_json":
-            r = await http.post("/v1/completions", content=b'{"prompt": "x", "max_tokens": ',
-                                headers={"content-type": "application/json"})
-            return r.status_code, None if "error" in r.json() else "no error object"
-        if kind == "too_long":
-            ids = [int(t) for t in rng.integers(5, 200, context[0] + 8)]  # past the context
-            r = await http.post("/v1/completions", json={"prompt": ids, "max_tokens": 4})
-            return r.status_code, None if r.json()["error"]["code"] == "context_length_exceeded" else r.text[:200]
-        if kind == "embed":
-            r = await http.post("/v1/embeddings", json={"input": [words, words[::-1] or "a"]})
-            return r.status_code, None if r.status_code != 200 or len(r.json()["data"]) == 2 else "not 2 vectors"
-        if kind in ("plain", "chat_n", "json_schema"):
-            path, body = {"plain": ("/v1/completions", {"prompt": words, **sampling}),
-                          "chat_n": ("/v1/chat/completions", {**chat, "n": 2}),
-                          "json_schema": ("/v1/chat/completions", {**chat, "response_format": _SCHEMA})}[kind]
-            r = await http.post(path, json=body)
-            if r.status_code != 200:
-                return r.status_code, None
-            got = r.json()["choices"]
-            return 200, None if len(got) == (2 if kind == "chat_n" else 1) else f"{len(got)} choices"
-        # Streams: to the end, or cut after three chunks (the client goes away).
-        path, body = (("/v1/chat/completions", {**chat, "n": 2}) if kind == "chat_n_stream"
-                      else ("/v1/completions", {"prompt": words, **sampling}))
-        finished, chunks = set(), 0
-        async with http.stream("POST", path, json={**body, "stream": True}) as r:
-            if r.status_code != 200:
-                await r.aread()
-                return r.status_code, None
-            async for line in r.aiter_lines():
-                if not line.startswith("data: ") or line == "data: [DONE]":
-                    continue
-                event = json.loads(line[6:])
-                if "error" in event:
-                    return 500, f"error event: {event['error']}"
-                chunks += 1
-                for c in event["choices"]:
-                    if c["finish_reason"] is not None:
-                        finished.add(c["index"])
-                if kind == "cut" and chunks >= 3:
-                    return 200, None  # leaving the block closes the connection mid-stream
-        want = 2 if kind == "chat_n_stream" else 1
-        return 200, None if len(finished) == want else f"{len(finished)} of {want} choices finished"
-
     async def client(i: int, http: httpx.AsyncClient, stop_at: float):
         rng = np.random.default_rng(seed * 1000 + i)
         while time.perf_counter() < stop_at:
             kind = MIX[int(rng.integers(len(MIX)))]
             sent[kind] += 1
             try:
-                status, wrong = await one(kind, rng, http)
+                status, wrong = await _mixed_request(kind, rng, http, max_tokens, context[0])
             except (httpx.HTTPError, ValueError, KeyError) as e:
                 status, wrong = 0, f"{type(e).__name__}: {e}"
             statuses[status] += 1
             if status == 429:  # overload, refused with Retry-After: a right answer, counted apart
                 await asyncio.sleep(0.1)
                 continue
-            if status != _EXPECTED.get(kind, 200) or wrong:
+            if status not in _EXPECTED.get(kind, (200,)) or wrong:
                 failures.append(f"{kind}: HTTP {status}{': ' + wrong if wrong else ''}")
 
     arena = [0]

@@ -304,6 +304,42 @@ def http_run(name: str, argv: list[str], base: str, schedule: list[dict], warmup
     }
 
 
+LATENCY_HEAD = (f"{'TTFT p50':>9} | {'TTFT p99':>9} | {'TPOT p50':>9} | {'TPOT p99':>9} | "
+                f"{'chat TTFT p50/p99':>17} | {'doc TTFT p50/p99':>16}")
+"""The latency columns both tables of bench serve share (in process and over HTTP)."""
+
+
+def _latency_cells(med, name: str) -> str:
+    """``name``'s row under ``LATENCY_HEAD``; ``med(name, key)`` is a median of its runs."""
+    return (f"{med(name, 'ttft_p50_ms'):7.0f}ms | {med(name, 'ttft_p99_ms'):7.0f}ms | "
+            f"{med(name, 'tpot_p50_ms'):7.1f}ms | {med(name, 'tpot_p99_ms'):7.1f}ms | "
+            f"{med(name, 'chat_ttft_p50_ms'):6.0f} / {med(name, 'chat_ttft_p99_ms'):6.0f}ms | "
+            f"{med(name, 'doc_ttft_p50_ms'):5.0f} / {med(name, 'doc_ttft_p99_ms'):6.0f}ms")
+
+
+def _print_http_medians(runs: dict, params: dict, repeats: int, peer_name: str | None) -> None:
+    """The table of ``bench serve --http``: each server's medians over its runs, and each
+    dualpath mode against the peer (the last server) when there is one."""
+    servers = list(runs)
+
+    def med(name: str, key: str) -> float:
+        return median_of(runs[name], key) if all(row[key] is not None for row in runs[name]) else float("nan")
+
+    print(f"\nmedians of {repeats} run(s), over HTTP from one streaming client "
+          f"({params['max_num_seqs']} slots, {params['kv_cache_tokens']} KV tokens, {params['threads']} threads):")
+    head = f"{'server':>16} | {LATENCY_HEAD} | {'prompt cached':>13} | {'peak RSS':>9} | {'wall':>6}"
+    print(head)
+    print("-" * len(head))
+    for name in servers:
+        cached = med(name, "cached_prompt_tokens") / max(1.0, med(name, "prompt_tokens"))
+        print(f"{name:>16} | {_latency_cells(med, name)} | "
+              f"{cached:13.0%} | {med(name, 'server_peak_rss_mb'):6.0f}MiB | {med(name, 'wall_s'):5.0f}s")
+    if peer_name is not None:
+        for name in servers[:-1]:
+            ttft, tpot = (1 - med(name, key) / med(peer_name, key) for key in ("ttft_p99_ms", "tpot_p99_ms"))
+            print(f"{name} vs {peer_name}: TTFT p99 {ttft:+.0%} lower, TPOT p99 {tpot:+.0%} lower")
+
+
 def _run_over_http(args, model: str, params: dict, modes: list[str], peer: tuple[str, str] | None) -> int:
     """``bench serve --http`` / ``--peer``: the servers take turns run by run; the table of medians."""
     from ..models import load_model
@@ -359,27 +395,7 @@ def _run_over_http(args, model: str, params: dict, modes: list[str], peer: tuple
     ok = all(not (row["failures"] or row["short_outputs"] or row["prompt_mismatches"])
              for rows in runs.values() for row in rows)
 
-    def med(name: str, key: str) -> float:
-        return median_of(runs[name], key) if all(row[key] is not None for row in runs[name]) else float("nan")
-
-    print(f"\nmedians of {args.repeats} run(s), over HTTP from one streaming client "
-          f"({params['max_num_seqs']} slots, {params['kv_cache_tokens']} KV tokens, {params['threads']} threads):")
-    head = (f"{'server':>16} | {'TTFT p50':>9} | {'TTFT p99':>9} | {'TPOT p50':>9} | {'TPOT p99':>9} | "
-            f"{'chat TTFT p50/p99':>17} | {'doc TTFT p50/p99':>16} | {'prompt cached':>13} | {'peak RSS':>9} | "
-            f"{'wall':>6}")
-    print(head)
-    print("-" * len(head))
-    for name in servers:
-        cached = med(name, "cached_prompt_tokens") / max(1.0, med(name, "prompt_tokens"))
-        print(f"{name:>16} | {med(name, 'ttft_p50_ms'):7.0f}ms | {med(name, 'ttft_p99_ms'):7.0f}ms | "
-              f"{med(name, 'tpot_p50_ms'):7.1f}ms | {med(name, 'tpot_p99_ms'):7.1f}ms | "
-              f"{med(name, 'chat_ttft_p50_ms'):6.0f} / {med(name, 'chat_ttft_p99_ms'):6.0f}ms | "
-              f"{med(name, 'doc_ttft_p50_ms'):5.0f} / {med(name, 'doc_ttft_p99_ms'):6.0f}ms | "
-              f"{cached:13.0%} | {med(name, 'server_peak_rss_mb'):6.0f}MiB | {med(name, 'wall_s'):5.0f}s")
-    if peer is not None:
-        for name in servers[:-1]:
-            print(f"{name} vs {peer[0]}: TTFT p99 {1 - med(name, 'ttft_p99_ms') / med(peer[0], 'ttft_p99_ms'):+.0%} "
-                  f"lower, TPOT p99 {1 - med(name, 'tpot_p99_ms') / med(peer[0], 'tpot_p99_ms'):+.0%} lower")
+    _print_http_medians(runs, params, args.repeats, peer[0] if peer is not None else None)
     if not ok:
         print("some requests failed, or did not generate exactly max_tokens, or their prompt length differed "
               "(see the runs above)")
@@ -430,19 +446,15 @@ def cmd_bench_serve(args) -> int:
         return median_of(runs[m], key)
 
     print(f"\nmedians of {args.repeats} run(s):")
-    head = (f"{'mode':>10} | {'TTFT p50':>9} | {'TTFT p99':>9} | {'TPOT p50':>9} | {'TPOT p99':>9} | "
-            f"{'chat TTFT p50/p99':>17} | {'doc TTFT p50/p99':>16} | {'step p50/p99':>14} | {'peak KV':>8} | "
+    head = (f"{'mode':>10} | {LATENCY_HEAD} | {'step p50/p99':>14} | {'peak KV':>8} | "
             f"router (requests per path; migrations; prefix hits; preemptions)")
     print(head)
     print("-" * len(head))
     for m in modes:
         last = runs[m][-1]
         paths = ", ".join(f"{k} {v}" for k, v in sorted(last["paths"].items()))
-        print(f"{m:>10} | {med(m, 'ttft_p50_ms'):7.0f}ms | {med(m, 'ttft_p99_ms'):7.0f}ms | "
-              f"{med(m, 'tpot_p50_ms'):7.1f}ms | {med(m, 'tpot_p99_ms'):7.1f}ms | "
-              f"{med(m, 'chat_ttft_p50_ms'):6.0f} / {med(m, 'chat_ttft_p99_ms'):6.0f}ms | "
-              f"{med(m, 'doc_ttft_p50_ms'):5.0f} / {med(m, 'doc_ttft_p99_ms'):6.0f}ms | "
-              f"{med(m, 'step_p50_ms'):4.0f} / {med(m, 'step_p99_ms'):5.0f}ms | {med(m, 'peak_kv_mb'):6.1f}MB | {paths}; "
+        print(f"{m:>10} | {_latency_cells(med, m)} | {med(m, 'step_p50_ms'):4.0f} / "
+              f"{med(m, 'step_p99_ms'):5.0f}ms | {med(m, 'peak_kv_mb'):6.1f}MB | {paths}; "
               f"{last['migrations']}; {last['prefix_hit_rate']:.0%}; {last['preemptions']}")
     if "dual" in runs and len(modes) > 1:
         for m in modes:

@@ -9,12 +9,14 @@ Content-Security-Policy that allows this server's own scripts only).
 
 Errors are OpenAI-style objects ``{"error": {"message", "type", "param", "code"}}``:
 400 for malformed JSON or bad parameters, 401 for a missing or wrong API key,
-404 for an unknown model or route, 413 for a body over ``server.max_body_bytes``,
-429 (with ``Retry-After``) when ``server.max_queued_requests`` are waiting,
-500 (``server_error``, no internals: the cause goes to the log) when the engine
-failed the request. A stream that fails after it started sends one
-``data: {"error": ...}`` event, then ``data: [DONE]``.
-A client that disconnects aborts its request, which frees its cache.
+404 for an unknown model or route, 405 for a wrong method, 413 for a body over
+``server.max_body_bytes``, 429 (with ``Retry-After``) when ``server.max_queued_requests``
+are waiting, 503 (with ``Retry-After``) when the KV cache has no room, 500
+(``server_error``, no internals: the cause goes to the log) when the server failed the
+request (``errors.py`` holds the table). A stream that fails after it started sends one
+``data: {"error": ...}`` event, then ``data: [DONE]`` (``streaming.py``).
+A client that disconnects aborts its request, which frees its cache. Requests are
+checked field by field before anything is queued (``parsing.py``).
 """
 
 from __future__ import annotations
@@ -28,149 +30,24 @@ import logging
 import os
 import time
 import uuid
-from typing import Any
 
 import numpy as np
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
-from ..errors import (ChatTemplateError, DualPathError, InternalError, InvalidPromptError, PromptTooLongError,
-                      SamplingParamsError)
-from ..runtime.engine import QueueFullError
+from .errors import APIError, api_error, bad_request, engine_call
+from .parsing import (CHAT_FIELDS, COMPLETION_FIELDS, EMBEDDING_FIELDS, WARM_FIELDS, chat_ids, check_fields,
+                      check_model, embedding_inputs, get_field, include_usage, logprobs_count, num_choices,
+                      prompt_ids, read_body, sampling_params)
+from .streaming import DONE, collect, event_stream, merged, sse
+from ..runtime.grammar import GrammarCompiler
 from ..runtime.sampler import SamplingParams
 
 log = logging.getLogger(__name__)
 
 _FINISH = {"stop": "stop", "length": "length", "context_full": "length", "abort": "stop"}
-
-
-class APIError(Exception):
-    def __init__(self, status: int, message: str, *, type_: str = "invalid_request_error",
-                 param: str | None = None, code: str | None = None, headers: dict | None = None):
-        super().__init__(message)
-        self.status, self.message, self.type, self.param, self.code = status, message, type_, param, code
-        self.headers = headers or {}
-
-    def body(self) -> dict:
-        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
-
-    def response(self) -> JSONResponse:
-        return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
-
-
-def _bad(message: str, param: str | None = None, code: str | None = None) -> APIError:
-    return APIError(400, message, param=param, code=code)
-
-
-def api_error(exc: BaseException) -> APIError:
-    """The API error a route answers with for ``exc``: our refusals as 400, the engine's own
-    failures and anything unexpected as 500 with no internals (those are logged here)."""
-    if isinstance(exc, APIError):
-        return exc
-    if isinstance(exc, InternalError):
-        log.error("%s (cause: %r)", exc, exc.__cause__)
-        return APIError(500, str(exc), type_="server_error", code="internal_error")
-    if isinstance(exc, DualPathError):
-        return APIError(400, str(exc))
-    log.error("request failed", exc_info=exc)
-    return APIError(500, "the server failed to complete the request; it may be retried",
-                    type_="server_error", code="internal_error")
-
-
-# -- request parsing ---------------------------------------------------------------
-
-def _get(body: dict, key: str, kinds: tuple, default: Any = None, *, check=None, allowed: str = "") -> Any:
-    value = body.get(key, default)
-    if value is None:
-        return default
-    if isinstance(value, bool) and bool not in kinds:
-        raise _bad(f"'{key}' must be {allowed or ' or '.join(k.__name__ for k in kinds)}, got {value!r}", key)
-    if not isinstance(value, kinds):
-        raise _bad(f"'{key}' must be {allowed or ' or '.join(k.__name__ for k in kinds)}, "
-                   f"got {type(value).__name__}", key)
-    if check is not None and not check(value):
-        raise _bad(f"'{key}'={value!r} must be {allowed}", key)
-    return value
-
-
-# Every field of OpenAI's request schemas, and ours (llama.cpp's names): each is honoured,
-# or refused with 400 naming it when it asks for something this server does not do.
-# A field in neither set is refused as unknown, never silently dropped.
-_COMMON = {"model", "stream", "stream_options", "temperature", "top_p", "n", "stop", "max_tokens", "seed",
-           "presence_penalty", "frequency_penalty", "logit_bias", "user",
-           "top_k", "min_p", "repetition_penalty", "ignore_eos"}
-COMPLETION_FIELDS = _COMMON | {"prompt", "echo", "logprobs", "best_of", "suffix"}
-CHAT_FIELDS = _COMMON | {"messages", "logprobs", "top_logprobs", "max_completion_tokens", "metadata", "store",
-                         "service_tier", "parallel_tool_calls", "response_format", "tools", "tool_choice",
-                         "audio", "modalities", "prediction", "reasoning_effort", "web_search_options",
-                         "functions", "function_call"}
-
-
-def check_fields(body: dict, known: set[str], endpoint: str) -> None:
-    """400 naming the first field that is unknown, or known but asking for what is not done."""
-    for key in body:
-        if key not in known:
-            raise _bad(f"unknown field '{key}' for {endpoint}", key, "unknown_field")
-    refuse = {
-        "suffix": lambda v: v not in (None, ""),
-        "best_of": lambda v: v not in (None, 1) and v != body.get("n", 1),
-        "audio": lambda v: v is not None,
-        "modalities": lambda v: v not in (None, ["text"]),
-        "prediction": lambda v: v is not None,
-        "reasoning_effort": lambda v: v is not None,
-        "web_search_options": lambda v: v is not None,
-        "functions": lambda v: v is not None,
-        "function_call": lambda v: v is not None,
-        "store": lambda v: v not in (None, False),
-    }
-    for key, refused in refuse.items():
-        if key in body and refused(body[key]):
-            raise _bad(f"'{key}'={json.dumps(body[key])[:200]} is not supported by this server", key,
-                       "unsupported_field")
-
-
-def sampling_params(body: dict, default_max_tokens: int | None, context_tokens: int,
-                    logprobs: int | None = None) -> SamplingParams:
-    """OpenAI request fields -> SamplingParams (OpenAI's defaults: temperature 1,
-    top_p 1, no top_k or min_p unless given as extra fields)."""
-    bias = _get(body, "logit_bias", (dict,), {})
-    try:
-        bias = {int(k): v for k, v in bias.items()}
-    except (TypeError, ValueError):
-        raise _bad("'logit_bias' must map token ids (as strings of digits) to numbers", "logit_bias") from None
-    max_tokens = _get(body, "max_completion_tokens", (int,), None) or _get(body, "max_tokens", (int,), None)
-    if max_tokens is None:
-        max_tokens = default_max_tokens or context_tokens
-    stop = body.get("stop")
-    if stop is None:
-        stop = ()
-    elif isinstance(stop, str):
-        stop = (stop,)
-    elif isinstance(stop, list) and all(isinstance(s, str) for s in stop) and len(stop) <= 16:
-        stop = tuple(s for s in stop if s)
-    else:
-        raise _bad("'stop' must be a string or a list of at most 16 strings", "stop")
-    num = (int, float)
-    try:
-        return SamplingParams(
-            max_tokens=max_tokens,
-            temperature=float(_get(body, "temperature", num, 1.0)),
-            top_p=float(_get(body, "top_p", num, 1.0)),
-            top_k=_get(body, "top_k", (int,), 0),
-            min_p=float(_get(body, "min_p", num, 0.0)),
-            repetition_penalty=float(_get(body, "repetition_penalty", num, 1.0)),
-            seed=_get(body, "seed", (int,), None),
-            stop=stop,
-            ignore_eos=_get(body, "ignore_eos", (bool,), False),
-            presence_penalty=float(_get(body, "presence_penalty", num, 0.0)),
-            frequency_penalty=float(_get(body, "frequency_penalty", num, 0.0)),
-            logit_bias=bias,
-            logprobs=logprobs,
-        )
-    except SamplingParamsError as e:
-        raise _bad(str(e), code="invalid_value") from None
 
 
 def _usage(completions) -> dict:
@@ -181,20 +58,6 @@ def _usage(completions) -> dict:
             "total_tokens": first.prompt_tokens + generated,
             "prompt_tokens_details": {"cached_tokens": first.cached_prompt_tokens}}
 
-
-
-async def _engine_call(call, param: str):
-    """Await an engine call; its refusals as API errors: a full queue is 429 (retry),
-    a prompt too long or invalid is 400 naming ``param`` (the field that carried it)."""
-    try:
-        return await call
-    except QueueFullError as e:
-        raise APIError(429, str(e), type_="rate_limit_error", code="queue_full",
-                       headers={"Retry-After": "1"}) from None
-    except PromptTooLongError as e:
-        raise _bad(str(e), param, "context_length_exceeded") from None
-    except InvalidPromptError as e:
-        raise _bad(str(e), param) from None
 
 class Server:
     """State shared by the routes: the LLM, its engine, the server config."""
@@ -224,42 +87,14 @@ class Server:
                            type_="authentication_error", code="invalid_api_key")
 
     async def _json(self, request: Request) -> dict:
-        limit = self.cfg.max_body_bytes
-        length = request.headers.get("content-length")
-        if length is not None and length.isdigit() and int(length) > limit:
-            raise APIError(413, f"request body of {length} bytes is over the limit of {limit} bytes",
-                           code="request_too_large")
-        chunks, size = [], 0
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > limit:
-                raise APIError(413, f"request body is over the limit of {limit} bytes", code="request_too_large")
-            chunks.append(chunk)
-        raw = b"".join(chunks)
-        try:
-            body = json.loads(raw)
-        except (UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise _bad(f"the request body is not valid JSON: {e}", code="invalid_json") from None
-        if not isinstance(body, dict):
-            raise _bad("the request body must be a JSON object", code="invalid_json")
-        model = body.get("model")
-        if model is not None and not isinstance(model, str):
-            raise _bad("'model' must be a string", "model")
-        if model is not None and self.cfg.strict_model_name and model not in self.model_names:
-            raise APIError(404, f"the model '{model}' does not exist; this server serves "
-                                f"{' or '.join(repr(m) for m in self.model_names)}",
-                           param="model", code="model_not_found")
+        body = await read_body(request, self.cfg.max_body_bytes)
+        check_model(body, self.model_names, self.cfg.strict_model_name)
         return body
-
-    def _num_choices(self, body: dict) -> int:
-        limit = self.engine.scheduler.max_num_seqs
-        return _get(body, "n", (int,), 1, check=lambda v: 1 <= v <= limit,
-                    allowed=f"between 1 and {limit} (runtime.max_num_seqs: the samples run at once)")
 
     async def _submit(self, ids: list[int], params: SamplingParams, n: int = 1, prompt_logprobs: bool = False,
                       grammar=None):
-        return await _engine_call(self.engine.submit_n(ids, params, n, prompt_logprobs=prompt_logprobs,
-                                                       grammar=grammar), "prompt")
+        return await engine_call(self.engine.submit_n(ids, params, n, prompt_logprobs=prompt_logprobs,
+                                                      grammar=grammar), "prompt")
 
     async def embeddings(self, request: Request) -> Response:
         """The pooled final hidden state of each input (the model's pooling type from its
@@ -267,27 +102,14 @@ class Server:
         self._check_auth(request)
         body = await self._json(request)
         check_fields(body, EMBEDDING_FIELDS, "/v1/embeddings")
-        raw = body.get("input")
-        if isinstance(raw, str) or (isinstance(raw, list) and raw and all(
-                isinstance(t, int) and not isinstance(t, bool) for t in raw)):
-            raw = [raw]
-        if not isinstance(raw, list) or not raw or len(raw) > 2048:
-            raise _bad("'input' must be a string, a list of token ids, or a list of 1 to 2048 of those", "input")
-        prompts = []
-        for i, item in enumerate(raw):
-            if isinstance(item, str) and item:
-                prompts.append(self.llm.tokenize(item))
-            elif isinstance(item, list) and item and all(isinstance(t, int) and not isinstance(t, bool) for t in item):
-                prompts.append(list(item))
-            else:
-                raise _bad(f"input[{i}] must be a non-empty string or a non-empty list of token ids", "input")
-        fmt = _get(body, "encoding_format", (str,), "float", check=lambda v: v in ("float", "base64"),
-                   allowed="'float' or 'base64'")
+        prompts = embedding_inputs(self.llm, body.get("input"))
+        fmt = get_field(body, "encoding_format", (str,), "float", check=lambda v: v in ("float", "base64"),
+                        allowed="'float' or 'base64'")
         dim = self.llm.spec.config.dim
-        _get(body, "dimensions", (int,), dim, check=lambda v: v == dim,
-             allowed=f"{dim} (this model's embedding size; shortening is not supported)")
-        vectors = await _engine_call(self.engine.embed(prompts, self.llm.spec.metadata.get("pooling", "mean")),
-                                     "input")
+        get_field(body, "dimensions", (int,), dim, check=lambda v: v == dim,
+                  allowed=f"{dim} (this model's embedding size; shortening is not supported)")
+        vectors = await engine_call(self.engine.embed(prompts, self.llm.spec.metadata.get("pooling", "mean")),
+                                    "input")
         data = []
         for i, v in enumerate(vectors):
             if fmt == "base64":
@@ -305,18 +127,14 @@ class Server:
         rf, tools, choice = body.get("response_format"), body.get("tools"), body.get("tool_choice")
         if rf in (None, {"type": "text"}) and not tools:
             return None
-        from ..runtime.grammar import GrammarCompiler, StructuredOutputError
-
         try:
             if self._grammars is None:
                 self._grammars = GrammarCompiler(self.tokenizer, self.llm.spec.config.vocab_size)
-            return self._grammars.compile(rf, tools, choice)
-        except StructuredOutputError as e:
-            raise _bad(str(e), e.param, "invalid_value") from None
+            return self._grammars.compile(rf, tools, choice)  # StructuredOutputError: a 400 naming its param
         except ImportError as e:
             field = "response_format" if rf not in (None, {"type": "text"}) else "tools"
-            raise _bad(f"'{field}' needs structured output, which is not installed on this server: {e}", field,
-                       "unsupported_field") from None
+            raise bad_request(f"'{field}' needs structured output, which is not installed on this server: {e}",
+                              field, "unsupported_field") from None
 
     # -- log-probabilities ------------------------------------------------------
     def _token_text(self, token_id: int) -> str:
@@ -376,14 +194,13 @@ class Server:
     async def completions(self, request: Request) -> Response:
         self._check_auth(request)
         body = await self._json(request)
-        ids = self._prompt_ids(body.get("prompt"))
+        ids = prompt_ids(self.llm, body.get("prompt"))
         check_fields(body, COMPLETION_FIELDS, "/v1/completions")
-        logprobs = _get(body, "logprobs", (int,), None, check=lambda v: 0 <= v <= 20,
-                        allowed="an integer between 0 and 20")
+        logprobs = logprobs_count(body, "logprobs")
         params = sampling_params(body, 16, self.engine.context_tokens, logprobs)
-        stream = _get(body, "stream", (bool,), False)
-        echo = _get(body, "echo", (bool,), False)
-        n = self._num_choices(body)
+        stream, with_usage = get_field(body, "stream", (bool,), False), include_usage(body)
+        echo = get_field(body, "echo", (bool,), False)
+        n = num_choices(body, self.engine.scheduler.max_num_seqs)
         echo_logprobs = echo and logprobs is not None
         handles = await self._submit(ids, params, n, prompt_logprobs=echo_logprobs)
         rid = f"cmpl-{uuid.uuid4().hex}"
@@ -401,69 +218,30 @@ class Server:
                     "choices": [{"index": i, "text": text, "logprobs": lp, "finish_reason": finish}]}
 
         if stream:
-            include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
-
             async def events():
                 started = [False] * n
                 for i in range(n if prefix and not echo_logprobs else 0):
-                    yield _sse(chunk(i, prefix, None))
-                async for i, d in _merged(handles):
+                    yield sse(chunk(i, prefix, None))
+                async for i, d in merged(handles):
                     if echo_logprobs and not started[i]:  # the prompt's log-probabilities exist now
                         started[i] = True
-                        yield _sse(chunk(i, prefix, None, prompt_entries()))
+                        yield sse(chunk(i, prefix, None, prompt_entries()))
                     if d.finish_reason is not None:
-                        yield _sse(chunk(i, d.text, _FINISH[d.finish_reason], d.logprobs))
+                        yield sse(chunk(i, d.text, _FINISH[d.finish_reason], d.logprobs))
                     elif d.text or d.logprobs:
-                        yield _sse(chunk(i, d.text, None, d.logprobs))
-                if include_usage:
-                    yield _sse({**chunk(0, "", None), "choices": [], "usage": _usage([h.completion for h in handles])})
-                yield "data: [DONE]\n\n"
+                        yield sse(chunk(i, d.text, None, d.logprobs))
+                if with_usage:
+                    yield sse({**chunk(0, "", None), "choices": [], "usage": _usage([h.completion for h in handles])})
+                yield DONE
 
-            return _event_stream(events(), handles)
-        cs = await _collect(request, handles)
+            return event_stream(events(), handles)
+        cs = await collect(request, handles)
         out = chunk(0, "", None)
         before = prompt_entries() if echo_logprobs else []
         out["choices"] = [chunk(i, prefix + c.text, _FINISH[c.finish_reason],
                                 before + list(c.logprobs or ()))["choices"][0] for i, c in enumerate(cs)]
         out["usage"] = _usage(cs)
         return JSONResponse(out)
-
-    def _chat_ids(self, messages) -> list[int]:
-        """The prompt token ids of a chat's ``messages``, rendered by the chat template."""
-        if not isinstance(messages, list) or not messages:
-            raise _bad("'messages' must be a non-empty list of {role, content} objects", "messages")
-        clean = []
-        for i, m in enumerate(messages):
-            if not isinstance(m, dict) or not isinstance(m.get("role"), str):
-                raise _bad(f"messages[{i}] must be an object with a string 'role'", "messages")
-            content = m.get("content")
-            if isinstance(content, list):  # content parts: text only
-                texts = []
-                for part in content:
-                    if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
-                        raise _bad(f"messages[{i}].content: only text parts are supported", "messages")
-                    texts.append(part["text"])
-                content = "".join(texts)
-            if content is None:
-                content = ""
-            if not isinstance(content, str):
-                raise _bad(f"messages[{i}].content must be a string or a list of text parts", "messages")
-            clean.append({"role": m["role"], "content": content})
-        try:
-            return self.llm.chat_prompt_ids(clean)
-        except ChatTemplateError as e:
-            raise _bad(f"{e} (send it to /v1/completions)", "messages", "chat_template") from None
-
-    def _prompt_ids(self, prompt) -> list[int]:
-        """The token ids of a completion's ``prompt``: text, token ids, or a list of one of those."""
-        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
-            prompt = prompt[0]
-        if isinstance(prompt, str):
-            return self.llm.tokenize(prompt)
-        if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool)
-                                                       for t in prompt):
-            return list(prompt)
-        raise _bad("'prompt' must be a string, a list of token ids, or a list holding one of those", "prompt")
 
     async def warm(self, request: Request) -> Response:
         """Compute a prompt's KV now (``prompt`` as for /v1/completions, or ``messages`` as
@@ -472,13 +250,13 @@ class Server:
         are written."""
         self._check_auth(request)
         body = await self._json(request)
-        check_fields(body, {"model", "prompt", "messages"}, "/v1/warm")
+        check_fields(body, WARM_FIELDS, "/v1/warm")
         if ("prompt" in body) == ("messages" in body):
-            raise _bad("give either 'prompt' (text or token ids) or 'messages' (a chat)", "prompt")
-        ids = self._chat_ids(body["messages"]) if "messages" in body else self._prompt_ids(body["prompt"])
+            raise bad_request("give either 'prompt' (text or token ids) or 'messages' (a chat)", "prompt")
+        ids = chat_ids(self.llm, body["messages"]) if "messages" in body else prompt_ids(self.llm, body["prompt"])
         params = SamplingParams(max_tokens=1, temperature=0.0)
         handles = await self._submit(ids, params)
-        (c,) = await _collect(request, handles)
+        (c,) = await collect(request, handles)
         store = self.llm.prefix_store
         if store is not None:
             await asyncio.to_thread(store.flush)
@@ -493,15 +271,14 @@ class Server:
         body = await self._json(request)
         messages = body.get("messages")
         check_fields(body, CHAT_FIELDS, "/v1/chat/completions")
-        want_logprobs = _get(body, "logprobs", (bool,), False)
-        top = _get(body, "top_logprobs", (int,), None, check=lambda v: 0 <= v <= 20,
-                   allowed="an integer between 0 and 20")
+        want_logprobs = get_field(body, "logprobs", (bool,), False)
+        top = logprobs_count(body, "top_logprobs")
         if top is not None and not want_logprobs:
-            raise _bad("'top_logprobs' needs 'logprobs': true", "top_logprobs")
+            raise bad_request("'top_logprobs' needs 'logprobs': true", "top_logprobs")
         params = sampling_params(body, None, self.engine.context_tokens, (top or 0) if want_logprobs else None)
-        stream = _get(body, "stream", (bool,), False)
-        ids = self._chat_ids(messages)
-        n = self._num_choices(body)
+        stream, with_usage = get_field(body, "stream", (bool,), False), include_usage(body)
+        ids = chat_ids(self.llm, messages)
+        n = num_choices(body, self.engine.scheduler.max_num_seqs)
         grammar = self._grammar(body)
         tool_call = grammar is not None and grammar.kind == "tool_call"
         handles = await self._submit(ids, params, n, grammar=grammar)
@@ -522,24 +299,22 @@ class Server:
                     "choices": [{"index": i, "delta": delta, "logprobs": lp, "finish_reason": finish}]}
 
         if stream:
-            include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
-
             async def events():
                 for i in range(n):
-                    yield _sse(chunk(i, {"role": "assistant", "content": ""}, None))
-                async for i, d in _merged(handles):
+                    yield sse(chunk(i, {"role": "assistant", "content": ""}, None))
+                async for i, d in merged(handles):
                     if (d.text or d.logprobs) and not tool_call:
-                        yield _sse(chunk(i, {"content": d.text}, None, d.logprobs))
+                        yield sse(chunk(i, {"content": d.text}, None, d.logprobs))
                     if d.finish_reason is not None:
                         if tool_call and d.finish_reason == "stop":  # one delta with the whole call
-                            yield _sse(chunk(i, {"tool_calls": tool_calls(d.completion.text)}, None))
-                        yield _sse(chunk(i, {}, finish_of(d.completion)))
-                if include_usage:
-                    yield _sse({**chunk(0, {}, None), "choices": [], "usage": _usage([h.completion for h in handles])})
-                yield "data: [DONE]\n\n"
+                            yield sse(chunk(i, {"tool_calls": tool_calls(d.completion.text)}, None))
+                        yield sse(chunk(i, {}, finish_of(d.completion)))
+                if with_usage:
+                    yield sse({**chunk(0, {}, None), "choices": [], "usage": _usage([h.completion for h in handles])})
+                yield DONE
 
-            return _event_stream(events(), handles)
-        cs = await _collect(request, handles)
+            return event_stream(events(), handles)
+        cs = await collect(request, handles)
         return JSONResponse({
             "id": rid, "object": "chat.completion", "created": created, "model": self.model_name,
             "choices": [{"index": i,
@@ -551,81 +326,9 @@ class Server:
             "usage": _usage(cs)})
 
 
-EMBEDDING_FIELDS = {"model", "input", "encoding_format", "dimensions", "user"}
 _STATIC = {"index.html": "text/html; charset=utf-8", "chat.js": "text/javascript; charset=utf-8",
            "chat.css": "text/css; charset=utf-8"}
 """The chat page's files (``static/``) and their types."""
-
-
-def _sse(obj: dict) -> str:
-    return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
-
-
-async def _merged(handles):
-    """``(choice index, Delta)`` from every handle, as they come."""
-    q: asyncio.Queue = asyncio.Queue()
-
-    async def pump(i, h):
-        try:
-            async for d in h:
-                await q.put((i, d, None))
-        except BaseException as e:  # delivered to the consumer, which raises it
-            await q.put((i, None, e))
-            return
-        await q.put((i, None, None))
-
-    tasks = [asyncio.ensure_future(pump(i, h)) for i, h in enumerate(handles)]
-    left = len(tasks)
-    try:
-        while left:
-            i, d, error = await q.get()
-            if error is not None:
-                raise error
-            if d is None:
-                left -= 1
-                continue
-            yield i, d
-    finally:
-        for t in tasks:
-            t.cancel()
-
-
-def _event_stream(events, handles) -> StreamingResponse:
-    async def guarded():
-        # Starlette cancels this generator when the client disconnects: abort then.
-        try:
-            async for e in events:
-                yield e
-        except Exception as exc:  # the status line is sent: the error goes in the stream
-            yield _sse(api_error(exc).body())
-            yield "data: [DONE]\n\n"
-        finally:
-            for h in handles:
-                if h.completion is None:
-                    h.abort()
-
-    return StreamingResponse(guarded(), media_type="text/event-stream",
-                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-
-
-async def _collect(request: Request, handles) -> list:
-    """Wait for a non-streamed request's choices, aborting them if the client goes away."""
-
-    async def watch():
-        while True:
-            message = await request.receive()
-            if message["type"] == "http.disconnect":
-                for h in handles:
-                    h.abort()
-                return
-
-    watcher = asyncio.ensure_future(watch())
-    try:
-        async for _ in _merged(handles):
-            pass
-    finally:
-        watcher.cancel()
-    return [h.completion for h in handles]
 
 
 def create_app(llm, *, model_name: str | None = None, on_shutdown=None) -> Starlette:
