@@ -42,6 +42,12 @@ class ChatTemplateError(DualPathError, ValueError):
     """The model has no chat template, or the template failed to render."""
 
 
+class CacheFullError(DualPathError, MemoryError):
+    """The KV cache has no room for a request even with nothing else in it, or (the
+    single-sequence runner, sized for twice the context) for the step: a cache sized
+    too small for the requests it is given."""
+
+
 class InternalError(DualPathError, RuntimeError):
     """The engine failed for a reason of its own, not the request's (a step raised twice
     while the request was in it): the request could not be completed. The message says

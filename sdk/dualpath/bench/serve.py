@@ -137,7 +137,7 @@ def worker(model: str, mode: str, params: dict) -> dict:
     wall = asyncio.run(main())
     engine.shutdown()
     stats = llm.runner.cache.stats()
-    steps = np.array([t for t, _ in engine.metrics.step_log])
+    steps, _ = engine.metrics.step_log()
 
     return {
         "mode": mode, "wall_s": wall, "requests": len(results), **latency_summary(results),

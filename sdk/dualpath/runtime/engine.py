@@ -38,7 +38,7 @@ from typing import Iterator, Sequence
 
 import numpy as np
 
-from ..errors import DualPathError
+from ..errors import CacheFullError, DualPathError
 from ..scheduler.batch import BatchScheduler, SeqStep, attention_tokens
 from ..scheduler.request import Status
 from .generate import check_prompt
@@ -208,7 +208,7 @@ class Engine:
             with self._mu:
                 plan = self.scheduler.schedule(chunk_tokens)
                 for req, why in plan.failed:
-                    self._end(req, error=DualPathError(why))
+                    self._end(req, error=CacheFullError(why))
             if not plan:
                 return 0
             t0 = time.perf_counter()

@@ -6,6 +6,11 @@ import bisect
 import collections
 import threading
 
+import numpy as np
+
+STEP_LOG = 65536
+"""Steps whose time ``EngineMetrics.step_log`` keeps."""
+
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 _TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 
@@ -48,8 +53,10 @@ class EngineMetrics:
         self.finished: collections.Counter[str] = collections.Counter()
         self.rate_window_s = rate_window_s
         self._recent: collections.deque[tuple[float, int]] = collections.deque()  # (time, generated)
-        self.step_log: collections.deque[tuple[float, int]] = collections.deque(maxlen=100000)
-        """(seconds, tokens) of recent steps, for benchmarks."""
+        # (seconds, tokens) of the last STEP_LOG steps, for benchmarks: preallocated arrays,
+        # since a tuple per step would grow a long-running server by megabytes.
+        self._step_seconds = np.zeros(STEP_LOG, np.float32)
+        self._step_tokens = np.zeros(STEP_LOG, np.int32)
         self.retried_requests = 0
         """Requests sent back to be recomputed because a model run with them in it raised."""
         self.failed_requests = 0
@@ -61,12 +68,21 @@ class EngineMetrics:
 
     def on_step(self, now: float, seconds: float, tokens: int, generated: int) -> None:
         with self._lock:
+            i = self.steps % STEP_LOG
+            self._step_seconds[i] = seconds
+            self._step_tokens[i] = tokens
             self.steps += 1
-            self.step_log.append((seconds, tokens))
             self.generation_tokens += generated
             self._recent.append((now, generated))
             while self._recent and self._recent[0][0] < now - self.rate_window_s:
                 self._recent.popleft()
+
+    def step_log(self) -> tuple[np.ndarray, np.ndarray]:
+        """Seconds and tokens of the last (at most STEP_LOG) steps, oldest first."""
+        with self._lock:
+            n = min(self.steps, STEP_LOG)
+            order = (np.arange(self.steps - n, self.steps) % STEP_LOG)
+            return self._step_seconds[order].astype(np.float64), self._step_tokens[order].copy()
 
     def on_proposals(self, proposed: int, accepted: int) -> None:
         with self._lock:

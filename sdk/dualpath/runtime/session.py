@@ -17,7 +17,7 @@ import numpy as np
 from ..cache.manager import KVCacheManager, NoRoom
 from ..cache.policy import PathPolicy
 from ..config import DualPathConfig, PowerConfig
-from ..errors import DualPathError
+from ..errors import CacheFullError, DualPathError
 from ..graph.parts import graph_parts
 from ..kernels import ThreadPool, kv_tile_bytes
 from ..models.spec import ModelSpec
@@ -62,11 +62,6 @@ def build_kv_cache(spec: ModelSpec, dp: DualPathConfig, max_context_tokens: int,
         num_blocks += 2
     return KVCacheManager(dp, num_layers=cfg.num_layers, num_kv_heads=cfg.num_kv_heads,
                           head_dim=cfg.head_dim, num_blocks=num_blocks, salt=_prefix_salt(spec))
-
-
-class CacheFullError(DualPathError, MemoryError):
-    """The KV cache has no room for the step (single-sequence runner: it is sized
-    for twice the context, so this means a misconfigured cache size)."""
 
 
 class ModelRunner:
