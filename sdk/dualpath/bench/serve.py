@@ -96,8 +96,6 @@ def worker(model: str, mode: str, params: dict) -> dict:
     """One mode's run of the whole schedule; ``params`` as ``cmd_bench_serve`` builds them."""
     import asyncio
 
-    import numpy as np
-
     from ..config import load_config
     from ..llm import LLM
     from ..runtime.sampler import SamplingParams

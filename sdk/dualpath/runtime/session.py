@@ -17,7 +17,7 @@ import numpy as np
 from ..cache.manager import KVCacheManager, NoRoom
 from ..cache.policy import PathPolicy
 from ..config import DualPathConfig, PowerConfig
-from ..errors import CacheFullError, DualPathError
+from ..errors import CacheFullError
 from ..graph.parts import graph_parts
 from ..kernels import ThreadPool, kv_tile_bytes
 from ..models.spec import ModelSpec
