@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import statistics
 
+from ..config import CHAT_TEMPLATES
 from .common import model_or_default, write_json
 
 WORDS = ("the little boat sailed past the old lighthouse while the children counted the gulls and the wind "
@@ -75,7 +76,7 @@ def cmd_bench_chat(args) -> int:
 def add_parser(bs) -> None:
     c = bs.add_parser("chat", help="TTFT per turn of a conversation, KV reused across turns or not")
     c.add_argument("-m", "--model", help="GGUF file (default: a stories15M-shaped synth model, random weights)")
-    c.add_argument("--chat-template", choices=["chatml", "llama3", "gemma", "phi3"],
+    c.add_argument("--chat-template", choices=CHAT_TEMPLATES,
                    help="a built-in template instead of the model's")
     c.add_argument("--turns", type=int, default=8)
     c.add_argument("--user-tokens", type=int, default=100, help="about this many tokens per user message")

@@ -14,6 +14,7 @@ import json
 import sys
 import time
 
+from ..config import CHAT_TEMPLATES
 from .common import (free_port, live_server, metric, model_or_default, percentile_ms, process_peak_rss_mb,
                      write_json)
 
@@ -400,7 +401,7 @@ def add_parser(bs) -> None:
     lo.add_argument("--mix", action="store_true", help="clients send a mix instead of streamed completions: "
                     + ", ".join(MIX) + "; every status checked, greedy output compared before and after, "
                     "the cache's invariants read from the server's shutdown")
-    lo.add_argument("--chat-template", default="chatml", choices=["chatml", "llama3", "gemma", "phi3"],
+    lo.add_argument("--chat-template", default="chatml", choices=CHAT_TEMPLATES,
                     help="the server's chat template with --mix (default chatml: the default model has none)")
     lo.add_argument("--json")
     lo.set_defaults(func=cmd_bench_load)
