@@ -54,7 +54,7 @@ class GraphPart:
     """Initializers that are the entry's derived arrays (fused matrices), name -> array."""
     prepack: bool = False
     """True when the part has quantized matmuls: MatMulNBits needs ONNX Runtime's
-    prepacking to be fast (measured ~100x), and the prepacked copy replaces ours."""
+    prepacking to be fast (docs/performance.md), and the prepacked copy replaces ours."""
 
 
 class _DequantizedT:

@@ -19,8 +19,7 @@ def fusion_groups(spec: ModelSpec) -> dict[str, list[Weight]]:
     """The matrices that read one input, to run as one matmul (fused name -> parts, in
     output order): q | k | v and gate | up of every layer, when they share a type and
     have no zero points or mins. One launch instead of three (or two) saves ONNX
-    Runtime's per-node cost and a thread-pool fork/join each: about 25 us per layer
-    on TinyLlama-1.1B Q4_0 decode."""
+    Runtime's per-node cost and a thread-pool fork/join each (docs/performance.md)."""
     cfg, w = spec.config, spec.weights
     groups = {}
     for i in range(cfg.num_layers):
