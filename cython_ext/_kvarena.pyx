@@ -1,5 +1,5 @@
 # cython: language_level=3, boundscheck=False, wraparound=False
-"""The KV arena (csrc/kv_arena.c) as a Python object, and the per-step stepper.
+"""The KV arena (csrc/kv_arena.c) and its attention (csrc/kv_attn.c) as Python objects, and the per-step stepper.
 
 ``KVArena`` owns the one allocation. Slots and spans are int64 arrays of shape
 (n, 3) (see kv_arena.h). ``ArenaStepper`` binds q/k/v/out and the slot, span and

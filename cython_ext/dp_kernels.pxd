@@ -75,6 +75,16 @@ cdef extern from "csrc/kv_arena.h" nogil:
                       int64_t num_kv_heads, int64_t head_dim, int kv_dtype, int numa_node)
     void dp_arena_free(dp_arena *a)
     int64_t dp_kv_tile_bytes(int kv_dtype, int64_t num_kv_heads, int64_t head_dim, int64_t P)
+    int dp_kv_check_slots(const dp_arena *a, const int64_t *slots, int64_t num_tokens, int64_t *bad)
+    int dp_kv_write_slots(const dp_arena *a, const dp_attn_ops *ops, int64_t layer, const float *k,
+                          const float *v, int64_t stride, const int64_t *slots, int64_t num_tokens)
+    int dp_kv_copy_slots(const dp_arena *a, const int64_t *src, const int64_t *dst, int64_t num_tokens)
+    int dp_kv_tiles_io(const dp_arena *a, const int64_t *offsets, int64_t num_tiles, int64_t P, void *buf,
+                       int to_arena)
+    int dp_kv_gather(const dp_arena *a, int64_t layer, const int64_t *spans, int64_t num_spans,
+                     int64_t num_tokens, float *k_out, float *v_out)
+
+cdef extern from "csrc/kv_attn.h" nogil:
     ctypedef struct dp_attn_workspace:
         void *buf
         size_t bytes
@@ -85,9 +95,6 @@ cdef extern from "csrc/kv_arena.h" nogil:
         int64_t window
         int prefetch_degree
         int decode_on_caller
-    int dp_kv_check_slots(const dp_arena *a, const int64_t *slots, int64_t num_tokens, int64_t *bad)
-    int dp_kv_write_slots(const dp_arena *a, const dp_attn_ops *ops, int64_t layer, const float *k,
-                          const float *v, int64_t stride, const int64_t *slots, int64_t num_tokens)
     int dp_attn_spans(const dp_arena *a, const dp_attn_ops *ops, dp_pool *pool, int64_t layer,
                       const float *q, int64_t q_stride, float *out, int64_t out_stride, int64_t num_heads,
                       const int64_t *spans, int64_t num_spans, int64_t pos0, int64_t num_tokens,
@@ -101,8 +108,3 @@ cdef extern from "csrc/kv_arena.h" nogil:
                       float *out, int64_t out_stride, int64_t num_heads, int64_t num_rows, const int64_t *seqs,
                       int64_t num_seqs, const int64_t *spans, int64_t spans_len, dp_attn_params params,
                       dp_attn_workspace *ws)
-    int dp_kv_copy_slots(const dp_arena *a, const int64_t *src, const int64_t *dst, int64_t num_tokens)
-    int dp_kv_tiles_io(const dp_arena *a, const int64_t *offsets, int64_t num_tiles, int64_t P, void *buf,
-                       int to_arena)
-    int dp_kv_gather(const dp_arena *a, int64_t layer, const int64_t *spans, int64_t num_spans,
-                     int64_t num_tokens, float *k_out, float *v_out)

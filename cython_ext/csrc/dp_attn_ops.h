@@ -1,6 +1,6 @@
 /* The per-ISA building blocks of attention, and run-time dispatch between them.
  *
- * The span walker (kv_arena.c) owns the loop structure; an ISA supplies only the
+ * The span walker (kv_attn.c) owns the loop structure; an ISA supplies only the
  * inner loops over a run of contiguous K or V rows of one KV head, for a group of
  * query heads that share it (GQA: a row is loaded once for the whole group).
  *

@@ -20,6 +20,7 @@
 #include "../../cython_ext/csrc/dp_attn_ops.h"
 #include "../../cython_ext/csrc/dp_pool.h"
 #include "../../cython_ext/csrc/kv_arena.h"
+#include "../../cython_ext/csrc/kv_attn.h"
 
 #define DP_PARAMS(s, pd) ((dp_attn_params){.scale = (s), .softcap = 0.0f, .window = 0, .prefetch_degree = (pd)})
 
