@@ -11,10 +11,10 @@ cdef extern from "csrc/dp_kernels.h" nogil:
         DP_ERR_ALIGN
         DP_F32
         DP_F16
-        DP_Q8
         DP_Q8_0
         DP_Q4_0
         DP_MAX_HEAD_DIM
+        DP_KV_NUM_DTYPES
 
     void dp_test_fail_alloc_after(int64_t n)
 
@@ -25,17 +25,17 @@ cdef extern from "csrc/dp_kernels.h" nogil:
 
 cdef extern from "csrc/dp_attn_ops.h" nogil:
     ctypedef struct dp_attn_ops:
-        const char *name
         int64_t (*fma_probe)(int64_t iters, float *sink) noexcept nogil
-    enum:
-        DP_CPU_AVX2
-        DP_CPU_AVX512
-        DP_CPU_NEON
-        DP_CPU_NEON_FP16
+    ctypedef struct dp_isa:
+        const char *name
+        unsigned feature
+    const dp_isa dp_isas[]
+    const int dp_num_isas
     unsigned dp_cpu_features()
-    unsigned dp_parse_features(const char *list)
+    int dp_parse_features(const char *list, unsigned *mask, const char **bad, size_t *bad_len)
     const dp_attn_ops *dp_select_ops(unsigned disabled)
     const dp_attn_ops *dp_ops_by_name(const char *name)
+    const char *dp_ops_name(const dp_attn_ops *ops)
 
 cdef extern from "csrc/dp_pool.h" nogil:
     ctypedef struct dp_pool:
@@ -57,6 +57,13 @@ cdef extern from "csrc/dp_pool.h" nogil:
     void dp_test_fail_thread_create_after(int64_t n)
 
 cdef extern from "csrc/kv_arena.h" nogil:
+    ctypedef struct dp_kv_type:
+        const char *name
+        const char *doc
+        int64_t elem_bytes
+        int64_t scale_bytes
+        int64_t head_dim_multiple
+    const dp_kv_type dp_kv_types[]
     ctypedef struct dp_arena:
         char *base
         int64_t block_size

@@ -99,17 +99,19 @@ DEFINE_SCORES(scores_f32, float, ld_f32, ldm_f32, 0)
 DEFINE_SCORES(scores_f16, uint16_t, ld_f16, ldm_f16, 0)
 DEFINE_SCORES(scores_q8, int8_t, ld_q8, ldm_q8, 1)
 
-static void scores_f32(const float *q, int64_t group, int64_t hd, const float *kt, int64_t ldk, int64_t n,
-                       float scale, float *scores, int64_t sstride) {
-    scores_f32_one(q, group, hd, kt, ldk, NULL, n, scale, scores, sstride);
+static void scores_f32(const float *q, int64_t group, int64_t hd, const void *kt, int64_t ldk, const float *ks,
+                       int64_t n, float scale, float *scores, int64_t sstride) {
+    (void)ks;
+    scores_f32_one(q, group, hd, (const float *)kt, ldk, NULL, n, scale, scores, sstride);
 }
-static void scores_f16(const float *q, int64_t group, int64_t hd, const uint16_t *kt, int64_t ldk, int64_t n,
-                       float scale, float *scores, int64_t sstride) {
-    scores_f16_one(q, group, hd, kt, ldk, NULL, n, scale, scores, sstride);
+static void scores_f16(const float *q, int64_t group, int64_t hd, const void *kt, int64_t ldk, const float *ks,
+                       int64_t n, float scale, float *scores, int64_t sstride) {
+    (void)ks;
+    scores_f16_one(q, group, hd, (const uint16_t *)kt, ldk, NULL, n, scale, scores, sstride);
 }
-static void scores_q8(const float *q, int64_t group, int64_t hd, const int8_t *kt, int64_t ldk, const float *ks,
+static void scores_q8(const float *q, int64_t group, int64_t hd, const void *kt, int64_t ldk, const float *ks,
                       int64_t n, float scale, float *scores, int64_t sstride) {
-    scores_q8_one(q, group, hd, kt, ldk, ks, n, scale, scores, sstride);
+    scores_q8_one(q, group, hd, (const int8_t *)kt, ldk, ks, n, scale, scores, sstride);
 }
 
 /* o[g] += sum_r p[g, r] * V[r]. A block of GB query heads x C vectors of 16 dims
@@ -244,17 +246,19 @@ static void accum_q8_run(const float *p, int64_t sstride, int64_t group, int64_t
     }
 }
 
-static void accum_f32(const float *p, int64_t sstride, int64_t group, int64_t hd, const float *rows, int64_t n,
-                      float *o) {
+static void accum_f32(const float *p, int64_t sstride, int64_t group, int64_t hd, const void *rows,
+                      const float *vs, int64_t n, float *o) {
+    (void)vs;
     const dp_seg one = {rows, hd, n, NULL};
     accum_f32_run(p, sstride, group, hd, &one, 1, o);
 }
-static void accum_f16(const float *p, int64_t sstride, int64_t group, int64_t hd, const uint16_t *rows, int64_t n,
-                      float *o) {
+static void accum_f16(const float *p, int64_t sstride, int64_t group, int64_t hd, const void *rows,
+                      const float *vs, int64_t n, float *o) {
+    (void)vs;
     const dp_seg one = {rows, hd, n, NULL};
     accum_f16_run(p, sstride, group, hd, &one, 1, o);
 }
-static void accum_q8(const float *p, int64_t sstride, int64_t group, int64_t hd, const int8_t *rows,
+static void accum_q8(const float *p, int64_t sstride, int64_t group, int64_t hd, const void *rows,
                      const float *vs, int64_t n, float *o) {
     const dp_seg one = {rows, hd, n, vs};
     accum_q8_run(p, sstride, group, hd, &one, 1, o);
@@ -321,10 +325,10 @@ static float exp_sum(float *x, int64_t n, float max) {
 /* 12 independent chains: enough to cover the FMA latency on two FMA units. */
 DP_DEFINE_FMA_PROBE(__m512, 12, 16, _mm512_set1_ps, _mm512_fmadd_ps, _mm512_add_ps, _mm512_reduce_add_ps)
 
+/* f32 runs go piece by piece (no run ops), as before run ops existed for f16 and q8. */
 const dp_attn_ops dp_ops_avx512 = {
-    DP_ATTN_OPS_FIELDS("avx512"),
-    .scores_f16_run = scores_f16_run,
-    .accum_f16_run = accum_f16_run,
-    .scores_q8_run = scores_q8_run,
-    .accum_q8_run = accum_q8_run,
+    .kv = {[DP_KV_F16] = {scores_f16, accum_f16, scores_f16_run, accum_f16_run},
+           [DP_KV_F32] = {scores_f32, accum_f32},
+           [DP_KV_Q8] = {scores_q8, accum_q8, scores_q8_run, accum_q8_run}},
+    DP_ATTN_OPS_COMMON,
 };

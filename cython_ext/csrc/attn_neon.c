@@ -65,7 +65,7 @@ static inline __attribute__((always_inline)) void scores_q8_blk(const float *q, 
     }
     DP_SCORES_SCALAR_TAIL(Q8_TAIL)
 }
-DP_DEFINE_SCORES_GROUPS_Q8(scores_q8)
+DP_DEFINE_SCORES_GROUPS_SCALED(scores_q8, int8_t)
 
 #define ACCUM_BODY(LOAD, TAIL)                                                                    \
     int64_t e = 0;                                                                                \
@@ -81,13 +81,17 @@ DP_DEFINE_SCORES_GROUPS_Q8(scores_q8)
         for (int64_t g = 0; g < group; g++)                                                       \
             for (int64_t r = 0; r < n; r++) o[g * hd + e] += p[g * sstride + r] * TAIL(rows[r * hd + e]);
 
-static void accum_f32(const float *p, int64_t sstride, int64_t group, int64_t hd, const float *rows,
-                      int64_t n, float *o) {
+static void accum_f32(const float *p, int64_t sstride, int64_t group, int64_t hd, const void *rows_,
+                      const float *vs, int64_t n, float *o) {
+    const float *rows = (const float *)rows_;
+    (void)vs;
     ACCUM_BODY(vld1q_f32, F32_ID)
 }
 
-static void accum_f16(const float *p, int64_t sstride, int64_t group, int64_t hd, const uint16_t *rows,
-                      int64_t n, float *o) {
+static void accum_f16(const float *p, int64_t sstride, int64_t group, int64_t hd, const void *rows_,
+                      const float *vs, int64_t n, float *o) {
+    const uint16_t *rows = (const uint16_t *)rows_;
+    (void)vs;
     ACCUM_BODY(load_f16, dp_half_to_float)
 }
 
@@ -95,8 +99,9 @@ static void accum_f16(const float *p, int64_t sstride, int64_t group, int64_t hd
  * into the weights (w, 4 rows per multiply); then blocks of 8 dims x those heads stay
  * in registers (16 accumulators) while each V row's 8 values are widened once. The
  * rest of head_dim (< 8 dims) is scalar. */
-static void accum_q8(const float *p, int64_t sstride, int64_t group, int64_t hd, const int8_t *rows,
+static void accum_q8(const float *p, int64_t sstride, int64_t group, int64_t hd, const void *rows_,
                      const float *vs, int64_t n, float *o) {
+    const int8_t *rows = (const int8_t *)rows_;
     enum { HEADS = 8, ROWS = 128 };
     float w[HEADS * ROWS]; /* (heads, ROWS): p * vs */
     for (int64_t r0 = 0; r0 < n; r0 += ROWS) {
@@ -192,6 +197,7 @@ static inline float32x4_t neon_fma(float32x4_t x, float32x4_t m, float32x4_t c) 
 DP_DEFINE_FMA_PROBE(float32x4_t, 16, 4, vdupq_n_f32, neon_fma, vaddq_f32, vaddvq_f32)
 
 const dp_attn_ops dp_ops_neon = {
-    DP_ATTN_OPS_FIELDS("neon"),
-    DP_NO_RUN_OPS,
+    .kv = {[DP_KV_F16] = {scores_f16, accum_f16}, [DP_KV_F32] = {scores_f32, accum_f32},
+           [DP_KV_Q8] = {scores_q8, accum_q8}},
+    DP_ATTN_OPS_COMMON,
 };

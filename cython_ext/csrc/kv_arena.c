@@ -12,16 +12,75 @@
 
 #define ARENA_ALIGN (2u << 20) /* 2 MiB: lets the kernel back the arena with huge pages */
 
-/* Bytes per element and per (token, KV head) scale of a kv dtype; 0 when unknown. */
-static int64_t dtype_elem_bytes(int kv_dtype) {
-    return kv_dtype == DP_F32 ? 4 : kv_dtype == DP_F16 ? 2 : kv_dtype == DP_Q8 ? 1 : 0;
+/* One row of q8 (kv_arena.h): dst[e * dstride] = round(x[e] / s), ties to even, in
+ * [-127, 127]; returns s = max |x| / 127 (0 for an all-zero row, whose values are 0).
+ * A division per value, not a multiply by 1 / s: one rounding, and no overflow of
+ * 1 / s for a tiny s. */
+static float quantize_row(const float *x, int64_t n, int8_t *dst, int64_t dstride) {
+    float amax = 0.0f;
+    for (int64_t e = 0; e < n; e++) amax = fabsf(x[e]) > amax ? fabsf(x[e]) : amax;
+    const float s = amax / 127.0f;
+    for (int64_t e = 0; e < n; e++) {
+        long v = s > 0.0f ? lrintf(x[e] / s) : 0;
+        v = v > 127 ? 127 : v < -127 ? -127 : v; /* |x / s| <= 127 but for rounding (and NaN) */
+        dst[e * dstride] = (int8_t)v;
+    }
+    return s;
 }
-static int64_t dtype_scale_bytes(int kv_dtype) { return kv_dtype == DP_Q8 ? (int64_t)sizeof(float) : 0; }
+
+static float store_f16(const dp_attn_ops *ops, const float *x, int64_t n, char *dst, int64_t stride) {
+    uint16_t half[DP_MAX_HEAD_DIM];
+    if (stride == 1) {
+        ops->f32_to_f16(x, (uint16_t *)dst, n);
+        return 0.0f;
+    }
+    ops->f32_to_f16(x, half, n);
+    for (int64_t e = 0; e < n; e++) ((uint16_t *)dst)[e * stride] = half[e];
+    return 0.0f;
+}
+
+static float store_f32(const dp_attn_ops *ops, const float *x, int64_t n, char *dst, int64_t stride) {
+    (void)ops;
+    if (stride == 1) memcpy(dst, x, (size_t)n * sizeof(float));
+    else
+        for (int64_t e = 0; e < n; e++) ((float *)dst)[e * stride] = x[e];
+    return 0.0f;
+}
+
+static float store_q8(const dp_attn_ops *ops, const float *x, int64_t n, char *dst, int64_t stride) {
+    (void)ops;
+    return quantize_row(x, n, (int8_t *)dst, stride);
+}
+
+static void load_f16(const char *src, int64_t n, int64_t stride, float scale, float *dst) {
+    (void)scale;
+    for (int64_t e = 0; e < n; e++) dst[e] = dp_half_to_float(((const uint16_t *)src)[e * stride]);
+}
+
+static void load_f32(const char *src, int64_t n, int64_t stride, float scale, float *dst) {
+    (void)scale;
+    for (int64_t e = 0; e < n; e++) dst[e] = ((const float *)src)[e * stride];
+}
+
+static void load_q8(const char *src, int64_t n, int64_t stride, float scale, float *dst) {
+    for (int64_t e = 0; e < n; e++) dst[e] = scale * (float)((const int8_t *)src)[e * stride];
+}
+
+const dp_kv_type dp_kv_types[DP_KV_NUM_DTYPES] = {
+    [DP_KV_F16] = {"f16", "IEEE half", 2, 0, 1, store_f16, load_f16},
+    [DP_KV_F32] = {"f32", "float", 4, 0, 1, store_f32, load_f32},
+    [DP_KV_Q8] = {"q8", "int8 + an f32 scale per token and KV head", 1, sizeof(float), 2, store_q8, load_q8},
+};
+
+/* The traits of a kv dtype, NULL when it is none. */
+static const dp_kv_type *kv_type(int kv_dtype) {
+    return kv_dtype >= 0 && kv_dtype < DP_KV_NUM_DTYPES ? &dp_kv_types[kv_dtype] : NULL;
+}
 
 int64_t dp_kv_tile_bytes(int kv_dtype, int64_t num_kv_heads, int64_t head_dim, int64_t P) {
-    const int64_t eb = dtype_elem_bytes(kv_dtype);
-    if (!eb || num_kv_heads <= 0 || head_dim <= 0 || head_dim > DP_MAX_HEAD_DIM || P <= 0) return -1;
-    const int64_t row = head_dim * eb + dtype_scale_bytes(kv_dtype); /* one token of one KV head, K or V */
+    const dp_kv_type *ty = kv_type(kv_dtype);
+    if (!ty || num_kv_heads <= 0 || head_dim <= 0 || head_dim > DP_MAX_HEAD_DIM || P <= 0) return -1;
+    const int64_t row = head_dim * ty->elem_bytes + ty->scale_bytes; /* one token of one KV head, K or V */
     if (num_kv_heads > INT64_MAX / (2 * row) || P > INT64_MAX / (2 * row * num_kv_heads)) return -1;
     return 2 * num_kv_heads * P * row;
 }
@@ -33,10 +92,11 @@ int dp_arena_init(dp_arena *a, int64_t block_size, int64_t num_blocks, int64_t n
     if (block_size < 64 || (block_size & (block_size - 1)) || num_blocks <= 0 || num_layers <= 0 ||
         num_kv_heads <= 0 || head_dim <= 0 || head_dim > DP_MAX_HEAD_DIM)
         return DP_ERR_ARG;
-    const int64_t elem_bytes = dtype_elem_bytes(kv_dtype), scale_bytes = dtype_scale_bytes(kv_dtype);
-    if (!elem_bytes) return DP_ERR_ARG;
+    const dp_kv_type *ty = kv_type(kv_dtype);
+    if (!ty) return DP_ERR_ARG;
+    const int64_t elem_bytes = ty->elem_bytes, scale_bytes = ty->scale_bytes;
     /* q8 scales stay 4-byte aligned only with an even head_dim (kv_arena.h). */
-    if (kv_dtype == DP_Q8 && head_dim % 2) return DP_ERR_ARG;
+    if (head_dim % ty->head_dim_multiple) return DP_ERR_ARG;
     /* One token must fit in a block (divided, not multiplied: no overflow). */
     if (num_kv_heads > block_size / (2 * (head_dim * elem_bytes + scale_bytes))) return DP_ERR_ARG;
     if (num_blocks > INT64_MAX / block_size || num_layers > INT64_MAX / (block_size * num_blocks) ||
@@ -123,28 +183,13 @@ int dp_kv_check_write(const dp_arena *a, int64_t layer, const float *k, const fl
     return dp_kv_check_slots(a, slots, num_tokens, NULL);
 }
 
-/* One row of q8 (kv_arena.h): dst[e * dstride] = round(x[e] / s), ties to even, in
- * [-127, 127]; returns s = max |x| / 127 (0 for an all-zero row, whose values are 0).
- * A division per value, not a multiply by 1 / s: one rounding, and no overflow of
- * 1 / s for a tiny s. */
-static float quantize_row(const float *x, int64_t n, int8_t *dst, int64_t dstride) {
-    float amax = 0.0f;
-    for (int64_t e = 0; e < n; e++) amax = fabsf(x[e]) > amax ? fabsf(x[e]) : amax;
-    const float s = amax / 127.0f;
-    for (int64_t e = 0; e < n; e++) {
-        long v = s > 0.0f ? lrintf(x[e] / s) : 0;
-        v = v > 127 ? 127 : v < -127 ? -127 : v; /* |x / s| <= 127 but for rounding (and NaN) */
-        dst[e * dstride] = (int8_t)v;
-    }
-    return s;
-}
 
 /* The writes of dp_kv_write_slots, every slot already checked. */
 void dp_kv_write_rows(const dp_arena *a, const dp_attn_ops *ops, int64_t layer, const float *k, const float *v,
                        int64_t stride, const int64_t *slots, int64_t num_tokens) {
     const int64_t hd = a->head_dim;
+    const dp_kv_type *ty = &dp_kv_types[a->kv_dtype];
     char *region = a->base + layer * a->layer_bytes;
-    uint16_t half[DP_MAX_HEAD_DIM];
     for (int64_t t = 0; t < num_tokens; t++) {
         const int64_t *s = slots + 3 * t;
         const int64_t P = s[2];
@@ -152,17 +197,11 @@ void dp_kv_write_rows(const dp_arena *a, const dp_attn_ops *ops, int64_t layer, 
             const float *ks = k + t * stride + h * hd, *vs = v + t * stride + h * hd;
             char *kd = region + s[0] + k_offset(a, P, s[1], h);
             char *vd = region + s[0] + v_offset(a, P, s[1], h);
-            if (a->kv_dtype == DP_F32) {
-                memcpy(vd, vs, (size_t)hd * sizeof(float));
-                for (int64_t e = 0; e < hd; e++) ((float *)kd)[e * P] = ks[e];
-            } else if (a->kv_dtype == DP_Q8) {
+            const float kscale = ty->store_row(ops, ks, hd, kd, P), vscale = ty->store_row(ops, vs, hd, vd, 1);
+            if (a->scale_bytes) {
                 char *tile = region + s[0];
-                *(float *)(tile + ks_offset(a, P, s[1], h)) = quantize_row(ks, hd, (int8_t *)kd, P);
-                *(float *)(tile + vs_offset(a, P, s[1], h)) = quantize_row(vs, hd, (int8_t *)vd, 1);
-            } else {
-                ops->f32_to_f16(vs, (uint16_t *)vd, hd);
-                ops->f32_to_f16(ks, half, hd);
-                for (int64_t e = 0; e < hd; e++) ((uint16_t *)kd)[e * P] = half[e];
+                *(float *)(tile + ks_offset(a, P, s[1], h)) = kscale;
+                *(float *)(tile + vs_offset(a, P, s[1], h)) = vscale;
             }
         }
     }
@@ -205,7 +244,7 @@ int dp_kv_copy_slots(const dp_arena *a, const int64_t *src, const int64_t *dst, 
                 for (int64_t e = 0; e < a->head_dim; e++)
                     memmove(region + d[0] + k_offset(a, d[2], d[1], h) + e * d[2] * (int64_t)eb,
                             region + s[0] + k_offset(a, s[2], s[1], h) + e * s[2] * (int64_t)eb, eb);
-                if (a->kv_dtype == DP_Q8) {
+                if (a->scale_bytes) {
                     memmove(region + d[0] + ks_offset(a, d[2], d[1], h), region + s[0] + ks_offset(a, s[2], s[1], h),
                             sizeof(float));
                     memmove(region + d[0] + vs_offset(a, d[2], d[1], h), region + s[0] + vs_offset(a, s[2], s[1], h),
@@ -243,6 +282,7 @@ int dp_kv_gather(const dp_arena *a, int64_t layer, const int64_t *spans, int64_t
     if (st != DP_OK) return st;
     const char *region = a->base + layer * a->layer_bytes;
     const int64_t hd = a->head_dim;
+    const dp_kv_type *ty = &dp_kv_types[a->kv_dtype];
     int64_t j = 0;
     for (int64_t s = 0; s < num_spans && j < num_tokens; s++) {
         const int64_t P = spans[3 * s + 2], tb = tile_bytes(a, P);
@@ -251,24 +291,10 @@ int dp_kv_gather(const dp_arena *a, int64_t layer, const int64_t *spans, int64_t
             for (int64_t h = 0; h < a->num_kv_heads; h++) {
                 const char *vs = tile + v_offset(a, P, i % P, h), *ks = tile + k_offset(a, P, i % P, h);
                 float *vd = v_out + (h * num_tokens + j) * hd, *kd = k_out + (h * num_tokens + j) * hd;
-                if (a->kv_dtype == DP_Q8) {
-                    const float kscale = *(const float *)(tile + ks_offset(a, P, i % P, h));
-                    const float vscale = *(const float *)(tile + vs_offset(a, P, i % P, h));
-                    for (int64_t e = 0; e < hd; e++) {
-                        vd[e] = vscale * (float)((const int8_t *)vs)[e];
-                        kd[e] = kscale * (float)((const int8_t *)ks)[e * P];
-                    }
-                    continue;
-                }
-                for (int64_t e = 0; e < hd; e++) {
-                    if (a->kv_dtype == DP_F32) {
-                        vd[e] = ((const float *)vs)[e];
-                        kd[e] = ((const float *)ks)[e * P];
-                    } else {
-                        vd[e] = dp_half_to_float(((const uint16_t *)vs)[e]);
-                        kd[e] = dp_half_to_float(((const uint16_t *)ks)[e * P]);
-                    }
-                }
+                const float kscale = a->scale_bytes ? *(const float *)(tile + ks_offset(a, P, i % P, h)) : 0.0f;
+                const float vscale = a->scale_bytes ? *(const float *)(tile + vs_offset(a, P, i % P, h)) : 0.0f;
+                ty->load_row(vs, hd, 1, vscale, vd);
+                ty->load_row(ks, hd, P, kscale, kd);
             }
         }
     }

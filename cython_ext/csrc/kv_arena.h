@@ -8,10 +8,10 @@
  *     K: (num_kv_heads, head_dim, P) -- transposed: one dimension of P tokens is
  *        contiguous, so decode scores P tokens per vector with no reductions --
  *     then V: (num_kv_heads, P, head_dim), kv dtype
- *     then, for DP_Q8 only, K scales: (num_kv_heads, P) f32 and V scales: (num_kv_heads, P) f32
+ *     then, for a dtype with scales (q8), K scales: (num_kv_heads, P) f32 and V scales: (num_kv_heads, P) f32
  * tile_bytes(P) = 2 * num_kv_heads * P * (head_dim * elem_bytes + scale_bytes).
  *
- * DP_Q8 (kv_dtype q8): element (token t, head h, dim e) = scale[h, t] * int8 value,
+ * DP_KV_Q8 (kv_dtype q8): element (token t, head h, dim e) = scale[h, t] * int8 value,
  * symmetric, scale = max_e |x[e]| / 127 of that token's row of that head, values
  * round(x / scale) in [-127, 127] (0 and scale 0 for an all-zero row); the error of
  * an element is at most scale / 2. Against llama.cpp's q8_0 cache type (blocks of
@@ -31,7 +31,7 @@
  *   - the scales sit in the tile behind the values, so a tile is still the unit the
  *     two paths address (pages and extents work unchanged) and a kernel reads a
  *     run's values and scales from the same few pages. They are 4-byte aligned
- *     because DP_Q8 needs an even head_dim (2 * num_kv_heads * P * head_dim is then a
+ *     because DP_KV_Q8 needs an even head_dim (2 * num_kv_heads * P * head_dim is then a
  *     multiple of 4, and so is tile_bytes).
  *   Values are quantized once, on write (dp_kv_write_slots, the same scalar code for
  *   every ISA, so storage never depends on the kernel); the kernels widen int8 to f32
@@ -56,6 +56,25 @@
 #define DP_KV_ARENA_H
 
 #include "dp_common.h"
+#include "dp_attn_ops.h"
+
+/* A KV dtype's storage traits, the same for every ISA (its kernels are each ISA's
+ * dp_attn_ops.kv entry): dp_kv_types[kv_dtype], one entry per enum dp_kv_dtype. */
+typedef struct {
+    const char *name;           /* as configs and the CLI spell it */
+    const char *doc;            /* what an element is, for `dualpath info` and --help */
+    int64_t elem_bytes;         /* bytes per value */
+    int64_t scale_bytes;        /* per (token, KV head) row of K and of V: sizeof(float) for an f32
+                                 * scale behind the tile's values, or 0 */
+    int64_t head_dim_multiple;  /* head_dim must be a multiple of it (q8: 2, scales 4-byte aligned) */
+    /* Store a row of n f32 values x: element i at dst + i * stride elements. Returns
+     * its scale (0 without scales). ops converts f32 -> f16 (the ISA's, bit-exact). */
+    float (*store_row)(const dp_attn_ops *ops, const float *x, int64_t n, char *dst, int64_t stride);
+    /* f32 values of a stored row: dst[i] = the element at src + i * stride elements,
+     * times scale with scales. */
+    void (*load_row)(const char *src, int64_t n, int64_t stride, float scale, float *dst);
+} dp_kv_type;
+extern const dp_kv_type dp_kv_types[DP_KV_NUM_DTYPES];
 
 typedef struct {
     char *base;            /* (num_layers, num_blocks, block_size) bytes, 2 MiB aligned */
@@ -64,9 +83,9 @@ typedef struct {
     int64_t num_layers;
     int64_t num_kv_heads;
     int64_t head_dim;
-    int kv_dtype;          /* DP_F32, DP_F16 or DP_Q8 */
-    int64_t elem_bytes;    /* 4, 2 or 1 */
-    int64_t scale_bytes;   /* per token and KV head, K and V each: 4 (f32) for DP_Q8, else 0 */
+    int kv_dtype;          /* enum dp_kv_dtype: the index of dp_kv_types */
+    int64_t elem_bytes;    /* dp_kv_types[kv_dtype].elem_bytes */
+    int64_t scale_bytes;   /* dp_kv_types[kv_dtype].scale_bytes */
     int64_t layer_bytes;   /* num_blocks * block_size */
     int hugepages;         /* 1 when madvise(MADV_HUGEPAGE) was accepted */
     int numa_node;         /* node the arena is bound to, -1 when not bound */
@@ -80,8 +99,6 @@ void dp_arena_free(dp_arena *a);
  * that overflows. */
 int64_t dp_kv_tile_bytes(int kv_dtype, int64_t num_kv_heads, int64_t head_dim, int64_t P);
 
-#include "dp_attn_ops.h"
-
 /* Check slots (num_tokens, 3) against the arena: DP_OK, or the status of the first
  * bad slot and its index in *bad (-1 when every slot is good; bad may be NULL). */
 int dp_kv_check_slots(const dp_arena *a, const int64_t *slots, int64_t num_tokens, int64_t *bad);
@@ -93,7 +110,7 @@ int dp_kv_check_slots(const dp_arena *a, const int64_t *slots, int64_t num_token
 int dp_kv_write_slots(const dp_arena *a, const dp_attn_ops *ops, int64_t layer, const float *k,
                       const float *v, int64_t stride, const int64_t *slots, int64_t num_tokens);
 
-/* Copy every layer's K and V (and q8 scales) of num_tokens tokens from src slots to
+/* Copy every layer's K and V (and their scales) of num_tokens tokens from src slots to
  * dst slots (every slot of both checked first). */
 int dp_kv_copy_slots(const dp_arena *a, const int64_t *src, const int64_t *dst, int64_t num_tokens);
 

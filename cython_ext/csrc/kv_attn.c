@@ -151,7 +151,7 @@ static inline void prefetch_next(const attn_job *J, int values, int64_t kh, cons
             len = hd * next[j].P * eb;
         }
         for (int64_t off = 0; off < len; off += 64) __builtin_prefetch(p + off, 0, 2);
-        if (a->kv_dtype == DP_Q8) /* the piece's scales: n floats */
+        if (a->scale_bytes) /* the piece's scales: n floats */
             __builtin_prefetch(next[j].tile + (values ? vs_offset(a, next[j].P, next[j].row, kh)
                                                       : ks_offset(a, next[j].P, next[j].row, kh)), 0, 2);
     }
@@ -160,10 +160,10 @@ static inline void prefetch_next(const attn_job *J, int values, int64_t kh, cons
 static void run_pass(const attn_job *J, int values, int64_t rows, const float *q, const run_seg *seg, int64_t ns,
                      const run_seg *next, int64_t nn, float *o, float *sc) {
     const dp_arena *a = J->a;
-    const dp_attn_ops *ops = J->ops;
+    const dp_kv_kernels *kk = &J->ops->kv[a->kv_dtype];
     const int64_t hd = a->head_dim, eb = a->elem_bytes, nkv = a->num_kv_heads;
-    const int f16 = a->kv_dtype == DP_F16, q8 = a->kv_dtype == DP_Q8;
-    if ((f16 && ops->scores_f16_run && ops->accum_f16_run) || (q8 && ops->scores_q8_run && ops->accum_q8_run)) {
+    const int scaled = a->scale_bytes != 0;
+    if (kk->scores_run && kk->accum_run) {
         dp_seg ps[DP_RUN];
         for (int64_t kh = 0; kh < nkv; kh++) {
             prefetch_next(J, values, kh, next, nn);
@@ -171,18 +171,15 @@ static void run_pass(const attn_job *J, int values, int64_t rows, const float *q
                 const char *t = seg[j].tile;
                 const int64_t Pj = seg[j].P, row = seg[j].row;
                 ps[j] = values ? (dp_seg){t + ((nkv + kh) * Pj + row) * hd * eb, hd, seg[j].n,
-                                          q8 ? (const float *)(t + vs_offset(a, Pj, row, kh)) : NULL}
+                                          scaled ? (const float *)(t + vs_offset(a, Pj, row, kh)) : NULL}
                                : (dp_seg){t + (kh * hd * Pj + row) * eb, Pj, seg[j].n,
-                                          q8 ? (const float *)(t + ks_offset(a, Pj, row, kh)) : NULL};
+                                          scaled ? (const float *)(t + ks_offset(a, Pj, row, kh)) : NULL};
             }
             for (int64_t r0 = 0; r0 < rows; r0 += DP_GSLICE) {
                 const int64_t rn = rows - r0 < DP_GSLICE ? rows - r0 : DP_GSLICE, base = kh * rows + r0;
                 float *o_ = o + base * hd, *s_ = sc + base * DP_RUN;
-                const float *q_ = q + base * hd;
-                if (values && q8) ops->accum_q8_run(s_, DP_RUN, rn, hd, ps, ns, o_);
-                else if (values) ops->accum_f16_run(s_, DP_RUN, rn, hd, ps, ns, o_);
-                else if (q8) ops->scores_q8_run(q_, rn, hd, ps, ns, J->scale, s_, DP_RUN);
-                else ops->scores_f16_run(q_, rn, hd, ps, ns, J->scale, s_, DP_RUN);
+                if (values) kk->accum_run(s_, DP_RUN, rn, hd, ps, ns, o_);
+                else kk->scores_run(q + base * hd, rn, hd, ps, ns, J->scale, s_, DP_RUN);
             }
         }
         return;
@@ -193,20 +190,13 @@ static void run_pass(const attn_job *J, int values, int64_t rows, const float *q
         for (int64_t kh = 0; kh < nkv; kh++) {
             const char *kt = seg[j].tile + (kh * hd * Pj + row) * eb;          /* K^T, ldk = P */
             const char *vr = seg[j].tile + ((nkv + kh) * Pj + row) * hd * eb; /* V rows */
+            const float *ks = scaled ? (const float *)(seg[j].tile + ks_offset(a, Pj, row, kh)) : NULL;
+            const float *vs = scaled ? (const float *)(seg[j].tile + vs_offset(a, Pj, row, kh)) : NULL;
             for (int64_t r0 = 0; r0 < rows; r0 += DP_GSLICE) {
                 const int64_t rn = rows - r0 < DP_GSLICE ? rows - r0 : DP_GSLICE, base = kh * rows + r0;
                 float *sg = sc + base * DP_RUN + off;
-                if (q8 && values)
-                    ops->accum_q8(sg, DP_RUN, rn, hd, (const int8_t *)vr,
-                                  (const float *)(seg[j].tile + vs_offset(a, Pj, row, kh)), seg[j].n, o + base * hd);
-                else if (q8)
-                    ops->scores_q8(q + base * hd, rn, hd, (const int8_t *)kt, Pj,
-                                   (const float *)(seg[j].tile + ks_offset(a, Pj, row, kh)), seg[j].n, J->scale, sg,
-                                   DP_RUN);
-                else if (values && f16) ops->accum_f16(sg, DP_RUN, rn, hd, (const uint16_t *)vr, seg[j].n, o + base * hd);
-                else if (values) ops->accum_f32(sg, DP_RUN, rn, hd, (const float *)vr, seg[j].n, o + base * hd);
-                else if (f16) ops->scores_f16(q + base * hd, rn, hd, (const uint16_t *)kt, Pj, seg[j].n, J->scale, sg, DP_RUN);
-                else ops->scores_f32(q + base * hd, rn, hd, (const float *)kt, Pj, seg[j].n, J->scale, sg, DP_RUN);
+                if (values) kk->accum(sg, DP_RUN, rn, hd, vr, vs, seg[j].n, o + base * hd);
+                else kk->scores(q + base * hd, rn, hd, kt, Pj, ks, seg[j].n, J->scale, sg, DP_RUN);
             }
         }
     }
