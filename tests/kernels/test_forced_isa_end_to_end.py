@@ -10,7 +10,7 @@ from tests_shared import assert_golden_ids, models_dir_path
 
 import dualpath
 from dualpath import SamplingParams
-from dualpath.kernels import available_kernels
+from dualpath.kernels import KERNEL_ISAS, available_kernels
 
 MODELS = models_dir_path()
 GGUF = MODELS / "stories260K.gguf"
@@ -60,6 +60,6 @@ def test_disabling_cpu_features_falls_back_and_info_says_so():
 
 
 def test_forcing_a_kernel_this_cpu_lacks_is_a_clear_error():
-    missing = next(k for k in ("neon", "avx2", "avx512", "neon_fp16") if k not in available_kernels())
+    missing = next(k for k in KERNEL_ISAS if k not in available_kernels())
     with pytest.raises(ValueError, match=f"kernel '{missing}' is not available"):
         dualpath.LLM(GGUF, dualpath.load_config(None, {"runtime.attention_kernel": missing}))
