@@ -5,8 +5,8 @@
 #include <math.h>
 #include "dp_attn_ops.h"
 
-/* Full vectors use plain loads; only a tail uses a masked load (measured here, a
- * masked 16-bit load in the scores loop doubles its time). */
+/* Full vectors use plain loads; only a tail uses a masked load (a masked 16-bit load
+ * in the scores loop is markedly slower than a plain one). */
 static inline __m512 ld_f32(const float *p) { return _mm512_loadu_ps(p); }
 static inline __m512 ld_f16(const uint16_t *p) { return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p)); }
 static inline __m512 ldm_f32(const float *p, __mmask16 m) { return _mm512_maskz_loadu_ps(m, p); }
@@ -121,8 +121,8 @@ static void scores_q8(const float *q, int64_t group, int64_t hd, const void *kt,
  * block (its last vector masked when head_dim % 16). Where head_dim is a multiple of
  * 64 the heads go in blocks of 4 x 64 dims instead: each broadcast weight feeds 4
  * FMAs and each widened row vector 4 (a GQA group of 8 at head_dim 64 in blocks of
- * 8 x 32 dims: 2 and 8), and decode attention of that shape ran 7-12% faster, 1 and
- * 2 threads (head_dim 128 too; 80, not a multiple: level, so it keeps blocks of 8). A
+ * 8 x 32 dims: 2 and 8), which made decode attention of that shape faster, and of
+ * head_dim 128 too (80, not a multiple, gained nothing, so it keeps blocks of 8). A
  * block of at most 4 accumulators (MHA) also splits the rows over 2 partial sums,
  * so that enough FMA chains hide the FMA latency. */
 #define DEFINE_ACCUM(NAME, T, LD, LDM)                                                            \

@@ -14,16 +14,14 @@
  * scores' stride are sized for DP_RUN). A decode task (one query token) gathers runs of
  * DP_RUN_DECODE: small runs keep a run's K and V in L1 between the scores and the
  * accumulation, and the reads of the run DP_AHEAD after it (prefetched during it) arrive
- * in time: measured with one thread on a 16k context from DRAM, runs of 32 streamed
- * 20 GB/s (MHA, head_dim 48) where runs of 128 streamed 14, and 8.3 against 7.1 GB/s
- * for 8 query heads per KV head. A prefill block (many query rows per K/V load) is
- * compute-bound and pays the softmax bookkeeping per run: runs of 128 there (stories15M
- * shape, 4,096-token prefill: attention 600-770 ms against 930-1,010 with runs of 32). */
+ * in time, so a decode streams its context faster than with long runs. A prefill block
+ * (many query rows per K/V load) is compute-bound and pays the softmax bookkeeping per
+ * run: long runs there (docs/performance.md has the figures). */
 #define DP_RUN 128
 #define DP_RUN_DECODE 32
-/* Runs between a run's prefetch (prefetch_next) and its compute: with the next run
- * only, a one-thread MHA decode (head_dim 48, 16k context from DRAM) streamed 13.0-13.6
- * GB/s; two runs ahead 16.1-16.9 (GQA-8 head_dim 64, compute-bound: the same). */
+/* Runs between a run's prefetch (prefetch_next) and its compute: two runs ahead, not
+ * one, gives a decode that streams from DRAM the time its reads need to arrive, at no
+ * cost where attention is compute-bound (docs/performance.md). */
 #define DP_AHEAD 2
 
 /* A piece of a run: n consecutive positions from row `row` of one tile. */
@@ -93,8 +91,7 @@ static void cursor_init(const attn_job *J, run_cursor *c, int64_t lo) {
  * first), so their pieces start on a tile's row 0 and fill whole 16-position vectors
  * (a range starting mid-run, as a flash-decoding chunk or a sliding window does, would
  * otherwise leave every run straddling tiles, two partial pieces and their masked
- * tails each: TinyLlama shape, 4k context, 2 threads, 13.0 -> 8.6-9.2 ms of decode
- * attention a step); returns how many. */
+ * tails each, a slower decode step); returns how many. */
 static int64_t gather_run(const attn_job *J, run_cursor *c, int64_t hi, run_seg *seg, int64_t *ns) {
     int64_t n_run = 0;
     const int64_t cap = J->run_len - c->pos % J->run_len;
