@@ -169,35 +169,19 @@ static void f32_to_f16(const float *src, uint16_t *dst, int64_t n) {
     for (; i < n; i++) dst[i] = dp_float_to_half(src[i]);
 }
 
-
-/* exp(x) for x <= 0 (Cephes-style): 2^k * P(r), |rel err| < 2e-7; x < -87 gives 0. */
-static inline __m256 exp256(__m256 x) {
-    x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
-    const __m256 k = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m256 r = _mm256_fnmadd_ps(k, _mm256_set1_ps(0.693359375f), x);
-    r = _mm256_fnmadd_ps(k, _mm256_set1_ps(-2.12194440e-4f), r);
-    __m256 y = _mm256_set1_ps(1.9875691500e-4f);
-    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.3981999507e-3f));
-    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(8.3334519073e-3f));
-    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(4.1665795894e-2f));
-    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.6666665459e-1f));
-    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(5.0000001201e-1f));
-    y = _mm256_fmadd_ps(y, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
-    const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(k), _mm256_set1_epi32(127)), 23);
-    return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
+static inline __m256 round256(__m256 x) { return _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+static inline __m256 pow2_256(__m256 k) {
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(k), _mm256_set1_epi32(127)), 23));
 }
+DP_DEFINE_EXP(exp256, __m256, _mm256_set1_ps, _mm256_max_ps, _mm256_mul_ps, _mm256_add_ps, _mm256_fmadd_ps,
+              _mm256_fnmadd_ps, round256, pow2_256)
+
+DP_DEFINE_EXP_SUM_VECTORS(exp_vectors, __m256, 8, _mm256_set1_ps, _mm256_loadu_ps, _mm256_storeu_ps,
+                          _mm256_sub_ps, _mm256_add_ps, exp256)
 
 static float exp_sum(float *x, int64_t n, float max) {
-    const __m256 m = _mm256_set1_ps(max);
-    __m256 acc = _mm256_setzero_ps();
-    int64_t i = 0;
-    for (; i + 8 <= n; i += 8) {
-        const __m256 v = exp256(_mm256_sub_ps(_mm256_loadu_ps(x + i), m));
-        _mm256_storeu_ps(x + i, v);
-        acc = _mm256_add_ps(acc, v);
-    }
-    float s = hsum(acc);
+    int64_t i;
+    float s = hsum(exp_vectors(x, n, max, &i));
     for (; i < n; i++) {
         float t[8] = {x[i] - max, 0, 0, 0, 0, 0, 0, 0};
         _mm256_storeu_ps(t, exp256(_mm256_loadu_ps(t)));

@@ -285,37 +285,24 @@ static void f32_to_f16(const float *src, uint16_t *dst, int64_t n) {
     }
 }
 
-
-/* exp(x) for x <= 0 (Cephes-style): 2^k * P(r), |rel err| < 2e-7; x < -87 gives 0. */
-static inline __m512 exp512(__m512 x) {
-    x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
-    const __m512 k = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 r = _mm512_fnmadd_ps(k, _mm512_set1_ps(0.693359375f), x);
-    r = _mm512_fnmadd_ps(k, _mm512_set1_ps(-2.12194440e-4f), r);
-    __m512 y = _mm512_set1_ps(1.9875691500e-4f);
-    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.3981999507e-3f));
-    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(8.3334519073e-3f));
-    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(4.1665795894e-2f));
-    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.6666665459e-1f));
-    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(5.0000001201e-1f));
-    y = _mm512_fmadd_ps(y, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
-    const __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(k), _mm512_set1_epi32(127)), 23);
-    return _mm512_mul_ps(y, _mm512_castsi512_ps(e));
+static inline __m512 round512(__m512 x) {
+    return _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
 }
+static inline __m512 pow2_512(__m512 k) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(k), _mm512_set1_epi32(127)), 23));
+}
+DP_DEFINE_EXP(exp512, __m512, _mm512_set1_ps, _mm512_max_ps, _mm512_mul_ps, _mm512_add_ps, _mm512_fmadd_ps,
+              _mm512_fnmadd_ps, round512, pow2_512)
+
+DP_DEFINE_EXP_SUM_VECTORS(exp_vectors, __m512, 16, _mm512_set1_ps, _mm512_loadu_ps, _mm512_storeu_ps,
+                          _mm512_sub_ps, _mm512_add_ps, exp512)
 
 static float exp_sum(float *x, int64_t n, float max) {
-    const __m512 m = _mm512_set1_ps(max);
-    __m512 acc = _mm512_setzero_ps();
-    int64_t i = 0;
-    for (; i + 16 <= n; i += 16) {
-        const __m512 v = exp512(_mm512_sub_ps(_mm512_loadu_ps(x + i), m));
-        _mm512_storeu_ps(x + i, v);
-        acc = _mm512_add_ps(acc, v);
-    }
+    int64_t i;
+    __m512 acc = exp_vectors(x, n, max, &i);
     if (i < n) {
         const __mmask16 k = tail_mask(n - i);
-        const __m512 v = exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, x + i), m));
+        const __m512 v = exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, x + i), _mm512_set1_ps(max)));
         _mm512_mask_storeu_ps(x + i, k, v);
         acc = _mm512_add_ps(acc, _mm512_maskz_mov_ps(k, v));
     }

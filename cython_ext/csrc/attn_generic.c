@@ -116,7 +116,6 @@ static void f32_to_f16(const float *src, uint16_t *dst, int64_t n) {
     for (int64_t i = 0; i < n; i++) dst[i] = dp_float_to_half(src[i]);
 }
 
-
 static float exp_sum(float *x, int64_t n, float max) {
     float s = 0.0f;
     for (int64_t i = 0; i < n; i++) {

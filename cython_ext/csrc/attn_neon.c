@@ -148,34 +148,18 @@ static void f32_to_f16(const float *src, uint16_t *dst, int64_t n) {
     for (; i < n; i++) dst[i] = dp_float_to_half(src[i]);
 }
 
-
-/* exp(x) for x <= 0 (Cephes-style): 2^k * P(r), |rel err| < 2e-7; x < -87 gives 0. */
-static inline float32x4_t exp4(float32x4_t x) {
-    x = vmaxq_f32(x, vdupq_n_f32(-87.0f));
-    const float32x4_t k = vrndnq_f32(vmulq_f32(x, vdupq_n_f32(1.44269504088896341f)));
-    float32x4_t r = vfmsq_f32(x, k, vdupq_n_f32(0.693359375f));
-    r = vfmsq_f32(r, k, vdupq_n_f32(-2.12194440e-4f));
-    float32x4_t y = vdupq_n_f32(1.9875691500e-4f);
-    y = vfmaq_f32(vdupq_n_f32(1.3981999507e-3f), y, r);
-    y = vfmaq_f32(vdupq_n_f32(8.3334519073e-3f), y, r);
-    y = vfmaq_f32(vdupq_n_f32(4.1665795894e-2f), y, r);
-    y = vfmaq_f32(vdupq_n_f32(1.6666665459e-1f), y, r);
-    y = vfmaq_f32(vdupq_n_f32(5.0000001201e-1f), y, r);
-    y = vfmaq_f32(vaddq_f32(r, vdupq_n_f32(1.0f)), y, vmulq_f32(r, r));
-    const int32x4_t e = vshlq_n_s32(vaddq_s32(vcvtq_s32_f32(k), vdupq_n_s32(127)), 23);
-    return vmulq_f32(y, vreinterpretq_f32_s32(e));
+static inline float32x4_t fma4(float32x4_t a, float32x4_t b, float32x4_t c) { return vfmaq_f32(c, a, b); }
+static inline float32x4_t fnms4(float32x4_t a, float32x4_t b, float32x4_t c) { return vfmsq_f32(c, a, b); }
+static inline float32x4_t pow2_4(float32x4_t k) {
+    return vreinterpretq_f32_s32(vshlq_n_s32(vaddq_s32(vcvtq_s32_f32(k), vdupq_n_s32(127)), 23));
 }
+DP_DEFINE_EXP(exp4, float32x4_t, vdupq_n_f32, vmaxq_f32, vmulq_f32, vaddq_f32, fma4, fnms4, vrndnq_f32, pow2_4)
+
+DP_DEFINE_EXP_SUM_VECTORS(exp_vectors, float32x4_t, 4, vdupq_n_f32, vld1q_f32, vst1q_f32, vsubq_f32, vaddq_f32, exp4)
 
 static float exp_sum(float *x, int64_t n, float max) {
-    const float32x4_t m = vdupq_n_f32(max);
-    float32x4_t acc = vdupq_n_f32(0.0f);
-    int64_t i = 0;
-    for (; i + 4 <= n; i += 4) {
-        const float32x4_t v = exp4(vsubq_f32(vld1q_f32(x + i), m));
-        vst1q_f32(x + i, v);
-        acc = vaddq_f32(acc, v);
-    }
-    float s = vaddvq_f32(acc);
+    int64_t i;
+    float s = vaddvq_f32(exp_vectors(x, n, max, &i));
     for (; i < n; i++) {
         x[i] = vgetq_lane_f32(exp4(vdupq_n_f32(x[i] - max)), 0);
         s += x[i];

@@ -81,6 +81,41 @@ typedef struct {
         return iters * CHAINS * LANES * 2;                                               \
     }
 
+/* exp(x) for x <= 0 (Cephes-style): 2^k * P(r), |rel err| < 2e-7; x < -87 gives 0. An
+ * ISA file defines NAME(VT x) from its vector ops: SET broadcasts, MAX, MUL, ADD,
+ * FMA(a, b, c) = a * b + c, FNMS(a, b, c) = c - a * b, ROUND to nearest, and
+ * POW2(k) = 2^k for a vector of whole k. */
+#define DP_DEFINE_EXP(NAME, VT, SET, MAX, MUL, ADD, FMA, FNMS, ROUND, POW2)               \
+    static inline VT NAME(VT x) {                                                        \
+        x = MAX(x, SET(-87.0f));                                                         \
+        const VT k = ROUND(MUL(x, SET(1.44269504088896341f)));                           \
+        VT r = FNMS(k, SET(0.693359375f), x);                                            \
+        r = FNMS(k, SET(-2.12194440e-4f), r);                                            \
+        VT y = SET(1.9875691500e-4f);                                                    \
+        y = FMA(y, r, SET(1.3981999507e-3f));                                            \
+        y = FMA(y, r, SET(8.3334519073e-3f));                                            \
+        y = FMA(y, r, SET(4.1665795894e-2f));                                            \
+        y = FMA(y, r, SET(1.6666665459e-1f));                                            \
+        y = FMA(y, r, SET(5.0000001201e-1f));                                            \
+        y = FMA(y, MUL(r, r), ADD(r, SET(1.0f)));                                        \
+        return MUL(y, POW2(k));                                                          \
+    }
+/* The whole vectors of an exp_sum: x[i] = EXP(x[i] - max) for i below n rounded down
+ * to LANES, summed into the vector returned; *end = the first i left to the ISA's tail. */
+#define DP_DEFINE_EXP_SUM_VECTORS(NAME, VT, LANES, SET, LOAD, STORE, SUB, ADD, EXP)       \
+    static inline VT NAME(float *x, int64_t n, float max, int64_t *end) {                \
+        const VT m = SET(max);                                                           \
+        VT acc = SET(0.0f);                                                              \
+        int64_t i = 0;                                                                   \
+        for (; i + LANES <= n; i += LANES) {                                             \
+            const VT v = EXP(SUB(LOAD(x + i), m));                                       \
+            STORE(x + i, v);                                                             \
+            acc = ADD(acc, v);                                                           \
+        }                                                                                \
+        *end = i;                                                                        \
+        return acc;                                                                      \
+    }
+
 /* The dtype-free entries, which every ISA file names the same way (f32_to_f16, exp_sum,
  * max_of, fma_probe). Inside a designated initializer:
  *   const dp_attn_ops dp_ops_x = {.kv = {[DP_KV_F16] = {scores_f16, accum_f16}, ...}, DP_ATTN_OPS_COMMON}; */
