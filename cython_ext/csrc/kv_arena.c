@@ -66,6 +66,9 @@ static void load_q8(const char *src, int64_t n, int64_t stride, float scale, flo
     for (int64_t e = 0; e < n; e++) dst[e] = scale * (float)((const int8_t *)src)[e * stride];
 }
 
+/* The one list of KV dtypes: a new one is its value in enum dp_kv_dtype (dp_common.h),
+ * its row here, and its kernels in the table of each attn_*.c; the Cython module, the
+ * CLI and bench read the names from here (config.py spells them, tests pin it). */
 const dp_kv_type dp_kv_types[DP_KV_NUM_DTYPES] = {
     [DP_KV_F16] = {"f16", "IEEE half", 2, 0, 1, store_f16, load_f16},
     [DP_KV_F32] = {"f32", "float", 4, 0, 1, store_f32, load_f32},
