@@ -31,7 +31,7 @@ elif machine in ("aarch64", "arm64"):
 else:
     ISA_LIBS = []
 
-BASE_SOURCES = [f"{CSRC}/kv_arena.c", f"{CSRC}/attn_generic.c", f"{CSRC}/cpu_features.c", f"{CSRC}/dp_pool.c"]
+BASE_SOURCES = [f"{CSRC}/kv_arena.c", f"{CSRC}/kv_attn.c", f"{CSRC}/attn_generic.c", f"{CSRC}/cpu_features.c", f"{CSRC}/dp_pool.c"]
 
 
 def ext(name, sources, libraries=()):

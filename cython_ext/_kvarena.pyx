@@ -1,5 +1,6 @@
 # cython: language_level=3, boundscheck=False, wraparound=False
-"""The KV arena (csrc/kv_arena.c) as a Python object, and the per-step stepper.
+"""The KV arena (csrc/kv_arena.c) with its attention (csrc/kv_attn.c) as Python
+objects, the per-step stepper, and the names of the C tables: KV dtypes and ISAs.
 
 ``KVArena`` owns the one allocation. Slots and spans are int64 arrays of shape
 (n, 3) (see kv_arena.h). ``ArenaStepper`` binds q/k/v/out and the slot, span and
@@ -31,25 +32,50 @@ cdef str _bad_slot(const dp_arena *a, slots, str name):
     return f" ({name}[{bad}] = (offset {slots[bad, 0]}, row {slots[bad, 1]}, tile_tokens {slots[bad, 2]}))"
 
 
+KV_DTYPES = tuple(dp_kv_types[i].name.decode() for i in range(DP_KV_NUM_DTYPES))
+"""Element types of the KV arena, the default first: csrc/kv_arena.c's dp_kv_types, the
+one list (csrc/kv_arena.h has the q8 format and why)."""
+KV_DTYPE_DOCS = {dp_kv_types[i].name.decode(): dp_kv_types[i].doc.decode() for i in range(DP_KV_NUM_DTYPES)}
+"""What an element of each KV dtype is, in a few words."""
+_DTYPE_CODE = {name: i for i, name in enumerate(KV_DTYPES)}
+
+KERNEL_ISAS = tuple(dp_isas[i].name.decode() for i in range(dp_num_isas))
+"""Every ISA with kernels, in any build (csrc/cpu_features.c's dp_isas, the one list):
+``generic`` first, then each architecture's from the least to the most capable."""
+KERNEL_FEATURES = tuple(dp_isas[i].name.decode() for i in range(dp_num_isas) if dp_isas[i].feature)
+"""The ISAs that a CPU feature names: what DUALPATH_DISABLE_CPU_FEATURES may list."""
+
+
+cdef unsigned _disabled_features(str text) except? 0xffffffff:
+    """The feature mask of a DUALPATH_DISABLE_CPU_FEATURES value; ValueError for a name
+    that is no feature."""
+    cdef unsigned mask = 0
+    cdef const char *bad = NULL
+    cdef size_t bad_len = 0
+    raw = text.encode()
+    if dp_parse_features(raw, &mask, &bad, &bad_len) != DP_OK:
+        name = (<bytes>bad[:bad_len]).decode(errors="replace")
+        raise ValueError(f"DUALPATH_DISABLE_CPU_FEATURES={text!r}: {name!r} is not a CPU feature; "
+                         f"the features are {', '.join(KERNEL_FEATURES)}")
+    return mask
+
+
 # Run-time dispatch: the best kernel this CPU (and its OS) supports, minus what
 # DUALPATH_DISABLE_CPU_FEATURES=avx512,avx2 turns off. Chosen once at import.
-_DISABLED_ENV = os.environ.get("DUALPATH_DISABLE_CPU_FEATURES", "")
-cdef const dp_attn_ops *_default_ops = dp_select_ops(dp_parse_features(_DISABLED_ENV.encode()))
-_ISAS = ("generic", "avx2", "avx512", "neon", "neon_fp16")
+cdef const dp_attn_ops *_default_ops = dp_select_ops(
+    _disabled_features(os.environ.get("DUALPATH_DISABLE_CPU_FEATURES", "")))
 
 
-KV_DTYPES = ("f16", "f32", "q8")
-"""Element types of the KV arena: f16, f32, or q8 (int8 with one f32 scale per token
-and KV head; csrc/kv_arena.h has the format and why)."""
-_DTYPE_CODE = {"f16": DP_F16, "f32": DP_F32, "q8": DP_Q8}
+def _kv_dtype_code(str kv_dtype):
+    if kv_dtype not in _DTYPE_CODE:
+        raise ValueError(f"kv_dtype={kv_dtype!r} must be one of {', '.join(map(repr, KV_DTYPES))}")
+    return _DTYPE_CODE[kv_dtype]
 
 
 def kv_tile_bytes(str kv_dtype, int64_t num_kv_heads, int64_t head_dim, int64_t tile_tokens):
     """Bytes of a tile of ``tile_tokens`` tokens of one layer (K, V and, for q8, their
     scales): the formula of csrc/kv_arena.c, for sizing pages before an arena exists."""
-    if kv_dtype not in _DTYPE_CODE:
-        raise ValueError(f"kv_dtype={kv_dtype!r} must be one of {', '.join(map(repr, KV_DTYPES))}")
-    cdef int64_t n = dp_kv_tile_bytes(_DTYPE_CODE[kv_dtype], num_kv_heads, head_dim, tile_tokens)
+    cdef int64_t n = dp_kv_tile_bytes(_kv_dtype_code(kv_dtype), num_kv_heads, head_dim, tile_tokens)
     if n < 0:
         raise ValueError(f"kv_tile_bytes: num_kv_heads={num_kv_heads} >= 1, head_dim={head_dim} in "
                          f"[1, {DP_MAX_HEAD_DIM}] and tile_tokens={tile_tokens} >= 1 (and not overflowing)")
@@ -59,22 +85,17 @@ def kv_tile_bytes(str kv_dtype, int64_t num_kv_heads, int64_t head_dim, int64_t 
 def cpu_features():
     """Kernel-relevant features this CPU and OS support: a list of ISA names."""
     cdef unsigned f = dp_cpu_features()
-    names = []
-    for bit, name in ((DP_CPU_AVX2, "avx2"), (DP_CPU_AVX512, "avx512"), (DP_CPU_NEON, "neon"),
-                      (DP_CPU_NEON_FP16, "neon_fp16")):
-        if f & bit:
-            names.append(name)
-    return names
+    return [dp_isas[i].name.decode() for i in range(dp_num_isas) if dp_isas[i].feature & f]
 
 
 def available_kernels():
     """Kernel ISAs usable here, best last ("generic" always)."""
-    return [n for n in _ISAS if dp_ops_by_name(n.encode()) != NULL]
+    return [n for n in KERNEL_ISAS if dp_ops_by_name(n.encode()) != NULL]
 
 
 def default_kernel():
     """The kernel chosen at import (after DUALPATH_DISABLE_CPU_FEATURES)."""
-    return (<bytes>_default_ops.name).decode()
+    return dp_ops_name(_default_ops).decode()
 
 
 cdef const dp_attn_ops *_ops_for(str isa) except NULL:
@@ -191,15 +212,16 @@ cdef class KVArena:
 
     def __cinit__(self, int64_t block_size, int64_t num_blocks, int64_t num_layers, int64_t num_kv_heads,
                   int64_t head_dim, str kv_dtype="f16", int numa_node=-1):
-        if kv_dtype not in _DTYPE_CODE:
-            raise ValueError(f"kv_dtype={kv_dtype!r} must be one of {', '.join(map(repr, KV_DTYPES))}")
-        if kv_dtype == "q8" and head_dim % 2:
-            raise ValueError(f"arena: kv_dtype='q8' needs an even head_dim (its f32 scales stay 4-byte "
-                             f"aligned), got head_dim={head_dim}; use f16 for this model")
-        st = dp_arena_init(&self.a, block_size, num_blocks, num_layers, num_kv_heads, head_dim,
-                           _DTYPE_CODE[kv_dtype], numa_node)
+        code = _kv_dtype_code(kv_dtype)
+        multiple = dp_kv_types[code].head_dim_multiple
+        if head_dim % multiple:
+            fits = ", ".join(repr(n) for i, n in enumerate(KV_DTYPES) if head_dim % dp_kv_types[i].head_dim_multiple == 0)
+            raise ValueError(f"arena: kv_dtype={kv_dtype!r} keeps its scales 4-byte aligned only with a head_dim that "
+                             f"is a multiple of {multiple}{' (an even head_dim)' if multiple == 2 else ''}, got "
+                             f"head_dim={head_dim}; use one of {fits} for this model")
+        st = dp_arena_init(&self.a, block_size, num_blocks, num_layers, num_kv_heads, head_dim, code, numa_node)
         if st == DP_ERR_ARG:
-            token = dp_kv_tile_bytes(_DTYPE_CODE[kv_dtype], num_kv_heads, head_dim, 1)
+            token = dp_kv_tile_bytes(code, num_kv_heads, head_dim, 1)
             raise ValueError(f"arena: block_size={block_size} must be a power of two holding at least one "
                              f"token ({token} bytes of {kv_dtype} K and V), "
                              f"num_blocks={num_blocks} >= 1, num_layers={num_layers} >= 1, "
@@ -228,7 +250,7 @@ cdef class KVArena:
     @property
     def head_dim(self): return self.a.head_dim
     @property
-    def kv_dtype(self): return {DP_F32: "f32", DP_F16: "f16", DP_Q8: "q8"}[self.a.kv_dtype]
+    def kv_dtype(self): return KV_DTYPES[self.a.kv_dtype]
     @property
     def nbytes(self): return self.a.layer_bytes * self.a.num_layers
     @property
@@ -431,7 +453,7 @@ cdef class ArenaStepper:
 
     @property
     def kernel(self):
-        return (<bytes>self.ops.name).decode()
+        return dp_ops_name(self.ops).decode()
 
     @property
     def workspace_bytes(self):

@@ -11,10 +11,10 @@ cdef extern from "csrc/dp_kernels.h" nogil:
         DP_ERR_ALIGN
         DP_F32
         DP_F16
-        DP_Q8
         DP_Q8_0
         DP_Q4_0
         DP_MAX_HEAD_DIM
+        DP_KV_NUM_DTYPES
 
     void dp_test_fail_alloc_after(int64_t n)
 
@@ -25,17 +25,17 @@ cdef extern from "csrc/dp_kernels.h" nogil:
 
 cdef extern from "csrc/dp_attn_ops.h" nogil:
     ctypedef struct dp_attn_ops:
-        const char *name
         int64_t (*fma_probe)(int64_t iters, float *sink) noexcept nogil
-    enum:
-        DP_CPU_AVX2
-        DP_CPU_AVX512
-        DP_CPU_NEON
-        DP_CPU_NEON_FP16
+    ctypedef struct dp_isa:
+        const char *name
+        unsigned feature
+    const dp_isa dp_isas[]
+    const int dp_num_isas
     unsigned dp_cpu_features()
-    unsigned dp_parse_features(const char *list)
+    int dp_parse_features(const char *list, unsigned *mask, const char **bad, size_t *bad_len)
     const dp_attn_ops *dp_select_ops(unsigned disabled)
     const dp_attn_ops *dp_ops_by_name(const char *name)
+    const char *dp_ops_name(const dp_attn_ops *ops)
 
 cdef extern from "csrc/dp_pool.h" nogil:
     ctypedef struct dp_pool:
@@ -57,6 +57,13 @@ cdef extern from "csrc/dp_pool.h" nogil:
     void dp_test_fail_thread_create_after(int64_t n)
 
 cdef extern from "csrc/kv_arena.h" nogil:
+    ctypedef struct dp_kv_type:
+        const char *name
+        const char *doc
+        int64_t elem_bytes
+        int64_t scale_bytes
+        int64_t head_dim_multiple
+    const dp_kv_type dp_kv_types[]
     ctypedef struct dp_arena:
         char *base
         int64_t block_size
@@ -75,6 +82,16 @@ cdef extern from "csrc/kv_arena.h" nogil:
                       int64_t num_kv_heads, int64_t head_dim, int kv_dtype, int numa_node)
     void dp_arena_free(dp_arena *a)
     int64_t dp_kv_tile_bytes(int kv_dtype, int64_t num_kv_heads, int64_t head_dim, int64_t P)
+    int dp_kv_check_slots(const dp_arena *a, const int64_t *slots, int64_t num_tokens, int64_t *bad)
+    int dp_kv_write_slots(const dp_arena *a, const dp_attn_ops *ops, int64_t layer, const float *k,
+                          const float *v, int64_t stride, const int64_t *slots, int64_t num_tokens)
+    int dp_kv_copy_slots(const dp_arena *a, const int64_t *src, const int64_t *dst, int64_t num_tokens)
+    int dp_kv_tiles_io(const dp_arena *a, const int64_t *offsets, int64_t num_tiles, int64_t P, void *buf,
+                       int to_arena)
+    int dp_kv_gather(const dp_arena *a, int64_t layer, const int64_t *spans, int64_t num_spans,
+                     int64_t num_tokens, float *k_out, float *v_out)
+
+cdef extern from "csrc/kv_attn.h" nogil:
     ctypedef struct dp_attn_workspace:
         void *buf
         size_t bytes
@@ -85,9 +102,6 @@ cdef extern from "csrc/kv_arena.h" nogil:
         int64_t window
         int prefetch_degree
         int decode_on_caller
-    int dp_kv_check_slots(const dp_arena *a, const int64_t *slots, int64_t num_tokens, int64_t *bad)
-    int dp_kv_write_slots(const dp_arena *a, const dp_attn_ops *ops, int64_t layer, const float *k,
-                          const float *v, int64_t stride, const int64_t *slots, int64_t num_tokens)
     int dp_attn_spans(const dp_arena *a, const dp_attn_ops *ops, dp_pool *pool, int64_t layer,
                       const float *q, int64_t q_stride, float *out, int64_t out_stride, int64_t num_heads,
                       const int64_t *spans, int64_t num_spans, int64_t pos0, int64_t num_tokens,
@@ -101,8 +115,3 @@ cdef extern from "csrc/kv_arena.h" nogil:
                       float *out, int64_t out_stride, int64_t num_heads, int64_t num_rows, const int64_t *seqs,
                       int64_t num_seqs, const int64_t *spans, int64_t spans_len, dp_attn_params params,
                       dp_attn_workspace *ws)
-    int dp_kv_copy_slots(const dp_arena *a, const int64_t *src, const int64_t *dst, int64_t num_tokens)
-    int dp_kv_tiles_io(const dp_arena *a, const int64_t *offsets, int64_t num_tiles, int64_t P, void *buf,
-                       int to_arena)
-    int dp_kv_gather(const dp_arena *a, int64_t layer, const int64_t *spans, int64_t num_spans,
-                     int64_t num_tokens, float *k_out, float *v_out)

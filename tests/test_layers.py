@@ -16,8 +16,8 @@ import pytest
 PACKAGE = Path(__file__).resolve().parents[1] / "sdk" / "dualpath"
 
 LAYERS = [
-    ("errors", "config", "versions"),
-    ("kernels", "models", "tokenizer", "platform"),
+    ("errors", "kernels", "config", "versions"),
+    ("models", "tokenizer", "platform"),
     ("graph", "cache"),
     ("scheduler",),
     ("runtime",),

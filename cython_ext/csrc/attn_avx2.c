@@ -52,7 +52,7 @@ DEFINE_SCORES(scores_f16, uint16_t, load_f16, dp_half_to_float)
 DEFINE_SCORES(scores_q8, int8_t, load_q8, Q8_TAIL)
 DP_DEFINE_SCORES_GROUPS(scores_f32, float)
 DP_DEFINE_SCORES_GROUPS(scores_f16, uint16_t)
-DP_DEFINE_SCORES_GROUPS_Q8(scores_q8)
+DP_DEFINE_SCORES_GROUPS_SCALED(scores_q8, int8_t)
 
 /* o[g] += sum_r p[g, r] * V[r] from f32 rows. Blocks of GB query heads x C vectors of
  * head_dim stay in registers (GB * C <= 12 accumulators); each V row is loaded once
@@ -81,8 +81,10 @@ static inline __attribute__((always_inline)) void accum_blk(const float *p, int6
         for (; g < group; g++) accum_blk(p + g * sstride, sstride, 1, CC, hd, rows, n, o + g * hd); \
         return;
 
-static void accum_f32(const float *p, int64_t sstride, int64_t group, int64_t hd, const float *rows,
-                      int64_t n, float *o) {
+static void accum_f32(const float *p, int64_t sstride, int64_t group, int64_t hd, const void *rows_,
+                      const float *vs, int64_t n, float *o) {
+    const float *rows = (const float *)rows_;
+    (void)vs;
     int64_t g = 0;
     if (hd % 8 == 0) { /* GB * C <= 12 (or C alone) independent FMA chains */
         switch (hd / 8) {
@@ -106,8 +108,10 @@ static void accum_f32(const float *p, int64_t sstride, int64_t group, int64_t hd
             for (int64_t r = 0; r < n; r++) o[g * hd + e] += p[g * sstride + r] * rows[r * hd + e];
 }
 
-static void accum_f16(const float *p, int64_t sstride, int64_t group, int64_t hd, const uint16_t *rows,
-                      int64_t n, float *o) {
+static void accum_f16(const float *p, int64_t sstride, int64_t group, int64_t hd, const void *rows_,
+                      const float *vs, int64_t n, float *o) {
+    const uint16_t *rows = (const uint16_t *)rows_;
+    (void)vs;
     /* Widen each V row once (not once per query head), then accumulate from L1. */
     float buf[16 * DP_MAX_HEAD_DIM]; /* at least 16 rows (hd <= DP_MAX_HEAD_DIM) */
     const int64_t step = (int64_t)(sizeof buf / sizeof buf[0]) / hd;
@@ -117,15 +121,16 @@ static void accum_f16(const float *p, int64_t sstride, int64_t group, int64_t hd
         int64_t i = 0;
         for (; i + 8 <= total; i += 8) _mm256_storeu_ps(buf + i, load_f16(rows + r0 * hd + i));
         for (; i < total; i++) buf[i] = dp_half_to_float(rows[r0 * hd + i]);
-        accum_f32(p + r0, sstride, group, hd, buf, m, o);
+        accum_f32(p + r0, sstride, group, hd, buf, NULL, m, o);
     }
 }
 
 /* q8: widen a stretch of V rows to f32 once (not once per query head), fold each
  * row's scale into the weights of up to 16 heads (one multiply per head and row),
  * then accumulate from L1 like f32 rows. */
-static void accum_q8(const float *p, int64_t sstride, int64_t group, int64_t hd, const int8_t *rows,
+static void accum_q8(const float *p, int64_t sstride, int64_t group, int64_t hd, const void *rows_,
                      const float *vs, int64_t n, float *o) {
+    const int8_t *rows = (const int8_t *)rows_;
     enum { HEADS = 16, MAX_ROWS = 128 };
     float buf[16 * DP_MAX_HEAD_DIM]; /* (step, hd): at least 16 rows (hd <= DP_MAX_HEAD_DIM) */
     float w[HEADS * MAX_ROWS];       /* (heads, step) */
@@ -141,7 +146,7 @@ static void accum_q8(const float *p, int64_t sstride, int64_t group, int64_t hd,
             const int64_t gn = group - g0 < HEADS ? group - g0 : HEADS;
             for (int64_t g = 0; g < gn; g++)
                 for (int64_t r = 0; r < m; r++) w[g * m + r] = p[(g0 + g) * sstride + r0 + r] * vs[r0 + r];
-            accum_f32(w, m, gn, hd, buf, m, o + g0 * hd);
+            accum_f32(w, m, gn, hd, buf, NULL, m, o + g0 * hd);
         }
     }
 }
@@ -164,35 +169,19 @@ static void f32_to_f16(const float *src, uint16_t *dst, int64_t n) {
     for (; i < n; i++) dst[i] = dp_float_to_half(src[i]);
 }
 
-
-/* exp(x) for x <= 0 (Cephes-style): 2^k * P(r), |rel err| < 2e-7; x < -87 gives 0. */
-static inline __m256 exp256(__m256 x) {
-    x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
-    const __m256 k = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m256 r = _mm256_fnmadd_ps(k, _mm256_set1_ps(0.693359375f), x);
-    r = _mm256_fnmadd_ps(k, _mm256_set1_ps(-2.12194440e-4f), r);
-    __m256 y = _mm256_set1_ps(1.9875691500e-4f);
-    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.3981999507e-3f));
-    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(8.3334519073e-3f));
-    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(4.1665795894e-2f));
-    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.6666665459e-1f));
-    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(5.0000001201e-1f));
-    y = _mm256_fmadd_ps(y, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
-    const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(k), _mm256_set1_epi32(127)), 23);
-    return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
+static inline __m256 round256(__m256 x) { return _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+static inline __m256 pow2_256(__m256 k) {
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(k), _mm256_set1_epi32(127)), 23));
 }
+DP_DEFINE_EXP(exp256, __m256, _mm256_set1_ps, _mm256_max_ps, _mm256_mul_ps, _mm256_add_ps, _mm256_fmadd_ps,
+              _mm256_fnmadd_ps, round256, pow2_256)
+
+DP_DEFINE_EXP_SUM_VECTORS(exp_vectors, __m256, 8, _mm256_set1_ps, _mm256_loadu_ps, _mm256_storeu_ps,
+                          _mm256_sub_ps, _mm256_add_ps, exp256)
 
 static float exp_sum(float *x, int64_t n, float max) {
-    const __m256 m = _mm256_set1_ps(max);
-    __m256 acc = _mm256_setzero_ps();
-    int64_t i = 0;
-    for (; i + 8 <= n; i += 8) {
-        const __m256 v = exp256(_mm256_sub_ps(_mm256_loadu_ps(x + i), m));
-        _mm256_storeu_ps(x + i, v);
-        acc = _mm256_add_ps(acc, v);
-    }
-    float s = hsum(acc);
+    int64_t i;
+    float s = hsum(exp_vectors(x, n, max, &i));
     for (; i < n; i++) {
         float t[8] = {x[i] - max, 0, 0, 0, 0, 0, 0, 0};
         _mm256_storeu_ps(t, exp256(_mm256_loadu_ps(t)));
@@ -206,6 +195,7 @@ static float exp_sum(float *x, int64_t n, float max) {
 DP_DEFINE_FMA_PROBE(__m256, 12, 8, _mm256_set1_ps, _mm256_fmadd_ps, _mm256_add_ps, hsum)
 
 const dp_attn_ops dp_ops_avx2 = {
-    DP_ATTN_OPS_FIELDS("avx2"),
-    DP_NO_RUN_OPS,
+    .kv = {[DP_KV_F16] = {scores_f16, accum_f16}, [DP_KV_F32] = {scores_f32, accum_f32},
+           [DP_KV_Q8] = {scores_q8, accum_q8}},
+    DP_ATTN_OPS_COMMON,
 };

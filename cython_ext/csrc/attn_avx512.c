@@ -5,8 +5,8 @@
 #include <math.h>
 #include "dp_attn_ops.h"
 
-/* Full vectors use plain loads; only a tail uses a masked load (measured here, a
- * masked 16-bit load in the scores loop doubles its time). */
+/* Full vectors use plain loads; only a tail uses a masked load (a masked 16-bit load
+ * in the scores loop is markedly slower than a plain one). */
 static inline __m512 ld_f32(const float *p) { return _mm512_loadu_ps(p); }
 static inline __m512 ld_f16(const uint16_t *p) { return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p)); }
 static inline __m512 ldm_f32(const float *p, __mmask16 m) { return _mm512_maskz_loadu_ps(m, p); }
@@ -99,17 +99,19 @@ DEFINE_SCORES(scores_f32, float, ld_f32, ldm_f32, 0)
 DEFINE_SCORES(scores_f16, uint16_t, ld_f16, ldm_f16, 0)
 DEFINE_SCORES(scores_q8, int8_t, ld_q8, ldm_q8, 1)
 
-static void scores_f32(const float *q, int64_t group, int64_t hd, const float *kt, int64_t ldk, int64_t n,
-                       float scale, float *scores, int64_t sstride) {
-    scores_f32_one(q, group, hd, kt, ldk, NULL, n, scale, scores, sstride);
+static void scores_f32(const float *q, int64_t group, int64_t hd, const void *kt, int64_t ldk, const float *ks,
+                       int64_t n, float scale, float *scores, int64_t sstride) {
+    (void)ks;
+    scores_f32_one(q, group, hd, (const float *)kt, ldk, NULL, n, scale, scores, sstride);
 }
-static void scores_f16(const float *q, int64_t group, int64_t hd, const uint16_t *kt, int64_t ldk, int64_t n,
-                       float scale, float *scores, int64_t sstride) {
-    scores_f16_one(q, group, hd, kt, ldk, NULL, n, scale, scores, sstride);
+static void scores_f16(const float *q, int64_t group, int64_t hd, const void *kt, int64_t ldk, const float *ks,
+                       int64_t n, float scale, float *scores, int64_t sstride) {
+    (void)ks;
+    scores_f16_one(q, group, hd, (const uint16_t *)kt, ldk, NULL, n, scale, scores, sstride);
 }
-static void scores_q8(const float *q, int64_t group, int64_t hd, const int8_t *kt, int64_t ldk, const float *ks,
+static void scores_q8(const float *q, int64_t group, int64_t hd, const void *kt, int64_t ldk, const float *ks,
                       int64_t n, float scale, float *scores, int64_t sstride) {
-    scores_q8_one(q, group, hd, kt, ldk, ks, n, scale, scores, sstride);
+    scores_q8_one(q, group, hd, (const int8_t *)kt, ldk, ks, n, scale, scores, sstride);
 }
 
 /* o[g] += sum_r p[g, r] * V[r]. A block of GB query heads x C vectors of 16 dims
@@ -119,8 +121,8 @@ static void scores_q8(const float *q, int64_t group, int64_t hd, const int8_t *k
  * block (its last vector masked when head_dim % 16). Where head_dim is a multiple of
  * 64 the heads go in blocks of 4 x 64 dims instead: each broadcast weight feeds 4
  * FMAs and each widened row vector 4 (a GQA group of 8 at head_dim 64 in blocks of
- * 8 x 32 dims: 2 and 8), and decode attention of that shape ran 7-12% faster, 1 and
- * 2 threads (head_dim 128 too; 80, not a multiple: level, so it keeps blocks of 8). A
+ * 8 x 32 dims: 2 and 8), which made decode attention of that shape faster, and of
+ * head_dim 128 too (80, not a multiple, gained nothing, so it keeps blocks of 8). A
  * block of at most 4 accumulators (MHA) also splits the rows over 2 partial sums,
  * so that enough FMA chains hide the FMA latency. */
 #define DEFINE_ACCUM(NAME, T, LD, LDM)                                                            \
@@ -244,17 +246,19 @@ static void accum_q8_run(const float *p, int64_t sstride, int64_t group, int64_t
     }
 }
 
-static void accum_f32(const float *p, int64_t sstride, int64_t group, int64_t hd, const float *rows, int64_t n,
-                      float *o) {
+static void accum_f32(const float *p, int64_t sstride, int64_t group, int64_t hd, const void *rows,
+                      const float *vs, int64_t n, float *o) {
+    (void)vs;
     const dp_seg one = {rows, hd, n, NULL};
     accum_f32_run(p, sstride, group, hd, &one, 1, o);
 }
-static void accum_f16(const float *p, int64_t sstride, int64_t group, int64_t hd, const uint16_t *rows, int64_t n,
-                      float *o) {
+static void accum_f16(const float *p, int64_t sstride, int64_t group, int64_t hd, const void *rows,
+                      const float *vs, int64_t n, float *o) {
+    (void)vs;
     const dp_seg one = {rows, hd, n, NULL};
     accum_f16_run(p, sstride, group, hd, &one, 1, o);
 }
-static void accum_q8(const float *p, int64_t sstride, int64_t group, int64_t hd, const int8_t *rows,
+static void accum_q8(const float *p, int64_t sstride, int64_t group, int64_t hd, const void *rows,
                      const float *vs, int64_t n, float *o) {
     const dp_seg one = {rows, hd, n, vs};
     accum_q8_run(p, sstride, group, hd, &one, 1, o);
@@ -281,37 +285,24 @@ static void f32_to_f16(const float *src, uint16_t *dst, int64_t n) {
     }
 }
 
-
-/* exp(x) for x <= 0 (Cephes-style): 2^k * P(r), |rel err| < 2e-7; x < -87 gives 0. */
-static inline __m512 exp512(__m512 x) {
-    x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
-    const __m512 k = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 r = _mm512_fnmadd_ps(k, _mm512_set1_ps(0.693359375f), x);
-    r = _mm512_fnmadd_ps(k, _mm512_set1_ps(-2.12194440e-4f), r);
-    __m512 y = _mm512_set1_ps(1.9875691500e-4f);
-    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.3981999507e-3f));
-    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(8.3334519073e-3f));
-    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(4.1665795894e-2f));
-    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.6666665459e-1f));
-    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(5.0000001201e-1f));
-    y = _mm512_fmadd_ps(y, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
-    const __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(k), _mm512_set1_epi32(127)), 23);
-    return _mm512_mul_ps(y, _mm512_castsi512_ps(e));
+static inline __m512 round512(__m512 x) {
+    return _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
 }
+static inline __m512 pow2_512(__m512 k) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(k), _mm512_set1_epi32(127)), 23));
+}
+DP_DEFINE_EXP(exp512, __m512, _mm512_set1_ps, _mm512_max_ps, _mm512_mul_ps, _mm512_add_ps, _mm512_fmadd_ps,
+              _mm512_fnmadd_ps, round512, pow2_512)
+
+DP_DEFINE_EXP_SUM_VECTORS(exp_vectors, __m512, 16, _mm512_set1_ps, _mm512_loadu_ps, _mm512_storeu_ps,
+                          _mm512_sub_ps, _mm512_add_ps, exp512)
 
 static float exp_sum(float *x, int64_t n, float max) {
-    const __m512 m = _mm512_set1_ps(max);
-    __m512 acc = _mm512_setzero_ps();
-    int64_t i = 0;
-    for (; i + 16 <= n; i += 16) {
-        const __m512 v = exp512(_mm512_sub_ps(_mm512_loadu_ps(x + i), m));
-        _mm512_storeu_ps(x + i, v);
-        acc = _mm512_add_ps(acc, v);
-    }
+    int64_t i;
+    __m512 acc = exp_vectors(x, n, max, &i);
     if (i < n) {
         const __mmask16 k = tail_mask(n - i);
-        const __m512 v = exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, x + i), m));
+        const __m512 v = exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, x + i), _mm512_set1_ps(max)));
         _mm512_mask_storeu_ps(x + i, k, v);
         acc = _mm512_add_ps(acc, _mm512_maskz_mov_ps(k, v));
     }
@@ -321,10 +312,10 @@ static float exp_sum(float *x, int64_t n, float max) {
 /* 12 independent chains: enough to cover the FMA latency on two FMA units. */
 DP_DEFINE_FMA_PROBE(__m512, 12, 16, _mm512_set1_ps, _mm512_fmadd_ps, _mm512_add_ps, _mm512_reduce_add_ps)
 
+/* f32 runs go piece by piece (no run ops), as before run ops existed for f16 and q8. */
 const dp_attn_ops dp_ops_avx512 = {
-    DP_ATTN_OPS_FIELDS("avx512"),
-    .scores_f16_run = scores_f16_run,
-    .accum_f16_run = accum_f16_run,
-    .scores_q8_run = scores_q8_run,
-    .accum_q8_run = accum_q8_run,
+    .kv = {[DP_KV_F16] = {scores_f16, accum_f16, scores_f16_run, accum_f16_run},
+           [DP_KV_F32] = {scores_f32, accum_f32},
+           [DP_KV_Q8] = {scores_q8, accum_q8, scores_q8_run, accum_q8_run}},
+    DP_ATTN_OPS_COMMON,
 };

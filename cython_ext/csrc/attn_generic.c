@@ -16,8 +16,10 @@ static void fill_half_table(void) {
 
 void dp_ops_generic_prepare(void) { pthread_once(&half_table_once, fill_half_table); }
 
-static void scores_f32(const float *q, int64_t group, int64_t hd, const float *kt, int64_t ldk, int64_t n,
-                       float scale, float *scores, int64_t sstride) {
+static void scores_f32(const float *q, int64_t group, int64_t hd, const void *kt_, int64_t ldk, const float *ks,
+                       int64_t n, float scale, float *scores, int64_t sstride) {
+    const float *kt = (const float *)kt_;
+    (void)ks;
     for (int64_t g = 0; g < group; g++) {
         float *sg = scores + g * sstride;
         for (int64_t r = 0; r < n; r++) sg[r] = 0.0f;
@@ -30,8 +32,10 @@ static void scores_f32(const float *q, int64_t group, int64_t hd, const float *k
     }
 }
 
-static void scores_f16(const float *q, int64_t group, int64_t hd, const uint16_t *kt, int64_t ldk, int64_t n,
-                       float scale, float *scores, int64_t sstride) {
+static void scores_f16(const float *q, int64_t group, int64_t hd, const void *kt_, int64_t ldk, const float *ks,
+                       int64_t n, float scale, float *scores, int64_t sstride) {
+    const uint16_t *kt = (const uint16_t *)kt_;
+    (void)ks;
     float buf[64];
     for (int64_t g = 0; g < group; g++)
         for (int64_t r = 0; r < n; r++) scores[g * sstride + r] = 0.0f;
@@ -50,8 +54,10 @@ static void scores_f16(const float *q, int64_t group, int64_t hd, const uint16_t
         for (int64_t r = 0; r < n; r++) scores[g * sstride + r] *= scale;
 }
 
-static void accum_f32(const float *p, int64_t sstride, int64_t group, int64_t hd, const float *rows,
-                      int64_t n, float *o) {
+static void accum_f32(const float *p, int64_t sstride, int64_t group, int64_t hd, const void *rows_,
+                      const float *vs, int64_t n, float *o) {
+    const float *rows = (const float *)rows_;
+    (void)vs;
     for (int64_t r = 0; r < n; r++)
         for (int64_t g = 0; g < group; g++) {
             const float w = p[g * sstride + r];
@@ -60,8 +66,10 @@ static void accum_f32(const float *p, int64_t sstride, int64_t group, int64_t hd
         }
 }
 
-static void accum_f16(const float *p, int64_t sstride, int64_t group, int64_t hd, const uint16_t *rows,
-                      int64_t n, float *o) {
+static void accum_f16(const float *p, int64_t sstride, int64_t group, int64_t hd, const void *rows_,
+                      const float *vs, int64_t n, float *o) {
+    const uint16_t *rows = (const uint16_t *)rows_;
+    (void)vs;
     float buf[DP_MAX_HEAD_DIM]; /* one V row */
     for (int64_t r = 0; r < n; r++) {
         for (int64_t e = 0; e < hd; e++) buf[e] = half_table[rows[r * hd + e]];
@@ -74,8 +82,9 @@ static void accum_f16(const float *p, int64_t sstride, int64_t group, int64_t hd
 }
 
 /* q8: the dot product of the int8 values (exact in f32), times scale * ks[r] once per token. */
-static void scores_q8(const float *q, int64_t group, int64_t hd, const int8_t *kt, int64_t ldk, const float *ks,
+static void scores_q8(const float *q, int64_t group, int64_t hd, const void *kt_, int64_t ldk, const float *ks,
                       int64_t n, float scale, float *scores, int64_t sstride) {
+    const int8_t *kt = (const int8_t *)kt_;
     for (int64_t g = 0; g < group; g++) {
         float *sg = scores + g * sstride;
         for (int64_t r = 0; r < n; r++) sg[r] = 0.0f;
@@ -89,8 +98,9 @@ static void scores_q8(const float *q, int64_t group, int64_t hd, const int8_t *k
 }
 
 /* q8: each row's scale folded into its weight, once per (query head, token). */
-static void accum_q8(const float *p, int64_t sstride, int64_t group, int64_t hd, const int8_t *rows,
+static void accum_q8(const float *p, int64_t sstride, int64_t group, int64_t hd, const void *rows_,
                      const float *vs, int64_t n, float *o) {
+    const int8_t *rows = (const int8_t *)rows_;
     float buf[DP_MAX_HEAD_DIM]; /* one V row, widened */
     for (int64_t r = 0; r < n; r++) {
         for (int64_t e = 0; e < hd; e++) buf[e] = (float)rows[r * hd + e];
@@ -105,7 +115,6 @@ static void accum_q8(const float *p, int64_t sstride, int64_t group, int64_t hd,
 static void f32_to_f16(const float *src, uint16_t *dst, int64_t n) {
     for (int64_t i = 0; i < n; i++) dst[i] = dp_float_to_half(src[i]);
 }
-
 
 static float exp_sum(float *x, int64_t n, float max) {
     float s = 0.0f;
@@ -129,6 +138,7 @@ static inline float scalar_add(float a, float b) { return a + b; }
 DP_DEFINE_FMA_PROBE(float, 8, 1, scalar_set, scalar_fma, scalar_add, scalar_set)
 
 const dp_attn_ops dp_ops_generic = {
-    DP_ATTN_OPS_FIELDS("generic"),
-    DP_NO_RUN_OPS,
+    .kv = {[DP_KV_F16] = {scores_f16, accum_f16}, [DP_KV_F32] = {scores_f32, accum_f32},
+           [DP_KV_Q8] = {scores_q8, accum_q8}},
+    DP_ATTN_OPS_COMMON,
 };

@@ -65,7 +65,7 @@ static inline __attribute__((always_inline)) void scores_q8_blk(const float *q, 
     }
     DP_SCORES_SCALAR_TAIL(Q8_TAIL)
 }
-DP_DEFINE_SCORES_GROUPS_Q8(scores_q8)
+DP_DEFINE_SCORES_GROUPS_SCALED(scores_q8, int8_t)
 
 #define ACCUM_BODY(LOAD, TAIL)                                                                    \
     int64_t e = 0;                                                                                \
@@ -81,13 +81,17 @@ DP_DEFINE_SCORES_GROUPS_Q8(scores_q8)
         for (int64_t g = 0; g < group; g++)                                                       \
             for (int64_t r = 0; r < n; r++) o[g * hd + e] += p[g * sstride + r] * TAIL(rows[r * hd + e]);
 
-static void accum_f32(const float *p, int64_t sstride, int64_t group, int64_t hd, const float *rows,
-                      int64_t n, float *o) {
+static void accum_f32(const float *p, int64_t sstride, int64_t group, int64_t hd, const void *rows_,
+                      const float *vs, int64_t n, float *o) {
+    const float *rows = (const float *)rows_;
+    (void)vs;
     ACCUM_BODY(vld1q_f32, F32_ID)
 }
 
-static void accum_f16(const float *p, int64_t sstride, int64_t group, int64_t hd, const uint16_t *rows,
-                      int64_t n, float *o) {
+static void accum_f16(const float *p, int64_t sstride, int64_t group, int64_t hd, const void *rows_,
+                      const float *vs, int64_t n, float *o) {
+    const uint16_t *rows = (const uint16_t *)rows_;
+    (void)vs;
     ACCUM_BODY(load_f16, dp_half_to_float)
 }
 
@@ -95,8 +99,9 @@ static void accum_f16(const float *p, int64_t sstride, int64_t group, int64_t hd
  * into the weights (w, 4 rows per multiply); then blocks of 8 dims x those heads stay
  * in registers (16 accumulators) while each V row's 8 values are widened once. The
  * rest of head_dim (< 8 dims) is scalar. */
-static void accum_q8(const float *p, int64_t sstride, int64_t group, int64_t hd, const int8_t *rows,
+static void accum_q8(const float *p, int64_t sstride, int64_t group, int64_t hd, const void *rows_,
                      const float *vs, int64_t n, float *o) {
+    const int8_t *rows = (const int8_t *)rows_;
     enum { HEADS = 8, ROWS = 128 };
     float w[HEADS * ROWS]; /* (heads, ROWS): p * vs */
     for (int64_t r0 = 0; r0 < n; r0 += ROWS) {
@@ -143,34 +148,18 @@ static void f32_to_f16(const float *src, uint16_t *dst, int64_t n) {
     for (; i < n; i++) dst[i] = dp_float_to_half(src[i]);
 }
 
-
-/* exp(x) for x <= 0 (Cephes-style): 2^k * P(r), |rel err| < 2e-7; x < -87 gives 0. */
-static inline float32x4_t exp4(float32x4_t x) {
-    x = vmaxq_f32(x, vdupq_n_f32(-87.0f));
-    const float32x4_t k = vrndnq_f32(vmulq_f32(x, vdupq_n_f32(1.44269504088896341f)));
-    float32x4_t r = vfmsq_f32(x, k, vdupq_n_f32(0.693359375f));
-    r = vfmsq_f32(r, k, vdupq_n_f32(-2.12194440e-4f));
-    float32x4_t y = vdupq_n_f32(1.9875691500e-4f);
-    y = vfmaq_f32(vdupq_n_f32(1.3981999507e-3f), y, r);
-    y = vfmaq_f32(vdupq_n_f32(8.3334519073e-3f), y, r);
-    y = vfmaq_f32(vdupq_n_f32(4.1665795894e-2f), y, r);
-    y = vfmaq_f32(vdupq_n_f32(1.6666665459e-1f), y, r);
-    y = vfmaq_f32(vdupq_n_f32(5.0000001201e-1f), y, r);
-    y = vfmaq_f32(vaddq_f32(r, vdupq_n_f32(1.0f)), y, vmulq_f32(r, r));
-    const int32x4_t e = vshlq_n_s32(vaddq_s32(vcvtq_s32_f32(k), vdupq_n_s32(127)), 23);
-    return vmulq_f32(y, vreinterpretq_f32_s32(e));
+static inline float32x4_t fma4(float32x4_t a, float32x4_t b, float32x4_t c) { return vfmaq_f32(c, a, b); }
+static inline float32x4_t fnms4(float32x4_t a, float32x4_t b, float32x4_t c) { return vfmsq_f32(c, a, b); }
+static inline float32x4_t pow2_4(float32x4_t k) {
+    return vreinterpretq_f32_s32(vshlq_n_s32(vaddq_s32(vcvtq_s32_f32(k), vdupq_n_s32(127)), 23));
 }
+DP_DEFINE_EXP(exp4, float32x4_t, vdupq_n_f32, vmaxq_f32, vmulq_f32, vaddq_f32, fma4, fnms4, vrndnq_f32, pow2_4)
+
+DP_DEFINE_EXP_SUM_VECTORS(exp_vectors, float32x4_t, 4, vdupq_n_f32, vld1q_f32, vst1q_f32, vsubq_f32, vaddq_f32, exp4)
 
 static float exp_sum(float *x, int64_t n, float max) {
-    const float32x4_t m = vdupq_n_f32(max);
-    float32x4_t acc = vdupq_n_f32(0.0f);
-    int64_t i = 0;
-    for (; i + 4 <= n; i += 4) {
-        const float32x4_t v = exp4(vsubq_f32(vld1q_f32(x + i), m));
-        vst1q_f32(x + i, v);
-        acc = vaddq_f32(acc, v);
-    }
-    float s = vaddvq_f32(acc);
+    int64_t i;
+    float s = vaddvq_f32(exp_vectors(x, n, max, &i));
     for (; i < n; i++) {
         x[i] = vgetq_lane_f32(exp4(vdupq_n_f32(x[i] - max)), 0);
         s += x[i];
@@ -192,6 +181,7 @@ static inline float32x4_t neon_fma(float32x4_t x, float32x4_t m, float32x4_t c) 
 DP_DEFINE_FMA_PROBE(float32x4_t, 16, 4, vdupq_n_f32, neon_fma, vaddq_f32, vaddvq_f32)
 
 const dp_attn_ops dp_ops_neon = {
-    DP_ATTN_OPS_FIELDS("neon"),
-    DP_NO_RUN_OPS,
+    .kv = {[DP_KV_F16] = {scores_f16, accum_f16}, [DP_KV_F32] = {scores_f32, accum_f32},
+           [DP_KV_Q8] = {scores_q8, accum_q8}},
+    DP_ATTN_OPS_COMMON,
 };

@@ -10,10 +10,11 @@
 
 extern const dp_attn_ops dp_ops_neon;
 
-static void scores_f16(const float *q, int64_t group, int64_t hd, const uint16_t *kt, int64_t ldk, int64_t n,
-                       float scale, float *scores, int64_t sstride) {
+static void scores_f16(const float *q, int64_t group, int64_t hd, const void *kt_, int64_t ldk, const float *ks,
+                       int64_t n, float scale, float *scores, int64_t sstride) {
     /* 8 tokens per vector: q[g, e] (rounded to f16) times a row of K^T in f16, then
      * widened and summed in f32. Tails go to the baseline kernel. */
+    const uint16_t *kt = (const uint16_t *)kt_;
     const int64_t n8 = n / 8 * 8;
     for (int64_t g = 0; g < group; g++) {
         for (int64_t r0 = 0; r0 < n8; r0 += 8) {
@@ -29,33 +30,34 @@ static void scores_f16(const float *q, int64_t group, int64_t hd, const uint16_t
         }
     }
     if (n8 < n)
-        dp_ops_neon.scores_f16(q, group, hd, kt + n8, ldk, n - n8, scale, scores + n8, sstride);
+        dp_ops_neon.kv[DP_KV_F16].scores(q, group, hd, kt + n8, ldk, ks, n - n8, scale, scores + n8, sstride);
 }
 
-static void scores_f32(const float *q, int64_t group, int64_t hd, const float *kt, int64_t ldk, int64_t n,
-                       float scale, float *scores, int64_t sstride) {
-    dp_ops_neon.scores_f32(q, group, hd, kt, ldk, n, scale, scores, sstride);
+/* The rest is the baseline NEON code (q8: int8 widens to f32; FP16 arithmetic has
+ * nothing to add), called through its table. */
+static void scores_f32(const float *q, int64_t group, int64_t hd, const void *kt, int64_t ldk, const float *ks,
+                       int64_t n, float scale, float *scores, int64_t sstride) {
+    dp_ops_neon.kv[DP_KV_F32].scores(q, group, hd, kt, ldk, ks, n, scale, scores, sstride);
 }
 
-static void accum_f32(const float *p, int64_t sstride, int64_t group, int64_t hd, const float *rows,
-                      int64_t n, float *o) {
-    dp_ops_neon.accum_f32(p, sstride, group, hd, rows, n, o);
-}
-
-static void accum_f16(const float *p, int64_t sstride, int64_t group, int64_t hd, const uint16_t *rows,
-                      int64_t n, float *o) {
-    dp_ops_neon.accum_f16(p, sstride, group, hd, rows, n, o);
-}
-
-/* q8: the baseline NEON kernels (int8 widens to f32; FP16 arithmetic has nothing to add). */
-static void scores_q8(const float *q, int64_t group, int64_t hd, const int8_t *kt, int64_t ldk, const float *ks,
+static void scores_q8(const float *q, int64_t group, int64_t hd, const void *kt, int64_t ldk, const float *ks,
                       int64_t n, float scale, float *scores, int64_t sstride) {
-    dp_ops_neon.scores_q8(q, group, hd, kt, ldk, ks, n, scale, scores, sstride);
+    dp_ops_neon.kv[DP_KV_Q8].scores(q, group, hd, kt, ldk, ks, n, scale, scores, sstride);
 }
 
-static void accum_q8(const float *p, int64_t sstride, int64_t group, int64_t hd, const int8_t *rows,
+static void accum_f32(const float *p, int64_t sstride, int64_t group, int64_t hd, const void *rows,
+                      const float *vs, int64_t n, float *o) {
+    dp_ops_neon.kv[DP_KV_F32].accum(p, sstride, group, hd, rows, vs, n, o);
+}
+
+static void accum_f16(const float *p, int64_t sstride, int64_t group, int64_t hd, const void *rows,
+                      const float *vs, int64_t n, float *o) {
+    dp_ops_neon.kv[DP_KV_F16].accum(p, sstride, group, hd, rows, vs, n, o);
+}
+
+static void accum_q8(const float *p, int64_t sstride, int64_t group, int64_t hd, const void *rows,
                      const float *vs, int64_t n, float *o) {
-    dp_ops_neon.accum_q8(p, sstride, group, hd, rows, vs, n, o);
+    dp_ops_neon.kv[DP_KV_Q8].accum(p, sstride, group, hd, rows, vs, n, o);
 }
 
 static void f32_to_f16(const float *src, uint16_t *dst, int64_t n) { dp_ops_neon.f32_to_f16(src, dst, n); }
@@ -67,6 +69,7 @@ static float max_of(const float *x, int64_t n) { return dp_ops_neon.max_of(x, n)
 static int64_t fma_probe(int64_t iters, float *sink) { return dp_ops_neon.fma_probe(iters, sink); }
 
 const dp_attn_ops dp_ops_neon_fp16 = {
-    DP_ATTN_OPS_FIELDS("neon_fp16"),
-    DP_NO_RUN_OPS,
+    .kv = {[DP_KV_F16] = {scores_f16, accum_f16}, [DP_KV_F32] = {scores_f32, accum_f32},
+           [DP_KV_Q8] = {scores_q8, accum_q8}},
+    DP_ATTN_OPS_COMMON,
 };

@@ -1,8 +1,5 @@
-/* Run-time CPU feature detection: the CPU flag AND the OS support for its state. */
-#ifndef _GNU_SOURCE
-#define _GNU_SOURCE /* strtok_r under -std=c11 */
-#endif
-#include <stdlib.h>
+/* Run-time CPU feature detection (the CPU flag AND the OS support for its state), the
+ * one list of ISAs (dp_isas) and the dispatch between them. */
 #include <string.h>
 #include "dp_attn_ops.h"
 
@@ -56,31 +53,53 @@ unsigned dp_cpu_features(void) {
     return f & 0x7fffffffu;
 }
 
-unsigned dp_parse_features(const char *list) {
-    unsigned mask = 0;
-    if (!list) return 0;
-    char buf[256], *save = NULL;
-    strncpy(buf, list, sizeof buf - 1);
-    buf[sizeof buf - 1] = 0;
-    for (char *tok = strtok_r(buf, ", ", &save); tok; tok = strtok_r(NULL, ", ", &save)) { /* reentrant */
-        if (!strcmp(tok, "avx2")) mask |= DP_CPU_AVX2;
-        else if (!strcmp(tok, "avx512")) mask |= DP_CPU_AVX512;
-        else if (!strcmp(tok, "neon")) mask |= DP_CPU_NEON;
-        else if (!strcmp(tok, "neon_fp16") || !strcmp(tok, "fp16")) mask |= DP_CPU_NEON_FP16;
+#if defined(__x86_64__) || defined(_M_X64)
+#define X86_OPS(ops) (ops)
+#define ARM_OPS(ops) NULL
+#elif defined(__aarch64__)
+#define X86_OPS(ops) NULL
+#define ARM_OPS(ops) (ops)
+#else
+#define X86_OPS(ops) NULL
+#define ARM_OPS(ops) NULL
+#endif
+
+/* Adding an ISA: its row here, its attn_<isa>.c (with an ops table) and its library
+ * in setup.py (and tests/c/build_and_run.sh), its DP_CPU_* bit and detection above. */
+const dp_isa dp_isas[] = {
+    {"generic", 0, 0, &dp_ops_generic},
+    {"avx2", DP_CPU_AVX2, DP_CPU_AVX2, X86_OPS(&dp_ops_avx2)},
+    {"avx512", DP_CPU_AVX512, DP_CPU_AVX512, X86_OPS(&dp_ops_avx512)},
+    {"neon", DP_CPU_NEON, DP_CPU_NEON, ARM_OPS(&dp_ops_neon)},
+    {"neon_fp16", DP_CPU_NEON_FP16, DP_CPU_NEON | DP_CPU_NEON_FP16, ARM_OPS(&dp_ops_neon_fp16)},
+};
+const int dp_num_isas = (int)(sizeof dp_isas / sizeof dp_isas[0]);
+
+int dp_parse_features(const char *list, unsigned *mask, const char **bad, size_t *bad_len) {
+    *mask = 0;
+    for (const char *p = list; p && *p;) {
+        p += strspn(p, ", ");
+        const size_t len = strcspn(p, ", ");
+        if (!len) break;
+        int i = 0;
+        while (i < dp_num_isas && !(dp_isas[i].feature && strlen(dp_isas[i].name) == len &&
+                                    !strncmp(dp_isas[i].name, p, len)))
+            i++;
+        if (i == dp_num_isas) {
+            *bad = p;
+            *bad_len = len;
+            return DP_ERR_ARG;
+        }
+        *mask |= dp_isas[i].feature;
+        p += len;
     }
-    return mask;
+    return DP_OK;
 }
 
 static const dp_attn_ops *best_ops(unsigned disabled) {
     const unsigned f = dp_cpu_features() & ~disabled;
-#if defined(__x86_64__) || defined(_M_X64)
-    if (f & DP_CPU_AVX512) return &dp_ops_avx512;
-    if (f & DP_CPU_AVX2) return &dp_ops_avx2;
-#elif defined(__aarch64__)
-    if ((f & DP_CPU_NEON_FP16) && (f & DP_CPU_NEON)) return &dp_ops_neon_fp16;
-    if (f & DP_CPU_NEON) return &dp_ops_neon;
-#endif
-    (void)f;
+    for (int i = dp_num_isas - 1; i > 0; i--)
+        if (dp_isas[i].ops && (f & dp_isas[i].needs) == dp_isas[i].needs) return dp_isas[i].ops;
     return &dp_ops_generic;
 }
 
@@ -93,17 +112,16 @@ const dp_attn_ops *dp_select_ops(unsigned disabled) {
 const dp_attn_ops *dp_ops_by_name(const char *name) {
     if (!name) return NULL;
     const unsigned f = dp_cpu_features();
-    if (!strcmp(name, "generic")) {
-        dp_ops_generic_prepare();
-        return &dp_ops_generic;
+    for (int i = 0; i < dp_num_isas; i++) {
+        if (strcmp(name, dp_isas[i].name) || !dp_isas[i].ops || (f & dp_isas[i].needs) != dp_isas[i].needs) continue;
+        if (dp_isas[i].ops == &dp_ops_generic) dp_ops_generic_prepare();
+        return dp_isas[i].ops;
     }
-#if defined(__x86_64__) || defined(_M_X64)
-    if (!strcmp(name, "avx2") && (f & DP_CPU_AVX2)) return &dp_ops_avx2;
-    if (!strcmp(name, "avx512") && (f & DP_CPU_AVX512)) return &dp_ops_avx512;
-#elif defined(__aarch64__)
-    if (!strcmp(name, "neon") && (f & DP_CPU_NEON)) return &dp_ops_neon;
-    if (!strcmp(name, "neon_fp16") && (f & DP_CPU_NEON_FP16)) return &dp_ops_neon_fp16;
-#endif
-    (void)f;
     return NULL;
+}
+
+const char *dp_ops_name(const dp_attn_ops *ops) {
+    for (int i = 0; i < dp_num_isas; i++)
+        if (ops && dp_isas[i].ops == ops) return dp_isas[i].name;
+    return "?";
 }

@@ -1,13 +1,13 @@
 /* The per-ISA building blocks of attention, and run-time dispatch between them.
  *
- * The span walker (kv_arena.c) owns the loop structure; an ISA supplies only the
+ * The span walker (kv_attn.c) owns the loop structure; an ISA supplies only the
  * inner loops over a run of contiguous K or V rows of one KV head, for a group of
  * query heads that share it (GQA: a row is loaded once for the whole group).
  *
  *   q:      (group, head_dim) f32, the query heads reading this KV head
  *   kt:     K transposed: element (token r, dim e) at kt[e * ldk + r], r < n
- *   rows:   V: (n, head_dim) of f32 or f16 (uint16 bits), contiguous
- *   ks, vs: q8 only: (n,) f32, the per-token scales of those K / V rows
+ *   rows:   V: (n, head_dim) of the KV dtype (f32, f16 as uint16 bits, int8), contiguous
+ *   ks, vs: dtypes with scales (q8) only: (n,) f32, the per-token scales of those K / V rows
  *   scores: (group, sstride) f32; scores[g * sstride + r] for r < n
  *   o:      (group, head_dim) f32 accumulators
  */
@@ -18,33 +18,41 @@
 
 /* One piece of a run: n consecutive positions of one KV head inside one tile.
  * K: ptr = K^T of row 0 of the piece, ld = the tile's P; V: ptr = row 0, ld unused;
- * scales: q8 only, the (n,) f32 scales of those rows (NULL otherwise). */
+ * scales: the (n,) f32 scales of those rows for a dtype with scales (NULL otherwise). */
 typedef struct {
     const void *ptr;
     int64_t ld, n;
     const float *scales;
 } dp_seg;
 
+/* One KV dtype's kernels in one ISA (the entry of dp_attn_ops.kv for that dtype).
+ * kt, rows point at values of the dtype (f32, f16 as uint16 bits, int8); ks, vs
+ * are the rows' f32 scales for a dtype with scales (dp_kv_types: q8), NULL otherwise. */
 typedef struct {
-    const char *name;
-    /* scores[g, r] = scale * sum_e q[g, e] * kt[e * ldk + r] */
-    void (*scores_f32)(const float *q, int64_t group, int64_t head_dim, const float *kt, int64_t ldk,
-                       int64_t n, float scale, float *scores, int64_t sstride);
-    void (*scores_f16)(const float *q, int64_t group, int64_t head_dim, const uint16_t *kt, int64_t ldk,
-                       int64_t n, float scale, float *scores, int64_t sstride);
-    /* o[g] += sum_r p[g, r] * row r */
-    void (*accum_f32)(const float *p, int64_t sstride, int64_t group, int64_t head_dim, const float *rows,
-                      int64_t n, float *o);
-    void (*accum_f16)(const float *p, int64_t sstride, int64_t group, int64_t head_dim, const uint16_t *rows,
-                      int64_t n, float *o);
-    /* q8 (kv_arena.h): scores[g, r] = scale * ks[r] * sum_e q[g, e] * kt[e * ldk + r], the
-     * token's scale applied once to its dot product; o[g] += sum_r (p[g, r] * vs[r]) * row r,
-     * the scale folded into the weight once per (query head, token). int8 widens to f32
-     * exactly, so both equal the f32 ops on the dequantized values up to f32 rounding. */
-    void (*scores_q8)(const float *q, int64_t group, int64_t head_dim, const int8_t *kt, int64_t ldk,
-                      const float *ks, int64_t n, float scale, float *scores, int64_t sstride);
-    void (*accum_q8)(const float *p, int64_t sstride, int64_t group, int64_t head_dim, const int8_t *rows,
-                     const float *vs, int64_t n, float *o);
+    /* scores[g, r] = scale * sum_e q[g, e] * kt[e * ldk + r], times ks[r] with scales
+     * (the token's scale applied once to its dot product) */
+    void (*scores)(const float *q, int64_t group, int64_t head_dim, const void *kt, int64_t ldk,
+                   const float *ks, int64_t n, float scale, float *scores, int64_t sstride);
+    /* o[g] += sum_r p[g, r] * row r; with scales, (p[g, r] * vs[r]) * row r, the scale
+     * folded into the weight once per (query head, token). int8 widens to f32 exactly,
+     * so q8 equals f32 on the dequantized values up to f32 rounding. */
+    void (*accum)(const float *p, int64_t sstride, int64_t group, int64_t head_dim, const void *rows,
+                  const float *vs, int64_t n, float *o);
+    /* Optional, in pairs (NULL: the span walker calls the ops above once per piece): the
+     * same over a whole run of pieces, back to back: scores[g, off_j + r] for piece j
+     * at offset off_j = n_0 + ... + n_(j-1), each dp_seg carrying its scales;
+     * accumulators stay in registers across the pieces instead of going through o at
+     * every tile. */
+    void (*scores_run)(const float *q, int64_t group, int64_t head_dim, const dp_seg *segs, int64_t ns,
+                       float scale, float *scores, int64_t sstride);
+    void (*accum_run)(const float *p, int64_t sstride, int64_t group, int64_t head_dim, const dp_seg *segs,
+                      int64_t ns, float *o);
+} dp_kv_kernels;
+
+/* An ISA's building blocks: a traits table indexed by KV dtype (every entry's scores
+ * and accum set), and the dtype-free ops. Its name and CPU feature are in dp_isas. */
+typedef struct {
+    dp_kv_kernels kv[DP_KV_NUM_DTYPES];
     /* dst[i] = half(src[i]), round to nearest even */
     void (*f32_to_f16)(const float *src, uint16_t *dst, int64_t n);
     /* x[i] = exp(x[i] - max); returns the sum of the new x[i] (x[i] - max <= 0) */
@@ -55,19 +63,6 @@ typedef struct {
      * FMA chains at this ISA's widest vectors, enough chains to hide the FMA latency.
      * Returns the flops done (2 per lane per FMA); *sink receives their result. */
     int64_t (*fma_probe)(int64_t iters, float *sink);
-    /* Optional (NULL: the span walker calls the ops above once per piece): the same
-     * over a whole run of f16 pieces, back to back: scores[g, off_j + r] for piece j
-     * at offset off_j = n_0 + ... + n_(j-1); accumulators stay in registers across
-     * the pieces instead of going through o at every tile. */
-    void (*scores_f16_run)(const float *q, int64_t group, int64_t head_dim, const dp_seg *segs, int64_t ns,
-                           float scale, float *scores, int64_t sstride);
-    void (*accum_f16_run)(const float *p, int64_t sstride, int64_t group, int64_t head_dim, const dp_seg *segs,
-                          int64_t ns, float *o);
-    /* The same for q8 pieces (each dp_seg carries its scales); optional, in pairs. */
-    void (*scores_q8_run)(const float *q, int64_t group, int64_t head_dim, const dp_seg *segs, int64_t ns,
-                          float scale, float *scores, int64_t sstride);
-    void (*accum_q8_run)(const float *p, int64_t sstride, int64_t group, int64_t head_dim, const dp_seg *segs,
-                         int64_t ns, float *o);
 } dp_attn_ops;
 
 /* The fma_probe of an ISA file, from its vector type and operations: CHAINS
@@ -86,24 +81,53 @@ typedef struct {
         return iters * CHAINS * LANES * 2;                                               \
     }
 
-/* The entries every ops table fills the same way: an ISA file names its building
- * blocks scores_f32, scores_f16, scores_q8, accum_f32, accum_f16, accum_q8,
- * f32_to_f16, exp_sum, max_of and fma_probe. Use inside a designated initializer:
- *   const dp_attn_ops dp_ops_x = { DP_ATTN_OPS_FIELDS("x"), DP_NO_RUN_OPS }; */
-#define DP_ATTN_OPS_FIELDS(NAME)                                                        \
-    .name = NAME, .scores_f32 = scores_f32, .scores_f16 = scores_f16,                    \
-    .accum_f32 = accum_f32, .accum_f16 = accum_f16, .scores_q8 = scores_q8,              \
-    .accum_q8 = accum_q8, .f32_to_f16 = f32_to_f16,                                      \
-    .exp_sum = exp_sum, .max_of = max_of, .fma_probe = fma_probe
-/* No run ops: the span walker calls the per-piece ops once per piece. */
-#define DP_NO_RUN_OPS .scores_f16_run = NULL, .accum_f16_run = NULL, .scores_q8_run = NULL, .accum_q8_run = NULL
+/* exp(x) for x <= 0 (Cephes-style): 2^k * P(r), |rel err| < 2e-7; x < -87 gives 0. An
+ * ISA file defines NAME(VT x) from its vector ops: SET broadcasts, MAX, MUL, ADD,
+ * FMA(a, b, c) = a * b + c, FNMS(a, b, c) = c - a * b, ROUND to nearest, and
+ * POW2(k) = 2^k for a vector of whole k. */
+#define DP_DEFINE_EXP(NAME, VT, SET, MAX, MUL, ADD, FMA, FNMS, ROUND, POW2)               \
+    static inline VT NAME(VT x) {                                                        \
+        x = MAX(x, SET(-87.0f));                                                         \
+        const VT k = ROUND(MUL(x, SET(1.44269504088896341f)));                           \
+        VT r = FNMS(k, SET(0.693359375f), x);                                            \
+        r = FNMS(k, SET(-2.12194440e-4f), r);                                            \
+        VT y = SET(1.9875691500e-4f);                                                    \
+        y = FMA(y, r, SET(1.3981999507e-3f));                                            \
+        y = FMA(y, r, SET(8.3334519073e-3f));                                            \
+        y = FMA(y, r, SET(4.1665795894e-2f));                                            \
+        y = FMA(y, r, SET(1.6666665459e-1f));                                            \
+        y = FMA(y, r, SET(5.0000001201e-1f));                                            \
+        y = FMA(y, MUL(r, r), ADD(r, SET(1.0f)));                                        \
+        return MUL(y, POW2(k));                                                          \
+    }
+/* The whole vectors of an exp_sum: x[i] = EXP(x[i] - max) for i below n rounded down
+ * to LANES, summed into the vector returned; *end = the first i left to the ISA's tail. */
+#define DP_DEFINE_EXP_SUM_VECTORS(NAME, VT, LANES, SET, LOAD, STORE, SUB, ADD, EXP)       \
+    static inline VT NAME(float *x, int64_t n, float max, int64_t *end) {                \
+        const VT m = SET(max);                                                           \
+        VT acc = SET(0.0f);                                                              \
+        int64_t i = 0;                                                                   \
+        for (; i + LANES <= n; i += LANES) {                                             \
+            const VT v = EXP(SUB(LOAD(x + i), m));                                       \
+            STORE(x + i, v);                                                             \
+            acc = ADD(acc, v);                                                           \
+        }                                                                                \
+        *end = i;                                                                        \
+        return acc;                                                                      \
+    }
+
+/* The dtype-free entries, which every ISA file names the same way (f32_to_f16, exp_sum,
+ * max_of, fma_probe). Inside a designated initializer:
+ *   const dp_attn_ops dp_ops_x = {.kv = {[DP_KV_F16] = {scores_f16, accum_f16}, ...}, DP_ATTN_OPS_COMMON}; */
+#define DP_ATTN_OPS_COMMON .f32_to_f16 = f32_to_f16, .exp_sum = exp_sum, .max_of = max_of, .fma_probe = fma_probe
 
 /* The rest of a scores block past its last full vector of rows (r0 < n), in scalar
  * f32 (TAIL widens one K element; ks: the q8 token scales, NULL otherwise), and the
- * entry points that cover a group of query heads with blocks of 8, 4, 2 and 1 heads
- * of NAME##_blk(q, G, hd, kt, ldk, ks, n, scale, scores, sstride): NAME with the
- * f32/f16 signature (ks = NULL, folded away in the always-inline blocks), or with the
- * q8 one (DP_DEFINE_SCORES_GROUPS_Q8). For ISA files whose blocks vectorize over rows. */
+ * dp_kv_kernels.scores entry points that cover a group of query heads with blocks of
+ * 8, 4, 2 and 1 heads of NAME##_blk(q, G, hd, kt, ldk, ks, n, scale, scores, sstride),
+ * T the element type: DP_DEFINE_SCORES_GROUPS for a dtype without scales (ks = NULL,
+ * folded away in the always-inline blocks), DP_DEFINE_SCORES_GROUPS_SCALED with them.
+ * For ISA files whose blocks vectorize over rows. */
 #define DP_SCORES_SCALAR_TAIL(TAIL)                                                      \
     for (; r0 < n; r0++)                                                                 \
         for (int g = 0; g < G; g++) {                                                    \
@@ -125,14 +149,17 @@ typedef struct {
     }                                                                                    \
     if (group - g >= 1) NAME##_blk(q + g * hd, 1, hd, kt, ldk, ks, n, scale, scores + g * sstride, sstride);
 #define DP_DEFINE_SCORES_GROUPS(NAME, T)                                                 \
-    static void NAME(const float *q, int64_t group, int64_t hd, const T *kt, int64_t ldk, int64_t n, \
-                     float scale, float *scores, int64_t sstride) {                     \
+    static void NAME(const float *q, int64_t group, int64_t hd, const void *kt_, int64_t ldk, \
+                     const float *ks_, int64_t n, float scale, float *scores, int64_t sstride) { \
+        const T *kt = (const T *)kt_;                                                    \
         const float *ks = NULL;                                                          \
+        (void)ks_;                                                                       \
         DP_SCORES_GROUPS_BODY(NAME)                                                      \
     }
-#define DP_DEFINE_SCORES_GROUPS_Q8(NAME)                                                 \
-    static void NAME(const float *q, int64_t group, int64_t hd, const int8_t *kt, int64_t ldk, \
+#define DP_DEFINE_SCORES_GROUPS_SCALED(NAME, T)                                          \
+    static void NAME(const float *q, int64_t group, int64_t hd, const void *kt_, int64_t ldk, \
                      const float *ks, int64_t n, float scale, float *scores, int64_t sstride) { \
+        const T *kt = (const T *)kt_;                                                    \
         DP_SCORES_GROUPS_BODY(NAME)                                                      \
     }
 
@@ -159,12 +186,30 @@ enum {
     DP_CPU_NEON_FP16 = 1 << 3 /* FP16 arithmetic (asimdhp) */
 };
 
+/* An ISA DualPath has kernels for, on any architecture: its name (as configs, the CLI
+ * and DUALPATH_DISABLE_CPU_FEATURES spell it), the CPU feature that names it, every
+ * feature its kernels need, and its ops (NULL where this build has none). */
+typedef struct {
+    const char *name;
+    unsigned feature; /* 0: generic, which needs none and cannot be disabled */
+    unsigned needs;
+    const dp_attn_ops *ops;
+} dp_isa;
+/* Every ISA, the one list (cpu_features.c): generic first, then each architecture's
+ * from the least to the most capable. Dispatch picks the last one the CPU runs. */
+extern const dp_isa dp_isas[];
+extern const int dp_num_isas;
+
 unsigned dp_cpu_features(void);
-/* Parse "avx512,avx2" style lists (DUALPATH_DISABLE_CPU_FEATURES) into a feature mask. */
-unsigned dp_parse_features(const char *list);
+/* Parse a DUALPATH_DISABLE_CPU_FEATURES list ("avx512,avx2": names of dp_isas with a
+ * feature, separated by commas or spaces; NULL is empty) into *mask. DP_ERR_ARG for a
+ * name that is none of them: *bad then points at it inside list, *bad_len bytes long. */
+int dp_parse_features(const char *list, unsigned *mask, const char **bad, size_t *bad_len);
 /* The best ops the CPU supports with `disabled` features removed (generic at worst). */
 const dp_attn_ops *dp_select_ops(unsigned disabled);
 /* The ops named `name` if this CPU and build have them, else NULL. */
 const dp_attn_ops *dp_ops_by_name(const char *name);
+/* The name of an ISA's ops (dp_isas), "?" for ops that are none of them. */
+const char *dp_ops_name(const dp_attn_ops *ops);
 
 #endif

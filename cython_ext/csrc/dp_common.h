@@ -41,7 +41,16 @@ enum dp_dtype {
     DP_F16 = 1,
     DP_Q8_0 = 8,   /* MatMulNBits layout: uint8 value+128, fp32 scale per 32 */
     DP_Q4_0 = 2,   /* MatMulNBits layout: two nibbles per byte, low first, value+8 */
-    DP_Q8 = 3,     /* KV cache only: int8 with one f32 scale per token and KV head (kv_arena.h) */
+};
+
+/* The KV cache's element types: the index of dp_kv_types (kv_arena.c, their storage
+ * traits) and of every ISA's kernels (dp_attn_ops.kv). Adding one: a value here, its
+ * entry in dp_kv_types, and its kernels in the table of each attn_*.c. */
+enum dp_kv_dtype {
+    DP_KV_F16 = 0,   /* IEEE half, the default */
+    DP_KV_F32 = 1,
+    DP_KV_Q8 = 2,    /* int8 with one f32 scale per token and KV head (kv_arena.h) */
+    DP_KV_NUM_DTYPES
 };
 
 /* IEEE half <-> float, portable bit manipulation (round to nearest even). */

@@ -41,8 +41,8 @@ void dp_pool_run(dp_pool *pool, int64_t num_tasks, dp_task_fn fn, void *ctx);
  * affinity: the probes (every thread at once) and the placement warm-up use it. */
 void dp_pool_run_all(dp_pool *pool, int64_t num_tasks, dp_task_fn fn, void *ctx);
 /* Threads that yield their cores to this pool's jobs: ONNX Runtime's shared-pool
- * workers, which spin for tens of milliseconds after a Run returns (38-40 ms measured
- * here), right through our attention between two Runs. While a job that wakes this
+ * workers, which spin for tens of milliseconds after a Run returns, right through our
+ * attention between two Runs. While a job that wakes this
  * pool's workers runs, each yielder is under SCHED_IDLE (a woken worker of ours
  * preempts it at once instead of sharing its core half and half); when the job ends it
  * is back under the policy it had when registered. A yielder that is not under

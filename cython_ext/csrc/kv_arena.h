@@ -8,10 +8,10 @@
  *     K: (num_kv_heads, head_dim, P) -- transposed: one dimension of P tokens is
  *        contiguous, so decode scores P tokens per vector with no reductions --
  *     then V: (num_kv_heads, P, head_dim), kv dtype
- *     then, for DP_Q8 only, K scales: (num_kv_heads, P) f32 and V scales: (num_kv_heads, P) f32
+ *     then, for a dtype with scales (q8), K scales: (num_kv_heads, P) f32 and V scales: (num_kv_heads, P) f32
  * tile_bytes(P) = 2 * num_kv_heads * P * (head_dim * elem_bytes + scale_bytes).
  *
- * DP_Q8 (kv_dtype q8): element (token t, head h, dim e) = scale[h, t] * int8 value,
+ * DP_KV_Q8 (kv_dtype q8): element (token t, head h, dim e) = scale[h, t] * int8 value,
  * symmetric, scale = max_e |x[e]| / 127 of that token's row of that head, values
  * round(x / scale) in [-127, 127] (0 and scale 0 for an all-zero row); the error of
  * an element is at most scale / 2. Against llama.cpp's q8_0 cache type (blocks of
@@ -31,7 +31,7 @@
  *   - the scales sit in the tile behind the values, so a tile is still the unit the
  *     two paths address (pages and extents work unchanged) and a kernel reads a
  *     run's values and scales from the same few pages. They are 4-byte aligned
- *     because DP_Q8 needs an even head_dim (2 * num_kv_heads * P * head_dim is then a
+ *     because DP_KV_Q8 needs an even head_dim (2 * num_kv_heads * P * head_dim is then a
  *     multiple of 4, and so is tile_bytes).
  *   Values are quantized once, on write (dp_kv_write_slots, the same scalar code for
  *   every ISA, so storage never depends on the kernel); the kernels widen int8 to f32
@@ -56,6 +56,25 @@
 #define DP_KV_ARENA_H
 
 #include "dp_common.h"
+#include "dp_attn_ops.h"
+
+/* A KV dtype's storage traits, the same for every ISA (its kernels are each ISA's
+ * dp_attn_ops.kv entry): dp_kv_types[kv_dtype], one entry per enum dp_kv_dtype. */
+typedef struct {
+    const char *name;           /* as configs and the CLI spell it */
+    const char *doc;            /* what an element is, for `dualpath info` and --help */
+    int64_t elem_bytes;         /* bytes per value */
+    int64_t scale_bytes;        /* per (token, KV head) row of K and of V: sizeof(float) for an f32
+                                 * scale behind the tile's values, or 0 */
+    int64_t head_dim_multiple;  /* head_dim must be a multiple of it (q8: 2, scales 4-byte aligned) */
+    /* Store a row of n f32 values x: element i at dst + i * stride elements. Returns
+     * its scale (0 without scales). ops converts f32 -> f16 (the ISA's, bit-exact). */
+    float (*store_row)(const dp_attn_ops *ops, const float *x, int64_t n, char *dst, int64_t stride);
+    /* f32 values of a stored row: dst[i] = the element at src + i * stride elements,
+     * times scale with scales. */
+    void (*load_row)(const char *src, int64_t n, int64_t stride, float scale, float *dst);
+} dp_kv_type;
+extern const dp_kv_type dp_kv_types[DP_KV_NUM_DTYPES];
 
 typedef struct {
     char *base;            /* (num_layers, num_blocks, block_size) bytes, 2 MiB aligned */
@@ -64,9 +83,9 @@ typedef struct {
     int64_t num_layers;
     int64_t num_kv_heads;
     int64_t head_dim;
-    int kv_dtype;          /* DP_F32, DP_F16 or DP_Q8 */
-    int64_t elem_bytes;    /* 4, 2 or 1 */
-    int64_t scale_bytes;   /* per token and KV head, K and V each: 4 (f32) for DP_Q8, else 0 */
+    int kv_dtype;          /* enum dp_kv_dtype: the index of dp_kv_types */
+    int64_t elem_bytes;    /* dp_kv_types[kv_dtype].elem_bytes */
+    int64_t scale_bytes;   /* dp_kv_types[kv_dtype].scale_bytes */
     int64_t layer_bytes;   /* num_blocks * block_size */
     int hugepages;         /* 1 when madvise(MADV_HUGEPAGE) was accepted */
     int numa_node;         /* node the arena is bound to, -1 when not bound */
@@ -80,41 +99,6 @@ void dp_arena_free(dp_arena *a);
  * that overflows. */
 int64_t dp_kv_tile_bytes(int kv_dtype, int64_t num_kv_heads, int64_t head_dim, int64_t P);
 
-#include "dp_attn_ops.h"
-#include "dp_pool.h"
-
-/* How a layer attends (the same for every query of a call):
- *   scale:   multiplies q.k (usually 1/sqrt(head_dim));
- *   softcap: > 0 caps the scaled scores as softcap * tanh(score / softcap) (Gemma 2), 0 = off;
- *   window:  > 0 is a sliding window: a query at position p sees positions p - window + 1 .. p
- *            (llama.cpp's LLAMA_SWA_TYPE_STANDARD), 0 = the whole causal context;
- *   prefetch_degree: spans prefetched ahead (random path);
- *   decode_on_caller: see below (the model runner sets it where ONNX Runtime's shared pool
- *            spins on between its parts: a second pool's workers would only contend with it). */
-typedef struct {
-    float scale;
-    float softcap;
-    int64_t window;
-    int prefetch_degree;
-    int decode_on_caller; /* 1: a step with too few tokens to feed the pool (decode) is not split
-                           * over the context (flash-decoding) but run by the calling thread
-                           * alone; 0 (the default): split */
-} dp_attn_params;
-
-/* Scratch of an attention call: the batch's jobs, span starts, flash-decoding partials
- * and one slice per pool thread (q, o, m, l and a run's scores of a task), owned by
- * the caller and reused call after call. A call grows it when it needs more (one
- * aligned allocation, before anything is written; it never shrinks), so with a warm
- * workspace a layer step allocates nothing. One call at a time per workspace; inside
- * a call each pool thread works in its own slice. A call given NULL allocates one for
- * itself and frees it before it returns. Zero-initialize, free with
- * dp_attn_workspace_free (which leaves it empty and reusable). */
-typedef struct {
-    void *buf;
-    size_t bytes;
-} dp_attn_workspace;
-void dp_attn_workspace_free(dp_attn_workspace *ws);
-
 /* Check slots (num_tokens, 3) against the arena: DP_OK, or the status of the first
  * bad slot and its index in *bad (-1 when every slot is good; bad may be NULL). */
 int dp_kv_check_slots(const dp_arena *a, const int64_t *slots, int64_t num_tokens, int64_t *bad);
@@ -126,43 +110,7 @@ int dp_kv_check_slots(const dp_arena *a, const int64_t *slots, int64_t num_token
 int dp_kv_write_slots(const dp_arena *a, const dp_attn_ops *ops, int64_t layer, const float *k,
                       const float *v, int64_t stride, const int64_t *slots, int64_t num_tokens);
 
-/* Causal attention (see dp_attn_params) for num_tokens queries at positions [pos0, pos0 + num_tokens)
- * over the sequence described by `spans` (num_spans, 3), which covers at least
- * pos0 + num_tokens tokens, with the building blocks `ops`, on `pool` (NULL = the
- * calling thread only).
- *   q, out: (num_tokens, num_heads * head_dim) f32, row strides q_stride / out_stride
- * Work is split over (token, KV head, slice of its query heads); a decode with
- * too few of those also splits the context (flash-decoding) and merges.
- * DP_ERR_NOMEM when its one allocation (a workspace, see dp_attn_workspace) fails:
- * then `out` is untouched. */
-int dp_attn_spans(const dp_arena *a, const dp_attn_ops *ops, dp_pool *pool, int64_t layer,
-                  const float *q, int64_t q_stride, float *out, int64_t out_stride, int64_t num_heads,
-                  const int64_t *spans, int64_t num_spans, int64_t pos0, int64_t num_tokens,
-                  dp_attn_params params);
-
-/* The same for a batch of sequences in one call (one pool run covers them all).
- * seqs: (num_seqs, 5) int64 rows (row0, num_tokens, pos0, span0, num_spans): the
- * sequence's queries are rows [row0, row0 + num_tokens) of q/out (which have
- * num_rows rows), its kernel view is spans[span0 : span0 + num_spans]. Each
- * sequence is split exactly as dp_attn_spans would split it alone, so its output
- * does not depend on the rest of the batch. Scratch comes from `ws` (NULL: one
- * allocation for this call). */
-int dp_attn_batch(const dp_arena *a, const dp_attn_ops *ops, dp_pool *pool, int64_t layer,
-                  const float *q, int64_t q_stride, float *out, int64_t out_stride, int64_t num_heads,
-                  int64_t num_rows, const int64_t *seqs, int64_t num_seqs, const int64_t *spans,
-                  int64_t spans_len, dp_attn_params params, dp_attn_workspace *ws);
-
-/* One step of a layer: write rows [0, num_rows) of k, v (row stride kv_stride) at
- * `slots` (num_rows, 3), then dp_attn_batch. Slots, sequences and spans are all
- * checked, and the workspace made big enough, before the first write, and nothing
- * after it can fail: a failing step leaves the arena as it was. */
-int dp_step_batch(const dp_arena *a, const dp_attn_ops *ops, dp_pool *pool, int64_t layer, const float *k,
-                  const float *v, int64_t kv_stride, const int64_t *slots, const float *q, int64_t q_stride,
-                  float *out, int64_t out_stride, int64_t num_heads, int64_t num_rows, const int64_t *seqs,
-                  int64_t num_seqs, const int64_t *spans, int64_t spans_len, dp_attn_params params,
-                  dp_attn_workspace *ws);
-
-/* Copy every layer's K and V (and q8 scales) of num_tokens tokens from src slots to
+/* Copy every layer's K and V (and their scales) of num_tokens tokens from src slots to
  * dst slots (every slot of both checked first). */
 int dp_kv_copy_slots(const dp_arena *a, const int64_t *src, const int64_t *dst, int64_t num_tokens);
 

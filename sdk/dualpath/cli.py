@@ -320,7 +320,8 @@ def cmd_info(args) -> int:
           f"available: {', '.join(available)}; usable ISA features: {', '.join(kernel_features()) or 'none'}"
           f"{'; disabled by DUALPATH_DISABLE_CPU_FEATURES=' + disabled if disabled else ''})")
     d = cfg.dualpath_config
-    kv_what = {"f16": "IEEE half", "f32": "float", "q8": "int8 + an f32 scale per token and KV head"}[d.kv_dtype]
+    from .kernels import KV_DTYPE_DOCS
+    kv_what = KV_DTYPE_DOCS[d.kv_dtype]
     print(f"kv cache: one arena of {d.block_size // 1024} KiB blocks (block_size={d.block_size}), pages of "
           f"{d.page_tokens} tokens, kv_dtype={d.kv_dtype} ({kv_what}), prefetch_degree={d.prefetch_degree}, "
           f"huge pages requested (madvise)")
@@ -486,8 +487,9 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config key, e.g. runtime.num_threads=2")
         sp.add_argument("-t", "--threads", type=int, help="threads (runtime.num_threads)")
         sp.add_argument("--ctx-size", type=int, help="context window in tokens (runtime.max_context_tokens)")
-        sp.add_argument("--kv-dtype", choices=["f16", "f32", "q8"], help="KV cache element type "
-                        "(dualpath_config.kv_dtype; q8 = int8 + an f32 scale per token and KV head)")
+        from .kernels import KV_DTYPE_DOCS, KV_DTYPES
+        sp.add_argument("--kv-dtype", choices=KV_DTYPES, help="KV cache element type (dualpath_config.kv_dtype; "
+                        + "; ".join(f"{n} = {doc}" for n, doc in KV_DTYPE_DOCS.items()) + ")")
         sp.add_argument("--chat-template", choices=CHAT_TEMPLATES,
                         help="a built-in chat template instead of the model's (runtime.chat_template)")
         sp.add_argument("--speculative", choices=SPECULATIVE_MODES, help="speculative decoding "

@@ -26,6 +26,7 @@ from typing import Any, ClassVar
 import yaml
 
 from dualpath.errors import ConfigError
+from dualpath.kernels import KERNEL_ISAS, KV_DTYPES
 
 log = logging.getLogger(__name__)
 
@@ -161,10 +162,11 @@ class DualPathConfig(_Section):
     """Locality score at or above which the sequential path is chosen."""
     path_mode: str = _choice("dual", str, ("dual", "sequential", "random"))
     """``dual`` routes per request; ``sequential`` or ``random`` force one path."""
-    kv_dtype: str = _choice("f16", str, ("f16", "f32", "q8"))
+    kv_dtype: str = _choice("f16", str, KV_DTYPES)
     """Element type of cached keys and values: ``f16``; ``f32``; or ``q8``, int8 with one
     f32 scale per token and KV head (about half the bytes of f16, in memory and in
-    every decode step's reads; quality figures in README.md). q8 needs an even head_dim."""
+    every decode step's reads; quality figures in docs/performance.md). q8 needs an even
+    head_dim."""
     numa_node: int = _int(-1, -1, 63)
     """NUMA node the arena is bound to (mbind before first touch); -1 = no binding."""
 
@@ -221,8 +223,8 @@ class RuntimeConfig(_Section):
     RLIMIT_NICE), else a decode's attention runs on the calling thread. ``per_part``, a
     pool per part whose workers stop spinning when its Run returns, so our attention
     gets every core, but each part's Run starts with its worker asleep (TinyLlama-shape
-    decode at 512 about 14% slower; README, Kernels)."""
-    attention_kernel: str = _choice("auto", str, ("auto", "generic", "avx2", "avx512", "neon", "neon_fp16"))
+    decode slower; docs/performance.md)."""
+    attention_kernel: str = _choice("auto", str, ("auto",) + tuple(KERNEL_ISAS))
     """Attention kernel ISA: ``auto`` picks the best this CPU supports (minus
     DUALPATH_DISABLE_CPU_FEATURES); naming one that is not available is an error."""
     max_num_seqs: int = _int(8, 1, 1024)

@@ -20,6 +20,7 @@
 #include "../../cython_ext/csrc/dp_attn_ops.h"
 #include "../../cython_ext/csrc/dp_pool.h"
 #include "../../cython_ext/csrc/kv_arena.h"
+#include "../../cython_ext/csrc/kv_attn.h"
 
 #define DP_PARAMS(s, pd) ((dp_attn_params){.scale = (s), .softcap = 0.0f, .window = 0, .prefetch_degree = (pd)})
 
@@ -79,10 +80,6 @@ static void reference(const float *q, const float *k, const float *v, int64_t T,
     free(s);
 }
 
-static const char *dtype_name(int kv_dtype) {
-    return kv_dtype == DP_F32 ? "f32" : kv_dtype == DP_F16 ? "f16" : "q8";
-}
-
 /* The reference reads the K/V the arena returns (dp_kv_gather: f16 widened, q8
  * dequantized), so the tolerance is the kernel's arithmetic alone: f32 and q8
  * (int8 widens exactly, f32 FMAs, one scale multiply per token) like f32; f16 looser
@@ -127,15 +124,15 @@ static void run_case(const dp_attn_ops *ops, dp_pool *pool, int kv_dtype, int64_
                            DP_PARAMS(1.0f / sqrtf((float)hd), 4));
     check(st == DP_OK, "attention status");
     reference(q, kd, vd, T, H, nkv, n_ctx, hd, pos0, want);
-    const double tol = kv_dtype == DP_F16 ? 2e-3 : 1e-5;
+    const double tol = kv_dtype == DP_KV_F16 ? 2e-3 : 1e-5;
     double worst = 0;
     for (int64_t i = 0; i < T * H * hd; i++) {
         const double err = fabs(out[i] - want[i]) / (tol * (1 + fabs(want[i])));
         if (err > worst) worst = err;
     }
     char what[200];
-    snprintf(what, sizeof what, "%s %s hd=%lld group=%lld ctx=%lld T=%lld %s pool=%d worst=%.3g", ops->name,
-             dtype_name(kv_dtype), (long long)hd, (long long)group, (long long)n_ctx, (long long)T,
+    snprintf(what, sizeof what, "%s %s hd=%lld group=%lld ctx=%lld T=%lld %s pool=%d worst=%.3g", dp_ops_name(ops),
+             dp_kv_types[kv_dtype].name, (long long)hd, (long long)group, (long long)n_ctx, (long long)T,
              scattered ? "paged" : "contiguous", pool ? dp_pool_num_threads(pool) : 1, worst);
     check(worst <= 1.0, what);
     /* Out-of-bounds requests are refused, never read. */
@@ -152,6 +149,7 @@ static void run_case(const dp_attn_ops *ops, dp_pool *pool, int kv_dtype, int64_
  * (partial sums are reduced once per run instead of once per piece). Pieces of
  * uneven length, tile pitch and offset, as gather_run hands them over. */
 static void run_ops_case(const dp_attn_ops *ops, int64_t group, int64_t hd) {
+    const dp_kv_kernels *kk = &ops->kv[DP_KV_F16];
     enum { NS = 7 };
     const int64_t lens[NS] = {5, 16, 16, 11, 1, 16, 9}, lds[NS] = {16, 16, 32, 16, 16, 64, 16};
     int64_t total = 0;
@@ -176,16 +174,16 @@ static void run_ops_case(const dp_attn_ops *ops, int64_t group, int64_t hd) {
     for (int64_t i = 0; i < group * hd; i++) { q[i] = frand(); o1[i] = o2[i] = frand(); }
     int64_t off = 0;
     for (int j = 0; j < NS; off += lens[j], j++)
-        ops->scores_f16(q, group, hd, (const uint16_t *)ks[j].ptr, lds[j], lens[j], 0.3f, s1 + off, sstride);
-    ops->scores_f16_run(q, group, hd, ks, NS, 0.3f, s2, sstride);
+        kk->scores(q, group, hd, ks[j].ptr, lds[j], NULL, lens[j], 0.3f, s1 + off, sstride);
+    kk->scores_run(q, group, hd, ks, NS, 0.3f, s2, sstride);
     check(memcmp(s1, s2, (size_t)(group * sstride) * sizeof(float)) == 0, "run scores == per-piece scores");
     off = 0;
     for (int j = 0; j < NS; off += lens[j], j++)
-        ops->accum_f16(s1 + off, sstride, group, hd, vr[j], lens[j], o1);
-    ops->accum_f16_run(s1, sstride, group, hd, vs, NS, o2);
+        kk->accum(s1 + off, sstride, group, hd, vr[j], NULL, lens[j], o1);
+    kk->accum_run(s1, sstride, group, hd, vs, NS, o2);
     const double worst = worst_rel_err(o1, o2, group * hd);
     char what[120];
-    snprintf(what, sizeof what, "%s run accumulation == per-piece group=%lld hd=%lld (worst %.2g)", ops->name,
+    snprintf(what, sizeof what, "%s run accumulation == per-piece group=%lld hd=%lld (worst %.2g)", dp_ops_name(ops),
              (long long)group, (long long)hd, worst);
     check(worst < 1e-5, what);
     for (int j = 0; j < NS; j++) { free(kt[j]); free(vr[j]); }
@@ -194,6 +192,7 @@ static void run_ops_case(const dp_attn_ops *ops, int64_t group, int64_t hd) {
 
 /* The same for q8 pieces: int8 K^T / V with a scale per row, carried by the pieces. */
 static void run_ops_case_q8(const dp_attn_ops *ops, int64_t group, int64_t hd) {
+    const dp_kv_kernels *kk = &ops->kv[DP_KV_Q8];
     enum { NS = 7 };
     const int64_t lens[NS] = {5, 16, 16, 11, 1, 16, 9}, lds[NS] = {16, 16, 32, 16, 16, 64, 16};
     int64_t total = 0;
@@ -223,15 +222,15 @@ static void run_ops_case_q8(const dp_attn_ops *ops, int64_t group, int64_t hd) {
     for (int64_t i = 0; i < group * hd; i++) { q[i] = frand(); o1[i] = o2[i] = frand(); }
     int64_t off = 0;
     for (int j = 0; j < NS; off += lens[j], j++)
-        ops->scores_q8(q, group, hd, (const int8_t *)ks[j].ptr, lds[j], ks[j].scales, lens[j], 0.3f, s1 + off, sstride);
-    ops->scores_q8_run(q, group, hd, ks, NS, 0.3f, s2, sstride);
+        kk->scores(q, group, hd, ks[j].ptr, lds[j], ks[j].scales, lens[j], 0.3f, s1 + off, sstride);
+    kk->scores_run(q, group, hd, ks, NS, 0.3f, s2, sstride);
     check(memcmp(s1, s2, (size_t)(group * sstride) * sizeof(float)) == 0, "q8 run scores == per-piece scores");
     off = 0;
-    for (int j = 0; j < NS; off += lens[j], j++) ops->accum_q8(s1 + off, sstride, group, hd, vr[j], vsc[j], lens[j], o1);
-    ops->accum_q8_run(s1, sstride, group, hd, vs, NS, o2);
+    for (int j = 0; j < NS; off += lens[j], j++) kk->accum(s1 + off, sstride, group, hd, vr[j], vsc[j], lens[j], o1);
+    kk->accum_run(s1, sstride, group, hd, vs, NS, o2);
     const double worst = worst_rel_err(o1, o2, group * hd);
     char what[120];
-    snprintf(what, sizeof what, "%s q8 run accumulation == per-piece group=%lld hd=%lld (worst %.2g)", ops->name,
+    snprintf(what, sizeof what, "%s q8 run accumulation == per-piece group=%lld hd=%lld (worst %.2g)", dp_ops_name(ops),
              (long long)group, (long long)hd, worst);
     check(worst < 1e-5, what);
     for (int j = 0; j < NS; j++) { free(kt[j]); free(vr[j]); free(ksc[j]); free(vsc[j]); }
@@ -245,8 +244,8 @@ static void run_ops_case_q8(const dp_attn_ops *ops, int64_t group, int64_t hd) {
 static void q8_storage_cases(void) {
     const int64_t nkv = 3, hd = 48, P = 16, n = 40, block = 1 << 16;
     dp_arena a;
-    check(dp_arena_init(&a, block, 4, 2, nkv, hd, DP_Q8, -1) == DP_OK, "q8 arena");
-    check(dp_kv_tile_bytes(DP_Q8, nkv, hd, P) == 2 * nkv * P * (hd + 4), "q8 tile: int8 values + f32 scale per row");
+    check(dp_arena_init(&a, block, 4, 2, nkv, hd, DP_KV_Q8, -1) == DP_OK, "q8 arena");
+    check(dp_kv_tile_bytes(DP_KV_Q8, nkv, hd, P) == 2 * nkv * P * (hd + 4), "q8 tile: int8 values + f32 scale per row");
     float *k = (float *)malloc((size_t)(n * nkv * hd) * sizeof(float)), *v = (float *)malloc((size_t)(n * nkv * hd) * sizeof(float));
     float *kd = (float *)malloc((size_t)(n * nkv * hd) * sizeof(float)), *vd = (float *)malloc((size_t)(n * nkv * hd) * sizeof(float));
     float *kc = (float *)malloc((size_t)(n * nkv * hd) * sizeof(float)), *vc = (float *)malloc((size_t)(n * nkv * hd) * sizeof(float));
@@ -257,7 +256,7 @@ static void q8_storage_cases(void) {
             v[t * nkv * hd + i] = mag * frand() * (i % 7 == 0 ? 30.0f : 1.0f); /* an outlier every 7 dims */
         }
     }
-    const int64_t tb = dp_kv_tile_bytes(DP_Q8, nkv, hd, P);
+    const int64_t tb = dp_kv_tile_bytes(DP_KV_Q8, nkv, hd, P);
     int64_t slots[3 * 40], dst[3 * 40], spans[3 * 3], dspans[3 * 3];
     for (int64_t t = 0; t < n; t++) {
         slots[3 * t] = (t / P) * tb, slots[3 * t + 1] = t % P, slots[3 * t + 2] = P;
@@ -308,13 +307,13 @@ static void q8_storage_cases(void) {
     free(before);
     free(k); free(v); free(kd); free(vd); free(kc); free(vc);
     dp_arena_free(&a);
-    check(dp_arena_init(&a, block, 4, 1, nkv, 47, DP_Q8, -1) == DP_ERR_ARG, "q8 refuses an odd head_dim");
-    check(dp_arena_init(&a, block, 4, 1, nkv, 47, DP_F16, -1) == DP_OK, "f16 takes an odd head_dim");
+    check(dp_arena_init(&a, block, 4, 1, nkv, 47, DP_KV_Q8, -1) == DP_ERR_ARG, "q8 refuses an odd head_dim");
+    check(dp_arena_init(&a, block, 4, 1, nkv, 47, DP_KV_F16, -1) == DP_OK, "f16 takes an odd head_dim");
     dp_arena_free(&a);
-    check(dp_arena_init(&a, 1 << 12, 1, 1, 32, 60, DP_Q8, -1) == DP_OK, "q8: a token of 2 x 32 x (60 + 4) bytes fits 4 KiB");
+    check(dp_arena_init(&a, 1 << 12, 1, 1, 32, 60, DP_KV_Q8, -1) == DP_OK, "q8: a token of 2 x 32 x (60 + 4) bytes fits 4 KiB");
     dp_arena_free(&a);
-    check(dp_arena_init(&a, 1 << 12, 1, 1, 32, 62, DP_Q8, -1) == DP_ERR_ARG, "q8: the scales count in a token's bytes");
-    check(dp_kv_tile_bytes(7, 2, 64, 16) == -1 && dp_kv_tile_bytes(DP_Q8, 2, 64, INT64_MAX / 4) == -1,
+    check(dp_arena_init(&a, 1 << 12, 1, 1, 32, 62, DP_KV_Q8, -1) == DP_ERR_ARG, "q8: the scales count in a token's bytes");
+    check(dp_kv_tile_bytes(7, 2, 64, 16) == -1 && dp_kv_tile_bytes(DP_KV_Q8, 2, 64, INT64_MAX / 4) == -1,
           "tile bytes: unknown dtype, overflow");
 }
 
@@ -323,8 +322,8 @@ static void q8_storage_cases(void) {
 static void tile_io_cases(void) {
     dp_arena a;
     const int64_t block = 1 << 14, P = 16;
-    check(dp_arena_init(&a, block, 4, 3, 2, 64, DP_Q8, -1) == DP_OK, "tile io: arena");
-    const int64_t tb = dp_kv_tile_bytes(DP_Q8, 2, 64, P);
+    check(dp_arena_init(&a, block, 4, 3, 2, 64, DP_KV_Q8, -1) == DP_OK, "tile io: arena");
+    const int64_t tb = dp_kv_tile_bytes(DP_KV_Q8, 2, 64, P);
     const size_t bytes = (size_t)(a.layer_bytes * a.num_layers);
     for (size_t i = 0; i < bytes; i++) a.base[i] = (char)(i * 7 + 3);
     const int64_t src[2] = {0, tb}, dst[2] = {block, 2 * block};
@@ -410,7 +409,7 @@ static int attend(fixture *f, const dp_attn_ops *ops, dp_pool *pool) {
  * call allocates nothing at all, on the pool's workers included. */
 static void alloc_failure_case(const dp_attn_ops *ops, dp_pool *pool, int64_t n_ctx, int64_t T) {
     fixture f;
-    if (!fixture_init(&f, ops, DP_F16, 1, n_ctx, T)) { check(0, "alloc failure fixture"); fixture_free(&f); return; }
+    if (!fixture_init(&f, ops, DP_KV_F16, 1, n_ctx, T)) { check(0, "alloc failure fixture"); fixture_free(&f); return; }
     const size_t out_bytes = (size_t)(T * f.H * f.hd) * sizeof(float);
     float *want = (float *)malloc(out_bytes);
     check(attend(&f, ops, pool) == DP_OK, "undisturbed attention");
@@ -427,7 +426,7 @@ static void alloc_failure_case(const dp_attn_ops *ops, dp_pool *pool, int64_t n_
     dp_test_fail_alloc_after(-1);
     char what[160];
     snprintf(what, sizeof what, "%s ctx=%lld T=%lld pool=%d: allocations 0..%lld failing each give DP_ERR_NOMEM",
-             ops->name, (long long)n_ctx, (long long)T, pool ? dp_pool_num_threads(pool) : 1, (long long)n - 1);
+             dp_ops_name(ops), (long long)n_ctx, (long long)T, pool ? dp_pool_num_threads(pool) : 1, (long long)n - 1);
     check(all_nomem, what);
     check(n == 1, "an attention call without a workspace allocates once");
     memset(f.out, 0, out_bytes);
@@ -456,7 +455,7 @@ static void alloc_failure_case(const dp_attn_ops *ops, dp_pool *pool, int64_t n_
     const int st2 = dp_attn_batch(&f.a, ops, pool, 0, f.q + (T - 1) * f.H * f.hd, f.H * f.hd, untouched,
                                   f.H * f.hd, f.H, 1, fewer, 1, f.spans, f.num_pages, DP_PARAMS(0.125f, 2), &ws);
     dp_test_fail_alloc_after(-1);
-    snprintf(what, sizeof what, "%s ctx=%lld T=%lld: a warm workspace: no allocation, same output", ops->name,
+    snprintf(what, sizeof what, "%s ctx=%lld T=%lld: a warm workspace: no allocation, same output", dp_ops_name(ops),
              (long long)n_ctx, (long long)T);
     check(st == DP_OK && st2 == DP_OK && ws.bytes == grown && memcmp(f.out, want, out_bytes) == 0, what);
     dp_attn_workspace_free(&ws);
@@ -470,7 +469,7 @@ static void alloc_failure_case(const dp_attn_ops *ops, dp_pool *pool, int64_t n_
 static void step_alloc_failure_case(dp_pool *pool) {
     const dp_attn_ops *ops = dp_ops_by_name("generic");
     fixture f;
-    if (!fixture_init(&f, ops, DP_F32, 1, 300, 4)) { check(0, "step fixture"); fixture_free(&f); return; }
+    if (!fixture_init(&f, ops, DP_KV_F32, 1, 300, 4)) { check(0, "step fixture"); fixture_free(&f); return; }
     const size_t bytes = (size_t)f.a.layer_bytes;
     char *before = (char *)malloc(bytes);
     memcpy(before, f.a.base, bytes);
@@ -541,7 +540,7 @@ static void pool_failure_cases(void) {
     dp_pool_destroy(p);
     dp_arena a;
     dp_test_fail_alloc_after(0);
-    check(dp_arena_init(&a, 1 << 16, 4, 1, 2, 64, DP_F16, -1) == DP_ERR_NOMEM && a.base == NULL,
+    check(dp_arena_init(&a, 1 << 16, 4, 1, 2, 64, DP_KV_F16, -1) == DP_ERR_NOMEM && a.base == NULL,
           "arena: allocation failure is DP_ERR_NOMEM");
     dp_test_fail_alloc_after(-1);
 }
@@ -642,20 +641,20 @@ static void pool_yielder_cases(void) {
 
 static void check_head_dim_limit(void) {
     dp_arena a;
-    check(dp_arena_init(&a, 1 << 16, 1, 1, 1, DP_MAX_HEAD_DIM, DP_F16, -1) == DP_OK, "head_dim = DP_MAX_HEAD_DIM");
+    check(dp_arena_init(&a, 1 << 16, 1, 1, 1, DP_MAX_HEAD_DIM, DP_KV_F16, -1) == DP_OK, "head_dim = DP_MAX_HEAD_DIM");
     dp_arena_free(&a);
-    check(dp_arena_init(&a, 1 << 16, 1, 1, 1, DP_MAX_HEAD_DIM + 1, DP_F16, -1) == DP_ERR_ARG,
+    check(dp_arena_init(&a, 1 << 16, 1, 1, 1, DP_MAX_HEAD_DIM + 1, DP_KV_F16, -1) == DP_ERR_ARG,
           "head_dim = DP_MAX_HEAD_DIM + 1 is refused");
-    check(dp_arena_init(&a, 1 << 16, 1, 1, INT64_MAX / 4, 64, DP_F16, -1) == DP_ERR_ARG,
+    check(dp_arena_init(&a, 1 << 16, 1, 1, INT64_MAX / 4, 64, DP_KV_F16, -1) == DP_ERR_ARG,
           "num_kv_heads too large for a block (no overflow)");
-    check(dp_arena_init(&a, 1 << 16, INT64_MAX / 1024, 1, 1, 64, DP_F16, -1) == DP_ERR_ARG,
+    check(dp_arena_init(&a, 1 << 16, INT64_MAX / 1024, 1, 1, 64, DP_KV_F16, -1) == DP_ERR_ARG,
           "num_blocks * block_size overflowing is refused");
 }
 
 /* A batch with one bad slot in the middle is refused whole: the arena is unchanged. */
 static void bad_slot_cases(const dp_attn_ops *ops) {
     fixture f;
-    if (!fixture_init(&f, ops, DP_F16, 2, 64, 1)) { check(0, "bad slot fixture"); fixture_free(&f); return; }
+    if (!fixture_init(&f, ops, DP_KV_F16, 2, 64, 1)) { check(0, "bad slot fixture"); fixture_free(&f); return; }
     const int64_t P = 16, tb = 2 * f.nkv * P * f.hd * 2, n = 8, mid = 5;
     const int64_t tb24 = 2 * f.nkv * 24 * f.hd * 2; /* 12 KiB: a 64 KiB block holds 5 and a part */
     const size_t bytes = (size_t)(f.a.layer_bytes * f.a.num_layers);
@@ -720,25 +719,57 @@ static void bad_slot_cases(const dp_attn_ops *ops) {
     fixture_free(&f);
 }
 
+/* DUALPATH_DISABLE_CPU_FEATURES: every ISA with a feature by name, commas or spaces
+ * between; a name that is no feature (generic included) is refused and pointed at. */
+static void parse_features_cases(void) {
+    unsigned mask = 7;
+    const char *bad = NULL;
+    size_t bad_len = 0;
+    check(dp_parse_features(NULL, &mask, &bad, &bad_len) == DP_OK && mask == 0, "features: NULL is none");
+    check(dp_parse_features(" , ", &mask, &bad, &bad_len) == DP_OK && mask == 0, "features: separators only");
+    check(dp_parse_features("avx512, avx2 neon,neon_fp16", &mask, &bad, &bad_len) == DP_OK &&
+              mask == (DP_CPU_AVX2 | DP_CPU_AVX512 | DP_CPU_NEON | DP_CPU_NEON_FP16),
+          "features: every ISA's name, any separators");
+    const char *list = "avx2,avx5121,neon";
+    check(dp_parse_features(list, &mask, &bad, &bad_len) == DP_ERR_ARG && bad == list + 5 && bad_len == 7,
+          "features: an unknown name is refused and pointed at");
+    check(dp_parse_features("generic", &mask, &bad, &bad_len) == DP_ERR_ARG && bad_len == 7,
+          "features: generic is no feature");
+    check(dp_parse_features("avx", &mask, &bad, &bad_len) == DP_ERR_ARG, "features: a prefix is no name");
+}
+
 int main(void) {
     verbose = getenv("DP_TEST_VERBOSE") != NULL;
-    const char *names[] = {"generic", "avx2", "avx512", "neon", "neon_fp16"};
-    const dp_attn_ops *best = dp_select_ops(dp_parse_features(getenv("DUALPATH_DISABLE_CPU_FEATURES")));
-    printf("cpu features 0x%x, dispatch picks %s\n", dp_cpu_features(), best->name);
+    unsigned disabled = 0;
+    const char *bad = NULL;
+    size_t bad_len = 0;
+    if (dp_parse_features(getenv("DUALPATH_DISABLE_CPU_FEATURES"), &disabled, &bad, &bad_len) != DP_OK) {
+        printf("DUALPATH_DISABLE_CPU_FEATURES: unknown feature %.*s\n", (int)bad_len, bad);
+        return 2;
+    }
+    const dp_attn_ops *best = dp_select_ops(disabled);
+    printf("cpu features 0x%x, dispatch picks %s\n", dp_cpu_features(), dp_ops_name(best));
     dp_pool *pool = NULL;
     check(dp_pool_create(2, &pool) == DP_OK && pool, "pool of 2 threads");
-    for (int i = 0; i < 5; i++) {
-        const dp_attn_ops *ops = dp_ops_by_name(names[i]);
-        if (!ops) { printf("skip %s (not on this CPU/build)\n", names[i]); continue; }
+    parse_features_cases();
+    for (int i = 0; i < dp_num_isas; i++) {
+        const dp_attn_ops *ops = dp_ops_by_name(dp_isas[i].name);
+        if (!ops) { printf("skip %s (not on this CPU/build)\n", dp_isas[i].name); continue; }
+        for (int d = 0; d < DP_KV_NUM_DTYPES; d++) {
+            const dp_kv_kernels *kk = &ops->kv[d];
+            char what[120];
+            snprintf(what, sizeof what, "%s has scores and accum for %s, run ops in pairs", dp_isas[i].name,
+                     dp_kv_types[d].name);
+            check(kk->scores && kk->accum && !kk->scores_run == !kk->accum_run, what);
+        }
         const int64_t hds[] = {8, 48, 64, 80, 120, 128}, groups[] = {1, 2, 8}, ctxs[] = {1, 17, 300, 2048};
-        const int dtypes[] = {DP_F32, DP_F16, DP_Q8};
-        for (int d = 0; d < 3; d++)
+        for (int d = 0; d < DP_KV_NUM_DTYPES; d++)
             for (int a = 0; a < 6; a++)
                 for (int b = 0; b < 3; b++)
                     for (int c = 0; c < 4; c++)
                         for (int sc = 0; sc < 2; sc++) {
                             const int64_t T = ctxs[c] >= 3 && (a + b + c) % 2 ? 3 : 1;
-                            run_case(ops, (a + c) % 2 ? pool : NULL, dtypes[d], hds[a], groups[b], ctxs[c], T, sc);
+                            run_case(ops, (a + c) % 2 ? pool : NULL, d, hds[a], groups[b], ctxs[c], T, sc);
                         }
         /* f32 -> f16 conversion equals the portable reference, bit for bit. */
         float src[1000];
@@ -747,19 +778,18 @@ int main(void) {
         for (int j = 0; j < 1000; j++) src[j] = frand() * 70000.0f;
         ops->f32_to_f16(src, got, 1000);
         for (int j = 0; j < 1000; j++) same &= got[j] == dp_float_to_half(src[j]);
-        check(same, names[i]);
-        if (ops->scores_f16_run || ops->accum_f16_run) {
-            check(ops->scores_f16_run && ops->accum_f16_run, "run ops come in pairs");
+        check(same, dp_isas[i].name);
+        if (ops->kv[DP_KV_F16].scores_run) {
             const int64_t hds[] = {8, 48, 64, 120, 128}, groups[] = {1, 3, 8, 16, 20};
             for (int a = 0; a < 5; a++)
                 for (int b = 0; b < 5; b++) run_ops_case(ops, groups[b], hds[a]);
         }
-        if (ops->scores_q8_run || ops->accum_q8_run) {
-            check(ops->scores_q8_run && ops->accum_q8_run, "q8 run ops come in pairs");
+        if (ops->kv[DP_KV_Q8].scores_run) {
             const int64_t hds[] = {8, 48, 64, 80, 128}, groups[] = {1, 3, 8, 16, 20};
             for (int a = 0; a < 5; a++)
                 for (int b = 0; b < 5; b++) run_ops_case_q8(ops, groups[b], hds[a]);
         }
+        check(!ops->kv[DP_KV_F32].scores_run, "f32 run ops: none yet, so none untested");
         /* The FMA peak probe counts its flops exactly: linear in rounds, per thread. */
         float sink = 0.0f;
         const int64_t one = ops->fma_probe(1000, &sink);
@@ -767,16 +797,15 @@ int main(void) {
         int64_t flops = -1;
         check(dp_run_fma_probe(pool, ops->fma_probe, 1000, &flops) == DP_OK && flops == 2 * one, "fma_probe on the pool");
         check(dp_run_fma_probe(NULL, ops->fma_probe, 1000, &flops) == DP_OK && flops == one, "fma_probe on the caller");
-        /* The largest head_dim, f16: the generic accumulation's row buffer is sized by it. */
-        run_case(ops, NULL, DP_F16, DP_MAX_HEAD_DIM, 1, 17, 1, 0);
-        run_case(ops, NULL, DP_Q8, DP_MAX_HEAD_DIM, 1, 17, 1, 0);
-        run_case(ops, pool, DP_Q8, 50, 3, 300, 3, 1); /* head_dim not a multiple of 8: every scalar rest */
+        /* The largest head_dim: the generic accumulation's row buffer is sized by it. */
+        for (int d = 0; d < DP_KV_NUM_DTYPES; d++) run_case(ops, NULL, d, DP_MAX_HEAD_DIM, 1, 17, 1, 0);
+        run_case(ops, pool, DP_KV_Q8, 50, 3, 300, 3, 1); /* head_dim not a multiple of 8: every scalar rest */
     }
     check_head_dim_limit();
     q8_storage_cases();
     tile_io_cases();
-    for (int i = 0; i < 5; i++) {
-        const dp_attn_ops *ops = dp_ops_by_name(names[i]);
+    for (int i = 0; i < dp_num_isas; i++) {
+        const dp_attn_ops *ops = dp_ops_by_name(dp_isas[i].name);
         if (!ops) continue;
         alloc_failure_case(ops, pool, 2048, 1); /* decode on the pool: chunked, merged */
         alloc_failure_case(ops, NULL, 300, 37); /* prefill on the caller: query blocks */

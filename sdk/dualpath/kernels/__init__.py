@@ -4,6 +4,10 @@ Two extension modules sit underneath (built by setup.py from cython_ext/):
 
 * ``_kvarena``: the KV arena (one allocation cut into blocks), the per-step
   attention stepper, the kernels' thread pool, and the run-time ISA dispatch;
+  with the names of the C tables, the one list of each: ``KV_DTYPES`` (and
+  ``KV_DTYPE_DOCS``), ``KERNEL_ISAS`` and ``KERNEL_FEATURES`` (the ISAs that
+  DUALPATH_DISABLE_CPU_FEATURES may name; an unknown name there fails the import
+  with a ValueError that lists them);
 * ``_kernels``: the token-embedding gather (f32, f16, Q8_0, Q4_0 tables).
 
 Every other module imports these names from here, never from the extension
@@ -13,8 +17,8 @@ The NumPy oracle the kernels are tested against lives with the tests
 """
 
 from .._kernels import embed, repack_ggml
-from .._kvarena import (KV_DTYPES, ArenaStepper, KVArena, ThreadPool, available_kernels, cpu_features,
-                        default_kernel, kv_tile_bytes)
+from .._kvarena import (KERNEL_FEATURES, KERNEL_ISAS, KV_DTYPE_DOCS, KV_DTYPES, ArenaStepper, KVArena,
+                        ThreadPool, available_kernels, cpu_features, default_kernel, kv_tile_bytes)
 
-__all__ = ["KV_DTYPES", "ArenaStepper", "KVArena", "ThreadPool", "available_kernels", "cpu_features",
-           "default_kernel", "embed", "kv_tile_bytes", "repack_ggml"]
+__all__ = ["KERNEL_FEATURES", "KERNEL_ISAS", "KV_DTYPE_DOCS", "KV_DTYPES", "ArenaStepper", "KVArena", "ThreadPool",
+           "available_kernels", "cpu_features", "default_kernel", "embed", "kv_tile_bytes", "repack_ggml"]
