@@ -388,3 +388,56 @@ def test_real_weights_stored_as_f16_or_bf16_load_as_their_rounded_values(stories
             expected = (((u32 + 0x7FFF + ((u32 >> 16) & 1)) >> 16).astype(np.uint32) << 16).view(np.float32)
         assert np.array_equal(bits(w.data), bits(expected)), name
         assert np.max(np.abs(w.data - exact)) <= np.max(np.abs(exact)) * (2.0 ** -8), name
+
+
+# --- metadata ----------------------------------------------------------------------------------
+
+def _metadata_of(path):
+    from dualpath.models.gguf import _Metadata, _open_reader
+
+    return _Metadata(str(path), _open_reader(str(path)))
+
+
+def test_metadata_arrays_read_in_one_part_equal_gguf_py_field_by_field(gguf_path, tmp_path):
+    """Our reader keeps an array's items in one part (gguf-py makes one or two numpy views
+    per item: seconds for a 262k-token vocabulary); every field must still read as gguf-py
+    reads it, on the real file, a byte-level BPE synth file with merges, and a file holding
+    non-ASCII, empty-string and nested arrays written by gguf-py's writer."""
+    import gguf
+
+    from dualpath.models.synth import synth_gguf
+
+    w = gguf.GGUFWriter(str(tmp_path / "kv.gguf"), "llama")
+    w.add_array("t.strings", ["", "a", "\u2581the", "\u00e9t\u00e9", "\U0001f600", "x" * 300])
+    w.add_array("t.ints", [1, -2, 3])
+    w.add_array("t.floats", [0.5, -1.25])
+    w.add_array("t.bools", [True, False, True])
+    w.add_array("t.nested", [[1, 2], [3]])
+    w.add_string("t.s", "plain")
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    files = [gguf_path, synth_gguf(tmp_path / "l3.gguf", "llama3-tiny", "F32", seed=1), tmp_path / "kv.gguf"]
+    for path in files:
+        meta, ref = _metadata_of(path), gguf.GGUFReader(str(path))
+        assert set(meta.fields) == set(ref.fields), path
+        for key, field in ref.fields.items():
+            assert meta.get(key) == field.contents(), (path, key)
+    meta = _metadata_of(tmp_path / "kv.gguf")
+    assert meta.get("t.strings")[3:5] == ["\u00e9t\u00e9", "\U0001f600"]
+
+
+def test_a_string_array_running_past_the_end_is_a_clear_error(gguf_path, tmp_path):
+    """A vocabulary whose last string claims more bytes than the file holds is refused by
+    name, not read from past the end of the map."""
+    from dualpath.errors import ModelLoadError
+
+    data = bytearray(gguf_path.read_bytes())
+    key = b"tokenizer.ggml.tokens"
+    at = data.index(key) + len(key) + 4 + 4 + 8  # the value type, item type, count
+    data[at:at + 8] = (len(data)).to_bytes(8, "little")  # the first token's length
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(bytes(data))
+    with pytest.raises(ModelLoadError, match="string at byte .* claims .* bytes, more than the rest of the file"):
+        load_gguf(bad)

@@ -27,6 +27,7 @@ import gc
 import logging
 import mmap
 import os
+import sys
 
 import numpy as np
 
@@ -62,6 +63,12 @@ def _reader_class():
     ARRAY = int(VT.ARRAY)
 
     class Reader(gguf.GGUFReader):
+        string_spans: dict  # id(an array's part) -> its strings' (start, stop): see _get_field_parts
+
+        def __init__(self, *args, **kwargs):
+            self.string_spans = {}
+            super().__init__(*args, **kwargs)
+
         def _get(self, offset, dtype, count=1, override_order=None):
             # gguf-py's _get (a typed view of `count` items at `offset`), with a bound check,
             # over a plain ndarray view of the np.memmap: slicing a memmap costs a Python-level
@@ -95,6 +102,17 @@ def _reader_class():
                 if num_items * item_bytes > len(self.data) - orig_offs - 12:
                     raise ValueError(f"array at byte {orig_offs} claims {num_items} items, more than the rest "
                                      "of the file holds")
+                # gguf-py makes a part (a numpy view, two for a string) per item: a 262k-token
+                # vocabulary takes seconds. One part holds all the items here instead.
+                head = [self._get(orig_offs, np.uint32), self._get(orig_offs + 4, np.uint64)]
+                if item == VT.STRING:
+                    size, spans = _string_spans(self.data, orig_offs + 12, num_items, self.byte_order)
+                    blob = self._get(orig_offs + 12, np.uint8, size)
+                    self.string_spans[id(blob)] = spans
+                    return 12 + size, head + [blob], [2], [VT.ARRAY, item]
+                if item != VT.ARRAY:  # numbers: contents() flattens the part
+                    items = self._get(orig_offs + 12, self.gguf_scalar_to_np[item], num_items)
+                    return 12 + int(items.nbytes), head + [items], [2], [VT.ARRAY, item]
             return super()._get_field_parts(orig_offs, raw_type)
 
         def _build_tensors(self, start_offs, fields):
@@ -105,6 +123,24 @@ def _reader_class():
             super()._build_tensors(start_offs, fields)
 
     return Reader
+
+
+def _string_spans(data: np.ndarray, offset: int, count: int, byte_order: str) -> tuple[int, list]:
+    """The bytes that ``count`` length-prefixed GGUF strings at ``offset`` of ``data`` take,
+    and each one's (start, stop) relative to ``offset``; decoded when the metadata is read
+    (``_Metadata.get``)."""
+    view = memoryview(data)
+    order = "little" if (byte_order == "I") == (sys.byteorder == "little") else "big"
+    spans, pos, end = [], offset, len(data)
+    for _ in range(count):
+        if pos + 8 > end:
+            raise ValueError(f"string at byte {pos} runs past the end of the file ({end} bytes)")
+        n = int.from_bytes(view[pos:pos + 8], order)
+        if n > end - pos - 8:
+            raise ValueError(f"string at byte {pos} claims {n} bytes, more than the rest of the file holds")
+        spans.append((pos + 8 - offset, pos + 8 + n - offset))
+        pos += 8 + n
+    return pos - offset, spans
 
 
 def _check_tensor_offsets(path: str, reader) -> None:
@@ -268,12 +304,19 @@ class _Metadata:
     def __init__(self, path: str, reader):
         self.path = path
         self.fields = reader.fields
+        self.string_spans = reader.string_spans
 
     def get(self, key: str, default=None):
         field = self.fields.get(key)
         if field is None:
             return default
+        from gguf import GGUFValueType as VT
+
         try:
+            if field.types == [VT.ARRAY, VT.STRING]:
+                blob = field.parts[field.data[0]]  # the reader keeps an array's strings in one part
+                raw = blob.tobytes()
+                return [raw[a:b].decode("utf-8") for a, b in self.string_spans[id(blob)]]
             return field.contents()
         except Exception as e:
             raise ModelLoadError(self.path, f"metadata {key!r} is unreadable: {e}") from e

@@ -439,7 +439,10 @@ class _Writer:
         # Not fsynced (it would cost the load time, more on a phone): after a power loss the
         # data the manifest describes may be missing, and its sizes and checksums catch that.
         self.f.close()
-        write_json(os.path.join(self.folder, "tokenizer.json"), dataclasses.asdict(spec.tokenizer))
+        # Its fields by reference: dataclasses.asdict would deep-copy every one of a large
+        # vocabulary's strings and scores before json writes them out anyway.
+        tokenizer = {f.name: getattr(spec.tokenizer, f.name) for f in dataclasses.fields(spec.tokenizer)}
+        write_json(os.path.join(self.folder, "tokenizer.json"), tokenizer)
         tok_path = spec.metadata.get("tokenizer_path")
         manifest = {
             "conversion_version": CONVERSION_VERSION,
