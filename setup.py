@@ -46,7 +46,7 @@ def ext(name, sources, libraries=()):
 
 
 extensions = [
-    ext("dualpath._kernels", ["cython_ext/_kernels.pyx", f"{CSRC}/kernels_generic.c"]),
+    ext("dualpath._kernels", ["cython_ext/_kernels.pyx", f"{CSRC}/kernels_generic.c", f"{CSRC}/ggml_repack.c"]),
     # The ISA libraries come after the objects that reference them (static link order).
     ext("dualpath._kvarena", ["cython_ext/_kvarena.pyx"] + BASE_SOURCES, [name for name, _ in ISA_LIBS]),
 ]

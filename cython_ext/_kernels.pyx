@@ -54,27 +54,66 @@ def embed(ids, table, scales=None, str dtype="f32", out=None):
     return out
 
 
-def repack_ggml(raw, str dtype, blob, scales):
-    """Repack GGML ``q8_0`` / ``q4_0`` blocks ``raw`` (uint8, 34 / 18 bytes a block)
-    into the MatMulNBits ``blob`` (uint8, 32 / 16 bytes a block) and fp32 ``scales``
-    (one a block), both preallocated and C-contiguous; sizes are checked."""
-    if dtype not in ("q8_0", "q4_0"):
-        raise ValueError(f"unsupported GGML block type {dtype!r} (q8_0, q4_0)")
-    cdef int code = DP_Q8_0 if dtype == "q8_0" else DP_Q4_0
-    cdef int64_t in_bytes = 34 if dtype == "q8_0" else 18
-    for a, name, want in ((raw, "raw", np.uint8), (blob, "blob", np.uint8), (scales, "scales", np.float32)):
-        if not isinstance(a, np.ndarray) or not a.flags.c_contiguous or a.dtype != want:
-            raise ValueError(f"{name} must be a C-contiguous {np.dtype(want)} numpy array")
-    if not blob.flags.writeable or not scales.flags.writeable:
-        raise ValueError("blob and scales must be writeable")
-    cdef int64_t n = raw.nbytes // in_bytes
-    if raw.nbytes % in_bytes:
-        raise ValueError(f"{raw.nbytes} bytes are not whole {dtype} blocks of {in_bytes} bytes")
+GGML_TYPES = tuple(dp_ggml_layouts[i].name.decode() for i in range(dp_num_ggml_layouts))
+"""The GGML block types ``repack_ggml`` converts (csrc/ggml_repack.c's table)."""
+
+
+def ggml_layout(str type_name):
+    """GGML ``type_name`` (e.g. ``"Q4_K"``) and its MatMulNBits form: ``block`` and
+    ``type_size`` (values and bytes a GGML block), ``bits``, ``block_size`` (values a
+    scale) and ``zero_points`` (True: uint8 zero points and mins)."""
+    if type_name not in GGML_TYPES:
+        raise ValueError(f"unsupported GGML block type {type_name!r} (supported: {', '.join(GGML_TYPES)})")
+    cdef const dp_ggml_layout *L = &dp_ggml_layouts[GGML_TYPES.index(type_name)]
+    return {"block": L.block, "type_size": L.type_size, "bits": L.bits, "block_size": L.sub,
+            "zero_points": bool(L.zero_points)}
+
+
+def _out(a, str name, want, int64_t size):
+    """``a`` is a writeable C-contiguous ``want`` array of ``size`` elements."""
+    if not isinstance(a, np.ndarray) or not a.flags.c_contiguous or a.dtype != want:
+        raise ValueError(f"{name} must be a C-contiguous {np.dtype(want)} numpy array")
+    if not a.flags.writeable:
+        raise ValueError(f"{name} must be writeable")
+    if a.size != size:
+        raise ValueError(f"{name} has {a.size} elements; this weight needs {size}")
+
+
+def repack_ggml(raw, str type_name, shape, blob, scales, zero_points=None, mins=None):
+    """Convert the GGML blocks ``raw`` (uint8, C-contiguous, exactly the bytes of a
+    ``shape`` = (rows, cols) weight of ``type_name``) into its MatMulNBits arrays, all
+    preallocated (see ``ggml_layout``; nb = cols / block_size): ``blob`` uint8
+    (rows, nb, block_size * bits / 8), ``scales`` f32 (rows * nb,), and for the
+    zero-point types ``zero_points`` uint8 (rows * ceil(nb * bits / 8),) and ``mins``
+    f32 (rows, nb). Every size is checked; models/quants.py states the mappings."""
+    layout = ggml_layout(type_name)
+    cdef int64_t rows = shape[0], cols = shape[1]
+    cdef int64_t block = layout["block"], bits = layout["bits"], sub = layout["block_size"]
+    if rows < 0 or cols <= 0 or cols % block:
+        raise ValueError(f"{type_name} weight of shape {tuple(shape)}: columns must be a positive multiple of {block}")
+    if not isinstance(raw, np.ndarray) or not raw.flags.c_contiguous or raw.dtype != np.uint8:
+        raise ValueError("raw must be a C-contiguous uint8 numpy array")
+    cdef int64_t want = rows * (cols // block) * layout["type_size"], nb = cols // sub
+    if raw.nbytes != want:
+        raise ValueError(f"{type_name} weight of shape {tuple(shape)} is {want} bytes ({rows * (cols // block)} "
+                         f"blocks of {layout['type_size']}), got {raw.nbytes}" + (" (truncated)" if raw.nbytes < want else ""))
+    _out(blob, "blob", np.uint8, rows * cols * bits // 8)
+    _out(scales, "scales", np.float32, rows * nb)
+    if layout["zero_points"]:
+        _out(zero_points, "zero_points", np.uint8, rows * ((nb * bits + 7) // 8))
+        _out(mins, "mins", np.float32, rows * nb)
+    elif zero_points is not None or mins is not None:
+        raise ValueError(f"{type_name} has no zero points or mins (offset {1 << (bits - 1)})")
     cdef const uint8_t *rp = <const uint8_t *>cnp.PyArray_DATA(<cnp.ndarray>raw)
     cdef uint8_t *bp = <uint8_t *>cnp.PyArray_DATA(<cnp.ndarray>blob)
     cdef float *sp = <float *>cnp.PyArray_DATA(<cnp.ndarray>scales)
-    cdef int64_t rb = raw.nbytes, bb = blob.nbytes, ns = scales.size
-    cdef int st
+    cdef uint8_t *zp = NULL
+    cdef float *mp = NULL
+    cdef int64_t zb = 0, nm = 0, bb = blob.nbytes, ns = scales.size
+    if layout["zero_points"]:
+        zp, zb = <uint8_t *>cnp.PyArray_DATA(<cnp.ndarray>zero_points), zero_points.nbytes
+        mp, nm = <float *>cnp.PyArray_DATA(<cnp.ndarray>mins), mins.size
+    cdef int st, code = GGML_TYPES.index(type_name)
     with nogil:
-        st = dp_repack_ggml(rp, rb, code, n, bp, bb, sp, ns)
-    _check(st, f"repack_ggml({dtype}, {n} blocks)", "the output arrays")
+        st = dp_repack_ggml(rp, want, code, rows, cols, bp, bb, sp, ns, zp, zb, mp, nm)
+    _check(st, f"repack_ggml({type_name}, shape {tuple(shape)})", "the output arrays")

@@ -20,8 +20,20 @@ cdef extern from "csrc/dp_kernels.h" nogil:
 
     int dp_embed_generic(const void *table, const float *scales, int dtype, int64_t vocab,
                          int64_t dim, const int64_t *ids, int64_t num_tokens, float *out)
-    int dp_repack_ggml(const uint8_t *src, int64_t src_bytes, int dtype, int64_t num_blocks,
-                       uint8_t *blob, int64_t blob_bytes, float *scales, int64_t num_scales)
+
+cdef extern from "csrc/ggml_repack.h" nogil:
+    ctypedef struct dp_ggml_layout:
+        const char *name
+        int64_t block
+        int64_t type_size
+        int bits
+        int64_t sub
+        int zero_points
+    const dp_ggml_layout dp_ggml_layouts[]
+    const int dp_num_ggml_layouts
+    int dp_repack_ggml(const uint8_t *src, int64_t src_bytes, int type, int64_t rows, int64_t cols,
+                       uint8_t *blob, int64_t blob_bytes, float *scales, int64_t num_scales,
+                       uint8_t *zero_points, int64_t zero_point_bytes, float *mins, int64_t num_mins)
 
 cdef extern from "csrc/dp_attn_ops.h" nogil:
     ctypedef struct dp_attn_ops:

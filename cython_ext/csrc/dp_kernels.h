@@ -12,11 +12,4 @@
 int dp_embed_generic(const void *table, const float *scales, int dtype, int64_t vocab,
                      int64_t dim, const int64_t *ids, int64_t num_tokens, float *out);
 
-/* Repack GGML Q8_0 / Q4_0 blocks (src: num_blocks x 34 | 18 bytes, fp16 scale first)
- * into MatMulNBits blobs (num_blocks x 32 | 16 bytes: uint8 value+128, or two
- * value+8 nibbles per byte, element 2m low) and fp32 scales (num_blocks). Every
- * buffer's size is checked (DP_ERR_BOUNDS). */
-int dp_repack_ggml(const uint8_t *src, int64_t src_bytes, int dtype, int64_t num_blocks,
-                   uint8_t *blob, int64_t blob_bytes, float *scales, int64_t num_scales);
-
 #endif

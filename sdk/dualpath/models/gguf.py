@@ -10,11 +10,10 @@ Q4_K_M / Q5_K_M / Q6_K / Q3_K / Q2_K files and their fallbacks).
   ``Gemm`` slower than fp32 in decode (docs/performance.md), so keeping fp16 would halve
   memory but cost decode speed; we choose exactness and speed and report the memory
   (``dualpath info``).
-* Q8_0 and Q4_0 are repacked once into ``MatMulNBits`` blobs (exact: same values and
-  scales, see ``spec.py``); the file's pages are not kept.
-* The other block types are repacked into ``MatMulNBits`` form by ``quants.py``, which
-  states per type what is exact and what is not.
-* A ``token_embd`` of those other types stays in its MatMulNBits form too: the
+* Quantized types are repacked once into ``MatMulNBits`` form by ``quants.py`` (compiled
+  code), which states per type what is exact and what is not (Q8_0 and Q4_0: the same
+  values and scales, see ``spec.py``); the file's pages are not kept.
+* A ``token_embd`` of the types other than Q8_0 and Q4_0 stays in its MatMulNBits form: the
   embedding gathers and dequantizes only the rows of a step (``quants.gather_rows``),
   and a tied classifier is a ``MatMulNBits`` over the same arrays. (Dequantized to f32
   it was 4 bytes a value: 1 GiB for Llama 3.2's 128256 x 2048 table, read whole by
@@ -36,7 +35,7 @@ from ..tokenizer.spec import TokenizerSpec, default_add_bos
 from . import quants
 from .families import family
 from .files import check_gguf_file, mapped_memmap
-from .spec import QUANT_BLOCK, ModelConfig, ModelSpec, Weight, check_config, check_weights
+from .spec import ModelConfig, ModelSpec, Weight, check_config, check_weights
 
 log = logging.getLogger(__name__)
 
@@ -371,12 +370,6 @@ def _convert(path: str, name: str, t, key: str) -> Weight:
             bits = np.asarray(raw).view(np.uint16).astype(np.uint32) << 16
             data = bits.view(np.float32).reshape(shape)
             return Weight(key, "f32", shape, data, source_type="BF16")
-        if qtype in (gguf.GGMLQuantizationType.Q8_0, gguf.GGMLQuantizationType.Q4_0):
-            if len(shape) != 2 or shape[1] % QUANT_BLOCK:
-                raise ModelLoadError(path, f"tensor {name!r} of type {type_name} has shape {shape}; "
-                                           f"rows must be a multiple of {QUANT_BLOCK}")
-            blob, scales = ggml_to_nbits(np.asarray(raw, dtype=np.uint8), type_name, shape)
-            return Weight(key, type_name.lower(), shape, blob, scales, bits=8 if type_name == "Q8_0" else 4)
         if type_name in quants.NBITS_TYPES:
             block = quants.block_size(type_name)
             if len(shape) != 2 or shape[1] % block:
@@ -392,25 +385,6 @@ def _convert(path: str, name: str, t, key: str) -> Weight:
         raise ModelLoadError(path, f"tensor {name!r} ({type_name}, shape {shape}) is unreadable: {e}") from e
     raise ModelLoadError(path, f"tensor {name!r} has unsupported type {type_name} "
                                f"(supported: {', '.join(SUPPORTED_TYPES)})")
-
-
-def ggml_to_nbits(raw: np.ndarray, type_name: str, shape: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
-    """Repack GGML Q8_0 / Q4_0 blocks into MatMulNBits blobs and fp32 scales.
-
-    Q8_0 block (34 bytes): fp16 scale d, 32 int8 values q; x = d * q.
-    Q4_0 block (18 bytes): fp16 scale d, 16 bytes; byte j holds x[j] (low nibble) and
-    x[j + 16] (high nibble), each stored +8; x = d * (n - 8).
-    MatMulNBits stores 8-bit values +128, and 4-bit values +8 with element 2m in the
-    low nibble of byte m and 2m + 1 in the high nibble.
-    """
-    from ..kernels import repack_ggml
-
-    rows, cols = shape
-    nb = cols // QUANT_BLOCK
-    blob = np.empty((rows, nb, QUANT_BLOCK if type_name == "Q8_0" else QUANT_BLOCK // 2), np.uint8)
-    scales = np.empty(rows * nb, np.float32)
-    repack_ggml(np.ascontiguousarray(raw).reshape(-1), type_name.lower(), blob, scales)
-    return blob, scales
 
 
 def _tokenizer_spec(path: str, meta: _Metadata, vocab_size: int) -> TokenizerSpec:
