@@ -96,7 +96,8 @@ def repack_ggml(raw, str type_name, shape, blob, scales, zero_points=None, mins=
     cdef int64_t want = rows * (cols // block) * layout["type_size"], nb = cols // sub
     if raw.nbytes != want:
         raise ValueError(f"{type_name} weight of shape {tuple(shape)} is {want} bytes ({rows * (cols // block)} "
-                         f"blocks of {layout['type_size']}), got {raw.nbytes}" + (" (truncated)" if raw.nbytes < want else ""))
+                         f"blocks of {layout['type_size']}), got {raw.nbytes}"
+                         + (" (truncated)" if raw.nbytes < want else ""))
     _out(blob, "blob", np.uint8, rows * cols * bits // 8)
     _out(scales, "scales", np.float32, rows * nb)
     if layout["zero_points"]:

@@ -19,6 +19,7 @@
 
 #include "../../cython_ext/csrc/dp_attn_ops.h"
 #include "../../cython_ext/csrc/dp_pool.h"
+#include "../../cython_ext/csrc/ggml_repack.h"
 #include "../../cython_ext/csrc/kv_arena.h"
 #include "../../cython_ext/csrc/kv_attn.h"
 
@@ -738,6 +739,65 @@ static void parse_features_cases(void) {
     check(dp_parse_features("avx", &mask, &bad, &bad_len) == DP_ERR_ARG, "features: a prefix is no name");
 }
 
+/* GGML -> MatMulNBits: every type on exactly sized heap buffers (ASan sees any byte read
+ * or written outside them), values below 2^bits, a row's spare zero-point nibble zero,
+ * and every size, type and shape checked before anything is written. */
+static void ggml_repack_cases(void) {
+    for (int t = 0; t < dp_num_ggml_layouts; t++) {
+        const dp_ggml_layout *L = &dp_ggml_layouts[t];
+        const int64_t rows = 3, cols = L->block == 32 ? 96 : 512, nb = cols / L->sub;
+        const int64_t src_bytes = rows * cols / L->block * L->type_size, blob_bytes = rows * cols * L->bits / 8;
+        const int64_t zp_row = (nb * L->bits + 7) / 8;
+        uint8_t *src = malloc((size_t)src_bytes), *blob = malloc((size_t)blob_bytes);
+        uint8_t *zp = malloc((size_t)(rows * zp_row));
+        float *scales = malloc((size_t)(rows * nb) * sizeof(float)), *mins = malloc((size_t)(rows * nb) * sizeof(float));
+        uint64_t state = 0x9e3779b97f4a7c15ull * (uint64_t)(t + 1);
+        for (int64_t i = 0; i < src_bytes; i++) src[i] = (uint8_t)((state = state * 6364136223846793005ull + 1) >> 56);
+        for (int64_t b = 0; b < src_bytes / L->type_size; b++) /* finite fp16 fields: clear the top exponent bit */
+            for (int64_t i = 1; i < L->type_size; i += 2) src[b * L->type_size + i] &= 0xbf;
+        char what[120];
+        snprintf(what, sizeof what, "repack %s: converts exactly sized buffers", L->name);
+        check(dp_repack_ggml(src, src_bytes, t, rows, cols, blob, blob_bytes, scales, rows * nb, zp, rows * zp_row,
+                             mins, rows * nb) == DP_OK, what);
+        int ok = 1;
+        if (L->zero_points && L->bits == 4 && nb % 2)
+            for (int64_t r = 0; r < rows; r++) ok &= (zp[r * zp_row + zp_row - 1] >> 4) == 0;
+        snprintf(what, sizeof what, "repack %s: a row's spare zero-point nibble is zero", L->name);
+        check(ok, what);
+        const int64_t n = rows * nb;
+        int bounds = 1;
+        bounds &= dp_repack_ggml(src, src_bytes - 1, t, rows, cols, blob, blob_bytes, scales, n, zp, rows * zp_row,
+                                 mins, n) == DP_ERR_BOUNDS;
+        bounds &= dp_repack_ggml(src, src_bytes, t, rows, cols, blob, blob_bytes - 1, scales, n, zp, rows * zp_row,
+                                 mins, n) == DP_ERR_BOUNDS;
+        bounds &= dp_repack_ggml(src, src_bytes, t, rows, cols, blob, blob_bytes, scales, n - 1, zp, rows * zp_row,
+                                 mins, n) == DP_ERR_BOUNDS;
+        if (L->zero_points) {
+            bounds &= dp_repack_ggml(src, src_bytes, t, rows, cols, blob, blob_bytes, scales, n, zp,
+                                     rows * zp_row - 1, mins, n) == DP_ERR_BOUNDS;
+            bounds &= dp_repack_ggml(src, src_bytes, t, rows, cols, blob, blob_bytes, scales, n, zp, rows * zp_row,
+                                     mins, n - 1) == DP_ERR_BOUNDS;
+            bounds &= dp_repack_ggml(src, src_bytes, t, rows, cols, blob, blob_bytes, scales, n, NULL, 0, mins,
+                                     n) == DP_ERR_ARG;
+        }
+        bounds &= dp_repack_ggml(src, src_bytes, t, rows, cols + 16, blob, blob_bytes, scales, n, zp, rows * zp_row,
+                                 mins, n) == DP_ERR_ARG;
+        bounds &= dp_repack_ggml(src, src_bytes, t, INT64_MAX / 2, cols, blob, blob_bytes, scales, n, zp,
+                                 rows * zp_row, mins, n) == DP_ERR_ARG;
+        snprintf(what, sizeof what, "repack %s: short buffers, a partial block and overflow are refused", L->name);
+        check(bounds, what);
+        free(src); free(blob); free(zp); free(scales); free(mins);
+    }
+    uint8_t in[34] = {0x00, 0x3c}, out[32]; /* Q8_0, d = 1: int8 q -> q + 128 */
+    float s = 0.0f;
+    in[2] = 0x80; in[3] = 0x7f; in[4] = 0xff;
+    check(dp_repack_ggml(in, 34, 0, 1, 32, out, 32, &s, 1, NULL, 0, NULL, 0) == DP_OK && s == 1.0f && out[0] == 0 &&
+              out[1] == 255 && out[2] == 127 && out[3] == 128, "repack Q8_0: q + 128, scale d");
+    check(dp_repack_ggml(in, 34, dp_num_ggml_layouts, 1, 32, out, 32, &s, 1, NULL, 0, NULL, 0) == DP_ERR_ARG &&
+              dp_repack_ggml(in, 34, -1, 1, 32, out, 32, &s, 1, NULL, 0, NULL, 0) == DP_ERR_ARG,
+          "repack: an unknown type is refused");
+}
+
 int main(void) {
     verbose = getenv("DP_TEST_VERBOSE") != NULL;
     unsigned disabled = 0;
@@ -815,6 +875,7 @@ int main(void) {
     pool_protocol_cases();
     pool_yielder_cases();
     bad_slot_cases(best);
+    ggml_repack_cases();
     dp_pool_destroy(pool);
     printf("%d passed, %d failed\n", passed, failed);
     return failed ? 1 : 0;

@@ -14,8 +14,8 @@ import os
 import numpy as np
 import pytest
 
-from dualpath.models import ModelSpec, load_model
-from dualpath.models.gguf import ggml_to_nbits, load_gguf
+from dualpath.models import ModelSpec, load_model, quants
+from dualpath.models.gguf import load_gguf
 from dualpath.models.llama2c import load_llama2c
 from dualpath.models.spec import LAYER_TENSORS, expected_shapes
 
@@ -215,12 +215,13 @@ def random_blocks(rows: int, cols: int, type_name: str, seed: int) -> np.ndarray
 
 @pytest.mark.parametrize("type_name, bits_", [("Q8_0", 8), ("Q4_0", 4)])
 @pytest.mark.parametrize("shape", [(1, 32), (3, 64), (64, 96), (7, 256)])
-def test_ggml_to_nbits_keeps_every_value_exactly(type_name, bits_, shape):
+def test_q8_0_and_q4_0_repack_keeps_every_value_exactly(type_name, bits_, shape):
     import gguf
 
     qtype = getattr(gguf.GGMLQuantizationType, type_name)
     raw = random_blocks(*shape, type_name, seed=shape[0] * 1000 + shape[1])
-    blob, scales = ggml_to_nbits(raw, type_name, shape)
+    w = quants.repack(raw, type_name, shape)
+    blob, scales = w.blob, w.scales
     ours = dequantize_nbits(blob, scales, bits_, shape)
     reference = gguf.quants.dequantize(raw, qtype)
     assert reference.shape == shape
@@ -228,13 +229,14 @@ def test_ggml_to_nbits_keeps_every_value_exactly(type_name, bits_, shape):
 
 
 @pytest.mark.parametrize("type_name, bits_", [("Q8_0", 8), ("Q4_0", 4)])
-def test_ggml_to_nbits_of_quantized_real_weights_is_exact(gguf_spec, type_name, bits_):
+def test_q8_0_and_q4_0_repack_of_quantized_real_weights_is_exact(gguf_spec, type_name, bits_):
     import gguf
 
     qtype = getattr(gguf.GGMLQuantizationType, type_name)
     weights = gguf_spec.weights["token_embd"].data  # (512, 64)
     raw = gguf.quants.quantize(np.asarray(weights), qtype)
-    blob, scales = ggml_to_nbits(raw, type_name, weights.shape)
+    w = quants.repack(raw, type_name, weights.shape)
+    blob, scales = w.blob, w.scales
     assert np.array_equal(bits(dequantize_nbits(blob, scales, bits_, weights.shape)),
                           bits(gguf.quants.dequantize(raw, qtype)))
 

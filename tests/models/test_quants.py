@@ -1,4 +1,5 @@
-"""GGML block types -> MatMulNBits (models/quants.py), against gguf-py's own dequantization.
+"""GGML block types -> MatMulNBits (models/quants.py), against gguf-py's own dequantization,
+and the compiled conversion against its NumPy oracle (quants_reference.py) byte for byte.
 
 Exact types must give gguf.quants.dequantize's values bit for bit. Types with a float
 zero point (Q4_K, Q4_1, Q2_K) are exact where fp32(zp * s) == dm and otherwise off by
@@ -13,7 +14,9 @@ import os
 import numpy as np
 import pytest
 
+from dualpath.kernels import GGML_TYPES, ggml_layout, repack_ggml
 from dualpath.models import quants
+from quants_reference import pack, repack_reference
 
 # Byte offsets of each type's fp16 fields (d, and dmin / m where there is one).
 F16_FIELDS = {"Q8_0": [0], "Q4_0": [0], "Q5_0": [0], "IQ4_NL": [0], "Q4_1": [0, 2], "Q5_1": [0, 2],
@@ -122,13 +125,133 @@ def test_onnxruntime_matmulnbits_computes_the_repacked_values(type_name):
     assert np.array_equal(y, quants.dequantize(w, (rows, cols)))  # == (ORT may turn -0.0 into 0.0)
 
 
+def extreme_raw(type_name: str, rows: int, cols: int, seed: int) -> np.ndarray:
+    """``random_raw`` blocks, then: every fp16 field any finite value (all exponents,
+    subnormals, -0.0, +-65504), and some blocks all-zero or with every quant bit set."""
+    import gguf
+
+    raw = random_raw(type_name, rows, cols, seed)
+    type_size = gguf.constants.GGML_QUANT_SIZES[getattr(gguf.GGMLQuantizationType, type_name)][1]
+    blocks = raw.reshape(-1, type_size)
+    rng = np.random.default_rng(seed + 1)
+    blocks[1::7] = 0        # all-zero blocks: zero scales and values
+    blocks[2::7] = 0xFF     # every quant bit set (the fp16 fields are made finite below)
+    for at in F16_FIELDS[type_name]:
+        at %= type_size
+        h = rng.integers(0, 1 << 16, len(blocks), dtype=np.uint16)
+        h[(h & 0x7C00) == 0x7C00] &= 0x83FF  # inf / NaN -> subnormal of the same sign
+        h[3::11], h[4::11], h[5::11], h[6::11] = 0x7BFF, 0xFBFF, 0x0001, 0x8000  # +-65504, 6e-8, -0.0
+        h[1::7] = 0
+        blocks[:, at:at + 2] = h.view(np.uint8).reshape(-1, 2)
+    return raw
+
+
+def assert_same_nbits(ours: quants.NBits, ref: quants.NBits) -> None:
+    assert (ours.bits, ours.block_size) == (ref.bits, ref.block_size)
+    for field in ("blob", "scales", "zero_points", "mins"):
+        a, b = getattr(ours, field), getattr(ref, field)
+        assert (a is None) == (b is None), field
+        if a is not None:
+            assert (a.shape, a.dtype) == (b.shape, b.dtype), field
+            differ = np.flatnonzero(np.frombuffer(a.tobytes(), np.uint8) != np.frombuffer(b.tobytes(), np.uint8))
+            assert differ.size == 0, f"{field} differs at bytes {differ[:8]}"
+
+
+@pytest.mark.parametrize("type_name", quants.NBITS_TYPES)
+@pytest.mark.parametrize("make", [random_raw, extreme_raw])
+def test_compiled_repack_equals_the_numpy_oracle_byte_for_byte(type_name, make):
+    """blob, scales, zero points and mins: the same bytes as gguf-py's unpacking and fp32
+    products, zero points rounded half to even, for every bit pattern of a finite block."""
+    block = quants.block_size(type_name)
+    for rows, cols, seed in ((6, 512, 11), (5, 3 * block, 12), (1, block, 13), (64, 256, 14)):
+        raw = make(type_name, rows, cols, seed)
+        assert_same_nbits(quants.repack(raw, type_name, (rows, cols)), repack_reference(raw, type_name, (rows, cols)))
+
+
+@pytest.mark.parametrize("type_name", ["Q4_1", "Q4_K", "Q5_1"])
+def test_zero_points_round_half_to_even_and_clamp(type_name):
+    """dm / s exactly k + 0.5 rounds to the even k (np.rint), out-of-range ratios clamp."""
+    import gguf
+
+    qtype = getattr(gguf.GGMLQuantizationType, type_name)
+    block, type_size = gguf.constants.GGML_QUANT_SIZES[qtype]
+    raw = np.zeros((4, type_size), np.uint8)
+    f16 = lambda v: np.array([v], np.float16).view(np.uint8)  # noqa: E731
+    for i, (d, m) in enumerate([(1.0, 2.5), (1.0, 3.5), (0.5, 1000.0), (-1.0, 3.0)]):
+        raw[i, 0:2] = f16(d)
+        if type_name == "Q4_K":  # sc = 1, m = 1 in every sub-block: s = d, dm = dmin
+            raw[i, 2:4], raw[i, 4:16] = f16(m), [1, 1, 1, 1, 1, 1, 1, 1, 0x11, 0x11, 0x11, 0x11]
+        else:                    # x = d * q + m: dm = -m
+            raw[i, 2:4] = f16(-m)
+    shape = (4, block)
+    ours = quants.repack(raw, type_name, shape)
+    assert_same_nbits(ours, repack_reference(raw, type_name, shape))
+    bits_ = ours.bits
+    z = quants.unpack(ours.zero_points.reshape(4, -1), bits_)[:, 0]
+    assert z.tolist() == [2, 4, 2 ** bits_ - 1, 0]
+
+
+def test_compiled_types_are_the_nbits_types_with_gguf_block_sizes():
+    import gguf
+
+    assert sorted(GGML_TYPES) == sorted(quants.NBITS_TYPES)
+    for name in GGML_TYPES:
+        layout = ggml_layout(name)
+        block, type_size = gguf.constants.GGML_QUANT_SIZES[getattr(gguf.GGMLQuantizationType, name)]
+        assert (layout["block"], layout["type_size"]) == (block, type_size)
+        assert layout["zero_points"] == (name in quants.OFFSET_MIN_TYPES + quants.MINS_TYPES)
+
+
+def _outputs(type_name: str, rows: int, cols: int):
+    layout = ggml_layout(type_name)
+    bits_, sub = layout["bits"], layout["block_size"]
+    nb = cols // sub
+    out = [np.empty((rows, nb, sub * bits_ // 8), np.uint8), np.empty(rows * nb, np.float32)]
+    if layout["zero_points"]:
+        out += [np.empty(rows * -(-nb * bits_ // 8), np.uint8), np.empty((rows, nb), np.float32)]
+    return out
+
+
+@pytest.mark.parametrize("type_name", ["Q4_K", "Q6_K", "Q5_0"])
+def test_repack_rejects_truncated_input_and_wrong_output_sizes(type_name):
+    block = quants.block_size(type_name)
+    shape = (3, 2 * block)
+    raw = random_raw(type_name, *shape, seed=6).reshape(-1)
+    with pytest.raises(ValueError, match=r"truncated"):
+        repack_ggml(raw[:-1].copy(), type_name, shape, *_outputs(type_name, *shape))
+    with pytest.raises(ValueError, match=r"columns must be a positive multiple of"):
+        repack_ggml(raw, type_name, (3, block + 16), *_outputs(type_name, *shape))
+    for i in range(len(_outputs(type_name, *shape))):
+        out = _outputs(type_name, *shape)
+        name = ("blob", "scales", "zero_points", "mins")[i]
+        out[i] = out[i].reshape(-1)[:-1]
+        with pytest.raises(ValueError, match=rf"{name} has \d+ elements; this weight needs \d+"):
+            repack_ggml(raw, type_name, shape, *out)
+    with pytest.raises(ValueError, match=r"unsupported GGML block type 'Q7_K' \(supported: Q8_0"):
+        repack_ggml(raw, "Q7_K", shape, *_outputs(type_name, *shape))
+    with pytest.raises(ValueError, match=r"numpy array"):
+        repack_ggml(raw.astype(np.int16), type_name, shape, *_outputs(type_name, *shape))
+    read_only = _outputs(type_name, *shape)
+    read_only[0].flags.writeable = False
+    with pytest.raises(ValueError, match=r"blob must be writeable"):
+        repack_ggml(raw, type_name, shape, *read_only)
+
+
+def test_repack_refuses_zero_points_for_a_type_without_them():
+    shape = (2, 256)
+    raw = random_raw("Q6_K", *shape, seed=8).reshape(-1)
+    blob, scales = _outputs("Q6_K", *shape)
+    with pytest.raises(ValueError, match=r"Q6_K has no zero points"):
+        repack_ggml(raw, "Q6_K", shape, blob, scales, np.empty(32, np.uint8), np.empty((2, 16), np.float32))
+
+
 def test_pack_and_unpack_are_inverse_for_2_4_and_8_bits():
     rng = np.random.default_rng(5)
     for bits_ in (2, 4, 8):
         u = rng.integers(0, 2 ** bits_, (3, 4, 16), dtype=np.uint8)
-        assert np.array_equal(quants.unpack(quants.pack(u, bits_), bits_), u)
+        assert np.array_equal(quants.unpack(pack(u, bits_), bits_), u)
     # 4-bit: element 2m in the low nibble of byte m.
-    assert quants.pack(np.array([[1, 2]], np.uint8), 4).tolist() == [[0x21]]
+    assert pack(np.array([[1, 2]], np.uint8), 4).tolist() == [[0x21]]
 
 
 def test_synth_writes_llama_cpp_file_types_that_load(tmp_path):
