@@ -75,11 +75,13 @@ class Tokenizer:
             if value is not None and not 0 <= value < num_tokens:
                 raise TokenizerError(f"tokenizer {name}={value} is outside the vocabulary [0, {num_tokens})")
 
-        self._piece_to_id: dict[str, int] = {}
-        for token_id, piece in enumerate(spec.tokens):
-            other = self._piece_to_id.setdefault(piece, token_id)
-            if other != token_id:
-                raise TokenizerError(f"duplicate token in vocabulary: {piece!r} has ids {other} and {token_id}")
+        self._piece_to_id: dict[str, int] = dict(zip(spec.tokens, range(num_tokens)))
+        if len(self._piece_to_id) != num_tokens:  # a piece twice: name the first one
+            first: dict[str, int] = {}
+            for token_id, piece in enumerate(spec.tokens):
+                other = first.setdefault(piece, token_id)
+                if other != token_id:
+                    raise TokenizerError(f"duplicate token in vocabulary: {piece!r} has ids {other} and {token_id}")
         self._types: tuple[int, ...] = _llama_cpp_token_types(spec, self._piece_to_id)
 
         # Tokens split out of the input before BPE, longest UTF-8 text first (llama.cpp order).
@@ -275,27 +277,35 @@ class Tokenizer:
         USER_DEFINED -> its text, always; CONTROL/UNKNOWN -> its text only when
         special tokens are not skipped; UNUSED and undefined types -> nothing.
         """
-        strip = self.strips_leading_space
-        for token_id, (piece, kind) in enumerate(zip(self._spec.tokens, self._types, strict=True)):
-            special = b""
-            if kind == TOKEN_NORMAL:
-                plain = self._normal_piece_bytes(piece)
-            elif kind == TOKEN_BYTE:
+        # Whole-list comprehensions over the NORMAL tokens (nearly all of a vocabulary: this
+        # runs at every load), then a loop over the few of other types.
+        tokens, types = self._spec.tokens, self._types
+        plain = self._normal_pieces_bytes(tokens, types)
+        special = [b""] * len(tokens)
+        for token_id in [i for i, kind in enumerate(types) if kind != TOKEN_NORMAL]:
+            piece, kind = tokens[token_id], types[token_id]
+            if kind == TOKEN_BYTE:
                 match = _BYTE_PIECE.fullmatch(piece)
                 if match is None:
                     raise TokenizerError(f"token {token_id} {piece!r} has type BYTE but is not of the form <0xNN>")
-                plain = bytes((int(match.group(1), 16),))
+                plain[token_id] = bytes((int(match.group(1), 16),))
             elif kind == TOKEN_USER_DEFINED:
-                plain = piece.encode("utf-8")
+                plain[token_id] = piece.encode("utf-8")
             elif kind in (TOKEN_CONTROL, TOKEN_UNKNOWN):
-                plain, special = b"", piece.encode("utf-8")
-            else:
-                plain = b""
-            first = plain[1:] if strip and kind == TOKEN_NORMAL and plain[:1] == b" " else plain
-            self._bytes_plain.append(plain)
-            self._bytes_special.append(plain or special)
-            self._bytes_first.append(first)
-            self._bytes_first_special.append(first or special)
+                special[token_id] = piece.encode("utf-8")
+        if self.strips_leading_space:
+            first = [p[1:] if k == TOKEN_NORMAL and p[:1] == b" " else p for p, k in zip(plain, types)]
+        else:
+            first = plain
+        self._bytes_plain = plain
+        self._bytes_special = [p or s for p, s in zip(plain, special)]
+        self._bytes_first = first
+        self._bytes_first_special = [f or s for f, s in zip(first, special)]
+
+    def _normal_pieces_bytes(self, pieces, types) -> list[bytes]:
+        """``_normal_piece_bytes`` of every NORMAL piece, b"" for the others."""
+        f = self._normal_piece_bytes
+        return [f(p) if k == TOKEN_NORMAL else b"" for p, k in zip(pieces, types, strict=True)]
 
 
 _C_SPACE = frozenset(" \t\n\v\f\r")  # C isspace() in the "C" locale, which llama.cpp's strip uses
