@@ -67,6 +67,8 @@ PRESETS: dict[str, Shape] = {
                           context_length=8192, rope_theta=100000.0, tied=True),
     "qwen2.5-0.5b": Shape(dim=896, hidden_dim=4864, num_layers=24, num_heads=14, num_kv_heads=2, vocab_size=151936,
                           context_length=32768, rope_theta=1000000.0, rms_eps=1e-6, arch="qwen2", tied=True),
+    "qwen2.5-1.5b": Shape(dim=1536, hidden_dim=8960, num_layers=28, num_heads=12, num_kv_heads=2, vocab_size=151936,
+                          context_length=32768, rope_theta=1000000.0, rms_eps=1e-6, arch="qwen2", tied=True),
     "qwen3-0.6b": Shape(dim=1024, hidden_dim=3072, num_layers=28, num_heads=16, num_kv_heads=8, head_dim=128,
                         vocab_size=151936, context_length=40960, rope_theta=1000000.0, rms_eps=1e-6, arch="qwen3",
                         tied=True),

@@ -1,0 +1,30 @@
+"""The real-shape presets of ``dualpath synth`` are the published models' shapes: their
+tensors add up to the parameter counts the models' own pages give (RoPE frequency
+factors, a buffer in those counts, left out)."""
+
+import math
+
+import pytest
+
+from dualpath.models.synth import PRESETS, _tensor_list
+
+PUBLISHED_PARAMETERS = {
+    "tinyllama-1.1b": 1_100_048_384,
+    "qwen2.5-0.5b": 494_032_768,
+    "qwen2.5-1.5b": 1_543_714_304,
+}
+
+
+@pytest.mark.parametrize("preset", sorted(PUBLISHED_PARAMETERS))
+def test_a_preset_has_the_published_parameter_count(preset):
+    tensors = _tensor_list(PRESETS[preset])
+    count = sum(math.prod(shape) for name, shape, _ in tensors if not name.startswith("rope_"))
+    assert count == PUBLISHED_PARAMETERS[preset]
+
+
+def test_the_qwen2_5_1_5b_preset_fits_k_quant_super_blocks():
+    """Q4_K_M files of it (llama.cpp's quantizer through ``dualpath synth``) need every
+    matrix row to be whole 256-value super-blocks."""
+    shape = PRESETS["qwen2.5-1.5b"]
+    assert shape.arch == "qwen2" and shape.tied and shape.hd == 128
+    assert shape.dim % 256 == 0 and shape.hidden_dim % 256 == 0
