@@ -39,8 +39,7 @@ from .spec import ModelConfig, ModelSpec, Weight, check_config, check_weights
 
 log = logging.getLogger(__name__)
 
-SUPPORTED_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q6_K", "Q4_K", "Q5_K", "Q3_K", "Q2_K",
-                   "Q5_0", "Q4_1", "Q5_1", "IQ4_NL")
+SUPPORTED_TYPES = ("F32", "F16", "BF16") + quants.NBITS_TYPES
 
 
 class _UnknownTensorType(Exception):

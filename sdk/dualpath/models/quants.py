@@ -72,12 +72,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..kernels import GGML_TYPES, ggml_layout, repack_ggml
+
 EXACT_TYPES = ("Q8_0", "Q4_0", "Q5_0", "IQ4_NL", "Q6_K", "Q3_K")
 OFFSET_MIN_TYPES = ("Q4_K", "Q4_1", "Q2_K")
 """4-bit with integer zero points, the remainder of the min as ``mins``."""
 MINS_TYPES = ("Q5_K", "Q5_1")
 """The same with 8 bits (5-bit values)."""
-NBITS_TYPES = EXACT_TYPES + OFFSET_MIN_TYPES + MINS_TYPES
+NBITS_TYPES = GGML_TYPES
+"""The types ``repack`` converts: csrc/ggml_repack.c's table (the groups above cover it)."""
 
 @dataclass
 class NBits:
@@ -97,10 +100,8 @@ class NBits:
 
 
 def block_size(type_name: str) -> int:
-    """Values per GGML block of ``type_name`` (from gguf.constants.GGML_QUANT_SIZES)."""
-    import gguf
-
-    return gguf.constants.GGML_QUANT_SIZES[getattr(gguf.GGMLQuantizationType, type_name)][0]
+    """Values per GGML block of ``type_name`` (csrc/ggml_repack.c's table)."""
+    return ggml_layout(type_name)["block"]
 
 
 def unpack(blob: np.ndarray, bits: int) -> np.ndarray:
@@ -125,8 +126,6 @@ def repack(raw: np.ndarray, type_name: str, shape: tuple[int, int]) -> NBits:
     """GGML blocks ``raw`` (uint8, any shape holding ``shape``'s bytes) -> NBits.
 
     ``shape[1]`` must be a multiple of the type's block (checked by the caller)."""
-    from ..kernels import ggml_layout, repack_ggml
-
     layout = ggml_layout(type_name)
     bits, sub = layout["bits"], layout["block_size"]
     rows, cols = shape
