@@ -54,6 +54,25 @@ def embed(ids, table, scales=None, str dtype="f32", out=None):
     return out
 
 
+def read_rows(int fd, int64_t offset, int64_t row_bytes, int64_t num_rows, ids, out):
+    """Rows ``ids`` (n,) int64 of a table of ``num_rows`` rows of ``row_bytes`` stored in
+    file ``fd`` from byte ``offset``, read (pread, not mapped) into ``out`` (a C-contiguous
+    array of at least n * row_bytes bytes, its rows in order). Returns ``out``."""
+    _require(ids, "ids", 1, np.int64)
+    if not isinstance(out, np.ndarray) or not out.flags.c_contiguous or not out.flags.writeable:
+        raise ValueError("out must be a writable C-contiguous numpy array")
+    cdef int64_t n = ids.shape[0]
+    if row_bytes <= 0 or out.nbytes < n * row_bytes:
+        raise ValueError(f"out ({out.nbytes} bytes) cannot hold {n} rows of {row_bytes} bytes")
+    cdef const int64_t *ip = <const int64_t *>cnp.PyArray_DATA(<cnp.ndarray>ids)
+    cdef uint8_t *op = <uint8_t *>cnp.PyArray_DATA(<cnp.ndarray>out)
+    cdef int st
+    with nogil:
+        st = dp_read_rows(fd, offset, row_bytes, num_rows, ip, n, op)
+    _check(st, f"read_rows(fd={fd}, {num_rows} rows of {row_bytes} bytes at {offset})", "the table")
+    return out
+
+
 GGML_TYPES = tuple(dp_ggml_layouts[i].name.decode() for i in range(dp_num_ggml_layouts))
 """The GGML block types ``repack_ggml`` converts (csrc/ggml_repack.c's table)."""
 

@@ -1,6 +1,9 @@
 # Argument checks and C status codes -> Python exceptions, shared by the extension
 # modules (``include``d, so each module compiles its own copy of this one source).
+import os
+
 import numpy as np
+from libc.errno cimport errno
 
 
 class ArrayDTypeError(TypeError, ValueError):
@@ -25,6 +28,9 @@ cdef int _check(int status, str what, str outside) except -1:
     if status == DP_ERR_NOMEM:
         raise MemoryError(f"{what}: out of memory (a kernel buffer could not be allocated); "
                           f"the output was not computed")
+    if status == DP_ERR_IO:
+        code = errno  # the failed call's, read before anything else can change it
+        raise OSError(code, f"{what}: {os.strerror(code)} (reading {outside})")
     if status == DP_ERR_THREAD:
         raise RuntimeError(f"{what}: thread creation failed (pthread_create; the process may be at its "
                            f"thread limit, see ulimit -u)")

@@ -9,6 +9,7 @@ cdef extern from "csrc/dp_kernels.h" nogil:
         DP_ERR_NOMEM
         DP_ERR_THREAD
         DP_ERR_ALIGN
+        DP_ERR_IO
         DP_F32
         DP_F16
         DP_Q8_0
@@ -20,6 +21,8 @@ cdef extern from "csrc/dp_kernels.h" nogil:
 
     int dp_embed_generic(const void *table, const float *scales, int dtype, int64_t vocab,
                          int64_t dim, const int64_t *ids, int64_t num_tokens, float *out)
+    int dp_read_rows(int fd, int64_t offset, int64_t row_bytes, int64_t num_rows,
+                     const int64_t *ids, int64_t n, uint8_t *out)
 
 cdef extern from "csrc/ggml_repack.h" nogil:
     ctypedef struct dp_ggml_layout:

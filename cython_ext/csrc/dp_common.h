@@ -18,6 +18,7 @@ enum dp_status {
     DP_ERR_NOMEM = 3,    /* an allocation failed: the call's outputs are not to be used */
     DP_ERR_THREAD = 4,   /* a worker thread could not be started */
     DP_ERR_ALIGN = 5,    /* a slot or span does not start a tile (kv_arena.h) */
+    DP_ERR_IO = 6,       /* a file read failed or ended early (errno says which) */
 };
 
 /* The largest head_dim the arena and the kernels accept: the one limit, checked

@@ -115,9 +115,11 @@ def _write_fused(spec: ModelSpec, folder: str) -> None:
 
     arrays = {}
     for name, ws in fusion_groups(spec).items():
-        spec.entry.verify([a for w in ws for a in w.arrays().values()])
+        parts = [a for w in ws for a in w.arrays().values()]
+        spec.entry.verify(parts)
         for suffix, arr in fuse(ws).items():
             arrays[f"{name}.{suffix}"] = arr
+        spec.entry.drop_pages(parts)  # no session reads them: the graphs name the fused copy
     index = write_arrays(os.path.join(folder, "fused.bin"), arrays)
     write_json(os.path.join(folder, "fused.json"), index)
 

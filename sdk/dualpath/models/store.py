@@ -130,6 +130,15 @@ def _xor_of(arr: np.ndarray) -> int:
     return x
 
 
+def _drop(m: mmap.mmap, start: int, nbytes: int) -> None:
+    """Unmap the pages of ``m[start : start + nbytes]`` from this process: read-only file
+    pages, so a later read maps them back from the page cache (which also makes dropping
+    the pages an array shares with its neighbours harmless)."""
+    if hasattr(m, "madvise") and nbytes > 0:
+        lo = start // mmap.PAGESIZE * mmap.PAGESIZE
+        m.madvise(mmap.MADV_DONTNEED, lo, min(len(m), start + nbytes) - lo)
+
+
 def _offset_in(m: mmap.mmap, a: np.ndarray) -> int | None:
     """``a``'s offset inside mapping ``m``, or None when it lies elsewhere."""
     if len(m) == 0:
@@ -169,6 +178,7 @@ class Entry:
         self.manifest = manifest
         self.key = os.path.basename(folder)
         self._maps: list[mmap.mmap] = []  # weights.bin and the source file: alive as long as the entry
+        self._files: list = []  # each mapping's file, open as long (file_offset; a temporary entry's are unlinked)
         self._weights_map: mmap.mmap | None = None
         self._derived_maps: list[mmap.mmap] = []  # files of map_arrays
         self.derived_arrays: dict[str, dict[str, np.ndarray]] = {}
@@ -179,10 +189,24 @@ class Entry:
 
     # -- arrays ----------------------------------------------------------------
     def _map(self, path: str) -> mmap.mmap:
-        with open(path, "rb") as f:
+        f = open(path, "rb")
+        try:
             m = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        except BaseException:
+            f.close()
+            raise
         self._maps.append(m)
+        self._files.append(f)
         return m
+
+    def file_offset(self, a: np.ndarray) -> tuple[int, int] | None:
+        """(file descriptor, byte offset) of ``a``, a view of one of this entry's mappings,
+        for reading its rows without mapping them (``kernels.read_rows``); else None."""
+        for m, f in zip(self._maps, self._files):
+            off = _offset_in(m, a)
+            if off is not None:
+                return f.fileno(), off
+        return None
 
     def spec(self, source_path: str) -> ModelSpec:
         """The ModelSpec of this entry, every array a read-only view of a mapping
@@ -257,6 +281,8 @@ class Entry:
         for off, (name, nbytes, expected) in checks:
             if _xor64(self._weights_map, off, nbytes) != expected:
                 raise CorruptEntry(f"the checksum of {name} does not match: weights.bin is corrupted")
+            if arrays is None:  # the rest: no session packs them (fused parts, our embedding)
+                _drop(self._weights_map, off, nbytes)
 
     def map_arrays(self, path: str, index: dict) -> dict[str, np.ndarray]:
         """Read-only views of the arrays of file ``path`` (an entry's derived folder):
@@ -285,12 +311,8 @@ class Entry:
             if start is None:  # a view of the source file, or of a derived file
                 m, start = next(((d, s) for d in self._derived_maps for s in [_offset_in(d, a)] if s is not None),
                                 (None, None))
-            if m is None or not hasattr(m, "madvise"):
-                continue
-            end = start + a.nbytes
-            lo, hi = -(-start // mmap.PAGESIZE) * mmap.PAGESIZE, end // mmap.PAGESIZE * mmap.PAGESIZE
-            if hi > lo:
-                m.madvise(mmap.MADV_DONTNEED, lo, hi - lo)
+            if m is not None:
+                _drop(m, start, a.nbytes)
 
     # -- derived folders -------------------------------------------------------
     def derived(self, name: str, make: Callable[[str], None]) -> str:

@@ -249,11 +249,18 @@ def create_sessions(parts: list[PartFile], num_threads: int, spinning: bool = Tr
         return made
 
     workers = max(1, min(num_threads, os.cpu_count() or 1, len(parts)))
+    # Largest first: packing holds a part's mapped pages and its packed copy at once, so the
+    # load's peak is lowest while few other packed copies exist yet (Gemma 3 270M: its
+    # classifier part is 185 of 300 MiB; docs/performance.md).
+    order = sorted(range(len(parts)), key=lambda i: -sum(a.nbytes for a in parts[i].weights.values()))
     if workers == 1:
-        made = [create(p) for p in parts]
+        made_in_order = [create(parts[i]) for i in order]
     else:
         with ThreadPoolExecutor(workers, thread_name_prefix="dualpath-load") as ex:
-            made = list(ex.map(create, parts))
+            made_in_order = list(ex.map(create, [parts[i] for i in order]))
+    made = [None] * len(parts)
+    for i, m in zip(order, made_in_order):
+        made[i] = m
     # every add_initializer OrtValue is kept alive with the sessions
     spins = spinning and shared_pool
     return SessionSet([m[0] for m in made], [v for m in made for v in m[1]], idle_between_runs=not spins,

@@ -93,7 +93,8 @@ class ModelRunner:
         self.load_stats: dict = {}
         """Seconds of each stage of building this runner (``graphs``, ``sessions``)."""
         parts, session_sets, remove = self._load(accuracy_level, num_threads, spinning, ort_pools, progress)
-        self._embed = TokenEmbedding(self.spec.weights["token_embd"], cfg.embed_scale)
+        self._embed = TokenEmbedding(self.spec.weights["token_embd"], cfg.embed_scale, max_step_tokens,
+                                     self.spec.entry)
         self.cache_config = dp = cache_config or DualPathConfig()
         self.buffers = StepBuffers(cfg, max_step_tokens, self.max_num_seqs, max_context_tokens, dp.page_tokens)
         self.cache = build_kv_cache(self.spec, dp, max_context_tokens, kv_cache_tokens)
