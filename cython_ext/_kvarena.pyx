@@ -333,6 +333,32 @@ cdef class KVArena:
         _check(st, f"{'write' if to_arena else 'read'} of {n} tiles of {tile_tokens} tokens; nothing copied",
                "the arena")
 
+    def release_tiles(self, layers, offsets, int64_t tile_tokens):
+        """Give the memory of the tiles at ``offsets`` (int64, as ``read_tiles``) back to
+        the OS in the layers flagged in ``layers`` (num_layers bools): their rows read as
+        zeros until written again (kv_arena.h). Every offset is checked first."""
+        flags = self._layer_flags(layers)
+        _require(offsets, "offsets", 1, np.int64)
+        cdef int st
+        cdef const uint8_t *fp = <const uint8_t *>cnp.PyArray_DATA(<cnp.ndarray>flags)
+        cdef const int64_t *op = <const int64_t *>cnp.PyArray_DATA(<cnp.ndarray>offsets)
+        cdef int64_t n = offsets.shape[0]
+        with nogil:
+            st = dp_kv_release_tiles(&self.a, fp, op, n, tile_tokens)
+        _check(st, f"release of {n} tiles of {tile_tokens} tokens; nothing released", "the arena")
+
+    def small_pages(self, layers):
+        """No transparent huge pages in the layers flagged in ``layers`` (see kv_arena.h)."""
+        flags = self._layer_flags(layers)
+        cdef const uint8_t *fp = <const uint8_t *>cnp.PyArray_DATA(<cnp.ndarray>flags)
+        _check(dp_kv_small_pages(&self.a, fp), "small_pages", "the arena")
+
+    def _layer_flags(self, layers):
+        flags = np.ascontiguousarray(layers, dtype=np.uint8)
+        if flags.ndim != 1 or flags.shape[0] != self.a.num_layers:
+            raise ValueError(f"layers must be {self.a.num_layers} flags, one per layer, got shape {flags.shape}")
+        return flags
+
     def gather(self, int64_t layer, spans, int64_t num_tokens):
         """Dense (k, v), each (num_kv_heads, num_tokens, head_dim) f32, read through spans
         (q8: dequantized, scale * value)."""

@@ -103,6 +103,9 @@ cdef extern from "csrc/kv_arena.h" nogil:
     int dp_kv_copy_slots(const dp_arena *a, const int64_t *src, const int64_t *dst, int64_t num_tokens)
     int dp_kv_tiles_io(const dp_arena *a, const int64_t *offsets, int64_t num_tiles, int64_t P, void *buf,
                        int to_arena)
+    int dp_kv_release_tiles(const dp_arena *a, const uint8_t *layers, const int64_t *offsets, int64_t num_tiles,
+                            int64_t P)
+    int dp_kv_small_pages(const dp_arena *a, const uint8_t *layers)
     int dp_kv_gather(const dp_arena *a, int64_t layer, const int64_t *spans, int64_t num_spans,
                      int64_t num_tokens, float *k_out, float *v_out)
 

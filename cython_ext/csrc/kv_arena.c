@@ -158,6 +158,36 @@ static int check_tile(const dp_arena *a, int64_t off, int64_t P) {
     return DP_OK;
 }
 
+int dp_kv_release_tiles(const dp_arena *a, const uint8_t *layers, const int64_t *offsets, int64_t num_tiles,
+                        int64_t P) {
+    if (!a || !a->base || !layers || (!offsets && num_tiles > 0) || num_tiles < 0) return DP_ERR_ARG;
+    for (int64_t i = 0; i < num_tiles; i++) {
+        const int st = check_tile(a, offsets[i], P);
+        if (st != DP_OK) return st;
+    }
+    const int64_t os_page = (int64_t)sysconf(_SC_PAGESIZE), tb = num_tiles > 0 ? tile_bytes(a, P) : 0;
+    if (os_page <= 0) return DP_ERR_ARG;
+    const uintptr_t mask = (uintptr_t)(os_page - 1);
+    for (int64_t l = 0; l < a->num_layers; l++) {
+        if (!layers[l]) continue;
+        for (int64_t i = 0; i < num_tiles; i++) {
+            const uintptr_t start = (uintptr_t)(a->base + l * a->layer_bytes + offsets[i]);
+            const uintptr_t lo = (start + mask) & ~mask, hi = (start + (uintptr_t)tb) & ~mask;
+            if (hi > lo) madvise((void *)lo, hi - lo, MADV_DONTNEED);
+        }
+    }
+    return DP_OK;
+}
+
+int dp_kv_small_pages(const dp_arena *a, const uint8_t *layers) {
+    if (!a || !a->base || !layers) return DP_ERR_ARG;
+#ifdef MADV_NOHUGEPAGE
+    for (int64_t l = 0; l < a->num_layers; l++)
+        if (layers[l]) madvise(a->base + l * a->layer_bytes, (size_t)a->layer_bytes, MADV_NOHUGEPAGE);
+#endif
+    return DP_OK;
+}
+
 static int check_slot(const dp_arena *a, const int64_t *s) {
     const int64_t row = s[1], P = s[2];
     const int st = check_tile(a, s[0], P);

@@ -121,6 +121,20 @@ int dp_kv_copy_slots(const dp_arena *a, const int64_t *src, const int64_t *dst, 
 int dp_kv_tiles_io(const dp_arena *a, const int64_t *offsets, int64_t num_tiles, int64_t P, void *buf,
                    int to_arena);
 
+/* Give the memory of whole tiles of P tokens back to the OS in the layers with
+ * layers[l] != 0 (num_layers flags): the OS pages inside each tile (madvise
+ * MADV_DONTNEED; a tile smaller than an OS page gives nothing back). A released
+ * row reads as zeros until written again: for sliding-window layers, whose kernels
+ * mask every position before the window (kv_attn.c), so zeros there add nothing.
+ * Every offset is checked first (as tiles): a refused call releases nothing. */
+int dp_kv_release_tiles(const dp_arena *a, const uint8_t *layers, const int64_t *offsets, int64_t num_tiles,
+                        int64_t P);
+
+/* No transparent huge pages for the layers with layers[l] != 0 (madvise
+ * MADV_NOHUGEPAGE over their regions): khugepaged would otherwise fill released
+ * tiles back in, a whole huge page at a time. DP_OK also where the OS has no THP. */
+int dp_kv_small_pages(const dp_arena *a, const uint8_t *layers);
+
 /* Gather the first num_tokens tokens of `spans` of `layer` into dense f32 arrays
  * k_out, v_out: (num_kv_heads, num_tokens, head_dim), q8 dequantized (scale * value,
  * one f32 product). For tests and migration checks. */

@@ -20,6 +20,8 @@ def _overrides(args) -> dict:
         out["runtime.max_context_tokens"] = args.ctx_size
     if getattr(args, "kv_dtype", None) is not None:
         out["dualpath_config.kv_dtype"] = args.kv_dtype
+    if getattr(args, "memory_budget", None) is not None:
+        out["runtime.memory_budget_mb"] = -1 if args.memory_budget == "auto" else args.memory_budget
     if getattr(args, "chat_template", None) is not None:
         out["runtime.chat_template"] = args.chat_template
     if getattr(args, "draft_model", None):
@@ -31,6 +33,19 @@ def _overrides(args) -> dict:
     if getattr(args, "no_prefix_cache", False):
         out["prefix_cache.use"] = "never"
     return out
+
+
+def _budget(text: str):
+    """``--memory-budget``: ``auto`` or a size in MiB."""
+    if text == "auto":
+        return text
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is neither a size in MiB nor auto") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{value} MiB: a budget must be at least 1 MiB (or auto)")
+    return value
 
 
 def _config(args):
@@ -403,6 +418,30 @@ def _print_model(args, d) -> None:
     print(f"  weights in memory: {spec.weight_bytes / 2**20:.1f} MiB ({types})")
     print(f"  tokenizer: {spec.tokenizer.model}, {spec.tokenizer.vocab_size} tokens, "
           f"chat template: {'yes' if spec.tokenizer.chat_template else 'no'}")
+    _print_memory_plan(args, m)
+
+
+def _print_memory_plan(args, m) -> None:
+    """The memory plan (runtime/memory_plan.py) at the configured context, and what a
+    budget allows."""
+    from .errors import ConfigError
+    from .models import read_layout
+    from .runtime.memory_plan import MiB, available_bytes, fit, plan_memory
+    from .runtime.ort_sessions import NBITS8_SINCE, ORT_VERSION
+
+    cfg = _config(args)
+    nbits8 = ORT_VERSION >= NBITS8_SINCE
+    path = _model_path(args)
+    _, layout, merges = read_layout(path)
+    ctx = cfg.runtime.max_context_tokens or m.context_length
+    print(f"  memory plan: {plan_memory(m, layout, merges, cfg, ctx, nbits8=nbits8).describe()}")
+    mb = cfg.runtime.memory_budget_mb
+    if mb:
+        budget = available_bytes() if mb == -1 else mb * MiB
+        try:
+            print(f"  memory budget {budget / MiB:,.0f} MiB: {fit(path, cfg, budget, nbits8).describe()}")
+        except ConfigError as e:
+            print(f"  memory budget: {e}")
 
 
 def cmd_synth(args) -> int:
@@ -490,6 +529,10 @@ def build_parser() -> argparse.ArgumentParser:
         from .kernels import KV_DTYPE_DOCS, KV_DTYPES
         sp.add_argument("--kv-dtype", choices=KV_DTYPES, help="KV cache element type (dualpath_config.kv_dtype; "
                         + "; ".join(f"{n} = {doc}" for n, doc in KV_DTYPE_DOCS.items()) + ")")
+        sp.add_argument("--memory-budget", metavar="MIB|auto", type=_budget,
+                        help="resident memory the model may take (runtime.memory_budget_mb): the largest context "
+                        "and KV type that fit are used, or the load is refused before any weight is read; auto: "
+                        "what MemAvailable allows, less headroom for the OS")
         sp.add_argument("--chat-template", choices=CHAT_TEMPLATES,
                         help="a built-in chat template instead of the model's (runtime.chat_template)")
         sp.add_argument("--speculative", choices=SPECULATIVE_MODES, help="speculative decoding "

@@ -169,6 +169,14 @@ class DualPathConfig(_Section):
     head_dim."""
     numa_node: int = _int(-1, -1, 63)
     """NUMA node the arena is bound to (mbind before first touch); -1 = no binding."""
+    swa_cache: str = _choice("window", str, ("window", "full"))
+    """Sliding-window layers (Gemma 2 and 3): ``window`` gives back the memory of positions
+    behind a sequence's window, keeping what prefix reuse needs (cache/windows.py); ``full``
+    keeps every position (llama.cpp's ``--swa-full``)."""
+    swa_checkpoint_tokens: int = _int(4096, 0, 1 << 20)
+    """With ``swa_cache: window``, a window is also kept before every multiple of this many
+    positions, so that a prompt sharing a long prefix reuses it up to the last such point
+    before it parts; 0 = none (the least memory)."""
 
     def check_head_dim(self, head_dim: int) -> None:
         """Raise ConfigError when ``kv_dtype`` cannot cache heads of ``head_dim`` values: q8
@@ -236,6 +244,11 @@ class RuntimeConfig(_Section):
     kv_cache_tokens: int = _int(0, 0, allowed="an integer: 0 (twice the context) or >= 1")
     """Tokens the KV cache holds, all requests together (at least one full context);
     0 = twice the context window. When it is full the engine preempts (recompute)."""
+    memory_budget_mb: int = _int(0, -1, 1 << 30, allowed="an integer: 0 (none), -1 (auto) or a size in MiB")
+    """Resident memory the model may take (runtime/memory_plan.py plans it from the file's
+    header before any weight is read): the load takes the largest context (up to
+    ``max_context_tokens``, 0: the model's) and KV type that fit, or is refused with the
+    figures. -1 = auto: MemAvailable less headroom for the OS; 0 = no budget."""
     chat_template: str = setting("", str, lambda v: v == "" or v in CHAT_TEMPLATES,
                                  f"'' (the model's own) or one of {', '.join(CHAT_TEMPLATES)}")
     """A built-in chat template used instead of the model file's (tokenizer/chat_templates.py)."""

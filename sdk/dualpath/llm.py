@@ -23,6 +23,15 @@ from .versions import check_versions
 log = logging.getLogger(__name__)
 
 
+def resident_mb() -> float | None:
+    """This process's resident memory now (VmRSS), in MiB; None where /proc is not Linux's."""
+    try:
+        with open("/proc/self/statm", encoding="ascii") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / (1 << 20)
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 class LLM:
     """A loaded model ready to generate text on the CPU.
 
@@ -34,15 +43,25 @@ class LLM:
     ``prefix_cache`` keeps full prompt pages on disk, so that a restarted process reads
     a prefix it saw before instead of computing it (cache/disk.py): True (in
     ``prefix_cache.dir``), a folder, False, or None to follow ``prefix_cache.use``.
+
+    ``memory_budget`` (MiB, or ``"auto"``; None: ``runtime.memory_budget_mb``) holds the
+    load to that much resident memory: the largest context and KV type that fit, planned
+    from the file's header, or a ConfigError before any weight is read (``memory_plan``).
     """
 
     def __init__(self, model_path: str | os.PathLike, config: Config | str | os.PathLike | None = None,
                  *, tokenizer_path: str | os.PathLike | None = None, governor=None,
-                 progress: Progress | None = None, prefix_cache: bool | str | os.PathLike | None = None):
+                 progress: Progress | None = None, prefix_cache: bool | str | os.PathLike | None = None,
+                 memory_budget: int | str | None = None):
         t0 = time.perf_counter()
         check_versions()  # a dependency older than we declare is refused before any file is read
         if config is None or isinstance(config, (str, os.PathLike)):
             config = load_config(config)
+        if memory_budget is not None:
+            from .config import with_overrides
+
+            config = with_overrides(config, {"runtime.memory_budget_mb": -1 if memory_budget == "auto"
+                                             else memory_budget})
         self.config = config
         self.load_stats: dict = {}
         """How the load went: ``cache`` ("hit", "miss" or "off") and the seconds of each stage."""
@@ -93,10 +112,17 @@ class LLM:
         from .tokenizer import build_tokenizer
 
         config = self.config
+        self.memory_plan = None
+        """The memory plan the load was held to (runtime/memory_plan.py), with a budget."""
+        if config.runtime.memory_budget_mb:
+            config = self.config = self._fit_budget(model_path)
+        rss = self.load_stats["rss_mb"] = {"start": resident_mb()}
+        """Resident MiB after each stage (``dualpath bench memory`` reads it)."""
         self.spec: ModelSpec = store.load(model_path, tokenizer_path, progress, self.load_stats)
         t1 = time.perf_counter()
         self.tokenizer = build_tokenizer(self.spec.tokenizer)
         self.load_stats["tokenizer_s"] = time.perf_counter() - t1
+        rss["tokenizer"] = resident_mb()
         rt = config.runtime
         ctx = rt.max_context_tokens or self.spec.config.context_length
         if rt.kv_cache_tokens and rt.kv_cache_tokens < ctx:
@@ -115,6 +141,7 @@ class LLM:
             self.spec = store.load(model_path, tokenizer_path, progress, self.load_stats)
             self.runner = self._runner(ModelRunner, ctx, chunk, batch_tokens, progress)
         self.load_stats.update(self.runner.load_stats)
+        rss["sessions"] = resident_mb()
         draft = self._draft(store, ctx, chunk, batch_tokens) if rt.speculative == "draft" else None
         self.engine = Engine(self.runner, self.tokenizer, max_num_seqs=rt.max_num_seqs,
                              max_batch_tokens=batch_tokens,
@@ -126,6 +153,20 @@ class LLM:
         log.info("loaded %s (%s, %d layers, dim %d) in %.2fs (converted-model cache: %s)", model_path,
                  self.spec.format, self.spec.config.num_layers, self.spec.config.dim,
                  self.load_stats["total_s"], self.load_stats["cache"])
+
+    def _fit_budget(self, model_path) -> Config:
+        """The config with the context and KV type ``runtime.memory_budget_mb`` allows
+        (ConfigError, before any weight is read, when the model does not fit)."""
+        from .config import with_overrides
+        from .runtime.memory_plan import MiB, available_bytes, fit
+        from .runtime.ort_sessions import NBITS8_SINCE, ORT_VERSION
+
+        config, mb = self.config, self.config.runtime.memory_budget_mb
+        budget = available_bytes() if mb == -1 else mb * MiB
+        plan = self.memory_plan = fit(model_path, config, budget, ORT_VERSION >= NBITS8_SINCE)
+        log.info("memory budget %.0f MiB: %s", budget / MiB, plan.describe())
+        return with_overrides(config, {"runtime.max_context_tokens": plan.context,
+                                       "dualpath_config.kv_dtype": plan.kv_dtype})
 
     def _draft(self, store: ModelStore, ctx: int, chunk: int, batch_tokens: int):
         """The draft model of ``speculative: draft``: refused unless it shares the vocabulary."""

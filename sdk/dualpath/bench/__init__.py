@@ -2,6 +2,7 @@
 
 * ``e2e``: prefill and decode tokens/s, DualPath beside llama-cpp-python and onnxruntime-genai
   (``ortgenai``: that peer, run in its own environment);
+* ``memory``: where every MiB goes, measured beside the memory plan (runtime/memory_plan.py);
 * ``kernels``: decode attention GB/s beside this machine's read bandwidth;
 * ``kv-quality``: greedy agreement and logit error of a KV element type (q8) against another;
 * ``power``: CPU-seconds per token and tokens/s per power profile;
@@ -29,9 +30,10 @@ from __future__ import annotations
 
 def add_bench_parser(sub) -> None:
     """Add ``bench`` and its subcommands to the CLI's subparsers."""
-    from . import cache, chat, e2e, kernels, kv_quality, load, power, prefix_restart, serve, spec, startup
+    from . import cache, chat, e2e, kernels, kv_quality, load, memory, power, prefix_restart, serve, spec, startup
 
     b = sub.add_parser("bench", help="benchmarks (side by side with llama.cpp where it applies)")
     bs = b.add_subparsers(dest="bench", required=True)
-    for module in (e2e, kernels, kv_quality, power, cache, serve, load, startup, chat, prefix_restart, spec):
+    for module in (e2e, memory, kernels, kv_quality, power, cache, serve, load, startup, chat, prefix_restart,
+                   spec):
         module.add_parser(bs)

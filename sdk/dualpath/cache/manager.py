@@ -74,6 +74,7 @@ from .prefix import PrefixIndex
 from .results import Allocation, NoRoom
 from .sequence import Sequence
 from .stats import CacheStats, Occupancy, scan_occupancy
+from .windows import SlidingWindows
 
 __all__ = ["Allocation", "CacheStats", "KVCacheManager", "NoRoom", "Sequence"]
 
@@ -84,7 +85,7 @@ class KVCacheManager:
     """Allocate, free, fork, look up prefixes and migrate sequences (see module docstring)."""
 
     def __init__(self, cfg: DualPathConfig, *, num_layers: int, num_kv_heads: int, head_dim: int,
-                 num_blocks: int, salt: bytes = b""):
+                 num_blocks: int, salt: bytes = b"", windows: list[int] | None = None):
         self.cfg = cfg
         self.policy = PathPolicy.from_config(cfg)
         """The path rules in force; the runner replaces it when the power profile changes
@@ -104,6 +105,13 @@ class KVCacheManager:
         self.pages = PageAllocator(self.pool, self.prefix)
         self.view = KernelView(cfg.block_size, self.page_bytes, self.pages_per_block, P)
         self.tables = PageTables(self.pages, self.view, self.arena)
+        self.windows: SlidingWindows | None = None
+        """The sliding-window layers' releases (cache/windows.py), or None: no such layers
+        (``windows``: per layer, 0 or its window), or ``swa_cache: full``."""
+        if windows is not None and max(windows, default=0) > 0 and cfg.swa_cache == "window":
+            self.windows = SlidingWindows(self.arena, self.view.page_offset, list(windows), P,
+                                          len(self.pool.page_ref), cfg.swa_checkpoint_tokens)
+            self.pages.released = self.windows.released
         self.seqs: dict[int, Sequence] = self.tables.seqs
         """Every live sequence by id: the page tables' own dict (read it, never change it)."""
         self._next_seq_id = 0
@@ -133,6 +141,8 @@ class KVCacheManager:
         page = self.pages.random_page()
         if page is None:
             return None
+        if self.windows is not None:
+            self.windows.released[page] = False
         self.arena.write_tiles(np.array([self.page_offset(page)], np.int64), self.page_tokens, data[None])
         self.prefix.register(h, page)
         self.prefix.cache(page)  # the caller takes its reference as for any cached page
@@ -192,6 +202,7 @@ class KVCacheManager:
             return 0
         P = self.page_tokens
         parent = b""
+        found = []  # (page, hash, tokens) of the prefix found, in order
         # At least one prompt token must be run to get logits: never reuse the last one.
         for i in range((n - 1) // P):
             chunk = list(prompt_ids[i * P:(i + 1) * P])
@@ -203,8 +214,12 @@ class KVCacheManager:
                 if page is None:
                     break
             self.prefix_hit_pages += 1
-            self.tables.share(seq, page, h, chunk)
+            self.tables.share(seq, page, h, chunk)  # referenced at once: no lookup evicts it
             parent = h
+        if self.windows is not None:  # the first new query's window must be intact
+            keep = self.windows.reusable(seq.pages)
+            self.prefix_hit_pages -= len(seq.pages) - keep
+            self.tables.unshare(seq, keep)
         seq.committed = seq.num_tokens
         return seq.num_tokens
 
@@ -249,6 +264,8 @@ class KVCacheManager:
             if seq.register_pages:
                 self.prefix.register(h, seq.pages[i])
             self._page_to_disk(seq, i, h)
+        if self.windows is not None:
+            self.windows.release(seq, self.pool.page_ref)
 
     def truncate(self, seq_id: int, num_tokens: int) -> None:
         """Keep the sequence's first ``num_tokens`` positions (speculative decoding rolls
@@ -357,5 +374,10 @@ class KVCacheManager:
         self.pool.check_invariants()
         for s in self.seqs.values():
             self.view.check(s, self.policy.locality_window)
+        if self.windows is not None:  # what a sequence's next query sees is whole
+            P, W = self.page_tokens, self.windows.window
+            for s in self.seqs.values():
+                seen = s.pages[max(0, s.committed - W) // P:]
+                assert not self.windows.released[seen].any(), f"sequence {s.seq_id} lost rows of its window"
         fast, slow = self.stats(), self.recount_stats()
         assert fast == slow, f"stats() {fast} disagrees with a recount {slow}"

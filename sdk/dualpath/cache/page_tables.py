@@ -55,6 +55,20 @@ class PageTables:
         seq.hashes.append(h)
         self.tally.attach(seq, len(seq.pages) - 1)
 
+    def unshare(self, seq: Sequence, keep: int) -> None:
+        """Let go of the shared pages after the first ``keep`` of a sequence that has only
+        shared pages (a prefix match cut short): they stay cached."""
+        if keep >= len(seq.pages):
+            return
+        P = self.page_tokens
+        self.tally.detach(seq, keep)
+        for page in reversed(seq.pages[keep:]):
+            self.pages.unref(page)
+        del seq.pages[keep:], seq.tokens[keep * P:], seq.hashes[keep:]
+        if seq.span_pages > keep:
+            seq.span_pages = -1
+        self.tally.attach(seq, keep)
+
     def grow(self, seq: Sequence, token_ids, use_extent: bool) -> bool | NoRoom:
         """Pages for ``token_ids`` appended to the sequence, from its extent when
         ``use_extent`` (else from the random pool), and the tokens appended: True. Or
@@ -130,6 +144,7 @@ class PageTables:
         del seq.tokens[num_tokens:]
         del seq.hashes[num_tokens // P:]
         seq.committed = min(seq.committed, num_tokens)
+        seq.released_upto = min(seq.released_upto, len(seq.pages))
         self.tally.attach(seq, num_tokens // P)
         self.view.unfold(seq)
 
@@ -149,7 +164,7 @@ class PageTables:
         self.check_new(child_id)
         child = Sequence(child_id, parent.salt, parent.path, parent.register_pages, list(parent.pages),
                          list(parent.tokens), list(parent.hashes), [], parent.committed,
-                         prompt_tokens=parent.prompt_tokens)
+                         prompt_tokens=parent.prompt_tokens, released_upto=parent.released_upto)
         for p in child.pages:
             self.pages.pool.page_ref[p] += 1
         self.seqs[child_id] = child
@@ -195,3 +210,5 @@ class PageTables:
         s = np.stack([np.full(num_tokens, offset(src)), rows, np.full(num_tokens, P)], 1)
         d = np.stack([np.full(num_tokens, offset(dst)), rows, np.full(num_tokens, P)], 1)
         self.arena.copy(np.ascontiguousarray(s), np.ascontiguousarray(d))
+        if self.pages.released is not None:  # a copy of released rows is as released
+            self.pages.released[dst] = self.pages.released[src]

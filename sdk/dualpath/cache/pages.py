@@ -20,6 +20,9 @@ class PageAllocator:
         self.prefix = prefix
         self.evictions = 0
         """Cached pages dropped to make room (or by ``evict_all``)."""
+        self.released = None
+        """Per page, whether its sliding-window rows were given back (cache/windows.py),
+        or None for a model without such layers: a page taken anew is whole again."""
 
     def free_page_count(self) -> int:
         """Pages an allocation can take: free slots of RAND blocks, free blocks, cached
@@ -55,6 +58,8 @@ class PageAllocator:
         page = self.extent_page(blocks) if extent else self.random_page()
         if page is not None:
             self.pool.page_ref[page] = 1
+            if self.released is not None:
+                self.released[page] = False
         return page
 
     def give_back(self, blocks: list[int], pages: list[int]) -> None:

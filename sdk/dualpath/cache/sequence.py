@@ -33,6 +33,8 @@ class Sequence:
     """Tokens whose KV is known written (after the step that wrote them)."""
     prompt_tokens: int = 0
     """Length of the prompt given to start(): positions below it are prefill."""
+    released_upto: int = 0
+    """Pages before it were looked at by the sliding-window release (cache/windows.py)."""
     span_rows: np.ndarray = field(default_factory=lambda: np.zeros((8, 3), np.int64))
     """Kernel view cache: (capacity, 3) rows (offset, tokens if every page were full, P)."""
     span_n: int = 0

@@ -67,5 +67,18 @@ def load_model(path: str | os.PathLike, tokenizer_path: str | os.PathLike | None
     return load_llama2c(path, tokenizer_path, sink)
 
 
+def read_layout(path: str | os.PathLike) -> tuple[ModelConfig, dict[str, tuple[str, tuple[int, ...]]], int]:
+    """A model file's hyper-parameters, tensor types and shapes and BPE merge count,
+    from its header only (a memory plan before load): see ``gguf.read_layout``. A
+    llama2.c checkpoint is all F32, its tensors named as a GGUF's would be."""
+    from .gguf import read_layout as gguf_layout
+    from .llama2c import read_layout as llama2c_layout
+
+    path = os.fspath(path)
+    if check_model_file(path) == GGUF_MAGIC:
+        return gguf_layout(path)
+    return llama2c_layout(path)
+
+
 __all__ = ["EMBEDDED_MODEL", "check_model_file", "ModelConfig", "ModelSpec", "SYNTH_PREFIX", "Weight", "embedded_model_path",
            "load_model", "resolve_model"]

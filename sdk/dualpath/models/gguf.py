@@ -194,6 +194,25 @@ def load_gguf(path: str | os.PathLike, sink=None) -> ModelSpec:
     )
 
 
+def read_layout(path: str | os.PathLike) -> tuple[ModelConfig, dict[str, tuple[str, tuple[int, ...]]], int]:
+    """What a memory plan needs, from the header alone (no tensor data is read): the
+    checked hyper-parameters, each tensor's GGML type name and shape (out, in) / (n,),
+    and the number of BPE merges."""
+    path = os.fspath(path)
+    check_gguf_file(path)
+    reader = _open_reader(path)
+    meta = _Metadata(path, reader)
+    fam = family(path, meta.get("general.architecture"))
+    tensors = {t.name: t for t in reader.tensors}
+    cfg = _model_config(path, meta, fam, tensors)
+    layout = {}
+    for name, t in tensors.items():
+        shape = tuple(int(x) for x in reversed([int(n) for n in t.shape]))
+        layout[name] = (getattr(t.tensor_type, "name", str(t.tensor_type)), shape[:1] if shape[1:] == (1,) else shape)
+    merges = meta.fields.get("tokenizer.ggml.merges")
+    return cfg, layout, len(merges.data) if merges is not None else 0
+
+
 def _open_reader(path: str):
     """The checked ``gguf.GGUFReader`` of ``path``; whatever the reader raises becomes a ModelLoadError."""
     _Reader = _reader_class()

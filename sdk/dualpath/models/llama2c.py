@@ -153,3 +153,20 @@ def _find_tokenizer(path: str, tokenizer_path, vocab: int) -> str:
             return c
     raise ModelLoadError(path, "llama2.c checkpoints carry no tokenizer: pass tokenizer_path= "
                                f"(looked for {', '.join(os.path.basename(c) for c in candidates)} beside the model)")
+
+
+def read_layout(path: str) -> tuple[ModelConfig, dict[str, tuple[str, tuple[int, ...]]], int]:
+    """``models.read_layout`` of a checkpoint: every tensor F32, named as in a GGUF file."""
+    cfg, _, _ = _read_header(path)
+    q, kv = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+    shapes = {"token_embd.weight": (cfg.vocab_size, cfg.dim), "output_norm.weight": (cfg.dim,)}
+    if not cfg.tied_output:
+        shapes["output.weight"] = (cfg.vocab_size, cfg.dim)
+    for i in range(cfg.num_layers):
+        shapes.update({f"blk.{i}.attn_norm.weight": (cfg.dim,), f"blk.{i}.ffn_norm.weight": (cfg.dim,),
+                       f"blk.{i}.attn_q.weight": (q, cfg.dim), f"blk.{i}.attn_k.weight": (kv, cfg.dim),
+                       f"blk.{i}.attn_v.weight": (kv, cfg.dim), f"blk.{i}.attn_output.weight": (cfg.dim, q),
+                       f"blk.{i}.ffn_gate.weight": (cfg.hidden_dim, cfg.dim),
+                       f"blk.{i}.ffn_up.weight": (cfg.hidden_dim, cfg.dim),
+                       f"blk.{i}.ffn_down.weight": (cfg.dim, cfg.hidden_dim)})
+    return cfg, {name: ("F32", shape) for name, shape in shapes.items()}, 0

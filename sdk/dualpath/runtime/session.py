@@ -61,7 +61,8 @@ def build_kv_cache(spec: ModelSpec, dp: DualPathConfig, max_context_tokens: int,
     if not kv_cache_tokens:
         num_blocks += 2
     return KVCacheManager(dp, num_layers=cfg.num_layers, num_kv_heads=cfg.num_kv_heads,
-                          head_dim=cfg.head_dim, num_blocks=num_blocks, salt=_prefix_salt(spec))
+                          head_dim=cfg.head_dim, num_blocks=num_blocks, salt=_prefix_salt(spec),
+                          windows=[cfg.layer_window(i) for i in range(cfg.num_layers)])
 
 
 class ModelRunner:

@@ -1,0 +1,183 @@
+"""A memory plan before load: the resident memory a model will take at a context, from
+its file's header alone, and the largest context (and KV type) a budget allows.
+
+The parts, in MiB of resident memory (docs/performance.md has the measurements the
+constants come from, and how close the plan comes):
+
+* ``runtime``: Python, NumPy, ONNX Runtime and DualPath once imported;
+* ``vocabulary``: the tokenizer's tables and the spec's token strings, per token (and per
+  BPE merge);
+* ``weights``: ONNX Runtime's packed copy of every matrix: a quantized block costs its
+  values plus ``PACK_BLOCK_BYTES`` (its f32 scale, block sum and alignment), Q4_K's
+  mins one f32 per block more, a float matrix 4 bytes a value; the embedding's rows are
+  read from the file (not resident), and a tied table is the classifier's;
+* ``kv cache``: the positions a sequence of the context keeps, in every layer
+  (sliding-window layers: their window and what prefix reuse keeps, cache/windows.py);
+* ``activations``: ONNX Runtime's buffers for a prefill chunk, and the step buffers.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from dataclasses import dataclass
+
+from ..cache.windows import MARGIN
+from ..config import Config
+from ..errors import ConfigError
+from ..kernels import ggml_layout, kv_tile_bytes
+from ..models import read_layout
+from ..models.spec import ModelConfig
+
+MiB = 1 << 20
+RUNTIME_BYTES = 75 * MiB
+"""Python 3.11, NumPy, onnxruntime 1.32 and DualPath imported: 72.7 MiB measured."""
+TOKEN_BYTES = 320
+"""Per vocabulary token: Gemma 3's 262,144 SentencePiece tokens took 79.5 MiB (spec and
+tokenizer tables)."""
+MERGE_BYTES = 200
+"""Per BPE merge (its pair and rank in the merge table)."""
+PACK_BLOCK_BYTES = 12
+"""What ONNX Runtime's MatMulNBits adds to each block's values when it packs them at
+accuracy level 4: measured 11.9 (4-bit, block 32), 10.9 (8-bit, 32), 10.5 (4-bit, 16),
+9.5 (8-bit, 16) bytes a block."""
+ACTIVATION_FLOATS = (8, 8, 4)
+"""f32 values per prefill-chunk token in ONNX Runtime's buffers, times (hidden_dim, dim,
+q_dim): Gemma 3 270M, chunk 512: 45 MiB measured."""
+MIN_CONTEXT = 256
+"""The smallest context a budget may choose."""
+
+
+@dataclass
+class MemoryPlan:
+    """Predicted resident bytes by part (see the module docstring)."""
+
+    context: int
+    kv_dtype: str
+    parts: dict[str, int]
+    kv_full: int = 0
+    """KV bytes once the cache holds as many tokens as it can (``kv_cache_tokens``, else
+    twice the context: a live sequence and cached prefixes), what a long-running process
+    reaches; ``parts["kv cache"]`` is one sequence of the context."""
+
+    @property
+    def total(self) -> int:
+        """One sequence of the context (what a single request's peak is)."""
+        return sum(self.parts.values())
+
+    @property
+    def total_full(self) -> int:
+        """With the KV cache full: what a budget is held to."""
+        return self.total - self.parts["kv cache"] + self.kv_full
+
+    def describe(self) -> str:
+        parts = ", ".join(f"{k} {v / MiB:,.0f}" for k, v in self.parts.items())
+        return (f"{self.total / MiB:,.0f} MiB at {self.context:,} tokens, {self.kv_dtype} KV ({parts} MiB); "
+                f"{self.total_full / MiB:,.0f} MiB once the KV cache is full")
+
+
+def _matrix_bytes(type_name: str, shape: tuple[int, ...], nbits8: bool) -> int:
+    """Resident bytes of one matrix as ONNX Runtime holds it (packed)."""
+    if len(shape) == 1 or type_name in ("F32", "F16", "BF16"):
+        n = 1
+        for d in shape:
+            n *= d
+        return 4 * n
+    rows, cols = shape
+    lay = ggml_layout(type_name)
+    bits, sub = lay["bits"], lay["block_size"]
+    if bits == 8 and not nbits8:  # dequantized to f32 (ONNX Runtime before 1.22)
+        return 4 * rows * cols
+    blocks = rows * (cols // sub)
+    return blocks * (sub * bits // 8 + PACK_BLOCK_BYTES + (4 if lay["zero_points"] else 0))
+
+
+def weight_bytes(layout: dict[str, tuple[str, tuple[int, ...]]], nbits8: bool = True) -> int:
+    """Every matrix's packed bytes: the embedding's own only when it is also the
+    classifier (tied); else its rows are read from the file, not held."""
+    tied = "output.weight" not in layout
+    return sum(_matrix_bytes(t, s, nbits8) for name, (t, s) in layout.items()
+               if name != "token_embd.weight" or tied)
+
+
+def kv_bytes(cfg: ModelConfig, context: int, kv_dtype: str, swa_cache: str = "window",
+             checkpoint: int = 4096, page_tokens: int = 16) -> int:
+    """KV bytes one sequence of ``context`` tokens keeps resident."""
+    per_token = kv_tile_bytes(kv_dtype, cfg.num_kv_heads, cfg.head_dim, 1)
+    total = 0
+    for layer in range(cfg.num_layers):
+        w = cfg.layer_window(layer)
+        kept = context
+        if w and swa_cache == "window":
+            kept = min(context, 2 * w + MARGIN + page_tokens + (context // checkpoint * w if checkpoint else 0))
+        total += kept * per_token
+    return total
+
+
+def plan_memory(cfg: ModelConfig, layout: dict, merges: int, config: Config, context: int,
+                kv_dtype: str | None = None, nbits8: bool = True) -> MemoryPlan:
+    """The plan for one context and KV type (``kv_dtype`` None: the configured one)."""
+    rt, dp = config.runtime, config.dualpath_config
+    kv_dtype = kv_dtype or dp.kv_dtype
+    chunk = min(rt.prefill_chunk_tokens, context)
+    h, d, q = ACTIVATION_FLOATS
+    activations = chunk * 4 * (h * cfg.hidden_dim + d * cfg.dim + q * cfg.num_heads * cfg.head_dim)
+    activations += rt.max_num_seqs * cfg.vocab_size * 4  # logits rows
+    kv = functools.partial(kv_bytes, cfg, kv_dtype=kv_dtype, swa_cache=dp.swa_cache,
+                           checkpoint=dp.swa_checkpoint_tokens, page_tokens=dp.page_tokens)
+    one = kv(context)
+    capacity = rt.kv_cache_tokens or 2 * context
+    return MemoryPlan(context, kv_dtype, {
+        "runtime": RUNTIME_BYTES,
+        "vocabulary": cfg.vocab_size * TOKEN_BYTES + merges * MERGE_BYTES,
+        "weights": weight_bytes(layout, nbits8),
+        "kv cache": one,
+        "activations": activations,
+    }, kv_full=max(one, kv(capacity), capacity // max(context, 1) * one))
+
+
+def available_bytes() -> int:
+    """What ``memory_budget: auto`` allows: MemAvailable less headroom for the OS (and
+    Android's low-memory killer): the larger of 256 MiB and 10% of MemTotal."""
+    info = {}
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                key, _, rest = line.partition(":")
+                info[key] = int(rest.split()[0]) * 1024
+    except (OSError, ValueError, IndexError):
+        raise ConfigError("runtime.memory_budget_mb=-1 (auto) needs /proc/meminfo, which cannot be read here; "
+                          "give a budget in MiB") from None
+    return info.get("MemAvailable", 0) - max(256 * MiB, info.get("MemTotal", 0) // 10)
+
+
+def fit(path: str | os.PathLike, config: Config, budget: int, nbits8: bool = True) -> MemoryPlan:
+    """The plan to load ``path`` with: at the configured context (``max_context_tokens``,
+    0: the model's) when it fits ``budget`` bytes, else the largest context that fits
+    (and, where q8 fits a longer one, the q8 KV cache). Raises ConfigError, naming the
+    figures, when not even ``MIN_CONTEXT`` tokens fit. Reads the file's header only."""
+    cfg, layout, merges = read_layout(path)
+    rt = config.runtime
+    want = rt.max_context_tokens or cfg.context_length
+    dtypes = [config.dualpath_config.kv_dtype]
+    if dtypes[0] != "q8" and cfg.head_dim % 2 == 0:
+        dtypes.append("q8")
+    best = None
+    for dtype in dtypes:
+        lo, hi = 0, want
+        while lo < hi:  # the largest context that fits, by bisection (the plan grows with it)
+            mid = (lo + hi + 1) // 2
+            if plan_memory(cfg, layout, merges, config, mid, dtype, nbits8).total_full <= budget:
+                lo = mid
+            else:
+                hi = mid - 1
+        if lo >= min(MIN_CONTEXT, want) and (best is None or lo > best.context):
+            best = plan_memory(cfg, layout, merges, config, lo, dtype, nbits8)
+        if lo == want:
+            break
+    if best is None:
+        need = plan_memory(cfg, layout, merges, config, min(MIN_CONTEXT, want), dtypes[-1], nbits8)
+        raise ConfigError(f"{os.path.basename(os.fspath(path))} does not fit a memory budget of "
+                          f"{budget / MiB:,.0f} MiB: it needs {need.describe()}; raise runtime.memory_budget_mb "
+                          f"or use a smaller model")
+    return best
