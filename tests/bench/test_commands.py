@@ -1,4 +1,4 @@
-"""``dualpath bench e2e|power|serve|load`` with tiny settings on stories260K: each
+"""``dualpath bench e2e|memory|power|serve|load`` with tiny settings on stories260K: each
 runs its measurements through the harness and prints and writes what it says. No
 figure is asserted (2 shared cores); ``bench cache`` and ``bench kernels`` have
 their own tests (tests/cache, tests/kernels), ``bench load`` its 64-client run
@@ -50,6 +50,23 @@ def test_e2e_ort_pools_adds_a_row_per_arrangement_and_kv_type(gguf_path, tmp_pat
     with pytest.raises(SystemExit):
         main(["bench", "e2e", "-m", str(gguf_path), "--ort-pools", "global"])
     assert "comma-separated ORT pool arrangements from shared, per_part" in capsys.readouterr().err
+
+
+def test_memory_measures_every_part_beside_the_plan(gguf_path, tmp_path, capsys):
+    out = tmp_path / "memory.json"
+    peer = ["--peer"] if importlib.util.find_spec("llama_cpp") else []
+    assert main(["bench", "memory", "-m", str(gguf_path), "--ctx", "32", "--decode", "4", "--chunk", "16",
+                 "-t", "1", "-r", "1", "--json", str(out), *peer]) == 0
+    runs = json.loads(out.read_text())
+    ours = runs["dualpath"][0]
+    parts = ("runtime", "vocabulary", "weights", "kv cache", "activations")
+    assert set(ours["measured"]) == set(ours["plan"]) == set(parts)
+    assert ours["measured"]["runtime"] > 10 and ours["measured"]["kv cache"] > 0  # the arena's pages were written
+    assert ours["peak_rss_mb"] >= ours["end_rss_mb"] > 0 and ours["plan_mb"] > 0
+    assert sum(ours["kinds"].values()) > 0
+    assert ("llama.cpp" in runs) == bool(peer)
+    text = capsys.readouterr().out
+    assert "plan / measured" in text and all(p in text for p in parts)
 
 
 def test_power_gives_one_row_per_profile(gguf_path, tmp_path, capsys):

@@ -15,13 +15,13 @@ from dualpath.models import read_layout
 from dualpath.models.synth import synth_gguf
 from dualpath.runtime import memory_plan as mp
 
-B = mp.PACK_BLOCK_BYTES
+B4, B8 = mp.PACK_BLOCK_BYTES[4], mp.PACK_BLOCK_BYTES[8]
 
 
 @pytest.mark.parametrize("type_name, per_block, values", [
-    ("Q4_0", 16 + B, 32), ("Q8_0", 32 + B, 32), ("Q6_K", 16 + B, 16),  # 8 bits, blocks of 16
-    ("Q4_K", 16 + B + 4, 32),                                         # + a uint8 zero point's f32 min
-    ("Q5_K", 32 + B + 4, 32), ("Q3_K", 8 + B, 16), ("IQ4_NL", 32 + B, 32),
+    ("Q4_0", 16 + B4, 32), ("Q8_0", 32 + B8, 32), ("Q6_K", 16 + B8, 16),  # 8 bits, blocks of 16
+    ("Q4_K", 16 + B4 + 4, 32),                                           # + a uint8 zero point's f32 min
+    ("Q5_K", 32 + B8 + 4, 32), ("Q3_K", 8 + B4, 16), ("IQ4_NL", 32 + B8, 32),
 ])
 def test_a_quantized_matrix_costs_its_blocks_values_and_packing(type_name, per_block, values):
     assert mp._matrix_bytes(type_name, (64, 512), nbits8=True) == 64 * 512 // values * per_block
@@ -30,15 +30,15 @@ def test_a_quantized_matrix_costs_its_blocks_values_and_packing(type_name, per_b
 def test_float_matrices_and_old_runtimes_8_bit_cost_four_bytes_a_value():
     assert mp._matrix_bytes("F16", (64, 512), True) == mp._matrix_bytes("F32", (64, 512), True) == 4 * 64 * 512
     assert mp._matrix_bytes("Q8_0", (64, 512), nbits8=False) == 4 * 64 * 512  # dequantized before 1.22
-    assert mp._matrix_bytes("Q4_0", (64, 512), nbits8=False) == 64 * 16 * (16 + B)
+    assert mp._matrix_bytes("Q4_0", (64, 512), nbits8=False) == 64 * 16 * (16 + B4)
 
 
 def test_the_embedding_counts_only_when_it_is_also_the_classifier():
     layout = {"token_embd.weight": ("Q8_0", (1000, 64)), "blk.0.attn_q.weight": ("Q4_0", (64, 64))}
     tied = mp.weight_bytes(layout)
     untied = mp.weight_bytes({**layout, "output.weight": ("Q6_K", (1000, 64))})
-    assert tied == 1000 * 2 * (32 + B) + 64 * 2 * (16 + B)
-    assert untied == 64 * 2 * (16 + B) + 1000 * 4 * (16 + B)  # the output matrix, not the embedding
+    assert tied == 1000 * 2 * (32 + B8) + 64 * 2 * (16 + B4)
+    assert untied == 64 * 2 * (16 + B4) + 1000 * 4 * (16 + B8)  # the output matrix, not the embedding
 
 
 def test_kv_of_sliding_layers_is_their_window_and_what_reuse_keeps(tmp_path):
@@ -48,10 +48,11 @@ def test_kv_of_sliding_layers_is_their_window_and_what_reuse_keeps(tmp_path):
     assert windows == [10, 10, 0]
     ctx = 5000
     kept = 2 * 10 + mp.MARGIN + 16 + ctx // 4096 * 10
-    assert mp.kv_bytes(cfg, ctx, "f16") == per * (ctx + 2 * kept)
-    assert mp.kv_bytes(cfg, ctx, "f16", checkpoint=0) == per * (ctx + 2 * (kept - 10))
-    assert mp.kv_bytes(cfg, ctx, "f16", swa_cache="full") == per * 3 * ctx
-    assert mp.kv_bytes(cfg, 50, "f16") == per * 3 * 50  # shorter than what a window keeps
+    slack = mp.THP_SLACK_BYTES  # per layer in huge pages: the global one, or all with swa_cache full
+    assert mp.kv_bytes(cfg, ctx, "f16") == per * (ctx + 2 * kept) + slack
+    assert mp.kv_bytes(cfg, ctx, "f16", checkpoint=0) == per * (ctx + 2 * (kept - 10)) + slack
+    assert mp.kv_bytes(cfg, ctx, "f16", swa_cache="full") == per * 3 * ctx + 3 * slack
+    assert mp.kv_bytes(cfg, 50, "f16") == per * 3 * 50 + slack  # shorter than what a window keeps
 
 
 def test_a_budget_picks_the_largest_context_that_fits(tmp_path):

@@ -202,7 +202,6 @@ class KVCacheManager:
             return 0
         P = self.page_tokens
         parent = b""
-        found = []  # (page, hash, tokens) of the prefix found, in order
         # At least one prompt token must be run to get logits: never reuse the last one.
         for i in range((n - 1) // P):
             chunk = list(prompt_ids[i * P:(i + 1) * P])

@@ -13,7 +13,8 @@ constants come from, and how close the plan comes):
   read from the file (not resident), and a tied table is the classifier's;
 * ``kv cache``: the positions a sequence of the context keeps, in every layer
   (sliding-window layers: their window and what prefix reuse keeps, cache/windows.py);
-* ``activations``: ONNX Runtime's buffers for a prefill chunk, and the step buffers.
+* ``activations``: ONNX Runtime's buffers for a prefill chunk, the step buffers, and the
+  RoPE tables' rows of the positions used (cos and sin per position, read in place).
 """
 
 from __future__ import annotations
@@ -32,18 +33,22 @@ from ..models.spec import ModelConfig
 MiB = 1 << 20
 RUNTIME_BYTES = 75 * MiB
 """Python 3.11, NumPy, onnxruntime 1.32 and DualPath imported: 72.7 MiB measured."""
-TOKEN_BYTES = 320
-"""Per vocabulary token: Gemma 3's 262,144 SentencePiece tokens took 79.5 MiB (spec and
-tokenizer tables)."""
+TOKEN_BYTES = 280
+"""Per vocabulary token (spec and tokenizer tables): measured 298 for Gemma 3's 262,144
+SentencePiece tokens, 255 for Llama 3's 128,256 BPE tokens, 213 for Llama 2's 32,000."""
 MERGE_BYTES = 200
 """Per BPE merge (its pair and rank in the merge table)."""
-PACK_BLOCK_BYTES = 12
+PACK_BLOCK_BYTES = {4: 8, 8: 11}
 """What ONNX Runtime's MatMulNBits adds to each block's values when it packs them at
-accuracy level 4: measured 11.9 (4-bit, block 32), 10.9 (8-bit, 32), 10.5 (4-bit, 16),
-9.5 (8-bit, 16) bytes a block."""
-ACTIVATION_FLOATS = (8, 8, 4)
+accuracy level 4 (an f32 scale, an f32 block sum for the int8 kernel, alignment), by bits:
+fitted to the weights measured on TinyLlama and Llama 3.2 1B Q4_K_M (Q4_K and Q6_K) and
+Gemma 3 270M (mostly Q8_0 and Q5_0) files (docs/performance.md)."""
+ACTIVATION_FLOATS = (4, 8, 0)
 """f32 values per prefill-chunk token in ONNX Runtime's buffers, times (hidden_dim, dim,
-q_dim): Gemma 3 270M, chunk 512: 45 MiB measured."""
+q_dim): fitted to the same three files at 512-token chunks."""
+THP_SLACK_BYTES = 1 << 20
+"""Per global layer: its KV region is committed in 2 MiB huge pages, half of one unused
+on average."""
 MIN_CONTEXT = 256
 """The smallest context a budget may choose."""
 
@@ -89,7 +94,7 @@ def _matrix_bytes(type_name: str, shape: tuple[int, ...], nbits8: bool) -> int:
     if bits == 8 and not nbits8:  # dequantized to f32 (ONNX Runtime before 1.22)
         return 4 * rows * cols
     blocks = rows * (cols // sub)
-    return blocks * (sub * bits // 8 + PACK_BLOCK_BYTES + (4 if lay["zero_points"] else 0))
+    return blocks * (sub * bits // 8 + PACK_BLOCK_BYTES[bits] + (4 if lay["zero_points"] else 0))
 
 
 def weight_bytes(layout: dict[str, tuple[str, tuple[int, ...]]], nbits8: bool = True) -> int:
@@ -108,9 +113,9 @@ def kv_bytes(cfg: ModelConfig, context: int, kv_dtype: str, swa_cache: str = "wi
     for layer in range(cfg.num_layers):
         w = cfg.layer_window(layer)
         kept = context
-        if w and swa_cache == "window":
+        if w and swa_cache == "window":  # no huge pages there (cache/windows.py)
             kept = min(context, 2 * w + MARGIN + page_tokens + (context // checkpoint * w if checkpoint else 0))
-        total += kept * per_token
+        total += kept * per_token + (0 if w and swa_cache == "window" else THP_SLACK_BYTES)
     return total
 
 
@@ -123,6 +128,8 @@ def plan_memory(cfg: ModelConfig, layout: dict, merges: int, config: Config, con
     h, d, q = ACTIVATION_FLOATS
     activations = chunk * 4 * (h * cfg.hidden_dim + d * cfg.dim + q * cfg.num_heads * cfg.head_dim)
     activations += rt.max_num_seqs * cfg.vocab_size * 4  # logits rows
+    rope_tables = 2 if cfg.rope_theta_swa and cfg.sliding_window else 1  # Gemma 3: local and global bases
+    activations += rope_tables * context * cfg.rope_dim * 4  # (context, rope_dim / 2) cos and sin, f32
     kv = functools.partial(kv_bytes, cfg, kv_dtype=kv_dtype, swa_cache=dp.swa_cache,
                            checkpoint=dp.swa_checkpoint_tokens, page_tokens=dp.page_tokens)
     one = kv(context)
