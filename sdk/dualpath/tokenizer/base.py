@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 from ..errors import TokenizerError
 from .spec import (
@@ -96,10 +96,10 @@ class Tokenizer:
         self._split_special = [(spec.tokens[i], i, i in rstrip) for i in special]
 
         # Per-token byte tables, indexed by token id (see _build_byte_tables).
-        self._bytes_plain: list[bytes] = []     # skip_special=True: control/unknown -> b""
-        self._bytes_special: list[bytes] = []   # skip_special=False: control text included
-        self._bytes_first: list[bytes] = []     # _bytes_plain with the dummy-prefix space removed
-        self._bytes_first_special: list[bytes] = []
+        self._bytes_plain: list[bytes] = []           # skip_special=True: control/unknown -> b""
+        self._bytes_special: Sequence[bytes] = ()     # skip_special=False: control text included
+        self._bytes_first: Sequence[bytes] = ()       # _bytes_plain with the dummy-prefix space removed
+        self._bytes_first_special: Sequence[bytes] = ()
 
         stop = {spec.eos_id, spec.eot_id, spec.bos_id}
         stop.update(i for i, t in enumerate(spec.tokens) if t in _LLAMA_CPP_EOG_TEXTS)
@@ -252,7 +252,7 @@ class Tokenizer:
                 started = True
         return b"".join(parts).decode("utf-8", errors="replace")
 
-    def decode_tables(self, skip_special: bool) -> tuple[list[bytes], list[bytes]]:
+    def decode_tables(self, skip_special: bool) -> tuple[Sequence[bytes], Sequence[bytes]]:
         """(bytes per token id, the same for the first text-producing token): what ``decode``
         joins, for callers that decode incrementally (``StreamDecoder``) or match bytes
         (the grammar's vocabulary). Shared, not copied: do not modify them."""
@@ -281,7 +281,7 @@ class Tokenizer:
         # runs at every load), then a loop over the few of other types.
         tokens, types = self._spec.tokens, self._types
         plain = self._normal_pieces_bytes(tokens, types)
-        special = [b""] * len(tokens)
+        special: dict[int, bytes] = {}
         for token_id in [i for i, kind in enumerate(types) if kind != TOKEN_NORMAL]:
             piece, kind = tokens[token_id], types[token_id]
             if kind == TOKEN_BYTE:
@@ -293,20 +293,58 @@ class Tokenizer:
                 plain[token_id] = piece.encode("utf-8")
             elif kind in (TOKEN_CONTROL, TOKEN_UNKNOWN):
                 special[token_id] = piece.encode("utf-8")
-        if self.strips_leading_space:
-            first = [p[1:] if k == TOKEN_NORMAL and p[:1] == b" " else p for p, k in zip(plain, types)]
-        else:
-            first = plain
+        # The other three tables are views of this one, not lists of their own: three more
+        # lists (and a stripped copy of every piece that starts with a space) were 11 MiB
+        # for Gemma 3's 262,144 tokens, and they are read once per decoded text at most.
         self._bytes_plain = plain
-        self._bytes_special = [p or s for p, s in zip(plain, special)]
-        self._bytes_first = first
-        self._bytes_first_special = [f or s for f, s in zip(first, special)]
+        self._bytes_special = _WithSpecial(plain, {i: s for i, s in special.items() if not plain[i]})
+        strip = self.strips_leading_space
+        self._bytes_first = _FirstPiece(plain, types) if strip else plain
+        self._bytes_first_special = _FirstPiece(self._bytes_special, types) if strip else self._bytes_special
 
     def _normal_pieces_bytes(self, pieces, types) -> list[bytes]:
         """``_normal_piece_bytes`` of every NORMAL piece, b"" for the others."""
         f = self._normal_piece_bytes
         return [f(p) if k == TOKEN_NORMAL else b"" for p, k in zip(pieces, types, strict=True)]
 
+
+
+class _WithSpecial(Sequence):
+    """The plain byte table with the text of control and unknown tokens (a few ids) in
+    place of their b"" (``decode(skip_special=False)``)."""
+
+    __slots__ = ("_plain", "_special")
+
+    def __init__(self, plain: list[bytes], special: dict[int, bytes]):
+        self._plain, self._special = plain, special
+
+    def __len__(self) -> int:
+        return len(self._plain)
+
+    def __getitem__(self, token_id):
+        if isinstance(token_id, slice):
+            return [self[i] for i in range(*token_id.indices(len(self)))]
+        text = self._special.get(token_id)
+        return self._plain[token_id] if text is None else text
+
+
+class _FirstPiece(Sequence):
+    """A byte table as the first text-producing token gives it: a NORMAL piece loses the
+    leading space the dummy prefix put there (SentencePiece)."""
+
+    __slots__ = ("_table", "_types")
+
+    def __init__(self, table: Sequence[bytes], types: Sequence[int]):
+        self._table, self._types = table, types
+
+    def __len__(self) -> int:
+        return len(self._table)
+
+    def __getitem__(self, token_id):
+        if isinstance(token_id, slice):
+            return [self[i] for i in range(*token_id.indices(len(self)))]
+        text = self._table[token_id]
+        return text[1:] if text[:1] == b" " and self._types[token_id] == TOKEN_NORMAL else text
 
 _C_SPACE = frozenset(" \t\n\v\f\r")  # C isspace() in the "C" locale, which llama.cpp's strip uses
 
