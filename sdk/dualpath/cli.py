@@ -426,20 +426,17 @@ def _print_memory_plan(args, m) -> None:
     budget allows."""
     from .errors import ConfigError
     from .models import read_layout
-    from .runtime.memory_plan import MiB, available_bytes, fit, plan_memory
-    from .runtime.ort_sessions import NBITS8_SINCE, ORT_VERSION
+    from .runtime.memory_plan import MiB, budget_bytes, fit, plan_memory
 
     cfg = _config(args)
-    nbits8 = ORT_VERSION >= NBITS8_SINCE
     path = _model_path(args)
     _, layout, merges = read_layout(path)
     ctx = cfg.runtime.max_context_tokens or m.context_length
-    print(f"  memory plan: {plan_memory(m, layout, merges, cfg, ctx, nbits8=nbits8).describe()}")
-    mb = cfg.runtime.memory_budget_mb
-    if mb:
-        budget = available_bytes() if mb == -1 else mb * MiB
+    print(f"  memory plan: {plan_memory(m, layout, merges, cfg, ctx).describe()}")
+    if cfg.runtime.memory_budget_mb:
+        budget = budget_bytes(cfg.runtime.memory_budget_mb)
         try:
-            print(f"  memory budget {budget / MiB:,.0f} MiB: {fit(path, cfg, budget, nbits8).describe()}")
+            print(f"  memory budget {budget / MiB:,.0f} MiB: {fit(path, cfg, budget).describe()}")
         except ConfigError as e:
             print(f"  memory budget: {e}")
 

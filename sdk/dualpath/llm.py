@@ -158,12 +158,11 @@ class LLM:
         """The config with the context and KV type ``runtime.memory_budget_mb`` allows
         (ConfigError, before any weight is read, when the model does not fit)."""
         from .config import with_overrides
-        from .runtime.memory_plan import MiB, available_bytes, fit
-        from .runtime.ort_sessions import NBITS8_SINCE, ORT_VERSION
+        from .runtime.memory_plan import MiB, budget_bytes, fit
 
-        config, mb = self.config, self.config.runtime.memory_budget_mb
-        budget = available_bytes() if mb == -1 else mb * MiB
-        plan = self.memory_plan = fit(model_path, config, budget, ORT_VERSION >= NBITS8_SINCE)
+        config = self.config
+        budget = budget_bytes(config.runtime.memory_budget_mb)
+        plan = self.memory_plan = fit(model_path, config, budget)
         log.info("memory budget %.0f MiB: %s", budget / MiB, plan.describe())
         return with_overrides(config, {"runtime.max_context_tokens": plan.context,
                                        "dualpath_config.kv_dtype": plan.kv_dtype})

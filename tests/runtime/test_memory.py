@@ -13,6 +13,7 @@ import sys
 import numpy as np
 import pytest
 
+from dualpath.bench.memory import resident_bytes
 from dualpath.config import load_config
 from dualpath.kernels import read_rows
 from dualpath.llm import LLM
@@ -27,12 +28,7 @@ PAGE = os.sysconf("SC_PAGE_SIZE")
 
 def mapped_bytes(a: np.ndarray) -> int:
     """Bytes of ``a``'s pages mapped in this process."""
-    start = a.ctypes.data // PAGE
-    count = -(-(a.ctypes.data + a.nbytes) // PAGE) - start
-    with open("/proc/self/pagemap", "rb") as f:
-        f.seek(start * 8)
-        entries = np.frombuffer(f.read(count * 8), np.uint64)
-    return int((entries >> np.uint64(63)).sum()) * PAGE
+    return resident_bytes(a.ctypes.data, a.nbytes)
 
 
 def weight_arrays(spec, name: str | None = None) -> list[np.ndarray]:

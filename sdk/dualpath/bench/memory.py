@@ -54,7 +54,7 @@ def _mapped_kinds() -> dict[str, float]:
     return kinds
 
 
-def _resident_bytes(address: int, nbytes: int) -> int:
+def resident_bytes(address: int, nbytes: int) -> int:
     """Bytes of [address, address + nbytes) mapped in this process (pagemap bit 63)."""
     import numpy as np
 
@@ -75,21 +75,20 @@ def worker(model: str, ctx: int, decode: int, threads: int, chunk: int) -> dict:
     from ..llm import LLM, resident_mb
     from ..models import read_layout
     from ..runtime.memory_plan import MiB, plan_memory
-    from ..runtime.ort_sessions import NBITS8_SINCE, ORT_VERSION
     from ..runtime.sampler import SamplingParams
 
     imported = resident_mb()
     cfg = load_config(None, {"runtime.num_threads": threads, "runtime.max_context_tokens": ctx + decode + 1,
                              "runtime.prefill_chunk_tokens": chunk})
     m, layout, merges = read_layout(model)
-    plan = plan_memory(m, layout, merges, cfg, ctx + decode + 1, nbits8=ORT_VERSION >= NBITS8_SINCE)
+    plan = plan_memory(m, layout, merges, cfg, ctx + decode + 1)
     llm = LLM(model, cfg)
     rss = llm.load_stats["rss_mb"]
     loaded = resident_mb()
     llm.generate(random_prompt(llm.spec.config.vocab_size, ctx),
                  SamplingParams(temperature=0, max_tokens=decode + 1, ignore_eos=True))
     arena = llm.runner.cache.arena
-    kv = _resident_bytes(arena.address, arena.nbytes) / MiB
+    kv = resident_bytes(arena.address, arena.nbytes) / MiB
     measured = {"runtime": imported, "vocabulary": rss["tokenizer"] - rss["start"],
                 "weights": rss["sessions"] - rss["tokenizer"], "kv cache": kv,
                 "activations": resident_mb() - loaded - kv}

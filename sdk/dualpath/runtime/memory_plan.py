@@ -20,6 +20,7 @@ constants come from, and how close the plan comes):
 from __future__ import annotations
 
 import functools
+import math
 import os
 from dataclasses import dataclass
 
@@ -84,10 +85,7 @@ class MemoryPlan:
 def _matrix_bytes(type_name: str, shape: tuple[int, ...], nbits8: bool) -> int:
     """Resident bytes of one matrix as ONNX Runtime holds it (packed)."""
     if len(shape) == 1 or type_name in ("F32", "F16", "BF16"):
-        n = 1
-        for d in shape:
-            n *= d
-        return 4 * n
+        return 4 * math.prod(shape)
     rows, cols = shape
     lay = ggml_layout(type_name)
     bits, sub = lay["bits"], lay["block_size"]
@@ -111,18 +109,29 @@ def kv_bytes(cfg: ModelConfig, context: int, kv_dtype: str, swa_cache: str = "wi
     per_token = kv_tile_bytes(kv_dtype, cfg.num_kv_heads, cfg.head_dim, 1)
     total = 0
     for layer in range(cfg.num_layers):
-        w = cfg.layer_window(layer)
-        kept = context
-        if w and swa_cache == "window":  # no huge pages there (cache/windows.py)
-            kept = min(context, 2 * w + MARGIN + page_tokens + (context // checkpoint * w if checkpoint else 0))
-        total += kept * per_token + (0 if w and swa_cache == "window" else THP_SLACK_BYTES)
+        w = cfg.layer_window(layer) if swa_cache == "window" else 0
+        if w:  # no huge pages there (cache/windows.py)
+            kept = 2 * w + MARGIN + page_tokens + (context // checkpoint * w if checkpoint else 0)
+            total += per_token * min(context, kept)
+        else:
+            total += per_token * context + THP_SLACK_BYTES
     return total
 
 
+def runtime_nbits8() -> bool:
+    """Whether this process's ONNX Runtime packs 8-bit MatMulNBits weights (1.22 on)."""
+    from .ort_sessions import NBITS8_SINCE, ORT_VERSION
+
+    return ORT_VERSION >= NBITS8_SINCE
+
+
 def plan_memory(cfg: ModelConfig, layout: dict, merges: int, config: Config, context: int,
-                kv_dtype: str | None = None, nbits8: bool = True) -> MemoryPlan:
-    """The plan for one context and KV type (``kv_dtype`` None: the configured one)."""
+                kv_dtype: str | None = None, nbits8: bool | None = None) -> MemoryPlan:
+    """The plan for one context and KV type (``kv_dtype`` None: the configured one;
+    ``nbits8`` None: as this process's ONNX Runtime)."""
     rt, dp = config.runtime, config.dualpath_config
+    if nbits8 is None:
+        nbits8 = runtime_nbits8()
     kv_dtype = kv_dtype or dp.kv_dtype
     chunk = min(rt.prefill_chunk_tokens, context)
     h, d, q = ACTIVATION_FLOATS
@@ -158,13 +167,20 @@ def available_bytes() -> int:
     return info.get("MemAvailable", 0) - max(256 * MiB, info.get("MemTotal", 0) // 10)
 
 
-def fit(path: str | os.PathLike, config: Config, budget: int, nbits8: bool = True) -> MemoryPlan:
+def budget_bytes(memory_budget_mb: int) -> int:
+    """``runtime.memory_budget_mb`` in bytes (-1: ``available_bytes``)."""
+    return available_bytes() if memory_budget_mb == -1 else memory_budget_mb * MiB
+
+
+def fit(path: str | os.PathLike, config: Config, budget: int, nbits8: bool | None = None) -> MemoryPlan:
     """The plan to load ``path`` with: at the configured context (``max_context_tokens``,
     0: the model's) when it fits ``budget`` bytes, else the largest context that fits
     (and, where q8 fits a longer one, the q8 KV cache). Raises ConfigError, naming the
     figures, when not even ``MIN_CONTEXT`` tokens fit. Reads the file's header only."""
     cfg, layout, merges = read_layout(path)
     rt = config.runtime
+    if nbits8 is None:
+        nbits8 = runtime_nbits8()
     want = rt.max_context_tokens or cfg.context_length
     dtypes = [config.dualpath_config.kv_dtype]
     if dtypes[0] != "q8" and cfg.head_dim % 2 == 0:

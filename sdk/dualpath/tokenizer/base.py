@@ -297,7 +297,7 @@ class Tokenizer:
         # lists (and a stripped copy of every piece that starts with a space) were 11 MiB
         # for Gemma 3's 262,144 tokens, and they are read once per decoded text at most.
         self._bytes_plain = plain
-        self._bytes_special = _WithSpecial(plain, {i: s for i, s in special.items() if not plain[i]})
+        self._bytes_special = _WithSpecial(plain, special)  # control/unknown ids: plain is b""
         strip = self.strips_leading_space
         self._bytes_first = _FirstPiece(plain, types) if strip else plain
         self._bytes_first_special = _FirstPiece(self._bytes_special, types) if strip else self._bytes_special
@@ -309,42 +309,47 @@ class Tokenizer:
 
 
 
-class _WithSpecial(Sequence):
-    """The plain byte table with the text of control and unknown tokens (a few ids) in
-    place of their b"" (``decode(skip_special=False)``)."""
+class _TableView(Sequence):
+    """A per-token byte table computed from another on lookup (see ``_build_byte_tables``)."""
 
-    __slots__ = ("_plain", "_special")
-
-    def __init__(self, plain: list[bytes], special: dict[int, bytes]):
-        self._plain, self._special = plain, special
-
-    def __len__(self) -> int:
-        return len(self._plain)
-
-    def __getitem__(self, token_id):
-        if isinstance(token_id, slice):
-            return [self[i] for i in range(*token_id.indices(len(self)))]
-        text = self._special.get(token_id)
-        return self._plain[token_id] if text is None else text
-
-
-class _FirstPiece(Sequence):
-    """A byte table as the first text-producing token gives it: a NORMAL piece loses the
-    leading space the dummy prefix put there (SentencePiece)."""
-
-    __slots__ = ("_table", "_types")
-
-    def __init__(self, table: Sequence[bytes], types: Sequence[int]):
-        self._table, self._types = table, types
+    __slots__ = ("_table",)
 
     def __len__(self) -> int:
         return len(self._table)
 
     def __getitem__(self, token_id):
         if isinstance(token_id, slice):
-            return [self[i] for i in range(*token_id.indices(len(self)))]
+            return [self._item(i) for i in range(*token_id.indices(len(self)))]
+        return self._item(token_id)
+
+
+class _WithSpecial(_TableView):
+    """The plain byte table with the text of control and unknown tokens (a few ids) in
+    place of their b"" (``decode(skip_special=False)``)."""
+
+    __slots__ = ("_special",)
+
+    def __init__(self, plain: list[bytes], special: dict[int, bytes]):
+        self._table, self._special = plain, special
+
+    def _item(self, token_id: int) -> bytes:
+        text = self._special.get(token_id)
+        return self._table[token_id] if text is None else text
+
+
+class _FirstPiece(_TableView):
+    """A byte table as the first text-producing token gives it: a NORMAL piece loses the
+    leading space the dummy prefix put there (SentencePiece)."""
+
+    __slots__ = ("_types",)
+
+    def __init__(self, table: Sequence[bytes], types: Sequence[int]):
+        self._table, self._types = table, types
+
+    def _item(self, token_id: int) -> bytes:
         text = self._table[token_id]
         return text[1:] if text[:1] == b" " and self._types[token_id] == TOKEN_NORMAL else text
+
 
 _C_SPACE = frozenset(" \t\n\v\f\r")  # C isspace() in the "C" locale, which llama.cpp's strip uses
 
