@@ -30,9 +30,10 @@ import numpy as np
 import pytest
 
 from dualpath import LLM, load_config
+from dualpath.bench.quality import dequantized_copy
 from dualpath.models.gguf import load_gguf
 from dualpath.models.synth import PRESETS, quantize_gguf, synth_gguf
-from llamacpp_peer import dequantized_copy, dualpath_greedy, llamacpp_greedy
+from llamacpp_peer import dualpath_greedy, llamacpp_greedy
 
 llama_cpp = pytest.importorskip("llama_cpp", reason="llama-cpp-python is the peer these tests compare against")
 
