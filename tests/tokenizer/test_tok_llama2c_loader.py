@@ -35,7 +35,7 @@ def test_tok512_bin_becomes_a_llama_spec_with_typed_tokens(tok512_spec, tok512_b
     spec = tok512_spec
     assert spec.model == "llama" and spec.vocab_size == 512
     assert spec.tokens[:4] == ("<unk>", "<s>", "</s>", "<0x00>")
-    assert spec.token_types[:3] == (TOKEN_UNKNOWN, TOKEN_CONTROL, TOKEN_CONTROL)
+    assert list(spec.token_types[:3]) == [TOKEN_UNKNOWN, TOKEN_CONTROL, TOKEN_CONTROL]
     assert spec.token_types.count(TOKEN_BYTE) == 256 and spec.token_types[258] == TOKEN_BYTE
     assert spec.token_types.count(TOKEN_NORMAL) == 253
     assert spec.tokens[410] == "\u2581" and spec.tokens[403] == "\u2581Once"  # ' ' -> '▁'

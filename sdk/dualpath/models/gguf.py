@@ -438,8 +438,8 @@ def _tokenizer_spec(path: str, meta: _Metadata, vocab_size: int) -> TokenizerSpe
     return TokenizerSpec(
         model=model,
         tokens=tuple(tokens),
-        scores=tuple(float(s) for s in scores) if scores is not None else None,
-        token_types=tuple(int(x) for x in types) if types is not None else None,
+        scores=scores,
+        token_types=types,
         merges=tuple(merges) if merges else None,
         bos_id=opt_id("tokenizer.ggml.bos_token_id"),
         eos_id=opt_id("tokenizer.ggml.eos_token_id"),

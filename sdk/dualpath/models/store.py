@@ -256,7 +256,7 @@ class Entry:
                 tok = json.load(f)
         except (OSError, ValueError) as e:
             raise CorruptEntry(f"tokenizer.json: {e}") from e
-        for name in ("tokens", "scores", "token_types", "merges"):
+        for name in ("tokens", "merges"):
             if tok.get(name) is not None:
                 tok[name] = tuple(tok[name])
         spec = ModelSpec(path=source_path, format=man["format"], config=ModelConfig(**cfg),
@@ -464,6 +464,9 @@ class _Writer:
         # Its fields by reference: dataclasses.asdict would deep-copy every one of a large
         # vocabulary's strings and scores before json writes them out anyway.
         tokenizer = {f.name: getattr(spec.tokenizer, f.name) for f in dataclasses.fields(spec.tokenizer)}
+        for name in ("scores", "token_types"):  # array("f") / array("i")
+            if tokenizer[name] is not None:
+                tokenizer[name] = tokenizer[name].tolist()
         write_json(os.path.join(self.folder, "tokenizer.json"), tokenizer)
         tok_path = spec.metadata.get("tokenizer_path")
         manifest = {

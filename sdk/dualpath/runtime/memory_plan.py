@@ -34,11 +34,13 @@ from ..models.spec import ModelConfig
 MiB = 1 << 20
 RUNTIME_BYTES = 75 * MiB
 """Python 3.11, NumPy, onnxruntime 1.32 and DualPath imported: 72.7 MiB measured."""
-TOKEN_BYTES = 280
-"""Per vocabulary token (spec and tokenizer tables): measured 298 for Gemma 3's 262,144
-SentencePiece tokens, 255 for Llama 3's 128,256 BPE tokens, 213 for Llama 2's 32,000."""
-MERGE_BYTES = 200
-"""Per BPE merge (its pair and rank in the merge table)."""
+TOKEN_BYTES = 200
+"""Per vocabulary token (spec and tokenizer tables): measured 209 for Gemma 3's 262,144
+SentencePiece tokens, 160 for Llama 2's 32,000 (`bench memory`, 2026-12-05, b242a50+)."""
+MERGE_BYTES = 120
+"""Per BPE merge (its pair and rank in the merge table): Llama 3's 128,256 tokens and
+280,147 merges measured 21.6 MiB, Qwen2.5's 151,643 and 151,387 25.8 MiB; fitted with
+TOKEN_BYTES to the peaks of those runs."""
 PACK_BLOCK_BYTES = {4: 8, 8: 11}
 """What ONNX Runtime's MatMulNBits adds to each block's values when it packs them at
 accuracy level 4 (an f32 scale, an f32 block sum for the int8 kernel, alignment), by bits:

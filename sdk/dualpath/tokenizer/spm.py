@@ -37,6 +37,8 @@ from __future__ import annotations
 import heapq
 import logging
 import re
+from array import array
+from typing import Sequence
 
 from ..errors import TokenizerError
 from .base import Tokenizer
@@ -56,11 +58,11 @@ class SpmTokenizer(Tokenizer):
         scores = spec.scores
         if scores is None:
             logger.warning("SentencePiece vocabulary has no scores; every merge gets score 0 (leftmost wins)")
-            scores = (0.0,) * len(spec.tokens)
+            scores = array("f", bytes(4 * len(spec.tokens)))
         # Merging (and the single code point lookup) may produce any piece but these. The
         # pieces' one dict (``_piece_to_id``) and the spec's scores serve the lookups: a
         # second dict of (score, id) pairs took 29 MiB for Gemma 3's 262,144 pieces.
-        self._scores: tuple[float, ...] = tuple(scores)
+        self._scores: Sequence[float] = scores
         self._unmergeable = frozenset(i for i, kind in enumerate(self._types) if kind in (TOKEN_CONTROL, TOKEN_UNKNOWN))
         self._build_byte_tables()  # also checks that BYTE pieces are <0xNN>
         # Byte fallback: byte value -> id of the token "<0xNN>" (or the ASCII character), None when missing.
