@@ -98,11 +98,13 @@ def test_a_loaded_model_keeps_no_weight_pages_and_its_embedding_maps_none(tmp_pa
     path = synth_gguf(tmp_path / "tiny-q8.gguf", "kquant-tiny", "Q8_0", seed=6)
     llm = LLM(path, load_config(None, {"runtime.num_threads": 2, "runtime.max_context_tokens": 600}))
     arrays = weight_arrays(llm.spec)
-    total = sum(a.nbytes for a in arrays)
-    assert total > 4 << 20
-    # at most a page at each end of a few arrays (an array's neighbour may share them)
-    assert sum(mapped_bytes(a) for a in arrays) <= 2 * PAGE * len(arrays)
+    assert sum(a.nbytes for a in arrays) > 4 << 20
+    # The whole file, not only the arrays' own bytes: reading a small array (a norm) maps
+    # its fault-around window, the padding to the next array and that array's first pages.
+    whole = np.frombuffer(llm.spec.entry._weights_map, np.uint8)
+    assert whole.nbytes > 4 << 20 and mapped_bytes(whole) == 0
     prompt = np.random.default_rng(0).permutation(llm.spec.config.vocab_size)[:512].tolist()
     llm.generate(prompt, SamplingParams(temperature=0, max_tokens=2, ignore_eos=True))
-    table = weight_arrays(llm.spec, "token_embd")
-    assert sum(mapped_bytes(a) for a in table) <= 2 * PAGE * len(table)
+    # The norms ONNX Runtime reads at every step are copies (ort_sessions.SMALL_ARRAY_BYTES),
+    # and the embedding's rows are read, not mapped.
+    assert mapped_bytes(whole) == 0

@@ -130,13 +130,22 @@ def _xor_of(arr: np.ndarray) -> int:
     return x
 
 
+FAULT_AROUND_BYTES = 64 << 10
+"""Linux's default ``fault_around_bytes``: a read fault on a file mapping maps the pages
+of the aligned 64 KiB window around it that are in the page cache."""
+
+
 def _drop(m: mmap.mmap, start: int, nbytes: int) -> None:
-    """Unmap the pages of ``m[start : start + nbytes]`` from this process: read-only file
-    pages, so a later read maps them back from the page cache (which also makes dropping
-    the pages an array shares with its neighbours harmless)."""
+    """Unmap the pages of ``m[start : start + nbytes]`` from this process, and the rest of
+    the fault-around windows they lie in: reading a small array mapped its whole window
+    (the padding to the next array, the next array's first pages), and dropping the array's
+    own pages alone left 15 MiB of such neighbours resident on Gemma 3 270M. Read-only file
+    pages: a later read maps them back from the page cache, so dropping a neighbour's pages
+    is harmless."""
     if hasattr(m, "madvise") and nbytes > 0:
-        lo = start // mmap.PAGESIZE * mmap.PAGESIZE
-        m.madvise(mmap.MADV_DONTNEED, lo, min(len(m), start + nbytes) - lo)
+        lo = start // FAULT_AROUND_BYTES * FAULT_AROUND_BYTES
+        hi = min(len(m), -(-(start + nbytes) // FAULT_AROUND_BYTES) * FAULT_AROUND_BYTES)
+        m.madvise(mmap.MADV_DONTNEED, lo, hi - lo)
 
 
 def _offset_in(m: mmap.mmap, a: np.ndarray) -> int | None:

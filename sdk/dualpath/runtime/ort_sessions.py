@@ -15,6 +15,7 @@ import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
+import numpy as np
 import onnxruntime as ort
 
 from ..errors import DualPathError, ModelLoadError
@@ -200,6 +201,8 @@ def _load_part(part: PartFile, so: ort.SessionOptions, pack: bool, entry) -> tup
         entry.verify(part.weights.values())
     values = []
     for name, array in part.weights.items():
+        if array.nbytes < SMALL_ARRAY_BYTES:  # see SMALL_ARRAY_BYTES
+            array = np.array(array)
         value = ort.OrtValue.ortvalue_from_numpy(array)
         values.append(value)
         so.add_initializer(name, value)
@@ -219,6 +222,13 @@ def _load_part(part: PartFile, so: ort.SessionOptions, pack: bool, entry) -> tup
         if dropper is not None:
             dropper.stop()
     return session, values
+
+
+SMALL_ARRAY_BYTES = 64 << 10
+"""Arrays smaller than this are handed to ONNX Runtime as copies, not as views of the
+entry's mapping: a read of a mapped page maps its whole fault-around window (64 KiB), so
+the norms it reads in place at every step (a few KiB each, 64 KiB apart in weights.bin)
+kept 15 MiB of the file resident on Gemma 3 270M; the copies take 0.3 MiB."""
 
 
 class _PageDropper:
