@@ -89,8 +89,8 @@ class Tokenizer:
         # Tokens split out of the input before BPE, longest UTF-8 text first (llama.cpp order).
         # (text, id, rstrip) triples; the first list applies always, the second with parse_special.
         special = sorted(
-            (i for i, t in enumerate(self._types)
-             if t in (TOKEN_CONTROL, TOKEN_UNKNOWN, TOKEN_USER_DEFINED) and spec.tokens[i]),
+            (i for i in ids_where(self._types, frozenset((TOKEN_CONTROL, TOKEN_UNKNOWN, TOKEN_USER_DEFINED)).__contains__)
+             if spec.tokens[i]),
             key=lambda i: (-len(spec.tokens[i].encode("utf-8")), i))
         rstrip = _rstrip_ids(spec, special, self._piece_to_id)
         self._split_always = [(spec.tokens[i], i, i in rstrip) for i in special
@@ -104,7 +104,7 @@ class Tokenizer:
         self._bytes_first_special: Sequence[bytes] = ()
 
         stop = {spec.eos_id, spec.eot_id, spec.bos_id}
-        stop.update(i for i, t in enumerate(spec.tokens) if t in _LLAMA_CPP_EOG_TEXTS)
+        stop.update(self._piece_to_id[t] for t in _LLAMA_CPP_EOG_TEXTS if t in self._piece_to_id)
         stop.discard(None)
         self._stop_ids = frozenset(stop)
 
@@ -284,7 +284,7 @@ class Tokenizer:
         tokens, types = self._spec.tokens, self._types
         plain = self._normal_pieces_bytes(tokens, types)
         special: dict[int, bytes] = {}
-        for token_id in [i for i, kind in enumerate(types) if kind != TOKEN_NORMAL]:
+        for token_id in ids_where(types, TOKEN_NORMAL.__ne__):
             piece, kind = tokens[token_id], types[token_id]
             if kind == TOKEN_BYTE:
                 match = _BYTE_PIECE.fullmatch(piece)
@@ -311,6 +311,13 @@ class Tokenizer:
         f = self._normal_piece_bytes
         return [f(p) if k == TOKEN_NORMAL else b"" for p, k in zip(pieces, types, strict=True)]
 
+
+
+def ids_where(types: Sequence[int], test) -> list[int]:
+    """The ids whose type passes ``test`` (a C callable: ``frozenset.__contains__``,
+    ``int.__ne__``), in order: a scan in C (map and compress), not a Python loop over a
+    vocabulary of 262,144 tokens at every load."""
+    return list(itertools.compress(range(len(types)), map(test, types)))
 
 
 class _PackedBytes(Sequence):

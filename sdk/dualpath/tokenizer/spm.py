@@ -36,12 +36,13 @@ from __future__ import annotations
 
 import heapq
 import logging
+import operator
 import re
 from array import array
 from typing import Sequence
 
 from ..errors import TokenizerError
-from .base import Tokenizer
+from .base import Tokenizer, ids_where
 from .spec import TOKEN_CONTROL, TOKEN_NORMAL, TOKEN_UNKNOWN, TokenizerSpec
 
 logger = logging.getLogger(__name__)
@@ -63,7 +64,7 @@ class SpmTokenizer(Tokenizer):
         # pieces' one dict (``_piece_to_id``) and the spec's scores serve the lookups: a
         # second dict of (score, id) pairs took 29 MiB for Gemma 3's 262,144 pieces.
         self._scores: Sequence[float] = scores
-        self._unmergeable = frozenset(i for i, kind in enumerate(self._types) if kind in (TOKEN_CONTROL, TOKEN_UNKNOWN))
+        self._unmergeable = frozenset(ids_where(self._types, frozenset((TOKEN_CONTROL, TOKEN_UNKNOWN)).__contains__))
         self._build_byte_tables()  # also checks that BYTE pieces are <0xNN>
         # Byte fallback: byte value -> id of the token "<0xNN>" (or the ASCII character), None when missing.
         pieces = self._piece_to_id
@@ -83,9 +84,13 @@ class SpmTokenizer(Tokenizer):
         return piece.replace(SPACE_PIECE, " ").encode("utf-8")
 
     def _normal_pieces_bytes(self, pieces, types) -> list[bytes]:
-        # The same, inlined: no method call per token.
-        return [p.replace(SPACE_PIECE, " ").encode("utf-8") if k == TOKEN_NORMAL else b""
-                for p, k in zip(pieces, types, strict=True)]
+        # The same, in C (map): every piece, then b"" for the few that are not NORMAL.
+        if len(pieces) != len(types):
+            raise ValueError(f"{len(pieces)} pieces but {len(types)} types")
+        out = list(map(str.encode, map(operator.methodcaller("replace", SPACE_PIECE, " "), pieces)))
+        for i in ids_where(types, TOKEN_NORMAL.__ne__):
+            out[i] = b""
+        return out
 
     def _encode_fragment(self, text: str, after_special: bool) -> list[int]:
         if self._remove_extra_whitespaces:
