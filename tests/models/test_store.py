@@ -4,6 +4,7 @@ over one another, and the CLI manages entries."""
 
 from __future__ import annotations
 
+import base64
 import json
 import logging
 import os
@@ -197,7 +198,8 @@ def test_a_touched_source_gets_a_new_entry(tmp_path, gguf_path):
 
 
 @pytest.mark.parametrize("damage", ["truncate weights", "flip a weight byte", "garble manifest",
-                                    "drop tokenizer", "remove a graph part", "garble parts.json"])
+                                    "drop tokenizer", "short tokenizer array", "remove a graph part",
+                                    "garble parts.json"])
 def test_a_damaged_entry_is_logged_discarded_and_rebuilt(damage, tmp_path, q4_model, caplog):
     first = LLM(q4_model, cfg(tmp_path))
     expected = greedy_ids(first)
@@ -221,6 +223,13 @@ def test_a_damaged_entry_is_logged_discarded_and_rebuilt(damage, tmp_path, q4_mo
             f.truncate(100)
     elif damage == "drop tokenizer":
         os.remove(os.path.join(folder, "tokenizer.json"))
+    elif damage == "short tokenizer array":  # one token type fewer than tokens: base64 that decodes
+        path = os.path.join(folder, "tokenizer.json")
+        tok = json.loads(open(path).read())
+        raw = base64.b64decode(tok["token_types"]["base64"])
+        tok["token_types"]["base64"] = base64.b64encode(raw[:-4]).decode()
+        with open(path, "w") as f:
+            json.dump(tok, f)
     elif damage == "remove a graph part":
         os.remove(os.path.join(graphs, "part1.onnx"))
     else:
