@@ -154,7 +154,8 @@ def measure_quality(model: str, text: str | None = None, threads: int = 2, peer:
             run(engine, engine, model, "default", overrides if engine == "dualpath" else None)
     targets = np.asarray(ids[1:])
     refs = [f"exact ({e})" for e in engines]
-    res = {"model": model, "tokens": len(ids), "text_tokens": len(tok["ids"]), "scored": len(ids) - 1, "engines": engines, "references": refs,
+    res = {"model": model, "tokens": len(ids), "text_tokens": len(tok["ids"]), "scored": len(ids) - 1,
+           "engines": engines, "references": refs,
            "rows": {e: {r: compare(logits[r], logits[e], targets) for r in refs} for e in engines}}
     if peer:
         res["references_agree"] = compare(logits[refs[0]], logits[refs[1]], targets)

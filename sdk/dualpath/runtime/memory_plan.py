@@ -33,7 +33,9 @@ from ..models.spec import ModelConfig
 
 MiB = 1 << 20
 RUNTIME_BYTES = 75 * MiB
-"""Python 3.11, NumPy, onnxruntime 1.32 and DualPath imported: 72.7 MiB measured."""
+"""Python 3.11, NumPy, onnxruntime 1.32 and DualPath imported: 72.7 MiB measured at
+ca6a57f, 57.7 at 094db42 (`bench memory`, 2026-12-05); kept, so that the plan errs above
+the peak (plan / measured 0.97-1.04 in docs/performance.md#memory)."""
 TOKEN_BYTES = 200
 """Per vocabulary token (spec and tokenizer tables): measured 209 for Gemma 3's 262,144
 SentencePiece tokens, 160 for Llama 2's 32,000 (`bench memory`, 2026-12-05, b242a50+)."""

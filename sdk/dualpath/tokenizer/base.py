@@ -88,10 +88,9 @@ class Tokenizer:
 
         # Tokens split out of the input before BPE, longest UTF-8 text first (llama.cpp order).
         # (text, id, rstrip) triples; the first list applies always, the second with parse_special.
-        special = sorted(
-            (i for i in ids_where(self._types, frozenset((TOKEN_CONTROL, TOKEN_UNKNOWN, TOKEN_USER_DEFINED)).__contains__)
-             if spec.tokens[i]),
-            key=lambda i: (-len(spec.tokens[i].encode("utf-8")), i))
+        kinds = frozenset((TOKEN_CONTROL, TOKEN_UNKNOWN, TOKEN_USER_DEFINED))
+        special = sorted((i for i in ids_where(self._types, kinds.__contains__) if spec.tokens[i]),
+                         key=lambda i: (-len(spec.tokens[i].encode("utf-8")), i))
         rstrip = _rstrip_ids(spec, special, self._piece_to_id)
         self._split_always = [(spec.tokens[i], i, i in rstrip) for i in special
                               if self._types[i] == TOKEN_USER_DEFINED]
