@@ -11,6 +11,7 @@ import dualpath
 from dualpath import SamplingParams
 from dualpath.cache.policy import Path
 from dualpath.runtime.engine import QueueFullError
+from dualpath.runtime.ort_sessions import SMALL_ARRAY_BYTES
 from dualpath.scheduler.request import Status
 
 NAMES = ["Lily", "Tom", "Sue", "Max", "Ben", "Anna", "Sam", "Mia", "Tim", "Lucy", "Jack", "Zoe", "Bob", "Kate",
@@ -395,12 +396,16 @@ def test_the_sessions_keep_alive_the_ort_values_they_read_in_place(gguf_path):
     assert values and all(isinstance(v, ort.OrtValue) for v in values)
     # Each is a view of one of our weight arrays or of the entry's fused matrices (no
     # copy), held for the sessions' life, or of the graph folder's RoPE tables: one
-    # cos/sin pair for this model, which every part reads from the same mapping.
+    # cos/sin pair for this model, which every part reads from the same mapping; or a copy
+    # of an array of weights.bin under SMALL_ARRAY_BYTES (a fault-around window).
     ours = {a.ctypes.data for w in llm.spec.weights.values() for a in w.arrays().values()}
     ours |= {a.ctypes.data for d in llm.spec.entry.derived_arrays.values() for a in d.values()}
     ptrs = [v.data_ptr() for v in values]
-    assert len(set(ptrs) - ours) == 2
-    assert sum(p not in ours for p in ptrs) == 2 * llm.spec.config.num_layers  # shared, not copied
+    shared = {p for p in set(ptrs) - ours if ptrs.count(p) > 1}
+    assert len(shared) == 2
+    assert sum(p in shared for p in ptrs) == 2 * llm.spec.config.num_layers  # shared, not copied
+    copies = [v for v in values if v.data_ptr() not in ours | shared]
+    assert copies and all(v.numpy().nbytes < SMALL_ARRAY_BYTES for v in copies)
     ids = llm.tokenize(PROMPTS[0])
     assert llm.generate(ids, SamplingParams(temperature=0, max_tokens=4)).token_ids  # still valid
 

@@ -307,6 +307,11 @@ class Entry:
         """``a``'s offset in weights.bin, or None for a view of another file."""
         return None if self._weights_map is None else _offset_in(self._weights_map, a)
 
+    def holds(self, a: np.ndarray) -> bool:
+        """Whether ``a`` is a view of weights.bin (what ``drop_pages`` drops behind a
+        session), not of the source file, a derived file or other memory."""
+        return self._offset(a) is not None
+
     def verify(self, arrays=None) -> None:
         """Check the XOR checksums of ``arrays`` (views of this entry; None: every array)
         not checked yet, just before their first use: reading them is what the first

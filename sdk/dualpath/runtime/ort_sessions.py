@@ -201,8 +201,8 @@ def _load_part(part: PartFile, so: ort.SessionOptions, pack: bool, entry) -> tup
         entry.verify(part.weights.values())
     values = []
     for name, array in part.weights.items():
-        if array.nbytes < SMALL_ARRAY_BYTES:  # see SMALL_ARRAY_BYTES
-            array = np.array(array)
+        if array.nbytes < SMALL_ARRAY_BYTES and entry is not None and entry.holds(array):
+            array = np.array(array)  # see SMALL_ARRAY_BYTES
         value = ort.OrtValue.ortvalue_from_numpy(array)
         values.append(value)
         so.add_initializer(name, value)
@@ -225,10 +225,12 @@ def _load_part(part: PartFile, so: ort.SessionOptions, pack: bool, entry) -> tup
 
 
 SMALL_ARRAY_BYTES = 64 << 10
-"""Arrays smaller than this are handed to ONNX Runtime as copies, not as views of the
-entry's mapping: a read of a mapped page maps its whole fault-around window (64 KiB), so
-the norms it reads in place at every step (a few KiB each, 64 KiB apart in weights.bin)
-kept 15 MiB of the file resident on Gemma 3 270M; the copies take 0.3 MiB."""
+"""Arrays of weights.bin smaller than this are handed to ONNX Runtime as copies, not as
+views of the entry's mapping: a read of a mapped page maps its whole fault-around window
+(64 KiB), so the norms it reads in place at every step (a few KiB each, 64 KiB apart in
+weights.bin) kept 15 MiB of the file resident on Gemma 3 270M; the copies take 0.3 MiB.
+Views of other files stay views: the RoPE tables every part shares, an F32 source read in
+place."""
 
 
 class _PageDropper:
