@@ -38,8 +38,9 @@ def _llm(model: str, kv_dtype: str, context_tokens: int, overrides: dict | None)
     return LLM(model, load_config(None, o))
 
 
-def _teacher_forced(runner, ids: list[int], first: int) -> np.ndarray:
-    """Logits (len(ids) - first, vocab) predicting ids[first:], from one pass over ids."""
+def teacher_forced(runner, ids: list[int], first: int) -> np.ndarray:
+    """Logits (len(ids) - first, vocab) predicting ids[first:], from one pass over ids
+    (chunked by the runner's step); bench quality uses it too."""
     runner.begin([])
     rows, step = [], runner.max_step_tokens
     for i in range(0, len(ids) - 1, step):
@@ -66,8 +67,8 @@ def measure_kv_quality(model: str, kv_dtype: str = "q8", baseline: str = "f16", 
         got = list(test.generate(ids, greedy).token_ids)
         same = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want)))
         seq = ids + want
-        lb = _teacher_forced(base.runner, seq, len(ids))
-        lt = _teacher_forced(test.runner, seq, len(ids))
+        lb = teacher_forced(base.runner, seq, len(ids))
+        lt = teacher_forced(test.runner, seq, len(ids))
         diff = np.abs(lt.astype(np.float64) - lb)
         rows.append({"prompt": p, "prompt_tokens": len(ids), "generated": len(want),
                      "agreement": float(np.mean(np.array(got) == np.array(want))), "same_prefix": int(same),

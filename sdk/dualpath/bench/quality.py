@@ -86,14 +86,14 @@ def logits_worker(engine: str, model: str, ids: list[int], out: str, kv: str, th
     if engine == "dualpath":
         from ..config import load_config
         from ..llm import LLM
-        from .kv_quality import _teacher_forced
+        from .kv_quality import teacher_forced
 
         o = {"runtime.max_context_tokens": len(ids) + CONTEXT_SLACK, "runtime.num_threads": threads}
         if kv != "default":
             o["dualpath_config.kv_dtype"] = kv
         o.update(overrides or {})
         llm = LLM(model, load_config(None, o))
-        logits = _teacher_forced(llm.runner, ids, 1)
+        logits = teacher_forced(llm.runner, ids, 1)
     elif engine == "llama.cpp":
         import llama_cpp
 
