@@ -12,7 +12,7 @@ import os
 
 import numpy as np
 cimport numpy as cnp
-from libc.stdint cimport int64_t
+from libc.stdint cimport int64_t, uint8_t
 from libc.stdlib cimport malloc, free
 from dp_kernels cimport *
 
@@ -531,3 +531,54 @@ cdef class ArenaStepper:
             bad = _bad_slot(a, self.slots[:num_rows], "slots")
             _check(st, f"batched attention step (layer {layer}, {num_rows} rows, {num_seqs} sequences)"
                        f"{bad or ' (in seqs or spans)'}", "the arena")
+
+
+
+cdef class QMatmul:
+    """``out[:R] = x[:R] @ W.T`` in our kernels, W in the 8-bit MatMulNBits form read in
+    place (csrc/qmatmul.h): the classifier, instead of ONNX Runtime's packed copy of it.
+
+    w:      (N, K / bs, bs) uint8, values + 128;  scales: (N * K / bs,) f32
+    x:      (max_rows, K) f32;  out: (max_rows, N) f32, both bound once
+
+    ``run(R, pool)`` multiplies the first R rows, on ``pool`` (split by rows of W) or, with
+    None, on the calling thread. ``int8_act``: activations quantized to int8 per block, as
+    MatMulNBits quantizes them at accuracy level 4; else f32 as given.
+    """
+    cdef readonly object w, scales, x, out
+    cdef const dp_attn_ops *ops
+    cdef int64_t N, K, bs, max_rows
+    cdef readonly bint int8_act
+
+    def __init__(self, w, scales, x, out, str kernel=None, bint int8_act=True):
+        _require(w, "w", 3, np.uint8)
+        _require(scales, "scales", 1, np.float32)
+        _require(x, "x", 2, np.float32)
+        _require(out, "out", 2, np.float32)
+        self.N, self.bs, self.K = w.shape[0], w.shape[2], x.shape[1]
+        if self.bs not in (16, 32) or w.shape[1] * self.bs != self.K or self.K % 32:
+            raise ValueError(f"w {w.shape} is not rows of {self.K} values in blocks of 16 or 32 "
+                             f"(K a multiple of 32)")
+        if scales.shape[0] != self.N * w.shape[1]:
+            raise ValueError(f"scales {scales.shape} do not match w {w.shape}")
+        if out.shape[1] != self.N or out.shape[0] != x.shape[0]:
+            raise ValueError(f"out {out.shape} does not match x {x.shape} and w's {self.N} rows")
+        self.ops = _ops_for(kernel)
+        self.w, self.scales, self.x, self.out = w, scales, x, out
+        self.max_rows = x.shape[0]
+        self.int8_act = int8_act
+
+    def run(self, int64_t R, ThreadPool pool=None):
+        if not 1 <= R <= self.max_rows:
+            raise ValueError(f"R={R} outside 1..{self.max_rows}")
+        cdef dp_pool *pp = pool.pool if pool is not None else NULL
+        cdef const uint8_t *wp = <const uint8_t *>cnp.PyArray_DATA(<cnp.ndarray>self.w)
+        cdef const float *sp = <const float *>cnp.PyArray_DATA(<cnp.ndarray>self.scales)
+        cdef const float *xp = <const float *>cnp.PyArray_DATA(<cnp.ndarray>self.x)
+        cdef float *op = <float *>cnp.PyArray_DATA(<cnp.ndarray>self.out)
+        cdef int64_t wl = self.w.size, sl = self.scales.size, ol = self.out.size
+        cdef int st
+        with nogil:
+            st = dp_qmatmul(pp, self.ops, wp, wl, sp, sl, self.bs, self.N, self.K, xp, R, op, ol, self.N,
+                            self.int8_act)
+        _check(st, f"classifier product ({R} x {self.K} by {self.N})", "the matrix")

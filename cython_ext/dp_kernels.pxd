@@ -71,6 +71,11 @@ cdef extern from "csrc/dp_pool.h" nogil:
                          int64_t *flops)
     void dp_test_fail_thread_create_after(int64_t n)
 
+cdef extern from "csrc/dp_attn_ops.h" nogil:
+    int dp_qmatmul(dp_pool *pool, const dp_attn_ops *ops, const uint8_t *w, int64_t w_len, const float *scales,
+                   int64_t scales_len, int64_t bs, int64_t N, int64_t K, const float *x, int64_t R, float *out,
+                   int64_t out_len, int64_t ldo, int int8_act)
+
 cdef extern from "csrc/kv_arena.h" nogil:
     ctypedef struct dp_kv_type:
         const char *name

@@ -318,4 +318,5 @@ const dp_attn_ops dp_ops_avx512 = {
            [DP_KV_F32] = {scores_f32, accum_f32},
            [DP_KV_Q8] = {scores_q8, accum_q8, scores_q8_run, accum_q8_run}},
     DP_ATTN_OPS_COMMON,
+    .qrows = dp_qrows_avx512,
 };

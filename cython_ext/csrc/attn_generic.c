@@ -141,4 +141,5 @@ const dp_attn_ops dp_ops_generic = {
     .kv = {[DP_KV_F16] = {scores_f16, accum_f16}, [DP_KV_F32] = {scores_f32, accum_f32},
            [DP_KV_Q8] = {scores_q8, accum_q8}},
     DP_ATTN_OPS_COMMON,
+    .qrows = dp_qrows_generic,
 };

@@ -15,6 +15,8 @@
 #define DP_ATTN_OPS_H
 
 #include "dp_common.h"
+#include "dp_pool.h"
+#include "qmatmul.h"
 
 /* One piece of a run: n consecutive positions of one KV head inside one tile.
  * K: ptr = K^T of row 0 of the piece, ld = the tile's P; V: ptr = row 0, ld unused;
@@ -63,7 +65,19 @@ typedef struct {
      * FMA chains at this ISA's widest vectors, enough chains to hide the FMA latency.
      * Returns the flops done (2 per lane per FMA); *sink receives their result. */
     int64_t (*fma_probe)(int64_t iters, float *sink);
+    /* The classifier's rows over 8-bit MatMulNBits weights (qmatmul.h). */
+    dp_qrows_fn qrows;
 } dp_attn_ops;
+
+/* out (R, ldo) = x (R, K) times w transposed: N rows of K values in the 8-bit MatMulNBits
+ * form with blocks of bs (16 or 32) values (qmatmul.h), w_len bytes and scales_len
+ * scales long. int8_act: activations quantized to int8 per block (ONNX Runtime's accuracy
+ * level 4), else f32 as given. On `pool` (NULL: the calling thread alone), split by rows
+ * of w. DP_ERR_ARG for a bs other than 16 or 32, a K that is not whole 32s or a size
+ * below 1; DP_ERR_BOUNDS when w, scales or out is too small; DP_ERR_NOMEM. */
+int dp_qmatmul(dp_pool *pool, const dp_attn_ops *ops, const uint8_t *w, int64_t w_len, const float *scales,
+               int64_t scales_len, int64_t bs, int64_t N, int64_t K, const float *x, int64_t R, float *out,
+               int64_t out_len, int64_t ldo, int int8_act);
 
 /* The fma_probe of an ISA file, from its vector type and operations: CHAINS
  * independent chains x = x * m + c of LANES-wide vectors, summed into *sink at the

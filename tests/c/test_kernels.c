@@ -22,6 +22,7 @@
 #include "../../cython_ext/csrc/ggml_repack.h"
 #include "../../cython_ext/csrc/kv_arena.h"
 #include "../../cython_ext/csrc/kv_attn.h"
+#include "../../cython_ext/csrc/qmatmul.h"
 
 #define DP_PARAMS(s, pd) ((dp_attn_params){.scale = (s), .softcap = 0.0f, .window = 0, .prefetch_degree = (pd)})
 
@@ -798,6 +799,88 @@ static void ggml_repack_cases(void) {
           "repack: an unknown type is refused");
 }
 
+/* The classifier's product (qmatmul.h) against a double-precision reference over the
+ * same quantized activations (int8) or the f32 ones: every ISA, blocks of 16 and 32, K
+ * with and without a rest past whole 64s (and past the AVX-512 VNNI kernel's stack of
+ * activation sums), on the pool and on the caller. */
+static void qmatmul_case(const dp_attn_ops *ops, dp_pool *pool, int64_t bs, int64_t N, int64_t K, int64_t R,
+                         int int8_act, const char *isa) {
+    const int64_t nb = K / bs;
+    uint8_t *w = malloc((size_t)(N * K));
+    float *sc = malloc((size_t)(N * nb) * sizeof(float)), *x = malloc((size_t)(R * K) * sizeof(float));
+    float *got = malloc((size_t)(R * N) * sizeof(float)), *ref = malloc((size_t)(R * N) * sizeof(float));
+    int8_t *xq = malloc((size_t)(R * K));
+    float *xd = malloc((size_t)(R * nb) * sizeof(float));
+    for (int64_t i = 0; i < N * K; i++) w[i] = (uint8_t)(128.0f + 127.9f * frand() + (i % 7 == 0 ? 0.5f : 0.0f));
+    w[0] = 0, w[N * K - 1] = 255; /* q = -128 and 127: the sign trick's extremes */
+    for (int64_t i = 0; i < N * nb; i++) sc[i] = 0.01f + 0.01f * frand();
+    for (int64_t i = 0; i < R * K; i++) x[i] = frand() * 3.0f;
+    dp_quantize_act(x, R, K, bs, xq, xd);
+    for (int64_t r = 0; r < R; r++)
+        for (int64_t n = 0; n < N; n++) {
+            double acc = 0;
+            for (int64_t v = 0; v < K; v++) {
+                const double a = int8_act ? (double)xq[r * K + v] * xd[r * nb + v / bs] : (double)x[r * K + v];
+                acc += sc[n * nb + v / bs] * ((double)w[n * K + v] - 128.0) * a;
+            }
+            ref[r * N + n] = (float)acc;
+        }
+    const int st = dp_qmatmul(pool, ops, w, N * K, sc, N * nb, bs, N, K, x, R, got, R * N, N, int8_act);
+    char what[160];
+    snprintf(what, sizeof what, "qmatmul %s bs %lld N %lld K %lld R %lld %s %s", isa, (long long)bs, (long long)N,
+             (long long)K, (long long)R, int8_act ? "int8" : "f32", pool ? "pool" : "caller");
+    check(st == DP_OK && worst_rel_err(ref, got, R * N) < 2e-5, what);
+    free(w), free(sc), free(x), free(got), free(ref), free(xq), free(xd);
+}
+
+static void qmatmul_arg_cases(const dp_attn_ops *ops) {
+    uint8_t w[4 * 64] = {0};
+    float sc[16] = {0}, x[2 * 64] = {0}, out[8] = {0};
+    check(dp_qmatmul(NULL, ops, w, 256, sc, 8, 8, 4, 64, x, 1, out, 8, 4, 1) == DP_ERR_ARG, "qmatmul: bs 8 refused");
+    check(dp_qmatmul(NULL, ops, w, 256, sc, 8, 16, 4, 48, x, 1, out, 8, 4, 1) == DP_ERR_ARG,
+          "qmatmul: K not whole 32s refused");
+    check(dp_qmatmul(NULL, ops, w, 255, sc, 8, 32, 4, 64, x, 1, out, 8, 4, 1) == DP_ERR_BOUNDS,
+          "qmatmul: short w refused");
+    check(dp_qmatmul(NULL, ops, w, 256, sc, 7, 32, 4, 64, x, 1, out, 8, 4, 1) == DP_ERR_BOUNDS,
+          "qmatmul: short scales refused");
+    check(dp_qmatmul(NULL, ops, w, 256, sc, 8, 32, 4, 64, x, 2, out, 7, 4, 1) == DP_ERR_BOUNDS,
+          "qmatmul: short out refused");
+    check(dp_qmatmul(NULL, ops, w, 256, sc, 8, 32, 4, 64, x, 1, out, 8, 3, 1) == DP_ERR_ARG,
+          "qmatmul: ldo below N refused");
+    dp_test_fail_alloc_after(0);
+    check(dp_qmatmul(NULL, ops, w, 256, sc, 8, 32, 4, 64, x, 1, out, 8, 4, 1) == DP_ERR_NOMEM,
+          "qmatmul: a failed allocation is reported");
+    dp_test_fail_alloc_after(-1);
+}
+
+static void qmatmul_cases(dp_pool *pool) {
+    for (int i = 0; i < dp_num_isas; i++) {
+        const dp_attn_ops *ops = dp_ops_by_name(dp_isas[i].name);
+        if (!ops) continue;
+        check(ops->qrows != NULL, "every ISA has classifier rows");
+        const int64_t Ks[] = {32, 96, 640, 2048};
+        for (int b = 0; b < 2; b++)
+            for (int k = 0; k < 4; k++)
+                for (int a = 0; a < 2; a++) {
+                    qmatmul_case(ops, (k + a) % 2 ? pool : NULL, b ? 32 : 16, 133, Ks[k], 1 + 2 * a, !a || k % 2,
+                                 dp_isas[i].name);
+                }
+        qmatmul_case(ops, pool, 16, 1, 64, 1, 1, dp_isas[i].name);
+        qmatmul_case(ops, pool, 32, 70, 8192, 2, 1, dp_isas[i].name);  /* K / 4 fills the VNNI sums' stack */
+        qmatmul_case(ops, NULL, 32, 9, 8224, 1, 1, dp_isas[i].name);   /* past it */
+        qmatmul_arg_cases(ops);
+    }
+#if defined(__x86_64__)
+    const dp_attn_ops *avx512 = dp_ops_by_name("avx512");
+    if (avx512) { /* its loop without VNNI, where the CPU has VNNI (else it just ran) */
+        dp_test_qmatmul_no_vnni = 1;
+        for (int b = 0; b < 2; b++) qmatmul_case(avx512, pool, b ? 32 : 16, 133, 640, 3, 1, "avx512 without vnni");
+        qmatmul_case(avx512, NULL, 16, 9, 96, 1, 1, "avx512 without vnni");
+        dp_test_qmatmul_no_vnni = 0;
+    }
+#endif
+}
+
 int main(void) {
     verbose = getenv("DP_TEST_VERBOSE") != NULL;
     unsigned disabled = 0;
@@ -876,6 +959,7 @@ int main(void) {
     pool_yielder_cases();
     bad_slot_cases(best);
     ggml_repack_cases();
+    qmatmul_cases(pool);
     dp_pool_destroy(pool);
     printf("%d passed, %d failed\n", passed, failed);
     return failed ? 1 : 0;

@@ -91,20 +91,28 @@ def test_embedding_rows_read_from_the_file_equal_the_mapped_ones(weight_type, tm
     assert np.abs(a).sum() > 0
 
 
-def test_a_loaded_model_keeps_no_weight_pages_and_its_embedding_maps_none(tmp_path):
-    """After load every weight is ONNX Runtime's packed copy (or read by row): no page of
-    the entry's weights.bin stays mapped, and a prompt over the whole vocabulary maps no
-    page of the embedding table (its rows are read, not mapped)."""
+def test_a_loaded_model_maps_only_the_classifier_our_kernels_read(tmp_path):
+    """After load every weight is ONNX Runtime's packed copy (or read by row), except the
+    8-bit classifier our kernels read in place: no other page of the entry's weights.bin
+    stays mapped, before or after a prompt over the whole vocabulary (the embedding's rows
+    are read, not mapped)."""
     path = synth_gguf(tmp_path / "tiny-q8.gguf", "kquant-tiny", "Q8_0", seed=6)
     llm = LLM(path, load_config(None, {"runtime.num_threads": 2, "runtime.max_context_tokens": 600}))
     arrays = weight_arrays(llm.spec)
     assert sum(a.nbytes for a in arrays) > 4 << 20
+    assert llm.spec.classifier_in_kernels
+    classifier = [llm.spec.output.data, llm.spec.output.scales]
+
+    def outside_classifier(whole):
+        return mapped_bytes(whole) - sum(mapped_bytes(a) for a in classifier)
+
     # The whole file, not only the arrays' own bytes: reading a small array (a norm) maps
     # its fault-around window, the padding to the next array and that array's first pages.
     whole = np.frombuffer(llm.spec.entry._weights_map, np.uint8)
-    assert whole.nbytes > 4 << 20 and mapped_bytes(whole) == 0
+    assert whole.nbytes > 4 << 20 and outside_classifier(whole) == 0
     prompt = np.random.default_rng(0).permutation(llm.spec.config.vocab_size)[:512].tolist()
     llm.generate(prompt, SamplingParams(temperature=0, max_tokens=2, ignore_eos=True))
     # The norms ONNX Runtime reads at every step are copies (ort_sessions.SMALL_ARRAY_BYTES),
-    # and the embedding's rows are read, not mapped.
-    assert mapped_bytes(whole) == 0
+    # and the embedding's rows are read, not mapped; the classifier is read whole every step.
+    assert outside_classifier(whole) == 0
+    assert all(mapped_bytes(a) >= a.nbytes - 4096 for a in classifier)

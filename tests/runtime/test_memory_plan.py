@@ -37,8 +37,13 @@ def test_the_embedding_counts_only_when_it_is_also_the_classifier():
     layout = {"token_embd.weight": ("Q8_0", (1000, 64)), "blk.0.attn_q.weight": ("Q4_0", (64, 64))}
     tied = mp.weight_bytes(layout)
     untied = mp.weight_bytes({**layout, "output.weight": ("Q6_K", (1000, 64))})
-    assert tied == 1000 * 2 * (32 + B8) + 64 * 2 * (16 + B4)
-    assert untied == 64 * 2 * (16 + B4) + 1000 * 4 * (16 + B8)  # the output matrix, not the embedding
+    # An 8-bit classifier is read in place by our kernels: its values and an f32 scale a block.
+    assert tied == 1000 * 2 * (32 + 4) + 64 * 2 * (16 + B4)
+    assert untied == 64 * 2 * (16 + B4) + 1000 * 4 * (16 + 4)  # the output matrix, not the embedding
+    # A 4-bit one is ONNX Runtime's (packed), also before 1.22; an 8-bit one is ours there too.
+    assert mp.weight_bytes({**layout, "output.weight": ("Q4_0", (1000, 64))}) == 64 * 2 * (16 + B4) + \
+        1000 * 2 * (16 + B4)
+    assert mp.weight_bytes(layout, nbits8=False) == tied
 
 
 def test_kv_of_sliding_layers_is_their_window_and_what_reuse_keeps(tmp_path):

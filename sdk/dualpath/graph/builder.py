@@ -7,7 +7,9 @@ Attention is ours (compiled kernels over our KV cache), so the model becomes
 * part i (1..L-1):   h, attn -> h', q, k, v: closes layer i-1 (output projection,
                      residual, RMSNorm, SwiGLU MLP, residual) and opens layer i
 * part L:            h, attn, rows -> logits, hidden: closes layer L-1 for the
-                     selected rows only, final RMSNorm (hidden: what embeddings pool), lm_head
+                     selected rows only, final RMSNorm (hidden: what embeddings pool), lm_head;
+                     without logits when our kernels run the classifier
+                     (``ModelSpec.classifier_in_kernels``: the runtime multiplies hidden)
 
 Shapes (T = tokens in this step, R = rows whose logits are wanted):
     h, h'     (T, dim) f32          positions (T,) int64
@@ -290,10 +292,13 @@ class _Builder:
             y = self.rmsnorm(y, w[f"blk.{i}.post_ffw_norm"])
         return self.node("Add", [h, y], "res")
 
-    def lm_head(self, h: str) -> tuple[str, str]:
-        """(logits, the final-normed hidden state: what embeddings pool)."""
+    def lm_head(self, h: str) -> tuple[str | None, str]:
+        """(logits, the final-normed hidden state: what embeddings pool); logits None when
+        our kernels run the classifier (the runtime applies the soft-cap then)."""
         cfg = self.cfg
         normed = self.rmsnorm(h, self.spec.weights["output_norm"])
+        if self.spec.classifier_in_kernels:
+            return None, normed
         logits = self.linear(normed, self.spec.output)
         if cfg.final_softcap > 0:  # Gemma 2: cap * tanh(logits / cap)
             cap = cfg.final_softcap
@@ -373,9 +378,10 @@ def build_parts(spec: ModelSpec, accuracy_level: int = 4, context_tokens: int = 
             h = b.node("Gather", ["h", rows], "hsel", axis=0)
             attn = b.node("Gather", ["attn", rows], "asel", axis=0)
             logits, hidden = b.lm_head(b.close_layer(index - 1, h, attn))
+            outs = {"hidden": hidden} if logits is None else {"logits": logits, "hidden": hidden}
             parts.append(b.finish(index, [h_in, attn_in, vi("rows", I64, ["R"])],
-                                  [vi("logits", F, ["R", cfg.vocab_size]), vi("hidden", F, ["R", cfg.dim])],
-                                  {"logits": logits, "hidden": hidden}))
+                                  [vi(k, F, ["R", cfg.vocab_size if k == "logits" else cfg.dim]) for k in outs],
+                                  outs))
             continue
         if index == 0:
             q, k, v = b.open_layer(0, "h", "positions")

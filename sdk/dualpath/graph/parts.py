@@ -40,12 +40,13 @@ TABLES = "rope.bin"
 """Graph-folder file of the initializers that are not model weights (RoPE cos/sin tables)."""
 FUSED_VERSION = 1
 """Bump when builder.fusion_groups or fuse change: older fused folders are then never read."""
-GRAPH_VERSION = 4
+GRAPH_VERSION = 5
 """Bump when the graphs change (builder.py): an entry's older graph folders are then never
 read (``dualpath cache prune`` removes entries, not folders; ``rm`` frees them).
 2: MatMul over (in, out) float weights, outputs written by their producers, fused RoPE.
 3: positions (1, T), q and k (1, T, ...); fused q | k | v and gate | up.
 4: opset 21 (SimplifiedLayerNormalization for RMSNorm): ONNX Runtime 1.20 loads it.
+5: no classifier in the last part when our kernels run it (ModelSpec.classifier_in_kernels).
 The folder name carries the opset too, so a cache shared by two environments never hands
 a graph to a runtime that cannot load it."""
 

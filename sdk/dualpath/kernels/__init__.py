@@ -3,7 +3,8 @@
 Two extension modules sit underneath (built by setup.py from cython_ext/):
 
 * ``_kvarena``: the KV arena (one allocation cut into blocks), the per-step
-  attention stepper, the kernels' thread pool, and the run-time ISA dispatch;
+  attention stepper, the classifier's product (``QMatmul``), the kernels' thread pool,
+  and the run-time ISA dispatch;
   with the names of the C tables, the one list of each: ``KV_DTYPES`` (and
   ``KV_DTYPE_DOCS``), ``KERNEL_ISAS`` and ``KERNEL_FEATURES`` (the ISAs that
   DUALPATH_DISABLE_CPU_FEATURES may name; an unknown name there fails the import
@@ -19,8 +20,8 @@ The NumPy oracle the kernels are tested against lives with the tests
 
 from .._kernels import GGML_TYPES, embed, ggml_layout, read_rows, repack_ggml
 from .._kvarena import (KERNEL_FEATURES, KERNEL_ISAS, KV_DTYPE_DOCS, KV_DTYPES, ArenaStepper, KVArena,
-                        ThreadPool, available_kernels, cpu_features, default_kernel, kv_tile_bytes)
+                        QMatmul, ThreadPool, available_kernels, cpu_features, default_kernel, kv_tile_bytes)
 
 __all__ = ["GGML_TYPES", "KERNEL_FEATURES", "KERNEL_ISAS", "KV_DTYPE_DOCS", "KV_DTYPES", "ArenaStepper", "KVArena",
-           "ThreadPool", "available_kernels", "cpu_features", "default_kernel", "embed", "ggml_layout",
+           "QMatmul", "ThreadPool", "available_kernels", "cpu_features", "default_kernel", "embed", "ggml_layout",
            "kv_tile_bytes", "read_rows", "repack_ggml"]

@@ -199,6 +199,18 @@ class ModelSpec:
         return self.weights["token_embd"] if self.config.tied_output else self.weights["output"]
 
     @property
+    def classifier_in_kernels(self) -> bool:
+        """The classifier is ours (``kernels.QMatmul`` over the cached 8-bit form, read in
+        place), not a graph's MatMulNBits: an 8-bit form without zero points (Q8_0, Q6_K,
+        Q5_0, IQ4_NL tables) in blocks of 16 or 32, rows of whole 32s. ONNX Runtime packs
+        its own copy of such a matrix at 10.7 or 12.8 bits a value against this form's 9 or
+        10 (docs/performance.md, memory), and the classifier is the largest matrix of a
+        small model (Gemma 3 270M: 225 MiB of packed copy)."""
+        w = self.output
+        return (w.matmul_bits == 8 and w.zero_points is None and w.mins is None and w.block_size in (16, 32)
+                and w.data.ndim == 3 and w.shape[1] % 32 == 0)
+
+    @property
     def weight_bytes(self) -> int:
         return sum(w.nbytes for w in self.weights.values())
 

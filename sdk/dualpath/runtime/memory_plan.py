@@ -10,7 +10,9 @@ constants come from, and how close the plan comes):
 * ``weights``: ONNX Runtime's packed copy of every matrix: a quantized block costs its
   values plus ``PACK_BLOCK_BYTES`` (its f32 scale, block sum and alignment), Q4_K's
   mins one f32 per block more, a float matrix 4 bytes a value; the embedding's rows are
-  read from the file (not resident), and a tied table is the classifier's;
+  read from the file (not resident), and a tied table is the classifier's. A classifier
+  our kernels run (``ModelSpec.classifier_in_kernels``) is the cache entry's 8-bit form,
+  mapped and read every step: its values and an f32 scale a block;
 * ``kv cache``: the positions a sequence of the context keeps, in every layer
   (sliding-window layers: their window and what prefix reuse keeps, cache/windows.py);
 * ``activations``: ONNX Runtime's buffers for a prefill chunk, the step buffers, and the
@@ -86,13 +88,16 @@ class MemoryPlan:
                 f"{self.total_full / MiB:,.0f} MiB once the KV cache is full")
 
 
-def _matrix_bytes(type_name: str, shape: tuple[int, ...], nbits8: bool) -> int:
-    """Resident bytes of one matrix as ONNX Runtime holds it (packed)."""
+def _matrix_bytes(type_name: str, shape: tuple[int, ...], nbits8: bool, classifier: bool = False) -> int:
+    """Resident bytes of one matrix as ONNX Runtime holds it (packed), or as our kernels
+    read it in place (the ``classifier``, where they run it)."""
     if len(shape) == 1 or type_name in ("F32", "F16", "BF16"):
         return 4 * math.prod(shape)
     rows, cols = shape
     lay = ggml_layout(type_name)
     bits, sub = lay["bits"], lay["block_size"]
+    if classifier and bits == 8 and not lay["zero_points"] and sub in (16, 32) and cols % 32 == 0:
+        return rows * (cols // sub) * (sub + 4)  # ModelSpec.classifier_in_kernels: the cached form
     if bits == 8 and not nbits8:  # dequantized to f32 (ONNX Runtime before 1.22)
         return 4 * rows * cols
     blocks = rows * (cols // sub)
@@ -103,7 +108,8 @@ def weight_bytes(layout: dict[str, tuple[str, tuple[int, ...]]], nbits8: bool = 
     """Every matrix's packed bytes: the embedding's own only when it is also the
     classifier (tied); else its rows are read from the file, not held."""
     tied = "output.weight" not in layout
-    return sum(_matrix_bytes(t, s, nbits8) for name, (t, s) in layout.items()
+    classifier = "token_embd.weight" if tied else "output.weight"
+    return sum(_matrix_bytes(t, s, nbits8, name == classifier) for name, (t, s) in layout.items()
                if name != "token_embd.weight" or tied)
 
 

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..kernels import ArenaStepper, embed as _embed, read_rows
+from ..kernels import ArenaStepper, QMatmul, embed as _embed, read_rows
 from ..models.quants import gather_rows
-from ..models.spec import ModelConfig, Weight
+from ..models.spec import ModelConfig, ModelSpec, Weight
 from ..scheduler.batch import SeqStep
 from .ort_sessions import SessionSet, can_unidle
 
@@ -117,11 +117,12 @@ class StepBinding:
             return (b.bind_output if output else b.bind_input, key, elem, list(lead), list(arr.shape[1:]),
                     arr.ctypes.data)
 
-        for i, b in enumerate(self.bindings):
+        for i, (sess, b) in enumerate(zip(sessions, self.bindings)):
             if i == num_layers:
                 self._per_token += [bound(b, False, "h", h_src), bound(b, False, "attn", buf.attn)]
-                self._per_row += [bound(b, False, "rows", buf.rows, i64), bound(b, True, "logits", buf.logits),
-                                  bound(b, True, "hidden", buf.hidden)]
+                self._per_row += [bound(b, False, "rows", buf.rows, i64), bound(b, True, "hidden", buf.hidden)]
+                if any(o.name == "logits" for o in sess.get_outputs()):  # else: Classifier
+                    self._per_row.append(bound(b, True, "logits", buf.logits))
             else:
                 # positions (1, T), q and k (1, T, ...): see builder.rope
                 self._per_token += [bound(b, False, "h", h_src),
@@ -203,6 +204,28 @@ class TokenEmbedding:
             gather_rows(e.data, e.scales, e.zero_points, e.mins, e.bits, e.block_size, ids, out)
         if self._scale != 1.0:
             np.multiply(out, self._scale, out=out)
+
+
+class Classifier:
+    """The classifier in our kernels (``ModelSpec.classifier_in_kernels``): logits[:R] =
+    hidden[:R] @ W^T over the cached 8-bit form of W, read in place, then the family's
+    final soft-cap (Gemma 2). int8 activations at ONNX Runtime's accuracy level 4, as its
+    MatMulNBits would have quantized them; f32 below."""
+
+    def __init__(self, spec: ModelSpec, buf: StepBuffers, accuracy_level: int, kernel: str | None):
+        w = spec.output
+        self._mm = QMatmul(w.data, w.scales, buf.hidden, buf.logits, kernel, accuracy_level == 4)
+        self._cap = np.float32(spec.config.final_softcap)
+        self._logits = buf.logits
+
+    def __call__(self, num_rows: int, pool) -> None:
+        """Logits of the step's ``num_rows`` rows, on ``pool`` (None: this thread)."""
+        self._mm.run(num_rows, pool)
+        if self._cap > 0:  # cap * tanh(logits / cap)
+            z = self._logits[:num_rows]
+            np.multiply(z, 1 / self._cap, out=z)
+            np.tanh(z, out=z)
+            np.multiply(z, self._cap, out=z)
 
 
 def kernel_stepper(buf: StepBuffers, arena, cfg: ModelConfig, prefetch_degree: int, kernel: str | None,

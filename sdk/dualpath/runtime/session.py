@@ -27,7 +27,7 @@ from . import ort_sessions
 from .ort_sessions import (NBITS8_SINCE, ORT_VERSION, SessionSet, create_sessions, graphs_for_runtime,
                            nbits8_graphs)
 from .placement_sets import ProfileSets
-from .runner_step import StepBinding, StepBuffers, TokenEmbedding, kernel_stepper
+from .runner_step import Classifier, StepBinding, StepBuffers, TokenEmbedding, kernel_stepper
 
 __all__ = ["NBITS8_SINCE", "ORT_VERSION", "CacheFullError", "ModelRunner", "SessionSet", "build_kv_cache",
            "create_sessions", "graphs_for_runtime", "nbits8_graphs"]
@@ -98,6 +98,8 @@ class ModelRunner:
                                      self.spec.entry)
         self.cache_config = dp = cache_config or DualPathConfig()
         self.buffers = StepBuffers(cfg, max_step_tokens, self.max_num_seqs, max_context_tokens, dp.page_tokens)
+        self._classifier = (Classifier(self.spec, self.buffers, accuracy_level, kernel)
+                            if self.spec.classifier_in_kernels else None)
         self.cache = build_kv_cache(self.spec, dp, max_context_tokens, kv_cache_tokens)
         self.kv_cache_tokens = self.cache.capacity_tokens
         """Tokens the KV cache holds (all sequences together)."""
@@ -256,6 +258,8 @@ class ModelRunner:
             run(b)
             if layer >= 0:
                 kv_step(layer, T, num_seqs, num_spans)
+        if self._classifier is not None:  # on the pool where a decode's attention runs on it
+            self._classifier(R, kv_stepper.pool if prefill or not kv_stepper.decode_on_caller else None)
         return self.buffers.logits
 
     # -- one sequence (benchmarks, tests) -----------------------------------------
