@@ -52,7 +52,12 @@ static void qrows_f32(const uint8_t *w, const float *scales, int64_t bs, int64_t
         }
 }
 
-#define QROWS_PER_TASK 64  /* rows of w a task takes: 40 KiB of a 640-wide table */
+#define QROWS_PER_TASK 256 /* rows of w a task takes: 160 KiB of a 640-wide table; 64 and 1,024 were
+                              * slower here (dualpath bench classifier, docs/performance.md) */
+
+/* Below this many bytes of w the calling thread alone is faster than waking the pool
+ * (2,048 x 96: 0.18 ms on the pool of 2, against ONNX Runtime's 0.02). */
+#define QMATMUL_POOL_BYTES (1 << 20)
 
 typedef struct {
     dp_qrows_fn fn;
@@ -91,7 +96,7 @@ int dp_qmatmul(dp_pool *pool, const dp_attn_ops *ops, const uint8_t *w, int64_t 
         dp_quantize_act(x, R, K, bs, (int8_t *)j.xq, (float *)j.xd);
     }
     const int64_t tasks = (N + QROWS_PER_TASK - 1) / QROWS_PER_TASK;
-    if (pool)
+    if (pool && N * K >= QMATMUL_POOL_BYTES)
         dp_pool_run(pool, tasks, qtask, &j);
     else
         for (int64_t t = 0; t < tasks; t++) qtask(&j, t, 0);

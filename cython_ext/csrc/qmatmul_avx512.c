@@ -49,28 +49,25 @@ static inline __m512i first_idx(int64_t per) {
             __m512 cv[ROWS];                                                                       \
             for (int i = 0; i < ROWS; i++)                                                         \
                 cv[i] = _mm512_mul_ps(_mm512_maskz_loadu_ps(mk, scales + (n + i) * nb + b0), dv);  \
-            const int64_t s1 = s0 + m / per;                                                       \
+            const int64_t s1 = s0 + (m + per - 1) / per;                                           \
             __m512i idx = idx0;                                                                    \
             for (int64_t s = s0; s < s1; s++, idx = _mm512_add_epi32(idx, inc)) {                  \
-                const __m512i xv = _mm512_loadu_si512(x + 64 * s);                                 \
-                (void)xv;                                                                          \
+                /* a last step of 32 values (K is whole 32s) reads its half: zeros add nothing */ \
+                const int half = 64 * s + 64 > K;                                                  \
+                const __mmask64 bm = half ? 0xffffffffull : ~0ull;                                 \
+                const __mmask16 lm = half ? 0x00ff : 0xffff;                                       \
+                const __m512i xv = _mm512_maskz_loadu_epi8(bm, x + 64 * s);                        \
+                (void)lm;                                                                          \
                 for (int i = 0; i < ROWS; i++) {                                                   \
-                    const __m512i wv = _mm512_loadu_si512(w + (n + i) * K + 64 * s);               \
+                    const __m512i wv = _mm512_maskz_loadu_epi8(bm, w + (n + i) * K + 64 * s);      \
                     _mm_prefetch((const char *)(w + (n + i) * K + 64 * s) + DP_QMATMUL_PREFETCH, _MM_HINT_T0);   \
                     const __m512 f = _mm512_cvtepi32_ps(DOT);                                      \
                     acc[i][s & 1] = _mm512_fmadd_ps(_mm512_permutexvar_ps(idx, cv[i]), f, acc[i][s & 1]); \
                 }                                                                                  \
             }                                                                                      \
         }                                                                                          \
-        for (int i = 0; i < ROWS; i++) {                                                           \
-            const uint8_t *row = w + (n + i) * K;                                                  \
-            const float *sc = scales + (n + i) * nb;                                               \
-            float t = _mm512_reduce_add_ps(_mm512_add_ps(acc[i][0], acc[i][1]));                   \
-            /* the last K % 64 values (K is whole 32s): one block of 32 or two of 16 */           \
-            for (int64_t v = steps * 64; v < K; v++)                                               \
-                t += sc[v / bs] * dx[v / bs] * (float)(((int32_t)row[v] - 128) * x[v]);            \
-            out[r * ldo + n + i] = t;                                                              \
-        }                                                                                          \
+        for (int i = 0; i < ROWS; i++)                                                             \
+            out[r * ldo + n + i] = _mm512_reduce_add_ps(_mm512_add_ps(acc[i][0], acc[i][1]));      \
     }
 
 #define QROWS_AVX512(NAME, ATTR, DOT)                                                                  \
@@ -78,7 +75,7 @@ static inline __m512i first_idx(int64_t per) {
                           const int8_t *xq, const float *xd, const int32_t *corr, int64_t R, float *out,  \
                           int64_t ldo) {                                                               \
         const int64_t nb = K / bs, per = 64 / bs; /* blocks a step of 64 values covers */          \
-        const int64_t steps = K / 64;                                                              \
+        const int64_t steps = (K + 63) / 64;                                                       \
         const __m512i idx0 = first_idx(per), inc = _mm512_set1_epi32((int)per);                   \
         for (int64_t r = 0; r < R; r++) {                                                          \
             const int8_t *x = xq + r * K;                                                          \
@@ -86,13 +83,14 @@ static inline __m512i first_idx(int64_t per) {
             const int32_t *cr = corr ? corr + r * (K / 4) : NULL;                                  \
             (void)cr;                                                                              \
             int64_t n = n0;                                                                        \
+            for (; n + 2 <= n1; n += 2) QROWS_AVX512_BODY(2, DOT)                                  \
             for (; n < n1; n++) QROWS_AVX512_BODY(1, DOT)                                          \
         }                                                                                          \
     }
 
 QROWS_AVX512(qrows_bw, , dot64_bw(wv, xv))
 QROWS_AVX512(qrows_vnni, __attribute__((target("avx512vnni"))),
-             dot64_vnni(wv, xv, _mm512_loadu_si512(cr + 16 * s)))
+             dot64_vnni(wv, xv, _mm512_maskz_loadu_epi32(lm, cr + 16 * s)))
 
 void dp_qrows_avx512(const uint8_t *w, const float *scales, int64_t bs, int64_t n0, int64_t n1, int64_t K,
                      const int8_t *xq, const float *xd, int64_t R, float *out, int64_t ldo) {

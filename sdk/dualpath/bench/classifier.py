@@ -99,7 +99,7 @@ def measure(n: int, k: int, bs: int, threads: int, repeats: int, kernel: str | N
 
 
 def cmd_bench_classifier(args) -> int:
-    res = [measure(n, k, bs, args.threads, args.repeats, args.kernel) for n, k, bs in _shapes(args.shapes)]
+    res = [measure(n, k, bs, args.threads, args.repeats, args.kernel) for n, k, bs in args.shapes]
     print(f"{'shape':>18} {'kernel':>7} {'ours ms':>8} {'ORT ms':>7} {'ORT/ours':>8} {'ours GB/s':>9} "
           f"{'bw GB/s':>7} {'ours MiB':>8} {'max diff':>8}")
     for r in res:

@@ -7,7 +7,9 @@ model, prefills ``--ctx`` random tokens and decodes ``--decode``. The parts:
 * ``vocabulary``: what opening the model and building its tokenizer added (the spec's
   token strings, the tokenizer's tables);
 * ``weights``: what creating the ONNX Runtime sessions added: their packed copies of the
-  weights (the pages of the entry's files they packed from are given back);
+  weights (the pages of the entry's files they packed from are given back); and the pages
+  of an 8-bit classifier our kernels read in place (``ModelSpec.classifier_in_kernels``),
+  resident at the end, which the first step maps;
 * ``kv cache``: the KV arena's resident pages at the end (read from /proc/self/pagemap);
 * ``activations``: the rest of what generating added (ONNX Runtime's buffers for a
   chunk, the step buffers);
@@ -89,9 +91,12 @@ def worker(model: str, ctx: int, decode: int, threads: int, chunk: int) -> dict:
                  SamplingParams(temperature=0, max_tokens=decode + 1, ignore_eos=True))
     arena = llm.runner.cache.arena
     kv = resident_bytes(arena.address, arena.nbytes) / MiB
+    # The classifier our kernels read is mapped by the warm-up step, after "sessions".
+    classifier = sum(resident_bytes(a.ctypes.data, a.nbytes) for a in (llm.spec.output.data, llm.spec.output.scales)
+                     ) / MiB if llm.spec.classifier_in_kernels else 0.0
     measured = {"runtime": imported, "vocabulary": rss["tokenizer"] - rss["start"],
-                "weights": rss["sessions"] - rss["tokenizer"], "kv cache": kv,
-                "activations": resident_mb() - loaded - kv}
+                "weights": rss["sessions"] - rss["tokenizer"] + classifier, "kv cache": kv,
+                "activations": resident_mb() - loaded - kv - classifier}
     return {"measured": measured, "plan": {k: v / MiB for k, v in plan.parts.items()},
             "peak_rss_mb": _status_mb("VmHWM"), "plan_mb": plan.total / MiB, "end_rss_mb": resident_mb(),
             "kinds": _mapped_kinds()}
