@@ -44,6 +44,8 @@ def _ort_session(w: np.ndarray, scales: np.ndarray, threads: int):
     import onnxruntime as ort
     from onnx import TensorProto, helper
 
+    from ..runtime.ort_sessions import use_global_pool
+
     n, nb, bs = w.shape
     node = helper.make_node("MatMulNBits", ["x", "w", "s"], ["y"], domain="com.microsoft", K=nb * bs, N=n,
                             bits=8, block_size=bs, accuracy_level=4)
@@ -54,7 +56,10 @@ def _ort_session(w: np.ndarray, scales: np.ndarray, threads: int):
                                                               raw=True)])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid("com.microsoft", 1)])
     so = ort.SessionOptions()
-    so.intra_op_num_threads = threads
+    if use_global_pool(threads):  # as a model's parts run (and once it exists ORT refuses any other)
+        so.use_per_session_threads = False
+    else:
+        so.intra_op_num_threads = threads
     return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
 
 
@@ -67,6 +72,9 @@ def _ms(fn, inner: int) -> float:
 
 
 def measure(n: int, k: int, bs: int, threads: int, repeats: int, kernel: str | None = None) -> dict:
+    """One shape (n rows x k columns in blocks of bs), ours and ONNX Runtime's (see the
+    module docstring); ONNX Runtime runs on its global pool where the process has one, as
+    a model's graph parts do."""
     rng = np.random.default_rng(0)
     w = rng.integers(0, 256, (n, k // bs, bs), dtype=np.uint8)
     scales = (rng.random(n * k // bs, dtype=np.float32) * 0.01).astype(np.float32)

@@ -120,7 +120,7 @@ def _thread_ids() -> set[int]:
         return set()
 
 
-def _use_global_pool(num_threads: int) -> bool:
+def use_global_pool(num_threads: int) -> bool:
     """Share one ONNX Runtime thread pool between all parts of a model (``create_sessions``
     says when).
 
@@ -293,7 +293,7 @@ def create_sessions(parts: list[PartFile], num_threads: int, spinning: bool = Tr
     # Once the global pool exists ORT refuses pools of a session's own: share it then.
     own_pools = per_session_pools or affinities is not None or (
         spinning and ort_pools == "per_part" and not _global_pool_threads)
-    shared_pool = not own_pools and _use_global_pool(num_threads)
+    shared_pool = not own_pools and use_global_pool(num_threads)
     env_allocator = _use_env_allocator()
     _fix_mmap_threshold()
     done = [0]
