@@ -3,9 +3,10 @@
  * the file's flags) and runs only where the CPU has it.
  * 64 values a step, 16 int32 lanes of 4 values: two blocks of 32 (8 lanes each) or four
  * of 16 (4 each). With VNNI, dpbusd multiplies the stored uint8 values (w = q + 128)
- * by the int8 activations straight into int32, less 128 x the activations' sums (a
- * second dpbusd), which leaves sum q x; without it, maddubs on |q| and x with q's sign,
- * as the AVX2 file. Each lane then takes its block's scale (16 blocks at a time, permuted). */
+ * by the int8 activations straight into int32 lanes that start at -128 x the sum of their
+ * 4 activations (made once per activation row), which leaves sum q x; without it, maddubs
+ * on |q| and x with q's sign, as the AVX2 file. Each lane then takes its block's scale (16
+ * blocks at a time, permuted). */
 #include <immintrin.h>
 #include "qmatmul.h"
 
