@@ -533,7 +533,6 @@ cdef class ArenaStepper:
                        f"{bad or ' (in seqs or spans)'}", "the arena")
 
 
-
 cdef class QMatmul:
     """``out[:R] = x[:R] @ W.T`` in our kernels, W in the 8-bit MatMulNBits form read in
     place (csrc/qmatmul.h): the classifier, instead of ONNX Runtime's packed copy of it.

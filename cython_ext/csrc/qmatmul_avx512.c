@@ -37,19 +37,16 @@ static inline __m512i first_idx(int64_t per) {
                     : _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
 }
 
-/* ROWS rows of w against one activation row: the activations (and their sums) are
- * loaded once a step for all of them, and each row has two FMA chains. */
-#define QROWS_AVX512_BODY(ROWS, DOT)                                                                   \
+/* One row n of w against activation row r, with two FMA chains. */
+#define QROWS_AVX512_ROW(DOT)                                                                          \
     {                                                                                              \
-        __m512 acc[ROWS][2];                                                                       \
-        for (int i = 0; i < ROWS; i++) acc[i][0] = acc[i][1] = _mm512_setzero_ps();                \
+        const uint8_t *row = w + n * K;                                                            \
+        __m512 acc[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};                                \
         for (int64_t s0 = 0; s0 < steps; s0 += 16 / per) { /* 16 blocks of scales */              \
             const int64_t b0 = s0 * per, m = nb - b0 < 16 ? nb - b0 : 16;                           \
             const __mmask16 mk = (__mmask16)((1u << m) - 1u);                                      \
-            const __m512 dv = _mm512_maskz_loadu_ps(mk, dx + b0);                                  \
-            __m512 cv[ROWS];                                                                       \
-            for (int i = 0; i < ROWS; i++)                                                         \
-                cv[i] = _mm512_mul_ps(_mm512_maskz_loadu_ps(mk, scales + (n + i) * nb + b0), dv);  \
+            const __m512 cv = _mm512_mul_ps(_mm512_maskz_loadu_ps(mk, scales + n * nb + b0),       \
+                                            _mm512_maskz_loadu_ps(mk, dx + b0));                   \
             const int64_t s1 = s0 + (m + per - 1) / per;                                           \
             __m512i idx = idx0;                                                                    \
             for (int64_t s = s0; s < s1; s++, idx = _mm512_add_epi32(idx, inc)) {                  \
@@ -58,17 +55,14 @@ static inline __m512i first_idx(int64_t per) {
                 const __mmask64 bm = half ? 0xffffffffull : ~0ull;                                 \
                 const __mmask16 lm = half ? 0x00ff : 0xffff;                                       \
                 const __m512i xv = _mm512_maskz_loadu_epi8(bm, x + 64 * s);                        \
+                const __m512i wv = _mm512_maskz_loadu_epi8(bm, row + 64 * s);                      \
                 (void)lm;                                                                          \
-                for (int i = 0; i < ROWS; i++) {                                                   \
-                    const __m512i wv = _mm512_maskz_loadu_epi8(bm, w + (n + i) * K + 64 * s);      \
-                    _mm_prefetch((const char *)(w + (n + i) * K + 64 * s) + DP_QMATMUL_PREFETCH, _MM_HINT_T0);   \
-                    const __m512 f = _mm512_cvtepi32_ps(DOT);                                      \
-                    acc[i][s & 1] = _mm512_fmadd_ps(_mm512_permutexvar_ps(idx, cv[i]), f, acc[i][s & 1]); \
-                }                                                                                  \
+                _mm_prefetch((const char *)(row + 64 * s) + DP_QMATMUL_PREFETCH, _MM_HINT_T0);     \
+                const __m512 f = _mm512_cvtepi32_ps(DOT);                                          \
+                acc[s & 1] = _mm512_fmadd_ps(_mm512_permutexvar_ps(idx, cv), f, acc[s & 1]);       \
             }                                                                                      \
         }                                                                                          \
-        for (int i = 0; i < ROWS; i++)                                                             \
-            out[r * ldo + n + i] = _mm512_reduce_add_ps(_mm512_add_ps(acc[i][0], acc[i][1]));      \
+        out[r * ldo + n] = _mm512_reduce_add_ps(_mm512_add_ps(acc[0], acc[1]));                    \
     }
 
 #define QROWS_AVX512(NAME, ATTR, DOT)                                                                  \
@@ -83,9 +77,7 @@ static inline __m512i first_idx(int64_t per) {
             const float *dx = xd + r * nb;                                                         \
             const int32_t *cr = corr ? corr + r * (K / 4) : NULL;                                  \
             (void)cr;                                                                              \
-            int64_t n = n0;                                                                        \
-            for (; n + 2 <= n1; n += 2) QROWS_AVX512_BODY(2, DOT)                                  \
-            for (; n < n1; n++) QROWS_AVX512_BODY(1, DOT)                                          \
+            for (int64_t n = n0; n < n1; n++) QROWS_AVX512_ROW(DOT)                                \
         }                                                                                          \
     }
 

@@ -91,7 +91,7 @@ def worker(model: str, ctx: int, decode: int, threads: int, chunk: int) -> dict:
                  SamplingParams(temperature=0, max_tokens=decode + 1, ignore_eos=True))
     arena = llm.runner.cache.arena
     kv = resident_bytes(arena.address, arena.nbytes) / MiB
-    # The classifier our kernels read is mapped by the warm-up step, after "sessions".
+    # The classifier our kernels read is mapped by the first step, after "sessions".
     classifier = sum(resident_bytes(a.ctypes.data, a.nbytes) for a in (llm.spec.output.data, llm.spec.output.scales)
                      ) / MiB if llm.spec.classifier_in_kernels else 0.0
     measured = {"runtime": imported, "vocabulary": rss["tokenizer"] - rss["start"],

@@ -28,6 +28,14 @@ from ..tokenizer.spec import TokenizerSpec
 QUANT_BLOCK = 32
 
 
+def kernel_classifier_form(bits: int, zero_points: bool, block_size: int, cols: int) -> bool:
+    """Whether our kernels multiply a classifier of this MatMulNBits form (``kernels.QMatmul``,
+    read in place): 8 bits without zero points (Q8_0, Q6_K, Q5_0, IQ4_NL tables) in blocks
+    of 16 or 32, rows of whole 32s. The one rule: ``ModelSpec.classifier_in_kernels`` applies
+    it to a converted weight, the memory plan to a file's header."""
+    return bits == 8 and not zero_points and block_size in (16, 32) and cols % 32 == 0
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     """Hyper-parameters of a Llama-family decoder."""
@@ -201,14 +209,13 @@ class ModelSpec:
     @property
     def classifier_in_kernels(self) -> bool:
         """The classifier is ours (``kernels.QMatmul`` over the cached 8-bit form, read in
-        place), not a graph's MatMulNBits: an 8-bit form without zero points (Q8_0, Q6_K,
-        Q5_0, IQ4_NL tables) in blocks of 16 or 32, rows of whole 32s. ONNX Runtime packs
-        its own copy of such a matrix at 10.7 or 12.8 bits a value against this form's 9 or
-        10 (docs/performance.md, memory), and the classifier is the largest matrix of a
-        small model (Gemma 3 270M: 225 MiB of packed copy)."""
+        place), not a graph's MatMulNBits, where ``kernel_classifier_form`` says so. ONNX
+        Runtime packs its own copy of such a matrix at 10.7 or 12.8 bits a value against this
+        form's 9 or 10 (docs/performance.md, memory), and the classifier is the largest
+        matrix of a small model (Gemma 3 270M: 225 MiB of packed copy)."""
         w = self.output
-        return (w.matmul_bits == 8 and w.zero_points is None and w.mins is None and w.block_size in (16, 32)
-                and w.data.ndim == 3 and w.shape[1] % 32 == 0)
+        return (w.data.ndim == 3 and kernel_classifier_form(w.matmul_bits, w.zero_points is not None or
+                                                            w.mins is not None, w.block_size, w.shape[1]))
 
     @property
     def weight_bytes(self) -> int:

@@ -31,7 +31,7 @@ from ..config import Config
 from ..errors import ConfigError
 from ..kernels import ggml_layout, kv_tile_bytes
 from ..models import read_layout
-from ..models.spec import ModelConfig
+from ..models.spec import ModelConfig, kernel_classifier_form
 
 MiB = 1 << 20
 RUNTIME_BYTES = 75 * MiB
@@ -96,8 +96,8 @@ def _matrix_bytes(type_name: str, shape: tuple[int, ...], nbits8: bool, classifi
     rows, cols = shape
     lay = ggml_layout(type_name)
     bits, sub = lay["bits"], lay["block_size"]
-    if classifier and bits == 8 and not lay["zero_points"] and sub in (16, 32) and cols % 32 == 0:
-        return rows * (cols // sub) * (sub + 4)  # ModelSpec.classifier_in_kernels: the cached form
+    if classifier and kernel_classifier_form(bits, bool(lay["zero_points"]), sub, cols):
+        return rows * (cols // sub) * (sub + 4)  # the cached form: values and an f32 scale a block
     if bits == 8 and not nbits8:  # dequantized to f32 (ONNX Runtime before 1.22)
         return 4 * rows * cols
     blocks = rows * (cols // sub)
