@@ -19,20 +19,20 @@ COMMON = ["-O3", "-std=c11", "-fno-math-errno", "-fPIC"]
 machine = (os.environ.get("DUALPATH_TARGET_MACHINE") or platform.machine()).lower()
 if machine in ("x86_64", "amd64"):
     ISA_LIBS = [
-        ("dp_isa_avx2", {"sources": [f"{CSRC}/attn_avx2.c", f"{CSRC}/qmatmul_avx2.c"], "cflags": COMMON + ["-mavx2", "-mfma", "-mf16c"]}),
-        ("dp_isa_avx512", {"sources": [f"{CSRC}/attn_avx512.c", f"{CSRC}/qmatmul_avx512.c"],
+        ("dp_isa_avx2", {"sources": [f"{CSRC}/attn_avx2.c", f"{CSRC}/qmatmul_avx2.c", f"{CSRC}/lmatmul_avx2.c"], "cflags": COMMON + ["-mavx2", "-mfma", "-mf16c"]}),
+        ("dp_isa_avx512", {"sources": [f"{CSRC}/attn_avx512.c", f"{CSRC}/qmatmul_avx512.c", f"{CSRC}/lmatmul_avx512.c"],
                            "cflags": COMMON + ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx2", "-mfma", "-mf16c"]}),
     ]
 elif machine in ("aarch64", "arm64"):
     ISA_LIBS = [
-        ("dp_isa_neon", {"sources": [f"{CSRC}/attn_neon.c", f"{CSRC}/qmatmul_neon.c"], "cflags": COMMON}),
+        ("dp_isa_neon", {"sources": [f"{CSRC}/attn_neon.c", f"{CSRC}/qmatmul_neon.c", f"{CSRC}/lmatmul_neon.c"], "cflags": COMMON}),
         ("dp_isa_neon_fp16", {"sources": [f"{CSRC}/attn_neon_fp16.c"], "cflags": COMMON + ["-march=armv8.2-a+fp16"]}),
     ]
 else:
     ISA_LIBS = []
 
 BASE_SOURCES = [f"{CSRC}/kv_arena.c", f"{CSRC}/kv_attn.c", f"{CSRC}/attn_generic.c", f"{CSRC}/cpu_features.c", f"{CSRC}/dp_pool.c",
-                f"{CSRC}/qmatmul.c"]
+                f"{CSRC}/qmatmul.c", f"{CSRC}/lmatmul.c"]
 
 
 def ext(name, sources, libraries=()):

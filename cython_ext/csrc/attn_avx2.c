@@ -199,4 +199,5 @@ const dp_attn_ops dp_ops_avx2 = {
            [DP_KV_Q8] = {scores_q8, accum_q8}},
     DP_ATTN_OPS_COMMON,
     .qrows = dp_qrows_avx2,
+    .lrows = dp_lrows_avx2,
 };

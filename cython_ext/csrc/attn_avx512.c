@@ -319,4 +319,5 @@ const dp_attn_ops dp_ops_avx512 = {
            [DP_KV_Q8] = {scores_q8, accum_q8, scores_q8_run, accum_q8_run}},
     DP_ATTN_OPS_COMMON,
     .qrows = dp_qrows_avx512,
+    .lrows = dp_lrows_avx512,
 };

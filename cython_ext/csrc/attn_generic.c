@@ -142,4 +142,5 @@ const dp_attn_ops dp_ops_generic = {
            [DP_KV_Q8] = {scores_q8, accum_q8}},
     DP_ATTN_OPS_COMMON,
     .qrows = dp_qrows_generic,
+    .lrows = dp_lrows_generic,
 };

@@ -185,4 +185,5 @@ const dp_attn_ops dp_ops_neon = {
            [DP_KV_Q8] = {scores_q8, accum_q8}},
     DP_ATTN_OPS_COMMON,
     .qrows = dp_qrows_neon,
+    .lrows = dp_lrows_neon,
 };

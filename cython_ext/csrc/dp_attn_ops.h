@@ -16,6 +16,7 @@
 
 #include "dp_common.h"
 #include "dp_pool.h"
+#include "lmatmul.h"
 #include "qmatmul.h"
 
 /* One piece of a run: n consecutive positions of one KV head inside one tile.
@@ -67,6 +68,8 @@ typedef struct {
     int64_t (*fma_probe)(int64_t iters, float *sink);
     /* The classifier's rows over 8-bit MatMulNBits weights (qmatmul.h). */
     dp_qrows_fn qrows;
+    /* A layer's products over the form of lmatmul.h. */
+    dp_lrows_fn lrows;
 } dp_attn_ops;
 
 /* out (R, ldo) = x (R, K) times w transposed: N rows of K values in the 8-bit MatMulNBits
@@ -78,6 +81,13 @@ typedef struct {
 int dp_qmatmul(dp_pool *pool, const dp_attn_ops *ops, const uint8_t *w, int64_t w_len, const float *scales,
                int64_t scales_len, int64_t bs, int64_t N, int64_t K, const float *x, int64_t R, float *out,
                int64_t out_len, int64_t ldo, int int8_act);
+
+/* A layer's product (lmatmul.h): every job's weight times x (R, K) f32, the activations
+ * quantized once for all of them; the jobs' groups of rows are the pool's tasks. At most
+ * 8 jobs; every job's form, rows and output are checked (DP_ERR_ARG / DP_ERR_BOUNDS)
+ * before anything runs. */
+int dp_lmatmul(dp_pool *pool, const dp_attn_ops *ops, const dp_ljob *jobs, int njobs, const float *x, int64_t R,
+               int64_t K);
 
 /* The fma_probe of an ISA file, from its vector type and operations: CHAINS
  * independent chains x = x * m + c of LANES-wide vectors, summed into *sink at the

@@ -9,7 +9,7 @@ cd "$(dirname "$0")/../.."
 S=cython_ext/csrc
 OUT=${TMPDIR:-/tmp}/dualpath-ctest
 mkdir -p "$OUT"
-BASE="$S/kv_arena.c $S/kv_attn.c $S/attn_generic.c $S/cpu_features.c $S/dp_pool.c $S/qmatmul.c $S/ggml_repack.c tests/c/test_kernels.c"
+BASE="$S/kv_arena.c $S/kv_attn.c $S/attn_generic.c $S/cpu_features.c $S/dp_pool.c $S/qmatmul.c $S/lmatmul.c $S/ggml_repack.c tests/c/test_kernels.c"
 build() { # $1 = compiler, $2 = output, $3... = extra flags for the base files
     local cc=$1 out=$2; shift 2
     local objs=()
@@ -19,12 +19,15 @@ build() { # $1 = compiler, $2 = output, $3... = extra flags for the base files
             $cc "$@" -c $S/qmatmul_avx2.c -mavx2 -mfma -mf16c -o "$OUT/qavx2.o"
             $cc "$@" -c $S/attn_avx512.c -mavx512f -mavx512bw -mavx512vl -mavx2 -mfma -mf16c -o "$OUT/avx512.o"
             $cc "$@" -c $S/qmatmul_avx512.c -mavx512f -mavx512bw -mavx512vl -mavx2 -mfma -mf16c -o "$OUT/qavx512.o"
-            objs=("$OUT/avx2.o" "$OUT/qavx2.o" "$OUT/avx512.o" "$OUT/qavx512.o") ;;
+            $cc "$@" -c $S/lmatmul_avx2.c -mavx2 -mfma -mf16c -o "$OUT/lavx2.o"
+            $cc "$@" -c $S/lmatmul_avx512.c -mavx512f -mavx512bw -mavx512vl -mavx2 -mfma -mf16c -o "$OUT/lavx512.o"
+            objs=("$OUT/avx2.o" "$OUT/qavx2.o" "$OUT/avx512.o" "$OUT/qavx512.o" "$OUT/lavx2.o" "$OUT/lavx512.o") ;;
         aarch64*)
             $cc "$@" -c $S/attn_neon.c -o "$OUT/neon.o"
             $cc "$@" -c $S/qmatmul_neon.c -o "$OUT/qneon.o"
+            $cc "$@" -c $S/lmatmul_neon.c -o "$OUT/lneon.o"
             $cc "$@" -c $S/attn_neon_fp16.c -march=armv8.2-a+fp16 -o "$OUT/neon_fp16.o"
-            objs=("$OUT/neon.o" "$OUT/qneon.o" "$OUT/neon_fp16.o") ;;
+            objs=("$OUT/neon.o" "$OUT/qneon.o" "$OUT/lneon.o" "$OUT/neon_fp16.o") ;;
     esac
     $cc "$@" $BASE "${objs[@]}" -o "$out" -lm -lpthread
 }

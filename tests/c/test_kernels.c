@@ -23,6 +23,7 @@
 #include "../../cython_ext/csrc/kv_arena.h"
 #include "../../cython_ext/csrc/kv_attn.h"
 #include "../../cython_ext/csrc/qmatmul.h"
+#include "../../cython_ext/csrc/lmatmul.h"
 
 #define DP_PARAMS(s, pd) ((dp_attn_params){.scale = (s), .softcap = 0.0f, .window = 0, .prefetch_degree = (pd)})
 
@@ -881,6 +882,156 @@ static void qmatmul_cases(dp_pool *pool) {
 #endif
 }
 
+/* A layer's product (lmatmul.h): random GGML blocks converted to the form, multiplied by
+ * every ISA, against a double-precision reference over the same quantized activations
+ * whose weights come from dp_repack_ggml (checked against gguf-py in tests/models/): every
+ * kind, 1 to 9 activation rows (the AVX-512 passes of 4 and their rest), 1 and 3 groups,
+ * one and several superblocks, on the pool and on the caller, several jobs at once. */
+static int ggml_type_index(const char *name) {
+    for (int t = 0; t < dp_num_ggml_layouts; t++)
+        if (!strcmp(dp_ggml_layouts[t].name, name)) return t;
+    return -1;
+}
+
+static uint8_t *random_ggml(int kind, int64_t N, int64_t K, uint64_t seed, int64_t *bytes) {
+    const dp_lkind_info *k = &dp_lkinds[kind];
+    *bytes = N * K / k->sb * k->ggml_bytes;
+    uint8_t *src = malloc((size_t)*bytes);
+    for (int64_t i = 0; i < *bytes; i++) src[i] = (uint8_t)((seed = seed * 6364136223846793005ull + 1) >> 56);
+    for (int64_t b = 0; b < *bytes / k->ggml_bytes; b++) /* finite, modest fp16 fields */
+        for (int64_t i = 1; i < k->ggml_bytes; i += 2) src[b * k->ggml_bytes + i] &= 0x3b;
+    return src;
+}
+
+/* w (N, K) f32: the values dp_repack_ggml decodes (scale x (u - zero point) - min). */
+static float *dequantized_ggml(int kind, const uint8_t *src, int64_t src_bytes, int64_t N, int64_t K) {
+    const int t = ggml_type_index(dp_lkinds[kind].name);
+    const dp_ggml_layout *L = &dp_ggml_layouts[t];
+    const int64_t nb = K / L->sub, zp_row = (nb * L->bits + 7) / 8;
+    uint8_t *blob = malloc((size_t)(N * K * L->bits / 8)), *zp = malloc((size_t)(N * zp_row));
+    float *sc = malloc((size_t)(N * nb) * sizeof(float)), *mins = malloc((size_t)(N * nb) * sizeof(float));
+    float *w = malloc((size_t)(N * K) * sizeof(float));
+    dp_repack_ggml(src, src_bytes, t, N, K, blob, N * K * L->bits / 8, sc, N * nb, zp, N * zp_row, mins, N * nb);
+    for (int64_t n = 0; n < N; n++)
+        for (int64_t v = 0; v < K; v++) {
+            const int64_t i = n * K + v, b = n * nb + v / L->sub, zi = v / L->sub;
+            const int u = L->bits == 8 ? blob[i] : (blob[i / 2] >> (4 * (i % 2))) & 0x0f;
+            const int z = !L->zero_points ? 1 << (L->bits - 1)
+                          : L->bits == 8 ? zp[n * zp_row + zi] : (zp[n * zp_row + zi / 2] >> (4 * (zi % 2))) & 0x0f;
+            w[i] = (float)((double)sc[b] * (u - z) - (L->zero_points ? mins[b] : 0.0f));
+        }
+    free(blob), free(zp), free(sc), free(mins);
+    return w;
+}
+
+static void lmatmul_case(const dp_attn_ops *ops, dp_pool *pool, int kind, int64_t N, int64_t K, int64_t R,
+                         const char *isa) {
+    int64_t src_bytes;
+    uint8_t *src = random_ggml(kind, N, K, 0x9e3779b97f4a7c15ull * (uint64_t)(kind + 1) + (uint64_t)(N * K), &src_bytes);
+    const int64_t fb = dp_lform_bytes(kind, N, K);
+    uint8_t *form = malloc((size_t)fb);
+    float *w = dequantized_ggml(kind, src, src_bytes, N, K);
+    float *x = malloc((size_t)(R * K) * sizeof(float)), *xd = malloc((size_t)(R * K / 32) * sizeof(float));
+    int8_t *xq = malloc((size_t)(R * K));
+    int32_t *xs = malloc((size_t)(R * K / 16) * sizeof(int32_t));
+    const int64_t ldo = N + 5; /* the output's rows are strided: columns past N stay untouched */
+    float *got = malloc((size_t)(R * ldo) * sizeof(float));
+    for (int64_t i = 0; i < R * K; i++) x[i] = frand() * 3.0f;
+    for (int64_t i = 0; i < R * ldo; i++) got[i] = -7.0f;
+    dp_lact_quantize(x, R, K, xq, xd, xs);
+    int ok = dp_lform_from_ggml(kind, src, src_bytes, N, K, form, fb) == DP_OK;
+    const dp_ljob job = {kind, form, fb, N, got, R * ldo, ldo};
+    ok &= dp_lmatmul(pool, ops, &job, 1, x, R, K) == DP_OK;
+    double worst = 0; /* |error| relative to the sum of the terms' magnitudes */
+    for (int64_t r = 0; r < R; r++)
+        for (int64_t n = 0; n < N; n++) {
+            double acc = 0, mag = 0;
+            for (int64_t v = 0; v < K; v++) {
+                const double t = (double)w[n * K + v] * xq[r * K + v] * xd[r * K / 32 + v / 32];
+                acc += t, mag += fabs(t);
+            }
+            const double e = fabs((double)got[r * ldo + n] - acc) / (mag > 1e-30 ? mag : 1.0);
+            if (e > worst) worst = e;
+        }
+    for (int64_t r = 0; r < R; r++) ok &= got[r * ldo + N] == -7.0f;
+    char what[160];
+    snprintf(what, sizeof what, "lmatmul %s %s N %lld K %lld R %lld %s (worst %.1e)", isa, dp_lkinds[kind].name,
+             (long long)N, (long long)K, (long long)R, pool ? "pool" : "caller", worst);
+    check(ok && worst < 2e-6, what);
+    free(src), free(form), free(w), free(x), free(xd), free(xq), free(xs), free(got);
+}
+
+/* Two jobs of different kinds into adjacent columns of one output, and the argument checks. */
+static void lmatmul_job_cases(const dp_attn_ops *ops, dp_pool *pool, const char *isa) {
+    const int64_t K = 256, R = 3, N0 = 32, N1 = 16, ldo = N0 + N1;
+    int64_t b0, b1;
+    uint8_t *s0 = random_ggml(DP_L_Q4_K, N0, K, 11, &b0), *s1 = random_ggml(DP_L_Q8_0, N1, K, 12, &b1);
+    const int64_t f0 = dp_lform_bytes(DP_L_Q4_K, N0, K), f1 = dp_lform_bytes(DP_L_Q8_0, N1, K);
+    uint8_t *w0 = malloc((size_t)f0), *w1 = malloc((size_t)f1);
+    dp_lform_from_ggml(DP_L_Q4_K, s0, b0, N0, K, w0, f0);
+    dp_lform_from_ggml(DP_L_Q8_0, s1, b1, N1, K, w1, f1);
+    float x[3 * 256], both[3 * 48], one[3 * 48];
+    for (int i = 0; i < R * K; i++) x[i] = frand();
+    dp_ljob jobs[2] = {{DP_L_Q4_K, w0, f0, N0, both, R * ldo, ldo}, {DP_L_Q8_0, w1, f1, N1, both + N0, R * ldo - N0, ldo}};
+    int ok = dp_lmatmul(pool, ops, jobs, 2, x, R, K) == DP_OK;
+    dp_ljob a = {DP_L_Q4_K, w0, f0, N0, one, R * ldo, ldo}, b = {DP_L_Q8_0, w1, f1, N1, one + N0, R * ldo - N0, ldo};
+    ok &= dp_lmatmul(pool, ops, &a, 1, x, R, K) == DP_OK && dp_lmatmul(pool, ops, &b, 1, x, R, K) == DP_OK;
+    ok &= !memcmp(both, one, sizeof both);
+    char what[120];
+    snprintf(what, sizeof what, "lmatmul %s: two jobs at once equal each alone", isa);
+    check(ok, what);
+    dp_ljob bad = a;
+    int refused = 1;
+    refused &= dp_lmatmul(pool, ops, &bad, 1, x, R, 48) == DP_ERR_ARG;       /* K not whole superblocks */
+    refused &= dp_lmatmul(pool, ops, &bad, 1, x, R, 40) == DP_ERR_ARG;       /* K not whole 32s */
+    refused &= dp_lmatmul(pool, ops, &bad, 0, x, R, K) == DP_ERR_ARG;
+    bad.w_len = f0 - 1;
+    refused &= dp_lmatmul(pool, ops, &bad, 1, x, R, K) == DP_ERR_BOUNDS;
+    bad = a, bad.out_len = (R - 1) * ldo + N0 - 1;
+    refused &= dp_lmatmul(pool, ops, &bad, 1, x, R, K) == DP_ERR_BOUNDS;
+    bad = a, bad.N = 24;                                                      /* not whole groups */
+    refused &= dp_lmatmul(pool, ops, &bad, 1, x, R, K) == DP_ERR_ARG;
+    bad = a, bad.ldo = N0 - 1;
+    refused &= dp_lmatmul(pool, ops, &bad, 1, x, R, K) == DP_ERR_ARG;
+    bad = a, bad.kind = DP_L_NUM_KINDS;
+    refused &= dp_lmatmul(pool, ops, &bad, 1, x, R, K) == DP_ERR_ARG;
+    refused &= dp_lform_from_ggml(DP_L_Q4_K, s0, b0 - 1, N0, K, w0, f0) == DP_ERR_BOUNDS;
+    refused &= dp_lform_from_ggml(DP_L_Q4_K, s0, b0, N0, K, w0, f0 - 1) == DP_ERR_BOUNDS;
+    refused &= dp_lform_bytes(DP_L_Q6_K, 16, 32) == 0 && dp_lform_bytes(-1, 16, 256) == 0;
+    dp_test_fail_alloc_after(0);
+    refused &= dp_lmatmul(pool, ops, &a, 1, x, R, K) == DP_ERR_NOMEM;
+    dp_test_fail_alloc_after(-1);
+    snprintf(what, sizeof what, "lmatmul %s: bad kinds, sizes, short buffers and a failed allocation are refused", isa);
+    check(refused, what);
+    free(s0), free(s1), free(w0), free(w1);
+}
+
+static void lmatmul_cases(dp_pool *pool) {
+    for (int i = 0; i < dp_num_isas; i++) {
+        const dp_attn_ops *ops = dp_ops_by_name(dp_isas[i].name);
+        if (!ops) continue;
+        check(ops->lrows != NULL, "every ISA has layer products");
+        for (int kind = 0; kind < DP_L_NUM_KINDS; kind++) {
+            const int64_t sb = dp_lkinds[kind].sb;
+            const int64_t Rs[] = {1, 2, 3, 4, 5, 9};
+            for (int r = 0; r < 6; r++)
+                lmatmul_case(ops, r % 2 ? pool : NULL, kind, r % 3 ? 48 : 16, sb * (r % 2 ? 3 : 1), Rs[r],
+                             dp_isas[i].name);
+            lmatmul_case(ops, pool, kind, 256, sb == 32 ? 640 : 2048, 2, dp_isas[i].name); /* the pool's tasks */
+        }
+        lmatmul_job_cases(ops, pool, dp_isas[i].name);
+    }
+#if defined(__x86_64__)
+    const dp_attn_ops *avx512 = dp_ops_by_name("avx512");
+    if (avx512) { /* its loop without VNNI, where the CPU has VNNI (else it just ran) */
+        dp_test_lmatmul_no_vnni = 1;
+        for (int kind = 0; kind < DP_L_NUM_KINDS; kind++)
+            lmatmul_case(avx512, pool, kind, 48, dp_lkinds[kind].sb * 3, 5, "avx512 without vnni");
+        dp_test_lmatmul_no_vnni = 0;
+    }
+#endif
+}
+
 int main(void) {
     verbose = getenv("DP_TEST_VERBOSE") != NULL;
     unsigned disabled = 0;
@@ -960,6 +1111,7 @@ int main(void) {
     bad_slot_cases(best);
     ggml_repack_cases();
     qmatmul_cases(pool);
+    lmatmul_cases(pool);
     dp_pool_destroy(pool);
     printf("%d passed, %d failed\n", passed, failed);
     return failed ? 1 : 0;

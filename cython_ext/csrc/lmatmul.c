@@ -1,0 +1,256 @@
+/* A layer's matrix products (lmatmul.h): the form's conversion from GGML blocks, the
+ * activations' quantization, the scalar reference and the driver that splits the groups
+ * of rows over a pool. */
+#include <math.h>
+#include <stdlib.h>
+#include "dp_attn_ops.h"
+#include "dp_pool.h"
+#include "lmatmul.h"
+
+const dp_lkind_info dp_lkinds[DP_L_NUM_KINDS] = {
+    /*            name    sb   ggml header unit */
+    [DP_L_Q4_K] = {"Q4_K", 256, 144, 320, 256},
+    [DP_L_Q6_K] = {"Q6_K", 256, 210, 288, 384},
+    [DP_L_Q5_0] = {"Q5_0", 32, 22, 32, 320},
+    [DP_L_Q8_0] = {"Q8_0", 32, 34, 32, 512},
+    [DP_L_Q4_0] = {"Q4_0", 32, 18, 32, 256},
+};
+
+static int64_t sb_bytes(const dp_lkind_info *k) { return k->header + k->sb / 32 * k->unit; }
+
+int64_t dp_lform_bytes(int kind, int64_t N, int64_t K) {
+    if (kind < 0 || kind >= DP_L_NUM_KINDS || N < 16 || K < 1 || N % 16 || K % dp_lkinds[kind].sb) return 0;
+    const dp_lkind_info *k = &dp_lkinds[kind];
+    if (N / 16 > INT64_MAX / (K / k->sb) / sb_bytes(k)) return 0;
+    return N / 16 * (K / k->sb) * sb_bytes(k);
+}
+
+/* ---- conversion: one row's GGML block -> values u and header fields ---- */
+
+typedef struct {
+    uint8_t u[256];
+    uint16_t d, dmin; /* fp16 bits, as in the file */
+    int8_t sc[16];    /* Q4_K: 8 six-bit scales; Q6_K: 16 int8 */
+    uint8_t m[8];     /* Q4_K's six-bit mins */
+} lblock;
+
+static uint16_t u16_at(const uint8_t *p) { return (uint16_t)(p[0] | p[1] << 8); }
+
+static void decode_block(int kind, const uint8_t *in, lblock *o) {
+    switch (kind) {
+    case DP_L_Q4_K: { /* d, dmin, 12 bytes of 6-bit scales and mins, 4 chunks of 32 bytes */
+        o->d = u16_at(in);
+        o->dmin = u16_at(in + 2);
+        const uint8_t *q = in + 4;
+        for (int j = 0; j < 8; j++) {
+            o->sc[j] = (int8_t)(j < 4 ? q[j] & 63 : (q[j + 4] & 0x0f) | (q[j - 4] >> 6) << 4);
+            o->m[j] = (uint8_t)(j < 4 ? q[j + 4] & 63 : (q[j + 4] >> 4) | (q[j] >> 6) << 4);
+        }
+        for (int c = 0; c < 4; c++)
+            for (int l = 0; l < 32; l++) {
+                o->u[64 * c + l] = in[16 + 32 * c + l] & 0x0f;
+                o->u[64 * c + 32 + l] = in[16 + 32 * c + l] >> 4;
+            }
+        return;
+    }
+    case DP_L_Q6_K: /* ql[128], qh[64], 16 int8 scales, d: value e takes nibble of ql and 2 bits of qh */
+        o->d = u16_at(in + 208);
+        for (int j = 0; j < 16; j++) o->sc[j] = (int8_t)in[192 + j];
+        for (int e = 0; e < 256; e++) {
+            const int lo = (in[64 * (e / 128) + e % 64] >> (4 * ((e % 128) / 64))) & 0x0f;
+            const int hi = (in[128 + 32 * (e / 128) + e % 32] >> (2 * ((e % 128) / 32))) & 3;
+            o->u[e] = (uint8_t)(lo | hi << 4);
+        }
+        return;
+    case DP_L_Q8_0:
+        o->d = u16_at(in);
+        for (int i = 0; i < 32; i++) o->u[i] = in[2 + i] ^ 0x80; /* int8 q -> q + 128 */
+        return;
+    default: { /* Q5_0: d, qh (a little-endian uint32: bit 4 of value j), qs; Q4_0: d, qs */
+        o->d = u16_at(in);
+        const uint8_t *qs = in + (kind == DP_L_Q5_0 ? 6 : 2);
+        const uint32_t h = kind == DP_L_Q5_0 ? (uint32_t)in[2] | (uint32_t)in[3] << 8 | (uint32_t)in[4] << 16 |
+                                                   (uint32_t)in[5] << 24
+                                             : 0;
+        for (int j = 0; j < 16; j++) {
+            o->u[j] = (uint8_t)((qs[j] & 0x0f) | ((h >> j) & 1u) << 4);
+            o->u[j + 16] = (uint8_t)((qs[j] >> 4) | ((h >> (j + 16)) & 1u) << 4);
+        }
+        return;
+    }
+    }
+}
+
+/* Store value v of row l, position k (0..31) of a unit (lmatmul.h's planes). */
+static void put_value(int kind, uint8_t *unit, int l, int k, uint8_t v) {
+    const int j = k / 4, i = k % 4, lane = 4 * l + i;
+    if (kind == DP_L_Q8_0) {
+        unit[64 * j + lane] = v;
+        return;
+    }
+    unit[64 * (j / 2) + lane] |= (uint8_t)((v & 0x0f) << (4 * (j % 2)));
+    if (kind == DP_L_Q5_0)
+        unit[256 + 8 * j + lane / 8] |= (uint8_t)(((v >> 4) & 1) << (lane % 8));
+    else if (kind == DP_L_Q6_K)
+        unit[256 + 64 * (j / 4) + lane] |= (uint8_t)(((v >> 4) & 3) << (2 * (j % 4)));
+}
+
+int dp_lform_from_ggml(int kind, const uint8_t *src, int64_t src_bytes, int64_t N, int64_t K, uint8_t *dst,
+                       int64_t dst_bytes) {
+    const int64_t bytes = dp_lform_bytes(kind, N, K);
+    if (!bytes || !src || !dst) return DP_ERR_ARG;
+    const dp_lkind_info *k = &dp_lkinds[kind];
+    const int64_t nsb = K / k->sb, sbb = sb_bytes(k);
+    if (src_bytes < N * nsb * k->ggml_bytes || dst_bytes < bytes) return DP_ERR_BOUNDS;
+    memset(dst, 0, (size_t)bytes);
+    lblock b;
+    for (int64_t n = 0; n < N; n++) {
+        const int l = (int)(n % 16);
+        for (int64_t s = 0; s < nsb; s++) {
+            decode_block(kind, src + (n * nsb + s) * k->ggml_bytes, &b);
+            uint8_t *h = dst + (n / 16 * nsb + s) * sbb;
+            memcpy(h + 2 * l, &b.d, 2);  /* fp16 bits, little-endian as the file's */
+            if (kind == DP_L_Q4_K) {
+                memcpy(h + 32 + 2 * l, &b.dmin, 2);
+                for (int j = 0; j < 8; j++) {
+                    h[64 + 16 * j + l] = (uint8_t)b.sc[j];
+                    h[192 + 16 * j + l] = b.m[j];
+                }
+            } else if (kind == DP_L_Q6_K) {
+                for (int j = 0; j < 16; j++) h[32 + 16 * j + l] = (uint8_t)b.sc[j];
+            }
+            for (int64_t e = 0; e < k->sb; e++)
+                put_value(kind, h + k->header + e / 32 * k->unit, l, (int)(e % 32), b.u[e]);
+        }
+    }
+    return DP_OK;
+}
+
+/* ---- activations ---- */
+
+void dp_lact_quantize(const float *x, int64_t R, int64_t K, int8_t *xq, float *xd, int32_t *xs) {
+    for (int64_t b = 0; b < R * K / 32; b++) {
+        const float *v = x + b * 32;
+        float amax = 0.0f;
+        for (int i = 0; i < 32; i++) amax = fmaxf(amax, fabsf(v[i]));
+        const float d = amax / 127.0f, inv = d > 0.0f ? 1.0f / d : 0.0f;
+        xd[b] = d;
+        int32_t s0 = 0, s1 = 0;
+        for (int i = 0; i < 32; i++) {
+            const int8_t q = (int8_t)rintf(v[i] * inv);
+            xq[b * 32 + i] = q;
+            if (i < 16) s0 += q;
+            else s1 += q;
+        }
+        xs[2 * b] = s0;
+        xs[2 * b + 1] = s1;
+    }
+}
+
+/* ---- the scalar reference ---- */
+
+static int value_at(int kind, const uint8_t *unit, int l, int k) {
+    const int j = k / 4, lane = 4 * l + k % 4;
+    if (kind == DP_L_Q8_0) return unit[64 * j + lane];
+    int v = (unit[64 * (j / 2) + lane] >> (4 * (j % 2))) & 0x0f;
+    if (kind == DP_L_Q5_0) v |= ((unit[256 + 8 * j + lane / 8] >> (lane % 8)) & 1) << 4;
+    if (kind == DP_L_Q6_K) v |= ((unit[256 + 64 * (j / 4) + lane] >> (2 * (j % 4))) & 3) << 4;
+    return v;
+}
+
+static float f16(const uint8_t *p) { return dp_half_to_float(u16_at(p)); }
+
+void dp_lrows_generic(int kind, const uint8_t *w, int64_t g0, int64_t g1, const dp_lact *a, float *out,
+                      int64_t ldo) {
+    const dp_lkind_info *k = &dp_lkinds[kind];
+    const int64_t K = a->K, nsb = K / k->sb, sbb = sb_bytes(k), units = k->sb / 32;
+    static const int zp[DP_L_NUM_KINDS] = {[DP_L_Q6_K] = 32, [DP_L_Q5_0] = 16, [DP_L_Q8_0] = 128, [DP_L_Q4_0] = 8};
+    for (int64_t g = g0; g < g1; g++)
+        for (int64_t r = 0; r < a->R; r++)
+            for (int l = 0; l < 16; l++) {
+                float acc = 0.0f;
+                for (int64_t s = 0; s < nsb; s++) {
+                    const uint8_t *h = w + (g * nsb + s) * sbb;
+                    const float d = f16(h + 2 * l);
+                    for (int64_t b = 0; b < units; b++) {
+                        const uint8_t *unit = h + k->header + b * k->unit;
+                        const int64_t kb = s * units + b; /* the block of 32 in the row */
+                        const int8_t *x = a->xq + r * K + 32 * kb;
+                        const int32_t *xs = a->xs + r * (K / 16) + 2 * kb;
+                        int32_t dot[2] = {0, 0};
+                        for (int i = 0; i < 32; i++) dot[i / 16] += value_at(kind, unit, l, i) * x[i];
+                        float v;
+                        if (kind == DP_L_Q4_K)
+                            v = d * (float)h[64 + 16 * b + l] * (float)(dot[0] + dot[1]) -
+                                f16(h + 32 + 2 * l) * (float)h[192 + 16 * b + l] * (float)(xs[0] + xs[1]);
+                        else if (kind == DP_L_Q6_K)
+                            v = d * ((float)(int8_t)h[32 + 16 * (2 * b) + l] * (float)(dot[0] - 32 * xs[0]) +
+                                     (float)(int8_t)h[32 + 16 * (2 * b + 1) + l] * (float)(dot[1] - 32 * xs[1]));
+                        else
+                            v = d * (float)(dot[0] + dot[1] - zp[kind] * (xs[0] + xs[1]));
+                        acc += a->xd[r * (K / 32) + kb] * v;
+                    }
+                }
+                out[r * ldo + 16 * g + l] = acc;
+            }
+}
+
+/* ---- the driver ---- */
+
+/* Groups of 16 rows a task takes: 64 rows, so that a decode-shaped product of 2,048
+ * rows still makes 32 tasks for the pool's dynamic scheduling to balance. */
+#define LGROUPS_PER_TASK 4
+/* Below this many bytes of weights the calling thread alone is faster than waking the
+ * pool (as the classifier's, qmatmul.c). */
+#define LMATMUL_POOL_BYTES (1 << 20)
+#define LMATMUL_MAX_JOBS 8
+
+typedef struct {
+    dp_lrows_fn fn;
+    const dp_ljob *jobs;
+    int njobs;
+    int64_t first[LMATMUL_MAX_JOBS + 1]; /* a job's first task; first[njobs] = all tasks */
+    dp_lact act;
+} ljob_run;
+
+static void ltask(void *ctx, int64_t t, int worker) {
+    (void)worker;
+    const ljob_run *j = (const ljob_run *)ctx;
+    int i = 0;
+    while (t >= j->first[i + 1]) i++;
+    const dp_ljob *jb = &j->jobs[i];
+    const int64_t g0 = (t - j->first[i]) * LGROUPS_PER_TASK, groups = jb->N / 16;
+    j->fn(jb->kind, jb->w, g0, g0 + LGROUPS_PER_TASK < groups ? g0 + LGROUPS_PER_TASK : groups, &j->act, jb->out,
+          jb->ldo);
+}
+
+int dp_lmatmul(dp_pool *pool, const dp_attn_ops *ops, const dp_ljob *jobs, int njobs, const float *x, int64_t R,
+               int64_t K) {
+    if (!ops || !ops->lrows || !jobs || njobs < 1 || njobs > LMATMUL_MAX_JOBS || !x || R < 1 || K < 32 || K % 32 ||
+        R > INT64_MAX / K)
+        return DP_ERR_ARG;
+    ljob_run run = {.fn = ops->lrows, .jobs = jobs, .njobs = njobs};
+    int64_t bytes = 0;
+    for (int i = 0; i < njobs; i++) {
+        const dp_ljob *jb = &jobs[i];
+        const int64_t need = dp_lform_bytes(jb->kind, jb->N, K);
+        if (!need || !jb->w || !jb->out || jb->ldo < jb->N) return DP_ERR_ARG;
+        if (jb->w_len < need || jb->out_len < (R - 1) * jb->ldo + jb->N) return DP_ERR_BOUNDS;
+        run.first[i + 1] = run.first[i] + (jb->N / 16 + LGROUPS_PER_TASK - 1) / LGROUPS_PER_TASK;
+        bytes += need;
+    }
+    void *buf = dp_malloc((size_t)(R * K) + (size_t)(R * K / 32) * sizeof(float) +
+                          (size_t)(R * K / 16) * sizeof(int32_t));
+    if (!buf) return DP_ERR_NOMEM;
+    float *xd = (float *)buf;
+    int32_t *xs = (int32_t *)(xd + R * K / 32);
+    int8_t *xq = (int8_t *)(xs + R * K / 16);
+    dp_lact_quantize(x, R, K, xq, xd, xs);
+    run.act = (dp_lact){xq, xd, xs, R, K};
+    if (pool && bytes >= LMATMUL_POOL_BYTES)
+        dp_pool_run(pool, run.first[njobs], ltask, &run);
+    else
+        for (int64_t t = 0; t < run.first[njobs]; t++) ltask(&run, t, 0);
+    free(buf);
+    return DP_OK;
+}

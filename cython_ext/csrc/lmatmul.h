@@ -1,0 +1,98 @@
+/* A layer's matrix products in our kernels, over GGML's quantized blocks rearranged so
+ * that one vector load serves 16 rows of the weight (the "form" below), read in place
+ * from the model cache entry's mapping.
+ *
+ * ONNX Runtime's MatMulNBits packs its own copy of each weight, and the GGML types that
+ * phones' files use most map onto it at 7-13.5 bits a value (Q4_K at 7, plus 1 for its
+ * mins; Q5_0 and Q8_0 at 10.7; Q6_K at 13.5) against the file's 4.5-8.5
+ * (docs/performance.md, memory). Decode streams every weight once per token, so those
+ * bits are its time, and the packed copy is most of the resident memory. This form keeps
+ * the file's bits: 4.625 (Q4_K), 6.56 (Q6_K), 5.5 (Q5_0), 8.5 (Q8_0), 4.5 (Q4_0), and is
+ * exact (the same values, scales and mins as the file; only the order changes).
+ *
+ * Form of a weight of N rows (a multiple of 16) and K columns (a multiple of the kind's
+ * superblock SB: 256 for the K-quants, 32 for the others): N / 16 groups of 16 rows, one
+ * after the other; a group is K / SB superblocks, each a header and SB / 32 units of 16
+ * rows x 32 values. In a unit, step j (0..7) is the values 4j..4j+3 of each row, row l's
+ * four in bytes 4l..4l+3 of a 64-byte vector:
+ *
+ *   nibble plane (256 B): step j's low 4 bits in byte 64 (j / 2) + 4l + i, low nibble for
+ *                         even j, high nibble for odd j
+ *   Q5_0 bit 4 (64 B):    step j's in the 64-bit word j, bit 4l + i
+ *   Q6_K bits 4-5 (128 B): step j's in byte 64 (j / 4) + 4l + i, bits 2 (j % 4) and up
+ *   Q8_0 (512 B):         step j's 64 bytes at 64 j, value q + 128
+ *
+ *   kind   SB   header (f16 d and dmin: one per row; sc, m: [block][row])      unit bytes
+ *   Q4_K   256  d[16] dmin[16] sc[8][16] u8 m[8][16] u8  (320 B)               256
+ *   Q6_K   256  d[16] sc[16][16] int8, per 16 values (288 B)                   256 + 128
+ *   Q5_0   32   d[16] (32 B)                                                   256 + 64
+ *   Q8_0   32   d[16]                                                          512
+ *   Q4_0   32   d[16]                                                          256
+ *
+ * A row's value is s * (u - z) (Q4_K: s * u - dmin * m), u the stored unsigned value:
+ *   Q4_K  s = d * sc                    Q6_K  s = d * sc, z = 32 (per 16 values)
+ *   Q5_0  s = d, z = 16                 Q8_0  s = d, z = 128        Q4_0  s = d, z = 8
+ *
+ * Activations are quantized per block of 32 to int8, d = max|x| / 127 (as llama.cpp's
+ * Q8_0 and MatMulNBits at accuracy level 4 do); the offsets z and the mins take the
+ * activations' sums per 16, so that the inner products run on the unsigned values. */
+#ifndef DP_LMATMUL_H
+#define DP_LMATMUL_H
+
+#include "dp_common.h"
+
+enum dp_lkind { DP_L_Q4_K = 0, DP_L_Q6_K = 1, DP_L_Q5_0 = 2, DP_L_Q8_0 = 3, DP_L_Q4_0 = 4, DP_L_NUM_KINDS };
+
+typedef struct {
+    const char *name;     /* the GGML type it holds, as gguf-py spells it */
+    int64_t sb;           /* values per superblock (and per GGML block) */
+    int64_t ggml_bytes;   /* bytes per GGML block */
+    int64_t header;       /* bytes of a superblock's header (16 rows) */
+    int64_t unit;         /* bytes of a unit (16 rows x 32 values) */
+} dp_lkind_info;
+
+extern const dp_lkind_info dp_lkinds[DP_L_NUM_KINDS];
+
+/* Bytes of the form of an N x K weight (0 if N or K is not whole groups or superblocks). */
+int64_t dp_lform_bytes(int kind, int64_t N, int64_t K);
+
+/* GGML blocks (N rows of K values, row-major, as in the file) -> the form. */
+int dp_lform_from_ggml(int kind, const uint8_t *src, int64_t src_bytes, int64_t N, int64_t K, uint8_t *dst,
+                       int64_t dst_bytes);
+
+/* The activations of R rows of K values as the kernels take them: xq (R, K) int8,
+ * xd (R, K / 32) f32 and xs (R, K / 16) int32, the sums of each 16 of xq. */
+typedef struct {
+    const int8_t *xq;
+    const float *xd;
+    const int32_t *xs;
+    int64_t R, K;
+} dp_lact;
+
+void dp_lact_quantize(const float *x, int64_t R, int64_t K, int8_t *xq, float *xd, int32_t *xs);
+
+/* out[r * ldo + 16 g + l] = row 16 g + l of the weight times activation row r, for the
+ * groups [g0, g1) of a weight of kind `kind` in the form. An ISA's entry trusts its
+ * arguments (dp_lmatmul checks them). */
+typedef void (*dp_lrows_fn)(int kind, const uint8_t *w, int64_t g0, int64_t g1, const dp_lact *a, float *out,
+                            int64_t ldo);
+
+void dp_lrows_generic(int, const uint8_t *, int64_t, int64_t, const dp_lact *, float *, int64_t);
+void dp_lrows_avx2(int, const uint8_t *, int64_t, int64_t, const dp_lact *, float *, int64_t);
+void dp_lrows_avx512(int, const uint8_t *, int64_t, int64_t, const dp_lact *, float *, int64_t);
+void dp_lrows_neon(int, const uint8_t *, int64_t, int64_t, const dp_lact *, float *, int64_t);
+
+/* One weight of a product: its form, its rows, and where its output columns go. */
+typedef struct {
+    int kind;
+    const uint8_t *w;
+    int64_t w_len, N;
+    float *out;        /* (R, ldo): columns [0, N) written */
+    int64_t out_len, ldo;
+} dp_ljob;
+
+/* Test only (x86-64): non-zero makes the AVX-512 entry take its loop without VNNI on a
+ * CPU that has VNNI. */
+extern int dp_test_lmatmul_no_vnni;
+
+#endif
