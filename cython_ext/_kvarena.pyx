@@ -581,3 +581,113 @@ cdef class QMatmul:
             st = dp_qmatmul(pp, self.ops, wp, wl, sp, sl, self.bs, self.N, self.K, xp, R, op, ol, self.N,
                             self.int8_act)
         _check(st, f"classifier product ({R} x {self.K} by {self.N})", "the matrix")
+
+
+LFORM_TYPES = tuple(dp_lkinds[i].name.decode() for i in range(DP_L_NUM_KINDS))
+"""The GGML types our layer products take (csrc/lmatmul.h's form)."""
+
+
+cdef int _lkind(str type_name) except -1:
+    if type_name not in LFORM_TYPES:
+        raise ValueError(f"GGML type {type_name!r} has no layer-product form (those that do: "
+                         f"{', '.join(LFORM_TYPES)})")
+    return LFORM_TYPES.index(type_name)
+
+
+def lform_bytes(str type_name, int64_t N, int64_t K):
+    """Bytes of the form (csrc/lmatmul.h) of an N x K ``type_name`` weight, or 0 when N is
+    not whole groups of 16 rows or K not whole superblocks."""
+    return dp_lform_bytes(_lkind(type_name), N, K)
+
+
+def lform_from_ggml(raw, str type_name, shape, out):
+    """The GGML blocks ``raw`` (uint8, C-contiguous: exactly the file's bytes of a
+    ``shape`` = (N, K) weight) rearranged into ``out`` (uint8, C-contiguous,
+    ``lform_bytes`` long): the form our layer products read (csrc/lmatmul.h)."""
+    cdef int kind = _lkind(type_name)
+    cdef int64_t N = shape[0], K = shape[1]
+    cdef int64_t need = dp_lform_bytes(kind, N, K)
+    if not need:
+        raise ValueError(f"{type_name} weight of shape {tuple(shape)}: rows must be a multiple of 16 and "
+                         f"columns of {dp_lkinds[kind].sb}")
+    _require(raw, "raw", 1, np.uint8)
+    _require(out, "out", 1, np.uint8)
+    if not out.flags.writeable:
+        raise ValueError("out is read-only")
+    cdef const uint8_t *rp = <const uint8_t *>cnp.PyArray_DATA(<cnp.ndarray>raw)
+    cdef uint8_t *op = <uint8_t *>cnp.PyArray_DATA(<cnp.ndarray>out)
+    cdef int64_t rb = raw.size, ob = out.size
+    cdef int st
+    with nogil:
+        st = dp_lform_from_ggml(kind, rp, rb, N, K, op, ob)
+    _check(st, f"lform_from_ggml({type_name}, shape {tuple(shape)})", "the raw blocks or out")
+
+
+cdef class LMatmul:
+    """``outs[j][:R] = x[:R] @ W_j.T`` for every weight j, in our kernels over the form of
+    csrc/lmatmul.h read in place (a layer's products, instead of ONNX Runtime's packed
+    copies): the activations are quantized once for all of them.
+
+    weights: [(type_name, form (uint8, 1-D), out (max_rows, N_j) f32)], at most 8; an out
+             may be a view of a wider array's columns (rows strided, values contiguous)
+    x:       (max_rows, K) f32
+
+    ``run(R, pool)`` multiplies the first R rows, on ``pool`` (split by groups of 16 rows
+    of the weights) or, with None, on the calling thread. ``int8_act``: activations
+    quantized to int8 per block of 32 (as llama.cpp and MatMulNBits at accuracy level 4
+    do); else f32 as given (slower: an exactness mode).
+    """
+    cdef readonly object weights, x
+    cdef const dp_attn_ops *ops
+    cdef dp_ljob jobs[8]
+    cdef int njobs
+    cdef int64_t K, max_rows
+    cdef readonly bint int8_act
+
+    def __init__(self, weights, x, str kernel=None, bint int8_act=True):
+        _require(x, "x", 2, np.float32)
+        if not 1 <= len(weights) <= 8:
+            raise ValueError(f"{len(weights)} weights: a product takes 1 to 8")
+        self.K, self.max_rows = x.shape[1], x.shape[0]
+        cdef int64_t N, need
+        cdef int kind
+        cdef cnp.ndarray o
+        self.njobs = 0
+        for type_name, form, out in weights:
+            kind = _lkind(type_name)
+            _require(form, "form", 1, np.uint8)
+            if not isinstance(out, np.ndarray) or out.ndim != 2 or out.dtype != np.float32:
+                raise ValueError(f"out must be a 2-d float32 array, got {getattr(out, 'shape', type(out).__name__)}")
+            o = <cnp.ndarray>out
+            N = out.shape[1]
+            if out.shape[0] != self.max_rows or out.strides[1] != 4 or out.strides[0] % 4 or \
+                    out.strides[0] < 4 * N or not out.flags.writeable:
+                raise ValueError(f"out {out.shape} (strides {out.strides}) is not {self.max_rows} writeable rows "
+                                 f"of contiguous float32 values")
+            need = dp_lform_bytes(kind, N, self.K)
+            if not need or form.size != need:
+                raise ValueError(f"{type_name} form of {form.size} bytes is not {N} x {self.K} "
+                                 f"(that is {need} bytes; rows a multiple of 16)")
+            self.jobs[self.njobs].kind = kind
+            self.jobs[self.njobs].w = <const uint8_t *>cnp.PyArray_DATA(<cnp.ndarray>form)
+            self.jobs[self.njobs].w_len = need
+            self.jobs[self.njobs].N = N
+            self.jobs[self.njobs].out = <float *>cnp.PyArray_DATA(o)
+            self.jobs[self.njobs].ldo = out.strides[0] // 4
+            self.jobs[self.njobs].out_len = (self.max_rows - 1) * (out.strides[0] // 4) + N
+            self.njobs += 1
+        self.ops = _ops_for(kernel)
+        self.weights, self.x = list(weights), x
+        self.int8_act = int8_act
+
+    def run(self, int64_t R, ThreadPool pool=None):
+        if not 1 <= R <= self.max_rows:
+            raise ValueError(f"R={R} outside 1..{self.max_rows}")
+        cdef dp_pool *pp = pool.pool if pool is not None else NULL
+        cdef const float *xp = <const float *>cnp.PyArray_DATA(<cnp.ndarray>self.x)
+        cdef int st
+        with nogil:
+            st = dp_lmatmul(pp, self.ops, self.jobs, self.njobs, xp, R, self.K, self.int8_act)
+        if st != DP_OK:
+            _check(st, f"layer product ({R} x {self.K} by {', '.join(str(w[2].shape[1]) for w in self.weights)})",
+                   "the weights")

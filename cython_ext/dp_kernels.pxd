@@ -71,7 +71,29 @@ cdef extern from "csrc/dp_pool.h" nogil:
                          int64_t *flops)
     void dp_test_fail_thread_create_after(int64_t n)
 
+cdef extern from "csrc/lmatmul.h" nogil:
+    ctypedef struct dp_lkind_info:
+        const char *name
+        int64_t sb
+        int64_t ggml_bytes
+        int64_t header
+        int64_t unit
+    enum:
+        DP_L_NUM_KINDS
+    const dp_lkind_info dp_lkinds[]
+    int64_t dp_lform_bytes(int kind, int64_t N, int64_t K)
+    int dp_lform_from_ggml(int kind, const uint8_t *src, int64_t src_bytes, int64_t N, int64_t K, uint8_t *dst,
+                           int64_t dst_bytes)
+    ctypedef struct dp_ljob:
+        int kind
+        const uint8_t *w
+        int64_t w_len, N
+        float *out
+        int64_t out_len, ldo
+
 cdef extern from "csrc/dp_attn_ops.h" nogil:
+    int dp_lmatmul(dp_pool *pool, const dp_attn_ops *ops, const dp_ljob *jobs, int njobs, const float *x,
+                   int64_t R, int64_t K, int int8_act)
     int dp_qmatmul(dp_pool *pool, const dp_attn_ops *ops, const uint8_t *w, int64_t w_len, const float *scales,
                    int64_t scales_len, int64_t bs, int64_t N, int64_t K, const float *x, int64_t R, float *out,
                    int64_t out_len, int64_t ldo, int int8_act)

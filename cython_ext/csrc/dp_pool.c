@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/syscall.h>
+#include <time.h>
 #include <unistd.h>
 
 /* ---- allocation and thread creation, with test-only failure hooks ------------- */
@@ -64,6 +65,7 @@ struct dp_pool {
     pthread_mutex_t lock;
     pthread_cond_t wake, done;
     uint64_t job;              /* generation counter, guarded by lock */
+    atomic_ullong job_seen;    /* the same, published for workers that spin for the next job */
     int stop;
     int started;               /* workers that have published their tid, guarded by lock */
     dp_task_fn fn;
@@ -103,6 +105,23 @@ static void drain(dp_pool *p, int idx) {
     }
 }
 
+/* How long a worker that finished a job spins for the next one before it sleeps: a
+ * decode step is dozens of short jobs (a layer's products and attention) with the
+ * calling thread's graphs between them, and a worker woken through the scheduler came
+ * tens of microseconds late to each (the caller had done most of the job alone by then). */
+#define DP_POOL_SPIN_NS 200000
+
+static void spin_for_job(dp_pool *p, uint64_t seen) {
+    struct timespec t0, t;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (int i = 1; atomic_load_explicit(&p->job_seen, memory_order_acquire) == seen; i++) {
+        dp_cpu_relax();
+        if (i % 256) continue;
+        clock_gettime(CLOCK_MONOTONIC, &t);
+        if ((t.tv_sec - t0.tv_sec) * 1000000000LL + (t.tv_nsec - t0.tv_nsec) > DP_POOL_SPIN_NS) return;
+    }
+}
+
 static void *worker_main(void *arg) {
     const worker_arg wa = *(const worker_arg *)arg;
     dp_pool *p = wa.pool;
@@ -113,6 +132,7 @@ static void *worker_main(void *arg) {
     pthread_cond_broadcast(&p->done);
     pthread_mutex_unlock(&p->lock);
     for (;;) {
+        if (seen) spin_for_job(p, seen);
         pthread_mutex_lock(&p->lock);
         while (p->job == seen && !p->stop) pthread_cond_wait(&p->wake, &p->lock);
         if (p->stop) {
@@ -177,6 +197,7 @@ void dp_pool_destroy(dp_pool *p) {
     if (!p) return;
     pthread_mutex_lock(&p->lock);
     p->stop = 1;
+    atomic_store(&p->job_seen, UINT64_MAX); /* a spinning worker goes to the lock and sees stop */
     pthread_cond_broadcast(&p->wake);
     pthread_mutex_unlock(&p->lock);
     for (int i = 1; i < p->num_threads; i++) pthread_join(p->threads[i], NULL);
@@ -263,6 +284,7 @@ static void pool_run(dp_pool *p, int64_t num_tasks, dp_task_fn fn, void *ctx, in
     atomic_store(&p->arrived, 0);
     p->all = all;
     p->job++;
+    atomic_store_explicit(&p->job_seen, p->job, memory_order_release);
     pthread_cond_broadcast(&p->wake);
     if (all) /* every worker awake (and pinned) before any task is taken */
         while (atomic_load(&p->arrived) < p->num_threads - 1) pthread_cond_wait(&p->done, &p->lock);

@@ -160,39 +160,60 @@ static int value_at(int kind, const uint8_t *unit, int l, int k) {
 
 static float f16(const uint8_t *p) { return dp_half_to_float(u16_at(p)); }
 
-void dp_lrows_generic(int kind, const uint8_t *w, int64_t g0, int64_t g1, const dp_lact *a, float *out,
-                      int64_t ldo) {
+/* Row l's value of unit b (of the superblock whose header is h) is sc[i] * u - off[i] in
+ * its half i of 16 values. */
+static void unit_scales(int kind, const uint8_t *h, int64_t b, int l, float sc[2], float off[2]) {
+    static const float zp[DP_L_NUM_KINDS] = {[DP_L_Q6_K] = 32, [DP_L_Q5_0] = 16, [DP_L_Q8_0] = 128, [DP_L_Q4_0] = 8};
+    const float d = f16(h + 2 * l);
+    sc[0] = sc[1] = d;
+    if (kind == DP_L_Q4_K) {
+        sc[0] = sc[1] = d * (float)h[64 + 16 * b + l];
+        off[0] = off[1] = f16(h + 32 + 2 * l) * (float)h[192 + 16 * b + l];
+        return;
+    }
+    if (kind == DP_L_Q6_K)
+        for (int i = 0; i < 2; i++) sc[i] = d * (float)(int8_t)h[32 + 16 * (2 * b + i) + l];
+    off[0] = sc[0] * zp[kind], off[1] = sc[1] * zp[kind];
+}
+
+/* The scalar loop: the reference of every ISA (int8 activations: a), and the one loop of
+ * f32 activations (xf, accuracy levels below 4: an exactness mode). */
+static void rows_scalar(int kind, const uint8_t *w, int64_t g0, int64_t g1, const dp_lact *a, const float *xf,
+                        float *out, int64_t ldo) {
     const dp_lkind_info *k = &dp_lkinds[kind];
     const int64_t K = a->K, nsb = K / k->sb, sbb = sb_bytes(k), units = k->sb / 32;
-    static const int zp[DP_L_NUM_KINDS] = {[DP_L_Q6_K] = 32, [DP_L_Q5_0] = 16, [DP_L_Q8_0] = 128, [DP_L_Q4_0] = 8};
     for (int64_t g = g0; g < g1; g++)
         for (int64_t r = 0; r < a->R; r++)
             for (int l = 0; l < 16; l++) {
                 float acc = 0.0f;
                 for (int64_t s = 0; s < nsb; s++) {
                     const uint8_t *h = w + (g * nsb + s) * sbb;
-                    const float d = f16(h + 2 * l);
                     for (int64_t b = 0; b < units; b++) {
                         const uint8_t *unit = h + k->header + b * k->unit;
                         const int64_t kb = s * units + b; /* the block of 32 in the row */
+                        float sc[2], off[2];
+                        unit_scales(kind, h, b, l, sc, off);
+                        if (xf) {
+                            for (int i = 0; i < 32; i++)
+                                acc += (sc[i / 16] * (float)value_at(kind, unit, l, i) - off[i / 16]) *
+                                       xf[r * K + 32 * kb + i];
+                            continue;
+                        }
                         const int8_t *x = a->xq + r * K + 32 * kb;
                         const int32_t *xs = a->xs + r * (K / 16) + 2 * kb;
                         int32_t dot[2] = {0, 0};
                         for (int i = 0; i < 32; i++) dot[i / 16] += value_at(kind, unit, l, i) * x[i];
-                        float v;
-                        if (kind == DP_L_Q4_K)
-                            v = d * (float)h[64 + 16 * b + l] * (float)(dot[0] + dot[1]) -
-                                f16(h + 32 + 2 * l) * (float)h[192 + 16 * b + l] * (float)(xs[0] + xs[1]);
-                        else if (kind == DP_L_Q6_K)
-                            v = d * ((float)(int8_t)h[32 + 16 * (2 * b) + l] * (float)(dot[0] - 32 * xs[0]) +
-                                     (float)(int8_t)h[32 + 16 * (2 * b + 1) + l] * (float)(dot[1] - 32 * xs[1]));
-                        else
-                            v = d * (float)(dot[0] + dot[1] - zp[kind] * (xs[0] + xs[1]));
-                        acc += a->xd[r * (K / 32) + kb] * v;
+                        acc += a->xd[r * (K / 32) + kb] * (sc[0] * (float)dot[0] + sc[1] * (float)dot[1] -
+                                                           off[0] * (float)xs[0] - off[1] * (float)xs[1]);
                     }
                 }
                 out[r * ldo + 16 * g + l] = acc;
             }
+}
+
+void dp_lrows_generic(int kind, const uint8_t *w, int64_t g0, int64_t g1, const dp_lact *a, float *out,
+                      int64_t ldo) {
+    rows_scalar(kind, w, g0, g1, a, NULL, out, ldo);
 }
 
 /* ---- the driver ---- */
@@ -211,6 +232,7 @@ typedef struct {
     int njobs;
     int64_t first[LMATMUL_MAX_JOBS + 1]; /* a job's first task; first[njobs] = all tasks */
     dp_lact act;
+    const float *x; /* f32 activations (int8_act = 0), else NULL */
 } ljob_run;
 
 static void ltask(void *ctx, int64_t t, int worker) {
@@ -220,12 +242,15 @@ static void ltask(void *ctx, int64_t t, int worker) {
     while (t >= j->first[i + 1]) i++;
     const dp_ljob *jb = &j->jobs[i];
     const int64_t g0 = (t - j->first[i]) * LGROUPS_PER_TASK, groups = jb->N / 16;
-    j->fn(jb->kind, jb->w, g0, g0 + LGROUPS_PER_TASK < groups ? g0 + LGROUPS_PER_TASK : groups, &j->act, jb->out,
-          jb->ldo);
+    const int64_t g1 = g0 + LGROUPS_PER_TASK < groups ? g0 + LGROUPS_PER_TASK : groups;
+    if (j->x)
+        rows_scalar(jb->kind, jb->w, g0, g1, &j->act, j->x, jb->out, jb->ldo);
+    else
+        j->fn(jb->kind, jb->w, g0, g1, &j->act, jb->out, jb->ldo);
 }
 
 int dp_lmatmul(dp_pool *pool, const dp_attn_ops *ops, const dp_ljob *jobs, int njobs, const float *x, int64_t R,
-               int64_t K) {
+               int64_t K, int int8_act) {
     if (!ops || !ops->lrows || !jobs || njobs < 1 || njobs > LMATMUL_MAX_JOBS || !x || R < 1 || K < 32 || K % 32 ||
         R > INT64_MAX / K)
         return DP_ERR_ARG;
@@ -239,15 +264,20 @@ int dp_lmatmul(dp_pool *pool, const dp_attn_ops *ops, const dp_ljob *jobs, int n
         run.first[i + 1] = run.first[i] + (jb->N / 16 + LGROUPS_PER_TASK - 1) / LGROUPS_PER_TASK;
         bytes += need;
     }
-    void *buf = dp_malloc((size_t)(R * K) + (size_t)(R * K / 32) * sizeof(float) +
-                          (size_t)(R * K / 16) * sizeof(int32_t));
-    if (!buf) return DP_ERR_NOMEM;
-    float *xd = (float *)buf;
-    int32_t *xs = (int32_t *)(xd + R * K / 32);
-    int8_t *xq = (int8_t *)(xs + R * K / 16);
-    dp_lact_quantize(x, R, K, xq, xd, xs);
-    run.act = (dp_lact){xq, xd, xs, R, K};
-    if (pool && bytes >= LMATMUL_POOL_BYTES)
+    void *buf = NULL;
+    run.act = (dp_lact){NULL, NULL, NULL, R, K};
+    if (int8_act) {
+        buf = dp_malloc((size_t)(R * K) + (size_t)(R * K / 32) * sizeof(float) + (size_t)(R * K / 16) * sizeof(int32_t));
+        if (!buf) return DP_ERR_NOMEM;
+        float *xd = (float *)buf;
+        int32_t *xs = (int32_t *)(xd + R * K / 32);
+        int8_t *xq = (int8_t *)(xs + R * K / 16);
+        dp_lact_quantize(x, R, K, xq, xd, xs);
+        run.act = (dp_lact){xq, xd, xs, R, K};
+    } else {
+        run.x = x;
+    }
+    if (pool && (bytes >= LMATMUL_POOL_BYTES || bytes * R >= 4 * LMATMUL_POOL_BYTES))
         dp_pool_run(pool, run.first[njobs], ltask, &run);
     else
         for (int64_t t = 0; t < run.first[njobs]; t++) ltask(&run, t, 0);

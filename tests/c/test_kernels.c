@@ -925,7 +925,7 @@ static float *dequantized_ggml(int kind, const uint8_t *src, int64_t src_bytes, 
 }
 
 static void lmatmul_case(const dp_attn_ops *ops, dp_pool *pool, int kind, int64_t N, int64_t K, int64_t R,
-                         const char *isa) {
+                         int int8_act, const char *isa) {
     int64_t src_bytes;
     uint8_t *src = random_ggml(kind, N, K, 0x9e3779b97f4a7c15ull * (uint64_t)(kind + 1) + (uint64_t)(N * K), &src_bytes);
     const int64_t fb = dp_lform_bytes(kind, N, K);
@@ -941,13 +941,14 @@ static void lmatmul_case(const dp_attn_ops *ops, dp_pool *pool, int kind, int64_
     dp_lact_quantize(x, R, K, xq, xd, xs);
     int ok = dp_lform_from_ggml(kind, src, src_bytes, N, K, form, fb) == DP_OK;
     const dp_ljob job = {kind, form, fb, N, got, R * ldo, ldo};
-    ok &= dp_lmatmul(pool, ops, &job, 1, x, R, K) == DP_OK;
+    ok &= dp_lmatmul(pool, ops, &job, 1, x, R, K, int8_act) == DP_OK;
     double worst = 0; /* |error| relative to the sum of the terms' magnitudes */
     for (int64_t r = 0; r < R; r++)
         for (int64_t n = 0; n < N; n++) {
             double acc = 0, mag = 0;
             for (int64_t v = 0; v < K; v++) {
-                const double t = (double)w[n * K + v] * xq[r * K + v] * xd[r * K / 32 + v / 32];
+                const double a = int8_act ? (double)xq[r * K + v] * xd[r * K / 32 + v / 32] : (double)x[r * K + v];
+                const double t = (double)w[n * K + v] * a;
                 acc += t, mag += fabs(t);
             }
             const double e = fabs((double)got[r * ldo + n] - acc) / (mag > 1e-30 ? mag : 1.0);
@@ -955,8 +956,8 @@ static void lmatmul_case(const dp_attn_ops *ops, dp_pool *pool, int kind, int64_
         }
     for (int64_t r = 0; r < R; r++) ok &= got[r * ldo + N] == -7.0f;
     char what[160];
-    snprintf(what, sizeof what, "lmatmul %s %s N %lld K %lld R %lld %s (worst %.1e)", isa, dp_lkinds[kind].name,
-             (long long)N, (long long)K, (long long)R, pool ? "pool" : "caller", worst);
+    snprintf(what, sizeof what, "lmatmul %s %s N %lld K %lld R %lld %s %s (worst %.1e)", isa, dp_lkinds[kind].name,
+             (long long)N, (long long)K, (long long)R, int8_act ? "int8" : "f32", pool ? "pool" : "caller", worst);
     check(ok && worst < 2e-6, what);
     free(src), free(form), free(w), free(x), free(xd), free(xq), free(xs), free(got);
 }
@@ -973,33 +974,33 @@ static void lmatmul_job_cases(const dp_attn_ops *ops, dp_pool *pool, const char 
     float x[3 * 256], both[3 * 48], one[3 * 48];
     for (int i = 0; i < R * K; i++) x[i] = frand();
     dp_ljob jobs[2] = {{DP_L_Q4_K, w0, f0, N0, both, R * ldo, ldo}, {DP_L_Q8_0, w1, f1, N1, both + N0, R * ldo - N0, ldo}};
-    int ok = dp_lmatmul(pool, ops, jobs, 2, x, R, K) == DP_OK;
+    int ok = dp_lmatmul(pool, ops, jobs, 2, x, R, K, 1) == DP_OK;
     dp_ljob a = {DP_L_Q4_K, w0, f0, N0, one, R * ldo, ldo}, b = {DP_L_Q8_0, w1, f1, N1, one + N0, R * ldo - N0, ldo};
-    ok &= dp_lmatmul(pool, ops, &a, 1, x, R, K) == DP_OK && dp_lmatmul(pool, ops, &b, 1, x, R, K) == DP_OK;
+    ok &= dp_lmatmul(pool, ops, &a, 1, x, R, K, 1) == DP_OK && dp_lmatmul(pool, ops, &b, 1, x, R, K, 1) == DP_OK;
     ok &= !memcmp(both, one, sizeof both);
     char what[120];
     snprintf(what, sizeof what, "lmatmul %s: two jobs at once equal each alone", isa);
     check(ok, what);
     dp_ljob bad = a;
     int refused = 1;
-    refused &= dp_lmatmul(pool, ops, &bad, 1, x, R, 48) == DP_ERR_ARG;       /* K not whole superblocks */
-    refused &= dp_lmatmul(pool, ops, &bad, 1, x, R, 40) == DP_ERR_ARG;       /* K not whole 32s */
-    refused &= dp_lmatmul(pool, ops, &bad, 0, x, R, K) == DP_ERR_ARG;
+    refused &= dp_lmatmul(pool, ops, &bad, 1, x, R, 48, 1) == DP_ERR_ARG;       /* K not whole superblocks */
+    refused &= dp_lmatmul(pool, ops, &bad, 1, x, R, 40, 1) == DP_ERR_ARG;       /* K not whole 32s */
+    refused &= dp_lmatmul(pool, ops, &bad, 0, x, R, K, 1) == DP_ERR_ARG;
     bad.w_len = f0 - 1;
-    refused &= dp_lmatmul(pool, ops, &bad, 1, x, R, K) == DP_ERR_BOUNDS;
+    refused &= dp_lmatmul(pool, ops, &bad, 1, x, R, K, 1) == DP_ERR_BOUNDS;
     bad = a, bad.out_len = (R - 1) * ldo + N0 - 1;
-    refused &= dp_lmatmul(pool, ops, &bad, 1, x, R, K) == DP_ERR_BOUNDS;
+    refused &= dp_lmatmul(pool, ops, &bad, 1, x, R, K, 1) == DP_ERR_BOUNDS;
     bad = a, bad.N = 24;                                                      /* not whole groups */
-    refused &= dp_lmatmul(pool, ops, &bad, 1, x, R, K) == DP_ERR_ARG;
+    refused &= dp_lmatmul(pool, ops, &bad, 1, x, R, K, 1) == DP_ERR_ARG;
     bad = a, bad.ldo = N0 - 1;
-    refused &= dp_lmatmul(pool, ops, &bad, 1, x, R, K) == DP_ERR_ARG;
+    refused &= dp_lmatmul(pool, ops, &bad, 1, x, R, K, 1) == DP_ERR_ARG;
     bad = a, bad.kind = DP_L_NUM_KINDS;
-    refused &= dp_lmatmul(pool, ops, &bad, 1, x, R, K) == DP_ERR_ARG;
+    refused &= dp_lmatmul(pool, ops, &bad, 1, x, R, K, 1) == DP_ERR_ARG;
     refused &= dp_lform_from_ggml(DP_L_Q4_K, s0, b0 - 1, N0, K, w0, f0) == DP_ERR_BOUNDS;
     refused &= dp_lform_from_ggml(DP_L_Q4_K, s0, b0, N0, K, w0, f0 - 1) == DP_ERR_BOUNDS;
     refused &= dp_lform_bytes(DP_L_Q6_K, 16, 32) == 0 && dp_lform_bytes(-1, 16, 256) == 0;
     dp_test_fail_alloc_after(0);
-    refused &= dp_lmatmul(pool, ops, &a, 1, x, R, K) == DP_ERR_NOMEM;
+    refused &= dp_lmatmul(pool, ops, &a, 1, x, R, K, 1) == DP_ERR_NOMEM;
     dp_test_fail_alloc_after(-1);
     snprintf(what, sizeof what, "lmatmul %s: bad kinds, sizes, short buffers and a failed allocation are refused", isa);
     check(refused, what);
@@ -1015,9 +1016,10 @@ static void lmatmul_cases(dp_pool *pool) {
             const int64_t sb = dp_lkinds[kind].sb;
             const int64_t Rs[] = {1, 2, 3, 4, 5, 9};
             for (int r = 0; r < 6; r++)
-                lmatmul_case(ops, r % 2 ? pool : NULL, kind, r % 3 ? 48 : 16, sb * (r % 2 ? 3 : 1), Rs[r],
+                lmatmul_case(ops, r % 2 ? pool : NULL, kind, r % 3 ? 48 : 16, sb * (r % 2 ? 3 : 1), Rs[r], 1,
                              dp_isas[i].name);
-            lmatmul_case(ops, pool, kind, 256, sb == 32 ? 640 : 2048, 2, dp_isas[i].name); /* the pool's tasks */
+            lmatmul_case(ops, pool, kind, 256, sb == 32 ? 640 : 2048, 2, 1, dp_isas[i].name); /* the pool's tasks */
+            lmatmul_case(ops, pool, kind, 48, sb * 2, 3, 0, dp_isas[i].name);                  /* f32 activations */
         }
         lmatmul_job_cases(ops, pool, dp_isas[i].name);
     }
@@ -1026,7 +1028,7 @@ static void lmatmul_cases(dp_pool *pool) {
     if (avx512) { /* its loop without VNNI, where the CPU has VNNI (else it just ran) */
         dp_test_lmatmul_no_vnni = 1;
         for (int kind = 0; kind < DP_L_NUM_KINDS; kind++)
-            lmatmul_case(avx512, pool, kind, 48, dp_lkinds[kind].sb * 3, 5, "avx512 without vnni");
+            lmatmul_case(avx512, pool, kind, 48, dp_lkinds[kind].sb * 3, 5, 1, "avx512 without vnni");
         dp_test_lmatmul_no_vnni = 0;
     }
 #endif

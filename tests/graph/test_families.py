@@ -20,8 +20,13 @@ threads, same context.
   defaults on the quantized file itself; both quantize activations to int8, in different
   blocks, which moves the last prompt position's logits by 0.5% to 3.4% of the largest
   one (measured per family: gemma 0.5-2.0%, llama/qwen/phi3 1.6-3.4%), so: same argmax
-  and cosine >= 0.999 there, max |diff| <= PEER_TOL[type], and teacher-forced along
-  llama.cpp's greedy tokens, the same argmax at >= 28 of the 32 steps (measured 29-32).
+  and cosine >= 0.998 there (0.99899 measured on llama Q4_K_M), max |diff| <=
+  PEER_TOL[type], and teacher-forced along llama.cpp's greedy tokens, the same argmax at
+  >= 28 of the 32 steps (measured 29-32). Each engine's int8 activations move its logits
+  away from the exact product of the file's weights (ours at accuracy level 0); ours must
+  stay at least as close to it as llama.cpp's, to 1e-5 (mean cosine over the 32 steps; Q4_K_M,
+  measured at 07eb9d6+: ours 0.99947-0.99991, llama.cpp 0.99897-0.99981; Q8_0, where
+  both quantize activations in blocks of 32, they tie to 1e-6).
 """
 
 import os
@@ -75,6 +80,10 @@ def _ours(path, prompt, forced, accuracy_level):
     return dualpath_greedy(path, prompt, forced, accuracy_level, CONTEXT)[1:]
 
 
+def _cos(a, b) -> float:
+    return float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b)))
+
+
 @pytest.mark.parametrize("file_type", TYPES)
 @pytest.mark.parametrize("arch", list(FAMILIES))
 def test_family_greedy_tokens_equal_llama_cpp(family_file, tmp_path, arch, file_type):
@@ -105,10 +114,17 @@ def test_family_quantized_file_agrees_as_shipped(family_file, arch, file_type):
     path = family_file(arch, file_type)
     theirs, their_tokens = _llamacpp(path, PROMPT)
     ours, _ = _ours(path, PROMPT, their_tokens, accuracy_level=4)
+    exact, _ = _ours(path, PROMPT, their_tokens, accuracy_level=0)  # the same weights, f32 activations
     a, b = ours[0], theirs[0]
-    cos = float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b)))
     assert int(a.argmax()) == int(b.argmax())
-    assert cos >= 0.999, f"cosine {cos:.6f}"
+    assert _cos(a, b) >= 0.998, f"cosine {_cos(a, b):.6f}"
+    # Two engines' int8 activations differ from each other more than either differs from
+    # the exact product: ours must be at least as close to it as llama.cpp's.
+    steps = range(len(their_tokens))
+    ours_exact = np.mean([_cos(ours[i], exact[i]) for i in steps])
+    theirs_exact = np.mean([_cos(theirs[i], exact[i]) for i in steps])
+    assert ours_exact >= theirs_exact - 1e-5, f"cosine to the exact product: ours {ours_exact:.6f}, " \
+                                              f"theirs {theirs_exact:.6f}"
     assert np.abs(a - b).max() <= PEER_TOL[file_type] * np.abs(b).max(), f"max |diff| {np.abs(a - b).max():.4g}"
     agree = int((ours.argmax(axis=1) == np.array(their_tokens)).sum())
     assert agree >= 28, f"teacher-forced argmax agrees at {agree} of {NUM_GREEDY} steps"

@@ -18,6 +18,7 @@ from dualpath.models import ModelSpec, load_model, quants
 from dualpath.models.gguf import load_gguf
 from dualpath.models.llama2c import load_llama2c
 from dualpath.models.spec import LAYER_TENSORS, expected_shapes
+from lform_reference import dequantize as dequantize_form
 
 STORIES_CONFIG = {"arch": "llama", "dim": 64, "hidden_dim": 172, "num_layers": 5, "num_heads": 8,
                   "num_kv_heads": 4, "head_dim": 8, "vocab_size": 512}
@@ -258,7 +259,7 @@ def quantized_stories(stories_gguf, type_name: str):
 
 
 @pytest.mark.parametrize("type_name, bits_", [("Q8_0", 8), ("Q4_0", 4)])
-def test_quantized_gguf_loads_as_exact_matmulnbits_blobs(stories_gguf, save_gguf, gguf_spec, type_name, bits_):
+def test_quantized_gguf_loads_exactly(stories_gguf, save_gguf, gguf_spec, type_name, bits_):
     import gguf
 
     qtype = getattr(gguf.GGMLQuantizationType, type_name)
@@ -272,13 +273,19 @@ def test_quantized_gguf_loads_as_exact_matmulnbits_blobs(stories_gguf, save_gguf
             continue
         assert w.dtype == type_name.lower() and w.shape == gguf_spec.weights[name].shape, name
         assert w.data.flags.c_contiguous
-        ours = dequantize_nbits(w.data, w.scales, bits_, w.shape)
+        # a layer's matrices in rows of whole 16s are our kernels' form, the rest MatMulNBits
+        assert w.kernel_form == quants.kernel_form(name, type_name, w.shape), name
+        if w.kernel_form:
+            ours = dequantize_form(w.data, type_name, w.shape)
+        else:
+            ours = dequantize_nbits(w.data, w.scales, bits_, w.shape)
         assert np.array_equal(bits(ours), bits(gguf.quants.dequantize(quantized[name], qtype))), name
+    assert any(w.kernel_form for w in spec.weights.values())
     assert spec.metadata["tensor_types"] == sorted({"F32", type_name})
 
 
 @pytest.mark.parametrize("type_name, bits_", [("Q8_0", 8), ("Q4_0", 4)])
-def test_synthetic_quantized_model_loads_as_exact_matmulnbits_blobs(tmp_path, type_name, bits_):
+def test_synthetic_quantized_model_loads_exactly(tmp_path, type_name, bits_):
     """A whole stories15M-shaped model written by ``dualpath.models.synth``."""
     import gguf
 
@@ -296,7 +303,11 @@ def test_synthetic_quantized_model_loads_as_exact_matmulnbits_blobs(tmp_path, ty
             assert w.dtype == "f32" and np.array_equal(bits(w.data), bits(np.asarray(t.data))), t.name
             continue
         assert t.tensor_type == qtype and w.dtype == type_name.lower(), t.name
-        ours = dequantize_nbits(w.data, w.scales, bits_, w.shape)
+        assert w.kernel_form == t.name.startswith("blk."), t.name  # every layer matrix: 288 rows and more
+        if w.kernel_form:
+            ours = dequantize_form(w.data, type_name, w.shape)
+        else:
+            ours = dequantize_nbits(w.data, w.scales, bits_, w.shape)
         assert np.array_equal(bits(ours), bits(gguf.quants.dequantize(np.asarray(t.data), qtype))), t.name
         num_quantized += 1
     assert num_quantized == 2 + 7 * 6

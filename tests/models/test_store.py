@@ -5,6 +5,7 @@ over one another, and the CLI manages entries."""
 from __future__ import annotations
 
 import base64
+import glob
 import json
 import logging
 import os
@@ -82,7 +83,10 @@ def test_converted_arrays_live_in_the_entry_and_f32_views_stay_in_the_source(tmp
     q = store.load(q4_model)
     man = json.loads(open(os.path.join(entry_folder(store, q4_model), "manifest.json")).read())
     where = {(k, kind): a["in"] for k, w in man["weights"].items() for kind, a in w["arrays"].items()}
-    assert where[("blk.0.attn_q", "weight")] == "entry" and where[("blk.0.attn_q", "scales")] == "entry"
+    # a layer's Q4_K matrix: our kernels' form (one array); the Q6_K classifier: MatMulNBits
+    assert where[("blk.0.attn_q", "weight")] == "entry" and ("blk.0.attn_q", "scales") not in where
+    assert q.weights["blk.0.attn_q"].kernel_form and man["weights"]["blk.0.attn_q"]["kernel_form"]
+    assert where[("output", "weight")] == "entry" and where[("output", "scales")] == "entry"
     assert not q.weights["blk.0.attn_q"].data.flags.writeable  # a read-only view of the mapping
     f = store.load(gguf_path)  # F32 file: every array a view of the source, plus the
     # (in, out) transposes the graphs' MatMul reads (the tied embedding's too: lm_head)
@@ -231,7 +235,7 @@ def test_a_damaged_entry_is_logged_discarded_and_rebuilt(damage, tmp_path, q4_mo
         with open(path, "w") as f:
             json.dump(tok, f)
     elif damage == "remove a graph part":
-        os.remove(os.path.join(graphs, "part1.onnx"))
+        os.remove(sorted(glob.glob(os.path.join(graphs, "part1*.onnx")))[0])
     else:
         with open(os.path.join(graphs, "parts.json"), "w") as f:
             f.write("{not json")
@@ -298,7 +302,8 @@ def test_progress_reports_conversion_then_sessions(tmp_path, q4_model):
     assert all(t == os.path.getsize(q4_model) for _, t in convert)  # bytes of the file
     assert all(b[0] > a[0] for a, b in zip(convert, convert[1:])) and 0 < convert[-1][0] <= convert[-1][1]
     sessions = [(d, t) for s, d, t in seen if s == "sessions"]
-    assert sessions[-1] == (3, 3)  # kquant-tiny: 2 layers + the lm_head part
+    # kquant-tiny: 2 layers + the lm_head part, each cut at our products into its graphs
+    assert sessions[-1][0] == sessions[-1][1] > 3
     seen.clear()
     LLM(q4_model, cfg(tmp_path), progress=lambda stage, done, total: seen.append(stage))
     assert set(seen) == {"sessions"}  # cached: nothing to convert

@@ -91,17 +91,19 @@ def test_embedding_rows_read_from_the_file_equal_the_mapped_ones(weight_type, tm
     assert np.abs(a).sum() > 0
 
 
-def test_a_loaded_model_maps_only_the_classifier_our_kernels_read(tmp_path):
-    """After load every weight is ONNX Runtime's packed copy (or read by row), except the
-    8-bit classifier our kernels read in place: no other page of the entry's weights.bin
-    stays mapped, before or after a prompt over the whole vocabulary (the embedding's rows
-    are read, not mapped)."""
+def test_a_loaded_model_maps_only_the_matrices_our_kernels_read(tmp_path):
+    """After load every weight is read by row (the embedding), or read in place by our
+    kernels (the 8-bit classifier, a layer's matrices in their form), or a copy (the norms):
+    no other page of the entry's weights.bin stays mapped, before or after a prompt over
+    the whole vocabulary (the embedding's rows are read, not mapped)."""
     path = synth_gguf(tmp_path / "tiny-q8.gguf", "kquant-tiny", "Q8_0", seed=6)
     llm = LLM(path, load_config(None, {"runtime.num_threads": 2, "runtime.max_context_tokens": 600}))
     arrays = weight_arrays(llm.spec)
-    assert sum(a.nbytes for a in arrays) > 4 << 20
+    assert sum(a.nbytes for a in arrays) > 3 << 20
     assert llm.spec.classifier_in_kernels
     classifier = [llm.spec.output.data, llm.spec.output.scales]
+    classifier += [w.data for w in llm.spec.weights.values() if w.kernel_form]
+    assert len(classifier) == 2 + 7 * llm.spec.config.num_layers
 
     def outside_classifier(whole):
         return mapped_bytes(whole) - sum(mapped_bytes(a) for a in classifier)
@@ -113,6 +115,6 @@ def test_a_loaded_model_maps_only_the_classifier_our_kernels_read(tmp_path):
     prompt = np.random.default_rng(0).permutation(llm.spec.config.vocab_size)[:512].tolist()
     llm.generate(prompt, SamplingParams(temperature=0, max_tokens=2, ignore_eos=True))
     # The norms ONNX Runtime reads at every step are copies (ort_sessions.SMALL_ARRAY_BYTES),
-    # and the embedding's rows are read, not mapped; the classifier is read whole every step.
+    # and the embedding's rows are read, not mapped; what our kernels read, whole every step.
     assert outside_classifier(whole) == 0
     assert all(mapped_bytes(a) >= a.nbytes - 4096 for a in classifier)

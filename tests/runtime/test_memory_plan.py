@@ -37,11 +37,12 @@ def test_the_embedding_counts_only_when_it_is_also_the_classifier():
     layout = {"token_embd.weight": ("Q8_0", (1000, 64)), "blk.0.attn_q.weight": ("Q4_0", (64, 64))}
     tied = mp.weight_bytes(layout)
     untied = mp.weight_bytes({**layout, "output.weight": ("Q6_K", (1000, 64))})
-    # An 8-bit classifier is read in place by our kernels: its values and an f32 scale a block.
-    assert tied == 1000 * 2 * (32 + 4) + 64 * 2 * (16 + B4)
-    assert untied == 64 * 2 * (16 + B4) + 1000 * 4 * (16 + 4)  # the output matrix, not the embedding
-    # A 4-bit one is ONNX Runtime's (packed), also before 1.22; an 8-bit one is ours there too.
-    assert mp.weight_bytes({**layout, "output.weight": ("Q4_0", (1000, 64))}) == 64 * 2 * (16 + B4) + \
+    # An 8-bit classifier is read in place by our kernels: its values and an f32 scale a block;
+    # a layer's Q4_0 matrix too, in its form: the file's 18 bytes a block.
+    assert tied == 1000 * 2 * (32 + 4) + 64 * 2 * 18
+    assert untied == 64 * 2 * 18 + 1000 * 4 * (16 + 4)  # the output matrix, not the embedding
+    # A 4-bit classifier is ONNX Runtime's (packed), also before 1.22; an 8-bit one is ours there too.
+    assert mp.weight_bytes({**layout, "output.weight": ("Q4_0", (1000, 64))}) == 64 * 2 * 18 + \
         1000 * 2 * (16 + B4)
     assert mp.weight_bytes(layout, nbits8=False) == tied
 

@@ -101,8 +101,8 @@ def test_a_new_session_set_gets_its_own_binding_never_the_old_one(gguf_path):
 @pytest.mark.parametrize("size", [1, 3])
 def test_a_binding_resized_back_binds_the_original_shapes(gguf_path, size):
     runner = make_runner(gguf_path)
-    b = runner._binding(size, 1, runner.sessions)
-    runner._binding(9, 2, runner.sessions)
-    assert runner._binding(size, 1, runner.sessions) is b
+    b = runner._binding(size, 1, runner.sessions, None)
+    runner._binding(9, 2, runner.sessions, None)
+    assert runner._binding(size, 1, runner.sessions, None) is b
     assert (b.num_tokens, b.num_rows) == (size, 1)
     assert b.ids.shape == (size,) and b.h0.shape == (size, runner.spec.config.dim)

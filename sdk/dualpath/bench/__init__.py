@@ -5,6 +5,7 @@
 * ``memory``: where every MiB goes, measured beside the memory plan (runtime/memory_plan.py);
 * ``kernels``: decode attention GB/s beside this machine's read bandwidth;
 * ``classifier``: the classifier's product in our kernels beside ONNX Runtime's MatMulNBits;
+* ``layers``: a layer's products in our kernels (over the file's blocks) beside MatMulNBits;
 * ``kv-quality``: greedy agreement and logit error of a KV element type (q8) against another;
 * ``quality``: KL divergence and top-1 agreement of DualPath and llama.cpp against a file's
   exact (F32-dequantized) model, teacher-forced over a text;
@@ -33,11 +34,11 @@ from __future__ import annotations
 
 def add_bench_parser(sub) -> None:
     """Add ``bench`` and its subcommands to the CLI's subparsers."""
-    from . import (cache, chat, classifier, e2e, kernels, kv_quality, load, memory, power, prefix_restart, quality,
-                   serve, spec, startup)
+    from . import (cache, chat, classifier, e2e, kernels, kv_quality, layers, load, memory, power, prefix_restart,
+                   quality, serve, spec, startup)
 
     b = sub.add_parser("bench", help="benchmarks (side by side with llama.cpp where it applies)")
     bs = b.add_subparsers(dest="bench", required=True)
-    for module in (e2e, memory, kernels, classifier, kv_quality, quality, power, cache, serve, load, startup, chat,
-                   prefix_restart, spec):
+    for module in (e2e, memory, kernels, classifier, layers, kv_quality, quality, power, cache, serve, load, startup,
+                   chat, prefix_restart, spec):
         module.add_parser(bs)

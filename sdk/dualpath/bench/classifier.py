@@ -20,7 +20,7 @@ import time
 import numpy as np
 
 from ..kernels import QMatmul, ThreadPool, default_kernel
-from .common import write_json
+from .common import ms_per_call as _ms, ort_session, write_json
 
 SHAPES = "262144x640/32,128256x2048/16,151936x1536/16"
 
@@ -41,10 +41,7 @@ def _shapes(text: str) -> list[tuple[int, int, int]]:
 
 
 def _ort_session(w: np.ndarray, scales: np.ndarray, threads: int):
-    import onnxruntime as ort
     from onnx import TensorProto, helper
-
-    from ..runtime.ort_sessions import use_global_pool
 
     n, nb, bs = w.shape
     node = helper.make_node("MatMulNBits", ["x", "w", "s"], ["y"], domain="com.microsoft", K=nb * bs, N=n,
@@ -55,20 +52,7 @@ def _ort_session(w: np.ndarray, scales: np.ndarray, threads: int):
                                            helper.make_tensor("s", TensorProto.FLOAT, scales.shape, scales.tobytes(),
                                                               raw=True)])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid("com.microsoft", 1)])
-    so = ort.SessionOptions()
-    if use_global_pool(threads):  # as a model's parts run (and once it exists ORT refuses any other)
-        so.use_per_session_threads = False
-    else:
-        so.intra_op_num_threads = threads
-    return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
-
-
-def _ms(fn, inner: int) -> float:
-    fn()
-    t = time.perf_counter()
-    for _ in range(inner):
-        fn()
-    return (time.perf_counter() - t) / inner * 1e3
+    return ort_session(model, threads)
 
 
 def measure(n: int, k: int, bs: int, threads: int, repeats: int, kernel: str | None = None) -> dict:

@@ -36,6 +36,31 @@ def interleaved(variants: Sequence[str], repeats: int, measure: Callable[[str], 
     return runs
 
 
+def ms_per_call(fn: Callable[[], Any], inner: int) -> float:
+    """Milliseconds per call of ``fn``: one call to warm, then the mean of ``inner``."""
+    fn()
+    t = time.perf_counter()
+    for _ in range(inner):
+        fn()
+    return (time.perf_counter() - t) / inner * 1e3
+
+
+def ort_session(model, threads: int):
+    """An ONNX Runtime session of ``model`` (a ModelProto) on ``threads`` threads: on ORT's
+    global pool where the process has one, as a model's graphs run (and once it exists
+    ORT refuses any other)."""
+    import onnxruntime as ort
+
+    from ..runtime.ort_sessions import use_global_pool
+
+    so = ort.SessionOptions()
+    if use_global_pool(threads):
+        so.use_per_session_threads = False
+    else:
+        so.intra_op_num_threads = threads
+    return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+
+
 def median_of(rows: Iterable[dict], key: str) -> float:
     return statistics.median(row[key] for row in rows)
 

@@ -8,7 +8,8 @@ model, prefills ``--ctx`` random tokens and decodes ``--decode``. The parts:
   token strings, the tokenizer's tables);
 * ``weights``: what creating the ONNX Runtime sessions added: their packed copies of the
   weights (the pages of the entry's files they packed from are given back); and the pages
-  of an 8-bit classifier our kernels read in place (``ModelSpec.classifier_in_kernels``),
+  of the matrices our kernels read in place (an 8-bit classifier,
+  ``ModelSpec.classifier_in_kernels``; a layer's matrices, ``Weight.kernel_form``),
   resident at the end, which the first step maps;
 * ``kv cache``: the KV arena's resident pages at the end (read from /proc/self/pagemap);
 * ``activations``: the rest of what generating added (ONNX Runtime's buffers for a
@@ -91,9 +92,12 @@ def worker(model: str, ctx: int, decode: int, threads: int, chunk: int) -> dict:
                  SamplingParams(temperature=0, max_tokens=decode + 1, ignore_eos=True))
     arena = llm.runner.cache.arena
     kv = resident_bytes(arena.address, arena.nbytes) / MiB
-    # The classifier our kernels read is mapped by the first step, after "sessions".
-    classifier = sum(resident_bytes(a.ctypes.data, a.nbytes) for a in (llm.spec.output.data, llm.spec.output.scales)
-                     ) / MiB if llm.spec.classifier_in_kernels else 0.0
+    # The matrices our kernels read are mapped by the first step, after "sessions".
+    spec = llm.spec
+    read = [w.data for w in spec.weights.values() if w.kernel_form]
+    if spec.classifier_in_kernels:
+        read += [spec.output.data, spec.output.scales]
+    classifier = sum(resident_bytes(a.ctypes.data, a.nbytes) for a in read) / MiB
     measured = {"runtime": imported, "vocabulary": rss["tokenizer"] - rss["start"],
                 "weights": rss["sessions"] - rss["tokenizer"] + classifier, "kv cache": kv,
                 "activations": resident_mb() - loaded - kv - classifier}

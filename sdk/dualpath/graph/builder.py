@@ -37,6 +37,10 @@ from . import OPSET
 
 IR_VERSION = 10
 PLACEHOLDER = "weights.placeholder"
+KERNEL_OP, KERNEL_DOMAIN = "KernelMatMul", "dualpath"
+"""A node no runtime executes: x @ W^T for each weight it names (attribute ``weights``), one
+output per weight, which our kernels compute (``Weight.kernel_form``). ``segments.split``
+cuts a part's graph at these nodes into the graphs ONNX Runtime runs between them."""
 
 
 @dataclass
@@ -57,6 +61,8 @@ class GraphPart:
     prepack: bool = False
     """True when the part has quantized matmuls: MatMulNBits needs ONNX Runtime's
     prepacking to be fast (docs/performance.md), and the prepacked copy replaces ours."""
+    kernel_shapes: dict[str, tuple[int, int]] = field(default_factory=dict)
+    """Weights of the part's ``KERNEL_OP`` nodes -> their (out_features, in_features)."""
 
 
 class _DequantizedT:
@@ -109,6 +115,7 @@ class _Builder:
         self.derived: set[str] = set()  # initializers that are no model weight (tables, fused matrices)
         self.fused = fused or {}
         self.rope_memo = rope_memo if rope_memo is not None else {}  # table key -> (cos, sin)
+        self.kernel_shapes: dict[str, tuple[int, int]] = {}  # weights of KERNEL_OP nodes -> (out, in)
         self._n = 0
 
     def tmp(self, stem: str) -> str:
@@ -165,8 +172,26 @@ class _Builder:
         y = self.rmsnorm(x3, weight)
         return self.node("Reshape", [y, self.const(f"flat_{num_heads}", np.array([0, num_heads * hd], np.int64))], "hf")
 
+    def kernel_linear(self, x: str, weights: list[Weight]) -> list[str]:
+        """x @ W^T for each of ``weights`` (all ``kernel_form``, one input width), one output
+        each, in our kernels: the activations are quantized once for all of them."""
+        outs = [self.tmp("kmm") for _ in weights]
+        self.kernel_shapes.update((w.name, tuple(w.shape)) for w in weights)
+        self.nodes.append(helper.make_node(KERNEL_OP, [x], outs, domain=KERNEL_DOMAIN,
+                                           weights=[w.name for w in weights]))
+        return outs
+
+    def linears(self, x: str, weights: list[Weight]) -> list[str]:
+        """x @ W^T for matrices that read one input (q, k, v; gate, up): one product in our
+        kernels when they all have its form, else each its own graph node."""
+        if all(w.kernel_form for w in weights):
+            return self.kernel_linear(x, weights)
+        return [self.linear(x, w) for w in weights]
+
     def linear(self, x: str, weight: Weight) -> str:
         """x (T, in) @ W^T -> (T, out), for W (out, in) in any supported dtype."""
+        if weight.kernel_form:
+            return self.kernel_linear(x, [weight])[0]
         if weight.dtype == "f32":
             if weight.data_t is not None:  # (in, out): see Weight.data_t
                 return self.node("MatMul", [x, self.external(f"{weight.name}.weight_t", weight.data_t)], "mm")
@@ -262,7 +287,7 @@ class _Builder:
         if qkv is not None:  # one matmul, then q | k | v (Phi-3's own, or ours: fusion_groups)
             q, k, v = self.split(self.linear(x, qkv), [cfg.q_dim, cfg.kv_dim, cfg.kv_dim], "qkv")
         else:
-            q, k, v = (self.linear(x, w[f"blk.{i}.attn_{n}"]) for n in "qkv")
+            q, k, v = self.linears(x, [w[f"blk.{i}.attn_{n}"] for n in "qkv"])
         if cfg.qkv_bias:  # Qwen2
             q, k, v = (self.node("Add", [t, self.external(f"blk.{i}.attn_{n}.bias.weight", w[f"blk.{i}.attn_{n}.bias"].data)],
                                  "bias") for t, n in zip((q, k, v), "qkv"))
@@ -282,7 +307,7 @@ class _Builder:
         if gate_up is not None:  # one matmul, gate first (Phi-3's own, or ours)
             gate, up = self.split(self.linear(x, gate_up), [cfg.hidden_dim, cfg.hidden_dim], "gu")
         else:
-            gate, up = self.linear(x, w[f"blk.{i}.ffn_gate"]), self.linear(x, w[f"blk.{i}.ffn_up"])
+            gate, up = self.linears(x, [w[f"blk.{i}.ffn_gate"], w[f"blk.{i}.ffn_up"]])
         if cfg.ffn_act == "gelu_tanh":  # GeGLU (ggml_gelu: the tanh approximation)
             act = self.node("Gelu", [gate], "gelu", approximate="tanh")
         else:  # SwiGLU
@@ -328,7 +353,7 @@ class _Builder:
         weights = {n: a for n, a in self.weights.items() if n not in self.derived}
         derived = {n: a for n, a in self.weights.items() if n in self.derived and n not in self.tables}
         return GraphPart(index, model, tuple(i.name for i in inputs), tuple(o.name for o in outputs),
-                         weights, self.layout[""][0], self.tables, derived, self.prepack)
+                         weights, self.layout[""][0], self.tables, derived, self.prepack, dict(self.kernel_shapes))
 
 
 def rope_cache(inv_freq: np.ndarray, context_tokens: int, attn_factor: float = 1.0) -> tuple[np.ndarray, np.ndarray]:

@@ -32,6 +32,8 @@ def fusion_groups(spec: ModelSpec) -> dict[str, list[Weight]]:
 
 def _fusable(ws: list[Weight]) -> bool:
     a = ws[0]
+    if any(x.kernel_form for x in ws):  # our kernels take them as one product already
+        return False
     if any(x.dtype != a.dtype or x.bits != a.bits or x.block_size != a.block_size or x.zero_points is not None
            or x.mins is not None or len(x.shape) != 2 or x.shape[1] != a.shape[1] for x in ws):
         return False

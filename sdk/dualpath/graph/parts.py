@@ -25,7 +25,7 @@ import json
 import logging
 import os
 import shutil
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -40,22 +40,36 @@ TABLES = "rope.bin"
 """Graph-folder file of the initializers that are not model weights (RoPE cos/sin tables)."""
 FUSED_VERSION = 1
 """Bump when builder.fusion_groups or fuse change: older fused folders are then never read."""
-GRAPH_VERSION = 5
+GRAPH_VERSION = 6
 """Bump when the graphs change (builder.py): an entry's older graph folders are then never
 read (``dualpath cache prune`` removes entries, not folders; ``rm`` frees them).
 2: MatMul over (in, out) float weights, outputs written by their producers, fused RoPE.
 3: positions (1, T), q and k (1, T, ...); fused q | k | v and gate | up.
 4: opset 21 (SimplifiedLayerNormalization for RMSNorm): ONNX Runtime 1.20 loads it.
 5: no classifier in the last part when our kernels run it (ModelSpec.classifier_in_kernels).
+6: parts cut at the products our kernels compute (segments.py), part{i}.{j}.onnx.
 The folder name carries the opset too, so a cache shared by two environments never hands
 a graph to a runtime that cannot load it."""
 
 
+@dataclass(frozen=True)
+class KernelStep:
+    """Products in our kernels (``segments.split``): ``input`` (rows, K) times each of
+    ``weights`` (the spec's, ``kernel_form``) into ``outputs``, one per weight."""
+
+    input: str
+    outputs: tuple[str, ...]
+    weights: tuple[str, ...]
+
+
 @dataclass
 class PartFile:
-    """One graph part on disk and the arrays its initializers name."""
+    """One graph on disk that ONNX Runtime runs, and the arrays its initializers name: a
+    whole part, or a segment of one between our products (``segments.py``). The list
+    ``graph_parts`` returns is in the order they run."""
 
     index: int
+    """The part it belongs to: attention of layer ``index`` follows the part's last graph."""
     path: str
     inputs: tuple[str, ...]
     outputs: tuple[str, ...]
@@ -63,6 +77,16 @@ class PartFile:
     """Initializer name (``blk.0.attn_q.weight``, ``.scales`` ...) -> the spec's array."""
     prepack: bool
     """The part has MatMulNBits: ONNX Runtime packs its own copy of those weights."""
+    before: tuple[KernelStep, ...] = ()
+    """Our products that run before this graph (after the previous one)."""
+    last: bool = True
+    """The last graph of its part."""
+    matmuls: bool = True
+    """It multiplies weight matrices (MatMulNBits, MatMul, Gemm): worth ONNX Runtime's threads."""
+    shapes: dict = field(default_factory=dict)
+    """Tensors between its steps and our products -> (rows symbol "T" or "R", width)."""
+    after: tuple[KernelStep, ...] = ()
+    """Our products after this graph, the last of its part (a q, k or v they make)."""
 
 
 def graph_folder_name(accuracy_level: int, context_tokens: int, nbits8: bool = True) -> str:
@@ -171,12 +195,30 @@ def _write_parts(spec: ModelSpec, accuracy_level: int, context_tokens: int, fold
                     tables[name] = {"offset": offset, "shape": list(arr.shape)}
                     f.write(np.ascontiguousarray(arr, np.float32).data)
                     offset += arr.nbytes
+    from .segments import Products, split
+
     listing = []
     for p in built:
-        onnx.save(p.model, os.path.join(folder, f"part{p.index}.onnx"))
-        listing.append({"index": p.index, "inputs": list(p.inputs), "outputs": list(p.outputs),
-                        "weights": list(p.weights), "tables": list(p.tables), "derived": list(p.derived),
-                        "prepack": p.prepack})
+        program = split(p)
+        steps = program.steps
+        graphs = [g for g in steps if not isinstance(g, Products)]
+        if not graphs:
+            raise RuntimeError(f"part {p.index} has no graph left between our products")
+        before: list = []
+        for step in steps:
+            if isinstance(step, Products):
+                before.append({"input": step.input, "outputs": list(step.outputs), "weights": list(step.weights)})
+                continue
+            name = f"part{p.index}.onnx" if len(graphs) == 1 else f"part{p.index}.{len(listing)}.onnx"
+            onnx.save(step.model, os.path.join(folder, name))
+            listing.append({"index": p.index, "file": name, "inputs": list(step.inputs),
+                            "outputs": list(step.outputs), "weights": list(step.weights),
+                            "tables": list(step.tables), "derived": list(step.derived), "prepack": step.prepack,
+                            "before": before, "after": [], "last": step is graphs[-1],
+                            "matmuls": any(n.op_type in ("MatMulNBits", "MatMul", "Gemm") for n in step.model.graph.node),
+                            "shapes": {k: list(v) for k, v in program.shapes.items()}})
+            before = []
+        listing[-1]["after"] = before  # products after the part's last graph (its q, k or v)
     write_json(os.path.join(folder, "parts.json"), {"num_layers": spec.config.num_layers, "parts": listing,
                                                     "tables": tables})
 
@@ -204,9 +246,9 @@ def _read_parts(folder: str, spec: ModelSpec) -> list[PartFile] | None:
         tables = _map_tables(os.path.join(folder, TABLES), doc["tables"])
         parts = []
         for p in listing:
-            path = os.path.join(folder, f"part{p['index']}.onnx")
+            path = os.path.join(folder, p["file"])
             if not os.path.isfile(path):
-                raise ValueError(f"part{p['index']}.onnx is missing")
+                raise ValueError(f"{p['file']} is missing")
             weights = {}
             for name in p["weights"]:
                 key, _, kind = name.rpartition(".")
@@ -217,10 +259,17 @@ def _read_parts(folder: str, spec: ModelSpec) -> list[PartFile] | None:
                 fused = fused_arrays(spec)
                 for name in p["derived"]:
                     weights[name] = fused[name]
+            before, after = (tuple(KernelStep(k["input"], tuple(k["outputs"]), tuple(k["weights"])) for k in p[key])
+                             for key in ("before", "after"))
+            for k in before + after:
+                if not all(w in spec.weights and spec.weights[w].kernel_form for w in k.weights):
+                    raise ValueError(f"{p['file']}: our products name weights {k.weights} the entry does not "
+                                     "hold in their form")
             parts.append(PartFile(p["index"], path, tuple(p["inputs"]), tuple(p["outputs"]), weights,
-                                  bool(p["prepack"])))
-        if len(parts) != spec.config.num_layers + 1:
-            raise ValueError(f"{len(parts)} parts for {spec.config.num_layers} layers")
+                                  bool(p["prepack"]), before, bool(p["last"]), bool(p["matmuls"]),
+                                  {k: (v[0], int(v[1])) for k, v in p["shapes"].items()}, after))
+        if sum(p.last for p in parts) != spec.config.num_layers + 1:
+            raise ValueError(f"{sum(p.last for p in parts)} parts for {spec.config.num_layers} layers")
     except (OSError, ValueError, KeyError, TypeError) as e:
         log.warning("discarding cached graphs %s (%s); building them again", folder, e)
         return None

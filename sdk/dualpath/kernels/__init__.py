@@ -3,7 +3,8 @@
 Two extension modules sit underneath (built by setup.py from cython_ext/):
 
 * ``_kvarena``: the KV arena (one allocation cut into blocks), the per-step
-  attention stepper, the classifier's product (``QMatmul``), the kernels' thread pool,
+  attention stepper, the classifier's product (``QMatmul``), a layer's products over GGML
+  blocks (``LMatmul``, ``lform_from_ggml``), the kernels' thread pool,
   and the run-time ISA dispatch;
   with the names of the C tables, the one list of each: ``KV_DTYPES`` (and
   ``KV_DTYPE_DOCS``), ``KERNEL_ISAS`` and ``KERNEL_FEATURES`` (the ISAs that
@@ -19,9 +20,10 @@ The NumPy oracle the kernels are tested against lives with the tests
 """
 
 from .._kernels import GGML_TYPES, embed, ggml_layout, read_rows, repack_ggml
-from .._kvarena import (KERNEL_FEATURES, KERNEL_ISAS, KV_DTYPE_DOCS, KV_DTYPES, ArenaStepper, KVArena,
-                        QMatmul, ThreadPool, available_kernels, cpu_features, default_kernel, kv_tile_bytes)
+from .._kvarena import (KERNEL_FEATURES, KERNEL_ISAS, KV_DTYPE_DOCS, KV_DTYPES, LFORM_TYPES, ArenaStepper, KVArena,
+                        LMatmul, QMatmul, ThreadPool, available_kernels, cpu_features, default_kernel, kv_tile_bytes,
+                        lform_bytes, lform_from_ggml)
 
-__all__ = ["GGML_TYPES", "KERNEL_FEATURES", "KERNEL_ISAS", "KV_DTYPE_DOCS", "KV_DTYPES", "ArenaStepper", "KVArena",
-           "QMatmul", "ThreadPool", "available_kernels", "cpu_features", "default_kernel", "embed", "ggml_layout",
-           "kv_tile_bytes", "read_rows", "repack_ggml"]
+__all__ = ["GGML_TYPES", "KERNEL_FEATURES", "KERNEL_ISAS", "KV_DTYPE_DOCS", "KV_DTYPES", "LFORM_TYPES", "ArenaStepper",
+           "KVArena", "LMatmul", "QMatmul", "ThreadPool", "available_kernels", "cpu_features", "default_kernel",
+           "embed", "ggml_layout", "kv_tile_bytes", "lform_bytes", "lform_from_ggml", "read_rows", "repack_ggml"]

@@ -394,6 +394,9 @@ def _convert(path: str, name: str, t, key: str) -> Weight:
                 raise ModelLoadError(path, f"tensor {name!r} of type {type_name} has shape {shape}; "
                                            f"rows must be a multiple of {block}")
             raw = np.asarray(raw, dtype=np.uint8)
+            if quants.kernel_form(key, type_name, shape):
+                return Weight(key, type_name.lower(), shape, quants.to_kernel_form(raw, type_name, shape),
+                              source_type=type_name, kernel_form=True)
             nb = quants.repack(raw, type_name, shape)
             return Weight(key, type_name.lower(), shape, nb.blob, nb.scales, bits=nb.bits,
                           block_size=nb.block_size, zero_points=nb.zero_points, mins=nb.mins)

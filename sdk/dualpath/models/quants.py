@@ -72,7 +72,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..kernels import GGML_TYPES, ggml_layout, repack_ggml
+from ..kernels import GGML_TYPES, LFORM_TYPES, ggml_layout, lform_bytes, lform_from_ggml, repack_ggml
 
 EXACT_TYPES = ("Q8_0", "Q4_0", "Q5_0", "IQ4_NL", "Q6_K", "Q3_K")
 OFFSET_MIN_TYPES = ("Q4_K", "Q4_1", "Q2_K")
@@ -157,3 +157,24 @@ def gather_rows(blob: np.ndarray, scales: np.ndarray, zero_points: np.ndarray | 
     if mins is not None:
         u -= mins[ids][:, :, None]
     out[:len(ids)] = u.reshape(len(ids), -1)
+
+
+KERNEL_MATRICES = ("attn_q", "attn_k", "attn_v", "attn_qkv", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
+"""A layer's matrices that our kernels multiply when their type has a form (``kernel_form``)."""
+
+
+def kernel_form(key: str, type_name: str, shape: tuple[int, ...]) -> bool:
+    """Whether weight ``key`` (``blk.3.ffn_up``) of GGML ``type_name`` and ``shape`` (out, in)
+    is kept in the 16-row form our kernels multiply (csrc/lmatmul.h): a layer's matrix of
+    Q4_K, Q6_K, Q5_0, Q8_0 or Q4_0 whose rows are whole groups of 16. ONNX Runtime packs
+    those types at 7-13.5 bits a value against the file's 4.5-8.5 (docs/performance.md)."""
+    parts = key.split(".")
+    return (len(parts) == 3 and parts[0] == "blk" and parts[2] in KERNEL_MATRICES and type_name in LFORM_TYPES
+            and len(shape) == 2 and lform_bytes(type_name, shape[0], shape[1]) > 0)
+
+
+def to_kernel_form(raw: np.ndarray, type_name: str, shape: tuple[int, int]) -> np.ndarray:
+    """The file's blocks of a ``kernel_form`` weight rearranged into that form (uint8, 1-D)."""
+    out = np.empty(lform_bytes(type_name, shape[0], shape[1]), np.uint8)
+    lform_from_ggml(np.ascontiguousarray(raw, np.uint8).reshape(-1), type_name, shape, out)
+    return out

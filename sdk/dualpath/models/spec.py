@@ -14,6 +14,9 @@ consumes them, so no second copy is ever made:
   with their own ``bits`` (2, 4, 8) and ``block_size`` (16, 32), and for some types
   uint8 ``zero_points`` and fp32 ``mins``; see ``quants.py`` for what ONNX Runtime accepts and
   the exactness of each mapping.
+* a layer's matrices of the types our kernels multiply (``kernel_form``: Q4_K, Q6_K, Q5_0,
+  Q8_0, Q4_0 in rows of whole 16s): ``data`` is the 16-row form of the file's blocks
+  (uint8, 1-D, csrc/lmatmul.h), which ``kernels.LMatmul`` reads in place; no graph holds it.
 """
 
 from __future__ import annotations
@@ -160,6 +163,11 @@ class Weight:
     of it). ONNX Runtime's fp32 GEMV streams this layout faster than ``Gemm`` with
     ``transB`` over ``data`` (docs/performance.md)."""
 
+    kernel_form: bool = False
+    """``data`` is the 16-row form of the file's ``source_type`` blocks (uint8, 1-D,
+    csrc/lmatmul.h): our kernels multiply it (``kernels.LMatmul``), read in place, and the
+    graphs cut there (``builder.KERNEL_OP``) instead of holding a MatMulNBits copy."""
+
     ARRAYS = {"weight": "data", "scales": "scales", "zero_points": "zero_points", "mins": "mins",
               "weight_t": "data_t"}
     """Initializer suffix -> attribute holding its array."""
@@ -171,6 +179,8 @@ class Weight:
     @property
     def matmul_bits(self) -> int:
         """MatMulNBits bits of a quantized weight (Q8_0 and Q4_0 say so by their dtype); 0 for float."""
+        if self.kernel_form:
+            return 0
         return self.bits or {"q8_0": 8, "q4_0": 4}.get(self.dtype, 0)
 
     @property
@@ -214,7 +224,7 @@ class ModelSpec:
         form's 9 or 10 (docs/performance.md, memory), and the classifier is the largest
         matrix of a small model (Gemma 3 270M: 225 MiB of packed copy)."""
         w = self.output
-        return (w.data.ndim == 3 and kernel_classifier_form(w.matmul_bits, w.zero_points is not None or
+        return (not w.kernel_form and w.data.ndim == 3 and kernel_classifier_form(w.matmul_bits, w.zero_points is not None or
                                                             w.mins is not None, w.block_size, w.shape[1]))
 
     @property

@@ -53,11 +53,12 @@ from .spec import ModelConfig, ModelSpec, Weight
 
 log = logging.getLogger(__name__)
 
-CONVERSION_VERSION = 4
+CONVERSION_VERSION = 5
 """Bump when conversion or the graphs change meaning: older entries are then never
 matched (and the size limit removes them in time). 2: the last graph part outputs hidden.
 3: float matrices stored (in, out) for MatMul (``Weight.data_t``). 4: tokenizer.json holds
-the scores and token types as base64 little-endian arrays (``_ARRAY_FIELDS``)."""
+the scores and token types as base64 little-endian arrays (``_ARRAY_FIELDS``). 5: a
+layer's Q4_K, Q6_K, Q5_0, Q8_0 and Q4_0 matrices in our kernels' form (``Weight.kernel_form``)."""
 ALIGN = 1 << 16
 """Offset alignment of arrays in weights.bin: a page on every kernel (4 KiB, and the
 16 KiB and 64 KiB pages of some ARM64 systems), so each array can be dropped from
@@ -281,7 +282,7 @@ class Entry:
             weights[key] = Weight(key, w["dtype"], tuple(w["shape"]), arrays.get("weight"), arrays.get("scales"),
                                   source_type=w["source_type"], bits=w["bits"], block_size=w["block_size"],
                                   zero_points=arrays.get("zero_points"), mins=arrays.get("mins"),
-                                  data_t=arrays.get("weight_t"))
+                                  data_t=arrays.get("weight_t"), kernel_form=bool(w.get("kernel_form")))
         cfg = dict(man["config"])
         cfg["swa_layers"] = tuple(cfg["swa_layers"])
         try:
@@ -466,12 +467,13 @@ class _Writer:
         if transpose:
             arrays["weight_t"] = self._write(w.data.T)
         self.weights[w.name] = {"dtype": w.dtype, "shape": list(w.shape), "source_type": w.source_type,
-                                "bits": w.bits, "block_size": w.block_size, "arrays": arrays}
+                                "bits": w.bits, "block_size": w.block_size, "kernel_form": w.kernel_form,
+                                "arrays": arrays}
         self.done_bytes += source_bytes
         if self.progress is not None and source_bytes:
             self.progress("convert", self.done_bytes, self.total_bytes)
         return Weight(w.name, w.dtype, w.shape, None, source_type=w.source_type, bits=w.bits,
-                      block_size=w.block_size)
+                      block_size=w.block_size, kernel_form=w.kernel_form)
 
     def _tied_output(self) -> None:
         """The transpose of a float embedding that is also the classifier, read back from

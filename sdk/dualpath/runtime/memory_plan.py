@@ -7,7 +7,9 @@ constants come from, and how close the plan comes):
 * ``runtime``: Python, NumPy, ONNX Runtime and DualPath once imported;
 * ``vocabulary``: the tokenizer's tables and the spec's token strings, per token (and per
   BPE merge);
-* ``weights``: ONNX Runtime's packed copy of every matrix: a quantized block costs its
+* ``weights``: a layer's matrices our kernels multiply (``quants.kernel_form``) as their
+  form in the cache entry, mapped and read every step (the file's bits); ONNX Runtime's
+  packed copy of every other matrix: a quantized block costs its
   values plus ``PACK_BLOCK_BYTES`` (its f32 scale, block sum and alignment), Q4_K's
   mins one f32 per block more, a float matrix 4 bytes a value; the embedding's rows are
   read from the file (not resident), and a tied table is the classifier's. A classifier
@@ -29,8 +31,9 @@ from dataclasses import dataclass
 from ..cache.windows import MARGIN
 from ..config import Config
 from ..errors import ConfigError
-from ..kernels import ggml_layout, kv_tile_bytes
+from ..kernels import ggml_layout, kv_tile_bytes, lform_bytes
 from ..models import read_layout
+from ..models.quants import kernel_form
 from ..models.spec import ModelConfig, kernel_classifier_form
 
 MiB = 1 << 20
@@ -88,12 +91,16 @@ class MemoryPlan:
                 f"{self.total_full / MiB:,.0f} MiB once the KV cache is full")
 
 
-def _matrix_bytes(type_name: str, shape: tuple[int, ...], nbits8: bool, classifier: bool = False) -> int:
+def _matrix_bytes(type_name: str, shape: tuple[int, ...], nbits8: bool, classifier: bool = False,
+                  name: str = "") -> int:
     """Resident bytes of one matrix as ONNX Runtime holds it (packed), or as our kernels
-    read it in place (the ``classifier``, where they run it)."""
+    read it in place (the ``classifier``, where they run it; a layer's matrix ``name`` of a
+    type they take: ``quants.kernel_form``)."""
     if len(shape) == 1 or type_name in ("F32", "F16", "BF16"):
         return 4 * math.prod(shape)
     rows, cols = shape
+    if name and kernel_form(name.removesuffix(".weight"), type_name, shape):
+        return lform_bytes(type_name, rows, cols)
     lay = ggml_layout(type_name)
     bits, sub = lay["bits"], lay["block_size"]
     if classifier and kernel_classifier_form(bits, bool(lay["zero_points"]), sub, cols):
@@ -109,7 +116,7 @@ def weight_bytes(layout: dict[str, tuple[str, tuple[int, ...]]], nbits8: bool = 
     classifier (tied); else its rows are read from the file, not held."""
     tied = "output.weight" not in layout
     classifier = "token_embd.weight" if tied else "output.weight"
-    return sum(_matrix_bytes(t, s, nbits8, name == classifier) for name, (t, s) in layout.items()
+    return sum(_matrix_bytes(t, s, nbits8, name == classifier, name) for name, (t, s) in layout.items()
                if name != "token_embd.weight" or tied)
 
 

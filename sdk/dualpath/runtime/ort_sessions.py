@@ -160,8 +160,11 @@ class SessionSet(list):
     to outlive the sessions, so they live exactly as long as this list."""
 
     def __init__(self, sessions: list[ort.InferenceSession], initializers: list[ort.OrtValue],
-                 idle_between_runs: bool = True, spinning_workers: list[int] | None = None):
+                 idle_between_runs: bool = True, spinning_workers: list[int] | None = None,
+                 parts: list[PartFile] | None = None):
         super().__init__(sessions)
+        self.parts = parts or []
+        """The graphs the sessions run, in the same order (their names, our products between them)."""
         self.initializers = initializers
         self.idle_between_runs = idle_between_runs
         """ONNX Runtime's workers leave the cores when a part's Run returns (they do not
@@ -286,7 +289,15 @@ def create_sessions(parts: list[PartFile], num_threads: int, spinning: bool = Tr
     ONNX Runtime releases the GIL while it creates a session and packs on one thread:
     the parts are created ``num_threads`` at a time.
     """
-    if per_session_pools and _global_pool_threads:
+    loaders = num_threads
+    if not any(p.matmuls for p in parts) and not _global_pool_threads:
+        # Our kernels multiply every matrix (graph.segments): the graphs left are norms,
+        # RoPE and activations between them, and ONNX Runtime's own workers would only
+        # contend with our pool's. One thread per session: the calling one (pinned by
+        # its caller). Once ORT's global pool exists (an earlier LLM of this process),
+        # ORT refuses pools of a session's own: the sessions share that one then.
+        num_threads, per_session_pools, spinning, affinities = 1, True, False, None
+    if per_session_pools and _global_pool_threads and num_threads > 1:
         raise DualPathError("pinned sessions need per-session ONNX Runtime thread pools, but this process "
                             "already created ORT's global pool (an earlier unpinned LLM); create pinned "
                             "LLMs first or set power.pin_threads: false")
@@ -309,7 +320,7 @@ def create_sessions(parts: list[PartFile], num_threads: int, spinning: bool = Tr
                 progress("sessions", done[0], len(parts))
         return made
 
-    workers = max(1, min(num_threads, os.cpu_count() or 1, len(parts)))
+    workers = max(1, min(loaders, os.cpu_count() or 1, len(parts)))
     # Largest first: packing holds a part's mapped pages and its packed copy at once, so the
     # load's peak is lowest while few other packed copies exist yet (Gemma 3 270M: its
     # classifier part is 185 of 300 MiB; docs/performance.md).
@@ -325,4 +336,4 @@ def create_sessions(parts: list[PartFile], num_threads: int, spinning: bool = Tr
     # every add_initializer OrtValue is kept alive with the sessions
     spins = spinning and shared_pool
     return SessionSet([m[0] for m in made], [v for m in made for v in m[1]], idle_between_runs=not spins,
-                      spinning_workers=list(_global_pool_workers) if spins else [])
+                      spinning_workers=list(_global_pool_workers) if spins else [], parts=parts)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..kernels import ArenaStepper, QMatmul, embed as _embed, read_rows
+from ..kernels import ArenaStepper, LMatmul, QMatmul, embed as _embed, read_rows
 from ..models.quants import gather_rows
 from ..models.spec import ModelConfig, ModelSpec, Weight
 from ..scheduler.batch import SeqStep
@@ -47,6 +47,17 @@ class StepBuffers:
         # (S, 5) row0, n, pos0, span0, num_spans: an entry per sequence, or per row of a
         # sequence with proposals (speculative decoding), hence room for a row each.
         self.seqs = np.zeros((max_num_seqs + T, 5), np.int64)
+        self._crossing: dict[tuple[str, int], np.ndarray] = {}
+
+    def crossing(self, name: str, width: int) -> np.ndarray:
+        """(T, width) f32 for a tensor between a graph and our products (``PartFile.shapes``):
+        one per name and width, shared by the parts (which run one after the other, and
+        whose graphs name their tensors alike). Its pages are touched only by the steps
+        that use its rows: a prefill chunk's, like ONNX Runtime's own buffers."""
+        key = (name, width)
+        if key not in self._crossing:
+            self._crossing[key] = np.zeros((self.max_step_tokens, width), np.float32)
+        return self._crossing[key]
 
     def fill(self, steps: list[SeqStep], cache, all_rows: bool) -> tuple[int, int, bool, int, int]:
         """Lay ``steps`` out in the buffers (``ModelRunner.run`` says which rows). Returns
@@ -94,8 +105,23 @@ class StepBuffers:
         return row, R, prefill, E, span
 
 
+class KernelRun:
+    """One step of our products in a session set's plan (``graph.parts.KernelStep``): the
+    rows it multiplies are set by ``StepBinding.resize``."""
+
+    __slots__ = ("mm", "per_row", "rows", "pool")
+
+    def __init__(self, mm: LMatmul, per_row: bool, pool):
+        self.mm, self.per_row, self.pool = mm, per_row, pool
+        self.rows = 0
+
+    def run(self) -> None:
+        self.mm.run(self.rows, self.pool)
+
+
 class StepBinding:
-    """IOBindings of every part of one session set, over the runner's buffers.
+    """IOBindings of every graph of one session set over the runner's buffers, and our
+    products between them, as one plan.
 
     One per session set, reused by every step: a step of another size (T tokens, R
     rows wanted) rebinds only the names whose first dimension changed (ONNX Runtime
@@ -103,42 +129,64 @@ class StepBinding:
     prefill chunks of any size create no binding objects. The buffers never move, so
     nothing else is ever rebound."""
 
-    def __init__(self, buf: StepBuffers, num_layers: int, sessions: SessionSet):
+    # Names every part may have -> (StepBuffers attribute, dims before the rows, per row, dtype)
+    _NAMED = {"attn": ("attn", (), False, np.float32), "positions": ("positions", (1,), False, np.int64),
+              "q": ("q", (1,), False, np.float32), "k": ("k", (1,), False, np.float32),
+              "v": ("v", (), False, np.float32), "rows": ("rows", (), True, np.int64),
+              "hidden": ("hidden", (), True, np.float32), "logits": ("logits", (), True, np.float32)}
+
+    def __init__(self, buf: StepBuffers, num_layers: int, sessions: SessionSet, spec: ModelSpec | None = None,
+                 pool=None, kernel: str | None = None, int8_act: bool = True):
         self.sessions = sessions
         self.bindings = [sess.io_binding() for sess in sessions]
-        f32, i64 = np.float32, np.int64
-        # (bind method, name, element type, shape after the first dimension, data pointer)
+        # (bind method, name, element type, dims before the rows, dims after, data pointer)
         self._per_token: list[tuple] = []  # names with T rows
-        self._per_row: list[tuple] = []    # names with R rows (the lm_head part's)
-        h_src, h_dst = buf.h_a, buf.h_b
+        self._per_row: list[tuple] = []    # names with R rows (the last part's)
+        self._kernels: list[KernelRun] = []
+        self.plan = []
+        """(run, its argument, layer) in order, built once: after run(argument), attention of
+        ``layer`` when it is not -1. A step creates no objects per layer."""
+        h = [buf.h_a, buf.h_b]  # the part's residual in, and out (parts swap them)
 
-        def bound(b, output, key, arr, elem=f32, lead=()):
-            # (bind, name, element type, dims before T, dims after T, data pointer)
-            return (b.bind_output if output else b.bind_input, key, elem, list(lead), list(arr.shape[1:]),
-                    arr.ctypes.data)
+        def array(name: str, shapes: dict) -> tuple[np.ndarray, tuple, bool]:
+            """The buffer of ``name``: (array, dims before the rows, per row)."""
+            if name in ("h", "h_out"):
+                return h[name == "h_out"], (), False
+            if name in self._NAMED:
+                attr, lead, per_row, _ = self._NAMED[name]
+                return getattr(buf, attr), lead, per_row
+            rows, width = shapes[name]
+            return buf.crossing(name, width), (), rows == "R"
 
-        for i, (sess, b) in enumerate(zip(sessions, self.bindings)):
-            if i == num_layers:
-                self._per_token += [bound(b, False, "h", h_src), bound(b, False, "attn", buf.attn)]
-                self._per_row += [bound(b, False, "rows", buf.rows, i64), bound(b, True, "hidden", buf.hidden)]
-                if any(o.name == "logits" for o in sess.get_outputs()):  # else: Classifier
-                    self._per_row.append(bound(b, True, "logits", buf.logits))
-            else:
-                # positions (1, T), q and k (1, T, ...): see builder.rope
-                self._per_token += [bound(b, False, "h", h_src),
-                                    bound(b, False, "positions", buf.positions, i64, (1,))]
-                if i > 0:
-                    self._per_token += [bound(b, False, "attn", buf.attn), bound(b, True, "h_out", h_dst)]
-                    h_src, h_dst = h_dst, h_src
-                self._per_token += [bound(b, True, "q", buf.q, lead=(1,)), bound(b, True, "k", buf.k, lead=(1,)),
-                                    bound(b, True, "v", buf.v)]
+        def products(steps, shapes: dict) -> None:
+            for step in steps:
+                x, _, per_row = array(step.input, shapes)
+                outs = [(spec.weights[w].source_type, spec.weights[w].data, array(o, shapes)[0])
+                        for w, o in zip(step.weights, step.outputs)]
+                run = KernelRun(LMatmul(outs, x, kernel, int8_act), per_row, pool)
+                self._kernels.append(run)
+                self.plan.append((KernelRun.run, run, -1))
+
+        L = num_layers
+        for part, sess, b in zip(sessions.parts, sessions, self.bindings):
+            products(part.before, part.shapes)
+            for output, names in ((False, sess.get_inputs()), (True, sess.get_outputs())):
+                for n in names:
+                    arr, lead, per_row = array(n.name, part.shapes)
+                    entry = (b.bind_output if output else b.bind_input, n.name,
+                             np.int64 if arr.dtype == np.int64 else np.float32, list(lead), list(arr.shape[1:]),
+                             arr.ctypes.data)
+                    (self._per_row if per_row else self._per_token).append(entry)
+            attend = part.index if part.last and part.index < L else -1
+            self.plan.append((sess.run_with_iobinding, b, -1 if part.after else attend))
+            if part.after:
+                products(part.after, part.shapes)
+                self.plan[-1] = self.plan[-1][:2] + (attend,)
+            if part.last and 0 < part.index < L:
+                h.reverse()
         self._ids, self._h0 = buf.ids, buf.h_a
         self.num_tokens = self.num_rows = 0  # nothing bound yet
         self.ids = self.h0 = None
-        # (run, binding, layer) per part, built once: a step creates no objects per layer.
-        L = num_layers
-        self.plan = [(sess.run_with_iobinding, b, layer if layer < L else -1)
-                     for layer, (sess, b) in enumerate(zip(sessions, self.bindings))]
 
     def resize(self, num_tokens: int, num_rows: int) -> None:
         """Bind for a step of ``num_tokens`` tokens and ``num_rows`` logits rows: only the
@@ -153,6 +201,8 @@ class StepBinding:
             for bind, key, elem, lead, tail, ptr in self._per_row:
                 bind(key, "cpu", 0, elem, lead + [num_rows] + tail, ptr)
             self.num_rows = num_rows
+        for k in self._kernels:
+            k.rows = num_rows if k.per_row else num_tokens
 
 
 class TokenEmbedding:

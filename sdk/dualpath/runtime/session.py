@@ -93,6 +93,8 @@ class ModelRunner:
         self._profiles = ProfileSets(governor) if governor is not None else None
         self.load_stats: dict = {}
         """Seconds of each stage of building this runner (``graphs``, ``sessions``)."""
+        self._kernel = kernel
+        self._int8_act = accuracy_level == 4  # our products' activations, as MatMulNBits' at that level
         parts, session_sets, remove = self._load(accuracy_level, num_threads, spinning, ort_pools, progress)
         self._embed = TokenEmbedding(self.spec.weights["token_embd"], cfg.embed_scale, max_step_tokens,
                                      self.spec.entry)
@@ -235,11 +237,13 @@ class ModelRunner:
             self.cache.commit(e.seq_id)
         return logits[:R]
 
-    def _binding(self, T: int, R: int, sessions) -> StepBinding:
-        """The session set's bindings, sized for a step of T tokens and R rows."""
+    def _binding(self, T: int, R: int, sessions, pool) -> StepBinding:
+        """The session set's bindings, sized for a step of T tokens and R rows; our products
+        run on ``pool``."""
         b = self._bindings.get(id(sessions))
         if b is None or b.sessions is not sessions:  # first use (a stored binding keeps its set alive)
-            b = self._bindings[id(sessions)] = StepBinding(self.buffers, self.num_layers, sessions)
+            b = self._bindings[id(sessions)] = StepBinding(self.buffers, self.num_layers, sessions, self.spec,
+                                                           pool, self._kernel, self._int8_act)
         b.resize(T, R)
         return b
 
@@ -251,7 +255,7 @@ class ModelRunner:
             sp = plan.prefill_spec if prefill else plan.decode_spec
         if sp is not None:
             sessions, kv_stepper = self._profiles.select(sp)
-        binding = self._binding(T, R, sessions)
+        binding = self._binding(T, R, sessions, kv_stepper.pool)
         self._embed(binding.ids, binding.h0)
         kv_step = kv_stepper.step_batch
         for run, b, layer in binding.plan:
