@@ -218,12 +218,15 @@ void dp_lrows_generic(int kind, const uint8_t *w, int64_t g0, int64_t g1, const 
 
 /* ---- the driver ---- */
 
-/* Groups of 16 rows a task takes: 64 rows, so that a decode-shaped product of 2,048
- * rows still makes 32 tasks for the pool's dynamic scheduling to balance. */
-#define LGROUPS_PER_TASK 4
+/* Groups of 16 rows a task takes: as many as leave every thread of the pool 4 tasks or
+ * more of the whole product (dynamic scheduling balances them), at most 16 (256 rows,
+ * 300 KB of a 2,048-wide Q4_K matrix): longer runs of one thread through its rows stream
+ * faster (Llama 3.2 1B decode, products of a step: 33.0 ms with 4 a task, 30.9 with 16;
+ * docs/performance.md). */
+#define LGROUPS_PER_TASK_MAX 16
 /* Below this many bytes of weights the calling thread alone is faster than waking the
  * pool (as the classifier's, qmatmul.c). */
-#define LMATMUL_POOL_BYTES (1 << 20)
+#define LMATMUL_POOL_BYTES (128 << 10)
 #define LMATMUL_MAX_JOBS 8
 
 typedef struct {
@@ -231,6 +234,7 @@ typedef struct {
     const dp_ljob *jobs;
     int njobs;
     int64_t first[LMATMUL_MAX_JOBS + 1]; /* a job's first task; first[njobs] = all tasks */
+    int64_t per_task;                    /* groups a task takes */
     dp_lact act;
     const float *x; /* f32 activations (int8_act = 0), else NULL */
 } ljob_run;
@@ -241,8 +245,8 @@ static void ltask(void *ctx, int64_t t, int worker) {
     int i = 0;
     while (t >= j->first[i + 1]) i++;
     const dp_ljob *jb = &j->jobs[i];
-    const int64_t g0 = (t - j->first[i]) * LGROUPS_PER_TASK, groups = jb->N / 16;
-    const int64_t g1 = g0 + LGROUPS_PER_TASK < groups ? g0 + LGROUPS_PER_TASK : groups;
+    const int64_t g0 = (t - j->first[i]) * j->per_task, groups = jb->N / 16;
+    const int64_t g1 = g0 + j->per_task < groups ? g0 + j->per_task : groups;
     if (j->x)
         rows_scalar(jb->kind, jb->w, g0, g1, &j->act, j->x, jb->out, jb->ldo);
     else
@@ -255,15 +259,20 @@ int dp_lmatmul(dp_pool *pool, const dp_attn_ops *ops, const dp_ljob *jobs, int n
         R > INT64_MAX / K)
         return DP_ERR_ARG;
     ljob_run run = {.fn = ops->lrows, .jobs = jobs, .njobs = njobs};
-    int64_t bytes = 0;
+    int64_t bytes = 0, groups = 0;
     for (int i = 0; i < njobs; i++) {
         const dp_ljob *jb = &jobs[i];
         const int64_t need = dp_lform_bytes(jb->kind, jb->N, K);
         if (!need || !jb->w || !jb->out || jb->ldo < jb->N) return DP_ERR_ARG;
         if (jb->w_len < need || jb->out_len < (R - 1) * jb->ldo + jb->N) return DP_ERR_BOUNDS;
-        run.first[i + 1] = run.first[i] + (jb->N / 16 + LGROUPS_PER_TASK - 1) / LGROUPS_PER_TASK;
         bytes += need;
+        groups += jb->N / 16;
     }
+    const int threads = pool ? dp_pool_num_threads(pool) : 1;
+    run.per_task = groups / (4 * threads);
+    run.per_task = run.per_task < 1 ? 1 : run.per_task > LGROUPS_PER_TASK_MAX ? LGROUPS_PER_TASK_MAX : run.per_task;
+    for (int i = 0; i < njobs; i++)
+        run.first[i + 1] = run.first[i] + (jobs[i].N / 16 + run.per_task - 1) / run.per_task;
     void *buf = NULL;
     run.act = (dp_lact){NULL, NULL, NULL, R, K};
     if (int8_act) {
