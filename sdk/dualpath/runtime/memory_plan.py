@@ -17,7 +17,8 @@ constants come from, and how close the plan comes):
   mapped and read every step: its values and an f32 scale a block;
 * ``kv cache``: the positions a sequence of the context keeps, in every layer
   (sliding-window layers: their window and what prefix reuse keeps, cache/windows.py);
-* ``activations``: ONNX Runtime's buffers for a prefill chunk, the step buffers, and the
+* ``activations``: ONNX Runtime's buffers for a prefill chunk, the buffers between the graphs
+  and our products, the step buffers, and the
   RoPE tables' rows of the positions used (cos and sin per position, read in place).
 """
 
@@ -53,9 +54,11 @@ PACK_BLOCK_BYTES = {4: 8, 8: 11}
 accuracy level 4 (an f32 scale, an f32 block sum for the int8 kernel, alignment), by bits:
 fitted to the weights measured on TinyLlama and Llama 3.2 1B Q4_K_M (Q4_K and Q6_K) and
 Gemma 3 270M (mostly Q8_0 and Q5_0) files (docs/performance.md)."""
-ACTIVATION_FLOATS = (4, 8, 0)
-"""f32 values per prefill-chunk token in ONNX Runtime's buffers, times (hidden_dim, dim,
-q_dim): fitted to the same three files at 512-token chunks."""
+ACTIVATION_FLOATS = (6, 8, 4)
+"""f32 values per prefill-chunk token in ONNX Runtime's buffers and those between the graphs
+and our products, times (hidden_dim, dim, q_dim): fitted to issue 25's four files at
+512-token chunks, contexts 512 and 4,096 (17978ee, 2026-12-05: plan / measured 0.97-1.01;
+(4, 8, 0), fitted before our products had buffers of their own, gave 0.93-0.98)."""
 THP_SLACK_BYTES = 1 << 20
 """Per global layer: its KV region is committed in 2 MiB huge pages, half of one unused
 on average."""

@@ -1,0 +1,87 @@
+"""A layer's products in our kernels (``kernels.LMatmul`` over csrc/lmatmul.h's form),
+through the Python door: every kind against the form read back in NumPy
+(tests/lform_reference.py) times the activations, on every ISA this CPU has, and the
+refusals a caller can meet. The C parity test (tests/c/test_kernels.c) covers the ISAs
+against a double-precision reference in detail."""
+
+import numpy as np
+import pytest
+
+from dualpath.kernels import LFORM_TYPES, LMatmul, ThreadPool, available_kernels, lform_bytes, lform_from_ggml
+from lform_reference import LAYOUT, dequantize
+
+GGML_BYTES = {"Q4_K": 144, "Q6_K": 210, "Q5_0": 22, "Q8_0": 34, "Q4_0": 18}
+
+
+def random_blocks(type_name: str, n: int, k: int, seed: int) -> np.ndarray:
+    """Random GGML blocks of an (n, k) weight whose fp16 fields are finite and modest."""
+    sb, size = LAYOUT[type_name][0], GGML_BYTES[type_name]
+    raw = np.random.default_rng(seed).integers(0, 256, n * k // sb * size, dtype=np.uint8).reshape(-1, size)
+    raw[:, 1::2] &= 0x3B  # every odd byte: a half's high byte (exponent below 15) where it is one
+    return raw.reshape(-1)
+
+
+def quantized(x: np.ndarray) -> np.ndarray:
+    """x as the kernels see it at int8: per block of 32, d = max|x| / 127, round half even."""
+    b = x.reshape(x.shape[0], -1, 32)
+    d = np.abs(b).max(axis=2, keepdims=True) / np.float32(127)
+    q = np.rint(b / np.where(d > 0, d, 1)).clip(-127, 127)
+    return (q * d).reshape(x.shape).astype(np.float64)
+
+
+@pytest.mark.parametrize("type_name", LFORM_TYPES)
+@pytest.mark.parametrize("rows", [1, 5])
+def test_every_kind_and_isa_multiplies_the_file_values(type_name, rows):
+    n, k = 48, LAYOUT[type_name][0] * 2
+    raw = random_blocks(type_name, n, k, seed=rows)
+    form = np.empty(lform_bytes(type_name, n, k), np.uint8)
+    lform_from_ggml(raw, type_name, (n, k), form)
+    w = dequantize(form, type_name, (n, k)).astype(np.float64)
+    x = np.random.default_rng(7).standard_normal((rows, k)).astype(np.float32)
+    pool = ThreadPool(2)
+    for int8 in (True, False):
+        ref = (quantized(x) if int8 else x.astype(np.float64)) @ w.T
+        mag = np.abs(quantized(x) if int8 else x) @ np.abs(w).T
+        for kernel in available_kernels():
+            out = np.full((rows, n), -7.0, np.float32)
+            LMatmul([(type_name, form, out)], x, kernel, int8).run(rows, pool)
+            assert np.all(np.abs(out - ref) <= 2e-6 * mag + 1e-6), (kernel, int8)
+
+
+def test_weights_of_one_input_write_their_own_outputs_and_columns_of_a_wider_array():
+    k = 256
+    forms = {}
+    for t, n in (("Q4_K", 32), ("Q8_0", 16)):
+        forms[t] = np.empty(lform_bytes(t, n, k), np.uint8)
+        lform_from_ggml(random_blocks(t, n, k, seed=n), t, (n, k), forms[t])
+    x = np.random.default_rng(3).standard_normal((3, k)).astype(np.float32)
+    wide = np.zeros((3, 64), np.float32)
+    a, b = wide[:, :32], wide[:, 40:56]  # views: rows strided, values contiguous
+    LMatmul([("Q4_K", forms["Q4_K"], a), ("Q8_0", forms["Q8_0"], b)], x).run(3)
+    alone = np.zeros((3, 32), np.float32)
+    LMatmul([("Q4_K", forms["Q4_K"], alone)], x).run(3)
+    np.testing.assert_array_equal(a, alone)
+    assert np.abs(b).sum() > 0 and not wide[:, 32:40].any() and not wide[:, 56:].any()
+
+
+def test_bad_products_are_refused_with_the_reason():
+    k, n = 256, 16
+    form = np.empty(lform_bytes("Q4_K", n, k), np.uint8)
+    lform_from_ggml(random_blocks("Q4_K", n, k, 1), "Q4_K", (n, k), form)
+    x, out = np.zeros((2, k), np.float32), np.zeros((2, n), np.float32)
+    with pytest.raises(ValueError, match="no layer-product form"):
+        LMatmul([("Q5_K", form, out)], x)
+    with pytest.raises(ValueError, match="is not 16 x 256"):
+        LMatmul([("Q4_K", form[:-1], out)], x)
+    with pytest.raises(ValueError, match="writeable rows"):
+        LMatmul([("Q4_K", form, np.zeros((3, n), np.float32))], x)
+    with pytest.raises(ValueError, match="1 to 8"):
+        LMatmul([("Q4_K", form, out)] * 9, x)
+    mm = LMatmul([("Q4_K", form, out)], x)
+    with pytest.raises(ValueError, match="outside 1..2"):
+        mm.run(3)
+    with pytest.raises(ValueError, match="multiple of 16"):
+        lform_from_ggml(random_blocks("Q4_K", 24, k, 1), "Q4_K", (24, k), np.empty(10**5, np.uint8))
+    with pytest.raises(ValueError, match="raw blocks or out"):  # the file's bytes cut short
+        lform_from_ggml(random_blocks("Q4_K", n, k, 1)[:-1], "Q4_K", (n, k), np.empty(form.size, np.uint8))
+    assert lform_bytes("Q6_K", 16, 32) == 0  # not whole superblocks
