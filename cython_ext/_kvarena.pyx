@@ -623,6 +623,30 @@ def lform_from_ggml(raw, str type_name, shape, out):
     _check(st, f"lform_from_ggml({type_name}, shape {tuple(shape)})", "the raw blocks or out")
 
 
+def lform_rows(form, str type_name, shape, ids, out):
+    """Rows ``ids`` (int64, 1-D) of an (N, K) ``type_name`` weight in the form (csrc/lmatmul.h)
+    as f32 values into ``out`` (len(ids), K): a tied embedding's lookup. An id outside
+    [0, N) raises IndexError before anything is written."""
+    cdef int kind = _lkind(type_name)
+    cdef int64_t N = shape[0], K = shape[1]
+    _require(form, "form", 1, np.uint8)
+    _require(ids, "ids", 1, np.int64)
+    _require(out, "out", 2, np.float32)
+    if out.shape[0] < ids.shape[0] or out.shape[1] != K or not out.flags.writeable:
+        raise ValueError(f"out {out.shape} cannot hold {ids.shape[0]} writeable rows of {K} values")
+    cdef const uint8_t *wp = <const uint8_t *>cnp.PyArray_DATA(<cnp.ndarray>form)
+    cdef const int64_t *ip = <const int64_t *>cnp.PyArray_DATA(<cnp.ndarray>ids)
+    cdef float *op = <float *>cnp.PyArray_DATA(<cnp.ndarray>out)
+    cdef int64_t wl = form.size, n = ids.shape[0], ol = out.size
+    cdef int st
+    with nogil:
+        st = dp_lform_rows(kind, wp, wl, N, K, ip, n, op, ol)
+    if st == DP_ERR_BOUNDS and wl >= dp_lform_bytes(kind, N, K):
+        bad = ids[(ids < 0) | (ids >= N)]
+        raise IndexError(f"token id {int(bad[0])} outside the table's {N} rows")
+    _check(st, f"lform_rows({type_name}, shape {tuple(shape)})", "the form")
+
+
 cdef class LMatmul:
     """``outs[j][:R] = x[:R] @ W_j.T`` for every weight j, in our kernels over the form of
     csrc/lmatmul.h read in place (a layer's products, instead of ONNX Runtime's packed

@@ -84,6 +84,8 @@ cdef extern from "csrc/lmatmul.h" nogil:
     int64_t dp_lform_bytes(int kind, int64_t N, int64_t K)
     int dp_lform_from_ggml(int kind, const uint8_t *src, int64_t src_bytes, int64_t N, int64_t K, uint8_t *dst,
                            int64_t dst_bytes)
+    int dp_lform_rows(int kind, const uint8_t *w, int64_t w_len, int64_t N, int64_t K, const int64_t *ids,
+                      int64_t n, float *out, int64_t out_len)
     ctypedef struct dp_ljob:
         int kind
         const uint8_t *w

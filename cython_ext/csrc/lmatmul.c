@@ -216,6 +216,32 @@ void dp_lrows_generic(int kind, const uint8_t *w, int64_t g0, int64_t g1, const 
     rows_scalar(kind, w, g0, g1, a, NULL, out, ldo);
 }
 
+int dp_lform_rows(int kind, const uint8_t *w, int64_t w_len, int64_t N, int64_t K, const int64_t *ids, int64_t n,
+                  float *out, int64_t out_len) {
+    const int64_t bytes = dp_lform_bytes(kind, N, K);
+    if (!bytes || !w || (n && (!ids || !out)) || n < 0) return DP_ERR_ARG;
+    if (w_len < bytes || out_len < n * K) return DP_ERR_BOUNDS;
+    for (int64_t i = 0; i < n; i++)
+        if (ids[i] < 0 || ids[i] >= N) return DP_ERR_BOUNDS;
+    const dp_lkind_info *k = &dp_lkinds[kind];
+    const int64_t nsb = K / k->sb, sbb = sb_bytes(k), units = k->sb / 32;
+    for (int64_t i = 0; i < n; i++) {
+        const int64_t g = ids[i] / 16;
+        const int l = (int)(ids[i] % 16);
+        for (int64_t s = 0; s < nsb; s++) {
+            const uint8_t *h = w + (g * nsb + s) * sbb;
+            for (int64_t b = 0; b < units; b++) {
+                float sc[2], off[2];
+                unit_scales(kind, h, b, l, sc, off);
+                float *o = out + i * K + (s * units + b) * 32;
+                for (int v = 0; v < 32; v++)
+                    o[v] = sc[v / 16] * (float)value_at(kind, h + k->header + b * k->unit, l, v) - off[v / 16];
+            }
+        }
+    }
+    return DP_OK;
+}
+
 /* ---- the driver ---- */
 
 /* Groups of 16 rows a task takes: as many as leave every thread of the pool 4 tasks or

@@ -60,6 +60,13 @@ int64_t dp_lform_bytes(int kind, int64_t N, int64_t K);
 int dp_lform_from_ggml(int kind, const uint8_t *src, int64_t src_bytes, int64_t N, int64_t K, uint8_t *dst,
                        int64_t dst_bytes);
 
+/* Rows ids[0..n) of the weight as f32 values, out (n, K): a tied embedding's lookup (the
+ * values s * (u - z), Q4_K's s * u - dmin * m, each one f32 operation as gguf-py makes
+ * them). DP_ERR_BOUNDS for an id outside [0, N) or a short buffer, before anything is
+ * written. */
+int dp_lform_rows(int kind, const uint8_t *w, int64_t w_len, int64_t N, int64_t K, const int64_t *ids, int64_t n,
+                  float *out, int64_t out_len);
+
 /* The activations of R rows of K values as the kernels take them: xq (R, K) int8,
  * xd (R, K / 32) f32 and xs (R, K / 16) int32, the sums of each 16 of xq. */
 typedef struct {

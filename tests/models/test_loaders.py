@@ -273,8 +273,10 @@ def test_quantized_gguf_loads_exactly(stories_gguf, save_gguf, gguf_spec, type_n
             continue
         assert w.dtype == type_name.lower() and w.shape == gguf_spec.weights[name].shape, name
         assert w.data.flags.c_contiguous
-        # a layer's matrices in rows of whole 16s are our kernels' form, the rest MatMulNBits
-        assert w.kernel_form == quants.kernel_form(name, type_name, w.shape), name
+        # a layer's matrices and the classifier, in rows of whole 16s, are our kernels' form;
+        # the rest MatMulNBits
+        classifier = name == ("token_embd" if spec.config.tied_output else "output")
+        assert w.kernel_form == quants.kernel_form(name, type_name, w.shape, classifier), name
         if w.kernel_form:
             ours = dequantize_form(w.data, type_name, w.shape)
         else:
@@ -303,7 +305,8 @@ def test_synthetic_quantized_model_loads_exactly(tmp_path, type_name, bits_):
             assert w.dtype == "f32" and np.array_equal(bits(w.data), bits(np.asarray(t.data))), t.name
             continue
         assert t.tensor_type == qtype and w.dtype == type_name.lower(), t.name
-        assert w.kernel_form == t.name.startswith("blk."), t.name  # every layer matrix: 288 rows and more
+        # every layer matrix (288 rows and more) and the classifier (32,000 rows)
+        assert w.kernel_form == (t.name.startswith("blk.") or t.name == "output.weight"), t.name
         if w.kernel_form:
             ours = dequantize_form(w.data, type_name, w.shape)
         else:

@@ -83,10 +83,10 @@ def test_converted_arrays_live_in_the_entry_and_f32_views_stay_in_the_source(tmp
     q = store.load(q4_model)
     man = json.loads(open(os.path.join(entry_folder(store, q4_model), "manifest.json")).read())
     where = {(k, kind): a["in"] for k, w in man["weights"].items() for kind, a in w["arrays"].items()}
-    # a layer's Q4_K matrix: our kernels' form (one array); the Q6_K classifier: MatMulNBits
-    assert where[("blk.0.attn_q", "weight")] == "entry" and ("blk.0.attn_q", "scales") not in where
-    assert q.weights["blk.0.attn_q"].kernel_form and man["weights"]["blk.0.attn_q"]["kernel_form"]
-    assert where[("output", "weight")] == "entry" and where[("output", "scales")] == "entry"
+    # a layer's matrix and the classifier: our kernels' form (one array each)
+    for name in ("blk.0.attn_q", "output"):
+        assert where[(name, "weight")] == "entry" and (name, "scales") not in where
+        assert q.weights[name].kernel_form and man["weights"][name]["kernel_form"]
     assert not q.weights["blk.0.attn_q"].data.flags.writeable  # a read-only view of the mapping
     f = store.load(gguf_path)  # F32 file: every array a view of the source, plus the
     # (in, out) transposes the graphs' MatMul reads (the tied embedding's too: lm_head)

@@ -100,10 +100,9 @@ def test_a_loaded_model_maps_only_the_matrices_our_kernels_read(tmp_path):
     llm = LLM(path, load_config(None, {"runtime.num_threads": 2, "runtime.max_context_tokens": 600}))
     arrays = weight_arrays(llm.spec)
     assert sum(a.nbytes for a in arrays) > 3 << 20
-    assert llm.spec.classifier_in_kernels
-    classifier = [llm.spec.output.data, llm.spec.output.scales]
-    classifier += [w.data for w in llm.spec.weights.values() if w.kernel_form]
-    assert len(classifier) == 2 + 7 * llm.spec.config.num_layers
+    assert llm.spec.classifier_in_kernels and llm.spec.output.kernel_form
+    classifier = [w.data for w in llm.spec.weights.values() if w.kernel_form]
+    assert len(classifier) == 1 + 7 * llm.spec.config.num_layers
 
     def outside_classifier(whole):
         return mapped_bytes(whole) - sum(mapped_bytes(a) for a in classifier)

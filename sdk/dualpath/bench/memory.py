@@ -95,7 +95,7 @@ def worker(model: str, ctx: int, decode: int, threads: int, chunk: int) -> dict:
     # The matrices our kernels read are mapped by the first step, after "sessions".
     spec = llm.spec
     read = [w.data for w in spec.weights.values() if w.kernel_form]
-    if spec.classifier_in_kernels:
+    if spec.classifier_in_kernels and not spec.output.kernel_form:
         read += [spec.output.data, spec.output.scales]
     classifier = sum(resident_bytes(a.ctypes.data, a.nbytes) for a in read) / MiB
     measured = {"runtime": imported, "vocabulary": rss["tokenizer"] - rss["start"],

@@ -22,8 +22,9 @@ The NumPy oracle the kernels are tested against lives with the tests
 from .._kernels import GGML_TYPES, embed, ggml_layout, read_rows, repack_ggml
 from .._kvarena import (KERNEL_FEATURES, KERNEL_ISAS, KV_DTYPE_DOCS, KV_DTYPES, LFORM_TYPES, ArenaStepper, KVArena,
                         LMatmul, QMatmul, ThreadPool, available_kernels, cpu_features, default_kernel, kv_tile_bytes,
-                        lform_bytes, lform_from_ggml)
+                        lform_bytes, lform_from_ggml, lform_rows)
 
 __all__ = ["GGML_TYPES", "KERNEL_FEATURES", "KERNEL_ISAS", "KV_DTYPE_DOCS", "KV_DTYPES", "LFORM_TYPES", "ArenaStepper",
            "KVArena", "LMatmul", "QMatmul", "ThreadPool", "available_kernels", "cpu_features", "default_kernel",
-           "embed", "ggml_layout", "kv_tile_bytes", "lform_bytes", "lform_from_ggml", "read_rows", "repack_ggml"]
+           "embed", "ggml_layout", "kv_tile_bytes", "lform_bytes", "lform_from_ggml", "lform_rows", "read_rows",
+           "repack_ggml"]

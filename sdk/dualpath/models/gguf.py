@@ -280,10 +280,11 @@ def _convert_weights(path: str, reader, tensors: dict, sink) -> dict[str, Weight
     f32_bytes = sum(int(t.n_bytes) for t in tensors.values() if t.tensor_type == gguf.GGMLQuantizationType.F32)
     keep_views = f32_bytes >= 0.05 * os.path.getsize(path)
     weights: dict[str, Weight] = {}
+    classifier = "output.weight" if "output.weight" in tensors else "token_embd.weight"
     for name, t in tensors.items():
         if name.endswith((".weight", ".bias")):  # "blk.0.attn_q.weight" -> "blk.0.attn_q"; biases keep ".bias"
             key = name.removesuffix(".weight")
-            w = _convert(path, name, t, key)
+            w = _convert(path, name, t, key, name == classifier)
             view = not w.source_type and w.dtype == "f32"
             if view and not keep_views:
                 w.data, view = np.array(w.data), False
@@ -367,8 +368,9 @@ class _Metadata:
         return self.get_int(key, 0)
 
 
-def _convert(path: str, name: str, t, key: str) -> Weight:
-    """One GGUF tensor ``name`` -> the Weight ``key`` in ONNX Runtime's layout (see spec.py)."""
+def _convert(path: str, name: str, t, key: str, classifier: bool = False) -> Weight:
+    """One GGUF tensor ``name`` -> the Weight ``key`` in ONNX Runtime's layout or our kernels'
+    form (see spec.py); ``classifier``: it is the classifier (``output``, or a tied embedding)."""
     import gguf
 
     qtype = t.tensor_type
@@ -394,7 +396,7 @@ def _convert(path: str, name: str, t, key: str) -> Weight:
                 raise ModelLoadError(path, f"tensor {name!r} of type {type_name} has shape {shape}; "
                                            f"rows must be a multiple of {block}")
             raw = np.asarray(raw, dtype=np.uint8)
-            if quants.kernel_form(key, type_name, shape):
+            if quants.kernel_form(key, type_name, shape, classifier):
                 return Weight(key, type_name.lower(), shape, quants.to_kernel_form(raw, type_name, shape),
                               source_type=type_name, kernel_form=True)
             nb = quants.repack(raw, type_name, shape)

@@ -163,14 +163,17 @@ KERNEL_MATRICES = ("attn_q", "attn_k", "attn_v", "attn_qkv", "attn_output", "ffn
 """A layer's matrices that our kernels multiply when their type has a form (``kernel_form``)."""
 
 
-def kernel_form(key: str, type_name: str, shape: tuple[int, ...]) -> bool:
+def kernel_form(key: str, type_name: str, shape: tuple[int, ...], classifier: bool = False) -> bool:
     """Whether weight ``key`` (``blk.3.ffn_up``) of GGML ``type_name`` and ``shape`` (out, in)
-    is kept in the 16-row form our kernels multiply (csrc/lmatmul.h): a layer's matrix of
-    Q4_K, Q6_K, Q5_0, Q8_0 or Q4_0 whose rows are whole groups of 16. ONNX Runtime packs
-    those types at 7-13.5 bits a value against the file's 4.5-8.5 (docs/performance.md)."""
+    is kept in the 16-row form our kernels multiply (csrc/lmatmul.h): a layer's matrix, or the
+    ``classifier`` (``output``, or the ``token_embd`` tied to it), of Q4_K, Q6_K, Q5_0, Q8_0
+    or Q4_0 whose rows are whole groups of 16. ONNX Runtime packs those types at 7-13.5 bits
+    a value against the file's 4.5-8.5, and our 8-bit classifier form took 9-10
+    (docs/performance.md)."""
     parts = key.split(".")
-    return (len(parts) == 3 and parts[0] == "blk" and parts[2] in KERNEL_MATRICES and type_name in LFORM_TYPES
-            and len(shape) == 2 and lform_bytes(type_name, shape[0], shape[1]) > 0)
+    named = classifier or (len(parts) == 3 and parts[0] == "blk" and parts[2] in KERNEL_MATRICES)
+    return (named and type_name in LFORM_TYPES and len(shape) == 2
+            and lform_bytes(type_name, shape[0], shape[1]) > 0)
 
 
 def to_kernel_form(raw: np.ndarray, type_name: str, shape: tuple[int, int]) -> np.ndarray:

@@ -224,7 +224,9 @@ class ModelSpec:
         form's 9 or 10 (docs/performance.md, memory), and the classifier is the largest
         matrix of a small model (Gemma 3 270M: 225 MiB of packed copy)."""
         w = self.output
-        return (not w.kernel_form and w.data.ndim == 3 and kernel_classifier_form(w.matmul_bits, w.zero_points is not None or
+        if w.kernel_form:  # the file's blocks in our kernels' form (quants.kernel_form)
+            return True
+        return (w.data.ndim == 3 and kernel_classifier_form(w.matmul_bits, w.zero_points is not None or
                                                             w.mins is not None, w.block_size, w.shape[1]))
 
     @property

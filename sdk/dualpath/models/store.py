@@ -53,12 +53,13 @@ from .spec import ModelConfig, ModelSpec, Weight
 
 log = logging.getLogger(__name__)
 
-CONVERSION_VERSION = 5
+CONVERSION_VERSION = 6
 """Bump when conversion or the graphs change meaning: older entries are then never
 matched (and the size limit removes them in time). 2: the last graph part outputs hidden.
 3: float matrices stored (in, out) for MatMul (``Weight.data_t``). 4: tokenizer.json holds
 the scores and token types as base64 little-endian arrays (``_ARRAY_FIELDS``). 5: a
-layer's Q4_K, Q6_K, Q5_0, Q8_0 and Q4_0 matrices in our kernels' form (``Weight.kernel_form``)."""
+layer's Q4_K, Q6_K, Q5_0, Q8_0 and Q4_0 matrices in our kernels' form (``Weight.kernel_form``).
+6: the classifier's (and a tied embedding's) too."""
 ALIGN = 1 << 16
 """Offset alignment of arrays in weights.bin: a page on every kernel (4 KiB, and the
 16 KiB and 64 KiB pages of some ARM64 systems), so each array can be dropped from

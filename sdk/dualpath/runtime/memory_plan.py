@@ -102,7 +102,7 @@ def _matrix_bytes(type_name: str, shape: tuple[int, ...], nbits8: bool, classifi
     if len(shape) == 1 or type_name in ("F32", "F16", "BF16"):
         return 4 * math.prod(shape)
     rows, cols = shape
-    if name and kernel_form(name.removesuffix(".weight"), type_name, shape):
+    if name and kernel_form(name.removesuffix(".weight"), type_name, shape, classifier):
         return lform_bytes(type_name, rows, cols)
     lay = ggml_layout(type_name)
     bits, sub = lay["bits"], lay["block_size"]

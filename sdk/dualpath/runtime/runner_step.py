@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..kernels import ArenaStepper, LMatmul, QMatmul, embed as _embed, read_rows
+from ..kernels import ArenaStepper, LMatmul, QMatmul, embed as _embed, lform_rows, read_rows
 from ..models.quants import gather_rows
 from ..models.spec import ModelConfig, ModelSpec, Weight
 from ..scheduler.batch import SeqStep
@@ -220,10 +220,13 @@ class TokenEmbedding:
 
     def __init__(self, weight: Weight, embed_scale: float, max_tokens: int = 0, entry=None):
         self._w = weight
-        self._fast = weight.dtype in ("f32", "q8_0", "q4_0")
+        self._fast = weight.dtype in ("f32", "q8_0", "q4_0") and not weight.kernel_form
         self._scale = np.float32(embed_scale)
         arrays = {k: getattr(weight, k) for k in self._PARTS if getattr(weight, k) is not None}
-        where = {k: entry.file_offset(a) for k, a in arrays.items()} if entry is not None and max_tokens else {}
+        # A table in our kernels' form is the classifier's too, read whole every step through
+        # the mapping: its rows are read there as well.
+        where = ({k: entry.file_offset(a) for k, a in arrays.items()}
+                 if entry is not None and max_tokens and not weight.kernel_form else {})
         self._reads = None
         if where and all(v is not None for v in where.values()):
             vocab = weight.data.shape[0]
@@ -248,7 +251,9 @@ class TokenEmbedding:
             for fd, off, row_bytes, buf in self._reads:
                 read_rows(fd, off, row_bytes, vocab, ids, buf)
             e, ids = self._rows_w, self._arange[:len(ids)]
-        if self._fast:
+        if e.kernel_form:
+            lform_rows(e.data, e.source_type, e.shape, ids, out)
+        elif self._fast:
             _embed(ids, e.data, e.scales, e.dtype, out)
         else:
             gather_rows(e.data, e.scales, e.zero_points, e.mins, e.bits, e.block_size, ids, out)
@@ -258,13 +263,18 @@ class TokenEmbedding:
 
 class Classifier:
     """The classifier in our kernels (``ModelSpec.classifier_in_kernels``): logits[:R] =
-    hidden[:R] @ W^T over the cached 8-bit form of W, read in place, then the family's
-    final soft-cap (Gemma 2). int8 activations at ONNX Runtime's accuracy level 4, as its
-    MatMulNBits would have quantized them; f32 below."""
+    hidden[:R] @ W^T over the file's blocks in our kernels' form (``LMatmul``), or over the
+    cached 8-bit form of the types that have none (``QMatmul``), read in place, then the
+    family's final soft-cap (Gemma 2). int8 activations at ONNX Runtime's accuracy level 4,
+    as its MatMulNBits would have quantized them; f32 below."""
 
     def __init__(self, spec: ModelSpec, buf: StepBuffers, accuracy_level: int, kernel: str | None):
         w = spec.output
-        self._mm = QMatmul(w.data, w.scales, buf.hidden, buf.logits, kernel, accuracy_level == 4)
+        int8 = accuracy_level == 4
+        if w.kernel_form:
+            self._mm = LMatmul([(w.source_type, w.data, buf.logits)], buf.hidden, kernel, int8)
+        else:
+            self._mm = QMatmul(w.data, w.scales, buf.hidden, buf.logits, kernel, int8)
         self._cap = np.float32(spec.config.final_softcap)
         self._logits = buf.logits
 
