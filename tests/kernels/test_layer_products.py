@@ -7,7 +7,8 @@ against a double-precision reference in detail."""
 import numpy as np
 import pytest
 
-from dualpath.kernels import LFORM_TYPES, LMatmul, ThreadPool, available_kernels, lform_bytes, lform_from_ggml
+from dualpath.kernels import (LFORM_TYPES, LMatmul, ThreadPool, available_kernels, lform_bytes, lform_from_ggml,
+                              lform_rows)
 from lform_reference import LAYOUT, dequantize
 
 GGML_BYTES = {"Q4_K": 144, "Q6_K": 210, "Q5_0": 22, "Q8_0": 34, "Q4_0": 18}
@@ -85,3 +86,19 @@ def test_bad_products_are_refused_with_the_reason():
     with pytest.raises(ValueError, match="raw blocks or out"):  # the file's bytes cut short
         lform_from_ggml(random_blocks("Q4_K", n, k, 1)[:-1], "Q4_K", (n, k), np.empty(form.size, np.uint8))
     assert lform_bytes("Q6_K", 16, 32) == 0  # not whole superblocks
+
+
+@pytest.mark.parametrize("type_name", LFORM_TYPES)
+def test_a_tied_tables_rows_read_from_the_form_are_the_file_values(type_name):
+    n, k = 64, LAYOUT[type_name][0]
+    form = np.empty(lform_bytes(type_name, n, k), np.uint8)
+    lform_from_ggml(random_blocks(type_name, n, k, seed=11), type_name, (n, k), form)
+    ids = np.array([0, 17, 63, 17, 40], np.int64)
+    out = np.zeros((len(ids), k), np.float32)
+    lform_rows(form, type_name, (n, k), ids, out)
+    want = dequantize(form, type_name, (n, k))[ids]
+    assert np.array_equal(out.view(np.uint32), want.view(np.uint32))
+    before = out.copy()
+    with pytest.raises(IndexError, match="token id 64 outside the table's 64 rows"):
+        lform_rows(form, type_name, (n, k), np.array([3, 64], np.int64), out)
+    assert np.array_equal(out, before)  # nothing written
