@@ -82,13 +82,13 @@ def quantized(tmp_path_factory, gguf_path):
     return get
 
 
-def test_tied_q4_k_m_file_embeds_and_classifies_from_one_matmulnbits_table(quantized):
-    """A quantized token_embd stays quantized: the embedding gathers a step's rows from
-    the MatMulNBits arrays (gguf-py's values, to one rounding of the min term) and the
-    tied classifier is a MatMulNBits over the same arrays; nothing is widened to f32."""
+def test_tied_q4_k_m_file_embeds_and_classifies_from_one_table_in_our_form(quantized):
+    """A quantized token_embd stays quantized: the tied table is our kernels' form of the
+    file's blocks (quants.kernel_form), the classifier multiplies it and the embedding reads
+    a step's rows from it (gguf-py's values, bit for bit); nothing is widened to f32."""
     import gguf
 
-    from dualpath.models.quants import gather_rows
+    from dualpath.kernels import lform_rows
 
     path = quantized("kquant-tiny-tied", "Q4_K_M")
     tensors = {t.name: t for t in gguf.GGUFReader(path).tensors}
@@ -99,13 +99,13 @@ def test_tied_q4_k_m_file_embeds_and_classifies_from_one_matmulnbits_table(quant
 
     spec = load_gguf(path)
     emb = spec.weights["token_embd"]
-    assert spec.config.tied_output and spec.output is emb
-    assert emb.dtype == embd_type.name.lower() and emb.bits in (4, 8)
+    assert spec.config.tied_output and spec.output is emb and spec.classifier_in_kernels
+    assert emb.kernel_form and emb.source_type == embd_type.name and emb.data.dtype == np.uint8
     ref = gguf.quants.dequantize(np.asarray(tensors["token_embd.weight"].data), embd_type)
     ids = np.array([0, 5, 4095, 17, 5], np.int64)
     out = np.full((8, ref.shape[1]), np.nan, np.float32)
-    gather_rows(emb.data, emb.scales, emb.zero_points, emb.mins, emb.bits, emb.block_size, ids, out)
-    assert np.abs(out[:5] - ref[ids]).max() <= np.spacing(np.abs(ref).max())
+    lform_rows(emb.data, emb.source_type, emb.shape, ids, out[:5])
+    assert np.array_equal(out[:5].view(np.uint32), ref[ids].astype(np.float32).view(np.uint32))
     assert np.isnan(out[5:]).all()  # only the asked rows are written
 
 
@@ -137,8 +137,8 @@ def test_quantized_weights_compute_like_llama_cpp_on_their_f32_dequantization(qu
     theirs, their_tokens = _llamacpp_greedy(dequantized_copy(path, os.fspath(tmp_path / "f32.gguf")), prompt)
     spec, ours, our_tokens = _ours(path, prompt, their_tokens, accuracy_level=0)
     for name, w in spec.weights.items():  # our kernels' form, or MatMulNBits, but the embedding table
-        if w.kernel_form:
-            assert w.source_type in types and name.startswith("blk."), name
+        if w.kernel_form:  # a layer's matrix, or the classifier (a tied embedding too)
+            assert w.source_type in types and (name.startswith("blk.") or w is spec.output), name
             continue
         if w.source_type and w.source_type not in ("F16", "BF16"):
             assert name == "token_embd" and w.dtype == "f32", name
