@@ -353,16 +353,22 @@ def holes_supported(folder: Path) -> bool:
     return probe.stat().st_blocks * 512 < (1 << 19)
 
 
-def test_a_bundle_of_an_8bit_model_holds_graphs_for_onnxruntime_before_1_22_too(tmp_path):
+def test_a_bundle_of_an_8bit_model_holds_graphs_for_onnxruntime_before_1_22_too(tmp_path, gguf_path):
+    """stories260K in Q8_0: its 172-row FFN matrices are not whole 16s, so they stay
+    MatMulNBits (8 bits) and the bundle needs the -dq8 graphs too. A model whose 8-bit
+    matrices are all our kernels' (llama3-tiny) needs none: one folder serves both."""
     from dualpath.graph.parts import graph_folder_name
-    from dualpath.models.synth import synth_gguf
+    from dualpath.models.synth import quantize_gguf, synth_gguf
 
     sys.path.insert(0, str(APP))
     try:
         import model_bundle
     finally:
         sys.path.remove(str(APP))
-    model = synth_gguf(tmp_path / "q8.gguf", "llama3-tiny", "Q8_0", seed=0)
+    ours = synth_gguf(tmp_path / "tiny-q8.gguf", "llama3-tiny", "Q8_0", seed=0)
+    model_bundle.make_bundle(str(ours), model_bundle.DEFAULT_CONFIG, str(tmp_path / "ours"))
+    assert len([p for p in (tmp_path / "ours" / "cache").rglob("graphs-*") if p.is_dir()]) == 1
+    model = quantize_gguf(str(gguf_path), str(tmp_path / "q8.gguf"), "Q8_0")
     bundle = tmp_path / "bundle"
     model_bundle.make_bundle(str(model), model_bundle.DEFAULT_CONFIG, str(bundle))
     from dualpath.runtime.session import NBITS8_SINCE, ORT_VERSION
