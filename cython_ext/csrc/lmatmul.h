@@ -53,6 +53,23 @@ typedef struct {
 
 extern const dp_lkind_info dp_lkinds[DP_L_NUM_KINDS];
 
+/* The offset z of a kind's stored values (Q4_K has mins instead: 0). Inline, so that a
+ * kernel instantiated per kind folds it to a constant. */
+static inline int dp_lkind_zero_point(int kind) {
+    return kind == DP_L_Q6_K ? 32 : kind == DP_L_Q5_0 ? 16 : kind == DP_L_Q8_0 ? 128 : kind == DP_L_Q4_0 ? 8 : 0;
+}
+
+/* FN(kind, ...) with kind a constant for each kind: an ISA's loop is inlined once per kind,
+ * its branches on the kind folded away. */
+#define DP_LKIND_DISPATCH(kind, FN, ...)                          \
+    switch (kind) {                                               \
+    case DP_L_Q4_K: FN(DP_L_Q4_K, __VA_ARGS__); return;           \
+    case DP_L_Q6_K: FN(DP_L_Q6_K, __VA_ARGS__); return;           \
+    case DP_L_Q5_0: FN(DP_L_Q5_0, __VA_ARGS__); return;           \
+    case DP_L_Q8_0: FN(DP_L_Q8_0, __VA_ARGS__); return;           \
+    default: FN(DP_L_Q4_0, __VA_ARGS__); return;                  \
+    }
+
 /* Bytes of the form of an N x K weight (0 if N or K is not whole groups or superblocks). */
 int64_t dp_lform_bytes(int kind, int64_t N, int64_t K);
 

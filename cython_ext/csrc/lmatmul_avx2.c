@@ -105,7 +105,7 @@ static inline __attribute__((always_inline)) void pass(const int kind, const uin
                 if (kind == DP_L_Q4_K) {
                     macc[i] = _mm256_fmadd_ps(o, _mm256_mul_ps(dx, _mm256_set1_ps((float)sum)), macc[i]);
                 } else {
-                    const int32_t z = kind == DP_L_Q5_0 ? 16 : kind == DP_L_Q8_0 ? 128 : 8;
+                    const int32_t z = dp_lkind_zero_point(kind);
                     dt = _mm256_sub_epi32(dt, _mm256_set1_epi32(z * sum));
                 }
                 acc[i] = _mm256_fmadd_ps(_mm256_mul_ps(s0, dx), _mm256_cvtepi32_ps(dt), acc[i]);
@@ -128,11 +128,5 @@ static inline __attribute__((always_inline)) void groups(const int kind, const u
 }
 
 void dp_lrows_avx2(int kind, const uint8_t *w, int64_t g0, int64_t g1, const dp_lact *a, float *out, int64_t ldo) {
-    switch (kind) {
-    case DP_L_Q4_K: groups(DP_L_Q4_K, w, g0, g1, a, out, ldo); return;
-    case DP_L_Q6_K: groups(DP_L_Q6_K, w, g0, g1, a, out, ldo); return;
-    case DP_L_Q5_0: groups(DP_L_Q5_0, w, g0, g1, a, out, ldo); return;
-    case DP_L_Q8_0: groups(DP_L_Q8_0, w, g0, g1, a, out, ldo); return;
-    default: groups(DP_L_Q4_0, w, g0, g1, a, out, ldo); return;
-    }
+    DP_LKIND_DISPATCH(kind, groups, w, g0, g1, a, out, ldo)
 }

@@ -67,7 +67,7 @@ static inline __attribute__((always_inline)) LM_ATTR void LM_SUFFIX(pass)(
                 if (kind == DP_L_Q4_K) {
                     macc[i] = _mm512_fmadd_ps(o, _mm512_mul_ps(dx, _mm512_set1_ps((float)sum)), macc[i]);
                 } else {
-                    const int32_t z = kind == DP_L_Q5_0 ? 16 : kind == DP_L_Q8_0 ? 128 : 8;
+                    const int32_t z = dp_lkind_zero_point(kind);
                     dot = _mm512_sub_epi32(dot, _mm512_set1_epi32(z * sum));
                 }
                 acc[i] = _mm512_fmadd_ps(_mm512_mul_ps(s0, dx), _mm512_cvtepi32_ps(dot), acc[i]);
@@ -97,11 +97,5 @@ static inline __attribute__((always_inline)) LM_ATTR void LM_SUFFIX(groups)(
 
 LM_ATTR static void LM_SUFFIX(lrows)(int kind, const uint8_t *w, int64_t g0, int64_t g1, const dp_lact *a,
                                      float *out, int64_t ldo) {
-    switch (kind) {
-    case DP_L_Q4_K: LM_SUFFIX(groups)(DP_L_Q4_K, w, g0, g1, a, out, ldo); return;
-    case DP_L_Q6_K: LM_SUFFIX(groups)(DP_L_Q6_K, w, g0, g1, a, out, ldo); return;
-    case DP_L_Q5_0: LM_SUFFIX(groups)(DP_L_Q5_0, w, g0, g1, a, out, ldo); return;
-    case DP_L_Q8_0: LM_SUFFIX(groups)(DP_L_Q8_0, w, g0, g1, a, out, ldo); return;
-    default: LM_SUFFIX(groups)(DP_L_Q4_0, w, g0, g1, a, out, ldo); return;
-    }
+    DP_LKIND_DISPATCH(kind, LM_SUFFIX(groups), w, g0, g1, a, out, ldo)
 }

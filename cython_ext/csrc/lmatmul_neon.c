@@ -48,7 +48,7 @@ static inline __attribute__((always_inline)) void groups(const int kind, const u
     const dp_lkind_info *k = &dp_lkinds[kind];
     const int64_t K = a->K, nsb = K / k->sb, units = k->sb / 32, sbb = k->header + units * k->unit;
     /* Q8_0 goes as q = v - 128 (its offset already out); the others as stored, less z */
-    const int32_t z = kind == DP_L_Q5_0 ? 16 : kind == DP_L_Q4_0 ? 8 : 0;
+    const int32_t z = kind == DP_L_Q8_0 ? 0 : dp_lkind_zero_point(kind);
     for (int64_t g = g0; g < g1; g++)
         for (int64_t r = 0; r < a->R; r++)
             for (int qd = 0; qd < 4; qd++) {
@@ -94,11 +94,5 @@ static inline __attribute__((always_inline)) void groups(const int kind, const u
 }
 
 void dp_lrows_neon(int kind, const uint8_t *w, int64_t g0, int64_t g1, const dp_lact *a, float *out, int64_t ldo) {
-    switch (kind) {
-    case DP_L_Q4_K: groups(DP_L_Q4_K, w, g0, g1, a, out, ldo); return;
-    case DP_L_Q6_K: groups(DP_L_Q6_K, w, g0, g1, a, out, ldo); return;
-    case DP_L_Q5_0: groups(DP_L_Q5_0, w, g0, g1, a, out, ldo); return;
-    case DP_L_Q8_0: groups(DP_L_Q8_0, w, g0, g1, a, out, ldo); return;
-    default: groups(DP_L_Q4_0, w, g0, g1, a, out, ldo); return;
-    }
+    DP_LKIND_DISPATCH(kind, groups, w, g0, g1, a, out, ldo)
 }

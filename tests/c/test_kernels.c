@@ -999,28 +999,35 @@ static void lmatmul_job_cases(const dp_attn_ops *ops, dp_pool *pool, const char 
     refused &= dp_lform_from_ggml(DP_L_Q4_K, s0, b0 - 1, N0, K, w0, f0) == DP_ERR_BOUNDS;
     refused &= dp_lform_from_ggml(DP_L_Q4_K, s0, b0, N0, K, w0, f0 - 1) == DP_ERR_BOUNDS;
     refused &= dp_lform_bytes(DP_L_Q6_K, 16, 32) == 0 && dp_lform_bytes(-1, 16, 256) == 0;
-    /* a tied table's rows read back from the form: the file's values; bad ids refused */
-    {
-        float rows[2 * 256], *w = dequantized_ggml(DP_L_Q4_K, s0, b0, N0, K);
-        const int64_t ids[2] = {31, 0}, bad[2] = {0, 32}, neg[1] = {-1};
-        int same = dp_lform_rows(DP_L_Q4_K, w0, f0, N0, K, ids, 2, rows, 2 * K) == DP_OK;
-        for (int64_t v = 0; v < K; v++)
-            same &= fabsf(rows[v] - w[31 * K + v]) <= 1e-6f * fabsf(w[31 * K + v]) + 1e-30f &&
-                    fabsf(rows[K + v] - w[v]) <= 1e-6f * fabsf(w[v]) + 1e-30f;
-        snprintf(what, sizeof what, "lmatmul: a table's rows read from the form are its values");
-        check(same, what);
-        refused &= dp_lform_rows(DP_L_Q4_K, w0, f0, N0, K, bad, 2, rows, 2 * K) == DP_ERR_BOUNDS;
-        refused &= dp_lform_rows(DP_L_Q4_K, w0, f0, N0, K, neg, 1, rows, 2 * K) == DP_ERR_BOUNDS;
-        refused &= dp_lform_rows(DP_L_Q4_K, w0, f0, N0, K, ids, 2, rows, 2 * K - 1) == DP_ERR_BOUNDS;
-        refused &= dp_lform_rows(DP_L_Q4_K, w0, f0 - 1, N0, K, ids, 2, rows, 2 * K) == DP_ERR_BOUNDS;
-        free(w);
-    }
     dp_test_fail_alloc_after(0);
     refused &= dp_lmatmul(pool, ops, &a, 1, x, R, K, 1) == DP_ERR_NOMEM;
     dp_test_fail_alloc_after(-1);
     snprintf(what, sizeof what, "lmatmul %s: bad kinds, sizes, short buffers and a failed allocation are refused", isa);
     check(refused, what);
     free(s0), free(s1), free(w0), free(w1);
+}
+
+/* A tied table's rows read back from the form (ISA-free): the file's values; bad ids refused. */
+static void lform_rows_cases(void) {
+    const int64_t K = 256, N = 32;
+    int64_t nb;
+    uint8_t *src = random_ggml(DP_L_Q4_K, N, K, 11, &nb);
+    const int64_t fb = dp_lform_bytes(DP_L_Q4_K, N, K);
+    uint8_t *form = malloc((size_t)fb);
+    dp_lform_from_ggml(DP_L_Q4_K, src, nb, N, K, form, fb);
+    float rows[2 * 256], *w = dequantized_ggml(DP_L_Q4_K, src, nb, N, K);
+    const int64_t ids[2] = {31, 0}, bad[2] = {0, 32}, neg[1] = {-1};
+    int same = dp_lform_rows(DP_L_Q4_K, form, fb, N, K, ids, 2, rows, 2 * K) == DP_OK;
+    for (int64_t v = 0; v < K; v++)
+        same &= fabsf(rows[v] - w[31 * K + v]) <= 1e-6f * fabsf(w[31 * K + v]) + 1e-30f &&
+                fabsf(rows[K + v] - w[v]) <= 1e-6f * fabsf(w[v]) + 1e-30f;
+    check(same, "lform_rows: a table's rows read from the form are its values");
+    int refused = dp_lform_rows(DP_L_Q4_K, form, fb, N, K, bad, 2, rows, 2 * K) == DP_ERR_BOUNDS;
+    refused &= dp_lform_rows(DP_L_Q4_K, form, fb, N, K, neg, 1, rows, 2 * K) == DP_ERR_BOUNDS;
+    refused &= dp_lform_rows(DP_L_Q4_K, form, fb, N, K, ids, 2, rows, 2 * K - 1) == DP_ERR_BOUNDS;
+    refused &= dp_lform_rows(DP_L_Q4_K, form, fb - 1, N, K, ids, 2, rows, 2 * K) == DP_ERR_BOUNDS;
+    check(refused, "lform_rows: an id outside the table, a short output or form are refused");
+    free(src), free(form), free(w);
 }
 
 static void lmatmul_cases(dp_pool *pool) {
@@ -1130,6 +1137,7 @@ int main(void) {
     ggml_repack_cases();
     qmatmul_cases(pool);
     lmatmul_cases(pool);
+    lform_rows_cases();
     dp_pool_destroy(pool);
     printf("%d passed, %d failed\n", passed, failed);
     return failed ? 1 : 0;

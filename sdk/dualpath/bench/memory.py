@@ -97,10 +97,10 @@ def worker(model: str, ctx: int, decode: int, threads: int, chunk: int) -> dict:
     read = [w.data for w in spec.weights.values() if w.kernel_form]
     if spec.classifier_in_kernels and not spec.output.kernel_form:
         read += [spec.output.data, spec.output.scales]
-    classifier = sum(resident_bytes(a.ctypes.data, a.nbytes) for a in read) / MiB
+    in_place = sum(resident_bytes(a.ctypes.data, a.nbytes) for a in read) / MiB
     measured = {"runtime": imported, "vocabulary": rss["tokenizer"] - rss["start"],
-                "weights": rss["sessions"] - rss["tokenizer"] + classifier, "kv cache": kv,
-                "activations": resident_mb() - loaded - kv - classifier}
+                "weights": rss["sessions"] - rss["tokenizer"] + in_place, "kv cache": kv,
+                "activations": resident_mb() - loaded - kv - in_place}
     return {"measured": measured, "plan": {k: v / MiB for k, v in plan.parts.items()},
             "peak_rss_mb": _status_mb("VmHWM"), "plan_mb": plan.total / MiB, "end_rss_mb": resident_mb(),
             "kinds": _mapped_kinds()}

@@ -177,11 +177,10 @@ class StepBinding:
                              np.int64 if arr.dtype == np.int64 else np.float32, list(lead), list(arr.shape[1:]),
                              arr.ctypes.data)
                     (self._per_row if per_row else self._per_token).append(entry)
-            attend = part.index if part.last and part.index < L else -1
-            self.plan.append((sess.run_with_iobinding, b, -1 if part.after else attend))
-            if part.after:
-                products(part.after, part.shapes)
-                self.plan[-1] = self.plan[-1][:2] + (attend,)
+            self.plan.append((sess.run_with_iobinding, b, -1))
+            products(part.after, part.shapes)
+            if part.last and part.index < L:  # attention after the part's last step
+                self.plan[-1] = self.plan[-1][:2] + (part.index,)
             if part.last and 0 < part.index < L:
                 h.reverse()
         self._ids, self._h0 = buf.ids, buf.h_a
