@@ -59,6 +59,17 @@ static inline int dp_lkind_zero_point(int kind) {
     return kind == DP_L_Q6_K ? 32 : kind == DP_L_Q5_0 ? 16 : kind == DP_L_Q8_0 ? 128 : kind == DP_L_Q4_0 ? 8 : 0;
 }
 
+/* Every cache line of [p, p + bytes) prefetched this far ahead, a line at a time: a decode
+ * product streams its weight from DRAM once, and the hardware prefetchers alone held it to
+ * 17-20 GB/s where the machine reads 32 (every line 2 KiB ahead: 26-28; 1 KiB, 3 KiB and
+ * more were slower; docs/performance.md). Past the end of the weight it touches nothing:
+ * a prefetch does not fault. */
+#define DP_LMATMUL_PREFETCH 2048
+
+static inline void dp_lprefetch(const uint8_t *p, int64_t bytes) {
+    for (int64_t o = 0; o < bytes; o += 64) __builtin_prefetch(p + DP_LMATMUL_PREFETCH + o, 0, 3);
+}
+
 /* FN(kind, ...) with kind a constant for each kind: an ISA's loop is inlined once per kind,
  * its branches on the kind folded away. */
 #define DP_LKIND_DISPATCH(kind, FN, ...)                          \

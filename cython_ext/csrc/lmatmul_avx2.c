@@ -71,9 +71,10 @@ static inline __attribute__((always_inline)) void pass(const int kind, const uin
     for (int64_t s = 0; s < nsb; s++) {
         const uint8_t *h = gw + s * sbb;
         const __m256 d = f16_ps(h + 16 * hf);
+        if (hf == 0 && r0 == 0) dp_lprefetch(h, k->header);
         for (int64_t b = 0; b < units; b++) {
             const uint8_t *unit = h + k->header + b * k->unit;
-            _mm_prefetch((const char *)unit + DP_QMATMUL_PREFETCH + 32 * hf, _MM_HINT_T0);
+            if (hf == 0 && r0 == 0) dp_lprefetch(unit, k->unit);
             __m256i v[8];
             unpack(kind, unit, hf, v);
             const int64_t kb = s * units + b;

@@ -17,13 +17,13 @@ static inline __attribute__((always_inline)) LM_ATTR void LM_SUFFIX(pass)(
     for (int i = 0; i < RR; i++) acc[i] = macc[i] = _mm512_setzero_ps();
     for (int64_t s = 0; s < nsb; s++) {
         const uint8_t *h = gw + s * sbb;
+        if (r0 == 0) dp_lprefetch(h, k->header);
         const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)h));
         const __m512 dmin = kind == DP_L_Q4_K ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(h + 32)))
                                               : _mm512_setzero_ps();
         for (int64_t b = 0; b < units; b++) {
             const uint8_t *unit = h + k->header + b * k->unit;
-            _mm_prefetch((const char *)unit + DP_QMATMUL_PREFETCH, _MM_HINT_T0);
-            _mm_prefetch((const char *)unit + DP_QMATMUL_PREFETCH + 256, _MM_HINT_T0);
+            if (r0 == 0) dp_lprefetch(unit, k->unit);
             __m512i v[8];
             unpack(kind, unit, v);
             const int64_t kb = s * units + b;

@@ -56,9 +56,10 @@ static inline __attribute__((always_inline)) void groups(const int kind, const u
                 for (int64_t s = 0; s < nsb; s++) {
                     const uint8_t *h = w + (g * nsb + s) * sbb;
                     const float32x4_t d = f16x4_ps(h + 8 * qd);
+                    if (r == 0 && qd == 0) dp_lprefetch(h, k->header);
                     for (int64_t b = 0; b < units; b++) {
                         const uint8_t *unit = h + k->header + b * k->unit;
-                        __builtin_prefetch(unit + DP_QMATMUL_PREFETCH + 16 * qd);
+                        if (r == 0 && qd == 0) dp_lprefetch(unit, k->unit);
                         const int64_t kb = s * units + b;
                         const int32_t *x = (const int32_t *)(a->xq + r * K + 32 * kb);
                         const int32_t *xs = a->xs + r * (K / 16) + 2 * kb;
