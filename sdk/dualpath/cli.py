@@ -111,6 +111,9 @@ def _load_report(stats: dict) -> str:
     names = (("open_s", "opened cached entry"), ("convert_s", "converted"), ("tokenizer_s", "tokenizer"),
              ("graphs_s", "graphs"), ("sessions_s", "ONNX Runtime sessions"), ("total_s", "total"))
     parts = [f"{label} {stats[key]:.2f}s" for key, label in names if key in stats]
+    if "kernel_weights_mib" in stats:  # Entry.page_in
+        parts.append(f"our kernels' weights {stats['huge_mib']:.0f} of {stats['kernel_weights_mib']:.0f} MiB "
+                     f"in huge pages{' (read again)' if stats['reread'] else ''} {stats['page_in_s']:.2f}s")
     return f"dualpath: load (converted-model cache {stats.get('cache', '?')}): " + ", ".join(parts)
 
 

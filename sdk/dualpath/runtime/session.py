@@ -147,6 +147,7 @@ class ModelRunner:
                 session_sets = self._profiles.create(parts, progress, spec.entry)
                 self.sessions = next(iter(session_sets.values()))
             spec.entry.verify()  # what no part reads (an untied embedding: our kernel reads it)
+            self.load_stats.update(spec.entry.page_in())
         finally:
             if temporary:  # the mappings keep the files alive; nothing else needs the folder
                 # (but a placement fallback may build another session set from the parts: then
