@@ -9,6 +9,10 @@ ours and ONNX Runtime's per repeat so that each repeat's ratio is taken within s
 (this machine's speed drifts). ONNX Runtime's graph is what the builder made for such a
 matrix: MatMulNBits, and for the types with mins (Q4_K) the block sums of x times the
 mins subtracted (``builder.linear``). Our GB/s count the form's bytes (the file's bits).
+
+A matrix of one layer fits in the last-level cache, so the repeated decode row reads it
+from there. The streamed figure runs the decode row over copies of the form
+(``STREAM_BYTES`` of them) in turn, each read from DRAM as a decode step reads its layers.
 """
 
 from __future__ import annotations
@@ -70,9 +74,30 @@ def layer_matrices(path: str, layer: int | None) -> tuple[int, list]:
     return layer, out
 
 
+STREAM_BYTES = 128 << 20
+"""Bytes of the copies a streamed decode row runs through: 4x this machine's 32 MiB L3."""
+
+
+def _streamed_ms(type_name: str, form: np.ndarray, x: np.ndarray, n: int, pool, repeats: int,
+                 kernel: str | None, stream_bytes: int) -> float:
+    """Median ms of one decode row over each of enough copies of ``form`` to fill
+    ``stream_bytes``, run in turn (each from DRAM, as a decode step's layers)."""
+    out = np.zeros((1, n), np.float32)
+    copies = max(2, -(-stream_bytes // form.nbytes))
+    mms = [LMatmul([(type_name, form.copy(), out)], x, kernel) for _ in range(copies)]
+
+    def once() -> float:
+        for mm in mms:
+            mm.run(1, pool)
+
+    once()
+    return statistics.median(_ms(once, 1) for _ in range(repeats)) / copies
+
+
 def measure(name: str, type_name: str, shape: tuple[int, int], raw: np.ndarray, rows: int, threads: int,
-            repeats: int, kernel: str | None = None) -> dict:
-    """One matrix, one row count: ours and ONNX Runtime's (see the module docstring)."""
+            repeats: int, kernel: str | None = None, stream_bytes: int = STREAM_BYTES) -> dict:
+    """One matrix, one row count: ours and ONNX Runtime's (see the module docstring); for
+    one row, ours streamed too."""
     from ..models.quants import repack, to_kernel_form
 
     n, k = shape
@@ -90,10 +115,12 @@ def measure(name: str, type_name: str, shape: tuple[int, int], raw: np.ndarray, 
     times = [(_ms(lambda: ours.run(rows, pool), inner), _ms(lambda: sess.run(None, feeds), inner))
              for _ in range(repeats)]
     a = statistics.median(t[0] for t in times)
+    streamed = _streamed_ms(type_name, form, x, n, pool, repeats, kernel, stream_bytes) if rows == 1 else None
     return {"matrix": name, "type": type_name, "rows": n, "cols": k, "act_rows": rows, "threads": threads,
             "kernel": kernel or default_kernel(), "ours_ms": a, "ort_ms": statistics.median(t[1] for t in times),
             "ort_over_ours": statistics.median(t[1] / t[0] for t in times), "ours_mib": form.nbytes / (1 << 20),
             "file_mib": raw.nbytes / (1 << 20), "ours_gb_per_s": form.nbytes / a / 1e6,
+            "streamed_ms": streamed, "streamed_gb_per_s": form.nbytes / streamed / 1e6 if streamed else None,
             "max_abs_diff_rel": float(np.abs(out - theirs).max() / scale) if scale else 0.0}
 
 
@@ -105,14 +132,16 @@ def cmd_bench_layers(args) -> int:
     res = [measure(name, t, shape, raw, rows, args.threads, args.repeats, args.kernel)
            for name, t, shape, raw in mats for rows in (1, args.rows)]
     print(f"{'matrix':>22} {'type':>5} {'N x K':>12} {'rows':>5} {'ours ms':>8} {'ORT ms':>7} {'ORT/ours':>8} "
-          f"{'ours GB/s':>9} {'MiB':>6} {'max diff':>8}")
+          f"{'ours GB/s':>9} {'streamed':>8} {'MiB':>6} {'max diff':>8}")
     for r in res:
+        streamed = f"{r['streamed_gb_per_s']:>8.1f}" if r["streamed_gb_per_s"] else f"{'':>8}"
         print(f"{r['matrix']:>22} {r['type']:>5} {r['rows']:>6}x{r['cols']:<5} {r['act_rows']:>5} "
               f"{r['ours_ms']:>8.3f} {r['ort_ms']:>7.3f} {r['ort_over_ours']:>7.2f}x {r['ours_gb_per_s']:>9.1f} "
-              f"{r['ours_mib']:>6.2f} {r['max_abs_diff_rel']:>8.1e}")
+              f"{streamed} {r['ours_mib']:>6.2f} {r['max_abs_diff_rel']:>8.1e}")
     print(f"layer {layer}, {args.threads} threads, kernel {res[0]['kernel']}, medians of {args.repeats}; ORT: "
-          "MatMulNBits at accuracy level 4 over its packed copy (with the mins' Gemm for Q4_K); MiB: our form "
-          "(the file's bytes); max diff: largest |ours - ORT| over the largest |ORT|")
+          "MatMulNBits at accuracy level 4 over its packed copy (with the mins' Gemm for Q4_K); streamed: ours, "
+          f"GB/s, over {STREAM_BYTES >> 20} MiB of copies in turn (from DRAM); MiB: our form (the file's bytes); "
+          "max diff: largest |ours - ORT| over the largest |ORT|")
     write_json(args.json, res)
     return 0
 

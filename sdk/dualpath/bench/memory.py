@@ -8,9 +8,9 @@ model, prefills ``--ctx`` random tokens and decodes ``--decode``. The parts:
   token strings, the tokenizer's tables);
 * ``weights``: what creating the ONNX Runtime sessions added: their packed copies of the
   weights (the pages of the entry's files they packed from are given back); and the pages
-  of the matrices our kernels read in place (an 8-bit classifier,
-  ``ModelSpec.classifier_in_kernels``; a layer's matrices, ``Weight.kernel_form``),
-  resident at the end, which the first step maps;
+  of the matrices our kernels read in place (a layer's matrices and the classifier in
+  their form, ``Weight.kernel_form``, which the load maps: ``Entry.page_in``; an 8-bit
+  classifier, ``ModelSpec.classifier_in_kernels``, which the first step maps);
 * ``kv cache``: the KV arena's resident pages at the end (read from /proc/self/pagemap);
 * ``activations``: the rest of what generating added (ONNX Runtime's buffers for a
   chunk, the step buffers);
@@ -92,11 +92,11 @@ def worker(model: str, ctx: int, decode: int, threads: int, chunk: int) -> dict:
                  SamplingParams(temperature=0, max_tokens=decode + 1, ignore_eos=True))
     arena = llm.runner.cache.arena
     kv = resident_bytes(arena.address, arena.nbytes) / MiB
-    # The matrices our kernels read are mapped by the first step, after "sessions".
+    # An 8-bit classifier is mapped by the first step, after "sessions" (the kernels' form
+    # is mapped by the load).
     spec = llm.spec
-    read = [w.data for w in spec.weights.values() if w.kernel_form]
-    if spec.classifier_in_kernels and not spec.output.kernel_form:
-        read += [spec.output.data, spec.output.scales]
+    read = [spec.output.data, spec.output.scales] if spec.classifier_in_kernels and not spec.output.kernel_form \
+        else []
     in_place = sum(resident_bytes(a.ctypes.data, a.nbytes) for a in read) / MiB
     measured = {"runtime": imported, "vocabulary": rss["tokenizer"] - rss["start"],
                 "weights": rss["sessions"] - rss["tokenizer"] + in_place, "kv cache": kv,
