@@ -277,3 +277,15 @@ def test_synth_rejects_an_unknown_type_listing_the_llama_cpp_ones(tmp_path):
 
     with pytest.raises(ValueError, match="Q4_K_M"):
         synth_gguf(tmp_path / "x.gguf", "kquant-tiny", "Q7_K")
+
+
+@pytest.mark.parametrize("type_name", ["Q4_K", "Q6_K", "Q8_0"])
+def test_a_large_form_made_by_several_threads_is_the_one_made_by_one(type_name, monkeypatch):
+    # the form rearranges bytes, so any bytes do; 7 groups of 16 rows split unevenly
+    n, k = 16 * 7, 512
+    layout = ggml_layout(type_name)
+    raw = np.random.default_rng(3).integers(0, 256, n * k // layout["block"] * layout["type_size"], np.uint8)
+    one = quants.to_kernel_form(raw, type_name, (n, k))
+    monkeypatch.setattr(quants, "FORM_THREADS_BYTES", 0)
+    monkeypatch.setattr(quants.os, "cpu_count", lambda: 3)
+    assert np.array_equal(quants.to_kernel_form(raw, type_name, (n, k)), one)
