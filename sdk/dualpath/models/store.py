@@ -407,13 +407,13 @@ class Entry:
         in their form) now, with huge pages where the kernel gives them for this file.
 
         A decode step streams every one of them from DRAM; over 4 KiB pages its products
-        ran 25% slower (Qwen2.5 1.5B Q4_K_M: 38.5 against 28.4 ms a step, TLB misses, a
-        page-sized stride the hardware prefetchers do not cross; docs/performance.md).
-        Their mapping asks for huge pages (MADV_HUGEPAGE), which the page cache gives to
-        pages it reads from then on; pages it already holds in small folios (written by
-        the conversion, or read by another process) stay small. Then, once one huge page's
-        worth shows that this kernel and filesystem do map this file with huge pages, they
-        are dropped from the cache and read again. The pages stay the file's: clean, so
+        took 36% longer (Qwen2.5 1.5B Q4_K_M: 38.5 against 28.4 ms a step; TLB misses;
+        docs/performance.md). Their mapping asks for huge pages (MADV_HUGEPAGE), which the
+        page cache gives to pages it reads from then on; pages it already holds in small
+        folios (written by an older version, or read by another process) stay small. When
+        less than half of them came out huge, and one huge page's worth shows that this
+        kernel and filesystem do map this file with huge pages, they are dropped from the
+        cache and read again. The pages stay the file's: clean, so
         that under memory pressure the kernel can reclaim them rather than end the process.
         Returns what it did (MiB mapped huge, of how many; seconds), or {} where it cannot
         tell (no THP, no /proc, kernels before 5.14)."""
@@ -567,8 +567,8 @@ class _Writer:
         """Append ``data`` (a buffer) to weights.bin in writes of whole, aligned
         ``WRITE_CHUNK``s: the page cache then holds the file in huge folios, which a later
         load maps with huge pages (``Entry.page_in``). Written at 64 KiB offsets as they
-        came, 62% of TinyLlama's kernel weights were (the folios that straddle an array's
-        start stay small)."""
+        came, 62% of TinyLlama's kernel weights came back huge (a folio that straddles an
+        array's start stays small); in these pieces all of them."""
         data = memoryview(data)
         if not data.nbytes:
             return
