@@ -272,8 +272,9 @@ class Entry:
         self._derived_maps: list[mmap.mmap] = []  # files of map_arrays
         self.derived_arrays: dict[str, dict[str, np.ndarray]] = {}
         """Derived folder name -> its mapped arrays, once per entry (graph/parts.py)."""
-        self._checks: dict[int, tuple[str, int, int]] = {}
-        """Offset in weights.bin -> (array name, bytes, XOR checksum) of arrays not yet verified."""
+        self._checks: dict[int, tuple[str, int, int, mmap.mmap]] = {}
+        """Offset in weights.bin -> (array name, bytes, XOR checksum, the mapping it is read
+        through) of arrays not yet verified."""
         self._lock = threading.Lock()
 
     # -- arrays ----------------------------------------------------------------
@@ -336,7 +337,7 @@ class Entry:
                     raise CorruptEntry(f"{key}.{kind} lies past the end of its file")
                 arrays[kind] = np.frombuffer(buf, dtype, count, a["offset"]).reshape(shape)
                 if a["in"] == "entry":
-                    self._checks[a["offset"]] = (f"{key}.{kind}", a["nbytes"], a["xor"])
+                    self._checks[a["offset"]] = (f"{key}.{kind}", a["nbytes"], a["xor"], buf)
             for kind, a in w["arrays"].items():
                 if a["in"] == "transpose":
                     if a.get("of") not in arrays:
@@ -381,9 +382,6 @@ class Entry:
         session), not of the source file, a derived file or other memory."""
         return self._offset(a) is not None
 
-    def _in_kernel_map(self, offset: int) -> bool:
-        return any(lo <= offset < hi for lo, hi in self._kernel_ranges)
-
     def verify(self, arrays=None) -> None:
         """Check the XOR checksums of ``arrays`` (views of this entry; None: every array)
         not checked yet, just before their first use: reading them is what the first
@@ -394,13 +392,12 @@ class Entry:
             else:
                 offsets = [off for off in map(self._offset, arrays) if off in self._checks]
             checks = [(off, self._checks.pop(off)) for off in offsets if off in self._checks]
-        for off, (name, nbytes, expected) in checks:
+        for off, (name, nbytes, expected, m) in checks:
             # each array through the mapping it is read through (pages mapped twice count twice)
-            kernel = self._in_kernel_map(off)
-            if _xor64(self._kernel_map if kernel else self._weights_map, off, nbytes) != expected:
+            if _xor64(m, off, nbytes) != expected:
                 raise CorruptEntry(f"the checksum of {name} does not match: weights.bin is corrupted")
-            if arrays is None and not kernel:  # the rest: no session packs them (fused parts)
-                _drop(self._weights_map, off, nbytes)
+            if arrays is None and m is self._weights_map:  # the rest: no session packs them (fused
+                _drop(m, off, nbytes)  # parts); our kernels' arrays stay
 
     def page_in(self) -> dict:
         """Map the arrays our kernels read in place (a layer's matrices and the classifier
