@@ -27,6 +27,8 @@ elif machine in ("aarch64", "arm64"):
     ISA_LIBS = [
         ("dp_isa_neon", {"sources": [f"{CSRC}/attn_neon.c", f"{CSRC}/qmatmul_neon.c", f"{CSRC}/lmatmul_neon.c"], "cflags": COMMON}),
         ("dp_isa_neon_fp16", {"sources": [f"{CSRC}/attn_neon_fp16.c"], "cflags": COMMON + ["-march=armv8.2-a+fp16"]}),
+        ("dp_isa_neon_dotprod", {"sources": [f"{CSRC}/lmatmul_neon_dotprod.c"], "cflags": COMMON + ["-march=armv8.2-a+fp16+dotprod"]}),
+        ("dp_isa_neon_i8mm", {"sources": [f"{CSRC}/lmatmul_neon_i8mm.c"], "cflags": COMMON + ["-march=armv8.2-a+fp16+dotprod+i8mm"]}),
     ]
 else:
     ISA_LIBS = []

@@ -29,12 +29,26 @@ static unsigned detect(void) {
 }
 #elif defined(__aarch64__)
 #include <sys/auxv.h>
+/* The bits as Linux's arch/arm64 uapi hwcap.h numbers them (Android's bionic the same);
+ * older C libraries' headers may lack the names. */
 #ifndef HWCAP_ASIMDHP
 #define HWCAP_ASIMDHP (1 << 10)
 #endif
+#ifndef HWCAP_ASIMDDP
+#define HWCAP_ASIMDDP (1 << 20)
+#endif
+#ifndef AT_HWCAP2
+#define AT_HWCAP2 26
+#endif
+#ifndef HWCAP2_I8MM
+#define HWCAP2_I8MM (1 << 13)
+#endif
 static unsigned detect(void) {
     unsigned f = DP_CPU_NEON; /* Advanced SIMD is mandatory on AArch64 */
-    if (getauxval(AT_HWCAP) & HWCAP_ASIMDHP) f |= DP_CPU_NEON_FP16;
+    const unsigned long hw = getauxval(AT_HWCAP), hw2 = getauxval(AT_HWCAP2);
+    if (hw & HWCAP_ASIMDHP) f |= DP_CPU_NEON_FP16;
+    if (hw & HWCAP_ASIMDDP) f |= DP_CPU_NEON_DOTPROD;
+    if (hw2 & HWCAP2_I8MM) f |= DP_CPU_NEON_I8MM;
     return f;
 }
 #else
@@ -72,6 +86,10 @@ const dp_isa dp_isas[] = {
     {"avx512", DP_CPU_AVX512, DP_CPU_AVX512, X86_OPS(&dp_ops_avx512)},
     {"neon", DP_CPU_NEON, DP_CPU_NEON, ARM_OPS(&dp_ops_neon)},
     {"neon_fp16", DP_CPU_NEON_FP16, DP_CPU_NEON | DP_CPU_NEON_FP16, ARM_OPS(&dp_ops_neon_fp16)},
+    {"neon_dotprod", DP_CPU_NEON_DOTPROD, DP_CPU_NEON | DP_CPU_NEON_FP16 | DP_CPU_NEON_DOTPROD,
+     ARM_OPS(&dp_ops_neon_dotprod)},
+    {"neon_i8mm", DP_CPU_NEON_I8MM, DP_CPU_NEON | DP_CPU_NEON_FP16 | DP_CPU_NEON_DOTPROD | DP_CPU_NEON_I8MM,
+     ARM_OPS(&dp_ops_neon_i8mm)},
 };
 const int dp_num_isas = (int)(sizeof dp_isas / sizeof dp_isas[0]);
 

@@ -201,6 +201,8 @@ extern const dp_attn_ops dp_ops_avx512;
 #if defined(__aarch64__)
 extern const dp_attn_ops dp_ops_neon;
 extern const dp_attn_ops dp_ops_neon_fp16;
+extern const dp_attn_ops dp_ops_neon_dotprod;
+extern const dp_attn_ops dp_ops_neon_i8mm;
 #endif
 
 /* CPU features the kernels care about, checked against the OS (xgetbv / hwcaps). */
@@ -208,7 +210,9 @@ enum {
     DP_CPU_AVX2 = 1 << 0,     /* AVX2 + FMA + F16C, YMM state enabled by the OS */
     DP_CPU_AVX512 = 1 << 1,   /* AVX-512 F/BW/VL, ZMM and opmask state enabled */
     DP_CPU_NEON = 1 << 2,     /* AArch64 Advanced SIMD (baseline) */
-    DP_CPU_NEON_FP16 = 1 << 3 /* FP16 arithmetic (asimdhp) */
+    DP_CPU_NEON_FP16 = 1 << 3,    /* FP16 arithmetic (asimdhp) */
+    DP_CPU_NEON_DOTPROD = 1 << 4, /* SDOT / UDOT (asimddp, ARMv8.2-A) */
+    DP_CPU_NEON_I8MM = 1 << 5     /* USDOT, SMMLA (i8mm, ARMv8.6-A) */
 };
 
 /* An ISA DualPath has kernels for, on any architecture: its name (as configs, the CLI

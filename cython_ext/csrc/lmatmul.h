@@ -116,6 +116,8 @@ void dp_lrows_generic(int, const uint8_t *, int64_t, int64_t, const dp_lact *, f
 void dp_lrows_avx2(int, const uint8_t *, int64_t, int64_t, const dp_lact *, float *, int64_t);
 void dp_lrows_avx512(int, const uint8_t *, int64_t, int64_t, const dp_lact *, float *, int64_t);
 void dp_lrows_neon(int, const uint8_t *, int64_t, int64_t, const dp_lact *, float *, int64_t);
+void dp_lrows_neon_dotprod(int, const uint8_t *, int64_t, int64_t, const dp_lact *, float *, int64_t);
+void dp_lrows_neon_i8mm(int, const uint8_t *, int64_t, int64_t, const dp_lact *, float *, int64_t);
 
 /* One weight of a product: its form, its rows, and where its output columns go. */
 typedef struct {

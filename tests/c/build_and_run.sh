@@ -3,7 +3,8 @@
 #   tests/c/build_and_run.sh native          this machine, -O2
 #   tests/c/build_and_run.sh sanitize        this machine, -fsanitize=address,undefined
 #   tests/c/build_and_run.sh aarch64         cross-compiled, run under qemu-aarch64 with
-#                                            -cpu max (FP16) and -cpu cortex-a53 (no FP16)
+#                                            -cpu max (i8mm), cortex-a76 (dotprod, FP16)
+#                                            and cortex-a53 (none of them)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 S=cython_ext/csrc
@@ -27,7 +28,9 @@ build() { # $1 = compiler, $2 = output, $3... = extra flags for the base files
             $cc "$@" -c $S/qmatmul_neon.c -o "$OUT/qneon.o"
             $cc "$@" -c $S/lmatmul_neon.c -o "$OUT/lneon.o"
             $cc "$@" -c $S/attn_neon_fp16.c -march=armv8.2-a+fp16 -o "$OUT/neon_fp16.o"
-            objs=("$OUT/neon.o" "$OUT/qneon.o" "$OUT/lneon.o" "$OUT/neon_fp16.o") ;;
+            $cc "$@" -c $S/lmatmul_neon_dotprod.c -march=armv8.2-a+fp16+dotprod -o "$OUT/lneon_dotprod.o"
+            $cc "$@" -c $S/lmatmul_neon_i8mm.c -march=armv8.2-a+fp16+dotprod+i8mm -o "$OUT/lneon_i8mm.o"
+            objs=("$OUT/neon.o" "$OUT/qneon.o" "$OUT/lneon.o" "$OUT/neon_fp16.o" "$OUT/lneon_dotprod.o" "$OUT/lneon_i8mm.o") ;;
     esac
     $cc "$@" $BASE "${objs[@]}" -o "$out" -lm -lpthread
 }
@@ -40,11 +43,13 @@ case "${1:-native}" in
         ASAN_OPTIONS=detect_leaks=1 "$OUT/test_asan" ;;
     aarch64)
         build aarch64-linux-gnu-gcc "$OUT/test_arm" -O2 -std=c11 -D_GNU_SOURCE -static
-        echo "== qemu-aarch64 -cpu max (FP16 arithmetic available)"
-        qemu-aarch64 -cpu max "$OUT/test_arm" | tee "$OUT/max.log"
-        grep -q "dispatch picks neon_fp16" "$OUT/max.log"
-        echo "== qemu-aarch64 -cpu cortex-a53 (no FP16: dispatch must fall back, not SIGILL)"
-        qemu-aarch64 -cpu cortex-a53 "$OUT/test_arm" | tee "$OUT/a53.log"
-        grep -q "dispatch picks neon$" "$OUT/a53.log" ;;
+        # Each ARM CPU model with what its kernels may use: dispatch must pick the best
+        # and never die with SIGILL on a CPU without an extension.
+        for cpu_isa in "max neon_i8mm" "cortex-a76 neon_dotprod" "cortex-a53 neon"; do
+            set -- $cpu_isa
+            echo "== qemu-aarch64 -cpu $1 (dispatch should pick $2)"
+            qemu-aarch64 -cpu "$1" "$OUT/test_arm" | tee "$OUT/$1.log"
+            grep -q "dispatch picks $2\$" "$OUT/$1.log" || { echo "FAILED: -cpu $1 did not pick $2"; exit 1; }
+        done ;;
     *) echo "usage: $0 native|sanitize|aarch64" >&2; exit 2 ;;
 esac

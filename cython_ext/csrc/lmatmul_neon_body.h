@@ -1,0 +1,223 @@
+/* The NEON layer-product loops (lmatmul.h), included once per ARM ISA: lmatmul_neon.c
+ * (baseline ARMv8), lmatmul_neon_dotprod.c (SDOT), lmatmul_neon_i8mm.c (USDOT, SMMLA).
+ * Before including, define:
+ *   LN_SUFFIX(n)             n with the ISA's suffix
+ *   LN_ACC                   the type of an integer accumulator of 4 rows
+ *   LN_ACC_SET(acc, v)       acc = the int32x4 v
+ *   LN_DOT(acc, w, x, lane)  acc += for each of 4 rows i: the dot product of the 4 values
+ *                            of w (uint8x16: row i's four in bytes 4i..4i+3) with the
+ *                            int8 values 4 lane .. 4 lane + 3 of x (int8x16); lane a constant
+ *   LN_ACC_GET(acc)          the int32x4 of the 4 rows' sums
+ *   LN_UNSIGNED_DOT          1 if LN_DOT takes any uint8 w (USDOT), 0 if w must be below
+ *                            128 (SDOT, SMULL): then Q8_0's values go as v ^ 0x80 = q
+ *
+ * A unit's step j (a 64-byte vector) is four 16-byte quarters, quarter qd holding rows
+ * 4 qd .. 4 qd + 3: one dot per quarter and step, 32 a unit, into 4 accumulators (Q6_K: 8,
+ * its two halves of 16 values have scales of their own). A pass takes one activation row
+ * against one group of 16 rows, step by step, so that one load of 64 bytes serves all
+ * four quarters. */
+
+/* Q8_0's stored values v = q + 128: multiplied as q (z = 0) by a signed dot, as v less
+ * 128 x the activations' sum by an unsigned one. */
+#define LN_Z(kind) ((kind) == DP_L_Q8_0 ? (LN_UNSIGNED_DOT ? 128 : 0) : dp_lkind_zero_point(kind))
+
+/* The four quarters of step j as the dot takes them (Q8_0 alone needs the sign flip). */
+#define LN_DOT4(kind, acc, w, x, lane)                                                       \
+    do {                                                                                     \
+        for (int q_ = 0; q_ < 4; q_++) {                                                     \
+            const uint8x16_t v_ = (kind) == DP_L_Q8_0 && !LN_UNSIGNED_DOT                    \
+                                      ? veorq_u8((w)[q_], vdupq_n_u8(0x80)) : (w)[q_];        \
+            LN_DOT((acc)[q_], v_, x, lane);                                                  \
+        }                                                                                    \
+    } while (0)
+
+/* Steps 2c (low nibbles) and 2c + 1 (high) of the nibble plane, all four quarters. */
+static inline __attribute__((always_inline)) void LN_SUFFIX(nibbles)(const uint8_t *unit, const int c,
+                                                                     uint8x16_t lo[4], uint8x16_t hi[4]) {
+    const uint8x16x4_t raw = vld1q_u8_x4(unit + 64 * c);
+    for (int q = 0; q < 4; q++) {
+        lo[q] = vandq_u8(raw.val[q], vdupq_n_u8(0x0f));
+        hi[q] = vshrq_n_u8(raw.val[q], 4);
+    }
+}
+
+/* Q5_0: bit 4 of step j's values, quarter q: bits 16 q .. 16 q + 15 of the 64-bit word j.
+ * Each of its 2 bytes is spread over 8 lanes (TBL), tested against the lane's bit (CMTST:
+ * 0xff where set), and 0xff x 16 = 0xf0 = -16 taken away adds the 16. */
+static inline __attribute__((always_inline)) void LN_SUFFIX(q5_bits)(const uint8_t *unit, const int j,
+                                                                     uint8x16_t w[4]) {
+    static const uint8_t spread[4][16] = {{0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1},
+                                          {2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3},
+                                          {4, 4, 4, 4, 4, 4, 4, 4, 5, 5, 5, 5, 5, 5, 5, 5},
+                                          {6, 6, 6, 6, 6, 6, 6, 6, 7, 7, 7, 7, 7, 7, 7, 7}};
+    const uint8x16_t bits = vreinterpretq_u8_u64(vdupq_n_u64(0x8040201008040201ull));
+    uint64_t word;
+    memcpy(&word, unit + 256 + 8 * j, 8);
+    const uint8x16_t m = vreinterpretq_u8_u64(vdupq_n_u64(word));
+    for (int q = 0; q < 4; q++) {
+        const uint8x16_t set = vtstq_u8(vqtbl1q_u8(m, vld1q_u8(spread[q])), bits);
+        w[q] = vmlsq_u8(w[q], set, vdupq_n_u8(16));
+    }
+}
+
+/* Q6_K: bits 4-5 of step j = 4 a + t sit at bits 2 t of the plane's 64 bytes a. */
+static inline __attribute__((always_inline)) void LN_SUFFIX(q6_bits)(const uint8x16x4_t p, const int t,
+                                                                     uint8x16_t w[4]) {
+    const uint8x16_t mask = vdupq_n_u8(0x30);
+    for (int q = 0; q < 4; q++) {
+        const uint8x16_t s = t == 0 ? vshlq_n_u8(p.val[q], 4) : t == 1 ? vshlq_n_u8(p.val[q], 2)
+                             : t == 2 ? p.val[q] : vshrq_n_u8(p.val[q], 2);
+        w[q] = vbslq_u8(mask, s, w[q]);
+    }
+}
+
+/* 16 uint8 / int8 (one per row) as four int32x4, rows 4q .. 4q + 3 in [q]. */
+static inline void LN_SUFFIX(u8x16_s32)(const uint8_t *p, int32x4_t o[4]) {
+    const uint8x16_t v = vld1q_u8(p);
+    const uint16x8_t lo = vmovl_u8(vget_low_u8(v)), hi = vmovl_high_u8(v);
+    o[0] = vreinterpretq_s32_u32(vmovl_u16(vget_low_u16(lo)));
+    o[1] = vreinterpretq_s32_u32(vmovl_high_u16(lo));
+    o[2] = vreinterpretq_s32_u32(vmovl_u16(vget_low_u16(hi)));
+    o[3] = vreinterpretq_s32_u32(vmovl_high_u16(hi));
+}
+static inline void LN_SUFFIX(i8x16_s32)(const uint8_t *p, int32x4_t o[4]) {
+    const int8x16_t v = vreinterpretq_s8_u8(vld1q_u8(p));
+    const int16x8_t lo = vmovl_s8(vget_low_s8(v)), hi = vmovl_high_s8(v);
+    o[0] = vmovl_s16(vget_low_s16(lo));
+    o[1] = vmovl_high_s16(lo);
+    o[2] = vmovl_s16(vget_low_s16(hi));
+    o[3] = vmovl_high_s16(hi);
+}
+/* 16 fp16 (one per row, FCVTL: baseline AArch64) as four f32x4. */
+static inline void LN_SUFFIX(f16x16)(const uint8_t *p, float32x4_t o[4]) {
+    const uint16x8x2_t h = vld1q_u16_x2((const uint16_t *)p);
+    for (int i = 0; i < 2; i++) {
+        o[2 * i] = vcvt_f32_f16(vreinterpret_f16_u16(vget_low_u16(h.val[i])));
+        o[2 * i + 1] = vcvt_high_f32_f16(vreinterpretq_f16_u16(h.val[i]));
+    }
+}
+
+/* The 32 dots of one unit against x (32 int8 values in x0, x1): steps 0-3 into acc,
+ * 4-7 into acc (or acc2: Q6_K's second half). */
+static inline __attribute__((always_inline)) void LN_SUFFIX(unit_dots)(const int kind, const uint8_t *unit,
+                                                                       const int8x16_t x0, const int8x16_t x1,
+                                                                       LN_ACC acc[4], LN_ACC acc2[4]) {
+    uint8x16_t w[4], w2[4];
+    if (kind == DP_L_Q8_0) {
+#define LN_Q8_STEP(j, x, lane)                                                               \
+    do {                                                                                     \
+        const uint8x16x4_t s_ = vld1q_u8_x4(unit + 64 * (j));                                \
+        for (int q_ = 0; q_ < 4; q_++) w[q_] = s_.val[q_];                                   \
+        LN_DOT4(kind, acc, w, x, lane);                                                      \
+    } while (0)
+        LN_Q8_STEP(0, x0, 0); LN_Q8_STEP(1, x0, 1); LN_Q8_STEP(2, x0, 2); LN_Q8_STEP(3, x0, 3);
+        LN_Q8_STEP(4, x1, 0); LN_Q8_STEP(5, x1, 1); LN_Q8_STEP(6, x1, 2); LN_Q8_STEP(7, x1, 3);
+#undef LN_Q8_STEP
+        return;
+    }
+    uint8x16x4_t p = {{vdupq_n_u8(0), vdupq_n_u8(0), vdupq_n_u8(0), vdupq_n_u8(0)}};
+    if (kind == DP_L_Q6_K) p = vld1q_u8_x4(unit + 256);
+    /* Steps 2c and 2c + 1: the nibbles, the kind's fifth and sixth bits, the dots. */
+#define LN_NIBBLE_STEPS(c, x, lane0, lane1, A)                                               \
+    do {                                                                                     \
+        LN_SUFFIX(nibbles)(unit, c, w, w2);                                                  \
+        if (kind == DP_L_Q5_0) {                                                             \
+            LN_SUFFIX(q5_bits)(unit, 2 * (c), w);                                            \
+            LN_SUFFIX(q5_bits)(unit, 2 * (c) + 1, w2);                                       \
+        } else if (kind == DP_L_Q6_K) {                                                      \
+            if ((c) == 2) p = vld1q_u8_x4(unit + 256 + 64);                                  \
+            LN_SUFFIX(q6_bits)(p, (2 * (c)) % 4, w);                                         \
+            LN_SUFFIX(q6_bits)(p, (2 * (c) + 1) % 4, w2);                                    \
+        }                                                                                    \
+        LN_DOT4(kind, A, w, x, lane0);                                                       \
+        LN_DOT4(kind, A, w2, x, lane1);                                                      \
+    } while (0)
+    LN_NIBBLE_STEPS(0, x0, 0, 1, acc);
+    LN_NIBBLE_STEPS(1, x0, 2, 3, acc);
+    if (kind == DP_L_Q6_K) {
+        LN_NIBBLE_STEPS(2, x1, 0, 1, acc2);
+        LN_NIBBLE_STEPS(3, x1, 2, 3, acc2);
+    } else {
+        LN_NIBBLE_STEPS(2, x1, 0, 1, acc);
+        LN_NIBBLE_STEPS(3, x1, 2, 3, acc);
+    }
+#undef LN_NIBBLE_STEPS
+}
+
+/* One activation row r against one group of 16 rows (gw: the group's first superblock):
+ * out[0..16). Per unit, the integer sums of each row are scaled in f32 by the unit's
+ * scales and the activations' dx; Q4_K's d and the mins' dmin multiply once a superblock. */
+static inline __attribute__((always_inline)) void LN_SUFFIX(row)(const int kind, const uint8_t *gw,
+                                                                 const dp_lact *a, const int64_t r, float *out,
+                                                                 const int prefetch) {
+    const dp_lkind_info *k = &dp_lkinds[kind];
+    const int64_t K = a->K, nsb = K / k->sb, units = k->sb / 32, sbb = k->header + units * k->unit;
+    const int32_t z = LN_Z(kind);
+    const int8_t *xq = a->xq + r * K;
+    const int32_t *xs = a->xs + r * (K / 16);
+    const float *xd = a->xd + r * (K / 32);
+    float32x4_t acc[4], macc[4];
+    for (int q = 0; q < 4; q++) acc[q] = macc[q] = vdupq_n_f32(0.0f);
+    for (int64_t s = 0; s < nsb; s++) {
+        const uint8_t *h = gw + s * sbb;
+        if (prefetch) dp_lprefetch(h, k->header);
+        float32x4_t d[4];
+        LN_SUFFIX(f16x16)(h, d);
+        /* Q4_K: sum over the superblock's units of dx sc dot (and of dx sum m), then d (dmin) */
+        float32x4_t sacc[4], smin[4];
+        for (int q = 0; q < 4; q++) sacc[q] = smin[q] = vdupq_n_f32(0.0f);
+        for (int64_t b = 0; b < units; b++) {
+            const uint8_t *unit = h + k->header + b * k->unit;
+            if (prefetch) dp_lprefetch(unit, k->unit);
+            const int64_t kb = s * units + b;
+            const int8x16_t x0 = vld1q_s8(xq + 32 * kb), x1 = vld1q_s8(xq + 32 * kb + 16);
+            const float dx = xd[kb];
+            LN_ACC ia[4], ib[4];
+            const int32x4_t init = vdupq_n_s32(kind == DP_L_Q6_K ? -32 * xs[2 * kb] : -z * (xs[2 * kb] + xs[2 * kb + 1]));
+            for (int q = 0; q < 4; q++) LN_ACC_SET(ia[q], init);
+            if (kind == DP_L_Q6_K)
+                for (int q = 0; q < 4; q++) LN_ACC_SET(ib[q], vdupq_n_s32(-32 * xs[2 * kb + 1]));
+            LN_SUFFIX(unit_dots)(kind, unit, x0, x1, ia, ib);
+            if (kind == DP_L_Q4_K) {
+                int32x4_t sc[4], m[4];
+                LN_SUFFIX(u8x16_s32)(h + 64 + 16 * b, sc);
+                LN_SUFFIX(u8x16_s32)(h + 192 + 16 * b, m);
+                const float t = dx * (float)(xs[2 * kb] + xs[2 * kb + 1]);
+                for (int q = 0; q < 4; q++) {
+                    sacc[q] = vfmaq_n_f32(sacc[q], vcvtq_f32_s32(vmulq_s32(LN_ACC_GET(ia[q]), sc[q])), dx);
+                    smin[q] = vfmaq_n_f32(smin[q], vcvtq_f32_s32(m[q]), t);
+                }
+            } else if (kind == DP_L_Q6_K) {
+                int32x4_t s0[4], s1[4];
+                LN_SUFFIX(i8x16_s32)(h + 32 + 16 * (2 * b), s0);
+                LN_SUFFIX(i8x16_s32)(h + 32 + 16 * (2 * b + 1), s1);
+                for (int q = 0; q < 4; q++) {
+                    const int32x4_t v = vmlaq_s32(vmulq_s32(LN_ACC_GET(ia[q]), s0[q]), LN_ACC_GET(ib[q]), s1[q]);
+                    sacc[q] = vfmaq_n_f32(sacc[q], vcvtq_f32_s32(v), dx);
+                }
+            } else { /* one scale d a unit (the superblock is the unit) */
+                for (int q = 0; q < 4; q++) acc[q] = vfmaq_f32(acc[q], vmulq_n_f32(d[q], dx), vcvtq_f32_s32(LN_ACC_GET(ia[q])));
+            }
+        }
+        if (kind == DP_L_Q4_K) {
+            float32x4_t dm[4];
+            LN_SUFFIX(f16x16)(h + 32, dm);
+            for (int q = 0; q < 4; q++) {
+                acc[q] = vfmaq_f32(acc[q], d[q], sacc[q]);
+                macc[q] = vfmaq_f32(macc[q], dm[q], smin[q]);
+            }
+        } else if (kind == DP_L_Q6_K) {
+            for (int q = 0; q < 4; q++) acc[q] = vfmaq_f32(acc[q], d[q], sacc[q]);
+        }
+    }
+    for (int q = 0; q < 4; q++) vst1q_f32(out + 4 * q, vsubq_f32(acc[q], macc[q]));
+}
+
+static inline __attribute__((always_inline)) void LN_SUFFIX(groups)(const int kind, const uint8_t *w, int64_t g0,
+                                                                    int64_t g1, const dp_lact *a, float *out,
+                                                                    int64_t ldo) {
+    const dp_lkind_info *k = &dp_lkinds[kind];
+    const int64_t gstride = a->K / k->sb * (k->header + k->sb / 32 * k->unit);
+    for (int64_t g = g0; g < g1; g++)
+        for (int64_t r = 0; r < a->R; r++) LN_SUFFIX(row)(kind, w + g * gstride, a, r, out + r * ldo + 16 * g, r == 0);
+}
