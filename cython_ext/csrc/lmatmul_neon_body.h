@@ -213,11 +213,153 @@ static inline __attribute__((always_inline)) void LN_SUFFIX(row)(const int kind,
     for (int q = 0; q < 4; q++) vst1q_f32(out + 4 * q, vsubq_f32(acc[q], macc[q]));
 }
 
+/* ---- several activation rows: one quarter (4 rows) of a group at a time ---- */
+
+/* Quarter qd of a unit's 8 steps as the dot takes them (Q8_0's sign flip left to LN_DOT4's
+ * caller, LN_QDOT). */
+static inline __attribute__((always_inline)) void LN_SUFFIX(quarter)(const int kind, const uint8_t *unit, const int qd,
+                                                                     uint8x16_t w[8]) {
+    if (kind == DP_L_Q8_0) {
+        for (int j = 0; j < 8; j++) w[j] = vld1q_u8(unit + 64 * j + 16 * qd);
+        return;
+    }
+    for (int c = 0; c < 4; c++) {
+        const uint8x16_t raw = vld1q_u8(unit + 64 * c + 16 * qd);
+        w[2 * c] = vandq_u8(raw, vdupq_n_u8(0x0f));
+        w[2 * c + 1] = vshrq_n_u8(raw, 4);
+    }
+    if (kind == DP_L_Q5_0) { /* lmatmul_neon_body.h's q5_bits, for the quarter's 2 bytes */
+        static const uint8_t spread[16] = {0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1};
+        const uint8x16_t bits = vreinterpretq_u8_u64(vdupq_n_u64(0x8040201008040201ull)), idx = vld1q_u8(spread);
+        for (int j = 0; j < 8; j++) {
+            uint16_t h;
+            memcpy(&h, unit + 256 + 8 * j + 2 * qd, 2);
+            const uint8x16_t set = vtstq_u8(vqtbl1q_u8(vreinterpretq_u8_u16(vdupq_n_u16(h)), idx), bits);
+            w[j] = vmlsq_u8(w[j], set, vdupq_n_u8(16));
+        }
+    } else if (kind == DP_L_Q6_K) {
+        const uint8x16_t mask = vdupq_n_u8(0x30);
+        for (int a = 0; a < 2; a++) {
+            const uint8x16_t p = vld1q_u8(unit + 256 + 64 * a + 16 * qd);
+            w[4 * a + 0] = vbslq_u8(mask, vshlq_n_u8(p, 4), w[4 * a + 0]);
+            w[4 * a + 1] = vbslq_u8(mask, vshlq_n_u8(p, 2), w[4 * a + 1]);
+            w[4 * a + 2] = vbslq_u8(mask, p, w[4 * a + 2]);
+            w[4 * a + 3] = vbslq_u8(mask, vshrq_n_u8(p, 2), w[4 * a + 3]);
+        }
+    }
+}
+
+#define LN_QDOT(kind, acc, w, x, lane) \
+    LN_DOT(acc, (kind) == DP_L_Q8_0 && !LN_UNSIGNED_DOT ? veorq_u8(w, vdupq_n_u8(0x80)) : (w), x, lane)
+
+/* 4 bytes (one per row) as an int32x4. */
+static inline int32x4_t LN_SUFFIX(u8x4_s32)(const uint8_t *p) {
+    uint32_t v;
+    memcpy(&v, p, 4);
+    return vreinterpretq_s32_u32(vmovl_u16(vget_low_u16(vmovl_u8(vreinterpret_u8_u32(vdup_n_u32(v))))));
+}
+static inline int32x4_t LN_SUFFIX(i8x4_s32)(const uint8_t *p) {
+    uint32_t v;
+    memcpy(&v, p, 4);
+    return vmovl_s16(vget_low_s16(vmovl_s8(vreinterpret_s8_u32(vdup_n_u32(v)))));
+}
+
+/* Activation rows r0 .. r0 + RR - 1 against quarter qd of one group: out[r * ldo + 4 qd ..]. */
+static inline __attribute__((always_inline)) void LN_SUFFIX(quarter_pass)(const int kind, const uint8_t *gw,
+                                                                          const int qd, const dp_lact *a,
+                                                                          const int64_t r0, const int RR, float *out,
+                                                                          const int64_t ldo) {
+    const dp_lkind_info *k = &dp_lkinds[kind];
+    const int64_t K = a->K, nsb = K / k->sb, units = k->sb / 32, sbb = k->header + units * k->unit;
+    const int32_t z = LN_Z(kind);
+    float32x4_t acc[4], macc[4], sacc[4], smin[4];
+    for (int i = 0; i < RR; i++) acc[i] = macc[i] = vdupq_n_f32(0.0f);
+    for (int64_t s = 0; s < nsb; s++) {
+        const uint8_t *h = gw + s * sbb;
+        if (r0 == 0 && qd == 0) dp_lprefetch(h, k->header);
+        const float32x4_t d = vcvt_f32_f16(vreinterpret_f16_u8(vld1_u8(h + 8 * qd)));
+        for (int i = 0; i < RR; i++) sacc[i] = smin[i] = vdupq_n_f32(0.0f);
+        for (int64_t b = 0; b < units; b++) {
+            const uint8_t *unit = h + k->header + b * k->unit;
+            if (r0 == 0 && qd == 0) dp_lprefetch(unit, k->unit);
+            uint8x16_t w[8];
+            LN_SUFFIX(quarter)(kind, unit, qd, w);
+            const int64_t kb = s * units + b;
+            int32x4_t s0 = vdupq_n_s32(0), s1 = vdupq_n_s32(0);
+            float32x4_t mf = vdupq_n_f32(0.0f);
+            if (kind == DP_L_Q4_K) {
+                s0 = LN_SUFFIX(u8x4_s32)(h + 64 + 16 * b + 4 * qd);
+                mf = vcvtq_f32_s32(LN_SUFFIX(u8x4_s32)(h + 192 + 16 * b + 4 * qd));
+            } else if (kind == DP_L_Q6_K) {
+                s0 = LN_SUFFIX(i8x4_s32)(h + 32 + 16 * (2 * b) + 4 * qd);
+                s1 = LN_SUFFIX(i8x4_s32)(h + 32 + 16 * (2 * b + 1) + 4 * qd);
+            }
+            for (int i = 0; i < RR; i++) {
+                const int64_t r = r0 + i;
+                const int8x16_t x0 = vld1q_s8(a->xq + r * K + 32 * kb), x1 = vld1q_s8(a->xq + r * K + 32 * kb + 16);
+                const int32_t *xs = a->xs + r * (K / 16) + 2 * kb;
+                const float dx = a->xd[r * (K / 32) + kb];
+                LN_ACC ia, ib;
+                LN_ACC_SET(ia, vdupq_n_s32(kind == DP_L_Q6_K ? -32 * xs[0] : -z * (xs[0] + xs[1])));
+                LN_ACC_SET(ib, vdupq_n_s32(-32 * xs[1]));
+                LN_QDOT(kind, ia, w[0], x0, 0);
+                LN_QDOT(kind, ia, w[1], x0, 1);
+                LN_QDOT(kind, ia, w[2], x0, 2);
+                LN_QDOT(kind, ia, w[3], x0, 3);
+                if (kind == DP_L_Q6_K) {
+                    LN_QDOT(kind, ib, w[4], x1, 0);
+                    LN_QDOT(kind, ib, w[5], x1, 1);
+                    LN_QDOT(kind, ib, w[6], x1, 2);
+                    LN_QDOT(kind, ib, w[7], x1, 3);
+                    const int32x4_t v = vmlaq_s32(vmulq_s32(LN_ACC_GET(ia), s0), LN_ACC_GET(ib), s1);
+                    sacc[i] = vfmaq_n_f32(sacc[i], vcvtq_f32_s32(v), dx);
+                    continue;
+                }
+                LN_QDOT(kind, ia, w[4], x1, 0);
+                LN_QDOT(kind, ia, w[5], x1, 1);
+                LN_QDOT(kind, ia, w[6], x1, 2);
+                LN_QDOT(kind, ia, w[7], x1, 3);
+                if (kind == DP_L_Q4_K) {
+                    sacc[i] = vfmaq_n_f32(sacc[i], vcvtq_f32_s32(vmulq_s32(LN_ACC_GET(ia), s0)), dx);
+                    smin[i] = vfmaq_n_f32(smin[i], mf, dx * (float)(xs[0] + xs[1]));
+                } else {
+                    acc[i] = vfmaq_f32(acc[i], vmulq_n_f32(d, dx), vcvtq_f32_s32(LN_ACC_GET(ia)));
+                }
+            }
+        }
+        if (kind == DP_L_Q4_K || kind == DP_L_Q6_K) {
+            const float32x4_t dm = kind == DP_L_Q4_K ? vcvt_f32_f16(vreinterpret_f16_u8(vld1_u8(h + 32 + 8 * qd)))
+                                                     : vdupq_n_f32(0.0f);
+            for (int i = 0; i < RR; i++) {
+                acc[i] = vfmaq_f32(acc[i], d, sacc[i]);
+                macc[i] = vfmaq_f32(macc[i], dm, smin[i]);
+            }
+        }
+    }
+    for (int i = 0; i < RR; i++) vst1q_f32(out + (r0 + i) * ldo + 4 * qd, vsubq_f32(acc[i], macc[i]));
+}
+
 static inline __attribute__((always_inline)) void LN_SUFFIX(groups)(const int kind, const uint8_t *w, int64_t g0,
                                                                     int64_t g1, const dp_lact *a, float *out,
                                                                     int64_t ldo) {
     const dp_lkind_info *k = &dp_lkinds[kind];
     const int64_t gstride = a->K / k->sb * (k->header + k->sb / 32 * k->unit);
-    for (int64_t g = g0; g < g1; g++)
-        for (int64_t r = 0; r < a->R; r++) LN_SUFFIX(row)(kind, w + g * gstride, a, r, out + r * ldo + 16 * g, r == 0);
+    for (int64_t g = g0; g < g1; g++) {
+        const uint8_t *gw = w + g * gstride;
+        float *o = out + 16 * g;
+        if (a->R == 1) { /* decode: one pass, each load of a step serving its four quarters */
+            LN_SUFFIX(row)(kind, gw, a, 0, o, 1);
+            continue;
+        }
+        for (int qd = 0; qd < 4; qd++) {
+            int64_t r = 0;
+            for (; r + 4 <= a->R; r += 4) LN_SUFFIX(quarter_pass)(kind, gw, qd, a, r, 4, o, ldo);
+            switch (a->R - r) {
+            case 3: LN_SUFFIX(quarter_pass)(kind, gw, qd, a, r, 3, o, ldo); break;
+            case 2: LN_SUFFIX(quarter_pass)(kind, gw, qd, a, r, 2, o, ldo); break;
+            case 1: LN_SUFFIX(quarter_pass)(kind, gw, qd, a, r, 1, o, ldo); break;
+            default: break;
+            }
+        }
+    }
 }

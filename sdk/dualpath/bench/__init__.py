@@ -17,7 +17,9 @@
 * ``chat``: time to first token per turn of a conversation, its KV reused across turns or not;
 * ``prefix-restart``: time to first token after a kill and restart, for a prefix seen before
   (the prefix cache on disk; llama-server's slot save and restore);
-* ``spec``: speculative decoding (prompt lookup) against plain decoding, beside llama.cpp's.
+* ``spec``: speculative decoding (prompt lookup) against plain decoding, beside llama.cpp's;
+* ``arm``: instructions per generated and per prompt token on aarch64 under qemu-aarch64
+  (a counting plugin of ours), DualPath beside llama.cpp's phone and baseline builds.
 
 A measurement that needs a process of its own runs through ``harness.run_worker``
 (the one isolated-process harness); what several benchmarks share is in
@@ -34,11 +36,11 @@ from __future__ import annotations
 
 def add_bench_parser(sub) -> None:
     """Add ``bench`` and its subcommands to the CLI's subparsers."""
-    from . import (cache, chat, classifier, e2e, kernels, kv_quality, layers, load, memory, power, prefix_restart,
-                   quality, serve, spec, startup)
+    from . import (arm, cache, chat, classifier, e2e, kernels, kv_quality, layers, load, memory, power,
+                   prefix_restart, quality, serve, spec, startup)
 
     b = sub.add_parser("bench", help="benchmarks (side by side with llama.cpp where it applies)")
     bs = b.add_subparsers(dest="bench", required=True)
     for module in (e2e, memory, kernels, classifier, layers, kv_quality, quality, power, cache, serve, load, startup,
-                   chat, prefix_restart, spec):
+                   chat, prefix_restart, spec, arm):
         module.add_parser(bs)
