@@ -21,58 +21,11 @@
  * 128 x the activations' sum by an unsigned one. */
 #define LN_Z(kind) ((kind) == DP_L_Q8_0 ? (LN_UNSIGNED_DOT ? 128 : 0) : dp_lkind_zero_point(kind))
 
-/* The four quarters of step j as the dot takes them (Q8_0 alone needs the sign flip). */
-#define LN_DOT4(kind, acc, w, x, lane)                                                       \
-    do {                                                                                     \
-        for (int q_ = 0; q_ < 4; q_++) {                                                     \
-            const uint8x16_t v_ = (kind) == DP_L_Q8_0 && !LN_UNSIGNED_DOT                    \
-                                      ? veorq_u8((w)[q_], vdupq_n_u8(0x80)) : (w)[q_];        \
-            LN_DOT((acc)[q_], v_, x, lane);                                                  \
-        }                                                                                    \
-    } while (0)
-
-/* Steps 2c (low nibbles) and 2c + 1 (high) of the nibble plane, all four quarters. */
-static inline __attribute__((always_inline)) void LN_SUFFIX(nibbles)(const uint8_t *unit, const int c,
-                                                                     uint8x16_t lo[4], uint8x16_t hi[4]) {
-    const uint8x16x4_t raw = vld1q_u8_x4(unit + 64 * c);
-    for (int q = 0; q < 4; q++) {
-        lo[q] = vandq_u8(raw.val[q], vdupq_n_u8(0x0f));
-        hi[q] = vshrq_n_u8(raw.val[q], 4);
-    }
-}
-
-/* Q5_0: bit 4 of step j's values, quarter q: bits 16 q .. 16 q + 15 of the 64-bit word j.
- * Each of its 2 bytes is spread over 8 lanes (TBL), tested against the lane's bit (CMTST:
- * 0xff where set), and 0xff x 16 = 0xf0 = -16 taken away adds the 16. */
-static inline __attribute__((always_inline)) void LN_SUFFIX(q5_bits)(const uint8_t *unit, const int j,
-                                                                     uint8x16_t w[4]) {
-    static const uint8_t spread[4][16] = {{0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1},
-                                          {2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3},
-                                          {4, 4, 4, 4, 4, 4, 4, 4, 5, 5, 5, 5, 5, 5, 5, 5},
-                                          {6, 6, 6, 6, 6, 6, 6, 6, 7, 7, 7, 7, 7, 7, 7, 7}};
-    const uint8x16_t bits = vreinterpretq_u8_u64(vdupq_n_u64(0x8040201008040201ull));
-    uint64_t word;
-    memcpy(&word, unit + 256 + 8 * j, 8);
-    const uint8x16_t m = vreinterpretq_u8_u64(vdupq_n_u64(word));
-    for (int q = 0; q < 4; q++) {
-        const uint8x16_t set = vtstq_u8(vqtbl1q_u8(m, vld1q_u8(spread[q])), bits);
-        w[q] = vmlsq_u8(w[q], set, vdupq_n_u8(16));
-    }
-}
-
-/* Q6_K: bits 4-5 of step j = 4 a + t sit at bits 2 t of the plane's 64 bytes a. */
-static inline __attribute__((always_inline)) void LN_SUFFIX(q6_bits)(const uint8x16x4_t p, const int t,
-                                                                     uint8x16_t w[4]) {
-    const uint8x16_t mask = vdupq_n_u8(0x30);
-    for (int q = 0; q < 4; q++) {
-        const uint8x16_t s = t == 0 ? vshlq_n_u8(p.val[q], 4) : t == 1 ? vshlq_n_u8(p.val[q], 2)
-                             : t == 2 ? p.val[q] : vshrq_n_u8(p.val[q], 2);
-        w[q] = vbslq_u8(mask, s, w[q]);
-    }
-}
+#define LN_QDOT(kind, acc, w, x, lane) \
+    LN_DOT(acc, (kind) == DP_L_Q8_0 && !LN_UNSIGNED_DOT ? veorq_u8(w, vdupq_n_u8(0x80)) : (w), x, lane)
 
 /* 16 uint8 / int8 (one per row) as four int32x4, rows 4q .. 4q + 3 in [q]. */
-static inline void LN_SUFFIX(u8x16_s32)(const uint8_t *p, int32x4_t o[4]) {
+static inline __attribute__((always_inline)) void LN_SUFFIX(u8x16_s32)(const uint8_t *p, int32x4_t o[4]) {
     const uint8x16_t v = vld1q_u8(p);
     const uint16x8_t lo = vmovl_u8(vget_low_u8(v)), hi = vmovl_high_u8(v);
     o[0] = vreinterpretq_s32_u32(vmovl_u16(vget_low_u16(lo)));
@@ -80,7 +33,7 @@ static inline void LN_SUFFIX(u8x16_s32)(const uint8_t *p, int32x4_t o[4]) {
     o[2] = vreinterpretq_s32_u32(vmovl_u16(vget_low_u16(hi)));
     o[3] = vreinterpretq_s32_u32(vmovl_high_u16(hi));
 }
-static inline void LN_SUFFIX(i8x16_s32)(const uint8_t *p, int32x4_t o[4]) {
+static inline __attribute__((always_inline)) void LN_SUFFIX(i8x16_s32)(const uint8_t *p, int32x4_t o[4]) {
     const int8x16_t v = vreinterpretq_s8_u8(vld1q_u8(p));
     const int16x8_t lo = vmovl_s8(vget_low_s8(v)), hi = vmovl_high_s8(v);
     o[0] = vmovl_s16(vget_low_s16(lo));
@@ -89,59 +42,116 @@ static inline void LN_SUFFIX(i8x16_s32)(const uint8_t *p, int32x4_t o[4]) {
     o[3] = vmovl_high_s16(hi);
 }
 /* 16 fp16 (one per row, FCVTL: baseline AArch64) as four f32x4. */
-static inline void LN_SUFFIX(f16x16)(const uint8_t *p, float32x4_t o[4]) {
-    const uint16x8x2_t h = vld1q_u16_x2((const uint16_t *)p);
-    for (int i = 0; i < 2; i++) {
-        o[2 * i] = vcvt_f32_f16(vreinterpret_f16_u16(vget_low_u16(h.val[i])));
-        o[2 * i + 1] = vcvt_high_f32_f16(vreinterpretq_f16_u16(h.val[i]));
-    }
+static inline __attribute__((always_inline)) void LN_SUFFIX(f16x16)(const uint8_t *p, float32x4_t o[4]) {
+    const uint16x8_t h0 = vld1q_u16((const uint16_t *)p), h1 = vld1q_u16((const uint16_t *)p + 8);
+    o[0] = vcvt_f32_f16(vreinterpret_f16_u16(vget_low_u16(h0)));
+    o[1] = vcvt_high_f32_f16(vreinterpretq_f16_u16(h0));
+    o[2] = vcvt_f32_f16(vreinterpret_f16_u16(vget_low_u16(h1)));
+    o[3] = vcvt_high_f32_f16(vreinterpretq_f16_u16(h1));
 }
 
-/* The 32 dots of one unit against x (32 int8 values in x0, x1): steps 0-3 into acc,
- * 4-7 into acc (or acc2: Q6_K's second half). */
+/* The 32 dots of one unit against x (its 32 int8 values in x0, x1), all four quarters of
+ * a step from one 64-byte load: rows 4q .. 4q + 3 into A[q], Q6_K's second half (steps
+ * 4-7) into B[q]. Written out step by step: the lane of a dot is an immediate, and the
+ * accumulators must stay in registers. */
 static inline __attribute__((always_inline)) void LN_SUFFIX(unit_dots)(const int kind, const uint8_t *unit,
                                                                        const int8x16_t x0, const int8x16_t x1,
-                                                                       LN_ACC acc[4], LN_ACC acc2[4]) {
-    uint8x16_t w[4], w2[4];
+                                                                       LN_ACC A[4], LN_ACC B[4]) {
+    LN_ACC a0 = A[0], a1 = A[1], a2 = A[2], a3 = A[3], b0 = B[0], b1 = B[1], b2 = B[2], b3 = B[3];
+#define LN_D4(P0, P1, P2, P3, V0, V1, V2, V3, X, L) \
+    do {                                            \
+        LN_QDOT(kind, P0, V0, X, L);                \
+        LN_QDOT(kind, P1, V1, X, L);                \
+        LN_QDOT(kind, P2, V2, X, L);                \
+        LN_QDOT(kind, P3, V3, X, L);                \
+    } while (0)
     if (kind == DP_L_Q8_0) {
-#define LN_Q8_STEP(j, x, lane)                                                               \
-    do {                                                                                     \
-        const uint8x16x4_t s_ = vld1q_u8_x4(unit + 64 * (j));                                \
-        for (int q_ = 0; q_ < 4; q_++) w[q_] = s_.val[q_];                                   \
-        LN_DOT4(kind, acc, w, x, lane);                                                      \
+#define LN_Q8(j, X, L)                                                                                  \
+    do {                                                                                                \
+        const uint8_t *p_ = unit + 64 * (j);                                                            \
+        LN_D4(a0, a1, a2, a3, vld1q_u8(p_), vld1q_u8(p_ + 16), vld1q_u8(p_ + 32), vld1q_u8(p_ + 48), X, L); \
     } while (0)
-        LN_Q8_STEP(0, x0, 0); LN_Q8_STEP(1, x0, 1); LN_Q8_STEP(2, x0, 2); LN_Q8_STEP(3, x0, 3);
-        LN_Q8_STEP(4, x1, 0); LN_Q8_STEP(5, x1, 1); LN_Q8_STEP(6, x1, 2); LN_Q8_STEP(7, x1, 3);
-#undef LN_Q8_STEP
-        return;
-    }
-    uint8x16x4_t p = {{vdupq_n_u8(0), vdupq_n_u8(0), vdupq_n_u8(0), vdupq_n_u8(0)}};
-    if (kind == DP_L_Q6_K) p = vld1q_u8_x4(unit + 256);
-    /* Steps 2c and 2c + 1: the nibbles, the kind's fifth and sixth bits, the dots. */
-#define LN_NIBBLE_STEPS(c, x, lane0, lane1, A)                                               \
-    do {                                                                                     \
-        LN_SUFFIX(nibbles)(unit, c, w, w2);                                                  \
-        if (kind == DP_L_Q5_0) {                                                             \
-            LN_SUFFIX(q5_bits)(unit, 2 * (c), w);                                            \
-            LN_SUFFIX(q5_bits)(unit, 2 * (c) + 1, w2);                                       \
-        } else if (kind == DP_L_Q6_K) {                                                      \
-            if ((c) == 2) p = vld1q_u8_x4(unit + 256 + 64);                                  \
-            LN_SUFFIX(q6_bits)(p, (2 * (c)) % 4, w);                                         \
-            LN_SUFFIX(q6_bits)(p, (2 * (c) + 1) % 4, w2);                                    \
-        }                                                                                    \
-        LN_DOT4(kind, A, w, x, lane0);                                                       \
-        LN_DOT4(kind, A, w2, x, lane1);                                                      \
-    } while (0)
-    LN_NIBBLE_STEPS(0, x0, 0, 1, acc);
-    LN_NIBBLE_STEPS(1, x0, 2, 3, acc);
-    if (kind == DP_L_Q6_K) {
-        LN_NIBBLE_STEPS(2, x1, 0, 1, acc2);
-        LN_NIBBLE_STEPS(3, x1, 2, 3, acc2);
+        LN_Q8(0, x0, 0); LN_Q8(1, x0, 1); LN_Q8(2, x0, 2); LN_Q8(3, x0, 3);
+        LN_Q8(4, x1, 0); LN_Q8(5, x1, 1); LN_Q8(6, x1, 2); LN_Q8(7, x1, 3);
+#undef LN_Q8
     } else {
-        LN_NIBBLE_STEPS(2, x1, 0, 1, acc);
-        LN_NIBBLE_STEPS(3, x1, 2, 3, acc);
+        const uint8x16_t m0f = vdupq_n_u8(0x0f), m30 = vdupq_n_u8(0x30), v16 = vdupq_n_u8(16);
+        /* Q5_0: byte 2q (lanes 0-7) and 2q + 1 (lanes 8-15) of step j's 8 bytes of bit 4,
+         * spread by TBL, tested against each lane's bit (CMTST: 0xff where set); taking
+         * 0xff x 16 = 0xf0 away adds the 16 */
+        static const uint8_t spread[64] = {0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
+                                           2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3,
+                                           4, 4, 4, 4, 4, 4, 4, 4, 5, 5, 5, 5, 5, 5, 5, 5,
+                                           6, 6, 6, 6, 6, 6, 6, 6, 7, 7, 7, 7, 7, 7, 7, 7};
+        uint8x16_t t0 = m0f, t1 = m0f, t2 = m0f, t3 = m0f, bits = m0f, p0 = m0f, p1 = m0f, p2 = m0f, p3 = m0f;
+        if (kind == DP_L_Q5_0) {
+            t0 = vld1q_u8(spread), t1 = vld1q_u8(spread + 16), t2 = vld1q_u8(spread + 32), t3 = vld1q_u8(spread + 48);
+            bits = vreinterpretq_u8_u64(vdupq_n_u64(0x8040201008040201ull));
+        }
+#define LN_Q5(j, V0, V1, V2, V3)                                                   \
+    do {                                                                           \
+        uint64_t h_;                                                               \
+        memcpy(&h_, unit + 256 + 8 * (j), 8);                                      \
+        const uint8x16_t m_ = vreinterpretq_u8_u64(vdupq_n_u64(h_));               \
+        V0 = vmlsq_u8(V0, vtstq_u8(vqtbl1q_u8(m_, t0), bits), v16);                \
+        V1 = vmlsq_u8(V1, vtstq_u8(vqtbl1q_u8(m_, t1), bits), v16);                \
+        V2 = vmlsq_u8(V2, vtstq_u8(vqtbl1q_u8(m_, t2), bits), v16);                \
+        V3 = vmlsq_u8(V3, vtstq_u8(vqtbl1q_u8(m_, t3), bits), v16);                \
+    } while (0)
+        /* Q6_K: bits 4-5 of step j = 4 a + t at bits 2 t of the plane's 64 bytes a */
+#define LN_Q6(SHIFT, V0, V1, V2, V3)                 \
+    do {                                             \
+        V0 = vbslq_u8(m30, SHIFT(p0), V0);           \
+        V1 = vbslq_u8(m30, SHIFT(p1), V1);           \
+        V2 = vbslq_u8(m30, SHIFT(p2), V2);           \
+        V3 = vbslq_u8(m30, SHIFT(p3), V3);           \
+    } while (0)
+#define LN_SH0(p) vshlq_n_u8(p, 4)
+#define LN_SH1(p) vshlq_n_u8(p, 2)
+#define LN_SH2(p) (p)
+#define LN_SH3(p) vshrq_n_u8(p, 2)
+        /* Steps 2c (low nibbles) and 2c + 1 (high) of all four quarters. */
+#define LN_NIB(c, X, L0, L1, SHL, SHH, P0, P1, P2, P3)                                                     \
+    do {                                                                                                    \
+        const uint8_t *p_ = unit + 64 * (c);                                                                \
+        const uint8x16_t r0 = vld1q_u8(p_), r1 = vld1q_u8(p_ + 16), r2 = vld1q_u8(p_ + 32),               \
+                         r3 = vld1q_u8(p_ + 48);                                                           \
+        uint8x16_t l0 = vandq_u8(r0, m0f), l1 = vandq_u8(r1, m0f), l2 = vandq_u8(r2, m0f),                \
+                   l3 = vandq_u8(r3, m0f);                                                                 \
+        uint8x16_t h0 = vshrq_n_u8(r0, 4), h1 = vshrq_n_u8(r1, 4), h2 = vshrq_n_u8(r2, 4),                \
+                   h3 = vshrq_n_u8(r3, 4);                                                                 \
+        if (kind == DP_L_Q5_0) {                                                                            \
+            LN_Q5(2 * (c), l0, l1, l2, l3);                                                                 \
+            LN_Q5(2 * (c) + 1, h0, h1, h2, h3);                                                             \
+        } else if (kind == DP_L_Q6_K) {                                                                     \
+            LN_Q6(SHL, l0, l1, l2, l3);                                                                     \
+            LN_Q6(SHH, h0, h1, h2, h3);                                                                     \
+        }                                                                                                   \
+        LN_D4(P0, P1, P2, P3, l0, l1, l2, l3, X, L0);                                                       \
+        LN_D4(P0, P1, P2, P3, h0, h1, h2, h3, X, L1);                                                       \
+    } while (0)
+        if (kind == DP_L_Q6_K)
+            p0 = vld1q_u8(unit + 256), p1 = vld1q_u8(unit + 272), p2 = vld1q_u8(unit + 288), p3 = vld1q_u8(unit + 304);
+        LN_NIB(0, x0, 0, 1, LN_SH0, LN_SH1, a0, a1, a2, a3);
+        LN_NIB(1, x0, 2, 3, LN_SH2, LN_SH3, a0, a1, a2, a3);
+        if (kind == DP_L_Q6_K) {
+            p0 = vld1q_u8(unit + 320), p1 = vld1q_u8(unit + 336), p2 = vld1q_u8(unit + 352), p3 = vld1q_u8(unit + 368);
+            LN_NIB(2, x1, 0, 1, LN_SH0, LN_SH1, b0, b1, b2, b3);
+            LN_NIB(3, x1, 2, 3, LN_SH2, LN_SH3, b0, b1, b2, b3);
+        } else {
+            LN_NIB(2, x1, 0, 1, LN_SH0, LN_SH1, a0, a1, a2, a3);
+            LN_NIB(3, x1, 2, 3, LN_SH2, LN_SH3, a0, a1, a2, a3);
+        }
+#undef LN_NIB
+#undef LN_Q5
+#undef LN_Q6
+#undef LN_SH0
+#undef LN_SH1
+#undef LN_SH2
+#undef LN_SH3
     }
-#undef LN_NIBBLE_STEPS
+#undef LN_D4
+    A[0] = a0, A[1] = a1, A[2] = a2, A[3] = a3, B[0] = b0, B[1] = b1, B[2] = b2, B[3] = b3;
 }
 
 /* One activation row r against one group of 16 rows (gw: the group's first superblock):
@@ -157,14 +167,14 @@ static inline __attribute__((always_inline)) void LN_SUFFIX(row)(const int kind,
     const int32_t *xs = a->xs + r * (K / 16);
     const float *xd = a->xd + r * (K / 32);
     float32x4_t acc[4], macc[4];
+#pragma GCC unroll 4
     for (int q = 0; q < 4; q++) acc[q] = macc[q] = vdupq_n_f32(0.0f);
     for (int64_t s = 0; s < nsb; s++) {
         const uint8_t *h = gw + s * sbb;
         if (prefetch) dp_lprefetch(h, k->header);
-        float32x4_t d[4];
-        LN_SUFFIX(f16x16)(h, d);
-        /* Q4_K: sum over the superblock's units of dx sc dot (and of dx sum m), then d (dmin) */
+        /* Q4_K, Q6_K: sums over the superblock's units of dx sc dot (and of dx sum m), then d (dmin) */
         float32x4_t sacc[4], smin[4];
+#pragma GCC unroll 4
         for (int q = 0; q < 4; q++) sacc[q] = smin[q] = vdupq_n_f32(0.0f);
         for (int64_t b = 0; b < units; b++) {
             const uint8_t *unit = h + k->header + b * k->unit;
@@ -174,15 +184,19 @@ static inline __attribute__((always_inline)) void LN_SUFFIX(row)(const int kind,
             const float dx = xd[kb];
             LN_ACC ia[4], ib[4];
             const int32x4_t init = vdupq_n_s32(kind == DP_L_Q6_K ? -32 * xs[2 * kb] : -z * (xs[2 * kb] + xs[2 * kb + 1]));
-            for (int q = 0; q < 4; q++) LN_ACC_SET(ia[q], init);
-            if (kind == DP_L_Q6_K)
-                for (int q = 0; q < 4; q++) LN_ACC_SET(ib[q], vdupq_n_s32(-32 * xs[2 * kb + 1]));
+            const int32x4_t init_b = vdupq_n_s32(kind == DP_L_Q6_K ? -32 * xs[2 * kb + 1] : 0);
+#pragma GCC unroll 4
+            for (int q = 0; q < 4; q++) {
+                LN_ACC_SET(ia[q], init);
+                LN_ACC_SET(ib[q], init_b);
+            }
             LN_SUFFIX(unit_dots)(kind, unit, x0, x1, ia, ib);
             if (kind == DP_L_Q4_K) {
                 int32x4_t sc[4], m[4];
                 LN_SUFFIX(u8x16_s32)(h + 64 + 16 * b, sc);
                 LN_SUFFIX(u8x16_s32)(h + 192 + 16 * b, m);
                 const float t = dx * (float)(xs[2 * kb] + xs[2 * kb + 1]);
+#pragma GCC unroll 4
                 for (int q = 0; q < 4; q++) {
                     sacc[q] = vfmaq_n_f32(sacc[q], vcvtq_f32_s32(vmulq_s32(LN_ACC_GET(ia[q]), sc[q])), dx);
                     smin[q] = vfmaq_n_f32(smin[q], vcvtq_f32_s32(m[q]), t);
@@ -191,25 +205,31 @@ static inline __attribute__((always_inline)) void LN_SUFFIX(row)(const int kind,
                 int32x4_t s0[4], s1[4];
                 LN_SUFFIX(i8x16_s32)(h + 32 + 16 * (2 * b), s0);
                 LN_SUFFIX(i8x16_s32)(h + 32 + 16 * (2 * b + 1), s1);
+#pragma GCC unroll 4
                 for (int q = 0; q < 4; q++) {
                     const int32x4_t v = vmlaq_s32(vmulq_s32(LN_ACC_GET(ia[q]), s0[q]), LN_ACC_GET(ib[q]), s1[q]);
                     sacc[q] = vfmaq_n_f32(sacc[q], vcvtq_f32_s32(v), dx);
                 }
             } else { /* one scale d a unit (the superblock is the unit) */
-                for (int q = 0; q < 4; q++) acc[q] = vfmaq_f32(acc[q], vmulq_n_f32(d[q], dx), vcvtq_f32_s32(LN_ACC_GET(ia[q])));
+                float32x4_t d[4];
+                LN_SUFFIX(f16x16)(h, d);
+#pragma GCC unroll 4
+                for (int q = 0; q < 4; q++)
+                    acc[q] = vfmaq_f32(acc[q], vmulq_n_f32(d[q], dx), vcvtq_f32_s32(LN_ACC_GET(ia[q])));
             }
         }
-        if (kind == DP_L_Q4_K) {
-            float32x4_t dm[4];
-            LN_SUFFIX(f16x16)(h + 32, dm);
+        if (kind == DP_L_Q4_K || kind == DP_L_Q6_K) {
+            float32x4_t d[4], dm[4];
+            LN_SUFFIX(f16x16)(h, d);
+            if (kind == DP_L_Q4_K) LN_SUFFIX(f16x16)(h + 32, dm);
+#pragma GCC unroll 4
             for (int q = 0; q < 4; q++) {
                 acc[q] = vfmaq_f32(acc[q], d[q], sacc[q]);
-                macc[q] = vfmaq_f32(macc[q], dm[q], smin[q]);
+                if (kind == DP_L_Q4_K) macc[q] = vfmaq_f32(macc[q], dm[q], smin[q]);
             }
-        } else if (kind == DP_L_Q6_K) {
-            for (int q = 0; q < 4; q++) acc[q] = vfmaq_f32(acc[q], d[q], sacc[q]);
         }
     }
+#pragma GCC unroll 4
     for (int q = 0; q < 4; q++) vst1q_f32(out + 4 * q, vsubq_f32(acc[q], macc[q]));
 }
 
@@ -228,7 +248,7 @@ static inline __attribute__((always_inline)) void LN_SUFFIX(quarter)(const int k
         w[2 * c] = vandq_u8(raw, vdupq_n_u8(0x0f));
         w[2 * c + 1] = vshrq_n_u8(raw, 4);
     }
-    if (kind == DP_L_Q5_0) { /* lmatmul_neon_body.h's q5_bits, for the quarter's 2 bytes */
+    if (kind == DP_L_Q5_0) { /* as unit_dots, for the quarter's 2 bytes */
         static const uint8_t spread[16] = {0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1};
         const uint8x16_t bits = vreinterpretq_u8_u64(vdupq_n_u64(0x8040201008040201ull)), idx = vld1q_u8(spread);
         for (int j = 0; j < 8; j++) {
@@ -248,9 +268,6 @@ static inline __attribute__((always_inline)) void LN_SUFFIX(quarter)(const int k
         }
     }
 }
-
-#define LN_QDOT(kind, acc, w, x, lane) \
-    LN_DOT(acc, (kind) == DP_L_Q8_0 && !LN_UNSIGNED_DOT ? veorq_u8(w, vdupq_n_u8(0x80)) : (w), x, lane)
 
 /* 4 bytes (one per row) as an int32x4. */
 static inline int32x4_t LN_SUFFIX(u8x4_s32)(const uint8_t *p) {

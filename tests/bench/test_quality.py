@@ -48,7 +48,8 @@ def test_quality_on_a_file_quantized_by_llama_cpp(gguf_path, tmp_path, capsys):
     assert main(["bench", "quality", "-m", path, "-t", "1", "--json", str(out)]) == 0
     res = json.loads(out.read_text())
     assert res["text_tokens"] == res["tokens"] >= 150 and res["scored"] == res["tokens"] - 1
-    assert res["engines"] == ["dualpath", "llama.cpp"]
+    assert res["engines"] == ["dualpath", "llama.cpp FA off", "llama.cpp FA on"]  # two arithmetics, both reported
+    assert res["references"] == ["exact (dualpath)", "exact (llama.cpp)"] and res["exact_setting"] == "FA off"
     agree = res["references_agree"]  # one exact model, run by two engines
     assert agree["mean_kl"] < 1e-4 and agree["top1"] > 0.99
     for engine in res["engines"]:
@@ -59,6 +60,7 @@ def test_quality_on_a_file_quantized_by_llama_cpp(gguf_path, tmp_path, capsys):
             assert 1 < row["ppl"] < 512
     text = capsys.readouterr().out
     assert "the two exact runs against each other" in text and "the model's context" not in text
+    assert "llama.cpp is closer to the exact model with FA o" in text and res["build"] in text
 
 
 def test_quality_refuses_an_empty_text_and_cuts_a_long_one_to_the_context(gguf_path, tmp_path, capsys):

@@ -1,7 +1,9 @@
 """The worker of ``dualpath bench startup``, run as a script in a fresh ``python``
 (``python _startup_worker.py JSON``), so that a peer's process imports nothing of
 DualPath and DualPath's imports only what ``from dualpath import LLM`` does: the
-start-up measured is each engine's own. Prints one JSON line.
+start-up measured is each engine's own. Prints one JSON line. llama.cpp's runs may use
+the interpreter of another environment (``--peer-python``): that branch needs only
+llama_cpp and numpy.
 
 Stdlib imports only at module level.
 """
@@ -27,8 +29,9 @@ def _vm(name: str) -> float:
 
 
 def worker(engine: str, model: str, threads: int, tokens: int, spawned_at: float, cache_dir: str = "",
-           ortgenai_dir: str = "") -> dict:
-    """Load ``model`` and generate ``tokens`` greedily; seconds from ``spawned_at``."""
+           ortgenai_dir: str = "", flash_attn: bool = False) -> dict:
+    """Load ``model`` and generate ``tokens`` greedily; seconds from ``spawned_at``.
+    ``flash_attn``: llama.cpp's flash attention (llama-cpp-python's default is off)."""
     if engine == "dualpath":
         os.environ["DUALPATH_CACHE_DIR"] = cache_dir
         from dualpath.config import load_config
@@ -48,7 +51,8 @@ def worker(engine: str, model: str, threads: int, tokens: int, spawned_at: float
         import llama_cpp
         import numpy as np
 
-        llm = llama_cpp.Llama(model, n_ctx=512, n_threads=threads, n_threads_batch=threads, verbose=False)
+        llm = llama_cpp.Llama(model, n_ctx=512, n_threads=threads, n_threads_batch=threads, flash_attn=flash_attn,
+                              verbose=False)
         loaded_at, load_peak = time.time(), _vm("VmHWM")
         n_vocab = llm.n_vocab()
         ids = llm.tokenize(PROMPT.encode(), add_bos=True)

@@ -10,7 +10,7 @@ import socket
 import statistics
 import sys
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -68,6 +68,22 @@ def median_of(rows: Iterable[dict], key: str) -> float:
 def medians(rows: Sequence[dict], keys: Iterable[str]) -> dict[str, float]:
     """The median over ``rows`` of each of ``keys``."""
     return {k: median_of(rows, k) for k in keys}
+
+
+def best_of(settings: Mapping[str, Mapping[str, float]], higher: Iterable[str] = (),
+            lower: Iterable[str] = ()) -> dict:
+    """One engine at its best over several settings of its own (``settings``: setting ->
+    figures, e.g. the medians with flash attention off and on): each key of ``higher`` the
+    largest, each of ``lower`` the smallest, with ``best[key]`` naming the setting it came
+    from. The settings may differ from figure to figure; a tie goes to the first setting."""
+    if not settings:
+        raise ValueError("best_of: no settings to choose from")
+    out: dict[str, Any] = {"best": {}}
+    for keys, better in ((higher, max), (lower, min)):
+        for key in keys:
+            name = better(settings, key=lambda s: settings[s][key])  # max/min keep the first of equals
+            out[key], out["best"][key] = settings[name][key], name
+    return out
 
 
 def percentile_ms(seconds: Sequence[float], q: float, empty: float | None = None) -> float | None:

@@ -4,26 +4,38 @@ It measures prefill and decode tokens/s of DualPath, of llama.cpp
 (llama-cpp-python) and of onnxruntime-genai on the same file, with the same
 prompt ids, thread count and chunk, interleaving the engines run by run (never
 two at once) and quoting medians (this machine is noisy). Each run is a fresh
-process (``harness.run_worker``; onnxruntime-genai's in its own environment,
-``ortgenai.py``), so its peak resident memory (ru_maxrss) is that engine's alone.
+process (``harness.run_worker``; llama.cpp's and onnxruntime-genai's in their own
+environments, ``llamacpp.py`` and ``ortgenai.py``), so its peak resident memory
+(ru_maxrss) is that engine's alone.
+
+llama.cpp runs at its best (``llamacpp.py``): flash attention off and on, the faster
+quoted for each figure, and its build printed beside the figures. ``--isa laptop``
+runs both engines as on a laptop without AVX-512: DualPath with
+``DUALPATH_DISABLE_CPU_FEATURES=avx512``, beside a llama.cpp built for AVX2 (+ AVX-VNNI),
+which it requires. ONNX Runtime has no such switch: the parts of DualPath it runs keep
+its own choice of ISA (AVX-512 where the CPU has it), and the bench says so.
 """
 
 from __future__ import annotations
 
 import os
+import platform
 import shutil
 import sys
 import tempfile
-import time
 
 from ..config import ORT_THREAD_POOLS
-from . import ortgenai
-from .common import interleaved, medians, peak_rss_mb, random_prompt, write_json
+from . import llamacpp, ortgenai
+from .common import best_of, interleaved, medians, peak_rss_mb, random_prompt, write_json
 from .harness import run_worker
 
-ENGINES = ("dualpath", "llama.cpp")
 TIMEOUT_S = 1800.0
 """Wall-clock limit of one measurement."""
+DISABLE_ENV = "DUALPATH_DISABLE_CPU_FEATURES"
+LAPTOP_DISABLED = "avx512"
+"""What ``--isa laptop`` turns off in DualPath's kernels (``DUALPATH_DISABLE_CPU_FEATURES``)."""
+FIGURES = ("prefill_tps", "decode_tps", "peak_rss_mb")
+LABELS = {"prefill_tps": "prefill", "decode_tps": "decode", "peak_rss_mb": "peak RSS"}
 
 
 WARM_TOKENS, WARM_STEPS = 64, 4
@@ -33,94 +45,127 @@ run's context)."""
 
 
 def worker(engine: str, model: str, ctx: int, decode: int, threads: int, chunk: int) -> dict:
-    """One measurement: prefill ``ctx`` tokens, then decode ``decode`` tokens greedily."""
-    if engine == "dualpath" or engine.startswith("dualpath "):
-        from ..config import load_config
-        from ..llm import LLM
-        from ..runtime.sampler import SamplingParams
+    """One DualPath measurement: prefill ``ctx`` tokens, then decode ``decode`` tokens greedily.
+    ``engine``: ``dualpath`` and words of ``dualpath_engines`` (llama.cpp's runs are
+    ``llamacpp.py``'s)."""
+    if engine != "dualpath" and not engine.startswith("dualpath "):
+        raise ValueError(f"unknown engine {engine!r}: dualpath, with words of dualpath_engines")
+    from ..config import load_config
+    from ..kernels import default_kernel
+    from ..llm import LLM
+    from ..runtime.sampler import SamplingParams
 
-        overrides = {"runtime.num_threads": threads, "runtime.max_context_tokens": ctx + decode + 1,
-                     "runtime.prefill_chunk_tokens": chunk}
-        store = None
-        for word in engine.split()[1:]:  # "dualpath q8 per_part disk": that KV type, those ORT pools, a store
-            if word == "disk":  # prompt pages written to an empty prefix store as the run goes
-                store = tempfile.mkdtemp(prefix="dualpath-e2e-prefix-")
-                overrides["prefix_cache.use"], overrides["prefix_cache.dir"] = "always", store
-                continue
-            key = "runtime.ort_thread_pools" if word in ORT_THREAD_POOLS else "dualpath_config.kv_dtype"
-            overrides[key] = word
-        cfg = load_config(None, overrides)
-        llm = LLM(model, cfg)
-        rss_loaded = peak_rss_mb()
-        prompt = random_prompt(llm.spec.config.vocab_size, ctx)
-        # The warm-up every engine gets (onnxruntime-genai's worker too): 64 prompt tokens
-        # and 4 decoded, discarded; another seed, so that no prefix of it is reused.
-        llm.generate(random_prompt(llm.spec.config.vocab_size, min(WARM_TOKENS, ctx), seed=99),
-                     SamplingParams(temperature=0, max_tokens=min(WARM_STEPS, decode + 1), ignore_eos=True))
-        c = llm.generate(prompt, SamplingParams(temperature=0, max_tokens=decode + 1, ignore_eos=True))
-        if store:
-            llm.prefix_store.close()
-            shutil.rmtree(store, ignore_errors=True)
-        return {"prefill_tps": c.timings.prefill_tokens_per_s, "decode_tps": c.timings.decode_tokens_per_s,
-                "peak_rss_mb": peak_rss_mb(), "loaded_rss_mb": rss_loaded}
-    if engine == "llama.cpp":
-        import llama_cpp
-        import numpy as np
+    overrides = {"runtime.num_threads": threads, "runtime.max_context_tokens": ctx + decode + 1,
+                 "runtime.prefill_chunk_tokens": chunk}
+    store = None
+    for word in engine.split()[1:]:  # "dualpath q8 per_part disk": that KV type, those ORT pools, a store
+        if word == "disk":  # prompt pages written to an empty prefix store as the run goes
+            store = tempfile.mkdtemp(prefix="dualpath-e2e-prefix-")
+            overrides["prefix_cache.use"], overrides["prefix_cache.dir"] = "always", store
+            continue
+        key = "runtime.ort_thread_pools" if word in ORT_THREAD_POOLS else "dualpath_config.kv_dtype"
+        overrides[key] = word
+    cfg = load_config(None, overrides)
+    llm = LLM(model, cfg)
+    rss_loaded = peak_rss_mb()
+    prompt = random_prompt(llm.spec.config.vocab_size, ctx)
+    # The warm-up every engine gets (llama.cpp's and onnxruntime-genai's workers too): 64
+    # prompt tokens and 4 decoded, discarded; another seed, so that no prefix of it is reused.
+    llm.generate(random_prompt(llm.spec.config.vocab_size, min(WARM_TOKENS, ctx), seed=99),
+                 SamplingParams(temperature=0, max_tokens=min(WARM_STEPS, decode + 1), ignore_eos=True))
+    c = llm.generate(prompt, SamplingParams(temperature=0, max_tokens=decode + 1, ignore_eos=True))
+    if store:
+        llm.prefix_store.close()
+        shutil.rmtree(store, ignore_errors=True)
+    return {"prefill_tps": c.timings.prefill_tokens_per_s, "decode_tps": c.timings.decode_tokens_per_s,
+            "peak_rss_mb": peak_rss_mb(), "loaded_rss_mb": rss_loaded, "kernel": default_kernel()}
 
-        llm = llama_cpp.Llama(model, n_ctx=ctx + decode + 8, n_threads=threads, n_threads_batch=threads,
-                              n_batch=chunk, n_ubatch=chunk, verbose=False)
-        rss_loaded = peak_rss_mb()
-        prompt = random_prompt(llm.n_vocab(), ctx)
-        n_vocab = llm.n_vocab()
 
-        def last_logits():  # the raw logits of the last evaluated token, no copy
-            ptr = llama_cpp.llama_get_logits_ith(llm.ctx, -1)
-            return np.ctypeslib.as_array(ptr, shape=(n_vocab,))
-
-        llm.eval(random_prompt(n_vocab, min(WARM_TOKENS, ctx), seed=99))  # every engine's warm-up
-        token = int(np.argmax(last_logits()))
-        for _ in range(min(WARM_STEPS, decode + 1)):
-            llm.eval([token])
-            token = int(np.argmax(last_logits()))
-        llm.reset()  # positions from 0 again: the prompt overwrites the warm-up's cache cells
-        t0 = time.perf_counter()
-        llm.eval(prompt)
-        t1 = time.perf_counter()
-        token = int(np.argmax(last_logits()))
-        for _ in range(decode):
-            llm.eval([token])
-            token = int(np.argmax(last_logits()))
-        t2 = time.perf_counter()
-        return {"prefill_tps": ctx / (t1 - t0), "decode_tps": decode / (t2 - t1),
-                "peak_rss_mb": peak_rss_mb(), "loaded_rss_mb": rss_loaded}
-    raise ValueError(f"unknown engine {engine!r}: one of {', '.join(ENGINES)}")
+def llama_cpp_inputs(peer: llamacpp.LlamaCppPeer, model: str, ctx: int, decode: int) -> dict:
+    """The prompt and warm-up of llama.cpp's runs on ``model``: DualPath's ids (the same seeds
+    over llama.cpp's vocabulary of the file)."""
+    vocab = peer.vocab_size(model)
+    return {"prompt": random_prompt(vocab, ctx), "warm_prompt": random_prompt(vocab, min(WARM_TOKENS, ctx), seed=99),
+            "warm_steps": min(WARM_STEPS, decode + 1)}
 
 
 def run_e2e(models: list[str], ctx: int, decode: int, threads: int, repeats: int, engines: list[str],
-            chunk: int, ortgenai_peer: ortgenai.OrtGenaiPeer | None = None,
-            ortgenai_models: dict[str, ortgenai.OrtGenaiModel] | None = None) -> list[dict]:
+            chunk: int, llama_peer: llamacpp.LlamaCppPeer | None = None,
+            ortgenai_peer: ortgenai.OrtGenaiPeer | None = None,
+            ortgenai_models: dict[str, ortgenai.OrtGenaiModel] | None = None,
+            dualpath_env: dict[str, str] | None = None) -> list[dict]:
     """One row per model and engine: medians of ``repeats`` interleaved runs. ``engines``
-    are ``worker``'s; onnxruntime-genai is measured too on the models that have a built
-    model in ``ortgenai_models`` (``OrtGenaiPeer.prepare``)."""
+    are ``worker``'s (DualPath's), run with ``dualpath_env`` set; llama.cpp is measured
+    when ``llama_peer`` is given, each flash attention setting a variant of the
+    interleave, in one row (``llama_cpp_row``); onnxruntime-genai on the models that have
+    a built model in ``ortgenai_models`` (``OrtGenaiPeer.prepare``)."""
     rows = []
     for model in models:
         ort_model = (ortgenai_models or {}).get(model)
-        model_engines = list(engines) + ([ortgenai.ENGINE] if ort_model is not None else [])
+        llama_in = llama_cpp_inputs(llama_peer, model, ctx, decode) if llama_peer is not None else None
+        variants = list(engines) + (llamacpp.variants() if llama_in else []) + \
+            ([ortgenai.ENGINE] if ort_model is not None else [])
 
-        def measure(engine: str) -> dict:
-            if engine == ortgenai.ENGINE:
+        def measure(variant: str) -> dict:
+            setting = llamacpp.setting_of(variant)
+            if setting is not None:
+                return llama_peer.measure(model, **llama_in, decode=decode, threads=threads, chunk=chunk,
+                                          setting=setting)
+            if variant == ortgenai.ENGINE:
                 return ortgenai_peer.measure(ort_model, random_prompt(ort_model.vocab_size, ctx), decode, threads,
                                              chunk)
-            return run_worker(worker, {"engine": engine, "model": model, "ctx": ctx, "decode": decode,
-                                       "threads": threads, "chunk": chunk}, timeout_s=TIMEOUT_S)
+            return run_worker(worker, {"engine": variant, "model": model, "ctx": ctx, "decode": decode,
+                                       "threads": threads, "chunk": chunk}, env=dualpath_env, timeout_s=TIMEOUT_S)
 
-        for engine, s in interleaved(model_engines, repeats, measure).items():
-            row = {"model": os.path.basename(model), "engine": engine, "ctx": ctx, "threads": threads,
-                   **medians(s, ("prefill_tps", "decode_tps", "peak_rss_mb")), "runs": len(s)}
-            if engine == ortgenai.ENGINE:
-                row["precision"] = ort_model.precision
-            rows.append(row)
+        runs = interleaved(variants, repeats, measure)
+        base = {"model": os.path.basename(model), "ctx": ctx, "threads": threads}
+        for engine in engines:
+            rows.append({**base, "engine": engine, **medians(runs[engine], FIGURES), "runs": len(runs[engine]),
+                         "kernel": runs[engine][0]["kernel"]})
+        if llama_in:
+            rows.append(llama_cpp_row(base, runs, llama_peer))
+        if ort_model is not None:
+            s = runs[ortgenai.ENGINE]
+            rows.append({**base, "engine": ortgenai.ENGINE, **medians(s, FIGURES), "runs": len(s),
+                         "precision": ort_model.precision})
     return rows
+
+
+def llama_cpp_row(base: dict, runs: dict[str, list[dict]], peer: llamacpp.LlamaCppPeer) -> dict:
+    """llama.cpp's row: the faster flash attention setting for each figure (the smaller peak
+    RSS), ``flash_attn`` naming the setting each came from, ``settings`` the medians of each,
+    and the peer's build."""
+    settings = {llamacpp.setting_of(v): medians(runs[v], FIGURES) for v in llamacpp.variants()}
+    best = best_of(settings, higher=("prefill_tps", "decode_tps"), lower=("peak_rss_mb",))
+    return {**base, "engine": llamacpp.ENGINE, **{k: best[k] for k in FIGURES},
+            "runs": len(runs[llamacpp.variants()[0]]), "flash_attn": best["best"], "settings": settings,
+            "llama_cpp_python": peer.version, "python": peer.python, "build": peer.system_info}
+
+
+def laptop_env(disabled: str) -> dict[str, str]:
+    """DualPath's environment under ``--isa laptop``: ``disabled`` (the value of
+    DUALPATH_DISABLE_CPU_FEATURES already set, may be empty) with avx512 added."""
+    names = [n for n in disabled.replace(" ", ",").split(",") if n]
+    return {DISABLE_ENV: ",".join(names + ([] if LAPTOP_DISABLED in names else [LAPTOP_DISABLED]))}
+
+
+def _prepare_llama_cpp(args) -> llamacpp.LlamaCppPeer | None:
+    """The llama.cpp peer of ``--peer-python`` (else the default), its build printed (stderr,
+    before the runs start) with a warning per problem. A peer named explicitly that cannot
+    run, and under ``--isa laptop`` a build with AVX-512 or AMX, are errors; a default
+    environment without llama-cpp-python is a notice and no llama.cpp row."""
+    python = args.peer_python or llamacpp.default_python(args.isa)
+    try:
+        peer = llamacpp.probe(python, args.isa)
+    except llamacpp.Unavailable as e:
+        if args.peer_python or args.isa == "laptop":
+            raise llamacpp.PeerError(f"the llama.cpp peer: {e}") from None
+        print(f"dualpath bench: llama.cpp skipped: {e}", file=sys.stderr)
+        return None
+    llamacpp.print_build(peer, sys.stderr)
+    if args.isa == "laptop":
+        llamacpp.require_laptop_build(peer)
+    return peer
 
 
 def _prepare_ortgenai(args) -> tuple[ortgenai.OrtGenaiPeer | None, dict]:
@@ -160,30 +205,46 @@ def dualpath_engines(kv_dtypes: str, ort_pools: str = "shared", prefix_cache: st
 
 
 def cmd_bench_e2e(args) -> int:
-    ours = dualpath_engines(args.kv_dtype, args.ort_pools, args.prefix_cache)
-    engines = ours + ([] if args.no_peer else ["llama.cpp"])
-    if not args.no_peer:
-        try:
-            import llama_cpp  # noqa: F401  (availability check)
-        except ImportError:
-            print("dualpath bench: llama-cpp-python is not installed; measuring without llama.cpp "
-                  "(pip install llama-cpp-python, or pass --no-peer)", file=sys.stderr)
-            engines = ours
+    engines = dualpath_engines(args.kv_dtype, args.ort_pools, args.prefix_cache)
+    env = None
+    if args.isa == "laptop":
+        if platform.machine().lower() not in ("x86_64", "amd64"):
+            raise llamacpp.PeerError(f"--isa laptop models an x86-64 laptop (AVX2, no AVX-512); this machine is "
+                                     f"{platform.machine()}")
+        env = laptop_env(os.environ.get(DISABLE_ENV, ""))
+    llama_peer = None if args.no_peer else _prepare_llama_cpp(args)
     peer, ort_models = (None, {}) if args.no_peer or args.no_ortgenai else _prepare_ortgenai(args)
     rows = run_e2e(args.model, args.ctx, args.decode, args.threads, args.repeats, engines, args.chunk,
-                   peer, ort_models)
+                   llama_peer, peer, ort_models, env)
     print(f"median of {args.repeats} runs, {args.threads} threads, prompt {args.ctx} tokens, "
-          f"then {args.decode} decoded tokens")
+          f"then {args.decode} decoded tokens; ISA: {args.isa}")
     w = max([10] + [len(r["engine"]) for r in rows])
     print(f"{'model':<34} {'engine':<{w}} {'prefill tok/s':>14} {'decode tok/s':>13} {'peak RSS MiB':>13}")
     for r in rows:
         print(f"{r['model']:<34} {r['engine']:<{w}} {r['prefill_tps']:>14.1f} {r['decode_tps']:>13.1f} "
               f"{r['peak_rss_mb']:>13.1f}")
+    _print_notes(rows, env, llama_peer, ort_models)
+    write_json(args.json, rows)
+    return 0
+
+
+def _print_notes(rows: list[dict], env: dict | None, llama_peer, ort_models: dict) -> None:
+    """What the table's figures came from: DualPath's kernels, llama.cpp's settings and build."""
+    kernels = sorted({r["kernel"] for r in rows if "kernel" in r})
+    disabled = f" ({DISABLE_ENV}={env[DISABLE_ENV]}; ONNX Runtime keeps its own ISA choice, AVX-512 " \
+               f"where the CPU has it: it has no switch)" if env else ""
+    print(f"dualpath: {', '.join(kernels)} kernels{disabled}")
+    for r in rows:
+        if r["engine"] == llamacpp.ENGINE:
+            each = "; ".join(f"{setting} {m['prefill_tps']:.1f} / {m['decode_tps']:.1f} / {m['peak_rss_mb']:.1f}"
+                             for setting, m in r["settings"].items())
+            print(f"llama.cpp on {r['model']}: the better of flash attention off and on for each figure: "
+                  f"{llamacpp.best_line(r['flash_attn'], LABELS)} ({each})")
+    if llama_peer is not None:
+        llamacpp.print_build(llama_peer)
     for m in ort_models.values():
         print(f"{ortgenai.ENGINE} ran its {m.precision} model of {os.path.basename(m.gguf_path)}, made by its own "
               f"model builder")
-    write_json(args.json, rows)
-    return 0
 
 
 def _comma_choices(text: str, choices, what: str) -> str:
@@ -215,6 +276,14 @@ def add_parser(bs) -> None:
     e.add_argument("--chunk", type=int, default=512, help="prefill batch / chunk size for every engine")
     e.add_argument("-r", "--repeats", type=int, default=3)
     e.add_argument("--no-peer", action="store_true", help="measure DualPath only")
+    e.add_argument("--peer-python", metavar="PATH",
+                   help="interpreter of an environment whose llama-cpp-python is the llama.cpp to compare with "
+                        f"(default: ${llamacpp.PYTHON_ENV}, for --isa laptop ${llamacpp.LAPTOP_PYTHON_ENV}, else "
+                        f"this one); {llamacpp.SETUP_SCRIPT} full|laptop builds one")
+    e.add_argument("--isa", choices=llamacpp.ISAS, default="full",
+                   help="full: every ISA of this CPU for both engines (never AMX); laptop: as on a laptop "
+                        "without AVX-512 (DualPath with DUALPATH_DISABLE_CPU_FEATURES=avx512, llama.cpp built "
+                        "for AVX2 + AVX-VNNI, which it requires)")
     e.add_argument("--kv-dtype", default="f16", type=_kv_dtypes,
                    help="DualPath's KV cache types, comma-separated: one DualPath row each (default f16; "
                         "f16,q8 puts the int8 cache beside it)")

@@ -18,13 +18,15 @@ model, prefills ``--ctx`` random tokens and decodes ``--decode``. The parts:
 
 The process's mappings at the end are also summed by kind (/proc/self/smaps):
 anonymous, the heap, the entry's weight files, libraries. ``--peer`` adds llama.cpp's
-peak for the same file and context (bench e2e's worker).
+peak for the same file and context (bench e2e's run, flash attention off: llama-cpp-python's
+default), in the environment of ``$DUALPATH_LLAMACPP_PYTHON`` else this one (``llamacpp.py``).
 """
 
 from __future__ import annotations
 
 import os
 
+from . import llamacpp
 from .common import interleaved, medians, random_prompt, write_json
 from .harness import run_worker
 
@@ -106,18 +108,31 @@ def worker(model: str, ctx: int, decode: int, threads: int, chunk: int) -> dict:
             "kinds": _mapped_kinds()}
 
 
-def _llama_cpp_peak(model: str, ctx: int, decode: int, threads: int, chunk: int) -> dict:
-    from .e2e import worker as e2e_worker
+LLAMA_CPP_SETTING = "FA off"
+"""llama.cpp's flash attention setting here: llama-cpp-python's default."""
 
-    return run_worker(e2e_worker, {"engine": "llama.cpp", "model": model, "ctx": ctx, "decode": decode,
-                                   "threads": threads, "chunk": chunk}, timeout_s=TIMEOUT_S)
+
+def _llama_cpp_peak(peer: llamacpp.LlamaCppPeer, model: str, ctx: int, decode: int, threads: int,
+                    chunk: int) -> dict:
+    from .e2e import llama_cpp_inputs
+
+    return peer.measure(model, **llama_cpp_inputs(peer, model, ctx, decode), decode=decode, threads=threads,
+                        chunk=chunk, setting=LLAMA_CPP_SETTING)
+
+
+def _llama_cpp_peer() -> llamacpp.LlamaCppPeer:
+    try:
+        return llamacpp.probe(llamacpp.default_python())
+    except llamacpp.Unavailable as e:
+        raise llamacpp.PeerError(f"--peer: {e}") from None
 
 
 def cmd_bench_memory(args) -> int:
     kw = {"model": args.model, "ctx": args.ctx, "decode": args.decode, "threads": args.threads, "chunk": args.chunk}
+    peer = _llama_cpp_peer() if args.peer else None
     variants = ["dualpath"] + (["llama.cpp"] if args.peer else [])
     runs = interleaved(variants, args.repeats, lambda v: run_worker(worker, kw, timeout_s=TIMEOUT_S)
-                       if v == "dualpath" else _llama_cpp_peak(**kw))
+                       if v == "dualpath" else _llama_cpp_peak(peer, **kw))
     ours = runs["dualpath"]
     print(f"{os.path.basename(args.model)}: prompt {args.ctx} tokens, {args.decode} decoded, {args.threads} threads, "
           f"median of {len(ours)} runs")
@@ -132,7 +147,9 @@ def cmd_bench_memory(args) -> int:
     print("resident at the end, by mapping: " + ", ".join(f"{k} {v:,.1f}" for k, v in kinds.items()) + " MiB")
     if args.peer:
         theirs = medians(runs["llama.cpp"], ("peak_rss_mb",))["peak_rss_mb"]
-        print(f"llama.cpp peak RSS: {theirs:,.1f} MiB (ours / llama.cpp: {peak['peak_rss_mb'] / theirs:.2f})")
+        print(f"llama.cpp peak RSS ({LLAMA_CPP_SETTING}): {theirs:,.1f} MiB (ours / llama.cpp: "
+              f"{peak['peak_rss_mb'] / theirs:.2f})")
+        llamacpp.print_build(peer)
     if args.json:
         write_json(args.json, runs)
     return 0
