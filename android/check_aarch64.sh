@@ -14,9 +14,11 @@
 #     (Not compiled inside the userland: gcc execs cc1/as/ld, and without binfmt_misc,
 #     which a container here cannot register, qemu-user cannot run a child process);
 #  4. the golden end-to-end tests on the real test model (stories260K: its run.c greedy
-#     ids) with every ARM kernel forced (neon_fp16, neon, generic) and f32 and f16 KV
-#     under `-cpu max`, then again under `-cpu cortex-a53` (no FP16 arithmetic: dispatch
-#     must fall back to neon, never die with SIGILL; forcing neon_fp16 is a clear error).
+#     ids) with every ARM kernel forced (neon_i8mm, neon_dotprod, neon_fp16, neon, generic)
+#     and f32 and f16 KV under `-cpu max`, and the Q4_K_M model's logits against the host's
+#     with each of them forced; then under `-cpu cortex-a76` (dotprod, no i8mm) and
+#     `-cpu cortex-a53` (no FP16, no dotprod): dispatch must fall back, never die with
+#     SIGILL, and forcing a kernel the CPU lacks is a clear error.
 #     Graphs are built by onnx on aarch64 and ONNX Runtime runs them there.
 #
 # Prints `aarch64 golden: N/N` last (passed / run). Exits 0 with a "skipped:" line when
@@ -163,14 +165,16 @@ else
 fi
 GOLDEN=tests/kernels/test_forced_isa_end_to_end.py
 [ -n "${DUALPATH_AARCH64_ONLY_BUILD:-}" ] && { echo "$WORK"; exit 0; }
-golden max "generic neon neon_fp16" "$GOLDEN::test_golden_ids_with_each_forced_kernel" $CROSS
+golden max "generic neon neon_fp16 neon_dotprod neon_i8mm" "$GOLDEN::test_golden_ids_with_each_forced_kernel" $CROSS
+golden cortex-a76 "generic neon neon_fp16 neon_dotprod" "$GOLDEN::test_golden_ids_with_each_forced_kernel" \
+    "$GOLDEN::test_forcing_a_kernel_this_cpu_lacks_is_a_clear_error"
 golden cortex-a53 "generic neon" "$GOLDEN::test_golden_ids_with_each_forced_kernel" \
     "$GOLDEN::test_forcing_a_kernel_this_cpu_lacks_is_a_clear_error"
 echo "== the same golden cases on onnxruntime $ORT_TERMUX (Termux's version)"
 SITE=$SITE_TERMUX
 run_arm max -c "import onnxruntime as ort; print('== onnxruntime', ort.__version__)" 2>&1 | grep -v "cpuid_info warning"
 p0=$passed t0=$total
-golden max "generic neon neon_fp16" "$GOLDEN::test_golden_ids_with_each_forced_kernel"
+golden max "generic neon neon_fp16 neon_dotprod neon_i8mm" "$GOLDEN::test_golden_ids_with_each_forced_kernel"
 echo "aarch64 golden on onnxruntime $ORT_TERMUX: $((passed - p0))/$((total - t0))"
 echo "== $(( $(date +%s) - t_start )) s"
 echo "aarch64 golden: $passed/$total"

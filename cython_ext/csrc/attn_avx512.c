@@ -313,11 +313,12 @@ static float exp_sum(float *x, int64_t n, float max) {
 DP_DEFINE_FMA_PROBE(__m512, 12, 16, _mm512_set1_ps, _mm512_fmadd_ps, _mm512_add_ps, _mm512_reduce_add_ps)
 
 /* f32 runs go piece by piece (no run ops), as before run ops existed for f16 and q8. */
-const dp_attn_ops dp_ops_avx512 = {
-    .kv = {[DP_KV_F16] = {scores_f16, accum_f16, scores_f16_run, accum_f16_run},
-           [DP_KV_F32] = {scores_f32, accum_f32},
-           [DP_KV_Q8] = {scores_q8, accum_q8, scores_q8_run, accum_q8_run}},
-    DP_ATTN_OPS_COMMON,
-    .qrows = dp_qrows_avx512,
-    .lrows = dp_lrows_avx512,
-};
+#define AVX512_KV                                                                \
+    .kv = {[DP_KV_F16] = {scores_f16, accum_f16, scores_f16_run, accum_f16_run}, \
+           [DP_KV_F32] = {scores_f32, accum_f32},                               \
+           [DP_KV_Q8] = {scores_q8, accum_q8, scores_q8_run, accum_q8_run}}
+
+const dp_attn_ops dp_ops_avx512 = {AVX512_KV, DP_ATTN_OPS_COMMON, .qrows = dp_qrows_avx512, .lrows = dp_lrows_avx512};
+/* AVX-512 VNNI: this attention, its products with vpdpbusd. */
+const dp_attn_ops dp_ops_avx512_vnni = {AVX512_KV, DP_ATTN_OPS_COMMON, .qrows = dp_qrows_avx512_vnni,
+                                        .lrows = dp_lrows_avx512_vnni};

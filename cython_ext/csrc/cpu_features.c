@@ -22,9 +22,13 @@ static unsigned detect(void) {
     const int zmm_os = (xcr0 & 0xe6) == 0xe6;          /* + opmask, ZMM_Hi256, Hi16_ZMM */
     if (!__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx)) return 0;
     const int avx2 = (ebx >> 5) & 1, avx512f = (ebx >> 16) & 1, avx512bw = (ebx >> 30) & 1,
-              avx512vl = (ebx >> 31) & 1;
+              avx512vl = (ebx >> 31) & 1, avx512vnni = (ecx >> 11) & 1;
     if (ymm_os && avx2 && fma && f16c) f |= DP_CPU_AVX2;
     if (zmm_os && (f & DP_CPU_AVX2) && avx512f && avx512bw && avx512vl) f |= DP_CPU_AVX512;
+    if ((f & DP_CPU_AVX512) && avx512vnni) f |= DP_CPU_AVX512_VNNI;
+    /* leaf 7 subleaf 1, EAX bit 4: AVX-VNNI (VEX-encoded; YMM state suffices) */
+    if ((f & DP_CPU_AVX2) && __get_cpuid_count(7, 1, &eax, &ebx, &ecx, &edx) && ((eax >> 4) & 1))
+        f |= DP_CPU_AVX_VNNI;
     return f;
 }
 #elif defined(__aarch64__)
@@ -78,12 +82,17 @@ unsigned dp_cpu_features(void) {
 #define ARM_OPS(ops) NULL
 #endif
 
-/* Adding an ISA: its row here, its attn_<isa>.c (with an ops table) and its library
- * in setup.py (and tests/c/build_and_run.sh), its DP_CPU_* bit and detection above. */
+/* Adding an ISA: its row here, its ops table (in the attention file whose kernels it
+ * shares, or an attn_<isa>.c), its sources in setup.py (and tests/c/build_and_run.sh),
+ * its DP_CPU_* bit and detection above. A row needs every feature of the rows before it
+ * on its architecture that its ops use; disabling a feature turns off every row that
+ * needs it. */
 const dp_isa dp_isas[] = {
     {"generic", 0, 0, &dp_ops_generic},
     {"avx2", DP_CPU_AVX2, DP_CPU_AVX2, X86_OPS(&dp_ops_avx2)},
-    {"avx512", DP_CPU_AVX512, DP_CPU_AVX512, X86_OPS(&dp_ops_avx512)},
+    {"avx_vnni", DP_CPU_AVX_VNNI, DP_CPU_AVX2 | DP_CPU_AVX_VNNI, X86_OPS(&dp_ops_avx_vnni)},
+    {"avx512", DP_CPU_AVX512, DP_CPU_AVX2 | DP_CPU_AVX512, X86_OPS(&dp_ops_avx512)},
+    {"avx512_vnni", DP_CPU_AVX512_VNNI, DP_CPU_AVX2 | DP_CPU_AVX512 | DP_CPU_AVX512_VNNI, X86_OPS(&dp_ops_avx512_vnni)},
     {"neon", DP_CPU_NEON, DP_CPU_NEON, ARM_OPS(&dp_ops_neon)},
     {"neon_fp16", DP_CPU_NEON_FP16, DP_CPU_NEON | DP_CPU_NEON_FP16, ARM_OPS(&dp_ops_neon_fp16)},
     {"neon_dotprod", DP_CPU_NEON_DOTPROD, DP_CPU_NEON | DP_CPU_NEON_FP16 | DP_CPU_NEON_DOTPROD,

@@ -196,7 +196,9 @@ extern const dp_attn_ops dp_ops_generic;
 void dp_ops_generic_prepare(void);
 #if defined(__x86_64__) || defined(_M_X64)
 extern const dp_attn_ops dp_ops_avx2;
+extern const dp_attn_ops dp_ops_avx_vnni;
 extern const dp_attn_ops dp_ops_avx512;
+extern const dp_attn_ops dp_ops_avx512_vnni;
 #endif
 #if defined(__aarch64__)
 extern const dp_attn_ops dp_ops_neon;
@@ -212,7 +214,9 @@ enum {
     DP_CPU_NEON = 1 << 2,     /* AArch64 Advanced SIMD (baseline) */
     DP_CPU_NEON_FP16 = 1 << 3,    /* FP16 arithmetic (asimdhp) */
     DP_CPU_NEON_DOTPROD = 1 << 4, /* SDOT / UDOT (asimddp, ARMv8.2-A) */
-    DP_CPU_NEON_I8MM = 1 << 5     /* USDOT, SMMLA (i8mm, ARMv8.6-A) */
+    DP_CPU_NEON_I8MM = 1 << 5,    /* USDOT, SMMLA (i8mm, ARMv8.6-A) */
+    DP_CPU_AVX_VNNI = 1 << 6,     /* VEX vpdpbusd (AVX-VNNI: Alder Lake on, Zen 5) */
+    DP_CPU_AVX512_VNNI = 1 << 7   /* EVEX vpdpbusd (AVX512_VNNI) */
 };
 
 /* An ISA DualPath has kernels for, on any architecture: its name (as configs, the CLI

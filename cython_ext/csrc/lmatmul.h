@@ -114,7 +114,9 @@ typedef void (*dp_lrows_fn)(int kind, const uint8_t *w, int64_t g0, int64_t g1, 
 
 void dp_lrows_generic(int, const uint8_t *, int64_t, int64_t, const dp_lact *, float *, int64_t);
 void dp_lrows_avx2(int, const uint8_t *, int64_t, int64_t, const dp_lact *, float *, int64_t);
+void dp_lrows_avx_vnni(int, const uint8_t *, int64_t, int64_t, const dp_lact *, float *, int64_t);
 void dp_lrows_avx512(int, const uint8_t *, int64_t, int64_t, const dp_lact *, float *, int64_t);
+void dp_lrows_avx512_vnni(int, const uint8_t *, int64_t, int64_t, const dp_lact *, float *, int64_t);
 void dp_lrows_neon(int, const uint8_t *, int64_t, int64_t, const dp_lact *, float *, int64_t);
 void dp_lrows_neon_dotprod(int, const uint8_t *, int64_t, int64_t, const dp_lact *, float *, int64_t);
 void dp_lrows_neon_i8mm(int, const uint8_t *, int64_t, int64_t, const dp_lact *, float *, int64_t);
@@ -127,9 +129,5 @@ typedef struct {
     float *out;        /* (R, ldo): columns [0, N) written */
     int64_t out_len, ldo;
 } dp_ljob;
-
-/* Test only (x86-64): non-zero makes the AVX-512 entry take its loop without VNNI on a
- * CPU that has VNNI. */
-extern int dp_test_lmatmul_no_vnni;
 
 #endif

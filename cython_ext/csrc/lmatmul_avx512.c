@@ -1,19 +1,12 @@
 /* AVX-512 layer products (lmatmul.h), built with -mavx512f -mavx512bw -mavx512vl (F16C
  * comes with them) and chosen at run time; the VNNI variant alone is compiled for VNNI
- * (a target attribute, not the file's flags) and runs only where the CPU has it.
+ * (a target attribute, not the file's flags) and runs only where the CPU has it (the
+ * avx512_vnni row of dp_isas).
  * A unit's step is one 64-byte vector: 16 rows' 4 values in 16 int32 lanes, multiplied by
  * an int32 broadcast of the activation row's 4 values (dpbusd, or maddubs + madd). */
 #include <immintrin.h>
 #include "dp_attn_ops.h"
 #include "lmatmul.h"
-
-int dp_test_lmatmul_no_vnni = 0;
-
-static int has_vnni(void) {
-    static int v = -1;
-    if (v < 0) v = __builtin_cpu_supports("avx512vnni") ? 1 : 0;
-    return v && !dp_test_lmatmul_no_vnni;
-}
 
 /* A unit's 8 steps as uint8 values (lmatmul.h's planes). */
 static inline __attribute__((always_inline)) void unpack(const int kind, const uint8_t *u, __m512i v[8]) {
@@ -86,8 +79,10 @@ static inline __m512i wide_dot_bw(__m512i a, __m512i v, __m512i x) {
 
 void dp_lrows_avx512(int kind, const uint8_t *w, int64_t g0, int64_t g1, const dp_lact *a, float *out,
                      int64_t ldo) {
-    if (has_vnni())
-        lrows_vnni(kind, w, g0, g1, a, out, ldo);
-    else
-        lrows_bw(kind, w, g0, g1, a, out, ldo);
+    lrows_bw(kind, w, g0, g1, a, out, ldo);
+}
+
+void dp_lrows_avx512_vnni(int kind, const uint8_t *w, int64_t g0, int64_t g1, const dp_lact *a, float *out,
+                          int64_t ldo) {
+    lrows_vnni(kind, w, g0, g1, a, out, ldo);
 }

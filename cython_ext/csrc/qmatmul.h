@@ -35,6 +35,10 @@ void dp_qrows_avx2(const uint8_t *, const float *, int64_t, int64_t, int64_t, in
                    const float *, int64_t, float *, int64_t);
 void dp_qrows_avx512(const uint8_t *, const float *, int64_t, int64_t, int64_t, int64_t, const int8_t *,
                      const float *, int64_t, float *, int64_t);
+void dp_qrows_avx512_vnni(const uint8_t *, const float *, int64_t, int64_t, int64_t, int64_t, const int8_t *,
+                          const float *, int64_t, float *, int64_t);
+void dp_qrows_avx_vnni(const uint8_t *, const float *, int64_t, int64_t, int64_t, int64_t, const int8_t *,
+                       const float *, int64_t, float *, int64_t);
 void dp_qrows_neon(const uint8_t *, const float *, int64_t, int64_t, int64_t, int64_t, const int8_t *,
                    const float *, int64_t, float *, int64_t);
 void dp_qrows_neon_dotprod(const uint8_t *, const float *, int64_t, int64_t, int64_t, int64_t, const int8_t *,
@@ -44,9 +48,5 @@ void dp_qrows_neon_i8mm(const uint8_t *, const float *, int64_t, int64_t, int64_
 
 /* Quantize R rows of K f32 values into xq (R, K) int8 and xd (R, K / bs) f32. */
 void dp_quantize_act(const float *x, int64_t R, int64_t K, int64_t bs, int8_t *xq, float *xd);
-
-/* Test only (x86-64): non-zero makes the AVX-512 entry take its loop without VNNI on a
- * CPU that has VNNI, so that both loops are tested on one machine. */
-extern int dp_test_qmatmul_no_vnni;
 
 #endif

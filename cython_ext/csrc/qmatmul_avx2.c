@@ -1,4 +1,5 @@
-/* AVX2 classifier rows (qmatmul.h), built with -mavx2 -mfma and chosen at run time.
+/* AVX2 classifier rows (qmatmul.h), built with -mavx2 -mfma and chosen at run time; the
+ * AVX-VNNI variant (dp_qrows_avx_vnni) is compiled for it alone (a target attribute).
  * 32 values a step: the values as int8 (w ^ 0x80 = w - 128), their products with the
  * activations summed in integers (maddubs on |q| and x with q's sign: |q| <= 128,
  * |x| <= 127, so a pair stays under 2^15), then madd into 8 int32 lanes of 4 values
@@ -14,15 +15,32 @@ static inline float hsum(__m256 v) {
     return _mm_cvtss_f32(s);
 }
 
-static inline __m256i dot32(const uint8_t *w, const int8_t *x) {
+static inline __m256i dot32_plain(const uint8_t *w, const int8_t *x) {
     const __m256i q = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)w), _mm256_set1_epi8((char)0x80));
     const __m256i xv = _mm256_loadu_si256((const __m256i *)x);
     const __m256i p = _mm256_maddubs_epi16(_mm256_sign_epi8(q, q), _mm256_sign_epi8(xv, q));
     return _mm256_madd_epi16(p, _mm256_set1_epi16(1));
 }
 
-void dp_qrows_avx2(const uint8_t *w, const float *scales, int64_t bs, int64_t n0, int64_t n1, int64_t K,
-                   const int8_t *xq, const float *xd, int64_t R, float *out, int64_t ldo) {
+/* AVX-VNNI: dpbusd of the stored values w = q + 128, less 128 x the sums of each 4
+ * activations (a dpbusd of ones). */
+__attribute__((target("avxvnni"))) static inline __m256i dot32_vnni(const uint8_t *w, const int8_t *x) {
+    const __m256i xv = _mm256_loadu_si256((const __m256i *)x), zero = _mm256_setzero_si256();
+    const __m256i wx = _mm256_dpbusd_avx_epi32(zero, _mm256_loadu_si256((const __m256i *)w), xv);
+    const __m256i xs = _mm256_dpbusd_avx_epi32(zero, _mm256_set1_epi8(1), xv);
+    return _mm256_sub_epi32(wx, _mm256_slli_epi32(xs, 7));
+}
+
+#define QROWS_AVX2(NAME, ATTR, DOT)                                                                       \
+    ATTR void NAME(const uint8_t *w, const float *scales, int64_t bs, int64_t n0, int64_t n1, int64_t K,    \
+                   const int8_t *xq, const float *xd, int64_t R, float *out, int64_t ldo) {                 \
+        qrows_body(w, scales, bs, n0, n1, K, xq, xd, R, out, ldo, DOT);                                     \
+    }
+
+static inline __attribute__((always_inline)) void qrows_body(const uint8_t *w, const float *scales, int64_t bs,
+                                                             int64_t n0, int64_t n1, int64_t K, const int8_t *xq,
+                                                             const float *xd, int64_t R, float *out, int64_t ldo,
+                                                             __m256i (*dot32)(const uint8_t *, const int8_t *)) {
     const int64_t nb = K / bs, per = 32 / bs; /* blocks a step of 32 values covers */
     /* lane -> block within the 8 of c: for step 0, then + per a step */
     const __m256i idx0 = per == 1 ? _mm256_setzero_si256() : _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1);
@@ -57,3 +75,6 @@ void dp_qrows_avx2(const uint8_t *w, const float *scales, int64_t bs, int64_t n0
         }
     }
 }
+
+QROWS_AVX2(dp_qrows_avx2, , dot32_plain)
+QROWS_AVX2(dp_qrows_avx_vnni, __attribute__((target("avxvnni"))), dot32_vnni)

@@ -1,6 +1,6 @@
 /* AVX-512 classifier rows (qmatmul.h), built with -mavx512f -mavx512bw -mavx512vl and
  * chosen at run time; the VNNI loop alone is compiled for VNNI (a target attribute, not
- * the file's flags) and runs only where the CPU has it.
+ * the file's flags) and runs only where the CPU has it (the avx512_vnni row of dp_isas).
  * 64 values a step, 16 int32 lanes of 4 values: two blocks of 32 (8 lanes each) or four
  * of 16 (4 each). With VNNI, dpbusd multiplies the stored uint8 values (w = q + 128)
  * by the int8 activations straight into int32 lanes that start at -128 x the sum of their
@@ -9,14 +9,6 @@
  * blocks at a time, permuted). */
 #include <immintrin.h>
 #include "qmatmul.h"
-
-int dp_test_qmatmul_no_vnni = 0;
-
-static int has_vnni(void) {
-    static int v = -1;
-    if (v < 0) v = __builtin_cpu_supports("avx512vnni") ? 1 : 0;
-    return v && !dp_test_qmatmul_no_vnni;
-}
 
 static inline __m512i dot64_bw(__m512i wv, __m512i xv) {
     const __m512i q = _mm512_xor_si512(wv, _mm512_set1_epi8((char)0x80));
@@ -87,10 +79,11 @@ QROWS_AVX512(qrows_vnni, __attribute__((target("avx512vnni"))),
 
 void dp_qrows_avx512(const uint8_t *w, const float *scales, int64_t bs, int64_t n0, int64_t n1, int64_t K,
                      const int8_t *xq, const float *xd, int64_t R, float *out, int64_t ldo) {
-    if (!has_vnni()) {
-        qrows_bw(w, scales, bs, n0, n1, K, xq, xd, NULL, R, out, ldo);
-        return;
-    }
+    qrows_bw(w, scales, bs, n0, n1, K, xq, xd, NULL, R, out, ldo);
+}
+
+void dp_qrows_avx512_vnni(const uint8_t *w, const float *scales, int64_t bs, int64_t n0, int64_t n1, int64_t K,
+                          const int8_t *xq, const float *xd, int64_t R, float *out, int64_t ldo) {
     /* -128 x the sum of each 4 activations, once for all the task's rows of w; in
      * chunks of rows so that it stays on the stack (K / 4 int32 a row). */
     int32_t corr[2048];

@@ -327,16 +327,19 @@ def cmd_info(args) -> int:
           f"python {sys.version.split()[0]}")
     print(f"cpu: {cpu_model()}  ({usable_cpus()} usable cores)")
     print(f"cpu features: {' '.join(cpu_features()) or '(none reported)'}")
-    from .kernels import available_kernels, cpu_features as kernel_features, default_kernel
+    from .kernels import KERNEL_ISAS, available_kernels, cpu_features as kernel_features, default_kernel
 
     disabled = os.environ.get("DUALPATH_DISABLE_CPU_FEATURES", "")
     asked = cfg.runtime.attention_kernel
     available = available_kernels()
     kernel = default_kernel() if asked == "auto" else asked
     note = "" if kernel in available else " NOT AVAILABLE on this CPU/build: loading a model fails"
-    print(f"kernels: attention={kernel} kv_write={kernel} embed=generic  (runtime.attention_kernel={asked}{note}; "
-          f"available: {', '.join(available)}; usable ISA features: {', '.join(kernel_features()) or 'none'}"
+    print(f"kernels: attention={kernel} kv_write={kernel} layer_products={kernel} classifier={kernel} embed=generic  "
+          f"(runtime.attention_kernel={asked}{note}; available: {', '.join(available)}; usable ISA features: "
+          f"{', '.join(kernel_features()) or 'none'}"
           f"{'; disabled by DUALPATH_DISABLE_CPU_FEATURES=' + disabled if disabled else ''})")
+    print("kernel ISAs: " + " ".join(f"{isa}{'' if isa in available else '(-)'}" for isa in KERNEL_ISAS)
+          + "  ((-): not on this CPU/build, or disabled)")
     d = cfg.dualpath_config
     from .kernels import KV_DTYPE_DOCS
     kv_what = KV_DTYPE_DOCS[d.kv_dtype]

@@ -233,7 +233,8 @@ class RuntimeConfig(_Section):
     gets every core, but each part's Run starts with its worker asleep (TinyLlama-shape
     decode slower; docs/performance.md)."""
     attention_kernel: str = _choice("auto", str, ("auto",) + tuple(KERNEL_ISAS))
-    """Attention kernel ISA: ``auto`` picks the best this CPU supports (minus
+    """Kernel ISA of attention, the KV writes, a layer's products and the classifier (one
+    row of csrc/cpu_features.c's dp_isas): ``auto`` picks the best this CPU supports (minus
     DUALPATH_DISABLE_CPU_FEATURES); naming one that is not available is an error."""
     max_num_seqs: int = _int(8, 1, 1024)
     """Requests the engine runs at once (decoding or in prefill); the rest wait in the queue."""

@@ -145,7 +145,8 @@ def test_info_names_the_configured_kernel_and_prints_the_cache_config_once(tmp_p
                          "--set", "power.low_power_seq_path_threshold=16384"], tmp_path)
     assert proc.returncode == 0, proc.stderr.decode()
     out = proc.stdout.decode()
-    assert "attention=generic kv_write=generic" in out and "runtime.attention_kernel=generic" in out
+    assert "attention=generic kv_write=generic layer_products=generic classifier=generic" in out
+    assert "runtime.attention_kernel=generic" in out
     assert out.count("block_size=") == 1 and out.count("kv_dtype=") == 1
     # The path line is the low_power profile's policy, the one the cache applies.
     assert "path: dual, sequential from 16384 tokens" in out
@@ -246,3 +247,15 @@ def test_the_progress_bar_draws_on_a_terminal_only():
     assert lines[0].split("\r")[-1].startswith("converting: 100% |" + "#" * 30 + "| 6/6 MiB")
     assert lines[1].split("\r")[-1].startswith("loading graphs: 100% |" + "#" * 30 + "| 3/3 parts")
     assert "converting:  50% |" + "#" * 15 in lines[0]
+
+
+def test_info_lists_every_isa_row_of_the_c_table_and_which_run_here(tmp_path):
+    from dualpath.kernels import KERNEL_ISAS, available_kernels
+
+    proc = dualpath_cli(["info"], tmp_path)
+    assert proc.returncode == 0, proc.stderr.decode()
+    line = next(l for l in proc.stdout.decode().splitlines() if l.startswith("kernel ISAs: "))
+    rows = line.removeprefix("kernel ISAs: ").split("  (")[0].split()
+    assert [r.removesuffix("(-)") for r in rows] == list(KERNEL_ISAS)
+    assert [r for r in rows if not r.endswith("(-)")] == available_kernels()
+    assert {"neon_dotprod", "neon_i8mm", "avx_vnni", "avx512_vnni"} <= set(KERNEL_ISAS)

@@ -871,15 +871,6 @@ static void qmatmul_cases(dp_pool *pool) {
         qmatmul_case(ops, NULL, 32, 9, 8224, 1, 1, dp_isas[i].name);   /* past it */
         qmatmul_arg_cases(ops);
     }
-#if defined(__x86_64__)
-    const dp_attn_ops *avx512 = dp_ops_by_name("avx512");
-    if (avx512) { /* its loop without VNNI, where the CPU has VNNI (else it just ran) */
-        dp_test_qmatmul_no_vnni = 1;
-        for (int b = 0; b < 2; b++) qmatmul_case(avx512, pool, b ? 32 : 16, 133, 640, 3, 1, "avx512 without vnni");
-        qmatmul_case(avx512, NULL, 16, 9, 96, 1, 1, "avx512 without vnni");
-        dp_test_qmatmul_no_vnni = 0;
-    }
-#endif
 }
 
 /* A layer's product (lmatmul.h): random GGML blocks converted to the form, multiplied by
@@ -1046,15 +1037,6 @@ static void lmatmul_cases(dp_pool *pool) {
         }
         lmatmul_job_cases(ops, pool, dp_isas[i].name);
     }
-#if defined(__x86_64__)
-    const dp_attn_ops *avx512 = dp_ops_by_name("avx512");
-    if (avx512) { /* its loop without VNNI, where the CPU has VNNI (else it just ran) */
-        dp_test_lmatmul_no_vnni = 1;
-        for (int kind = 0; kind < DP_L_NUM_KINDS; kind++)
-            lmatmul_case(avx512, pool, kind, 48, dp_lkinds[kind].sb * 3, 5, 1, "avx512 without vnni");
-        dp_test_lmatmul_no_vnni = 0;
-    }
-#endif
 }
 
 int main(void) {

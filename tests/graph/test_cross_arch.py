@@ -30,11 +30,21 @@ NEAR_TIE = 0.05
 """Top-2 logit gap (relative to the largest |logit|) under which either choice is fine."""
 
 
-def _llm(model: str):
+def _llm(model: str, kernel: str = "auto"):
     import dualpath
 
     return dualpath.LLM(model, dualpath.load_config(None, {"runtime.max_context_tokens": 256,
-                                                           "model_cache.enabled": False}))
+                                                           "model_cache.enabled": False,
+                                                           "runtime.attention_kernel": kernel}))
+
+
+def _kernels() -> list[str]:
+    """Every kernel ISA this CPU runs: the layer products and the classifier of each."""
+    try:
+        from dualpath.kernels import available_kernels
+    except ImportError:
+        return ["auto"]
+    return available_kernels()
 
 
 def _logits(llm, ids: list[int]) -> np.ndarray:
@@ -61,12 +71,13 @@ REFERENCE = os.environ.get("DUALPATH_CROSS_REFERENCE")
 
 
 @pytest.mark.skipif(not REFERENCE, reason="no cross-architecture reference (android/check_aarch64.sh makes one)")
-def test_logits_and_greedy_choices_match_the_other_architecture():
+@pytest.mark.parametrize("kernel", _kernels())
+def test_logits_and_greedy_choices_match_the_other_architecture(kernel):
     import platform
 
     ref = json.loads(open(REFERENCE).read())
     assert ref["machine"] != platform.machine(), "the reference must come from the other architecture"
-    llm = _llm(ref["model"])
+    llm = _llm(ref["model"], kernel)
     prompt = llm.tokenize(PROMPT)
     assert prompt == ref["prompt_ids"]  # the tokenizer (byte-level BPE) agrees
     seq = prompt + ref["generated_ids"]
