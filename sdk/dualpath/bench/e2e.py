@@ -11,7 +11,7 @@ environments, ``llamacpp.py`` and ``ortgenai.py``), so its peak resident memory
 llama.cpp runs at its best (``llamacpp.py``): flash attention off and on, the faster
 quoted for each figure, and its build printed beside the figures. ``--isa laptop``
 runs both engines as on a laptop without AVX-512: DualPath with
-``DUALPATH_DISABLE_CPU_FEATURES=avx512``, beside a llama.cpp built for AVX2 (+ AVX-VNNI),
+``DUALPATH_DISABLE_CPU_FEATURES=avx512`` (its AVX2 or AVX-VNNI kernels), beside a llama.cpp built for AVX2 (+ AVX-VNNI),
 which it requires. ONNX Runtime has no such switch: the parts of DualPath it runs keep
 its own choice of ISA (AVX-512 where the CPU has it), and the bench says so.
 """
@@ -25,6 +25,7 @@ import sys
 import tempfile
 
 from ..config import ORT_THREAD_POOLS
+from ..errors import DualPathError
 from . import llamacpp, ortgenai
 from .common import best_of, interleaved, medians, peak_rss_mb, random_prompt, write_json
 from .harness import run_worker
@@ -209,8 +210,8 @@ def cmd_bench_e2e(args) -> int:
     env = None
     if args.isa == "laptop":
         if platform.machine().lower() not in ("x86_64", "amd64"):
-            raise llamacpp.PeerError(f"--isa laptop models an x86-64 laptop (AVX2, no AVX-512); this machine is "
-                                     f"{platform.machine()}")
+            raise DualPathError(f"--isa laptop models an x86-64 laptop (AVX2, no AVX-512); this machine is "
+                                f"{platform.machine()}")
         env = laptop_env(os.environ.get(DISABLE_ENV, ""))
     llama_peer = None if args.no_peer else _prepare_llama_cpp(args)
     peer, ort_models = (None, {}) if args.no_peer or args.no_ortgenai else _prepare_ortgenai(args)

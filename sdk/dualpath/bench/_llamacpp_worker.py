@@ -1,0 +1,220 @@
+"""llama.cpp's side of ``dualpath bench e2e|quality|memory``, and the check of its build.
+
+Run by path with the interpreter of an environment that has llama-cpp-python
+(``harness.run_peer_script``): this one by default, or another with its own build of
+llama.cpp (``--peer-python``; ``examples/peers/setup_llamacpp_env.sh`` makes one for
+the full ISA of this CPU and one for a laptop's). That environment need not have
+dualpath, so this file imports only the standard library at the top; each function
+imports llama_cpp and numpy (a dependency of llama-cpp-python) where it needs them.
+dualpath imports it too (``llamacpp.py``), for the rule that judges a build:
+
+* ``probe``: llama-cpp-python's version and llama.cpp's system info line (its build);
+* ``vocab_size``: the model's vocabulary as llama.cpp reads it (for the prompt's ids);
+* ``measure``: one prefill + decode run, flash attention off or on;
+* ``logits``: teacher-forced logits of a text, saved as ``.npy``;
+* ``build_problems``: what keeps a build from being llama.cpp at its best on this CPU
+  (``full``), or from being a laptop's build (``laptop``).
+
+Protocol (the harness's): ``PYTHON _llamacpp_worker.py FUNCTION RESULT_PATH``, the
+keyword arguments as JSON on stdin, the JSON result written to RESULT_PATH. And for a
+person or a setup script: ``PYTHON _llamacpp_worker.py check full|laptop`` prints the
+build and its problems, and exits 1 when there are any.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+import time
+
+ISAS = ("full", "laptop")
+"""``full``: every ISA extension of this CPU that ggml builds for, never AMX; ``laptop``:
+AVX2 (+ AVX-VNNI where the CPU has it), no AVX-512, no AMX (Intel's hybrid laptops)."""
+
+FULL_WANTS = (("avx2", ("AVX2",)), ("fma", ("FMA",)), ("f16c", ("F16C",)), ("bmi2", ("BMI2",)),
+              ("avx512f", ("AVX512",)), ("avx512vbmi", ("AVX512_VBMI",)), ("avx512_vnni", ("AVX512_VNNI",)),
+              ("avx512_bf16", ("AVX512_BF16",)), ("avx_vnni", ("AVX_VNNI", "AVX512_VNNI")))
+"""(flag in /proc/cpuinfo, build features of which one is wanted when the CPU has it): ggml's
+256-bit paths take AVX512_VNNI's instructions where it has them, so it stands for AVX_VNNI."""
+LAPTOP_WANTS = (("avx2", ("AVX2",)), ("fma", ("FMA",)), ("f16c", ("F16C",)), ("bmi2", ("BMI2",)),
+                ("avx_vnni", ("AVX_VNNI",)))
+FORBIDDEN = {"full": ("AMX",), "laptop": ("AMX", "AVX512")}
+"""Prefixes of build features a target must not have: no phone or laptop has AMX (and native
+builds with AMX crashed on Q8_0/Q4_0 files on Intel machines here); a laptop has no AVX-512."""
+
+_FEATURE = re.compile(r"([A-Z][A-Z0-9_]*) = (\S+)")
+
+
+# -- the build and the CPU -------------------------------------------------------
+
+def parse_system_info(text: str) -> dict:
+    """llama.cpp's system info line as {feature: value}: ``CPU : SSE3 = 1 | AVX = 1 | ...``
+    (since ggml's backend registry, only what a build has is listed) or the older
+    ``AVX = 1 | AVX_VNNI = 0 | ...``. A feature missing from it is one the build lacks."""
+    return {m.group(1): m.group(2) for m in _FEATURE.finditer(text)}
+
+
+def cpu_flags(cpuinfo_path: str = "/proc/cpuinfo") -> set:
+    """The CPU's feature flags as the OS reports them (empty where there is no /proc).
+    dualpath's platform/cpu.py reads the same line; this file cannot import it."""
+    try:
+        with open(cpuinfo_path, encoding="utf-8", errors="replace") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() in ("flags", "Features"):
+                    return set(value.split())
+    except OSError:
+        pass
+    return set()
+
+
+def build_problems(system_info: str, flags, isa: str) -> dict:
+    """What keeps the build whose system info line is ``system_info`` from being ``isa``'s
+    on a CPU with ``flags``: ``forbidden``, features it has and must not (AMX; AVX-512 for
+    a laptop); ``missing``, (cpuinfo flag, build feature) pairs this CPU has and the build
+    lacks: llama.cpp then runs below its best."""
+    if isa not in ISAS:
+        raise ValueError(f"isa={isa!r}: one of {', '.join(ISAS)}")
+    info = parse_system_info(system_info)
+    on = {name for name, value in info.items() if value == "1"}
+    forbidden = sorted(f for f in on if f.startswith(FORBIDDEN[isa]))
+    wants = FULL_WANTS if isa == "full" else LAPTOP_WANTS
+    missing = [(flag, features[0]) for flag, features in wants if flag in flags and not on.intersection(features)]
+    return {"forbidden": forbidden, "missing": missing}
+
+
+def describe_problems(problems: dict, isa: str) -> list:
+    """One sentence per problem of ``build_problems``."""
+    lines = []
+    amx = [f for f in problems["forbidden"] if f.startswith("AMX")]
+    avx512 = [f for f in problems["forbidden"] if not f.startswith("AMX")]
+    if amx:
+        lines.append(f"llama.cpp is built with AMX ({', '.join(amx)}): no phone or laptop has AMX, and such "
+                     "builds crashed on Q8_0/Q4_0 files on Intel machines here")
+    if avx512:
+        lines.append(f"llama.cpp is built with AVX-512 ({', '.join(avx512)}), and a laptop has none")
+    if problems["missing"]:
+        flags, features = zip(*problems["missing"])
+        lines.append(f"llama.cpp's build lacks {', '.join(features)}, which this CPU has ({', '.join(flags)} in "
+                     f"/proc/cpuinfo): it is not at its best for the {isa} ISA")
+    return lines
+
+
+# -- functions run in the peer's environment --------------------------------------
+
+def probe() -> dict:
+    """llama-cpp-python's version, llama.cpp's system info line and this CPU's flags."""
+    import llama_cpp
+
+    return {"python": sys.executable, "version": str(getattr(llama_cpp, "__version__", "")),
+            "system_info": llama_cpp.llama_print_system_info().decode(errors="replace").strip(),
+            "cpu_flags": sorted(cpu_flags())}
+
+
+def vocab_size(model: str) -> int:
+    """The vocabulary of ``model`` as llama.cpp reads it (its tokenizer only)."""
+    import llama_cpp
+
+    llm = llama_cpp.Llama(model, vocab_only=True, verbose=False)
+    try:
+        return int(llm.n_vocab())
+    finally:
+        llm.close()
+
+
+def _peak_rss_mb() -> float:
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def measure(model: str, prompt: list, warm_prompt: list, warm_steps: int, decode: int, threads: int, chunk: int,
+            flash_attn: bool) -> dict:
+    """Prefill ``prompt``, then decode ``decode`` tokens greedily, timed; after the warm-up
+    every engine gets (``warm_prompt``, then ``warm_steps`` decoded tokens, discarded).
+    llama-cpp-python's ``flash_attn`` is llama.cpp's flash attention on or off."""
+    import llama_cpp
+    import numpy as np
+
+    ctx = len(prompt)
+    llm = llama_cpp.Llama(model, n_ctx=ctx + decode + 8, n_threads=threads, n_threads_batch=threads,
+                          n_batch=chunk, n_ubatch=chunk, flash_attn=flash_attn, verbose=False)
+    rss_loaded = _peak_rss_mb()
+    n_vocab = llm.n_vocab()
+
+    def next_token() -> int:  # greedy over the raw logits of the last evaluated token, no copy
+        ptr = llama_cpp.llama_get_logits_ith(llm.ctx, -1)
+        return int(np.argmax(np.ctypeslib.as_array(ptr, shape=(n_vocab,))))
+
+    llm.eval(warm_prompt)
+    token = next_token()
+    for _ in range(warm_steps):
+        llm.eval([token])
+        token = next_token()
+    llm.reset()  # positions from 0 again: the prompt overwrites the warm-up's cache cells
+    t0 = time.perf_counter()
+    llm.eval(prompt)
+    t1 = time.perf_counter()
+    token = next_token()
+    for _ in range(decode):
+        llm.eval([token])
+        token = next_token()
+    t2 = time.perf_counter()
+    return {"prefill_tps": ctx / (t1 - t0), "decode_tps": decode / (t2 - t1), "peak_rss_mb": _peak_rss_mb(),
+            "loaded_rss_mb": rss_loaded}
+
+
+def logits(model: str, ids: list, out: str, n_ctx: int, kv_f32: bool, threads: int, flash_attn: bool) -> dict:
+    """Teacher-forced logits (len(ids) - 1, vocab) predicting ids[1:], saved to ``out``;
+    ``kv_f32``: an f32 KV cache (llama.cpp's default is f16)."""
+    import llama_cpp
+    import numpy as np
+
+    kw = {"type_k": llama_cpp.GGML_TYPE_F32, "type_v": llama_cpp.GGML_TYPE_F32} if kv_f32 else {}
+    llm = llama_cpp.Llama(model, n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads, logits_all=True,
+                          flash_attn=flash_attn, verbose=False, **kw)
+    llm.eval(ids[:-1])
+    scores = np.array(llm.scores[:len(ids) - 1], dtype=np.float32)  # (len(ids) - 1, vocab)
+    llm.close()
+    np.save(out, scores)
+    return {"shape": list(scores.shape)}
+
+
+# -- the harness's child protocol (a copy of harness._child: this file cannot import dualpath) --
+
+FUNCTIONS = {"probe": probe, "vocab_size": vocab_size, "measure": measure, "logits": logits}
+
+
+def _child(function: str, result_path: str) -> None:
+    result = FUNCTIONS[function](**json.load(sys.stdin))
+    with open(result_path + ".part", "w") as f:
+        json.dump(result, f)
+    os.replace(result_path + ".part", result_path)
+
+
+def _check(isa: str) -> int:
+    """Print the build and its problems for ``isa``; 1 when there are any."""
+    p = probe()
+    print(f"llama-cpp-python {p['version']} ({p['python']}): {p['system_info']}")
+    lines = describe_problems(build_problems(p["system_info"], set(p["cpu_flags"]), isa), isa)
+    for line in lines:
+        print(f"PROBLEM: {line}")
+    if not lines:
+        print(f"a {isa} build for this CPU: no AMX" + (", no AVX-512" if isa == "laptop" else "") +
+              ", every ISA extension wanted that the CPU has")
+    return 1 if lines else 0
+
+
+if __name__ == "__main__":
+    # Run by path, Python put this folder first on sys.path; it holds modules named like
+    # installed packages (kernels.py, cache.py). Drop it.
+    if sys.path and os.path.abspath(sys.path[0] or os.curdir) == os.path.dirname(os.path.abspath(__file__)):
+        del sys.path[0]
+    if len(sys.argv) == 3 and sys.argv[1] == "check" and sys.argv[2] in ISAS:
+        sys.exit(_check(sys.argv[2]))
+    if len(sys.argv) != 3 or sys.argv[1] not in FUNCTIONS:
+        sys.exit(f"usage: PYTHON _llamacpp_worker.py {'|'.join(FUNCTIONS)} RESULT_PATH  (arguments as JSON on "
+                 f"stdin), or PYTHON _llamacpp_worker.py check {'|'.join(ISAS)}")
+    _child(sys.argv[1], sys.argv[2])
