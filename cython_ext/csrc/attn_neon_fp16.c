@@ -79,4 +79,4 @@ const dp_attn_ops dp_ops_neon_fp16 = {NEON_FP16_KV, DP_ATTN_OPS_COMMON, .qrows =
 const dp_attn_ops dp_ops_neon_dotprod = {NEON_FP16_KV, DP_ATTN_OPS_COMMON, .qrows = dp_qrows_neon_dotprod,
                                          .lrows = dp_lrows_neon_dotprod};
 const dp_attn_ops dp_ops_neon_i8mm = {NEON_FP16_KV, DP_ATTN_OPS_COMMON, .qrows = dp_qrows_neon_i8mm,
-                                      .lrows = dp_lrows_neon_i8mm};
+                                      .lrows = dp_lrows_neon_i8mm, .lact_pairs = 1};

@@ -70,6 +70,8 @@ typedef struct {
     dp_qrows_fn qrows;
     /* A layer's products over the form of lmatmul.h. */
     dp_lrows_fn lrows;
+    /* Non-zero: lrows takes activation rows in pairs and reads dp_lact.pairs when R >= 2. */
+    int lact_pairs;
 } dp_attn_ops;
 
 /* out (R, ldo) = x (R, K) times w transposed: N rows of K values in the 8-bit MatMulNBits

@@ -147,6 +147,30 @@ void dp_lact_quantize(const float *x, int64_t R, int64_t K, int8_t *xq, float *x
     }
 }
 
+void dp_lact_pairs(const dp_lact *a, uint8_t *out) {
+    const int64_t nb = a->K / 32;
+    for (int64_t i = 0; i < a->R / 2; i++)
+        for (int64_t kb = 0; kb < nb; kb++) {
+            uint8_t *o = out + (i * nb + kb) * DP_LPAIR_BYTES;
+            int32_t s0[4], s1[4];
+            float dx[4], t[4];
+            for (int r = 0; r < 2; r++) {
+                const int64_t row = 2 * i + r;
+                for (int p = 0; p < 4; p++) memcpy(o + 16 * p + 8 * r, a->xq + row * a->K + 32 * kb + 8 * p, 8);
+                const int32_t *xs = a->xs + row * (a->K / 16) + 2 * kb;
+                const float d = a->xd[row * nb + kb];
+                s0[r] = s0[r + 2] = xs[0];
+                s1[r] = s1[r + 2] = xs[1];
+                dx[r] = dx[r + 2] = d;
+                t[r] = t[r + 2] = d * (float)(xs[0] + xs[1]);
+            }
+            memcpy(o + 64, s0, 16);
+            memcpy(o + 80, s1, 16);
+            memcpy(o + 96, dx, 16);
+            memcpy(o + 112, t, 16);
+        }
+}
+
 /* ---- the scalar reference ---- */
 
 static int value_at(int kind, const uint8_t *unit, int l, int k) {
@@ -303,15 +327,23 @@ int dp_lmatmul(dp_pool *pool, const dp_attn_ops *ops, const dp_ljob *jobs, int n
     for (int i = 0; i < njobs; i++)
         run.first[i + 1] = run.first[i] + (jobs[i].N / 16 + run.per_task - 1) / run.per_task;
     void *buf = NULL;
-    run.act = (dp_lact){NULL, NULL, NULL, R, K};
+    run.act = (dp_lact){NULL, NULL, NULL, R, K, NULL};
     if (int8_act) {
-        buf = dp_malloc((size_t)(R * K) + (size_t)(R * K / 32) * sizeof(float) + (size_t)(R * K / 16) * sizeof(int32_t));
+        /* pairs first: its records are 16-byte vectors */
+        const size_t pair_bytes = ops->lact_pairs && R >= 2 ? (size_t)(R / 2 * (K / 32)) * DP_LPAIR_BYTES : 0;
+        buf = dp_malloc(pair_bytes + (size_t)(R * K) + (size_t)(R * K / 32) * sizeof(float) +
+                        (size_t)(R * K / 16) * sizeof(int32_t));
         if (!buf) return DP_ERR_NOMEM;
-        float *xd = (float *)buf;
+        uint8_t *pairs = (uint8_t *)buf;
+        float *xd = (float *)(pairs + pair_bytes);
         int32_t *xs = (int32_t *)(xd + R * K / 32);
         int8_t *xq = (int8_t *)(xs + R * K / 16);
         dp_lact_quantize(x, R, K, xq, xd, xs);
-        run.act = (dp_lact){xq, xd, xs, R, K};
+        run.act = (dp_lact){xq, xd, xs, R, K, NULL};
+        if (pair_bytes) {
+            dp_lact_pairs(&run.act, pairs);
+            run.act.pairs = pairs;
+        }
     } else {
         run.x = x;
     }

@@ -24,6 +24,7 @@ static inline __attribute__((always_inline)) void neon_dot(neon_acc *acc, uint8x
     neon_dot(&(acc), w, vreinterpretq_s8_s32(vdupq_laneq_s32(vreinterpretq_s32_s8(x), lane)))
 #define LN_ACC_GET(acc) vaddq_s32(vpaddq_s32((acc).a, (acc).b), (acc).init)
 #define LN_UNSIGNED_DOT 0
+#define LN_MMLA 0
 #include "lmatmul_neon_body.h"
 
 void dp_lrows_neon(int kind, const uint8_t *w, int64_t g0, int64_t g1, const dp_lact *a, float *out, int64_t ldo) {

@@ -10,6 +10,7 @@
  *   LN_ACC_GET(acc)          the int32x4 of the 4 rows' sums
  *   LN_UNSIGNED_DOT          1 if LN_DOT takes any uint8 w (USDOT), 0 if w must be below
  *                            128 (SDOT, SMULL): then Q8_0's values go as v ^ 0x80 = q
+ *   LN_MMLA                  1 to take activation rows in pairs through USMMLA (i8mm)
  *
  * A unit's step j (a 64-byte vector) is four 16-byte quarters, quarter qd holding rows
  * 4 qd .. 4 qd + 3: one dot per quarter and step, 32 a unit, into 4 accumulators (Q6_K: 8,
@@ -356,6 +357,101 @@ static inline __attribute__((always_inline)) void LN_SUFFIX(quarter_pass)(const 
     for (int i = 0; i < RR; i++) vst1q_f32(out + (r0 + i) * ldo + 4 * qd, vsubq_f32(acc[i], macc[i]));
 }
 
+#if LN_MMLA
+/* ---- pairs of activation rows through USMMLA (i8mm) ----
+ * USMMLA multiplies a 2 x 8 matrix of uint8 by a 2 x 8 of int8 into a 2 x 2 of int32: 32
+ * multiply-adds an instruction, where a dot by lane does 16. A quarter's steps 2p and
+ * 2p + 1 zipped (32-bit lanes) give rows 0-1 and rows 2-3 of the quarter, 8 values each;
+ * two activation rows' values 8p .. 8p + 7 zipped (64-bit lanes) the other operand. An
+ * accumulator's lanes are then (row, activation) = (0, a) (0, b) (1, a) (1, b). */
+static inline __attribute__((always_inline)) void LN_SUFFIX(mmla_pass)(const int kind, const uint8_t *gw, const int qd,
+                                                                       const dp_lact *a, const int64_t r0, const int NP,
+                                                                       float *out, const int64_t ldo) {
+    const dp_lkind_info *k = &dp_lkinds[kind];
+    const int64_t K = a->K, nsb = K / k->sb, units = k->sb / 32, sbb = k->header + units * k->unit;
+    const int32_t z = LN_Z(kind);
+    float32x4_t acc[2][2], sacc[2][2], smin[2][2]; /* [pair][rows 0-1, rows 2-3] */
+    for (int i = 0; i < NP; i++) acc[i][0] = acc[i][1] = vdupq_n_f32(0.0f);
+    for (int64_t s = 0; s < nsb; s++) {
+        const uint8_t *h = gw + s * sbb;
+        if (r0 == 0 && qd == 0) dp_lprefetch(h, k->header);
+        const float32x4_t d = vcvt_f32_f16(vreinterpret_f16_u8(vld1_u8(h + 8 * qd)));
+        const float32x4_t dp[2] = {vzip1q_f32(d, d), vzip2q_f32(d, d)};
+        for (int i = 0; i < NP; i++) sacc[i][0] = sacc[i][1] = smin[i][0] = smin[i][1] = vdupq_n_f32(0.0f);
+        for (int64_t b = 0; b < units; b++) {
+            const uint8_t *unit = h + k->header + b * k->unit;
+            if (r0 == 0 && qd == 0) dp_lprefetch(unit, k->unit);
+            uint8x16_t w[8], W[2][4];
+            LN_SUFFIX(quarter)(kind, unit, qd, w);
+            for (int p = 0; p < 4; p++) {
+                const uint32x4_t e = vreinterpretq_u32_u8(w[2 * p]), o = vreinterpretq_u32_u8(w[2 * p + 1]);
+                W[0][p] = vreinterpretq_u8_u32(vzip1q_u32(e, o));
+                W[1][p] = vreinterpretq_u8_u32(vzip2q_u32(e, o));
+            }
+            const int64_t kb = s * units + b;
+            int32x4_t s0p[2] = {vdupq_n_s32(0), vdupq_n_s32(0)}, s1p[2] = {vdupq_n_s32(0), vdupq_n_s32(0)};
+            float32x4_t mfp[2] = {vdupq_n_f32(0.0f), vdupq_n_f32(0.0f)};
+            if (kind == DP_L_Q4_K || kind == DP_L_Q6_K) {
+                const int32x4_t s0 = kind == DP_L_Q4_K ? LN_SUFFIX(u8x4_s32)(h + 64 + 16 * b + 4 * qd)
+                                                       : LN_SUFFIX(i8x4_s32)(h + 32 + 16 * (2 * b) + 4 * qd);
+                s0p[0] = vzip1q_s32(s0, s0), s0p[1] = vzip2q_s32(s0, s0);
+                if (kind == DP_L_Q6_K) {
+                    const int32x4_t s1 = LN_SUFFIX(i8x4_s32)(h + 32 + 16 * (2 * b + 1) + 4 * qd);
+                    s1p[0] = vzip1q_s32(s1, s1), s1p[1] = vzip2q_s32(s1, s1);
+                } else {
+                    const float32x4_t mf = vcvtq_f32_s32(LN_SUFFIX(u8x4_s32)(h + 192 + 16 * b + 4 * qd));
+                    mfp[0] = vzip1q_f32(mf, mf), mfp[1] = vzip2q_f32(mf, mf);
+                }
+            }
+            for (int i = 0; i < NP; i++) {
+                const uint8_t *P = a->pairs + ((r0 / 2 + i) * (K / 32) + kb) * DP_LPAIR_BYTES;
+                const int8x16_t X[4] = {vld1q_s8((const int8_t *)P), vld1q_s8((const int8_t *)P + 16),
+                                        vld1q_s8((const int8_t *)P + 32), vld1q_s8((const int8_t *)P + 48)};
+                const int32x4_t h0 = vld1q_s32((const int32_t *)(P + 64)), h1 = vld1q_s32((const int32_t *)(P + 80));
+                const float32x4_t dxp = vld1q_f32((const float *)(P + 96));
+                if (kind == DP_L_Q6_K) { /* two halves of 16 values, each with its scale */
+                    const int32x4_t ia = vmulq_n_s32(h0, -32), ib = vmulq_n_s32(h1, -32);
+                    for (int hf = 0; hf < 2; hf++) {
+                        const int32x4_t ca = vusmmlaq_s32(vusmmlaq_s32(ia, W[hf][0], X[0]), W[hf][1], X[1]);
+                        const int32x4_t cb = vusmmlaq_s32(vusmmlaq_s32(ib, W[hf][2], X[2]), W[hf][3], X[3]);
+                        const int32x4_t v = vmlaq_s32(vmulq_s32(ca, s0p[hf]), cb, s1p[hf]);
+                        sacc[i][hf] = vfmaq_f32(sacc[i][hf], vcvtq_f32_s32(v), dxp);
+                    }
+                    continue;
+                }
+                const int32x4_t init = z ? vmulq_n_s32(vaddq_s32(h0, h1), -z) : vdupq_n_s32(0);
+                for (int hf = 0; hf < 2; hf++) {
+                    int32x4_t c = vusmmlaq_s32(init, W[hf][0], X[0]);
+                    c = vusmmlaq_s32(c, W[hf][1], X[1]);
+                    c = vusmmlaq_s32(c, W[hf][2], X[2]);
+                    c = vusmmlaq_s32(c, W[hf][3], X[3]);
+                    if (kind == DP_L_Q4_K) {
+                        sacc[i][hf] = vfmaq_f32(sacc[i][hf], vcvtq_f32_s32(vmulq_s32(c, s0p[hf])), dxp);
+                        smin[i][hf] = vfmaq_f32(smin[i][hf], mfp[hf], vld1q_f32((const float *)(P + 112)));
+                    } else {
+                        acc[i][hf] = vfmaq_f32(acc[i][hf], vmulq_f32(dp[hf], dxp), vcvtq_f32_s32(c));
+                    }
+                }
+            }
+        }
+        if (kind == DP_L_Q4_K || kind == DP_L_Q6_K) {
+            float32x4_t mp[2] = {vdupq_n_f32(0.0f), vdupq_n_f32(0.0f)};
+            if (kind == DP_L_Q4_K) {
+                const float32x4_t dm = vcvt_f32_f16(vreinterpret_f16_u8(vld1_u8(h + 32 + 8 * qd)));
+                mp[0] = vzip1q_f32(dm, dm), mp[1] = vzip2q_f32(dm, dm);
+            }
+            for (int i = 0; i < NP; i++)
+                for (int hf = 0; hf < 2; hf++)
+                    acc[i][hf] = vfmsq_f32(vfmaq_f32(acc[i][hf], dp[hf], sacc[i][hf]), mp[hf], smin[i][hf]);
+        }
+    }
+    for (int i = 0; i < NP; i++) { /* lanes (row, act): even lanes are act a's, odd b's */
+        vst1q_f32(out + (r0 + 2 * i) * ldo + 4 * qd, vuzp1q_f32(acc[i][0], acc[i][1]));
+        vst1q_f32(out + (r0 + 2 * i + 1) * ldo + 4 * qd, vuzp2q_f32(acc[i][0], acc[i][1]));
+    }
+}
+#endif
+
 static inline __attribute__((always_inline)) void LN_SUFFIX(groups)(const int kind, const uint8_t *w, int64_t g0,
                                                                     int64_t g1, const dp_lact *a, float *out,
                                                                     int64_t ldo) {
@@ -370,6 +466,13 @@ static inline __attribute__((always_inline)) void LN_SUFFIX(groups)(const int ki
         }
         for (int qd = 0; qd < 4; qd++) {
             int64_t r = 0;
+#if LN_MMLA /* a->pairs is there: dp_attn_ops.lact_pairs */
+            for (; r + 4 <= a->R; r += 4) LN_SUFFIX(mmla_pass)(kind, gw, qd, a, r, 2, o, ldo);
+            if (a->R - r >= 2) {
+                LN_SUFFIX(mmla_pass)(kind, gw, qd, a, r, 1, o, ldo);
+                r += 2;
+            }
+#endif
             for (; r + 4 <= a->R; r += 4) LN_SUFFIX(quarter_pass)(kind, gw, qd, a, r, 4, o, ldo);
             switch (a->R - r) {
             case 3: LN_SUFFIX(quarter_pass)(kind, gw, qd, a, r, 3, o, ldo); break;

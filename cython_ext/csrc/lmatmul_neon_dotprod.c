@@ -13,6 +13,7 @@
 #define LN_DOT(acc, w, x, lane) ((acc) = vdotq_laneq_s32(acc, vreinterpretq_s8_u8(w), x, lane))
 #define LN_ACC_GET(acc) (acc)
 #define LN_UNSIGNED_DOT 0
+#define LN_MMLA 0
 #include "lmatmul_neon_body.h"
 
 void dp_lrows_neon_dotprod(int kind, const uint8_t *w, int64_t g0, int64_t g1, const dp_lact *a, float *out,

@@ -14,6 +14,7 @@
 #define LN_DOT(acc, w, x, lane) ((acc) = vusdotq_laneq_s32(acc, w, x, lane))
 #define LN_ACC_GET(acc) (acc)
 #define LN_UNSIGNED_DOT 1
+#define LN_MMLA 1
 #include "lmatmul_neon_body.h"
 
 void dp_lrows_neon_i8mm(int kind, const uint8_t *w, int64_t g0, int64_t g1, const dp_lact *a, float *out,
