@@ -7,14 +7,12 @@
 #include "dp_pool.h"
 #include "lmatmul.h"
 
+#define LKIND(kind, name, ggml_bytes) [kind] = {name, dp_lkind_sb(kind), ggml_bytes, dp_lkind_header(kind), dp_lkind_unit(kind)}
 const dp_lkind_info dp_lkinds[DP_L_NUM_KINDS] = {
-    /*            name    sb   ggml header unit */
-    [DP_L_Q4_K] = {"Q4_K", 256, 144, 320, 256},
-    [DP_L_Q6_K] = {"Q6_K", 256, 210, 288, 384},
-    [DP_L_Q5_0] = {"Q5_0", 32, 22, 32, 320},
-    [DP_L_Q8_0] = {"Q8_0", 32, 34, 32, 512},
-    [DP_L_Q4_0] = {"Q4_0", 32, 18, 32, 256},
+    LKIND(DP_L_Q4_K, "Q4_K", 144), LKIND(DP_L_Q6_K, "Q6_K", 210), LKIND(DP_L_Q5_0, "Q5_0", 22),
+    LKIND(DP_L_Q8_0, "Q8_0", 34), LKIND(DP_L_Q4_0, "Q4_0", 18),
 };
+#undef LKIND
 
 static int64_t sb_bytes(const dp_lkind_info *k) { return k->header + k->sb / 32 * k->unit; }
 

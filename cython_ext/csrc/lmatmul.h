@@ -59,6 +59,14 @@ static inline int dp_lkind_zero_point(int kind) {
     return kind == DP_L_Q6_K ? 32 : kind == DP_L_Q5_0 ? 16 : kind == DP_L_Q8_0 ? 128 : kind == DP_L_Q4_0 ? 8 : 0;
 }
 
+/* A kind's sizes (dp_lkind_info's sb, header, unit), as constant expressions of the kind:
+ * dp_lkinds is made from them, and a kernel instantiated per kind knows them at compile
+ * time (dp_lkinds itself lives in lmatmul.c). */
+#define dp_lkind_sb(kind) ((int64_t)((kind) == DP_L_Q4_K || (kind) == DP_L_Q6_K ? 256 : 32))
+#define dp_lkind_header(kind) ((int64_t)((kind) == DP_L_Q4_K ? 320 : (kind) == DP_L_Q6_K ? 288 : 32))
+#define dp_lkind_unit(kind) \
+    ((int64_t)((kind) == DP_L_Q6_K ? 384 : (kind) == DP_L_Q5_0 ? 320 : (kind) == DP_L_Q8_0 ? 512 : 256))
+
 /* Every cache line of [p, p + bytes) prefetched this far ahead, a line at a time: a decode
  * product streams its weight from DRAM once, and the hardware prefetchers alone held it to
  * 17-20 GB/s where the machine reads 32 (every line 2 KiB ahead: 26-28; 1 KiB, 3 KiB and
@@ -66,7 +74,9 @@ static inline int dp_lkind_zero_point(int kind) {
  * a prefetch does not fault. */
 #define DP_LMATMUL_PREFETCH 2048
 
-static inline void dp_lprefetch(const uint8_t *p, int64_t bytes) {
+static inline __attribute__((always_inline)) void dp_lprefetch(const uint8_t *p, int64_t bytes) {
+    /* bytes is a kind's constant where the kernels call it: one prefetch a line, no loop */
+#pragma GCC unroll 16
     for (int64_t o = 0; o < bytes; o += 64) __builtin_prefetch(p + DP_LMATMUL_PREFETCH + o, 0, 3);
 }
 

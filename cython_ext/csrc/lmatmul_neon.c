@@ -28,5 +28,5 @@ static inline __attribute__((always_inline)) void neon_dot(neon_acc *acc, uint8x
 #include "lmatmul_neon_body.h"
 
 void dp_lrows_neon(int kind, const uint8_t *w, int64_t g0, int64_t g1, const dp_lact *a, float *out, int64_t ldo) {
-    DP_LKIND_DISPATCH(kind, groups_neon, w, g0, g1, a, out, ldo)
+    lrows_neon(kind, w, g0, g1, a, out, ldo);
 }

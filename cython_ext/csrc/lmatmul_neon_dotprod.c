@@ -18,7 +18,7 @@
 
 void dp_lrows_neon_dotprod(int kind, const uint8_t *w, int64_t g0, int64_t g1, const dp_lact *a, float *out,
                            int64_t ldo) {
-    DP_LKIND_DISPATCH(kind, groups_dotprod, w, g0, g1, a, out, ldo)
+    lrows_dotprod(kind, w, g0, g1, a, out, ldo);
 }
 
 #define QN_SUFFIX(n) n##_dotprod

@@ -19,7 +19,7 @@
 
 void dp_lrows_neon_i8mm(int kind, const uint8_t *w, int64_t g0, int64_t g1, const dp_lact *a, float *out,
                         int64_t ldo) {
-    DP_LKIND_DISPATCH(kind, groups_i8mm, w, g0, g1, a, out, ldo)
+    lrows_i8mm(kind, w, g0, g1, a, out, ldo);
 }
 
 #define QN_SUFFIX(n) n##_i8mm
