@@ -63,20 +63,44 @@ static inline __m256 i8_ps(const uint8_t *p) {
 }
 static inline __m256 f16_ps(const uint8_t *p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)); }
 
+/* Four steps without VNNI. maddubs' int16 pair sums are at most 2 x 31 x 127 = 7,874 for
+ * values below 32 (Q4_K, Q4_0, Q5_0), so four steps add up in int16 before one madd widens
+ * them; Q6_K's (below 64: 16,002) two at a time; Q8_0's one at a time (dot). */
+static inline __attribute__((always_inline)) __m256i dot4(const int kind, __m256i a, const __m256i *v,
+                                                          const int32_t *x) {
+    const __m256i one = _mm256_set1_epi16(1);
+#define P(j) _mm256_maddubs_epi16(v[j], _mm256_set1_epi32(x[j]))
+    if (kind == DP_L_Q8_0) {
+        for (int j = 0; j < 4; j++) a = dot(kind, a, v[j], _mm256_set1_epi32(x[j]));
+        return a;
+    }
+    if (kind == DP_L_Q6_K) {
+        a = _mm256_add_epi32(a, _mm256_madd_epi16(_mm256_add_epi16(P(0), P(1)), one));
+        return _mm256_add_epi32(a, _mm256_madd_epi16(_mm256_add_epi16(P(2), P(3)), one));
+    }
+    return _mm256_add_epi32(a, _mm256_madd_epi16(_mm256_add_epi16(_mm256_add_epi16(P(0), P(1)),
+                                                                  _mm256_add_epi16(P(2), P(3))), one));
+#undef P
+}
+
 #define LM2_ATTR
 #define LM2_SUFFIX(n) n##_plain
-#define LM2_DOT(kind, a, v, x) dot(kind, a, v, x)
+#define LM2_DOT4(kind, a, v, x) dot4(kind, a, v, x)
 #include "lmatmul_avx2_body.h"
 #undef LM2_ATTR
 #undef LM2_SUFFIX
-#undef LM2_DOT
+#undef LM2_DOT4
 
 /* AVX-VNNI (VEX dpbusd: Intel's hybrid laptops from Alder Lake on, AMD from Zen 5), only
  * for this loop (a target attribute): uint8 by int8 straight into int32 lanes, Q8_0's
  * values as they are. */
 #define LM2_ATTR __attribute__((target("avxvnni")))
 #define LM2_SUFFIX(n) n##_vnni
-#define LM2_DOT(kind, a, v, x) _mm256_dpbusd_avx_epi32(a, v, x)
+__attribute__((target("avxvnni"))) static inline __m256i dot4_vnni(__m256i a, const __m256i *v, const int32_t *x) {
+    for (int j = 0; j < 4; j++) a = _mm256_dpbusd_avx_epi32(a, v[j], _mm256_set1_epi32(x[j]));
+    return a;
+}
+#define LM2_DOT4(kind, a, v, x) dot4_vnni(a, v, x)
 #include "lmatmul_avx2_body.h"
 
 void dp_lrows_avx2(int kind, const uint8_t *w, int64_t g0, int64_t g1, const dp_lact *a, float *out, int64_t ldo) {

@@ -2,8 +2,9 @@
  * without). Before including, define:
  *   LM2_ATTR              the functions' attributes (a target, or nothing)
  *   LM2_SUFFIX(n)         n with the variant's suffix
- *   LM2_DOT(kind, a, v, x) a + the 8 lanes' sums of 4 products of uint8 v (any byte) and
- *                         int8 x (an int32 broadcast of 4 activations) */
+ *   LM2_DOT4(kind, a, v, x) a + the 8 lanes' sums of the products of the 4 steps v[0..4)
+ *                         (uint8, any byte) and activations x[0..4) (each 4 int8 as an
+ *                         int32, broadcast) */
 
 static inline __attribute__((always_inline)) LM2_ATTR void LM2_SUFFIX(pass)(const int kind, const uint8_t *gw, const int hf,
                                                        const dp_lact *a, const int64_t r0, const int RR, float *out,
@@ -36,8 +37,8 @@ static inline __attribute__((always_inline)) LM2_ATTR void LM2_SUFFIX(pass)(cons
                 const int32_t *xs = a->xs + r * (K / 16) + 2 * kb;
                 const __m256 dx = _mm256_set1_ps(a->xd[r * (K / 32) + kb]);
                 __m256i d0 = _mm256_setzero_si256(), d1 = _mm256_setzero_si256();
-                for (int j = 0; j < 4; j++) d0 = LM2_DOT(kind, d0, v[j], _mm256_set1_epi32(x[j]));
-                for (int j = 4; j < 8; j++) d1 = LM2_DOT(kind, d1, v[j], _mm256_set1_epi32(x[j]));
+                d0 = LM2_DOT4(kind, d0, v, x);
+                d1 = LM2_DOT4(kind, d1, v + 4, x + 4);
                 if (kind == DP_L_Q6_K) { /* two scales: the halves of 16 apart */
                     d0 = _mm256_sub_epi32(d0, _mm256_set1_epi32(32 * xs[0]));
                     d1 = _mm256_sub_epi32(d1, _mm256_set1_epi32(32 * xs[1]));
