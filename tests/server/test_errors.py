@@ -78,8 +78,9 @@ def _all_subclasses(cls) -> set[type]:
 
 
 SERVER_SIDE = {"ModelLoadError", "HubModelError", "ConfigError", "TokenizerError", "DependencyError",
-               "CorruptEntry", "BenchProcessError"}
-"""DualPath's errors that only a broken install, model or config raises: 500, message withheld."""
+               "CorruptEntry", "BenchProcessError", "ArmBenchError", "IllegalInstruction", "PeerError"}
+"""DualPath's errors that only a broken install, model or config raises (or a benchmark, which
+never runs in the server): 500, message withheld."""
 MAKE = {"ModelLoadError": lambda cls, m: cls("model.gguf", m), "HubModelError": lambda cls, m: cls("org/repo", None, m),
         "QueueFullError": lambda cls, m: cls(5, 4), "StructuredOutputError": lambda cls, m: cls("response_format", m)}
 """How to build the errors whose constructors take more than a message."""
