@@ -177,5 +177,6 @@ p0=$passed t0=$total
 golden max "generic neon neon_fp16 neon_dotprod neon_i8mm" "$GOLDEN::test_golden_ids_with_each_forced_kernel"
 echo "aarch64 golden on onnxruntime $ORT_TERMUX: $((passed - p0))/$((total - t0))"
 echo "== $(( $(date +%s) - t_start )) s"
+[ -z "${DUALPATH_AARCH64_KEEP:-}" ] || echo "== the build is kept in $WORK (dualpath bench arm --aarch64-work)"
 echo "aarch64 golden: $passed/$total"
 [ "$passed" = "$total" ] && [ "$total" -ge 6 ]
