@@ -370,14 +370,15 @@ static inline __attribute__((always_inline)) void LN_SUFFIX(mmla_pass)(const int
     const int64_t hb = dp_lkind_header(kind), ub = dp_lkind_unit(kind), sb = dp_lkind_sb(kind);
     const int64_t K = a->K, nsb = K / sb, units = sb / 32, sbb = hb + units * ub;
     const int32_t z = LN_Z(kind);
-    float32x4_t acc[2][2], sacc[2][2], smin[2][2]; /* [pair][rows 0-1, rows 2-3] */
+    float32x4_t acc[4][2], sacc[2][2]; /* [pair][rows 0-1, rows 2-3]; sacc: Q6_K's (NP <= 2) */
     for (int i = 0; i < NP; i++) acc[i][0] = acc[i][1] = vdupq_n_f32(0.0f);
     for (int64_t s = 0; s < nsb; s++) {
         const uint8_t *h = gw + s * sbb;
         if (r0 == 0 && qd == 0) dp_lprefetch(h, hb);
         const float32x4_t d = vcvt_f32_f16(vreinterpret_f16_u8(vld1_u8(h + 8 * qd)));
         const float32x4_t dp[2] = {vzip1q_f32(d, d), vzip2q_f32(d, d)};
-        for (int i = 0; i < NP; i++) sacc[i][0] = sacc[i][1] = smin[i][0] = smin[i][1] = vdupq_n_f32(0.0f);
+        if (kind == DP_L_Q6_K)
+            for (int i = 0; i < NP; i++) sacc[i][0] = sacc[i][1] = vdupq_n_f32(0.0f);
         for (int64_t b = 0; b < units; b++) {
             const uint8_t *unit = h + hb + b * ub;
             if (r0 == 0 && qd == 0) dp_lprefetch(unit, ub);
@@ -389,19 +390,21 @@ static inline __attribute__((always_inline)) void LN_SUFFIX(mmla_pass)(const int
                 W[1][p] = vreinterpretq_u8_u32(vzip2q_u32(e, o));
             }
             const int64_t kb = s * units + b;
+            /* Q6_K: its two int8 scales, applied in integers; Q4_K: d x sc and dmin x m in f32,
+             * made once for all the pairs (no per-superblock accumulators: 4 pairs fit) */
             int32x4_t s0p[2] = {vdupq_n_s32(0), vdupq_n_s32(0)}, s1p[2] = {vdupq_n_s32(0), vdupq_n_s32(0)};
-            float32x4_t mfp[2] = {vdupq_n_f32(0.0f), vdupq_n_f32(0.0f)};
-            if (kind == DP_L_Q4_K || kind == DP_L_Q6_K) {
-                const int32x4_t s0 = kind == DP_L_Q4_K ? LN_SUFFIX(u8x4_s32)(h + 64 + 16 * b + 4 * qd)
-                                                       : LN_SUFFIX(i8x4_s32)(h + 32 + 16 * (2 * b) + 4 * qd);
+            float32x4_t scp[2] = {dp[0], dp[1]}, mnp[2] = {vdupq_n_f32(0.0f), vdupq_n_f32(0.0f)};
+            if (kind == DP_L_Q6_K) {
+                const int32x4_t s0 = LN_SUFFIX(i8x4_s32)(h + 32 + 16 * (2 * b) + 4 * qd);
+                const int32x4_t s1 = LN_SUFFIX(i8x4_s32)(h + 32 + 16 * (2 * b + 1) + 4 * qd);
                 s0p[0] = vzip1q_s32(s0, s0), s0p[1] = vzip2q_s32(s0, s0);
-                if (kind == DP_L_Q6_K) {
-                    const int32x4_t s1 = LN_SUFFIX(i8x4_s32)(h + 32 + 16 * (2 * b + 1) + 4 * qd);
-                    s1p[0] = vzip1q_s32(s1, s1), s1p[1] = vzip2q_s32(s1, s1);
-                } else {
-                    const float32x4_t mf = vcvtq_f32_s32(LN_SUFFIX(u8x4_s32)(h + 192 + 16 * b + 4 * qd));
-                    mfp[0] = vzip1q_f32(mf, mf), mfp[1] = vzip2q_f32(mf, mf);
-                }
+                s1p[0] = vzip1q_s32(s1, s1), s1p[1] = vzip2q_s32(s1, s1);
+            } else if (kind == DP_L_Q4_K) {
+                const float32x4_t sc = vmulq_f32(d, vcvtq_f32_s32(LN_SUFFIX(u8x4_s32)(h + 64 + 16 * b + 4 * qd)));
+                const float32x4_t dm = vcvt_f32_f16(vreinterpret_f16_u8(vld1_u8(h + 32 + 8 * qd)));
+                const float32x4_t mn = vmulq_f32(dm, vcvtq_f32_s32(LN_SUFFIX(u8x4_s32)(h + 192 + 16 * b + 4 * qd)));
+                scp[0] = vzip1q_f32(sc, sc), scp[1] = vzip2q_f32(sc, sc);
+                mnp[0] = vzip1q_f32(mn, mn), mnp[1] = vzip2q_f32(mn, mn);
             }
             for (int i = 0; i < NP; i++) {
                 const uint8_t *P = a->pairs + ((r0 / 2 + i) * (K / 32) + kb) * DP_LPAIR_BYTES;
@@ -425,25 +428,15 @@ static inline __attribute__((always_inline)) void LN_SUFFIX(mmla_pass)(const int
                     c = vusmmlaq_s32(c, W[hf][1], X[1]);
                     c = vusmmlaq_s32(c, W[hf][2], X[2]);
                     c = vusmmlaq_s32(c, W[hf][3], X[3]);
-                    if (kind == DP_L_Q4_K) {
-                        sacc[i][hf] = vfmaq_f32(sacc[i][hf], vcvtq_f32_s32(vmulq_s32(c, s0p[hf])), dxp);
-                        smin[i][hf] = vfmaq_f32(smin[i][hf], mfp[hf], vld1q_f32((const float *)(P + 112)));
-                    } else {
-                        acc[i][hf] = vfmaq_f32(acc[i][hf], vmulq_f32(dp[hf], dxp), vcvtq_f32_s32(c));
-                    }
+                    acc[i][hf] = vfmaq_f32(acc[i][hf], vmulq_f32(scp[hf], dxp), vcvtq_f32_s32(c));
+                    if (kind == DP_L_Q4_K) /* less dmin x m x dx x the block's sum */
+                        acc[i][hf] = vfmsq_f32(acc[i][hf], mnp[hf], vld1q_f32((const float *)(P + 112)));
                 }
             }
         }
-        if (kind == DP_L_Q4_K || kind == DP_L_Q6_K) {
-            float32x4_t mp[2] = {vdupq_n_f32(0.0f), vdupq_n_f32(0.0f)};
-            if (kind == DP_L_Q4_K) {
-                const float32x4_t dm = vcvt_f32_f16(vreinterpret_f16_u8(vld1_u8(h + 32 + 8 * qd)));
-                mp[0] = vzip1q_f32(dm, dm), mp[1] = vzip2q_f32(dm, dm);
-            }
+        if (kind == DP_L_Q6_K)
             for (int i = 0; i < NP; i++)
-                for (int hf = 0; hf < 2; hf++)
-                    acc[i][hf] = vfmsq_f32(vfmaq_f32(acc[i][hf], dp[hf], sacc[i][hf]), mp[hf], smin[i][hf]);
-        }
+                for (int hf = 0; hf < 2; hf++) acc[i][hf] = vfmaq_f32(acc[i][hf], dp[hf], sacc[i][hf]);
     }
     for (int i = 0; i < NP; i++) { /* lanes (row, act): even lanes are act a's, odd b's */
         vst1q_f32(out + (r0 + 2 * i) * ldo + 4 * qd, vuzp1q_f32(acc[i][0], acc[i][1]));
@@ -467,6 +460,8 @@ static inline __attribute__((always_inline)) void LN_SUFFIX(groups)(const int ki
         for (int qd = 0; qd < 4; qd++) {
             int64_t r = 0;
 #if LN_MMLA /* a->pairs is there: dp_attn_ops.lact_pairs */
+            if (kind != DP_L_Q6_K) /* 4 pairs share a quarter's unpacking (Q6_K's registers fit 2) */
+                for (; r + 8 <= a->R; r += 8) LN_SUFFIX(mmla_pass)(kind, gw, qd, a, r, 4, o, ldo);
             for (; r + 4 <= a->R; r += 4) LN_SUFFIX(mmla_pass)(kind, gw, qd, a, r, 2, o, ldo);
             if (a->R - r >= 2) {
                 LN_SUFFIX(mmla_pass)(kind, gw, qd, a, r, 1, o, ldo);
