@@ -155,31 +155,30 @@ static inline __attribute__((always_inline)) void LN_SUFFIX(unit_dots)(const int
     A[0] = a0, A[1] = a1, A[2] = a2, A[3] = a3, B[0] = b0, B[1] = b1, B[2] = b2, B[3] = b3;
 }
 
-/* One activation row r against one group of 16 rows (gw: the group's first superblock):
- * out[0..16). Per unit, the integer sums of each row are scaled in f32 by the unit's
+/* Decode: the one activation row against one group of 16 rows (gw: the group's first
+ * superblock): out[0..16). Per unit, the integer sums of each row are scaled in f32 by the unit's
  * scales and the activations' dx; Q4_K's d and the mins' dmin multiply once a superblock. */
 static inline __attribute__((always_inline)) void LN_SUFFIX(row)(const int kind, const uint8_t *gw,
-                                                                 const dp_lact *a, const int64_t r, float *out,
-                                                                 const int prefetch) {
+                                                                 const dp_lact *a, float *out) {
     const int64_t hb = dp_lkind_header(kind), ub = dp_lkind_unit(kind), sb = dp_lkind_sb(kind);
     const int64_t K = a->K, nsb = K / sb, units = sb / 32, sbb = hb + units * ub;
     const int32_t z = LN_Z(kind);
-    const int8_t *xq = a->xq + r * K;
-    const int32_t *xs = a->xs + r * (K / 16);
-    const float *xd = a->xd + r * (K / 32);
+    const int8_t *xq = a->xq;
+    const int32_t *xs = a->xs;
+    const float *xd = a->xd;
     float32x4_t acc[4], macc[4];
 #pragma GCC unroll 4
     for (int q = 0; q < 4; q++) acc[q] = macc[q] = vdupq_n_f32(0.0f);
     for (int64_t s = 0; s < nsb; s++) {
         const uint8_t *h = gw + s * sbb;
-        if (prefetch) dp_lprefetch(h, hb);
+        dp_lprefetch(h, hb);
         /* Q4_K, Q6_K: sums over the superblock's units of dx sc dot (and of dx sum m), then d (dmin) */
         float32x4_t sacc[4], smin[4];
 #pragma GCC unroll 4
         for (int q = 0; q < 4; q++) sacc[q] = smin[q] = vdupq_n_f32(0.0f);
         for (int64_t b = 0; b < units; b++) {
             const uint8_t *unit = h + hb + b * ub;
-            if (prefetch) dp_lprefetch(unit, ub);
+            dp_lprefetch(unit, ub);
             const int64_t kb = s * units + b;
             const int8x16_t x0 = vld1q_s8(xq + 32 * kb), x1 = vld1q_s8(xq + 32 * kb + 16);
             const float dx = xd[kb];
@@ -454,7 +453,7 @@ static inline __attribute__((always_inline)) void LN_SUFFIX(groups)(const int ki
         const uint8_t *gw = w + g * gstride;
         float *o = out + 16 * g;
         if (a->R == 1) { /* decode: one pass, each load of a step serving its four quarters */
-            LN_SUFFIX(row)(kind, gw, a, 0, o, 1);
+            LN_SUFFIX(row)(kind, gw, a, o);
             continue;
         }
         for (int qd = 0; qd < 4; qd++) {
