@@ -126,11 +126,14 @@ int dp_lform_from_ggml(int kind, const uint8_t *src, int64_t src_bytes, int64_t 
 
 /* ---- activations ---- */
 
-void dp_lact_quantize(const float *x, int64_t R, int64_t K, int8_t *xq, float *xd, int32_t *xs) {
+void dp_lact_quantize(const float *x, int64_t R, int64_t K, int8_t *xq, float *xd, int32_t *xs, float *xm) {
     for (int64_t b = 0; b < R * K / 32; b++) {
         const float *v = x + b * 32;
         float amax = 0.0f;
-        for (int i = 0; i < 32; i++) amax = fmaxf(amax, fabsf(v[i]));
+        for (int i = 0; i < 32; i++) { /* not fmaxf, a call where NaN rules stop vectorizing */
+            const float m = fabsf(v[i]);
+            amax = m > amax ? m : amax;
+        }
         const float d = amax / 127.0f, inv = d > 0.0f ? 1.0f / d : 0.0f;
         xd[b] = d;
         int32_t s0 = 0, s1 = 0;
@@ -142,6 +145,7 @@ void dp_lact_quantize(const float *x, int64_t R, int64_t K, int8_t *xq, float *x
         }
         xs[2 * b] = s0;
         xs[2 * b + 1] = s1;
+        xm[b] = d * (float)(s0 + s1);
     }
 }
 
@@ -160,7 +164,7 @@ void dp_lact_pairs(const dp_lact *a, uint8_t *out) {
                 s0[r] = s0[r + 2] = xs[0];
                 s1[r] = s1[r + 2] = xs[1];
                 dx[r] = dx[r + 2] = d;
-                t[r] = t[r + 2] = d * (float)(xs[0] + xs[1]);
+                t[r] = t[r + 2] = a->xm[row * nb + kb];
             }
             memcpy(o + 64, s0, 16);
             memcpy(o + 80, s1, 16);
@@ -325,19 +329,19 @@ int dp_lmatmul(dp_pool *pool, const dp_attn_ops *ops, const dp_ljob *jobs, int n
     for (int i = 0; i < njobs; i++)
         run.first[i + 1] = run.first[i] + (jobs[i].N / 16 + run.per_task - 1) / run.per_task;
     void *buf = NULL;
-    run.act = (dp_lact){NULL, NULL, NULL, R, K, NULL};
+    run.act = (dp_lact){.R = R, .K = K};
     if (int8_act) {
         /* pairs first: its records are 16-byte vectors */
         const size_t pair_bytes = ops->lact_pairs && R >= 2 ? (size_t)(R / 2 * (K / 32)) * DP_LPAIR_BYTES : 0;
-        buf = dp_malloc(pair_bytes + (size_t)(R * K) + (size_t)(R * K / 32) * sizeof(float) +
+        buf = dp_malloc(pair_bytes + (size_t)(R * K) + 2 * (size_t)(R * K / 32) * sizeof(float) +
                         (size_t)(R * K / 16) * sizeof(int32_t));
         if (!buf) return DP_ERR_NOMEM;
         uint8_t *pairs = (uint8_t *)buf;
-        float *xd = (float *)(pairs + pair_bytes);
-        int32_t *xs = (int32_t *)(xd + R * K / 32);
+        float *xd = (float *)(pairs + pair_bytes), *xm = xd + R * K / 32;
+        int32_t *xs = (int32_t *)(xm + R * K / 32);
         int8_t *xq = (int8_t *)(xs + R * K / 16);
-        dp_lact_quantize(x, R, K, xq, xd, xs);
-        run.act = (dp_lact){xq, xd, xs, R, K, NULL};
+        dp_lact_quantize(x, R, K, xq, xd, xs, xm);
+        run.act = (dp_lact){.xq = xq, .xd = xd, .xs = xs, .R = R, .K = K, .xm = xm};
         if (pair_bytes) {
             dp_lact_pairs(&run.act, pairs);
             run.act.pairs = pairs;

@@ -106,7 +106,9 @@ int dp_lform_rows(int kind, const uint8_t *w, int64_t w_len, int64_t N, int64_t 
                   float *out, int64_t out_len);
 
 /* The activations of R rows of K values as the kernels take them: xq (R, K) int8,
- * xd (R, K / 32) f32 and xs (R, K / 16) int32, the sums of each 16 of xq. For an ISA that
+ * xd (R, K / 32) f32, xs (R, K / 16) int32, the sums of each 16 of xq, and xm (R, K / 32)
+ * f32, xd x the block's sum (Q4_K's mins take it: one broadcast a block, no int-to-float
+ * conversion in the loop). For an ISA that
  * takes rows in pairs (dp_attn_ops.lact_pairs), also `pairs`: (R / 2, K / 32) records of
  * DP_LPAIR_BYTES, rows 2i and 2i + 1 of block kb (a, b below) as a 2 x 8 matrix multiply
  * wants them, and their per-block terms in its 2 x 2 output's lane order (a, b, a, b):
@@ -123,11 +125,12 @@ typedef struct {
     const int32_t *xs;
     int64_t R, K;
     const uint8_t *pairs;
+    const float *xm;
 } dp_lact;
 
 #define DP_LPAIR_BYTES 128
 
-void dp_lact_quantize(const float *x, int64_t R, int64_t K, int8_t *xq, float *xd, int32_t *xs);
+void dp_lact_quantize(const float *x, int64_t R, int64_t K, int8_t *xq, float *xd, int32_t *xs, float *xm);
 /* The pairs records of dp_lact from its xq, xd, xs (R >= 2): out (R / 2, K / 32, 128 B). */
 void dp_lact_pairs(const dp_lact *a, uint8_t *out);
 

@@ -1,57 +1,42 @@
 /* AVX2 layer products (lmatmul.h), built with -mavx2 -mfma -mf16c and chosen at run time;
  * the AVX-VNNI variant alone is compiled for AVX-VNNI (a target attribute) and runs only
  * where the CPU has it (the avx_vnni row of dp_isas).
- * A 64-byte step of the form is two 32-byte halves, rows 0-7 and 8-15; with 16 vector
- * registers a pass takes one half against 2 activation rows, its 8 steps unpacked once
- * (lmatmul_avx2_body.h). Without VNNI: maddubs pairs (|v x| <= 63 x 128 x 2 fits int16)
- * then madd to int32 lanes; Q8_0's values reach 255, which maddubs would saturate: they go
- * as int8 q = v - 128 (|q| and x with q's sign), plus 128 x the 4 activations' sum. */
+ * A 64-byte step of the form is two 32-byte halves, rows 0-7 and 8-15; a pass takes one
+ * half against up to 4 activation rows (lmatmul_avx2_body.h), two steps unpacked at a
+ * time. */
 #include <immintrin.h>
 #include "dp_attn_ops.h"
 #include "lmatmul.h"
 
-/* Half `hf` (rows 8 hf .. 8 hf + 7) of a unit's 8 steps as uint8 values. */
-static inline __attribute__((always_inline)) void unpack(const int kind, const uint8_t *u, const int hf,
-                                                         __m256i v[8]) {
-    if (kind == DP_L_Q8_0) {
-        for (int j = 0; j < 8; j++) v[j] = _mm256_loadu_si256((const __m256i *)(u + 64 * j + 32 * hf));
-        return;
-    }
+/* Steps 2c and 2c + 1 of a unit's half hf (rows 8 hf .. 8 hf + 7) as uint8 values. */
+static inline __attribute__((always_inline)) void unpack2(const int kind, const uint8_t *u, const int hf, const int c,
+                                                          __m256i *v0, __m256i *v1) {
     const __m256i lo = _mm256_set1_epi8(0x0f);
-    for (int c = 0; c < 4; c++) {
-        const __m256i raw = _mm256_loadu_si256((const __m256i *)(u + 64 * c + 32 * hf));
-        v[2 * c] = _mm256_and_si256(raw, lo);
-        v[2 * c + 1] = _mm256_and_si256(_mm256_srli_epi16(raw, 4), lo);
-    }
+    const __m256i raw = _mm256_loadu_si256((const __m256i *)(u + 64 * c + 32 * hf));
+    *v0 = _mm256_and_si256(raw, lo);
+    *v1 = _mm256_and_si256(_mm256_srli_epi16(raw, 4), lo);
     if (kind == DP_L_Q5_0) { /* 32 bits -> 32 bytes: byte i takes bit i % 8 of byte i / 8 */
         const __m256i pick = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2,
                                               3, 3, 3, 3, 3, 3, 3, 3);
         const __m256i bits = _mm256_set1_epi64x((long long)0x8040201008040201ull);
-        for (int j = 0; j < 8; j++) {
+        __m256i *v[2] = {v0, v1};
+        for (int k = 0; k < 2; k++) {
             int32_t m;
-            memcpy(&m, u + 256 + 8 * j + 4 * hf, 4);
+            memcpy(&m, u + 256 + 8 * (2 * c + k) + 4 * hf, 4);
             const __m256i b = _mm256_and_si256(_mm256_shuffle_epi8(_mm256_set1_epi32(m), pick), bits);
-            v[j] = _mm256_or_si256(v[j], _mm256_and_si256(_mm256_cmpeq_epi8(b, bits), _mm256_set1_epi8(0x10)));
+            *v[k] = _mm256_or_si256(*v[k], _mm256_and_si256(_mm256_cmpeq_epi8(b, bits), _mm256_set1_epi8(0x10)));
         }
-    } else if (kind == DP_L_Q6_K) {
+    } else if (kind == DP_L_Q6_K) { /* step j's bits 4-5 at bits 2 (j % 4) of plane j / 4 */
         const __m256i hi = _mm256_set1_epi8(0x30);
-        for (int c = 0; c < 2; c++) {
-            const __m256i p = _mm256_loadu_si256((const __m256i *)(u + 256 + 64 * c + 32 * hf));
-            v[4 * c + 0] = _mm256_or_si256(v[4 * c + 0], _mm256_and_si256(_mm256_slli_epi16(p, 4), hi));
-            v[4 * c + 1] = _mm256_or_si256(v[4 * c + 1], _mm256_and_si256(_mm256_slli_epi16(p, 2), hi));
-            v[4 * c + 2] = _mm256_or_si256(v[4 * c + 2], _mm256_and_si256(p, hi));
-            v[4 * c + 3] = _mm256_or_si256(v[4 * c + 3], _mm256_and_si256(_mm256_srli_epi16(p, 2), hi));
+        const __m256i p = _mm256_loadu_si256((const __m256i *)(u + 256 + 64 * (c / 2) + 32 * hf));
+        if (c % 2 == 0) {
+            *v0 = _mm256_or_si256(*v0, _mm256_and_si256(_mm256_slli_epi16(p, 4), hi));
+            *v1 = _mm256_or_si256(*v1, _mm256_and_si256(_mm256_slli_epi16(p, 2), hi));
+        } else {
+            *v0 = _mm256_or_si256(*v0, _mm256_and_si256(p, hi));
+            *v1 = _mm256_or_si256(*v1, _mm256_and_si256(_mm256_srli_epi16(p, 2), hi));
         }
     }
-}
-
-static inline __m256i dot(const int kind, __m256i a, __m256i v, __m256i x) {
-    const __m256i one = _mm256_set1_epi16(1);
-    if (kind != DP_L_Q8_0) return _mm256_add_epi32(a, _mm256_madd_epi16(_mm256_maddubs_epi16(v, x), one));
-    const __m256i q = _mm256_xor_si256(v, _mm256_set1_epi8((char)0x80));
-    const __m256i qx = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(q), _mm256_sign_epi8(x, q)), one);
-    const __m256i xsum = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), x), one);
-    return _mm256_add_epi32(a, _mm256_add_epi32(qx, _mm256_slli_epi32(xsum, 7)));
 }
 
 /* 8 uint8 / int8 / fp16 (one per row) as f32 lanes */
@@ -63,44 +48,99 @@ static inline __m256 i8_ps(const uint8_t *p) {
 }
 static inline __m256 f16_ps(const uint8_t *p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)); }
 
-/* Four steps without VNNI. maddubs' int16 pair sums are at most 2 x 31 x 127 = 7,874 for
- * values below 32 (Q4_K, Q4_0, Q5_0), so four steps add up in int16 before one madd widens
- * them; Q6_K's (below 64: 16,002) two at a time; Q8_0's one at a time (dot). */
-static inline __attribute__((always_inline)) __m256i dot4(const int kind, __m256i a, const __m256i *v,
-                                                          const int32_t *x) {
-    const __m256i one = _mm256_set1_epi16(1);
-#define P(j) _mm256_maddubs_epi16(v[j], _mm256_set1_epi32(x[j]))
-    if (kind == DP_L_Q8_0) {
-        for (int j = 0; j < 4; j++) a = dot(kind, a, v[j], _mm256_set1_epi32(x[j]));
-        return a;
+/* The chunks (pairs of steps) of part p: Q6_K's two halves of 16 values, else the unit. */
+#define LM2_CHUNKS(kind, p, c0, nc)                       \
+    const int c0 = (kind) == DP_L_Q6_K ? 2 * (p) : 0;     \
+    const int nc = (kind) == DP_L_Q6_K ? 2 : 4
+
+/* The loops over a pass's rows are written out: rows in arrays (acc[RR], t[RR]) went to
+ * the stack and back every unit, whatever the unrolling. M(i) is done for i < RR only. */
+#define LM2_EACH(M) M(0) M(1) M(2) M(3)
+
+/* An empty asm that claims to change v: GCC's reassociation otherwise turns a row's chain
+ * of sums into a tree, and the 4 rows' products, all live at once, went to the stack. */
+#define LM2_KEEP(v) __asm__("" : "+x"(v))
+
+/* Without VNNI: maddubs, whose int16 pair sums are at most 2 x 127 x the values' largest,
+ * then madd to int32. The int16 sums add up before one madd while they fit in 32,767:
+ * 8 steps of Q4_K and Q4_0 (values below 16: 30,480), 4 of Q5_0 (below 32: 31,496), 2 of
+ * Q6_K (below 64: 32,004). Q8_0's values reach 255, which maddubs would saturate: its
+ * sums are taken on q = v - 128 (|q| times x with q's sign), so its offset is gone.
+ * In the scope of the pass: RR, x0..x3 (the rows' activations of the unit as int32) and
+ * t0..t3 (the sums). */
+#define LM2_Q8_ROW_PLAIN(i)                                                                              \
+    if ((i) < RR)                                                                                        \
+        t##i = _mm256_add_epi32(t##i, _mm256_madd_epi16(_mm256_maddubs_epi16(                          \
+                                          aq, _mm256_sign_epi8(_mm256_set1_epi32(x##i[j]), q)), one));
+#define LM2_ROW_PLAIN(i)                                                                                 \
+    if ((i) < RR) {                                                                                      \
+        const __m256i pr = _mm256_add_epi16(_mm256_maddubs_epi16(v0, _mm256_set1_epi32(x##i[2 * c])),   \
+                                            _mm256_maddubs_epi16(v1, _mm256_set1_epi32(x##i[2 * c + 1]))); \
+        s16_##i = (c - c0) % fit ? _mm256_add_epi16(s16_##i, pr) : pr;                                  \
+        LM2_KEEP(s16_##i);                                                                               \
+        if ((c - c0) % fit == fit - 1) t##i = _mm256_add_epi32(t##i, _mm256_madd_epi16(s16_##i, one));  \
     }
-    if (kind == DP_L_Q6_K) {
-        a = _mm256_add_epi32(a, _mm256_madd_epi16(_mm256_add_epi16(P(0), P(1)), one));
-        return _mm256_add_epi32(a, _mm256_madd_epi16(_mm256_add_epi16(P(2), P(3)), one));
-    }
-    return _mm256_add_epi32(a, _mm256_madd_epi16(_mm256_add_epi16(_mm256_add_epi16(P(0), P(1)),
-                                                                  _mm256_add_epi16(P(2), P(3))), one));
-#undef P
-}
+#define LM2_SUMS_PLAIN(kind, u, hf, p)                                                                   \
+    do {                                                                                                 \
+        const __m256i one = _mm256_set1_epi16(1);                                                        \
+        if ((kind) == DP_L_Q8_0) {                                                                       \
+            _Pragma("GCC unroll 8") for (int j = 0; j < 8; j++) {                                        \
+                const __m256i q = _mm256_xor_si256(                                                      \
+                    _mm256_loadu_si256((const __m256i *)((u) + 64 * j + 32 * (hf))), _mm256_set1_epi8((char)0x80)); \
+                const __m256i aq = _mm256_abs_epi8(q);                                                   \
+                LM2_EACH(LM2_Q8_ROW_PLAIN)                                                               \
+            }                                                                                            \
+            break;                                                                                       \
+        }                                                                                                \
+        const int fit = (kind) == DP_L_Q6_K ? 1 : (kind) == DP_L_Q5_0 ? 2 : 4; /* chunks a sum holds */ \
+        LM2_CHUNKS(kind, p, c0, nc);                                                                     \
+        __m256i s16_0 = one, s16_1 = one, s16_2 = one, s16_3 = one;                                      \
+        _Pragma("GCC unroll 4") for (int c = c0; c < c0 + nc; c++) {                                     \
+            __m256i v0, v1;                                                                              \
+            unpack2(kind, u, hf, c, &v0, &v1);                                                           \
+            LM2_EACH(LM2_ROW_PLAIN)                                                                      \
+        }                                                                                                \
+    } while (0)
 
 #define LM2_ATTR
 #define LM2_SUFFIX(n) n##_plain
-#define LM2_DOT4(kind, a, v, x) dot4(kind, a, v, x)
+#define LM2_SUMS(kind, u, hf, p) LM2_SUMS_PLAIN(kind, u, hf, p)
+#define LM2_Q8_ZERO 0
 #include "lmatmul_avx2_body.h"
 #undef LM2_ATTR
 #undef LM2_SUFFIX
-#undef LM2_DOT4
+#undef LM2_SUMS
+#undef LM2_Q8_ZERO
 
 /* AVX-VNNI (VEX dpbusd: Intel's hybrid laptops from Alder Lake on, AMD from Zen 5), only
  * for this loop (a target attribute): uint8 by int8 straight into int32 lanes, Q8_0's
  * values as they are. */
 #define LM2_ATTR __attribute__((target("avxvnni")))
 #define LM2_SUFFIX(n) n##_vnni
-__attribute__((target("avxvnni"))) static inline __m256i dot4_vnni(__m256i a, const __m256i *v, const int32_t *x) {
-    for (int j = 0; j < 4; j++) a = _mm256_dpbusd_avx_epi32(a, v[j], _mm256_set1_epi32(x[j]));
-    return a;
-}
-#define LM2_DOT4(kind, a, v, x) dot4_vnni(a, v, x)
+#define LM2_Q8_ROW_VNNI(i) \
+    if ((i) < RR) t##i = _mm256_dpbusd_avx_epi32(t##i, v, _mm256_set1_epi32(x##i[j]));
+#define LM2_ROW_VNNI(i)                                                                                  \
+    if ((i) < RR)                                                                                        \
+        t##i = _mm256_dpbusd_avx_epi32(_mm256_dpbusd_avx_epi32(t##i, v0, _mm256_set1_epi32(x##i[2 * c])), v1, \
+                                       _mm256_set1_epi32(x##i[2 * c + 1]));
+#define LM2_SUMS_VNNI(kind, u, hf, p)                                                                    \
+    do {                                                                                                 \
+        if ((kind) == DP_L_Q8_0) {                                                                       \
+            _Pragma("GCC unroll 8") for (int j = 0; j < 8; j++) {                                        \
+                const __m256i v = _mm256_loadu_si256((const __m256i *)((u) + 64 * j + 32 * (hf)));       \
+                LM2_EACH(LM2_Q8_ROW_VNNI)                                                                \
+            }                                                                                            \
+            break;                                                                                       \
+        }                                                                                                \
+        LM2_CHUNKS(kind, p, c0, nc);                                                                     \
+        _Pragma("GCC unroll 4") for (int c = c0; c < c0 + nc; c++) {                                     \
+            __m256i v0, v1;                                                                              \
+            unpack2(kind, u, hf, c, &v0, &v1);                                                           \
+            LM2_EACH(LM2_ROW_VNNI)                                                                       \
+        }                                                                                                \
+    } while (0)
+#define LM2_SUMS(kind, u, hf, p) LM2_SUMS_VNNI(kind, u, hf, p)
+#define LM2_Q8_ZERO 128
 #include "lmatmul_avx2_body.h"
 
 void dp_lrows_avx2(int kind, const uint8_t *w, int64_t g0, int64_t g1, const dp_lact *a, float *out, int64_t ldo) {

@@ -923,13 +923,14 @@ static void lmatmul_case(const dp_attn_ops *ops, dp_pool *pool, int kind, int64_
     uint8_t *form = malloc((size_t)fb);
     float *w = dequantized_ggml(kind, src, src_bytes, N, K);
     float *x = malloc((size_t)(R * K) * sizeof(float)), *xd = malloc((size_t)(R * K / 32) * sizeof(float));
+    float *xm = malloc((size_t)(R * K / 32) * sizeof(float));
     int8_t *xq = malloc((size_t)(R * K));
     int32_t *xs = malloc((size_t)(R * K / 16) * sizeof(int32_t));
     const int64_t ldo = N + 5; /* the output's rows are strided: columns past N stay untouched */
     float *got = malloc((size_t)(R * ldo) * sizeof(float));
     for (int64_t i = 0; i < R * K; i++) x[i] = frand() * 3.0f;
     for (int64_t i = 0; i < R * ldo; i++) got[i] = -7.0f;
-    dp_lact_quantize(x, R, K, xq, xd, xs);
+    dp_lact_quantize(x, R, K, xq, xd, xs, xm);
     int ok = dp_lform_from_ggml(kind, src, src_bytes, N, K, form, fb) == DP_OK;
     const dp_ljob job = {kind, form, fb, N, got, R * ldo, ldo};
     ok &= dp_lmatmul(pool, ops, &job, 1, x, R, K, int8_act) == DP_OK;
@@ -950,7 +951,7 @@ static void lmatmul_case(const dp_attn_ops *ops, dp_pool *pool, int kind, int64_
     snprintf(what, sizeof what, "lmatmul %s %s N %lld K %lld R %lld %s %s (worst %.1e)", isa, dp_lkinds[kind].name,
              (long long)N, (long long)K, (long long)R, int8_act ? "int8" : "f32", pool ? "pool" : "caller", worst);
     check(ok && worst < 2e-6, what);
-    free(src), free(form), free(w), free(x), free(xd), free(xq), free(xs), free(got);
+    free(src), free(form), free(w), free(x), free(xd), free(xm), free(xq), free(xs), free(got);
 }
 
 /* Two jobs of different kinds into adjacent columns of one output, and the argument checks. */
@@ -1028,8 +1029,8 @@ static void lmatmul_cases(dp_pool *pool) {
         check(ops->lrows != NULL, "every ISA has layer products");
         for (int kind = 0; kind < DP_L_NUM_KINDS; kind++) {
             const int64_t sb = dp_lkinds[kind].sb;
-            const int64_t Rs[] = {1, 2, 3, 4, 5, 9};
-            for (int r = 0; r < 6; r++)
+            const int64_t Rs[] = {1, 2, 3, 4, 5, 9, 7, 8, 13};
+            for (int r = 0; r < 9; r++)
                 lmatmul_case(ops, r % 2 ? pool : NULL, kind, r % 3 ? 48 : 16, sb * (r % 2 ? 3 : 1), Rs[r], 1,
                              dp_isas[i].name);
             lmatmul_case(ops, pool, kind, 256, sb == 32 ? 640 : 2048, 2, 1, dp_isas[i].name); /* the pool's tasks */
