@@ -3,38 +3,35 @@
  * (a target attribute, not the file's flags) and runs only where the CPU has it (the
  * avx512_vnni row of dp_isas).
  * A unit's step is one 64-byte vector: 16 rows' 4 values in 16 int32 lanes, multiplied by
- * an int32 broadcast of the activation row's 4 values (dpbusd, or maddubs + madd). */
+ * an int32 broadcast of the activation row's 4 values (dpbusd, or maddubs + madd). A pass
+ * takes a group against up to 8 activation rows (lmatmul_avx512_body.h). */
 #include <immintrin.h>
 #include "dp_attn_ops.h"
 #include "lmatmul.h"
 
-/* A unit's 8 steps as uint8 values (lmatmul.h's planes). */
-static inline __attribute__((always_inline)) void unpack(const int kind, const uint8_t *u, __m512i v[8]) {
-    if (kind == DP_L_Q8_0) {
-        for (int j = 0; j < 8; j++) v[j] = _mm512_loadu_si512(u + 64 * j);
-        return;
-    }
+/* Steps 2c and 2c + 1 of a unit as uint8 values (lmatmul.h's planes). */
+static inline __attribute__((always_inline)) void unpack2(const int kind, const uint8_t *u, const int c, __m512i *v0,
+                                                          __m512i *v1) {
     const __m512i lo = _mm512_set1_epi8(0x0f);
-    for (int c = 0; c < 4; c++) {
-        const __m512i raw = _mm512_loadu_si512(u + 64 * c);
-        v[2 * c] = _mm512_and_si512(raw, lo);
-        v[2 * c + 1] = _mm512_and_si512(_mm512_srli_epi16(raw, 4), lo);
-    }
+    const __m512i raw = _mm512_loadu_si512(u + 64 * c);
+    *v0 = _mm512_and_si512(raw, lo);
+    *v1 = _mm512_and_si512(_mm512_srli_epi16(raw, 4), lo);
     if (kind == DP_L_Q5_0) {
         const __m512i bit4 = _mm512_set1_epi8(0x10);
-        for (int j = 0; j < 8; j++) {
-            uint64_t m;
-            memcpy(&m, u + 256 + 8 * j, 8);
-            v[j] = _mm512_or_si512(v[j], _mm512_maskz_mov_epi8((__mmask64)m, bit4));
-        }
-    } else if (kind == DP_L_Q6_K) {
+        uint64_t m0, m1;
+        memcpy(&m0, u + 256 + 8 * (2 * c), 8);
+        memcpy(&m1, u + 256 + 8 * (2 * c + 1), 8);
+        *v0 = _mm512_or_si512(*v0, _mm512_maskz_mov_epi8((__mmask64)m0, bit4));
+        *v1 = _mm512_or_si512(*v1, _mm512_maskz_mov_epi8((__mmask64)m1, bit4));
+    } else if (kind == DP_L_Q6_K) { /* step j's bits 4-5 at bits 2 (j % 4) of plane j / 4 */
         const __m512i hi = _mm512_set1_epi8(0x30);
-        for (int c = 0; c < 2; c++) {
-            const __m512i p = _mm512_loadu_si512(u + 256 + 64 * c);
-            v[4 * c + 0] = _mm512_or_si512(v[4 * c + 0], _mm512_and_si512(_mm512_slli_epi16(p, 4), hi));
-            v[4 * c + 1] = _mm512_or_si512(v[4 * c + 1], _mm512_and_si512(_mm512_slli_epi16(p, 2), hi));
-            v[4 * c + 2] = _mm512_or_si512(v[4 * c + 2], _mm512_and_si512(p, hi));
-            v[4 * c + 3] = _mm512_or_si512(v[4 * c + 3], _mm512_and_si512(_mm512_srli_epi16(p, 2), hi));
+        const __m512i p = _mm512_loadu_si512(u + 256 + 64 * (c / 2));
+        if (c % 2 == 0) {
+            *v0 = _mm512_or_si512(*v0, _mm512_and_si512(_mm512_slli_epi16(p, 4), hi));
+            *v1 = _mm512_or_si512(*v1, _mm512_and_si512(_mm512_slli_epi16(p, 2), hi));
+        } else {
+            *v0 = _mm512_or_si512(*v0, _mm512_and_si512(p, hi));
+            *v1 = _mm512_or_si512(*v1, _mm512_and_si512(_mm512_srli_epi16(p, 2), hi));
         }
     }
 }
@@ -47,34 +44,96 @@ static inline __m512 i8_ps(const uint8_t *p) {
     return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p)));
 }
 
-/* Without VNNI: maddubs pairs (|v x| <= 63 x 128 x 2 fits int16), madd to int32. Q8_0's
- * values reach 255, which maddubs would saturate: they go as int8 q = v - 128 (|q| and x
- * with q's sign), plus 128 x the 4 activations' sum. */
-static inline __m512i dot_bw(__m512i a, __m512i v, __m512i x) {
-    return _mm512_add_epi32(a, _mm512_madd_epi16(_mm512_maddubs_epi16(v, x), _mm512_set1_epi16(1)));
-}
-static inline __m512i wide_dot_bw(__m512i a, __m512i v, __m512i x) {
-    const __m512i q = _mm512_xor_si512(v, _mm512_set1_epi8((char)0x80));
-    const __m512i sx = _mm512_mask_sub_epi8(x, _mm512_movepi8_mask(q), _mm512_setzero_si512(), x);
-    const __m512i qx = _mm512_madd_epi16(_mm512_maddubs_epi16(_mm512_abs_epi8(q), sx), _mm512_set1_epi16(1));
-    const __m512i xsum = _mm512_madd_epi16(_mm512_maddubs_epi16(_mm512_set1_epi8(1), x), _mm512_set1_epi16(1));
-    return _mm512_add_epi32(a, _mm512_add_epi32(qx, _mm512_slli_epi32(xsum, 7)));
-}
+/* The chunks (pairs of steps) of part p: Q6_K's two halves of 16 values, else the unit. */
+#define LM_CHUNKS(kind, p, c0, nc)                    \
+    const int c0 = (kind) == DP_L_Q6_K ? 2 * (p) : 0; \
+    const int nc = (kind) == DP_L_Q6_K ? 2 : 4
+
+/* The loops over a pass's rows are written out, as in lmatmul_avx2.c. M(i) is done for
+ * i < RR only. */
+#define LM_EACH(M) M(0) M(1) M(2) M(3) M(4) M(5) M(6) M(7)
+#define LM_KEEP(v) __asm__("" : "+v"(v))
+
+/* Without VNNI (as lmatmul_avx2.c's, whose comment gives the int16 bounds): maddubs, the
+ * int16 sums of 8 steps of Q4_K and Q4_0, 4 of Q5_0 and 2 of Q6_K added before one madd;
+ * Q8_0 on q = v - 128 (|q| times x with q's sign, a masked negation). In the scope of the
+ * pass: RR, x0..x7 (the rows' activations of the unit as int32) and t0..t7 (the sums). */
+#define LM_Q8_ROW_BW(i)                                                                                   \
+    if ((i) < RR) {                                                                                       \
+        const __m512i xb = _mm512_set1_epi32(x##i[j]);                                                    \
+        t##i = _mm512_add_epi32(                                                                          \
+            t##i, _mm512_madd_epi16(_mm512_maddubs_epi16(aq, _mm512_mask_sub_epi8(xb, neg, zero, xb)), one)); \
+    }
+#define LM_ROW_BW(i)                                                                                      \
+    if ((i) < RR) {                                                                                       \
+        const __m512i pr = _mm512_add_epi16(_mm512_maddubs_epi16(v0, _mm512_set1_epi32(x##i[2 * c])),    \
+                                            _mm512_maddubs_epi16(v1, _mm512_set1_epi32(x##i[2 * c + 1]))); \
+        s16_##i = (c - c0) % fit ? _mm512_add_epi16(s16_##i, pr) : pr;                                   \
+        LM_KEEP(s16_##i);                                                                                 \
+        if ((c - c0) % fit == fit - 1) t##i = _mm512_add_epi32(t##i, _mm512_madd_epi16(s16_##i, one));   \
+    }
+#define LM_SUMS_BW(kind, u, p)                                                                            \
+    do {                                                                                                  \
+        const __m512i one = _mm512_set1_epi16(1), zero = _mm512_setzero_si512();                          \
+        if ((kind) == DP_L_Q8_0) {                                                                        \
+            _Pragma("GCC unroll 8") for (int j = 0; j < 8; j++) {                                         \
+                const __m512i q = _mm512_xor_si512(_mm512_loadu_si512((u) + 64 * j), _mm512_set1_epi8((char)0x80)); \
+                const __m512i aq = _mm512_abs_epi8(q);                                                    \
+                const __mmask64 neg = _mm512_movepi8_mask(q);                                             \
+                LM_EACH(LM_Q8_ROW_BW)                                                                     \
+            }                                                                                             \
+            break;                                                                                        \
+        }                                                                                                 \
+        const int fit = (kind) == DP_L_Q6_K ? 1 : (kind) == DP_L_Q5_0 ? 2 : 4; /* chunks a sum holds */  \
+        LM_CHUNKS(kind, p, c0, nc);                                                                       \
+        __m512i s16_0 = one, s16_1 = one, s16_2 = one, s16_3 = one, s16_4 = one, s16_5 = one, s16_6 = one, \
+                s16_7 = one;                                                                              \
+        _Pragma("GCC unroll 4") for (int c = c0; c < c0 + nc; c++) {                                      \
+            __m512i v0, v1;                                                                               \
+            unpack2(kind, u, c, &v0, &v1);                                                                \
+            LM_EACH(LM_ROW_BW)                                                                            \
+        }                                                                                                 \
+    } while (0)
 
 #define LM_ATTR
 #define LM_SUFFIX(n) n##_bw
-#define LM_DOT(a, v, x) dot_bw(a, v, x)
-#define LM_WIDE_DOT(a, v, x) wide_dot_bw(a, v, x)
+#define LM_SUMS(kind, u, p) LM_SUMS_BW(kind, u, p)
+#define LM_Q8_ZERO 0
 #include "lmatmul_avx512_body.h"
 #undef LM_ATTR
 #undef LM_SUFFIX
-#undef LM_DOT
-#undef LM_WIDE_DOT
+#undef LM_SUMS
+#undef LM_Q8_ZERO
+
+/* VNNI: dpbusd multiplies uint8 by int8 straight into int32 lanes, Q8_0's stored q + 128
+ * as they are (its offset is taken off with the others'). */
+#define LM_Q8_ROW_VNNI(i) \
+    if ((i) < RR) t##i = _mm512_dpbusd_epi32(t##i, v, _mm512_set1_epi32(x##i[j]));
+#define LM_ROW_VNNI(i)                                                                                    \
+    if ((i) < RR)                                                                                         \
+        t##i = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(t##i, v0, _mm512_set1_epi32(x##i[2 * c])), v1,    \
+                                   _mm512_set1_epi32(x##i[2 * c + 1]));
+#define LM_SUMS_VNNI(kind, u, p)                                                                          \
+    do {                                                                                                  \
+        if ((kind) == DP_L_Q8_0) {                                                                        \
+            _Pragma("GCC unroll 8") for (int j = 0; j < 8; j++) {                                         \
+                const __m512i v = _mm512_loadu_si512((u) + 64 * j);                                       \
+                LM_EACH(LM_Q8_ROW_VNNI)                                                                   \
+            }                                                                                             \
+            break;                                                                                        \
+        }                                                                                                 \
+        LM_CHUNKS(kind, p, c0, nc);                                                                       \
+        _Pragma("GCC unroll 4") for (int c = c0; c < c0 + nc; c++) {                                      \
+            __m512i v0, v1;                                                                               \
+            unpack2(kind, u, c, &v0, &v1);                                                                \
+            LM_EACH(LM_ROW_VNNI)                                                                          \
+        }                                                                                                 \
+    } while (0)
 
 #define LM_ATTR __attribute__((target("avx512vnni")))
 #define LM_SUFFIX(n) n##_vnni
-#define LM_DOT(a, v, x) _mm512_dpbusd_epi32(a, v, x)
-#define LM_WIDE_DOT(a, v, x) _mm512_dpbusd_epi32(a, v, x)
+#define LM_SUMS(kind, u, p) LM_SUMS_VNNI(kind, u, p)
+#define LM_Q8_ZERO 128
 #include "lmatmul_avx512_body.h"
 
 void dp_lrows_avx512(int kind, const uint8_t *w, int64_t g0, int64_t g1, const dp_lact *a, float *out,
