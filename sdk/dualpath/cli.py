@@ -193,10 +193,18 @@ def cmd_chat(args) -> int:
             if _chat_command(chat, line, out, err):
                 return 0
             continue
+        try:  # the template and the tokenizer: Ctrl-C interrupts them (the engine has nothing yet)
+            reply = chat.send(line)
+        except KeyboardInterrupt:
+            print("\n(stopped)", file=err)
+            continue
+        except DualPathError as e:
+            print(f"(error: {e})", file=err)
+            failed = True
+            continue
         previous = signal.signal(signal.SIGINT, on_sigint)
         stop.clear()
         try:
-            reply = chat.send(line)
             for text in reply:
                 out.write(text)
                 out.flush()

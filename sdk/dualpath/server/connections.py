@@ -26,6 +26,9 @@ log = logging.getLogger(__name__)
 FILE_RESERVE = 64
 """Descriptors kept free beyond those open at start: model files, the template worker's
 pipes, the prefix store's writes, the log."""
+BACKLOG = 128
+"""The listening socket's backlog, which is also how many connections asyncio accepts in
+one go before any of them is seen (and the cap can close one): kept free as well."""
 ACCEPT_LOG_INTERVAL_S = 10.0
 """At most one log line per this many seconds about refused accepts."""
 
@@ -59,7 +62,7 @@ def connection_cap(max_connections: int) -> int:
         in_use = len(os.listdir("/proc/self/fd"))
     except OSError:
         in_use = 32
-    room = soft - in_use - FILE_RESERVE
+    room = soft - in_use - FILE_RESERVE - BACKLOG
     if room < max_connections:
         log.warning("server.max_connections=%d lowered to %d: the open-file limit is %d", max_connections,
                     max(room, 8), soft)
@@ -166,5 +169,6 @@ def uvicorn_config(app, server_config, *, host: str | None = None, port: int | N
     sc = server_config
     cap = connection_cap(sc.max_connections)
     kwargs.setdefault("timeout_keep_alive", 75)
+    kwargs.setdefault("backlog", BACKLOG)
     return uvicorn.Config(app, host=sc.host if host is None else host, port=sc.port if port is None else port,
                           http=guarded_protocol(cap, sc.header_timeout_s), **kwargs)

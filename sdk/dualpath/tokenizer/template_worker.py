@@ -60,14 +60,14 @@ class LimitedSandbox(ImmutableSandboxedEnvironment):
             raise TemplateLimit(f"the chat template took over {self.timeout_s:g} s to render",
                                 "runtime.chat_template_timeout_s")
 
-    def _too_long(self, size: int, what: str) -> TemplateLimit:
-        return TemplateLimit(f"the chat template made {what} of {size:,} characters, over the cap of "
+    def _too_long(self, size: int, what: str, unit: str = "characters") -> TemplateLimit:
+        return TemplateLimit(f"the chat template made {what} of {size:,} {unit}, over the cap of "
                              f"{self.max_chars:,}", "runtime.chat_template_max_chars")
 
     def _range(self, *args):
         r = range(*args)
         if len(r) > self.max_chars:
-            raise self._too_long(len(r), "a range")
+            raise self._too_long(len(r), "a range", "items")
         return _CheckedRange(r, self)
 
     def call(__self, __context, __obj, *args, **kwargs):  # noqa: N805 (jinja's own signature)
@@ -79,13 +79,13 @@ class LimitedSandbox(ImmutableSandboxedEnvironment):
         if operator == "*":
             for seq, n in ((left, right), (right, left)):
                 if isinstance(seq, (str, list, tuple)) and isinstance(n, int) and len(seq) * n > self.max_chars:
-                    raise self._too_long(len(seq) * n, "a repeated value")
+                    raise self._too_long(len(seq) * n, "a repeated value", "items")
         elif operator == "+" and isinstance(left, (str, list, tuple)) and isinstance(right, (str, list, tuple)):
             if len(left) + len(right) > self.max_chars:
-                raise self._too_long(len(left) + len(right), "a joined value")
+                raise self._too_long(len(left) + len(right), "a joined value", "items")
         elif operator == "**" and isinstance(left, int) and isinstance(right, int) and abs(left) > 1:
             if right * abs(left).bit_length() > 8 * self.max_chars:
-                raise self._too_long(right * abs(left).bit_length() // 3, "a number")
+                raise self._too_long(right * abs(left).bit_length() // 3, "a number", "digits")
         return super().call_binop(context, operator, left, right)
 
     def render(self, source: str, variables: dict) -> str:
@@ -157,7 +157,9 @@ def describe(exc: BaseException) -> tuple[str, str | None]:
         return f"syntax error on line {exc.lineno}: {exc.message}", None
     if isinstance(exc, jinja2.TemplateError):
         return f"{type(exc).__name__}: {exc}", None
-    # include/import without a loader (TypeError), an oversized or bad range (OverflowError),
+    if isinstance(exc, TypeError) and "no loader" in str(exc):
+        return "the chat template includes or imports another template, which a chat template may not", None
+    # an oversized or bad argument (OverflowError, ValueError),
     # a division by zero...: the template's fault all the same
     return f"{type(exc).__name__}: {exc}", None
 
