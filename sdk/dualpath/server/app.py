@@ -8,15 +8,19 @@ prompt's KV ahead of its requests; on disk too with the prefix cache), ``GET /v1
 Content-Security-Policy that allows this server's own scripts only).
 
 Errors are OpenAI-style objects ``{"error": {"message", "type", "param", "code"}}``:
-400 for malformed JSON or bad parameters, 401 for a missing or wrong API key,
-404 for an unknown model or route, 405 for a wrong method, 413 for a body over
-``server.max_body_bytes``, 429 (with ``Retry-After``) when ``server.max_queued_requests``
+400 for malformed JSON or bad parameters, 401 for a missing or wrong API key, 403 for a
+``Host`` not served (``HostGuard``: a loopback bind answers loopback names and
+``server.allowed_hosts`` only, against DNS rebinding), 404 for an unknown model or route,
+405 for a wrong method, 413 for a body over ``server.max_body_bytes``, 415 for a body not
+declared ``application/json`` (what a web page cannot send cross-origin unasked), 429 (with ``Retry-After``) when ``server.max_queued_requests``
 are waiting, 503 (with ``Retry-After``) when the KV cache has no room, 500
 (``server_error``, no internals: the cause goes to the log) when the server failed the
 request (``errors.py`` holds the table). A stream that fails after it started sends one
 ``data: {"error": ...}`` event, then ``data: [DONE]`` (``streaming.py``).
 A client that disconnects aborts its request, which frees its cache. Requests are
-checked field by field before anything is queued (``parsing.py``).
+checked field by field before anything is queued (``parsing.py``); the chat template and
+the tokenizer run off the event loop, so a long prompt or a slow template never holds up
+another client. Connections: ``connections.py``.
 """
 
 from __future__ import annotations
