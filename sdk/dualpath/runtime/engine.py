@@ -117,8 +117,8 @@ class Engine:
         ``prompt_logprobs``: the completion also carries the log-probability of every prompt
         token after the first (``params.logprobs`` alternatives each), for ``echo``.
         ``grammar`` (runtime/grammar.py): every sample follows it (each fork its own walk), and
-        the request ends when the grammar is complete. ``check_queue`` False: a later part of
-        a request already admitted (``embed``'s inputs), not refused for a full queue."""
+        the request ends when the grammar is complete. ``check_queue`` False: part of a
+        request already admitted (``embed``), never refused for a full queue."""
         ids = [int(t) for t in prompt_ids]
         check_prompt(ids, self.runner.spec.config.vocab_size, self.context_tokens)
         # Made before the lock is taken: a request's token array and text stream, one per
@@ -353,10 +353,8 @@ class Engine:
         return (await self.submit_n(prompt, params, 1, request_id=request_id))[0]
 
     async def embed(self, prompts: Sequence[Sequence[int]], pooling: str = "mean") -> list[np.ndarray]:
-        """Embeddings of token-id prompts, batched by the scheduler. They count as one
-        request against ``max_queued_requests`` (the first is checked, the others follow
-        it), and at most ``2 * max_num_seqs`` of them are queued at a time: a request of
-        thousands of inputs neither gets 429 on an idle engine nor fills the queue."""
+        """Embeddings of token-id prompts, batched by the scheduler: one request against
+        ``max_queued_requests``, at most ``2 * max_num_seqs`` of its prompts queued at once."""
         import asyncio  # here: 7 MiB resident, which the synchronous API never needs
 
         loop = asyncio.get_running_loop()
@@ -364,17 +362,15 @@ class Engine:
         handles = []
         try:
             for i, ids in enumerate(prompts):
-                if i >= window:  # wait for the oldest in flight before queueing another
-                    async for _ in handles[i - window]:
-                        pass
+                if i >= window:  # the oldest in flight ends before another is queued
+                    _ = [d async for d in handles[i - window]]
                 h = RequestHandle(self, loop)
                 h.request = self.add_request(list(ids), SamplingParams(max_tokens=1), sink=h.sink, pooling=pooling,
                                              check_queue=i == 0)
                 handles.append(h)
                 self.start()
-            for h in handles[max(0, len(handles) - window):]:
-                async for _ in h:
-                    pass
+            for h in handles:  # those drained above end at once
+                _ = [d async for d in h]
         except BaseException:
             for h in handles:
                 if h.completion is None:
