@@ -79,10 +79,10 @@ class LimitedSandbox(ImmutableSandboxedEnvironment):
         if operator == "*":
             for seq, n in ((left, right), (right, left)):
                 if isinstance(seq, (str, list, tuple)) and isinstance(n, int) and len(seq) * n > self.max_chars:
-                    raise self._too_long(len(seq) * n, "a repeated value", "items")
+                    raise self._too_long(len(seq) * n, "a repeated value", _unit(seq))
         elif operator == "+" and isinstance(left, (str, list, tuple)) and isinstance(right, (str, list, tuple)):
             if len(left) + len(right) > self.max_chars:
-                raise self._too_long(len(left) + len(right), "a joined value", "items")
+                raise self._too_long(len(left) + len(right), "a joined value", _unit(left))
         elif operator == "**" and isinstance(left, int) and isinstance(right, int) and abs(left) > 1:
             if right * abs(left).bit_length() > 8 * self.max_chars:
                 raise self._too_long(right * abs(left).bit_length() // 3, "a number", "digits")
@@ -136,6 +136,10 @@ class _CheckedRange:
             if not i & 1023:
                 self._env.check_time()
             yield v
+
+
+def _unit(value) -> str:
+    return "characters" if isinstance(value, str) else "items"
 
 
 def _raise_exception(message):
