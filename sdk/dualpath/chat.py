@@ -138,9 +138,14 @@ class Chat:
     def send(self, message: str) -> Iterator[str]:
         """Stream the reply to ``message``; the turn is in the conversation once the reply
         ends, or is cut short (the iterator closed early, or Ctrl-C while it streams):
-        then the reply so far is kept, as the model wrote it."""
+        then the reply so far is kept, as the model wrote it. The prompt is rendered and
+        tokenized before this returns, so a caller can let Ctrl-C interrupt that part
+        (nothing is in the engine yet) and keep it from the engine's steps."""
         user = {"role": "user", "content": message}
         ids, text, dropped = self._fit(user)
+        return self._reply(user, ids, text, dropped)
+
+    def _reply(self, user: dict, ids: list[int], text: str, dropped: int) -> Iterator[str]:
         gen = self.llm.stream(ids, self.params)
         t0 = time.perf_counter()
         first = None

@@ -193,10 +193,18 @@ def cmd_chat(args) -> int:
             if _chat_command(chat, line, out, err):
                 return 0
             continue
+        try:  # the template and the tokenizer: Ctrl-C interrupts them (the engine has nothing yet)
+            reply = chat.send(line)
+        except KeyboardInterrupt:
+            print("\n(stopped)", file=err)
+            continue
+        except DualPathError as e:
+            print(f"(error: {e})", file=err)
+            failed = True
+            continue
         previous = signal.signal(signal.SIGINT, on_sigint)
         stop.clear()
         try:
-            reply = chat.send(line)
             for text in reply:
                 out.write(text)
                 out.flush()
@@ -469,15 +477,19 @@ def cmd_serve(args) -> int:
         import uvicorn
 
         from .server import create_app
+        from .server.connections import uvicorn_config
     except ImportError as e:
         raise DualPathError(f"the server needs the [server] extra: pip install 'dualpath[server]' ({e})") from None
     from .llm import LLM
 
     overrides = _overrides(args)
-    for key, name in (("host", "host"), ("port", "port"), ("api_key", "api_key"), ("alias", "model_name")):
+    for key, name in (("host", "host"), ("port", "port"), ("api_key", "api_key"), ("api_key_file", "api_key_file"),
+                      ("alias", "model_name"), ("allowed_hosts", "allowed_hosts")):
         value = getattr(args, key)
         if value is not None:
             overrides[f"server.{name}"] = value
+    if args.api_key_file:  # a file named on the command line wins over DUALPATH_API_KEY
+        overrides.pop("server.api_key", None)
     if args.no_webui:
         overrides["server.webui"] = False
     from .config import load_config
@@ -508,12 +520,12 @@ def cmd_serve(args) -> int:
         print(f"dualpath: chat page at http://{sc.host}:{sc.port}/", file=sys.stderr)
     print(f"dualpath: serving {app.state.server.model_name} on http://{sc.host}:{sc.port}/v1 "
           f"({cfg.runtime.max_num_seqs} requests at once, {llm.runner.kv_cache_tokens} KV tokens, "
-          f"api key {'required' if sc.api_key else 'off'})", file=sys.stderr, flush=True)
+          f"api key {'required' if app.state.server.api_key else 'off'})", file=sys.stderr, flush=True)
     if llm.prefix_store is not None:
         print(f"dualpath: prompt pages kept on disk in {llm.prefix_store.folder} (POST /v1/warm computes a "
               "prompt ahead; --no-prefix-cache turns this off)", file=sys.stderr, flush=True)
-    uvicorn.run(app, host=sc.host, port=sc.port, log_level="info" if args.verbose else "warning",
-                timeout_graceful_shutdown=5, timeout_keep_alive=75)
+    uvicorn.Server(uvicorn_config(app, sc, log_level="info" if args.verbose else "warning",
+                                  timeout_graceful_shutdown=5)).run()
     return 0
 
 
@@ -658,8 +670,14 @@ def _serve_options(sv) -> None:
     sv.add_argument("--alias", help="the model id /v1/models lists and responses carry (server.model_name; "
                                     "default: the file's name). Requests may name any model unless "
                                     "server.strict_model_name is true")
-    sv.add_argument("--api-key", help="require 'Authorization: Bearer KEY' (server.api_key; "
-                                      "env DUALPATH_API_KEY)", default=os.environ.get("DUALPATH_API_KEY"))
+    key = sv.add_mutually_exclusive_group()
+    key.add_argument("--api-key", help="require 'Authorization: Bearer KEY' (server.api_key). Other local users "
+                     "see a command line in ps: prefer env DUALPATH_API_KEY or --api-key-file",
+                     default=os.environ.get("DUALPATH_API_KEY") or None)
+    key.add_argument("--api-key-file", metavar="FILE", help="require the key held in FILE (server.api_key_file)")
+    sv.add_argument("--allowed-hosts", metavar="NAMES", help="Host names answered besides localhost, 127.0.0.1 "
+                    "and [::1], joined by commas (server.allowed_hosts; a loopback bind refuses any other, "
+                    "against DNS rebinding; * = any)")
     sv.add_argument("--no-webui", action="store_true", help="no chat page at / (server.webui: false)")
     sv.set_defaults(func=cmd_serve)
 

@@ -253,6 +253,12 @@ class RuntimeConfig(_Section):
     chat_template: str = setting("", str, lambda v: v == "" or v in CHAT_TEMPLATES,
                                  f"'' (the model's own) or one of {', '.join(CHAT_TEMPLATES)}")
     """A built-in chat template used instead of the model file's (tokenizer/chat_templates.py)."""
+    chat_template_timeout_s: float = _float(2.0, 0.01, 3600.0)
+    """Longest a chat template may take to render; past it the request is refused
+    (tokenizer/render.py renders in a worker process, killed at the deadline)."""
+    chat_template_max_chars: int = _int(4 << 20, 1024, 1 << 30)
+    """Largest text a chat template may render, and largest value it may build on the way
+    (a repeated or joined string, a range); past it the request is refused."""
     speculative: str = _choice("off", str, SPECULATIVE_MODES)
     """Speculative decoding: ``ngram`` proposes a request's next tokens from its own text
     (prompt lookup, no second model; runtime/speculative.py), ``draft`` from
@@ -349,7 +355,22 @@ class ServerConfig(_Section):
     port: int = _int(8080, 0, 65535)
     """TCP port; 0 = any free port."""
     api_key: str = setting("", str, None, "a string ('' = no authentication)")
-    """When set, every /v1 request needs ``Authorization: Bearer <api_key>``."""
+    """When set, every /v1 request needs ``Authorization: Bearer <api_key>``. A key given
+    on a command line shows in ``ps``: prefer ``api_key_file`` or $DUALPATH_API_KEY."""
+    api_key_file: str = setting("", str, None, "a file path ('' = none)")
+    """A file whose content (stripped) is the API key, when ``api_key`` is ''."""
+    allowed_hosts: str = setting("", str, lambda v: "/" not in v and " " not in v.strip(),
+                                 "host names joined by commas, e.g. \"mybox.lan,mybox\", or \"*\"")
+    """Host names a request's ``Host`` header may carry besides the loopback ones (localhost,
+    127.0.0.1, [::1]). On a loopback bind nothing else is answered (403), so a web page that
+    rebinds its own name to 127.0.0.1 cannot read the server; on another bind the check applies
+    only when this is set. ``*``: no check."""
+    max_connections: int = _int(1000, 8, 1 << 20)
+    """Open connections at most (held below the process's file limit); past it the oldest
+    connection with no request in progress is closed to make room."""
+    header_timeout_s: float = _float(10.0, 0.1, 3600.0)
+    """A request's headers must arrive within this many seconds of its first byte (or of the
+    connection's opening); a slower client is disconnected."""
     max_body_bytes: int = _int(1 << 20, 1024, 1 << 30)
     """Largest request body accepted (413 above it)."""
     max_queued_requests: int = _int(64, 0, 1 << 20)

@@ -78,6 +78,13 @@ class LLM:
                 self.load_stats["cache"] = "off"
         self.prefix_store = self._open_prefix_store(prefix_cache)
         """The prefix cache on disk (cache/disk.PrefixStore), or None."""
+        from .tokenizer.render import TemplateRenderer
+
+        rt = config.runtime
+        self.template_renderer = TemplateRenderer(rt.chat_template_timeout_s, rt.chat_template_max_chars,
+                                                  f"{os.path.basename(str(self.spec.path))}: the chat template")
+        """Renders the chat template in a worker process (started on first use, ended with the LLM)."""
+        weakref.finalize(self, self.template_renderer.close)
 
     def _open_prefix_store(self, prefix_cache):
         import onnxruntime
@@ -267,23 +274,11 @@ class LLM:
             raise ChatTemplateError(f"{os.path.basename(str(self.spec.path))}: the model has no chat template "
                                     "(no tokenizer.chat_template in its file); use a plain prompt, or a "
                                     f"built-in template: --chat-template {{{','.join(BUILTIN_CHAT_TEMPLATES)}}}")
-        import jinja2
-        from jinja2.sandbox import ImmutableSandboxedEnvironment
-
-        def raise_exception(message):
-            raise ChatTemplateError(f"chat template: {message}")
-
-        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-        env.globals["raise_exception"] = raise_exception
         tok = self.tokenizer
-        try:
-            return env.from_string(template).render(
-                messages=list(messages), add_generation_prompt=add_generation_prompt,
-                bos_token=tok.spec.tokens[tok.bos_id] if tok.bos_id is not None else "",
-                eos_token=tok.spec.tokens[tok.eos_id] if tok.eos_id is not None else "")
-        except jinja2.TemplateError as e:
-            raise ChatTemplateError(f"{os.path.basename(str(self.spec.path))}: the chat template failed to "
-                                    f"render: {e}") from e
+        return self.template_renderer.render(template, {
+            "messages": list(messages), "add_generation_prompt": add_generation_prompt,
+            "bos_token": tok.spec.tokens[tok.bos_id] if tok.bos_id is not None else "",
+            "eos_token": tok.spec.tokens[tok.eos_id] if tok.eos_id is not None else ""})
 
     def chat_prompt_ids(self, messages: Sequence[dict]) -> list[int]:
         """The prompt token ids of ``messages`` rendered by the chat template."""

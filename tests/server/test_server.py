@@ -17,6 +17,7 @@ uvicorn = pytest.importorskip("uvicorn")
 import dualpath  # noqa: E402
 from dualpath import SamplingParams  # noqa: E402
 from dualpath.server import create_app  # noqa: E402
+from dualpath.server.connections import uvicorn_config  # noqa: E402
 
 CHAT_TEMPLATE = ("{% for m in messages %}{% if m['role'] == 'user' %}{{ m['content'] }}"
                  "{% else %}{{ m['content'] }}\n{% endif %}{% endfor %}")
@@ -30,8 +31,8 @@ class LiveServer:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             self.port = s.getsockname()[1]
-        self.server = uvicorn.Server(uvicorn.Config(self.app, host="127.0.0.1", port=self.port, log_level="warning",
-                                                    lifespan="on"))
+        self.server = uvicorn.Server(uvicorn_config(self.app, llm.config.server, host="127.0.0.1", port=self.port,
+                                                    log_level="warning", lifespan="on"))
         self.thread = threading.Thread(target=self.server.run, daemon=True)
         self.thread.start()
         deadline = time.time() + 30
@@ -282,7 +283,7 @@ def test_non_streamed_disconnect_aborts_too(slow_live):
     assert idle(engine, 120)
     body = json.dumps({"model": "s15", "prompt": "Once", "max_tokens": 1500, "temperature": 0,
                        "ignore_eos": True}).encode()
-    request = (f"POST /v1/completions HTTP/1.1\r\nHost: x\r\n"
+    request = (f"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
                f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n").encode() + body
     with socket.create_connection(("127.0.0.1", live.port)) as s:
         s.sendall(request)

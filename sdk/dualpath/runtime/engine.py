@@ -101,7 +101,8 @@ class Engine:
 
     def add_request(self, prompt_ids: Sequence[int], params: SamplingParams | None = None, *,
                     request_id: str | None = None, sink=None, fork_sinks: Sequence = (),
-                    pooling: str | None = None, prompt_logprobs: bool = False, grammar=None) -> EngineRequest:
+                    pooling: str | None = None, prompt_logprobs: bool = False, grammar=None,
+                    check_queue: bool = True) -> EngineRequest:
         """Queue a request; ``sink(delta: Delta | None, error: BaseException | None)`` gets
         its output from the stepping thread. Raises for a prompt no request can run,
         and QueueFullError when ``max_queued_requests`` are already waiting.
@@ -116,7 +117,8 @@ class Engine:
         ``prompt_logprobs``: the completion also carries the log-probability of every prompt
         token after the first (``params.logprobs`` alternatives each), for ``echo``.
         ``grammar`` (runtime/grammar.py): every sample follows it (each fork its own walk), and
-        the request ends when the grammar is complete."""
+        the request ends when the grammar is complete. ``check_queue`` False: part of a
+        request already admitted (``embed``), never refused for a full queue."""
         ids = [int(t) for t in prompt_ids]
         check_prompt(ids, self.runner.spec.config.vocab_size, self.context_tokens)
         # Made before the lock is taken: a request's token array and text stream, one per
@@ -127,7 +129,7 @@ class Engine:
             # Queued beyond the free sequence slots (those start at the next step).
             sch = self.scheduler
             waiting = len(sch.waiting) - max(0, sch.max_num_seqs - sch.num_seqs())
-            if self.max_queued_requests is not None and waiting >= self.max_queued_requests:
+            if check_queue and self.max_queued_requests is not None and waiting >= self.max_queued_requests:
                 raise QueueFullError(waiting, self.max_queued_requests)
             if req.request_id in self._requests:
                 raise ValueError(f"request id {req.request_id!r} is already in use")
@@ -351,20 +353,24 @@ class Engine:
         return (await self.submit_n(prompt, params, 1, request_id=request_id))[0]
 
     async def embed(self, prompts: Sequence[Sequence[int]], pooling: str = "mean") -> list[np.ndarray]:
-        """Embeddings of token-id prompts, submitted together (batched by the scheduler)."""
+        """Embeddings of token-id prompts, batched by the scheduler: one request against
+        ``max_queued_requests``, at most ``2 * max_num_seqs`` of its prompts queued at once."""
         import asyncio  # here: 7 MiB resident, which the synchronous API never needs
 
         loop = asyncio.get_running_loop()
+        window = 2 * self.scheduler.max_num_seqs  # enough queued to fill every slot at each step
         handles = []
         try:
-            for ids in prompts:
+            for i, ids in enumerate(prompts):
+                if i >= window:  # the oldest in flight ends before another is queued
+                    _ = [d async for d in handles[i - window]]
                 h = RequestHandle(self, loop)
-                h.request = self.add_request(list(ids), SamplingParams(max_tokens=1), sink=h.sink, pooling=pooling)
+                h.request = self.add_request(list(ids), SamplingParams(max_tokens=1), sink=h.sink, pooling=pooling,
+                                             check_queue=i == 0)
                 handles.append(h)
-            self.start()
-            for h in handles:
-                async for _ in h:
-                    pass
+                self.start()
+            for h in handles:  # those drained above end at once
+                _ = [d async for d in h]
         except BaseException:
             for h in handles:
                 if h.completion is None:

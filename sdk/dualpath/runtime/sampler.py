@@ -114,10 +114,11 @@ class Sampler:
                         else None)
         self._seen: list[int] = []  # ids with a count, in first-seen order
         if params.logit_bias:
+            top = max(t for t, _ in params.logit_bias)  # a Python int: any size, checked before numpy
+            if top >= vocab_size:
+                raise SamplingParamsError(f"logit_bias names token {top if top < 1 << 64 else 'over 2^64'}, "
+                                          f"outside the vocabulary (0..{vocab_size - 1})")
             ids = np.array([t for t, _ in params.logit_bias], np.int64)
-            if ids.max() >= vocab_size:
-                raise SamplingParamsError(f"logit_bias names token {int(ids.max())}, outside the "
-                                          f"vocabulary (0..{vocab_size - 1})")
             self._bias = (ids, np.array([b for _, b in params.logit_bias], np.float32))
         else:
             self._bias = None

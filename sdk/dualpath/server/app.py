@@ -8,15 +8,19 @@ prompt's KV ahead of its requests; on disk too with the prefix cache), ``GET /v1
 Content-Security-Policy that allows this server's own scripts only).
 
 Errors are OpenAI-style objects ``{"error": {"message", "type", "param", "code"}}``:
-400 for malformed JSON or bad parameters, 401 for a missing or wrong API key,
-404 for an unknown model or route, 405 for a wrong method, 413 for a body over
-``server.max_body_bytes``, 429 (with ``Retry-After``) when ``server.max_queued_requests``
+400 for malformed JSON or bad parameters, 401 for a missing or wrong API key, 403 for a
+``Host`` not served (``HostGuard``: a loopback bind answers loopback names and
+``server.allowed_hosts`` only, against DNS rebinding), 404 for an unknown model or route,
+405 for a wrong method, 413 for a body over ``server.max_body_bytes``, 415 for a body not
+declared ``application/json`` (what a web page cannot send cross-origin unasked), 429 (with ``Retry-After``) when ``server.max_queued_requests``
 are waiting, 503 (with ``Retry-After``) when the KV cache has no room, 500
 (``server_error``, no internals: the cause goes to the log) when the server failed the
 request (``errors.py`` holds the table). A stream that fails after it started sends one
 ``data: {"error": ...}`` event, then ``data: [DONE]`` (``streaming.py``).
 A client that disconnects aborts its request, which frees its cache. Requests are
-checked field by field before anything is queued (``parsing.py``).
+checked field by field before anything is queued (``parsing.py``); the chat template and
+the tokenizer run off the event loop, so a long prompt or a slow template never holds up
+another client. Connections: ``connections.py``.
 """
 
 from __future__ import annotations
@@ -35,8 +39,10 @@ import numpy as np
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
+from starlette.middleware import Middleware
 from starlette.routing import Route
 
+from ..errors import ConfigError
 from .errors import APIError, api_error, bad_request, engine_call
 from .parsing import (CHAT_FIELDS, COMPLETION_FIELDS, EMBEDDING_FIELDS, WARM_FIELDS, chat_ids, check_fields,
                       check_model, embedding_inputs, get_field, include_usage, logprobs_count, num_choices,
@@ -73,11 +79,12 @@ class Server:
         """What requests may name when server.strict_model_name is on (else any name is served)."""
         self.created = int(time.time())
         self.tokenizer = llm.tokenizer
+        self.api_key = self.cfg.api_key or _read_key_file(self.cfg.api_key_file)
         self._grammars = None  # runtime/grammar.py's compiler, made on the first structured request
 
     # -- plumbing --------------------------------------------------------------
     def _check_auth(self, request: Request) -> None:
-        key = self.cfg.api_key
+        key = self.api_key
         if not key:
             return
         header = request.headers.get("authorization", "")
@@ -102,7 +109,7 @@ class Server:
         self._check_auth(request)
         body = await self._json(request)
         check_fields(body, EMBEDDING_FIELDS, "/v1/embeddings")
-        prompts = embedding_inputs(self.llm, body.get("input"))
+        prompts = await asyncio.to_thread(embedding_inputs, self.llm, body.get("input"))
         fmt = get_field(body, "encoding_format", (str,), "float", check=lambda v: v in ("float", "base64"),
                         allowed="'float' or 'base64'")
         dim = self.llm.spec.config.dim
@@ -182,8 +189,9 @@ class Server:
             body = f.read()
         return Response(body, media_type=kind, headers={
             "Content-Security-Policy": "default-src 'none'; script-src 'self'; style-src 'self'; "
-                                       "connect-src 'self'; img-src 'self'; base-uri 'none'; form-action 'none'",
-            "X-Content-Type-Options": "nosniff", "Cache-Control": "no-cache"})
+                                       "connect-src 'self'; img-src 'self'; base-uri 'none'; form-action 'none'; "
+                                       "frame-ancestors 'none'",
+            "X-Frame-Options": "DENY", "X-Content-Type-Options": "nosniff", "Cache-Control": "no-cache"})
 
     async def models(self, request: Request) -> Response:
         self._check_auth(request)
@@ -194,8 +202,8 @@ class Server:
     async def completions(self, request: Request) -> Response:
         self._check_auth(request)
         body = await self._json(request)
-        ids = prompt_ids(self.llm, body.get("prompt"))
         check_fields(body, COMPLETION_FIELDS, "/v1/completions")
+        ids = await asyncio.to_thread(prompt_ids, self.llm, body.get("prompt"))
         logprobs = logprobs_count(body, "logprobs")
         params = sampling_params(body, 16, self.engine.context_tokens, logprobs)
         stream, with_usage = get_field(body, "stream", (bool,), False), include_usage(body)
@@ -253,7 +261,8 @@ class Server:
         check_fields(body, WARM_FIELDS, "/v1/warm")
         if ("prompt" in body) == ("messages" in body):
             raise bad_request("give either 'prompt' (text or token ids) or 'messages' (a chat)", "prompt")
-        ids = chat_ids(self.llm, body["messages"]) if "messages" in body else prompt_ids(self.llm, body["prompt"])
+        ids = await (asyncio.to_thread(chat_ids, self.llm, body["messages"]) if "messages" in body
+                     else asyncio.to_thread(prompt_ids, self.llm, body["prompt"]))
         params = SamplingParams(max_tokens=1, temperature=0.0)
         handles = await self._submit(ids, params)
         (c,) = await collect(request, handles)
@@ -277,7 +286,7 @@ class Server:
             raise bad_request("'top_logprobs' needs 'logprobs': true", "top_logprobs")
         params = sampling_params(body, None, self.engine.context_tokens, (top or 0) if want_logprobs else None)
         stream, with_usage = get_field(body, "stream", (bool,), False), include_usage(body)
-        ids = chat_ids(self.llm, messages)
+        ids = await asyncio.to_thread(chat_ids, self.llm, messages)  # the template and the tokenizer: off the loop
         n = num_choices(body, self.engine.scheduler.max_num_seqs)
         grammar = self._grammar(body)
         tool_call = grammar is not None and grammar.kind == "tool_call"
@@ -326,6 +335,78 @@ class Server:
             "usage": _usage(cs)})
 
 
+def _read_key_file(path: str) -> str:
+    """The API key held in ``path`` (server.api_key_file), stripped; '' for no file."""
+    if not path:
+        return ""
+    try:
+        with open(path, encoding="utf-8") as f:
+            key = f.read().strip()
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"server.api_key_file={path!r}: cannot read the API key ({e})") from None
+    if not key:
+        raise ConfigError(f"server.api_key_file={path!r} is empty: it must hold the API key")
+    return key
+
+
+LOOPBACK_NAMES = ("localhost", "127.0.0.1", "[::1]")
+"""The Host names a loopback bind answers without ``server.allowed_hosts``."""
+
+
+def allowed_hosts(bind: str, configured: str) -> frozenset[str] | None:
+    """The Host names (lower case, no port) requests may carry; None: any.
+
+    A page from any site can make a browser send requests to 127.0.0.1, and after DNS
+    rebinding its own name points there, so it may read the answers: only its Host header
+    tells it apart. On a loopback bind only loopback names are answered; elsewhere the
+    check applies once ``allowed_hosts`` is set."""
+    names = {h.strip().lower().rstrip(".") for h in configured.split(",") if h.strip()}
+    if "*" in names:
+        return None
+    if not _is_loopback(bind) and not names:
+        return None
+    return frozenset(names | set(LOOPBACK_NAMES))
+
+
+def _is_loopback(host: str) -> bool:
+    import ipaddress
+
+    if host.strip().lower().rstrip(".") == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def host_name(header: str) -> str:
+    """The name of a Host header, lower case, without its port: ``[::1]:8080`` -> ``[::1]``."""
+    header = header.strip().lower()
+    if header.startswith("["):
+        return header[:header.find("]") + 1] if "]" in header else header
+    return header.rsplit(":", 1)[0].rstrip(".") if header.count(":") == 1 else header.rstrip(".")
+
+
+class HostGuard:
+    """ASGI middleware: a request whose Host is not allowed gets 403 before any route runs."""
+
+    def __init__(self, app, allowed: frozenset[str] | None):
+        self.app, self.allowed = app, allowed
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "http" and self.allowed is not None:
+            host = next((v for k, v in scope["headers"] if k == b"host"), None)
+            name = host_name(host.decode("latin-1")) if host is not None else None
+            # No Host at all is no browser's request (they always send it).
+            if name is not None and name not in self.allowed and not name.endswith(".localhost"):
+                refused = APIError(403, f"Host {name!r} is not served here: a loopback server answers "
+                                        f"{', '.join(LOOPBACK_NAMES)} and server.allowed_hosts",
+                                   type_="permission_error", code="host_not_allowed")
+                await refused.response()(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
 _STATIC = {"index.html": "text/html; charset=utf-8", "chat.js": "text/javascript; charset=utf-8",
            "chat.css": "text/css; charset=utf-8"}
 """The chat page's files (``static/``) and their types."""
@@ -351,6 +432,9 @@ def create_app(llm, *, model_name: str | None = None, on_shutdown=None) -> Starl
         return APIError(405, f"method {request.method} is not allowed on {request.url.path}",
                         code="method_not_allowed").response()
 
+    async def failed(request: Request, exc) -> Response:  # what escaped a route: JSON, never plain text
+        return api_error(exc).response()
+
     routes = [
         Route("/health", wrap(server.health), methods=["GET"]),
         Route("/metrics", wrap(server.metrics), methods=["GET"]),
@@ -365,11 +449,18 @@ def create_app(llm, *, model_name: str | None = None, on_shutdown=None) -> Starl
                    Route("/static/{name}", wrap(server.page), methods=["GET"])]
     @contextlib.asynccontextmanager
     async def lifespan(app):
+        from .connections import quiet_accept_errors
+
+        quiet_accept_errors(asyncio.get_running_loop())
+        if llm.spec.tokenizer.chat_template or llm.config.runtime.chat_template:
+            await asyncio.to_thread(llm.template_renderer.start)  # the first chat does not wait for it
         yield
         llm.engine.shutdown()
         if on_shutdown is not None:
             on_shutdown()
 
-    app = Starlette(routes=routes, exception_handlers={404: not_found, 405: bad_method}, lifespan=lifespan)
+    app = Starlette(routes=routes, exception_handlers={404: not_found, 405: bad_method, Exception: failed},
+                    middleware=[Middleware(HostGuard, allowed=allowed_hosts(server.cfg.host, server.cfg.allowed_hosts))],
+                    lifespan=lifespan)
     app.state.server = server
     return app

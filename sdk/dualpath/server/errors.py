@@ -8,6 +8,7 @@ failure: 500 with a fixed message, the cause logged here and never sent.
 
 from __future__ import annotations
 
+import json
 import logging
 
 from starlette.requests import ClientDisconnect
@@ -38,7 +39,15 @@ class APIError(Exception):
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 
     def response(self) -> JSONResponse:
-        return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
+        return ErrorResponse(self.body(), status_code=self.status, headers=self.headers)
+
+
+class ErrorResponse(JSONResponse):
+    """An error's JSON, in ASCII: a message may quote the request (a field's name), and a
+    stray surrogate in it cannot be written as UTF-8."""
+
+    def render(self, content) -> bytes:
+        return json.dumps(content, separators=(",", ":")).encode("ascii")
 
 
 def bad_request(message: str, param: str | None = None, code: str | None = None) -> APIError:

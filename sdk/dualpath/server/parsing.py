@@ -72,8 +72,15 @@ def check_fields(body: dict, known: set[str], endpoint: str) -> None:
 
 
 async def read_body(request: Request, limit_bytes: int) -> dict:
-    """The request's JSON object, read up to ``limit_bytes`` (server.max_body_bytes): 413
-    beyond it (announced or streamed), 400 for anything but a JSON object."""
+    """The request's JSON object, read up to ``limit_bytes`` (server.max_body_bytes): 415
+    unless it is declared ``application/json``, 413 beyond the limit (announced or
+    streamed), 400 for anything but a JSON object."""
+    # A web page can POST text/plain, a form or a typeless blob to any address without a
+    # preflight, but not application/json: refusing the rest keeps pages from driving the server.
+    kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if kind != "application/json":
+        raise APIError(415, f"the request body must be sent as 'Content-Type: application/json', not "
+                            f"{kind or 'without a Content-Type'!r}", code="unsupported_media_type")
     length = request.headers.get("content-length")
     if length is not None and length.isdigit() and int(length) > limit_bytes:
         raise APIError(413, f"request body of {length} bytes is over the limit of {limit_bytes} bytes",
@@ -88,6 +95,8 @@ async def read_body(request: Request, limit_bytes: int) -> dict:
         body = json.loads(b"".join(chunks))
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise bad_request(f"the request body is not valid JSON: {e}", code="invalid_json") from None
+    except RecursionError:
+        raise bad_request("the request body is nested too deeply to be read", code="invalid_json") from None
     if not isinstance(body, dict):
         raise bad_request("the request body must be a JSON object", code="invalid_json")
     return body

@@ -63,7 +63,7 @@ def event_stream(events, handles) -> StreamingResponse:
             async for e in events:
                 yield e
         except Exception as exc:  # the status line is sent: the error goes in the stream
-            yield sse(api_error(exc).body())
+            yield f"data: {json.dumps(api_error(exc).body())}\n\n"  # ASCII: it may quote the request
             yield DONE
         finally:
             for h in handles:
