@@ -445,12 +445,14 @@ def _print_memory_plan(args, m) -> None:
     budget allows."""
     from .errors import ConfigError
     from .models import read_layout
-    from .runtime.memory_plan import MiB, budget_bytes, fit, plan_memory
+    from .runtime.memory_plan import MiB, budget_bytes, default_context, fit, plan_memory
 
     cfg = _config(args)
     path = _model_path(args)
     _, layout, merges = read_layout(path)
-    ctx = cfg.runtime.max_context_tokens or m.context_length
+    ctx = cfg.runtime.max_context_tokens or default_context(m.context_length)
+    if ctx < m.context_length and not cfg.runtime.max_context_tokens:
+        print(f"  default context: {ctx:,} of the file's {m.context_length:,} tokens (--ctx-size for more)")
     print(f"  memory plan: {plan_memory(m, layout, merges, cfg, ctx).describe()}")
     if cfg.runtime.memory_budget_mb:
         budget = budget_bytes(cfg.runtime.memory_budget_mb)
