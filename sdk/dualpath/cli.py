@@ -262,15 +262,19 @@ def _chat_command(chat, line: str, out, err) -> bool:
 def cmd_cache(args) -> int:
     from .cache import disk
     from .config import load_config
+    from .models.private_files import UnsafeFolderError
     from .models.store import ModelStore
 
     cfg = load_config()
     mc, pc = cfg.model_cache, cfg.prefix_cache
     store = ModelStore(args.dir or mc.dir or None, int(mc.max_size_gb * (1 << 30)))
     prefix_root = args.prefix_dir or pc.dir or disk.default_root()
-    stores = disk.list_stores(prefix_root)
+    skipped: list[tuple[str, str]] = []  # folders that are links or another user's: never touched
+    entries = store.entries(skipped)
+    stores = disk.list_stores(prefix_root, skipped)
+    for folder, why in skipped:
+        print(f"dualpath: skipped {folder}: it {why}; not listed, pruned or removed", file=sys.stderr)
     if args.cache_command == "ls":
-        entries = store.entries()
         for e in entries:
             print(f"{e.key}  {e.size_bytes / (1 << 20):9.1f} MiB  {_when(e.last_used)}  {e.source}  "
                   f"({', '.join(e.graphs) or 'no graphs yet'})")
@@ -284,15 +288,24 @@ def cmd_cache(args) -> int:
         print(f"{len(stores)} prefix stores, {sum(s.size_bytes for s in stores) / (1 << 20):.1f} MiB in {prefix_root}")
         return 0
     if args.cache_command == "rm":
-        keys = [e.key for e in store.entries()] + [s.key for s in stores] if args.all else args.keys
+        keys = [e.key for e in entries] + [s.key for s in stores] if args.all else args.keys
         if not keys and not args.all:
             print("dualpath: error: name the keys to remove (dualpath cache ls) or give --all", file=sys.stderr)
             return 2
-        missing = [k for k in keys if not store.remove(k) and not disk.remove_store(prefix_root, k)]
-        for k in missing:
-            print(f"dualpath: no cache entry or prefix store {k!r} in {store.root} or {prefix_root}", file=sys.stderr)
-        print(f"removed {len(keys) - len(missing)} entries")
-        return 1 if missing else 0
+        removed = 0
+        for k in keys:
+            try:
+                if store.remove(k) or disk.remove_store(prefix_root, k):
+                    removed += 1
+                else:
+                    print(f"dualpath: no cache entry or prefix store {k!r} in {store.root} or {prefix_root}",
+                          file=sys.stderr)
+            except UnsafeFolderError as e:
+                print(f"dualpath: not removed: {e}", file=sys.stderr)
+            except OSError as e:
+                print(f"dualpath: cannot remove {k!r}: {e.strerror or e} ({e.filename})", file=sys.stderr)
+        print(f"removed {removed} entries")
+        return 1 if removed < len(keys) else 0
     limit = None if args.max_size_gb is None else int(args.max_size_gb * (1 << 30))
     removed = store.enforce_limit(limit)
     for e in removed:
@@ -440,12 +453,14 @@ def _print_memory_plan(args, m) -> None:
     budget allows."""
     from .errors import ConfigError
     from .models import read_layout
-    from .runtime.memory_plan import MiB, budget_bytes, fit, plan_memory
+    from .runtime.memory_plan import MiB, budget_bytes, default_context, fit, plan_memory
 
     cfg = _config(args)
     path = _model_path(args)
     _, layout, merges = read_layout(path)
-    ctx = cfg.runtime.max_context_tokens or m.context_length
+    ctx = cfg.runtime.max_context_tokens or default_context(m.context_length)
+    if ctx < m.context_length and not cfg.runtime.max_context_tokens:
+        print(f"  default context: {ctx:,} of the file's {m.context_length:,} tokens (--ctx-size for more)")
     print(f"  memory plan: {plan_memory(m, layout, merges, cfg, ctx).describe()}")
     if cfg.runtime.memory_budget_mb:
         budget = budget_bytes(cfg.runtime.memory_budget_mb)

@@ -216,7 +216,10 @@ class RuntimeConfig(_Section):
     num_threads: int = _int(0, 0, 1024, allowed="an integer: 0 (all usable cores) or between 1 and 1024")
     """Intra-op threads; 0 = every core this process may run on (``os.sched_getaffinity``)."""
     max_context_tokens: int = _int(0, 0, allowed="an integer: 0 (the model's trained context length) or >= 1")
-    """Context window in tokens; 0 = the model's trained context length."""
+    """Context window in tokens; 0 = the model's trained context length, at most
+    ``memory_plan.DEFAULT_MAX_CONTEXT`` and lowered to what MemAvailable allows (a log line
+    names the file's own). A context given here whose memory plan is over MemAvailable is
+    refused with the figures before anything grows with it."""
     prefill_chunk_tokens: int = _int(512, 1, 65536)
     """Prompt tokens per prefill step."""
     quantized_matmul_accuracy: int = _choice(4, int, (0, 1, 2, 3, 4))

@@ -131,7 +131,12 @@ class LLM:
         self.load_stats["tokenizer_s"] = time.perf_counter() - t1
         rss["tokenizer"] = resident_mb()
         rt = config.runtime
-        ctx = rt.max_context_tokens or self.spec.config.context_length
+        if rt.memory_budget_mb:  # _fit_budget chose it
+            ctx = rt.max_context_tokens
+        else:
+            from .runtime.memory_plan import context_without_budget
+
+            ctx = context_without_budget(self.spec, config)
         if rt.kv_cache_tokens and rt.kv_cache_tokens < ctx:
             from .errors import ConfigError
 
@@ -142,11 +147,20 @@ class LLM:
         chunk = min(rt.prefill_chunk_tokens, ctx)
         batch_tokens = max(rt.effective_max_batch_tokens(), 1)
         try:
-            self.runner = self._runner(ModelRunner, ctx, chunk, batch_tokens, progress)
-        except CorruptEntry as e:  # a cached array failed its checksum on first use
-            store.discard(self.spec.entry, str(e))
-            self.spec = store.load(model_path, tokenizer_path, progress, self.load_stats)
-            self.runner = self._runner(ModelRunner, ctx, chunk, batch_tokens, progress)
+            try:
+                self.runner = self._runner(ModelRunner, ctx, chunk, batch_tokens, progress)
+            except CorruptEntry as e:  # a cached array failed its checksum on first use
+                store.discard(self.spec.entry, str(e))
+                self.spec = store.load(model_path, tokenizer_path, progress, self.load_stats)
+                self.runner = self._runner(ModelRunner, ctx, chunk, batch_tokens, progress)
+        except MemoryError as e:
+            from .errors import CacheFullError, ConfigError
+
+            if isinstance(e, CacheFullError):
+                raise
+            raise ConfigError(f"{model_path}: out of memory building the runner for a context of {ctx:,} tokens "
+                              f"({e or type(e).__name__}); lower runtime.max_context_tokens (--ctx-size) or "
+                              "let --memory-budget auto choose one that fits") from e
         self.load_stats.update(self.runner.load_stats)
         rss["sessions"] = resident_mb()
         draft = self._draft(store, ctx, chunk, batch_tokens) if rt.speculative == "draft" else None

@@ -13,6 +13,11 @@ page's token ids and its bytes for every layer as the arena stores them. It is
 checked before use: size, header, token ids and a CRC-32 of all of it. A damaged or
 truncated file is dropped with one log line, and its tokens are computed again.
 
+A page holds the token ids of a prompt someone sent, so the text reads back from it:
+folders are 0700 and files 0600 (models/private_files.py), a temporary file has an
+unpredictable name and is never opened through a link, and a namespace folder that is
+a symbolic link or another user's is neither read, written, pruned nor removed.
+
 The engine never waits for the disk on a write: it copies the page out of the arena
 (one memcpy per layer) and queues it; one thread writes. A file is written under a
 temporary name and renamed into place, so a reader sees a whole page or none; a
@@ -37,6 +42,8 @@ import zlib
 from dataclasses import dataclass
 
 import numpy as np
+
+from ..models import private_files as private
 
 log = logging.getLogger(__name__)
 
@@ -107,12 +114,16 @@ class PrefixStore:
     def _index(self) -> set[bytes]:
         if self._known is None:
             known: set[bytes] = set()
+            why = private.untrusted(self.folder)
             try:
+                if why:
+                    raise private.UnsafeFolderError(f"{self.folder} {why}")
+                private.narrow(self.folder)  # an older version's: 0755
                 names = os.listdir(self.folder)
             except FileNotFoundError:
                 names = []
             except OSError as e:
-                log.warning("prefix cache: cannot list %s: %s; pages are computed", self.folder, e)
+                log.warning("prefix cache: cannot list %s: %s; pages are computed", self.folder, e.strerror or e)
                 names = []
             for name in names:
                 if name.endswith(SUFFIX) and len(name) == 32 + len(SUFFIX):
@@ -238,18 +249,20 @@ class PrefixStore:
         head = _HEAD.pack(MAGIC, self.digest, page_hash, self.page_tokens, self.num_layers, self.tile_bytes)
         crc = zlib.crc32(data, zlib.crc32(tokens, zlib.crc32(head)))
         final = self._path(page_hash)
-        tmp = os.path.join(self.folder, f".{page_hash.hex()}.{os.getpid()}{TMP_SUFFIX}")
+        tmp = None
         try:
             if self._root_bytes is None:
                 self._start_folder()
-            with open(tmp, "wb") as f:
+            tmp, f = private.temporary(self.folder, f".{page_hash.hex()}.{os.getpid()}.", TMP_SUFFIX)
+            with f:
                 f.write(head)
                 f.write(_CRC.pack(crc))
                 f.write(tokens)
                 f.write(data)
             os.replace(tmp, final)
         except OSError as e:
-            _unlink(tmp)
+            if tmp is not None:
+                _unlink(tmp)
             self.stats.write_errors += 1
             if e.errno not in self._warned:  # one line per kind of failure, not one per page
                 self._warned.add(e.errno)
@@ -268,11 +281,11 @@ class PrefixStore:
             self._evict(self.max_bytes * 9 // 10)  # a margin, so that eviction does not run on every write
 
     def _start_folder(self) -> None:
-        os.makedirs(self.folder, exist_ok=True)
+        private.private_folder(self.folder)  # UnsafeFolderError (an OSError) when not ours
         meta = os.path.join(self.folder, NAMESPACE_FILE)
         if not os.path.exists(meta):
-            tmp = f"{meta}.{os.getpid()}{TMP_SUFFIX}"
-            with open(tmp, "w", encoding="utf-8") as f:
+            tmp, f = private.temporary(self.folder, f".ns.{os.getpid()}.", TMP_SUFFIX, "w")
+            with f:
                 json.dump({"format": FORMAT_VERSION, **self.namespace}, f, indent=1, sort_keys=True)
             os.replace(tmp, meta)
         self._root_bytes = sum(e.size_bytes for e in list_stores(self.root))
@@ -325,7 +338,9 @@ def _page_files(folder: str) -> list[tuple[float, int, str]]:
     return out
 
 
-def list_stores(root: str) -> list[StoreInfo]:
+def list_stores(root: str, skipped: list[tuple[str, str]] | None = None) -> list[StoreInfo]:
+    """The namespace folders under ``root``. One that is a symbolic link or another
+    user's is left out (so never pruned), and added to ``skipped`` as (folder, why)."""
     out = []
     try:
         names = sorted(os.listdir(root))
@@ -334,6 +349,11 @@ def list_stores(root: str) -> list[StoreInfo]:
     for name in names:
         folder = os.path.join(root, name)
         if len(name) != 32 or not os.path.isdir(folder):
+            continue
+        why = private.untrusted(folder)
+        if why:
+            if skipped is not None:
+                skipped.append((folder, why))
             continue
         try:
             with open(os.path.join(folder, NAMESPACE_FILE), encoding="utf-8") as f:
@@ -371,11 +391,13 @@ def prune(root: str, max_bytes: int) -> tuple[list[str], int]:
 
 
 def remove_store(root: str, key: str) -> bool:
-    """Remove the store ``key`` (a namespace folder) under ``root``."""
+    """Remove the store ``key`` (a namespace folder) under ``root``: False when there is
+    none; UnsafeFolderError when it is a symbolic link or another user's (left as it is)."""
     folder = os.path.join(root, key)
-    if len(key) != 32 or os.sep in key or not os.path.isdir(folder):
+    if len(key) != 32 or os.sep in key or not os.path.lexists(folder):
         return False
-    shutil.rmtree(folder, ignore_errors=True)
+    private.check_folder(folder)
+    shutil.rmtree(folder)  # an OSError says why it could not be removed, rather than "removed"
     return True
 
 
@@ -387,9 +409,9 @@ def _unlink(path: str) -> None:
 
 
 def _remove_if_orphan(path: str) -> None:
-    """Remove a temporary file whose writer is gone (killed mid-write)."""
+    """Remove a temporary file whose writer is gone (killed mid-write): ``.WHAT.PID.RANDOM.tmp``."""
     try:
-        pid = int(os.path.basename(path).rsplit(".", 2)[-2])
+        pid = int(os.path.basename(path).split(".")[2])
     except (ValueError, IndexError):
         pid = -1
     if pid > 0 and pid != os.getpid():

@@ -48,6 +48,7 @@ import numpy as np
 
 from ..errors import DualPathError, ModelLoadError
 from ..tokenizer.spec import TokenizerSpec
+from . import private_files as private
 from .files import mapped_memmap
 from .spec import ModelConfig, ModelSpec, Weight
 
@@ -70,6 +71,12 @@ WRITE_CHUNK = 2 << 20
 """weights.bin is written in whole, aligned pieces of this size: a huge page on x86-64
 and 4 KiB-page ARM64 (``_Writer._append``)."""
 HEAD_BYTES = 1 << 16
+SAMPLE_BLOCKS = 256
+SAMPLE_BYTES = 4096
+"""A file's identity hashes ``SAMPLE_BLOCKS`` blocks of ``SAMPLE_BYTES`` spread evenly
+over the whole file (the whole file when it is smaller): new weights of the same size
+under a kept mtime (``cp -p``, ``touch -r``) change a new key. A change of a few bytes
+between the samples is caught by the source's checksum (``_source_changed``)."""
 STALE_TMP_S = 3600.0
 """A ``.tmp-*`` folder older than this belongs to a writer that died."""
 
@@ -101,10 +108,47 @@ def default_root() -> str:
 
 
 def _file_identity(path: str) -> dict:
+    """What names a source file's entry: its size, mtime, and hashes of its first
+    ``HEAD_BYTES`` and of blocks sampled across all of it (``SAMPLE_BLOCKS``)."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_BINARY", 0))
+    try:
+        st = os.fstat(fd)
+        head = os.pread(fd, HEAD_BYTES, 0)
+        sample = hashlib.blake2b(digest_size=16)
+        size = st.st_size
+        if size <= SAMPLE_BLOCKS * SAMPLE_BYTES:
+            sample.update(os.pread(fd, size, 0))
+        else:
+            if hasattr(os, "posix_fadvise"):  # no readahead around each block
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
+            for i in range(SAMPLE_BLOCKS):
+                sample.update(os.pread(fd, SAMPLE_BYTES, (size - SAMPLE_BYTES) * i // (SAMPLE_BLOCKS - 1)))
+            if hasattr(os, "posix_fadvise"):
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_NORMAL)
+    finally:
+        os.close(fd)
+    return {"size": size, "mtime_ns": st.st_mtime_ns, "head": hashlib.blake2b(head, digest_size=16).hexdigest(),
+            "sample": sample.hexdigest()}
+
+
+def _inode(path: str) -> list[int]:
+    """(device, inode, ctime) of ``path``: any write to the file, a copy over it or a
+    new file under its name changes them, and no ``touch`` can set the ctime back."""
     st = os.stat(path)
-    with open(path, "rb") as f:
-        head = f.read(HEAD_BYTES)
-    return {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "head": hashlib.blake2b(head, digest_size=16).hexdigest()}
+    return [st.st_dev, st.st_ino, st.st_ctime_ns]
+
+
+def _file_xor(path: str) -> int:
+    """XOR of the 8-byte words of the whole file (the tail zero-padded): any changed bit
+    shows. About the cost of reading the file once from the page cache."""
+    size = os.path.getsize(path)
+    if not size:
+        return 0
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
+        x = _xor64(m, 0, size // 8 * 8)
+        if size % 8:
+            x ^= int(np.frombuffer(m[size // 8 * 8:] + bytes(8 - size % 8), np.uint64)[0])
+    return x
 
 
 def _hash_prefix(path: str, nbytes: int) -> str:
@@ -503,7 +547,7 @@ def write_arrays(path: str, arrays: dict[str, np.ndarray]) -> dict:
     """Write ``arrays`` to file ``path`` at ALIGN-aligned offsets (each can be dropped
     from memory on its own); the index ``Entry.map_arrays`` reads them back with."""
     index = {}
-    with open(path, "wb") as f:
+    with private.create(path) as f:
         for name, arr in arrays.items():
             arr = np.ascontiguousarray(arr)
             offset = -(-f.tell() // ALIGN) * ALIGN
@@ -518,22 +562,22 @@ def write_arrays(path: str, arrays: dict[str, np.ndarray]) -> dict:
 
 def write_json(path: str, data) -> None:
     """Write ``data`` as JSON and flush it to disk (before the folder is published)."""
-    with open(path, "w", encoding="utf-8") as f:
+    with private.create(path, "w") as f:
         json.dump(data, f)
         f.flush()
         os.fsync(f.fileno())
 
 
 def _tmp_folder(parent: str, name: str) -> str:
-    tmp = os.path.join(parent, f".tmp-{name}-{os.getpid()}-{threading.get_ident()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    os.makedirs(tmp)
-    return tmp
+    """A new private folder in ``parent`` (``.tmp-NAME-PID-`` and a random part)."""
+    return private.temporary_folder(parent, f".tmp-{name}-{os.getpid()}-")
 
 
 def _publish(tmp: str, final: str) -> bool:
-    """Rename ``tmp`` to ``final``. False (and ``tmp`` removed) when another process
-    published the same folder first: its copy is as good as ours."""
+    """Rename ``tmp`` to ``final`` (its files made 0600 first: some, as ONNX files, were
+    written by code that does not take a mode). False (and ``tmp`` removed) when another
+    process published the same folder first: its copy is as good as ours."""
+    private.make_private(tmp)
     try:
         os.rename(tmp, final)
         return True
@@ -551,7 +595,7 @@ class _Writer:
     def __init__(self, folder: str, source_path: str, progress: Progress | None, total_bytes: int):
         self.folder = folder
         self.source_path = source_path
-        self.f = open(os.path.join(folder, "weights.bin"), "wb")
+        self.f = private.create(os.path.join(folder, "weights.bin"))
         self._end = 0  # bytes of weights.bin so far, those staged included
         self._stage = bytearray()  # what lies between the last whole chunk written and _end
         self.weights: dict[str, dict] = {}
@@ -656,7 +700,9 @@ class _Writer:
             "dtype": np.dtype(np.float32).str, "shape": [dim, vocab], "nbytes": vocab * dim * 4, "in": "entry",
             "offset": offset, "xor": xor}
 
-    def finish(self, spec: ModelSpec, identity: dict) -> None:
+    def finish(self, spec: ModelSpec, identity: dict, contents: dict | None = None) -> None:
+        """Write tokenizer.json and the manifest. ``identity``: the source's, as the key
+        has it; ``contents``: its ``inode`` and whole-file ``xor``, taken before it was read."""
         if spec.config.tied_output and self.float_embedding:
             self._tied_output()
         self._append(bytes(-self._end % 8))  # whole words: the checksum of the last array reads its padding
@@ -675,8 +721,8 @@ class _Writer:
         tok_path = spec.metadata.get("tokenizer_path")
         manifest = {
             "conversion_version": CONVERSION_VERSION,
-            "source": {"path": os.path.abspath(spec.path), **identity, "header_bytes": spec.header_bytes,
-                       "header_hash": _hash_prefix(spec.path, spec.header_bytes)},
+            "source": {"path": os.path.abspath(spec.path), **identity, **(contents or {}),
+                       "header_bytes": spec.header_bytes, "header_hash": _hash_prefix(spec.path, spec.header_bytes)},
             "tokenizer_source": {"path": os.path.abspath(tok_path), **_file_identity(tok_path)} if tok_path else None,
             "format": spec.format,
             "config": dataclasses.asdict(spec.config),
@@ -688,7 +734,7 @@ class _Writer:
 
     def abort(self) -> None:
         self.f.close()
-        shutil.rmtree(self.folder, ignore_errors=True)
+        shutil.rmtree(self.folder, ignore_errors=True)  # a folder of ours: rmtree never follows links
 
 
 class ModelStore:
@@ -721,20 +767,25 @@ class ModelStore:
         except OSError as e:
             raise ModelLoadError(path, f"cannot read: {e.strerror or e}") from e
         folder = os.path.join(self.root, key)
+        why = private.untrusted(folder)
+        if why:
+            raise ModelLoadError(path, f"its converted-model cache entry {folder} {why}: not read, written or "
+                                       "removed (remove it yourself, or set model_cache.dir)")
         spec = self._open(folder, path)
         if spec is not None:
             stats.update(cache="hit", open_s=time.perf_counter() - t0)
             return spec
         try:
-            os.makedirs(self.root, exist_ok=True)
+            private.make_dirs(self.root)
             tmp = _tmp_folder(self.root, key)
+            contents = {"inode": _inode(path), "xor": _file_xor(path)}  # before the file is read
         except OSError as e:
             raise ModelLoadError(path, f"cannot write the converted-model cache in {self.root}: {e.strerror or e} "
                                        "(set model_cache.dir, DUALPATH_CACHE_DIR, or model_cache.enabled: false)") from e
         writer = _Writer(tmp, path, progress, os.path.getsize(path))
         try:
             loaded = load_model(path, tokenizer_path, sink=writer.put)
-            writer.finish(loaded, _file_identity(path))
+            writer.finish(loaded, _file_identity(path), contents)
         except OSError as e:
             writer.abort()
             raise ModelLoadError(path, f"cannot write the converted-model cache entry in {self.root}: "
@@ -766,20 +817,46 @@ class ModelStore:
             src = man["source"]
             if _hash_prefix(path, src["header_bytes"]) != src["header_hash"]:
                 raise CorruptEntry("the source's header and tensor table changed")
+            if self._source_changed(path, src, manifest_path):
+                raise CorruptEntry("the source's contents changed (its size and mtime did not)")
             tok = man["tokenizer_source"]
-            if tok and (not os.path.isfile(tok["path"]) or _file_identity(tok["path"]) != {k: tok[k] for k in
-                                                                                       ("size", "mtime_ns", "head")}):
+            if tok and (not os.path.isfile(tok["path"]) or _file_identity(tok["path"]) != {
+                    k: tok[k] for k in ("size", "mtime_ns", "head", "sample")}):
                 raise CorruptEntry(f"the tokenizer {tok['path']} changed")
             spec = Entry(self, folder, man).spec(path)
         except (CorruptEntry, KeyError, TypeError, ValueError) as e:
             log.warning("discarding converted-model cache entry %s for %s: %s; converting again", folder, path, e)
             shutil.rmtree(folder, ignore_errors=True)
             return None
+        private.narrow(folder)  # an entry of an older version: 0755
         try:
             os.utime(manifest_path)  # last use, for the size limit
         except OSError:
             pass
         return spec
+
+    def _source_changed(self, path: str, src: dict, manifest_path: str) -> bool:
+        """Whether the source's bytes differ from those the entry was converted from.
+        While its (device, inode, ctime) are those recorded, it was not written since:
+        nothing is read. Else (copied, moved, touched, chmod-ed, or changed) its whole-file
+        checksum is compared once, and on a match the new (device, inode, ctime) are
+        recorded, so that the next load reads nothing again."""
+        inode = _inode(path)
+        if inode == src["inode"]:
+            return False
+        if _file_xor(path) != src["xor"]:
+            return True
+        with open(manifest_path, encoding="utf-8") as f:
+            man = json.load(f)
+        man["source"]["inode"] = inode
+        try:
+            tmp, f = private.temporary(os.path.dirname(manifest_path), ".manifest-", ".json", "w")
+            with f:
+                json.dump(man, f)
+            os.replace(tmp, manifest_path)
+        except OSError as e:  # a read-only cache: the check runs again next time
+            log.info("cannot record the checked source in %s: %s", manifest_path, e)
+        return False
 
     def discard(self, entry: Entry, reason: str) -> None:
         """Remove an entry found damaged after it was opened (``CorruptEntry``)."""
@@ -787,13 +864,22 @@ class ModelStore:
         shutil.rmtree(entry.folder, ignore_errors=True)
 
     # -- maintenance ------------------------------------------------------------
-    def entries(self) -> list[EntryInfo]:
+    def entries(self, skipped: list[tuple[str, str]] | None = None) -> list[EntryInfo]:
+        """The entries, oldest name first. A folder that is a symbolic link or another
+        user's is left out, and added to ``skipped`` as (folder, why)."""
         out = []
         if not os.path.isdir(self.root):
             return out
         for name in sorted(os.listdir(self.root)):
             folder = os.path.join(self.root, name)
             if name.startswith(".") or not os.path.isdir(folder):
+                if name.startswith(".tmp-") and skipped is not None and private.untrusted(folder):
+                    skipped.append((folder, private.untrusted(folder)))
+                continue
+            why = private.untrusted(folder)
+            if why:
+                if skipped is not None:
+                    skipped.append((folder, why))
                 continue
             manifest = os.path.join(folder, "manifest.json")
             try:
@@ -807,10 +893,13 @@ class ModelStore:
         return out
 
     def remove(self, key: str) -> bool:
+        """Remove entry ``key``: False when there is none; UnsafeFolderError when its folder
+        is a symbolic link or another user's (left as it is)."""
         folder = os.path.join(self.root, key)
-        if not key or os.sep in key or key.startswith(".") or not os.path.isdir(folder):
+        if not key or os.sep in key or key.startswith(".") or not os.path.lexists(folder):
             return False
-        shutil.rmtree(folder, ignore_errors=True)
+        private.check_folder(folder)
+        shutil.rmtree(folder)  # an OSError says why it could not be removed, rather than "removed"
         return True
 
     def enforce_limit(self, max_bytes: int | None = None, keep: str | None = None) -> list[EntryInfo]:
@@ -823,7 +912,7 @@ class ModelStore:
         now = time.time()
         for name in os.listdir(self.root):
             folder = os.path.join(self.root, name)
-            if name.startswith(".tmp-"):
+            if name.startswith(".tmp-") and not private.untrusted(folder):
                 try:
                     if now - os.path.getmtime(folder) > STALE_TMP_S:
                         shutil.rmtree(folder, ignore_errors=True)
@@ -864,7 +953,7 @@ def temporary_entry(spec: ModelSpec) -> ModelSpec:
 
     store = ModelStore(tempfile.mkdtemp(prefix="dualpath-model-"))
     folder = os.path.join(store.root, "entry")
-    os.makedirs(folder)
+    os.mkdir(folder, private.FOLDER_MODE)
     writer = _Writer(folder, spec.path, None, 0)
     try:
         for w in spec.weights.values():

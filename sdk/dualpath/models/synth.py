@@ -382,5 +382,8 @@ def ensure_synth_model(context_length: int | None = None, preset: str = DEFAULT_
     path = synth_model_path(context_length, preset)
     if os.path.isfile(path):
         return path, False
+    from .private_files import make_dirs
+
+    make_dirs(os.path.dirname(path))  # ~/.cache/dualpath: 0700 where this makes it
     synth_gguf(path, preset, "F32", seed=0, context_length=context_length)
     return path, True

@@ -25,6 +25,7 @@ constants come from, and how close the plan comes):
 from __future__ import annotations
 
 import functools
+import logging
 import math
 import os
 from dataclasses import dataclass
@@ -36,6 +37,8 @@ from ..kernels import ggml_layout, kv_tile_bytes, lform_bytes
 from ..models import read_layout
 from ..models.quants import kernel_form
 from ..models.spec import ModelConfig, kernel_classifier_form
+
+log = logging.getLogger(__name__)
 
 MiB = 1 << 20
 RUNTIME_BYTES = 75 * MiB
@@ -64,6 +67,16 @@ THP_SLACK_BYTES = 1 << 20
 on average."""
 MIN_CONTEXT = 256
 """The smallest context a budget may choose."""
+DEFAULT_MAX_CONTEXT = 1 << 17
+"""The most a load takes of the context a file declares when ``max_context_tokens`` is 0:
+files declare up to millions of positions (2^32 in a crafted one), and the RoPE tables,
+the graphs folder and the step buffers grow with the context whatever the KV cache holds.
+A longer context is there to ask for (``runtime.max_context_tokens``, ``--ctx-size``)."""
+
+
+def default_context(declared: int) -> int:
+    """The context of ``max_context_tokens: 0``: the file's own, at most ``DEFAULT_MAX_CONTEXT``."""
+    return min(declared, DEFAULT_MAX_CONTEXT)
 
 
 @dataclass
@@ -172,9 +185,8 @@ def plan_memory(cfg: ModelConfig, layout: dict, merges: int, config: Config, con
     }, kv_full=max(one, kv(capacity), capacity // max(context, 1) * one))
 
 
-def available_bytes() -> int:
-    """What ``memory_budget: auto`` allows: MemAvailable less headroom for the OS (and
-    Android's low-memory killer): the larger of 256 MiB and 10% of MemTotal."""
+def _meminfo() -> dict[str, int] | None:
+    """/proc/meminfo in bytes, or None where it cannot be read (not Linux)."""
     info = {}
     try:
         with open("/proc/meminfo", encoding="ascii") as f:
@@ -182,9 +194,22 @@ def available_bytes() -> int:
                 key, _, rest = line.partition(":")
                 info[key] = int(rest.split()[0]) * 1024
     except (OSError, ValueError, IndexError):
-        raise ConfigError("runtime.memory_budget_mb=-1 (auto) needs /proc/meminfo, which cannot be read here; "
-                          "give a budget in MiB") from None
+        return None
+    return info
+
+
+def _headroom(info: dict[str, int]) -> int:
     return info.get("MemAvailable", 0) - max(256 * MiB, info.get("MemTotal", 0) // 10)
+
+
+def available_bytes() -> int:
+    """What ``memory_budget: auto`` allows: MemAvailable less headroom for the OS (and
+    Android's low-memory killer): the larger of 256 MiB and 10% of MemTotal."""
+    info = _meminfo()
+    if info is None:
+        raise ConfigError("runtime.memory_budget_mb=-1 (auto) needs /proc/meminfo, which cannot be read here; "
+                          "give a budget in MiB")
+    return _headroom(info)
 
 
 def budget_bytes(memory_budget_mb: int) -> int:
@@ -192,28 +217,36 @@ def budget_bytes(memory_budget_mb: int) -> int:
     return available_bytes() if memory_budget_mb == -1 else memory_budget_mb * MiB
 
 
+def _largest_context(cfg: ModelConfig, layout: dict, merges: int, config: Config, want: int, kv_dtype: str,
+                     nbits8: bool, budget: int) -> int:
+    """The largest context up to ``want`` whose plan (KV cache full) fits ``budget``."""
+    lo, hi = 0, want
+    while lo < hi:  # by bisection (the plan grows with the context)
+        mid = (lo + hi + 1) // 2
+        if plan_memory(cfg, layout, merges, config, mid, kv_dtype, nbits8).total_full <= budget:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
 def fit(path: str | os.PathLike, config: Config, budget: int, nbits8: bool | None = None) -> MemoryPlan:
     """The plan to load ``path`` with: at the configured context (``max_context_tokens``,
-    0: the model's) when it fits ``budget`` bytes, else the largest context that fits
-    (and, where q8 fits a longer one, the q8 KV cache). Raises ConfigError, naming the
-    figures, when not even ``MIN_CONTEXT`` tokens fit. Reads the file's header only."""
+    0: ``default_context`` of the model's) when it fits ``budget`` bytes, else the largest
+    context that fits (and, where q8 fits a longer one, the q8 KV cache). Raises
+    ConfigError, naming the figures, when not even ``MIN_CONTEXT`` tokens fit. Reads the
+    file's header only."""
     cfg, layout, merges = read_layout(path)
     rt = config.runtime
     if nbits8 is None:
         nbits8 = runtime_nbits8()
-    want = rt.max_context_tokens or cfg.context_length
+    want = rt.max_context_tokens or default_context(cfg.context_length)
     dtypes = [config.dualpath_config.kv_dtype]
     if dtypes[0] != "q8" and cfg.head_dim % 2 == 0:
         dtypes.append("q8")
     best = None
     for dtype in dtypes:
-        lo, hi = 0, want
-        while lo < hi:  # the largest context that fits, by bisection (the plan grows with it)
-            mid = (lo + hi + 1) // 2
-            if plan_memory(cfg, layout, merges, config, mid, dtype, nbits8).total_full <= budget:
-                lo = mid
-            else:
-                hi = mid - 1
+        lo = _largest_context(cfg, layout, merges, config, want, dtype, nbits8, budget)
         if lo >= min(MIN_CONTEXT, want) and (best is None or lo > best.context):
             best = plan_memory(cfg, layout, merges, config, lo, dtype, nbits8)
         if lo == want:
@@ -224,3 +257,55 @@ def fit(path: str | os.PathLike, config: Config, budget: int, nbits8: bool | Non
                           f"{budget / MiB:,.0f} MiB: it needs {need.describe()}; raise runtime.memory_budget_mb "
                           f"or use a smaller model")
     return best
+
+
+def layout_of(spec) -> tuple[dict[str, tuple[str, tuple[int, ...]]], int]:
+    """``read_layout``'s tensor layout and merge count, from a loaded ModelSpec (a cached
+    load has them without reading the file's header again)."""
+    layout = {f"{w.name}.weight": (w.source_type or "F32", tuple(w.shape)) for w in spec.weights.values()}
+    return layout, len(spec.tokenizer.merges or ())
+
+
+def context_without_budget(spec, config: Config, meminfo: dict[str, int] | None = None) -> int:
+    """The context of a load with no ``memory_budget_mb``, checked against this machine
+    before anything grows with it (graphs, RoPE tables, the KV arena):
+
+    * ``max_context_tokens`` as given, refused with the plan's figures (ConfigError)
+      when the plan, KV cache full, is over MemAvailable;
+    * else ``default_context`` of the file's, lowered when over what ``auto`` allows to
+      the largest context that fits (said in a log line with the file's own value), and
+      refused with the figures when not even ``MIN_CONTEXT`` tokens fit.
+
+    Where /proc/meminfo cannot be read, the context is not checked."""
+    cfg, rt, name = spec.config, config.runtime, os.path.basename(str(spec.path))
+    want = rt.max_context_tokens or default_context(cfg.context_length)
+    if not rt.max_context_tokens and want < cfg.context_length:
+        log.warning("%s declares a context of %s tokens; using %s (runtime.max_context_tokens, --ctx-size, "
+                    "to ask for more)", name, f"{cfg.context_length:,}", f"{want:,}")
+    info = _meminfo() if meminfo is None else meminfo
+    if not info or "MemAvailable" not in info:
+        return want
+    layout, merges = layout_of(spec)
+    nbits8 = runtime_nbits8()
+    plan = plan_memory(cfg, layout, merges, config, want, nbits8=nbits8)
+    available = info["MemAvailable"]
+    if rt.max_context_tokens:
+        if plan.total_full > available:
+            raise ConfigError(f"runtime.max_context_tokens={want:,} does not fit this machine's memory: the plan "
+                              f"for {name} is {plan.describe()}, over the {available / MiB:,.0f} MiB MemAvailable "
+                              f"says is free; lower it (--ctx-size), bound the KV cache (runtime.kv_cache_tokens), "
+                              f"or let --memory-budget auto choose the largest context that fits")
+        return want
+    budget = _headroom(info)
+    if plan.total_full <= budget:
+        return want
+    kv_dtype = config.dualpath_config.kv_dtype
+    ctx = _largest_context(cfg, layout, merges, config, want, kv_dtype, nbits8, budget)
+    if ctx < min(MIN_CONTEXT, want):
+        need = plan_memory(cfg, layout, merges, config, min(MIN_CONTEXT, want), nbits8=nbits8)
+        raise ConfigError(f"{name} does not fit this machine's memory ({budget / MiB:,.0f} MiB free, less "
+                          f"headroom for the system): it needs {need.describe()}")
+    log.warning("%s: a context of %s tokens needs %s MiB, over the %s MiB free (less headroom); using %s "
+                "(runtime.max_context_tokens, runtime.memory_budget_mb to choose)", name, f"{want:,}",
+                f"{plan.total_full / MiB:,.0f}", f"{budget / MiB:,.0f}", f"{ctx:,}")
+    return ctx

@@ -95,14 +95,16 @@ class ModelRunner:
         """Seconds of each stage of building this runner (``graphs``, ``sessions``)."""
         self._kernel = kernel
         self._int8_act = accuracy_level == 4  # our products' activations, as MatMulNBits' at that level
+        self.cache_config = dp = cache_config or DualPathConfig()
+        # What grows with the context first: a context memory cannot hold fails here,
+        # before its graphs are built and written into the converted-model cache.
+        self.buffers = StepBuffers(cfg, max_step_tokens, self.max_num_seqs, max_context_tokens, dp.page_tokens)
+        self.cache = build_kv_cache(self.spec, dp, max_context_tokens, kv_cache_tokens)
         parts, session_sets, remove = self._load(accuracy_level, num_threads, spinning, ort_pools, progress)
         self._embed = TokenEmbedding(self.spec.weights["token_embd"], cfg.embed_scale, max_step_tokens,
                                      self.spec.entry)
-        self.cache_config = dp = cache_config or DualPathConfig()
-        self.buffers = StepBuffers(cfg, max_step_tokens, self.max_num_seqs, max_context_tokens, dp.page_tokens)
         self._classifier = (Classifier(self.spec, self.buffers, accuracy_level, kernel)
                             if self.spec.classifier_in_kernels else None)
-        self.cache = build_kv_cache(self.spec, dp, max_context_tokens, kv_cache_tokens)
         self.kv_cache_tokens = self.cache.capacity_tokens
         """Tokens the KV cache holds (all sequences together)."""
         self._policies = self._path_policies(dp, power_config)
