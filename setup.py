@@ -13,22 +13,23 @@ from Cython.Build import cythonize
 from setuptools import Extension, setup
 
 CSRC = "cython_ext/csrc"
+X86, ARM = f"{CSRC}/arch/x86", f"{CSRC}/arch/arm"  # one folder of kernels per architecture
 COMMON = ["-O3", "-std=c11", "-fno-math-errno", "-fPIC"]
 # DUALPATH_TARGET_MACHINE=aarch64 with CC/LDSHARED/AR set to a cross toolchain builds for
 # another architecture (android/check_aarch64.sh does).
 machine = (os.environ.get("DUALPATH_TARGET_MACHINE") or platform.machine()).lower()
 if machine in ("x86_64", "amd64"):
     ISA_LIBS = [
-        ("dp_isa_avx2", {"sources": [f"{CSRC}/attn_avx2.c", f"{CSRC}/qmatmul_avx2.c", f"{CSRC}/lmatmul_avx2.c"], "cflags": COMMON + ["-mavx2", "-mfma", "-mf16c"]}),
-        ("dp_isa_avx512", {"sources": [f"{CSRC}/attn_avx512.c", f"{CSRC}/qmatmul_avx512.c", f"{CSRC}/lmatmul_avx512.c"],
+        ("dp_isa_avx2", {"sources": [f"{X86}/attn_avx2.c", f"{X86}/qmatmul_avx2.c", f"{X86}/lmatmul_avx2.c"], "cflags": COMMON + ["-mavx2", "-mfma", "-mf16c"]}),
+        ("dp_isa_avx512", {"sources": [f"{X86}/attn_avx512.c", f"{X86}/qmatmul_avx512.c", f"{X86}/lmatmul_avx512.c"],
                            "cflags": COMMON + ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx2", "-mfma", "-mf16c"]}),
     ]
 elif machine in ("aarch64", "arm64"):
     ISA_LIBS = [
-        ("dp_isa_neon", {"sources": [f"{CSRC}/attn_neon.c", f"{CSRC}/qmatmul_neon.c", f"{CSRC}/lmatmul_neon.c"], "cflags": COMMON}),
-        ("dp_isa_neon_fp16", {"sources": [f"{CSRC}/attn_neon_fp16.c"], "cflags": COMMON + ["-march=armv8.2-a+fp16"]}),
-        ("dp_isa_neon_dotprod", {"sources": [f"{CSRC}/lmatmul_neon_dotprod.c"], "cflags": COMMON + ["-march=armv8.2-a+fp16+dotprod"]}),
-        ("dp_isa_neon_i8mm", {"sources": [f"{CSRC}/lmatmul_neon_i8mm.c"], "cflags": COMMON + ["-march=armv8.2-a+fp16+dotprod+i8mm"]}),
+        ("dp_isa_neon", {"sources": [f"{ARM}/attn_neon.c", f"{ARM}/qmatmul_neon.c", f"{ARM}/lmatmul_neon.c"], "cflags": COMMON}),
+        ("dp_isa_neon_fp16", {"sources": [f"{ARM}/attn_neon_fp16.c"], "cflags": COMMON + ["-march=armv8.2-a+fp16"]}),
+        ("dp_isa_neon_dotprod", {"sources": [f"{ARM}/lmatmul_neon_dotprod.c"], "cflags": COMMON + ["-march=armv8.2-a+fp16+dotprod"]}),
+        ("dp_isa_neon_i8mm", {"sources": [f"{ARM}/lmatmul_neon_i8mm.c"], "cflags": COMMON + ["-march=armv8.2-a+fp16+dotprod+i8mm"]}),
     ]
 else:
     ISA_LIBS = []

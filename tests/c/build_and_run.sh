@@ -16,20 +16,20 @@ build() { # $1 = compiler, $2 = output, $3... = extra flags for the base files
     local objs=()
     case "$($cc -dumpmachine)" in
         x86_64*)
-            $cc "$@" -c $S/attn_avx2.c -mavx2 -mfma -mf16c -o "$OUT/avx2.o"
-            $cc "$@" -c $S/qmatmul_avx2.c -mavx2 -mfma -mf16c -o "$OUT/qavx2.o"
-            $cc "$@" -c $S/attn_avx512.c -mavx512f -mavx512bw -mavx512vl -mavx2 -mfma -mf16c -o "$OUT/avx512.o"
-            $cc "$@" -c $S/qmatmul_avx512.c -mavx512f -mavx512bw -mavx512vl -mavx2 -mfma -mf16c -o "$OUT/qavx512.o"
-            $cc "$@" -c $S/lmatmul_avx2.c -mavx2 -mfma -mf16c -o "$OUT/lavx2.o"
-            $cc "$@" -c $S/lmatmul_avx512.c -mavx512f -mavx512bw -mavx512vl -mavx2 -mfma -mf16c -o "$OUT/lavx512.o"
+            $cc "$@" -c $S/arch/x86/attn_avx2.c -mavx2 -mfma -mf16c -o "$OUT/avx2.o"
+            $cc "$@" -c $S/arch/x86/qmatmul_avx2.c -mavx2 -mfma -mf16c -o "$OUT/qavx2.o"
+            $cc "$@" -c $S/arch/x86/attn_avx512.c -mavx512f -mavx512bw -mavx512vl -mavx2 -mfma -mf16c -o "$OUT/avx512.o"
+            $cc "$@" -c $S/arch/x86/qmatmul_avx512.c -mavx512f -mavx512bw -mavx512vl -mavx2 -mfma -mf16c -o "$OUT/qavx512.o"
+            $cc "$@" -c $S/arch/x86/lmatmul_avx2.c -mavx2 -mfma -mf16c -o "$OUT/lavx2.o"
+            $cc "$@" -c $S/arch/x86/lmatmul_avx512.c -mavx512f -mavx512bw -mavx512vl -mavx2 -mfma -mf16c -o "$OUT/lavx512.o"
             objs=("$OUT/avx2.o" "$OUT/qavx2.o" "$OUT/avx512.o" "$OUT/qavx512.o" "$OUT/lavx2.o" "$OUT/lavx512.o") ;;
         aarch64*)
-            $cc "$@" -c $S/attn_neon.c -o "$OUT/neon.o"
-            $cc "$@" -c $S/qmatmul_neon.c -o "$OUT/qneon.o"
-            $cc "$@" -c $S/lmatmul_neon.c -o "$OUT/lneon.o"
-            $cc "$@" -c $S/attn_neon_fp16.c -march=armv8.2-a+fp16 -o "$OUT/neon_fp16.o"
-            $cc "$@" -c $S/lmatmul_neon_dotprod.c -march=armv8.2-a+fp16+dotprod -o "$OUT/lneon_dotprod.o"
-            $cc "$@" -c $S/lmatmul_neon_i8mm.c -march=armv8.2-a+fp16+dotprod+i8mm -o "$OUT/lneon_i8mm.o"
+            $cc "$@" -c $S/arch/arm/attn_neon.c -o "$OUT/neon.o"
+            $cc "$@" -c $S/arch/arm/qmatmul_neon.c -o "$OUT/qneon.o"
+            $cc "$@" -c $S/arch/arm/lmatmul_neon.c -o "$OUT/lneon.o"
+            $cc "$@" -c $S/arch/arm/attn_neon_fp16.c -march=armv8.2-a+fp16 -o "$OUT/neon_fp16.o"
+            $cc "$@" -c $S/arch/arm/lmatmul_neon_dotprod.c -march=armv8.2-a+fp16+dotprod -o "$OUT/lneon_dotprod.o"
+            $cc "$@" -c $S/arch/arm/lmatmul_neon_i8mm.c -march=armv8.2-a+fp16+dotprod+i8mm -o "$OUT/lneon_i8mm.o"
             objs=("$OUT/neon.o" "$OUT/qneon.o" "$OUT/lneon.o" "$OUT/neon_fp16.o" "$OUT/lneon_dotprod.o" "$OUT/lneon_i8mm.o") ;;
     esac
     $cc "$@" $BASE "${objs[@]}" -o "$out" -lm -lpthread

@@ -4,8 +4,8 @@
  * 4 values) by 4 activations: 16 multiply-adds an instruction. The loops are
  * lmatmul_neon_body.h's; the classifier's 8-bit rows (qmatmul.h) are here too. */
 #include <arm_neon.h>
-#include "dp_attn_ops.h"
-#include "lmatmul.h"
+#include "../../dp_attn_ops.h"
+#include "../../lmatmul.h"
 
 #define LN_SUFFIX(n) n##_dotprod
 #define LN_ACC int32x4_t

@@ -5,8 +5,8 @@
  * with no sign flip per vector. The loops are lmatmul_neon_body.h's; the classifier's
  * 8-bit rows (qmatmul.h) are here too. */
 #include <arm_neon.h>
-#include "dp_attn_ops.h"
-#include "lmatmul.h"
+#include "../../dp_attn_ops.h"
+#include "../../lmatmul.h"
 
 #define LN_SUFFIX(n) n##_i8mm
 #define LN_ACC int32x4_t

@@ -6,7 +6,7 @@
  * about 2^-10 per product), then widened and summed in f32: eight tokens per
  * instruction instead of four. Everything else is the baseline NEON code. */
 #include <arm_neon.h>
-#include "dp_attn_ops.h"
+#include "../../dp_attn_ops.h"
 
 extern const dp_attn_ops dp_ops_neon;
 

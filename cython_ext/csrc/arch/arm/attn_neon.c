@@ -1,7 +1,7 @@
 /* AArch64 Advanced SIMD attention building blocks (baseline ARMv8-A: every aarch64
  * CPU has them). f16 rows are widened with FCVTL, which is baseline too. */
 #include <arm_neon.h>
-#include "dp_attn_ops.h"
+#include "../../dp_attn_ops.h"
 
 static inline float32x4_t load_f16(const uint16_t *p) { return vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(p))); }
 

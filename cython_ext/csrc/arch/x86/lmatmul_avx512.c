@@ -6,8 +6,8 @@
  * an int32 broadcast of the activation row's 4 values (dpbusd, or maddubs + madd). A pass
  * takes a group against up to 8 activation rows (lmatmul_avx512_body.h). */
 #include <immintrin.h>
-#include "dp_attn_ops.h"
-#include "lmatmul.h"
+#include "../../dp_attn_ops.h"
+#include "../../lmatmul.h"
 
 /* Steps 2c and 2c + 1 of a unit as uint8 values (lmatmul.h's planes). */
 static inline __attribute__((always_inline)) void unpack2(const int kind, const uint8_t *u, const int c, __m512i *v0,

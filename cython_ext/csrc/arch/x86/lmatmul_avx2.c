@@ -5,8 +5,8 @@
  * half against up to 4 activation rows (lmatmul_avx2_body.h), two steps unpacked at a
  * time. */
 #include <immintrin.h>
-#include "dp_attn_ops.h"
-#include "lmatmul.h"
+#include "../../dp_attn_ops.h"
+#include "../../lmatmul.h"
 
 /* Steps 2c and 2c + 1 of a unit's half hf (rows 8 hf .. 8 hf + 7) as uint8 values. */
 static inline __attribute__((always_inline)) void unpack2(const int kind, const uint8_t *u, const int hf, const int c,

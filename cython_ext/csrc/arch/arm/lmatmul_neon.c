@@ -4,8 +4,8 @@
  * q = v - 128) and pair-adds into two int32 accumulators, which one pairwise add turns
  * into the 4 rows' sums. The loops are lmatmul_neon_body.h's. */
 #include <arm_neon.h>
-#include "dp_attn_ops.h"
-#include "lmatmul.h"
+#include "../../dp_attn_ops.h"
+#include "../../lmatmul.h"
 
 typedef struct {
     int32x4_t a, b, init; /* a: rows 0-1 in pairs of lanes, b: rows 2-3 */

@@ -3,7 +3,7 @@
  * the activations widen to int16 (|q x| <= 2^14) and pair-add into 4 int32 lanes; a
  * block (16 or 32 values) is then scaled once. */
 #include <arm_neon.h>
-#include "qmatmul.h"
+#include "../../qmatmul.h"
 
 void dp_qrows_neon(const uint8_t *w, const float *scales, int64_t bs, int64_t n0, int64_t n1, int64_t K,
                    const int8_t *xq, const float *xd, int64_t R, float *out, int64_t ldo) {

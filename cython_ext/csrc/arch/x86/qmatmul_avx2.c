@@ -6,7 +6,7 @@
  * each: one block of 32, or two of 16 (lanes 0-3, 4-7). Each lane then takes its block's
  * scale (weight scale x activation scale, 8 blocks at a time, permuted into place). */
 #include <immintrin.h>
-#include "qmatmul.h"
+#include "../../qmatmul.h"
 
 static inline float hsum(__m256 v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));

@@ -8,7 +8,7 @@
  * on |q| and x with q's sign, as the AVX2 file. Each lane then takes its block's scale (16
  * blocks at a time, permuted). */
 #include <immintrin.h>
-#include "qmatmul.h"
+#include "../../qmatmul.h"
 
 static inline __m512i dot64_bw(__m512i wv, __m512i xv) {
     const __m512i q = _mm512_xor_si512(wv, _mm512_set1_epi8((char)0x80));

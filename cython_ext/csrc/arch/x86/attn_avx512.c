@@ -3,7 +3,7 @@
  * Tails use masked loads, so any head_dim works at full width. */
 #include <immintrin.h>
 #include <math.h>
-#include "dp_attn_ops.h"
+#include "../../dp_attn_ops.h"
 
 /* Full vectors use plain loads; only a tail uses a masked load (a masked 16-bit load
  * in the scores loop is markedly slower than a plain one). */

@@ -2,7 +2,7 @@
  * called only when dp_cpu_features() reports AVX2 (CPU and OS). */
 #include <immintrin.h>
 #include <math.h>
-#include "dp_attn_ops.h"
+#include "../../dp_attn_ops.h"
 
 static inline float hsum(__m256 v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
