@@ -1034,6 +1034,9 @@ static void lmatmul_cases(dp_pool *pool) {
                 lmatmul_case(ops, r % 2 ? pool : NULL, kind, r % 3 ? 48 : 16, sb * (r % 2 ? 3 : 1), Rs[r], 1,
                              dp_isas[i].name);
             lmatmul_case(ops, pool, kind, 256, sb == 32 ? 640 : 2048, 2, 1, dp_isas[i].name); /* the pool's tasks */
+            /* decode: tasks of 4 groups or more, read as side-by-side streams, and the rest */
+            lmatmul_case(ops, pool, kind, 1024, sb * 2, 1, 1, dp_isas[i].name);
+            lmatmul_case(ops, NULL, kind, 304, sb, 1, 1, dp_isas[i].name);
             lmatmul_case(ops, pool, kind, 48, sb * 2, 3, 0, dp_isas[i].name);                  /* f32 activations */
         }
         lmatmul_job_cases(ops, pool, dp_isas[i].name);

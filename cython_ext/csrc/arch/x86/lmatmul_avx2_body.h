@@ -64,9 +64,69 @@ static inline __attribute__((always_inline)) LM2_ATTR void LM2_SUFFIX(pass)(cons
 #undef LM2_STORE_ROW
 }
 
+/* Decode (one activation row): NS <= 4 groups, gq bytes apart, walked unit by unit side
+ * by side (both halves of each), so that each thread reads NS streams of weights at once
+ * instead of one. */
+static inline __attribute__((always_inline)) LM2_ATTR void LM2_SUFFIX(streams)(
+    const int kind, const uint8_t *gw, const int64_t gq, const int NS, const dp_lact *a, float *out,
+    const int64_t oq) {
+    const int64_t K = a->K, units = dp_lkind_sb(kind) / 32, nsb = K / dp_lkind_sb(kind);
+    const int64_t sbb = dp_lkind_header(kind) + units * dp_lkind_unit(kind);
+    const int parts = kind == DP_L_Q6_K ? 2 : 1;
+    __m256 sacc0 = _mm256_setzero_ps(), sacc1 = sacc0, sacc2 = sacc0, sacc3 = sacc0, sacc4 = sacc0,
+           sacc5 = sacc0, sacc6 = sacc0, sacc7 = sacc0; /* stream i's halves: 2 i, 2 i + 1 */
+    for (int64_t s = 0; s < nsb; s++)
+        for (int64_t b = 0; b < units; b++) {
+            const int64_t kb = s * units + b;
+            const int32_t *x0 = (const int32_t *)(a->xq + 32 * kb), *x1 = x0, *x2 = x0, *x3 = x0;
+            const __m256 dx = _mm256_broadcast_ss(a->xd + kb);
+#define LM2_HALF(i, hf)                                                                                   \
+    _Pragma("GCC unroll 2") for (int p = 0; p < parts; p++) {                                             \
+        const int RR = 1;                                                                                 \
+        __m256i t0 = _mm256_setzero_si256(), t1 = t0, t2 = t0, t3 = t0;                                   \
+        LM2_SUMS(kind, unit, hf, p);                                                                      \
+        (void)t1, (void)t2, (void)t3;                                                                     \
+        const __m256 d = f16_ps(h + 16 * (hf));                                                           \
+        __m256 sc = d;                                                                                    \
+        if (kind == DP_L_Q4_K) sc = _mm256_mul_ps(d, u8_ps(h + 64 + 16 * b + 8 * (hf)));                  \
+        else if (kind == DP_L_Q6_K) sc = _mm256_mul_ps(d, i8_ps(h + 32 + 16 * (2 * b + p) + 8 * (hf)));   \
+        const int z = kind == DP_L_Q8_0 ? LM2_Q8_ZERO : dp_lkind_zero_point(kind);                        \
+        if (z) t0 = _mm256_sub_epi32(t0, _mm256_set1_epi32(z * (parts == 2 ? a->xs[2 * kb + p]            \
+                                                                            : a->xs[2 * kb] + a->xs[2 * kb + 1]))); \
+        sacc##i = _mm256_fmadd_ps(_mm256_mul_ps(sc, dx), _mm256_cvtepi32_ps(t0), sacc##i);                \
+        if (kind == DP_L_Q4_K)                                                                            \
+            sacc##i = _mm256_fnmadd_ps(_mm256_mul_ps(f16_ps(h + 32 + 16 * (hf)), u8_ps(h + 192 + 16 * b + 8 * (hf))), \
+                                       _mm256_broadcast_ss(a->xm + kb), sacc##i);                         \
+    }
+#define LM2_STREAM(i, i0, i1)                                                                             \
+    if ((i) < NS) {                                                                                       \
+        const uint8_t *h = gw + (i) * gq + s * sbb;                                                       \
+        const uint8_t *unit = h + dp_lkind_header(kind) + b * dp_lkind_unit(kind);                        \
+        if (b == 0) dp_lprefetch(h, dp_lkind_header(kind));                                               \
+        dp_lprefetch(unit, dp_lkind_unit(kind));                                                          \
+        LM2_HALF(i0, 0)                                                                                   \
+        LM2_HALF(i1, 1)                                                                                   \
+    }
+            LM2_STREAM(0, 0, 1) LM2_STREAM(1, 2, 3) LM2_STREAM(2, 4, 5) LM2_STREAM(3, 6, 7)
+#undef LM2_STREAM
+#undef LM2_HALF
+            (void)x1, (void)x2, (void)x3;
+        }
+    _mm256_storeu_ps(out, sacc0), _mm256_storeu_ps(out + 8, sacc1);
+    if (NS > 1) _mm256_storeu_ps(out + oq, sacc2), _mm256_storeu_ps(out + oq + 8, sacc3);
+    if (NS > 2) _mm256_storeu_ps(out + 2 * oq, sacc4), _mm256_storeu_ps(out + 2 * oq + 8, sacc5);
+    if (NS > 3) _mm256_storeu_ps(out + 3 * oq, sacc6), _mm256_storeu_ps(out + 3 * oq + 8, sacc7);
+}
+
 static inline __attribute__((always_inline)) LM2_ATTR void LM2_SUFFIX(groups)(const int kind, const uint8_t *w, int64_t g0, int64_t g1,
                                                          const dp_lact *a, float *out, int64_t ldo) {
     const int64_t gstride = a->K / dp_lkind_sb(kind) * (dp_lkind_header(kind) + dp_lkind_sb(kind) / 32 * dp_lkind_unit(kind));
+    if (a->R == 1 && g1 - g0 >= LM2_STREAMS) {
+        const int64_t q = (g1 - g0) / LM2_STREAMS;
+        for (int64_t g = g0; g < g0 + q; g++)
+            LM2_SUFFIX(streams)(kind, w + g * gstride, q * gstride, LM2_STREAMS, a, out + 16 * g, 16 * q);
+        g0 += LM2_STREAMS * q;
+    }
     for (int64_t g = g0; g < g1; g++)
         for (int hf = 0; hf < 2; hf++) {
             const uint8_t *gw = w + g * gstride;

@@ -64,9 +64,66 @@ static inline __attribute__((always_inline)) LM_ATTR void LM_SUFFIX(pass)(
 #undef LM_STORE_ROW
 }
 
+/* Decode (one activation row): NS <= 4 groups, gq bytes apart, walked unit by unit side
+ * by side, so that each thread reads NS streams of weights at once instead of one. */
+static inline __attribute__((always_inline)) LM_ATTR void LM_SUFFIX(streams)(
+    const int kind, const uint8_t *gw, const int64_t gq, const int NS, const dp_lact *a, float *out,
+    const int64_t oq) {
+    const int64_t K = a->K, units = dp_lkind_sb(kind) / 32, nsb = K / dp_lkind_sb(kind);
+    const int64_t sbb = dp_lkind_header(kind) + units * dp_lkind_unit(kind);
+    const int parts = kind == DP_L_Q6_K ? 2 : 1;
+    __m512 sacc0 = _mm512_setzero_ps(), sacc1 = sacc0, sacc2 = sacc0, sacc3 = sacc0;
+    for (int64_t s = 0; s < nsb; s++)
+        for (int64_t b = 0; b < units; b++) {
+            const int64_t kb = s * units + b;
+            const int32_t *x0 = (const int32_t *)(a->xq + 32 * kb);
+            const int32_t *x1 = x0, *x2 = x0, *x3 = x0, *x4 = x0, *x5 = x0, *x6 = x0, *x7 = x0;
+            const __m512 dx = _mm512_set1_ps(a->xd[kb]);
+#define LM_STREAM(i)                                                                                      \
+    if ((i) < NS) {                                                                                       \
+        const uint8_t *h = gw + (i) * gq + s * sbb;                                                       \
+        const uint8_t *unit = h + dp_lkind_header(kind) + b * dp_lkind_unit(kind);                        \
+        if (b == 0) dp_lprefetch(h, dp_lkind_header(kind));                                               \
+        dp_lprefetch(unit, dp_lkind_unit(kind));                                                          \
+        const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)h));                         \
+        _Pragma("GCC unroll 2") for (int p = 0; p < parts; p++) {                                         \
+            const int RR = 1;                                                                             \
+            __m512i t0 = _mm512_setzero_si512(), t1 = t0, t2 = t0, t3 = t0, t4 = t0, t5 = t0, t6 = t0, t7 = t0; \
+            LM_SUMS(kind, unit, p);                                                                       \
+            (void)t1, (void)t2, (void)t3, (void)t4, (void)t5, (void)t6, (void)t7;                         \
+            __m512 sc = d;                                                                                \
+            if (kind == DP_L_Q4_K) sc = _mm512_mul_ps(d, u8_ps(h + 64 + 16 * b));                         \
+            else if (kind == DP_L_Q6_K) sc = _mm512_mul_ps(d, i8_ps(h + 32 + 16 * (2 * b + p)));          \
+            const int z = kind == DP_L_Q8_0 ? LM_Q8_ZERO : dp_lkind_zero_point(kind);                     \
+            if (z) t0 = _mm512_sub_epi32(t0, _mm512_set1_epi32(z * (parts == 2 ? a->xs[2 * kb + p]        \
+                                                                                : a->xs[2 * kb] + a->xs[2 * kb + 1]))); \
+            sacc##i = _mm512_fmadd_ps(_mm512_mul_ps(sc, dx), _mm512_cvtepi32_ps(t0), sacc##i);            \
+            if (kind == DP_L_Q4_K)                                                                        \
+                sacc##i = _mm512_fnmadd_ps(                                                               \
+                    _mm512_mul_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(h + 32))),         \
+                                  u8_ps(h + 192 + 16 * b)),                                               \
+                    _mm512_set1_ps(a->xm[kb]), sacc##i);                                                  \
+        }                                                                                                 \
+    }
+            LM_STREAM(0) LM_STREAM(1) LM_STREAM(2) LM_STREAM(3)
+#undef LM_STREAM
+            (void)x1, (void)x2, (void)x3, (void)x4, (void)x5, (void)x6, (void)x7;
+        }
+    _mm512_storeu_ps(out, sacc0);
+    if (NS > 1) _mm512_storeu_ps(out + oq, sacc1);
+    if (NS > 2) _mm512_storeu_ps(out + 2 * oq, sacc2);
+    if (NS > 3) _mm512_storeu_ps(out + 3 * oq, sacc3);
+}
+
 static inline __attribute__((always_inline)) LM_ATTR void LM_SUFFIX(groups)(
     const int kind, const uint8_t *w, int64_t g0, int64_t g1, const dp_lact *a, float *out, int64_t ldo) {
     const int64_t gstride = a->K / dp_lkind_sb(kind) * (dp_lkind_header(kind) + dp_lkind_sb(kind) / 32 * dp_lkind_unit(kind));
+    if (a->R == 1 && g1 - g0 >= LM_STREAMS) {
+        const int64_t q = (g1 - g0) / LM_STREAMS;
+        for (int64_t g = g0; g < g0 + q; g++)
+            LM_SUFFIX(streams)(kind, w + g * gstride, q * gstride, LM_STREAMS, a, out + 16 * g, 16 * q);
+        g0 += LM_STREAMS * q;
+    }
     for (int64_t g = g0; g < g1; g++) {
         const uint8_t *gw = w + g * gstride;
         float *o = out + 16 * g;
