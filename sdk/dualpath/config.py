@@ -374,6 +374,9 @@ class ServerConfig(_Section):
     header_timeout_s: float = _float(10.0, 0.1, 3600.0)
     """A request's headers must arrive within this many seconds of its first byte (or of the
     connection's opening); a slower client is disconnected."""
+    body_timeout_s: float = _float(60.0, 0.1, 3600.0)
+    """A request's body must arrive within this many seconds of its headers; a slower client
+    is disconnected (a body trickled a byte at a time would otherwise hold its connection)."""
     max_body_bytes: int = _int(1 << 20, 1024, 1 << 30)
     """Largest request body accepted (413 above it)."""
     max_queued_requests: int = _int(64, 0, 1 << 20)

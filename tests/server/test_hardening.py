@@ -55,7 +55,7 @@ def live(hostile_gguf):
         "runtime.max_context_tokens": 256, "runtime.max_num_seqs": 4, "server.max_queued_requests": 4,
         "runtime.chat_template_timeout_s": TIMEOUT_S, "runtime.chat_template_max_chars": 1 << 20,
         "server.max_body_bytes": 2 << 20, "server.allowed_hosts": "mybox.lan",
-        "server.header_timeout_s": 2.0})
+        "server.header_timeout_s": 2.0, "server.body_timeout_s": 2.0})
     srv = LiveServer(dualpath.LLM(hostile_gguf, cfg))
     yield srv
     srv.stop()
@@ -234,28 +234,59 @@ def test_two_thousand_and_forty_eight_embedding_inputs_are_one_request(live):
 
 # -- connections ------------------------------------------------------------------------
 
+def _trickle(s: socket.socket, data: bytes) -> float | None:
+    """Send ``data`` a byte every 0.25 s; seconds until the server closed the connection."""
+    t0 = time.monotonic()
+    for byte in data:
+        try:
+            s.sendall(bytes([byte]))
+            time.sleep(0.25)
+            s.setblocking(False)
+            if s.recv(1) == b"":
+                return time.monotonic() - t0
+        except BlockingIOError:
+            pass
+        except OSError:
+            return time.monotonic() - t0
+        finally:
+            s.setblocking(True)
+    return None
+
+
 def test_a_slowloris_client_is_cut_off_at_the_header_deadline(live):
     with HealthWatch(live.base) as watch, socket.create_connection(("127.0.0.1", live.port)) as s:
         s.settimeout(10)
-        t0 = time.monotonic()
-        closed_after = None
-        for byte in b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: " + b"a" * 100:
-            try:
-                s.sendall(bytes([byte]))
-                time.sleep(0.25)
-                s.setblocking(False)
-                if s.recv(1) == b"":
-                    closed_after = time.monotonic() - t0
-                    break
-            except BlockingIOError:
-                pass
-            except OSError:
-                closed_after = time.monotonic() - t0
-                break
-            finally:
-                s.setblocking(True)
+        closed_after = _trickle(s, b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: " + b"a" * 100)
     assert closed_after is not None and 2.0 <= closed_after < 4.0, closed_after
     watch.check()
+
+
+def test_a_body_trickled_after_whole_headers_is_cut_off_at_the_body_deadline(live):
+    body = json.dumps({"prompt": "Once upon a time " * 8, "max_tokens": 1}).encode()
+    with HealthWatch(live.base) as watch, socket.create_connection(("127.0.0.1", live.port)) as s:
+        s.settimeout(10)
+        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                  b"Content-Length: %d\r\n\r\n" % len(body))
+        closed_after = _trickle(s, body)
+    assert len(body) * 0.25 > 4.0  # the whole body would take longer than the deadline allows
+    assert closed_after is not None and 2.0 <= closed_after < 4.0, closed_after
+    watch.check()
+
+
+@pytest.mark.parametrize("request_bytes", [b"GARBAGE\r\n\r\n", b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\nBad Header\r\n\r\n",
+                                           b"GET /health HTTP/1.1\r\nContent-Length: x\r\n\r\n"])
+def test_a_request_http_cannot_parse_gets_a_json_400(live, request_bytes):
+    with socket.create_connection(("127.0.0.1", live.port)) as s:
+        s.settimeout(10)
+        s.sendall(request_bytes)
+        reply = b""
+        while chunk := s.recv(65536):
+            reply += chunk
+    head, _, body = reply.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 400"), reply[:200]
+    assert b"content-type: application/json" in head.lower()
+    error = json.loads(body)["error"]
+    assert error["type"] == "invalid_request_error" and error["message"].startswith("malformed HTTP request")
 
 
 SERVE_FILE_LIMIT = 1024

@@ -6,9 +6,11 @@ descriptors asyncio logs every refused ``accept``. Here:
 
 - ``guarded_protocol``: uvicorn's h11 protocol with a header deadline (a request's headers
   must arrive within ``server.header_timeout_s`` of its first byte or of the connection's
-  opening) and a cap on open connections (``server.max_connections``, held below the file
-  limit): past the cap, the connection idle the longest (no request in progress) is closed
-  to make room, so a flood of idle sockets can never lock out a new client.
+  opening), a body deadline (its body within ``server.body_timeout_s`` of its headers) and a
+  cap on open connections (``server.max_connections``, held below the file limit): past the
+  cap, the connection idle the longest (no request in progress) is closed to make room, so a
+  flood of idle sockets can never lock out a new client. A request h11 cannot parse gets
+  an OpenAI error object, as every other refusal does, not uvicorn's plain text.
 - ``raise_file_limit``: the soft RLIMIT_NOFILE raised to the hard one at start.
 - ``quiet_accept_errors``: a refused ``accept`` logged once per interval, with a count.
 - ``uvicorn_config``: the uvicorn config ``dualpath serve`` runs with, and the tests too.
@@ -17,6 +19,7 @@ descriptors asyncio logs every refused ``accept``. Here:
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import time
@@ -69,15 +72,16 @@ def connection_cap(max_connections: int) -> int:
     return max(8, min(max_connections, room))
 
 
-def guarded_protocol(max_connections: int, header_timeout_s: float):
-    """uvicorn's h11 protocol class with the header deadline and the connection cap."""
+def guarded_protocol(max_connections: int, header_timeout_s: float, body_timeout_s: float = 60.0):
+    """uvicorn's h11 protocol class with the header and body deadlines and the connection cap."""
+    import h11
     from uvicorn.protocols.http.h11_impl import H11Protocol
 
     class GuardedH11Protocol(H11Protocol):
         def connection_made(self, transport):
             super().connection_made(transport)
             self.idle_since = time.monotonic()
-            self.header_timer = None
+            self.header_timer = self.body_timer = None
             self._arm()
             if len(self.connections) > max_connections:
                 self._make_room()
@@ -107,12 +111,34 @@ def guarded_protocol(max_connections: int, header_timeout_s: float):
             _note_eviction()
             victim.transport.close()
 
+        def _reading_body(self) -> bool:
+            return self._busy() and self.cycle.more_body
+
+        def _body_deadline(self) -> None:
+            self.body_timer = None
+            if self._reading_body() and not self.transport.is_closing():
+                self.transport.close()  # the app's receive() sees the disconnect
+
         def data_received(self, data: bytes) -> None:
             if not self._busy():  # the first bytes of a request: its headers' clock starts
                 self._arm()
             super().data_received(data)
             if self._busy():
                 self._disarm()
+            if self._reading_body():
+                if self.body_timer is None:
+                    self.body_timer = self.loop.call_later(body_timeout_s, self._body_deadline)
+            elif self.body_timer is not None:
+                self.body_timer = self.body_timer.cancel()  # None
+
+        def send_400_response(self, msg: str) -> None:
+            try:
+                for event in _json_400(h11, msg):
+                    self.transport.write(self.conn.send(event))
+            except h11.LocalProtocolError:  # h11 cannot answer in this state: uvicorn's own way
+                return super().send_400_response(msg)
+            finally:
+                self.transport.close()
 
         def on_response_complete(self) -> None:
             self.idle_since = time.monotonic()
@@ -120,9 +146,19 @@ def guarded_protocol(max_connections: int, header_timeout_s: float):
 
         def connection_lost(self, exc):
             self._disarm()
+            self.body_timer = self.body_timer and self.body_timer.cancel()  # None either way
             super().connection_lost(exc)
 
     return GuardedH11Protocol
+
+
+def _json_400(h11, msg: str) -> tuple:
+    """h11's events of a 400 whose body is an OpenAI error object naming ``msg``."""
+    body = json.dumps({"error": {"message": f"malformed HTTP request: {msg}", "type": "invalid_request_error",
+                                 "param": None, "code": None}}).encode("ascii")
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+               (b"connection", b"close")]
+    return h11.Response(status_code=400, headers=headers, reason=b"Bad Request"), h11.Data(data=body), h11.EndOfMessage()
 
 
 _evictions = {"count": 0, "logged": 0.0}
@@ -171,4 +207,4 @@ def uvicorn_config(app, server_config, *, host: str | None = None, port: int | N
     kwargs.setdefault("timeout_keep_alive", 75)
     kwargs.setdefault("backlog", BACKLOG)
     return uvicorn.Config(app, host=sc.host if host is None else host, port=sc.port if port is None else port,
-                          http=guarded_protocol(cap, sc.header_timeout_s), **kwargs)
+                          http=guarded_protocol(cap, sc.header_timeout_s, sc.body_timeout_s), **kwargs)
