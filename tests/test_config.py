@@ -223,3 +223,19 @@ def test_a_page_must_fit_a_block():
         cfg.pages_per_block(4097)
     assert str(info.value) == ("dualpath_config.block_size=4096 cannot hold one page of page_tokens=16 tokens of "
                                "this model (4097 bytes); raise block_size or lower page_tokens")
+
+
+def test_a_renamed_key_is_read_as_its_new_name_with_a_warning(tmp_path, caplog):
+    path = write(tmp_path, "runtime:\n  attention_kernel: generic\n")
+    with caplog.at_level("WARNING", logger="dualpath.config"):
+        from_file = load_config(path)
+        from_override = load_config(None, {"runtime.attention_kernel": "generic"})
+        nested = with_overrides(Config(), {"runtime": {"attention_kernel": "generic"}})
+    assert from_file.runtime.kernel_isa == from_override.runtime.kernel_isa == nested.runtime.kernel_isa == "generic"
+    assert sum("runtime.attention_kernel is now runtime.kernel_isa" in r.getMessage() for r in caplog.records) == 3
+
+
+def test_a_renamed_key_beside_its_new_name_is_refused(tmp_path):
+    path = write(tmp_path, "runtime:\n  attention_kernel: generic\n  kernel_isa: avx2\n")
+    with pytest.raises(ConfigError, match=r"x\.yaml: runtime\.attention_kernel and runtime\.kernel_isa are one setting"):
+        load_config(path)

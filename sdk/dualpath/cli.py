@@ -351,12 +351,12 @@ def cmd_info(args) -> int:
     from .kernels import KERNEL_ISAS, available_kernels, cpu_features as kernel_features, default_kernel
 
     disabled = os.environ.get("DUALPATH_DISABLE_CPU_FEATURES", "")
-    asked = cfg.runtime.attention_kernel
+    asked = cfg.runtime.kernel_isa
     available = available_kernels()
     kernel = default_kernel() if asked == "auto" else asked
     note = "" if kernel in available else " NOT AVAILABLE on this CPU/build: loading a model fails"
     print(f"kernels: attention={kernel} kv_write={kernel} layer_products={kernel} classifier={kernel} embed=generic  "
-          f"(runtime.attention_kernel={asked}{note}; available: {', '.join(available)}; usable ISA features: "
+          f"(runtime.kernel_isa={asked}{note}; available: {', '.join(available)}; usable ISA features: "
           f"{', '.join(kernel_features()) or 'none'}"
           f"{'; disabled by DUALPATH_DISABLE_CPU_FEATURES=' + disabled if disabled else ''})")
     print("kernel ISAs: " + " ".join(f"{isa}{'' if isa in available else '(-)'}" for isa in KERNEL_ISAS)

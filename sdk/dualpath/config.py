@@ -33,6 +33,10 @@ log = logging.getLogger(__name__)
 OVERRIDES_SOURCE = "<overrides>"
 """What errors name as the file when a bad value came from ``overrides``."""
 
+RENAMED_KEYS: dict[str, str] = {"runtime.attention_kernel": "runtime.kernel_isa"}
+"""Old dotted keys and their new names: a config, ``--set`` or override written for an
+earlier release keeps working, read as the new key with a warning."""
+
 
 # ---------------------------------------------------------------------------
 # Settings: a field with a type, an allowed range and its description.
@@ -235,10 +239,11 @@ class RuntimeConfig(_Section):
     pool per part whose workers stop spinning when its Run returns, so our attention
     gets every core, but each part's Run starts with its worker asleep (TinyLlama-shape
     decode slower; docs/performance.md)."""
-    attention_kernel: str = _choice("auto", str, ("auto",) + tuple(KERNEL_ISAS))
+    kernel_isa: str = _choice("auto", str, ("auto",) + tuple(KERNEL_ISAS))
     """Kernel ISA of attention, the KV writes, a layer's products and the classifier (one
     row of csrc/cpu_features.c's dp_isas): ``auto`` picks the best this CPU supports (minus
-    DUALPATH_DISABLE_CPU_FEATURES); naming one that is not available is an error."""
+    DUALPATH_DISABLE_CPU_FEATURES); naming one that is not available is an error. Was
+    ``runtime.attention_kernel`` (still read: ``RENAMED_KEYS``)."""
     max_num_seqs: int = _int(8, 1, 1024)
     """Requests the engine runs at once (decoding or in prefill); the rest wait in the queue."""
     max_batch_tokens: int = _int(0, 0, 1 << 20, allowed="an integer: 0 (prefill_chunk_tokens + max_num_seqs) "
@@ -484,7 +489,7 @@ def load_config(path: str | os.PathLike | None = None, overrides: Mapping | None
             if not isinstance(data, Mapping):
                 raise ConfigError(f"{source}: must be a mapping with keys "
                                   f"{_names(Config)}, got {type(data).__name__}")
-            config = _apply(config, _flatten(data, source), source)
+            config = _apply(config, _renamed(_flatten(data, source), source), source)
         log.debug("loaded config from %s", source)
     if overrides:
         config = with_overrides(config, overrides)
@@ -493,7 +498,7 @@ def load_config(path: str | os.PathLike | None = None, overrides: Mapping | None
 
 def with_overrides(config: Config, overrides: Mapping, source: str = OVERRIDES_SOURCE) -> Config:
     """A copy of ``config`` with nested or dotted ``overrides`` applied and validated."""
-    return _apply(config, _flatten(overrides, source), source)
+    return _apply(config, _renamed(_flatten(overrides, source), source), source)
 
 
 def parse_overrides(items: Iterable[str] | None) -> dict[str, Any]:
@@ -532,6 +537,18 @@ def _flatten(data: Mapping, source: str, prefix: str = "") -> dict[str, Any]:
             if k in flat:
                 raise ConfigError(f"{source}: {k} is given twice")
             flat[k] = v
+    return flat
+
+
+def _renamed(flat: dict[str, Any], source: str) -> dict[str, Any]:
+    """``flat`` with the keys of ``RENAMED_KEYS`` under their new names (each warned once
+    per use); an old key beside its new one raises."""
+    for old, new in RENAMED_KEYS.items():
+        if old in flat:
+            if new in flat:
+                raise ConfigError(f"{source}: {old} and {new} are one setting ({old} was renamed); give {new} only")
+            log.warning("%s: %s is now %s; read as that", source, old, new)
+            flat[new] = flat.pop(old)
     return flat
 
 

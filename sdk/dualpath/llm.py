@@ -107,7 +107,7 @@ class LLM:
                      "num_layers": arena.num_layers, "num_kv_heads": arena.num_kv_heads, "head_dim": arena.head_dim,
                      "onnxruntime": onnxruntime.__version__, "accuracy_level": rt.quantized_matmul_accuracy,
                      "nbits8_graphs": nbits8_graphs(self.spec),
-                     "kernel": default_kernel() if rt.attention_kernel == "auto" else rt.attention_kernel}
+                     "kernel": default_kernel() if rt.kernel_isa == "auto" else rt.kernel_isa}
         store = PrefixStore(root, namespace, page_tokens=cache.page_tokens, num_layers=arena.num_layers,
                             tile_bytes=cache.page_bytes, max_bytes=int(pc.max_size_gb * (1 << 30)))
         cache.disk = store
@@ -221,7 +221,7 @@ class LLM:
             accuracy_level=rt.quantized_matmul_accuracy,
             spinning=rt.intra_op_spinning,
             ort_pools=rt.ort_thread_pools,
-            kernel=None if rt.attention_kernel == "auto" else rt.attention_kernel,
+            kernel=None if rt.kernel_isa == "auto" else rt.kernel_isa,
             governor=self.governor,
             max_num_seqs=rt.max_num_seqs,
             kv_cache_tokens=rt.kv_cache_tokens if kv_cache_tokens is None else kv_cache_tokens,

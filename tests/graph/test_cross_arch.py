@@ -35,7 +35,7 @@ def _llm(model: str, kernel: str = "auto"):
 
     return dualpath.LLM(model, dualpath.load_config(None, {"runtime.max_context_tokens": 256,
                                                            "model_cache.enabled": False,
-                                                           "runtime.attention_kernel": kernel}))
+                                                           "runtime.kernel_isa": kernel}))
 
 
 def _kernels() -> list[str]:

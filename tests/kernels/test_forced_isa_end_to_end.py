@@ -23,7 +23,7 @@ rounding (about 1e-3 relative, on logits of about 10 here) may flip."""
 
 def llm_for(kernel: str, kv_dtype: str):
     return dualpath.LLM(GGUF, dualpath.load_config(None, {
-        "runtime.attention_kernel": kernel, "dualpath_config.kv_dtype": kv_dtype,
+        "runtime.kernel_isa": kernel, "dualpath_config.kv_dtype": kv_dtype,
         "runtime.max_context_tokens": 512}))
 
 
@@ -61,4 +61,4 @@ def test_disabling_cpu_features_falls_back_and_info_says_so():
 def test_forcing_a_kernel_this_cpu_lacks_is_a_clear_error():
     missing = next(k for k in KERNEL_ISAS if k not in available_kernels())
     with pytest.raises(ValueError, match=f"kernel '{missing}' is not available"):
-        dualpath.LLM(GGUF, dualpath.load_config(None, {"runtime.attention_kernel": missing}))
+        dualpath.LLM(GGUF, dualpath.load_config(None, {"runtime.kernel_isa": missing}))

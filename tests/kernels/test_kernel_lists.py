@@ -32,9 +32,9 @@ def test_config_accepts_exactly_the_kernel_lists():
     with pytest.raises(dualpath.ConfigError, match=f"must be one of {_choices(KV_DTYPES)}$"):
         DualPathConfig(kv_dtype="q4")
     for isa in KERNEL_ISAS:
-        assert RuntimeConfig(attention_kernel=isa).attention_kernel == isa
+        assert RuntimeConfig(kernel_isa=isa).kernel_isa == isa
     with pytest.raises(dualpath.ConfigError, match=f"must be one of {_choices(('auto',) + KERNEL_ISAS)}$"):
-        RuntimeConfig(attention_kernel="sse4")
+        RuntimeConfig(kernel_isa="sse4")
 
 
 def _import_with_disabled(value: str) -> subprocess.CompletedProcess:

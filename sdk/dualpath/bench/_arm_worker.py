@@ -21,7 +21,7 @@ import shutil
 import sys
 
 
-def worker(model: str, num_generate: int, n_ctx: int, attention_kernel: str = "auto",
+def worker(model: str, num_generate: int, n_ctx: int, kernel_isa: str = "auto",
            prompt_ids: list | None = None, text: str = "", num_prompt_tokens: int = 0,
            maps_out: str = "") -> dict:
     from dualpath import LLM
@@ -33,7 +33,7 @@ def worker(model: str, num_generate: int, n_ctx: int, attention_kernel: str = "a
     # the driver's context, so that both engines size their caches alike.
     config = load_config(None, {"runtime.num_threads": 1, "power.pin_threads": False,
                                 "runtime.max_context_tokens": n_ctx,
-                                "runtime.attention_kernel": attention_kernel})
+                                "runtime.kernel_isa": kernel_isa})
     llm = LLM(model, config)
     if text:
         ids = llm.tokenize(text)
@@ -48,7 +48,7 @@ def worker(model: str, num_generate: int, n_ctx: int, attention_kernel: str = "a
         shutil.copyfile("/proc/self/maps", maps_out)
     return {"prompt_ids": list(prompt_ids), "ids": list(c.token_ids), "cache": llm.load_stats.get("cache"),
             "default_kernel": kernels.default_kernel(), "available_kernels": list(kernels.available_kernels()),
-            "cpu_features": kernels.cpu_features(), "attention_kernel": attention_kernel,
+            "cpu_features": kernels.cpu_features(), "kernel_isa": kernel_isa,
             "disabled": os.environ.get("DUALPATH_DISABLE_CPU_FEATURES", "")}
 
 

@@ -477,9 +477,9 @@ class DualPathRunner:
     """DualPath's guest worker under QEMU, one run per count."""
 
     def __init__(self, build: DualPathBuild, model: str, plugin: str, workdir: str, models_cache: str,
-                 attention_kernel: str, disable_cpu_features: str, symbols: Symbols):
+                 kernel_isa: str, disable_cpu_features: str, symbols: Symbols):
         self.build, self.model, self.plugin, self.workdir = build, os.path.abspath(model), plugin, workdir
-        self.attention_kernel, self.symbols = attention_kernel, symbols
+        self.kernel_isa, self.symbols = kernel_isa, symbols
         env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
         # numpy's OpenBLAS starts a worker per core at import, which would both count and race
         # with the main thread's counts: one thread in all.
@@ -504,7 +504,7 @@ class DualPathRunner:
     def _count(self, cpu, prompt_ids, num_generate, breakdown, text="", num_prompt_tokens=0) -> Count:
         result, maps = os.path.join(self.workdir, "result.json"), os.path.join(self.workdir, "maps.txt")
         kwargs = {"model": self.model, "num_generate": num_generate, "n_ctx": N_CTX,
-                  "attention_kernel": self.attention_kernel, "prompt_ids": prompt_ids, "text": text,
+                  "kernel_isa": self.kernel_isa, "prompt_ids": prompt_ids, "text": text,
                   "num_prompt_tokens": num_prompt_tokens, "maps_out": maps if breakdown else ""}
         python = os.path.join(self.build.rootfs, "usr", "bin", "python3.11")
         _, insns, threads, tbs = run_qemu(cpu, [python, WORKER, json.dumps(kwargs), result], self.plugin,
@@ -592,8 +592,8 @@ def print_table(cpu: str, rows: list[dict], model: str, lengths: dict) -> None:
         if r["engine"] == "dualpath":
             print(f"  DualPath kernels: {info.get('default_kernel')} (available: "
                   f"{', '.join(info.get('available_kernels', []))}; CPU features: "
-                  f"{', '.join(info.get('cpu_features', [])) or 'none'}; runtime.attention_kernel="
-                  f"{info.get('attention_kernel')}; DUALPATH_DISABLE_CPU_FEATURES={info.get('disabled') or '(unset)'})")
+                  f"{', '.join(info.get('cpu_features', [])) or 'none'}; runtime.kernel_isa="
+                  f"{info.get('kernel_isa')}; DUALPATH_DISABLE_CPU_FEATURES={info.get('disabled') or '(unset)'})")
             print(f"  DualPath build: {r['provenance']}")
         else:
             print(f"  llama.cpp {r['build']}: {r['flags']}")
@@ -669,11 +669,11 @@ def cmd_bench_arm(args) -> int:
     symbols = Symbols()
     with tempfile.TemporaryDirectory(prefix="dualpath-bench-arm-") as work:
         dualpath = DualPathRunner(dp, args.model, plugin, work, os.path.join(cache, "dualpath-models"),
-                                  args.attention_kernel, args.disable_cpu_features, symbols)
+                                  args.kernel_isa, args.disable_cpu_features, symbols)
         print(f"dualpath bench arm: -cpu {cpus[0]}: DualPath tokenizes the prompt (and converts the model once)",
               file=sys.stderr)
         prompt_ids = dualpath.tokenize(cpus[0], PROMPT_TEXT, lengths["prompt"][1])
-        label = "DualPath" + (f" (attention {args.attention_kernel})" if args.attention_kernel != "auto" else "")
+        label = "DualPath" + (f" (kernels {args.kernel_isa})" if args.kernel_isa != "auto" else "")
         runners = [({"engine": "dualpath", "label": label, "provenance": dp.provenance}, dualpath)]
         runners += [({"engine": "llama.cpp", "label": f"llama.cpp {b.name}", "build": b.name, "arch": b.arch,
                       "flags": b.flags}, LlamaRunner(b, args.model, plugin, work, args.flash_attn, symbols))
@@ -709,8 +709,8 @@ def add_parser(bs) -> None:
     s.add_argument("--no-peer", action="store_true", help="measure DualPath only (no llama.cpp build or run)")
     s.add_argument("--flash-attn", choices=("on", "off", "auto"), default="on",
                    help="llama.cpp's flash attention (default on; auto turns it on for the CPU)")
-    s.add_argument("--attention-kernel", default="auto",
-                   help="DualPath's runtime.attention_kernel (auto: the best the CPU model has)")
+    s.add_argument("--kernel-isa", "--attention-kernel", dest="kernel_isa", default="auto",
+                   help="DualPath's runtime.kernel_isa (auto: the best the CPU model has)")
     s.add_argument("--disable-cpu-features", default="",
                    help="DUALPATH_DISABLE_CPU_FEATURES for DualPath's runs, e.g. neon_fp16")
     s.add_argument("--aarch64-work", help="the WORK folder an earlier android/check_aarch64.sh printed (with "
