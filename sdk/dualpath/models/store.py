@@ -615,7 +615,8 @@ class _Writer:
     def __init__(self, folder: str, source_path: str, progress: Progress | None, total_bytes: int):
         self.folder = folder
         self.source_path = source_path
-        self.f = private.create(os.path.join(folder, "weights.bin"))
+        self.path = os.path.join(folder, "weights.bin")
+        self.f = private.create(self.path)  # opened from a descriptor: its .name is not the path
         self._end = 0  # bytes of weights.bin so far, those staged included
         self._stage = bytearray()  # what lies between the last whole chunk written and _end
         self.weights: dict[str, dict] = {}
@@ -706,7 +707,7 @@ class _Writer:
             table = np.memmap(self.source_path, np.dtype(rec["dtype"]), "r", rec["offset"], tuple(rec["shape"]))
         else:
             self._flush()
-            table = np.memmap(self.f.name, np.dtype(rec["dtype"]), "r", rec["offset"], tuple(rec["shape"]))
+            table = np.memmap(self.path, np.dtype(rec["dtype"]), "r", rec["offset"], tuple(rec["shape"]))
         vocab, dim = table.shape
         offset = self._align()
         xor = 0
