@@ -125,6 +125,13 @@ def vocab_size(model: str) -> int:
 
 
 def _peak_rss_mb() -> float:
+    try:  # VmHWM: getrusage's ru_maxrss carries the parent's peak over fork and exec
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024.0
+    except OSError:
+        pass
     import resource
 
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0

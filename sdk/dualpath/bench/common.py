@@ -122,7 +122,14 @@ def model_or_default(model: str | None, context_length: int | None = None) -> st
 # -- measurements --------------------------------------------------------------
 
 def peak_rss_mb() -> float:
-    """This process's peak resident memory so far (ru_maxrss, KiB on Linux), in MiB."""
+    """This process's peak resident memory so far, in MiB (VmHWM on Linux, else ru_maxrss)."""
+    try:  # VmHWM: getrusage's ru_maxrss carries the parent's peak over fork and exec
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024.0
+    except OSError:
+        pass
     import resource
 
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0

@@ -6,7 +6,8 @@ prompt ids, thread count and chunk, interleaving the engines run by run (never
 two at once) and quoting medians (this machine is noisy). Each run is a fresh
 process (``harness.run_worker``; llama.cpp's and onnxruntime-genai's in their own
 environments, ``llamacpp.py`` and ``ortgenai.py``), so its peak resident memory
-(ru_maxrss) is that engine's alone.
+(VmHWM, not ru_maxrss, which carries the parent's peak over fork and exec) is that
+engine's alone.
 
 llama.cpp runs at its best (``llamacpp.py``): flash attention off and on, the faster
 quoted for each figure, and its build printed beside the figures. ``--isa laptop``
