@@ -145,6 +145,22 @@ def test_dualpath_chat_reports_a_hostile_template_as_an_error_not_a_traceback(gg
     assert "Traceback" not in r.stderr
 
 
+def _children_cpu_ticks(pid: int) -> int:
+    """User + system CPU time (clock ticks) of the processes whose parent is ``pid``."""
+    total = 0
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:  # fields after the name: state, ppid, ..., utime (12), stime (13)
+            total += int(fields[11]) + int(fields[12])
+    return total
+
+
 def test_ctrl_c_in_dualpath_chat_stops_a_template_that_would_run_for_hours(gguf_path, tmp_path):
     from .test_chat import Terminal
 
@@ -156,8 +172,13 @@ def test_ctrl_c_in_dualpath_chat_stops_a_template_that_would_run_for_hours(gguf_
                      "--set", "runtime.chat_template_timeout_s=600"])
     try:
         at = term.expect(">>> ", timeout_s=120)
+        before = _children_cpu_ticks(term.pid)
         term.send("Hi\r")
-        time.sleep(1.0)
+        # Ctrl-C once the template worker is looping (its CPU time grows), not after a fixed
+        # sleep: on a loaded machine a second was not always enough to reach the render.
+        deadline = time.monotonic() + 60
+        while _children_cpu_ticks(term.pid) - before < 30 and time.monotonic() < deadline:
+            term.read(0.1)
         t0 = time.monotonic()
         term.send("\x03")
         at = term.expect("(stopped)", timeout_s=10, start=at)

@@ -28,6 +28,10 @@ from tests_shared import write_gguf_with_chat_template  # noqa: E402
 
 HEALTH_MS = 200
 """Longest /health may take for another client while an attack runs."""
+STALL_MS = 1000
+"""Longest any single /health poll may take: a loop blocked by an attack stalls for seconds,
+while on a loaded 2-core CI machine one poll in a test once took 235 ms with nothing
+blocking (other processes had the cores), so one poll may pass HEALTH_MS, none STALL_MS."""
 LOOP = "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}"
 """Ten billion steps: hours of rendering without a deadline."""
 TEMPLATE = (
@@ -93,7 +97,8 @@ class HealthWatch:
     def check(self, min_polls: int = 3):
         assert not self.failures, self.failures
         assert len(self.times_ms) >= min_polls, self.times_ms
-        assert max(self.times_ms) < HEALTH_MS, sorted(self.times_ms)[-5:]
+        slow = sorted(self.times_ms)[-2:]
+        assert slow[-1] < STALL_MS and (len(slow) < 2 or slow[0] < HEALTH_MS), sorted(self.times_ms)[-5:]
 
 
 def chat(live, content, **kw):
