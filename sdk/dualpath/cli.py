@@ -193,7 +193,11 @@ def cmd_chat(args) -> int:
             if _chat_command(chat, line, out, err):
                 return 0
             continue
-        try:  # the template and the tokenizer: Ctrl-C interrupts them (the engine has nothing yet)
+        # The template and the tokenizer: Ctrl-C interrupts them (the engine has nothing yet).
+        # The handler is set here, as for the reply below: a shell that starts us in the
+        # background leaves SIGINT ignored, and Python then raises no KeyboardInterrupt.
+        previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+        try:
             reply = chat.send(line)
         except KeyboardInterrupt:
             print("\n(stopped)", file=err)
@@ -202,6 +206,8 @@ def cmd_chat(args) -> int:
             print(f"(error: {e})", file=err)
             failed = True
             continue
+        finally:
+            signal.signal(signal.SIGINT, previous)
         previous = signal.signal(signal.SIGINT, on_sigint)
         stop.clear()
         try:
