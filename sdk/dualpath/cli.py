@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
@@ -149,6 +150,20 @@ CHAT_HELP = """commands: /clear (forget the conversation), /system TEXT (a new s
 Ctrl-C stops a reply, Ctrl-D (or /exit) leaves"""
 
 
+@contextlib.contextmanager
+def _sigint(handler):
+    """SIGINT handled by ``handler`` inside the block: set, not assumed, because a shell
+    that starts us in the background leaves SIGINT ignored, and Python then raises no
+    KeyboardInterrupt."""
+    import signal
+
+    previous = signal.signal(signal.SIGINT, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 def cmd_chat(args) -> int:
     import signal
     import threading
@@ -193,12 +208,9 @@ def cmd_chat(args) -> int:
             if _chat_command(chat, line, out, err):
                 return 0
             continue
-        # The template and the tokenizer: Ctrl-C interrupts them (the engine has nothing yet).
-        # The handler is set here, as for the reply below: a shell that starts us in the
-        # background leaves SIGINT ignored, and Python then raises no KeyboardInterrupt.
-        previous = signal.signal(signal.SIGINT, signal.default_int_handler)
-        try:
-            reply = chat.send(line)
+        try:  # the template and the tokenizer: Ctrl-C interrupts them (the engine has nothing yet)
+            with _sigint(signal.default_int_handler):
+                reply = chat.send(line)
         except KeyboardInterrupt:
             print("\n(stopped)", file=err)
             continue
@@ -206,8 +218,6 @@ def cmd_chat(args) -> int:
             print(f"(error: {e})", file=err)
             failed = True
             continue
-        finally:
-            signal.signal(signal.SIGINT, previous)
         previous = signal.signal(signal.SIGINT, on_sigint)
         stop.clear()
         try:
