@@ -37,6 +37,9 @@ KV_DTYPES = tuple(dp_kv_types[i].name.decode() for i in range(DP_KV_NUM_DTYPES))
 one list (csrc/kv_arena.h has the q8 format and why)."""
 KV_DTYPE_DOCS = {dp_kv_types[i].name.decode(): dp_kv_types[i].doc.decode() for i in range(DP_KV_NUM_DTYPES)}
 """What an element of each KV dtype is, in a few words."""
+KV_HEAD_DIM_MULTIPLE = {dp_kv_types[i].name.decode(): dp_kv_types[i].head_dim_multiple for i in range(DP_KV_NUM_DTYPES)}
+"""What a model's head_dim must be a multiple of, per KV dtype (q8: 2, its scales stay
+4-byte aligned): the C table's rule, which the arena enforces."""
 _DTYPE_CODE = {name: i for i, name in enumerate(KV_DTYPES)}
 
 KERNEL_ISAS = tuple(dp_isas[i].name.decode() for i in range(dp_num_isas))

@@ -204,27 +204,6 @@ def test_an_unquoted_off_is_named_with_the_fix(tmp_path):
     assert load_config(path).runtime.speculative == "off"
 
 
-def test_q8_kv_needs_an_even_head_dim():
-    """The one check and message of this rule (the engine raises it, ``dualpath info`` prints it)."""
-    q8 = DualPathConfig(kv_dtype="q8")
-    q8.check_head_dim(64)
-    DualPathConfig(kv_dtype="f16").check_head_dim(63)
-    with pytest.raises(ConfigError) as info:
-        q8.check_head_dim(63)
-    assert str(info.value) == "dualpath_config.kv_dtype=q8 needs an even head_dim; this model's is 63: use f16 or f32"
-
-
-def test_a_page_must_fit_a_block():
-    """The one check and message of this rule (the engine and the KV cache manager both ask it)."""
-    cfg = DualPathConfig(block_size=4096, page_tokens=16)
-    assert cfg.pages_per_block(1024) == 4
-    assert cfg.pages_per_block(4096) == 1
-    with pytest.raises(ConfigError) as info:
-        cfg.pages_per_block(4097)
-    assert str(info.value) == ("dualpath_config.block_size=4096 cannot hold one page of page_tokens=16 tokens of "
-                               "this model (4097 bytes); raise block_size or lower page_tokens")
-
-
 def test_a_renamed_key_is_read_as_its_new_name_with_a_warning(tmp_path, caplog):
     path = write(tmp_path, "runtime:\n  attention_kernel: generic\n")
     with caplog.at_level("WARNING", logger="dualpath.config"):

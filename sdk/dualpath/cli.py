@@ -442,15 +442,16 @@ def _print_model(args, d) -> None:
     print(f"  arch={m.arch} dim={m.dim} hidden_dim={m.hidden_dim} layers={m.num_layers} heads={m.num_heads} "
           f"kv_heads={m.num_kv_heads} head_dim={m.head_dim} vocab={m.vocab_size} context={m.context_length}")
     print(f"  rope_theta={m.rope_theta:g} rms_eps={m.rms_eps:g} tied_output={m.tied_output}")
+    from .cache.geometry import kv_geometry
     from .errors import ConfigError
     from .kernels import kv_tile_bytes
 
     try:
-        d.check_head_dim(m.head_dim)
+        g = kv_geometry(d, num_layers=m.num_layers, num_kv_heads=m.num_kv_heads, head_dim=m.head_dim, num_blocks=1)
     except ConfigError as e:
         print(f"  kv cache: {e} (loading fails)")
     else:
-        per_token = kv_tile_bytes(d.kv_dtype, m.num_kv_heads, m.head_dim, 1) * m.num_layers
+        per_token = g.token_bytes * m.num_layers
         f16 = kv_tile_bytes("f16", m.num_kv_heads, m.head_dim, 1) * m.num_layers
         print(f"  kv cache: {per_token:,} bytes per token, all layers, in {d.kv_dtype} "
               f"({per_token / f16:.0%} of f16)")

@@ -170,7 +170,7 @@ class DualPathConfig(_Section):
     """Element type of cached keys and values: ``f16``; ``f32``; or ``q8``, int8 with one
     f32 scale per token and KV head (about half the bytes of f16, in memory and in
     every decode step's reads; quality figures in docs/performance.md). q8 needs an even
-    head_dim."""
+    head_dim (cache/geometry.py reads the rule from the C table)."""
     numa_node: int = _int(-1, -1, 63)
     """NUMA node the arena is bound to (mbind before first touch); -1 = no binding."""
     swa_cache: str = _choice("window", str, ("window", "full"))
@@ -181,23 +181,6 @@ class DualPathConfig(_Section):
     """With ``swa_cache: window``, a window is also kept before every multiple of this many
     positions, so that a prompt sharing a long prefix reuses it up to the last such point
     before it parts; 0 = none (the least memory)."""
-
-    def check_head_dim(self, head_dim: int) -> None:
-        """Raise ConfigError when ``kv_dtype`` cannot cache heads of ``head_dim`` values: q8
-        keeps each token's f32 scales after its int8 values, 4-byte aligned only when
-        head_dim is even (the arena's C code refuses the rest)."""
-        if self.kv_dtype == "q8" and head_dim % 2:
-            raise ConfigError(f"dualpath_config.kv_dtype=q8 needs an even head_dim; this model's is "
-                              f"{head_dim}: use f16 or f32")
-
-    def pages_per_block(self, page_bytes: int) -> int:
-        """KV pages of ``page_bytes`` (one layer's K and V of ``page_tokens`` tokens) in a block;
-        ConfigError when not even one fits, since a page never straddles two blocks."""
-        if page_bytes > self.block_size:
-            raise ConfigError(f"dualpath_config.block_size={self.block_size} cannot hold one page of "
-                              f"page_tokens={self.page_tokens} tokens of this model ({page_bytes} bytes); "
-                              "raise block_size or lower page_tokens")
-        return self.block_size // page_bytes
 
 
 ORT_THREAD_POOLS = ("shared", "per_part")

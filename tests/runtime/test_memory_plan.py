@@ -7,6 +7,7 @@ import os
 
 import pytest
 
+from dualpath.cache.windows import MARGIN
 from dualpath.config import load_config
 from dualpath.errors import ConfigError
 from dualpath.kernels import kv_tile_bytes
@@ -53,7 +54,7 @@ def test_kv_of_sliding_layers_is_their_window_and_what_reuse_keeps(tmp_path):
     windows = [cfg.layer_window(i) for i in range(cfg.num_layers)]
     assert windows == [10, 10, 0]
     ctx = 5000
-    kept = 2 * 10 + mp.MARGIN + 16 + ctx // 4096 * 10
+    kept = 2 * 10 + MARGIN + 16 + ctx // 4096 * 10
     slack = mp.THP_SLACK_BYTES  # per layer in huge pages: the global one, or all with swa_cache full
     assert mp.kv_bytes(cfg, ctx, "f16") == per * (ctx + 2 * kept) + slack
     assert mp.kv_bytes(cfg, ctx, "f16", checkpoint=0) == per * (ctx + 2 * (kept - 10)) + slack

@@ -31,8 +31,8 @@ committed, and a prefix page missing from the table is looked up there before it
 computed: a page read back becomes a cached random-path page like any other.
 
 Which path a sequence's tokens take, and when it migrates, is decided by the
-cache's ``policy`` (cache/policy.py), the one home of those rules; the runner
-swaps in the power profile's policy between steps.
+cache's ``policy`` (cache/policy.py), the one home of those rules; the scheduler
+swaps in the power profile's policy between steps (``use_policy``).
 
 The manager is a facade over parts that code outside the cache reaches only
 through it, each in its own module: the block pool (cache/blocks.py: blocks,
@@ -64,8 +64,10 @@ import numpy as np
 
 from ..config import DualPathConfig
 from ..kernels import KVArena
+from ..models.spec import ModelConfig
 from .blocks import BlockPool
 from .disk import PrefixStore
+from .geometry import kv_geometry, model_kv_geometry
 from .kernel_view import KernelView
 from .page_tables import PageTables
 from .pages import PageAllocator
@@ -85,19 +87,23 @@ class KVCacheManager:
     """Allocate, free, fork, look up prefixes and migrate sequences (see module docstring)."""
 
     def __init__(self, cfg: DualPathConfig, *, num_layers: int, num_kv_heads: int, head_dim: int,
-                 num_blocks: int, salt: bytes = b"", windows: list[int] | None = None):
+                 num_blocks: int, salt: bytes = b"", windows: list[int] | None = None,
+                 disk: PrefixStore | None = None):
         self.cfg = cfg
+        self.geometry = g = kv_geometry(cfg, num_layers=num_layers, num_kv_heads=num_kv_heads, head_dim=head_dim,
+                                        num_blocks=num_blocks, windows=windows or ())
+        """Page bytes, pages per block, blocks (cache/geometry.py, the one home of those sums)."""
         self.policy = PathPolicy.from_config(cfg)
-        """The path rules in force; the runner replaces it when the power profile changes
-        (it applies to new requests and to the next decode step of running ones)."""
-        self.page_tokens = P = cfg.page_tokens
-        self.arena = KVArena(cfg.block_size, num_blocks, num_layers, num_kv_heads, head_dim, cfg.kv_dtype,
+        """The path rules in force (``use_policy``): the scheduler swaps in the power profile's
+        between steps (it applies to new requests and to the next decode step of running ones)."""
+        self.page_tokens = P = g.page_tokens
+        self.arena = KVArena(g.block_bytes, num_blocks, num_layers, num_kv_heads, head_dim, g.kv_dtype,
                              cfg.numa_node)
         if cfg.numa_node >= 0 and self.arena.numa_node != cfg.numa_node:
             log.warning("could not bind the KV arena to NUMA node %d (mbind refused); memory is unbound",
                         cfg.numa_node)
-        self.page_bytes = self.arena.tile_bytes(P)
-        self.pages_per_block = cfg.pages_per_block(self.page_bytes)
+        self.page_bytes = g.page_bytes
+        self.pages_per_block = g.pages_per_block
         self.num_blocks = num_blocks
         self.salt = salt
         self.pool = BlockPool(num_blocks, self.pages_per_block)
@@ -118,8 +124,22 @@ class KVCacheManager:
         self.migrations = 0
         self.forks = self.forked_pages = 0  # fork() calls, and the pages they shared instead of copying
         self.prefix_queries = self.prefix_hit_pages = 0
-        self.disk: PrefixStore | None = None
-        """The prefix pages on disk (cache/disk.py), or None: set by whoever opens the store."""
+        self.disk = disk
+        """The prefix pages on disk (cache/disk.py), or None: opened by the caller (its
+        namespace comes from ``geometry``), given here, closed by the caller."""
+
+    @classmethod
+    def for_model(cls, cfg: DualPathConfig, model: ModelConfig, *, max_context_tokens: int,
+                  kv_cache_tokens: int = 0, salt: bytes = b"", disk: PrefixStore | None = None) -> "KVCacheManager":
+        """The KV cache of a model at a context: ``model_kv_geometry``'s blocks (0
+        ``kv_cache_tokens``: the context twice over, the live sequence plus cached prefixes)."""
+        g = model_kv_geometry(cfg, model, max_context_tokens, kv_cache_tokens)
+        return cls(cfg, num_layers=g.num_layers, num_kv_heads=g.num_kv_heads, head_dim=g.head_dim,
+                   num_blocks=g.num_blocks, salt=salt, windows=list(g.windows), disk=disk)
+
+    def use_policy(self, policy: PathPolicy) -> None:
+        """Route by ``policy`` from now on (the power profile changed)."""
+        self.policy = policy
 
     # Counts the parts keep, read on the facade (metrics, benchmarks, tests).
     evictions = property(lambda self: self.pages.evictions)

@@ -7,7 +7,7 @@ Two extension modules sit underneath (built by setup.py from cython_ext/):
   blocks (``LMatmul``, ``lform_from_ggml``), the kernels' thread pool,
   and the run-time ISA dispatch;
   with the names of the C tables, the one list of each: ``KV_DTYPES`` (and
-  ``KV_DTYPE_DOCS``), ``KERNEL_ISAS`` and ``KERNEL_FEATURES`` (the ISAs that
+  ``KV_DTYPE_DOCS``, ``KV_HEAD_DIM_MULTIPLE``), ``KERNEL_ISAS`` and ``KERNEL_FEATURES`` (the ISAs that
   DUALPATH_DISABLE_CPU_FEATURES may name; an unknown name there fails the import
   with a ValueError that lists them);
 * ``_kernels``: the token-embedding gather (f32, f16, Q8_0, Q4_0 tables), rows of a
@@ -20,11 +20,12 @@ The NumPy oracle the kernels are tested against lives with the tests
 """
 
 from .._kernels import GGML_TYPES, embed, ggml_layout, read_rows, repack_ggml
-from .._kvarena import (KERNEL_FEATURES, KERNEL_ISAS, KV_DTYPE_DOCS, KV_DTYPES, LFORM_TYPES, ArenaStepper, KVArena,
-                        LMatmul, QMatmul, ThreadPool, available_kernels, cpu_features, default_kernel, kv_tile_bytes,
+from .._kvarena import (KERNEL_FEATURES, KERNEL_ISAS, KV_DTYPE_DOCS, KV_DTYPES, KV_HEAD_DIM_MULTIPLE, LFORM_TYPES,
+                        ArenaStepper, KVArena, LMatmul, QMatmul, ThreadPool, available_kernels, cpu_features, default_kernel, kv_tile_bytes,
                         lform_bytes, lform_from_ggml, lform_rows)
 
-__all__ = ["GGML_TYPES", "KERNEL_FEATURES", "KERNEL_ISAS", "KV_DTYPE_DOCS", "KV_DTYPES", "LFORM_TYPES", "ArenaStepper",
+__all__ = ["GGML_TYPES", "KERNEL_FEATURES", "KERNEL_ISAS", "KV_DTYPE_DOCS", "KV_DTYPES", "KV_HEAD_DIM_MULTIPLE", "LFORM_TYPES",
+           "ArenaStepper",
            "KVArena", "LMatmul", "QMatmul", "ThreadPool", "available_kernels", "cpu_features", "default_kernel",
            "embed", "ggml_layout", "kv_tile_bytes", "lform_bytes", "lform_from_ggml", "lform_rows", "read_rows",
            "repack_ggml"]

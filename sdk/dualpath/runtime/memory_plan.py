@@ -28,12 +28,12 @@ import functools
 import logging
 import math
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from ..cache.windows import MARGIN
-from ..config import Config
+from ..cache.geometry import KVGeometry, cache_tokens, head_dim_fits, model_kv_geometry
+from ..config import Config, DualPathConfig
 from ..errors import ConfigError
-from ..kernels import ggml_layout, kv_tile_bytes, lform_bytes
+from ..kernels import ggml_layout, lform_bytes
 from ..models import read_layout
 from ..models.quants import kernel_form
 from ..models.spec import ModelConfig, kernel_classifier_form
@@ -85,6 +85,8 @@ class MemoryPlan:
 
     context: int
     kv_dtype: str
+    geometry: KVGeometry
+    """The KV cache's geometry at this context (cache/geometry.py: what the cache builds)."""
     parts: dict[str, int]
     kv_full: int = 0
     """KV bytes once the cache holds as many tokens as it can (``kv_cache_tokens``, else
@@ -138,17 +140,18 @@ def weight_bytes(layout: dict[str, tuple[str, tuple[int, ...]]], nbits8: bool = 
 
 def kv_bytes(cfg: ModelConfig, context: int, kv_dtype: str, swa_cache: str = "window",
              checkpoint: int = 4096, page_tokens: int = 16) -> int:
-    """KV bytes one sequence of ``context`` tokens keeps resident."""
-    per_token = kv_tile_bytes(kv_dtype, cfg.num_kv_heads, cfg.head_dim, 1)
-    total = 0
-    for layer in range(cfg.num_layers):
-        w = cfg.layer_window(layer) if swa_cache == "window" else 0
-        if w:  # no huge pages there (cache/windows.py)
-            kept = 2 * w + MARGIN + page_tokens + (context // checkpoint * w if checkpoint else 0)
-            total += per_token * min(context, kept)
-        else:
-            total += per_token * context + THP_SLACK_BYTES
-    return total
+    """KV bytes one sequence of ``context`` tokens keeps resident (``KVGeometry.sequence_bytes``;
+    a global layer's region also leaves ``THP_SLACK_BYTES`` of a huge page unused)."""
+    return kv_geometry_of(cfg, kv_dtype, page_tokens).sequence_bytes(context, swa_cache, checkpoint,
+                                                                     THP_SLACK_BYTES)
+
+
+def kv_geometry_of(cfg: ModelConfig, kv_dtype: str, page_tokens: int, dp: DualPathConfig | None = None,
+                   context: int = 0, kv_cache_tokens: int = 0) -> KVGeometry:
+    """The geometry the cache of ``cfg`` will have (``model_kv_geometry``, the cache's own
+    call) under ``dp`` with ``kv_dtype`` and ``page_tokens``."""
+    dp = replace(dp or DualPathConfig(), kv_dtype=kv_dtype, page_tokens=page_tokens)
+    return model_kv_geometry(dp, cfg, max(context, 1), kv_cache_tokens)
 
 
 def runtime_nbits8() -> bool:
@@ -172,11 +175,12 @@ def plan_memory(cfg: ModelConfig, layout: dict, merges: int, config: Config, con
     activations += rt.max_num_seqs * cfg.vocab_size * 4  # logits rows
     rope_tables = 2 if cfg.rope_theta_swa and cfg.sliding_window else 1  # Gemma 3: local and global bases
     activations += rope_tables * context * cfg.rope_dim * 4  # (context, rope_dim / 2) cos and sin, f32
-    kv = functools.partial(kv_bytes, cfg, kv_dtype=kv_dtype, swa_cache=dp.swa_cache,
-                           checkpoint=dp.swa_checkpoint_tokens, page_tokens=dp.page_tokens)
+    geometry = kv_geometry_of(cfg, kv_dtype, dp.page_tokens, dp, context, rt.kv_cache_tokens)
+    kv = functools.partial(geometry.sequence_bytes, swa_cache=dp.swa_cache, checkpoint=dp.swa_checkpoint_tokens,
+                           global_layer_slack=THP_SLACK_BYTES)
     one = kv(context)
-    capacity = rt.kv_cache_tokens or 2 * context
-    return MemoryPlan(context, kv_dtype, {
+    capacity = cache_tokens(rt.kv_cache_tokens, context)
+    return MemoryPlan(context, kv_dtype, geometry, {
         "runtime": RUNTIME_BYTES,
         "vocabulary": cfg.vocab_size * TOKEN_BYTES + merges * MERGE_BYTES,
         "weights": weight_bytes(layout, nbits8),
@@ -242,7 +246,7 @@ def fit(path: str | os.PathLike, config: Config, budget: int, nbits8: bool | Non
         nbits8 = runtime_nbits8()
     want = rt.max_context_tokens or default_context(cfg.context_length)
     dtypes = [config.dualpath_config.kv_dtype]
-    if dtypes[0] != "q8" and cfg.head_dim % 2 == 0:
+    if dtypes[0] != "q8" and head_dim_fits("q8", cfg.head_dim):
         dtypes.append("q8")
     best = None
     for dtype in dtypes:

@@ -19,7 +19,7 @@ from ..cache.policy import PathPolicy
 from ..config import DualPathConfig, PowerConfig
 from ..errors import CacheFullError
 from ..graph.parts import graph_parts
-from ..kernels import ThreadPool, kv_tile_bytes
+from ..kernels import ThreadPool
 from ..models.spec import ModelSpec
 from ..models.store import Progress, temporary_entry
 from ..scheduler.batch import SeqStep
@@ -50,19 +50,9 @@ def _prefix_salt(spec: ModelSpec) -> bytes:
 def build_kv_cache(spec: ModelSpec, dp: DualPathConfig, max_context_tokens: int,
                    kv_cache_tokens: int) -> KVCacheManager:
     """The KV cache of ``spec``'s runner: ``kv_cache_tokens`` (0: the context twice over, the
-    live sequence plus cached prefixes) in whole blocks of ``dp.block_size`` bytes."""
-    cfg = spec.config
-    P = dp.page_tokens
-    dp.check_head_dim(cfg.head_dim)
-    page_bytes = kv_tile_bytes(dp.kv_dtype, cfg.num_kv_heads, cfg.head_dim, P)
-    pages_per_block = dp.pages_per_block(page_bytes)
-    cache_tokens = kv_cache_tokens or 2 * max_context_tokens
-    num_blocks = max(1, -(-cache_tokens // (P * pages_per_block)))
-    if not kv_cache_tokens:
-        num_blocks += 2
-    return KVCacheManager(dp, num_layers=cfg.num_layers, num_kv_heads=cfg.num_kv_heads,
-                          head_dim=cfg.head_dim, num_blocks=num_blocks, salt=_prefix_salt(spec),
-                          windows=[cfg.layer_window(i) for i in range(cfg.num_layers)])
+    live sequence plus cached prefixes) in whole blocks (cache/geometry.py)."""
+    return KVCacheManager.for_model(dp, spec.config, max_context_tokens=max_context_tokens,
+                                    kv_cache_tokens=kv_cache_tokens, salt=_prefix_salt(spec))
 
 
 class ModelRunner:
