@@ -535,13 +535,13 @@ def cmd_serve(args) -> int:
     def stopped():
         # The engine has stopped (the app's shutdown): whatever load it served, the cache must
         # account for every page. Load tests read this line from stderr.
-        cache = llm.runner.cache
+        cache = llm.cache
         try:
             cache.check_invariants()
         except AssertionError as e:
             print(f"dualpath: KV cache invariants broken at shutdown: {e}", file=sys.stderr, flush=True)
             return
-        print(f"dualpath: stopped; KV cache invariants hold ({cache.num_sequences - 1} sequences held, "
+        print(f"dualpath: stopped; KV cache invariants hold ({cache.num_sequences} sequences held, "
               f"{cache.free_page_count()} of {cache.num_blocks * cache.pages_per_block} pages free or cached)",
               file=sys.stderr, flush=True)
 

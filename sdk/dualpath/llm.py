@@ -71,13 +71,11 @@ class LLM:
         else:  # convert into a temporary entry, removed once loaded (the mappings keep the files)
             store = ModelStore(tempfile.mkdtemp(prefix="dualpath-model-"))
         try:
-            self._load(store, model_path, tokenizer_path, progress, governor, t0)
+            self._load(store, model_path, tokenizer_path, progress, governor, prefix_cache, t0)
         finally:
             if not mc.enabled:
                 shutil.rmtree(store.root, ignore_errors=True)
                 self.load_stats["cache"] = "off"
-        self.prefix_store = self._open_prefix_store(prefix_cache)
-        """The prefix cache on disk (cache/disk.PrefixStore), or None."""
         from .tokenizer.render import TemplateRenderer
 
         rt = config.runtime
@@ -86,12 +84,14 @@ class LLM:
         """Renders the chat template in a worker process (started on first use, ended with the LLM)."""
         weakref.finalize(self, self.template_renderer.close)
 
-    def _open_prefix_store(self, prefix_cache):
+    def _open_prefix_store(self, prefix_cache, geometry):
+        """The prefix cache on disk (cache/disk.PrefixStore) for a KV cache of ``geometry``,
+        or None; the engine's cache is built with it."""
         import onnxruntime
 
         from .cache.disk import PrefixStore, default_root
         from .kernels import default_kernel
-        from .runtime.session import nbits8_graphs
+        from .runtime.session import nbits8_graphs, prefix_salt
 
         pc, rt = self.config.prefix_cache, self.config.runtime
         if prefix_cache is None:
@@ -99,23 +99,22 @@ class LLM:
         if prefix_cache is False:
             return None
         root = pc.dir or default_root() if prefix_cache is True else os.fspath(prefix_cache)
-        cache = self.runner.cache
-        arena = cache.arena
+        g = geometry
         # Everything that decides a page's bytes: a store made under any other value is never read.
-        namespace = {"model": cache.salt.decode(), "source": os.path.basename(str(self.spec.path)),
-                     "kv_dtype": arena.kv_dtype, "page_tokens": cache.page_tokens,
-                     "num_layers": arena.num_layers, "num_kv_heads": arena.num_kv_heads, "head_dim": arena.head_dim,
+        namespace = {"model": prefix_salt(self.spec).decode(), "source": os.path.basename(str(self.spec.path)),
+                     "kv_dtype": g.kv_dtype, "page_tokens": g.page_tokens,
+                     "num_layers": g.num_layers, "num_kv_heads": g.num_kv_heads, "head_dim": g.head_dim,
                      "onnxruntime": onnxruntime.__version__, "accuracy_level": rt.quantized_matmul_accuracy,
                      "nbits8_graphs": nbits8_graphs(self.spec),
                      "kernel": default_kernel() if rt.kernel_isa == "auto" else rt.kernel_isa}
-        store = PrefixStore(root, namespace, page_tokens=cache.page_tokens, num_layers=arena.num_layers,
-                            tile_bytes=cache.page_bytes, max_bytes=int(pc.max_size_gb * (1 << 30)))
-        cache.disk = store
+        store = PrefixStore(root, namespace, page_tokens=g.page_tokens, num_layers=g.num_layers,
+                            tile_bytes=g.page_bytes, max_bytes=int(pc.max_size_gb * (1 << 30)))
         weakref.finalize(self, store.close)  # pages still queued are written before the process exits
         return store
 
-    def _load(self, store: ModelStore, model_path, tokenizer_path, progress, governor, t0: float) -> None:
-        from .runtime.session import ModelRunner
+    def _load(self, store: ModelStore, model_path, tokenizer_path, progress, governor, prefix_cache,
+              t0: float) -> None:
+        from .cache.geometry import model_kv_geometry
         from .tokenizer import build_tokenizer
 
         config = self.config
@@ -131,28 +130,19 @@ class LLM:
         self.load_stats["tokenizer_s"] = time.perf_counter() - t1
         rss["tokenizer"] = resident_mb()
         rt = config.runtime
-        if rt.memory_budget_mb:  # _fit_budget chose it
-            ctx = rt.max_context_tokens
-        else:
-            from .runtime.memory_plan import context_without_budget
-
-            ctx = context_without_budget(self.spec, config)
-        if rt.kv_cache_tokens and rt.kv_cache_tokens < ctx:
-            from .errors import ConfigError
-
-            raise ConfigError(f"runtime.kv_cache_tokens={rt.kv_cache_tokens} must hold at least one full "
-                              f"context ({ctx} tokens), or one request could never finish")
+        ctx = self._context()
         self.governor = governor if governor is not None else _make_governor(config)
         """The power-aware governor (platform.Governor), or None on uniform cores."""
-        chunk = min(rt.prefill_chunk_tokens, ctx)
-        batch_tokens = max(rt.effective_max_batch_tokens(), 1)
+        self.prefix_store = self._open_prefix_store(
+            prefix_cache, model_kv_geometry(config.dualpath_config, self.spec.config, ctx, rt.kv_cache_tokens))
+        """The prefix cache on disk (cache/disk.PrefixStore), or None."""
         try:
             try:
-                self.runner = self._runner(ModelRunner, ctx, chunk, batch_tokens, progress)
+                driver = self._driver(ctx, progress)
             except CorruptEntry as e:  # a cached array failed its checksum on first use
                 store.discard(self.spec.entry, str(e))
                 self.spec = store.load(model_path, tokenizer_path, progress, self.load_stats)
-                self.runner = self._runner(ModelRunner, ctx, chunk, batch_tokens, progress)
+                driver = self._driver(ctx, progress)
         except MemoryError as e:
             from .errors import CacheFullError, ConfigError
 
@@ -161,12 +151,10 @@ class LLM:
             raise ConfigError(f"{model_path}: out of memory building the runner for a context of {ctx:,} tokens "
                               f"({e or type(e).__name__}); lower runtime.max_context_tokens (--ctx-size) or "
                               "let --memory-budget auto choose one that fits") from e
-        self.load_stats.update(self.runner.load_stats)
+        self.load_stats.update(driver.runner.load_stats)
         rss["sessions"] = resident_mb()
-        draft = self._draft(store, ctx, chunk, batch_tokens) if rt.speculative == "draft" else None
-        self.engine = Engine(self.runner, self.tokenizer, max_num_seqs=rt.max_num_seqs,
-                             max_batch_tokens=batch_tokens,
-                             max_queued_requests=config.server.max_queued_requests,
+        draft = self._draft(store, ctx) if rt.speculative == "draft" else None
+        self.engine = Engine(driver, self.tokenizer, max_queued_requests=config.server.max_queued_requests,
                              profile_name=config.power.profile, speculative=rt.speculative,
                              speculative_tokens=rt.speculative_tokens, draft=draft)
         """The continuous-batching engine every request goes through."""
@@ -174,6 +162,34 @@ class LLM:
         log.info("loaded %s (%s, %d layers, dim %d) in %.2fs (converted-model cache: %s)", model_path,
                  self.spec.format, self.spec.config.num_layers, self.spec.config.dim,
                  self.load_stats["total_s"], self.load_stats["cache"])
+
+    def _context(self) -> int:
+        """The context of this load: the budget's, or the configured one checked against
+        this machine's memory (``context_without_budget``)."""
+        rt = self.config.runtime
+        if rt.memory_budget_mb:  # _fit_budget chose it
+            ctx = rt.max_context_tokens
+        else:
+            from .runtime.memory_plan import context_without_budget
+
+            ctx = context_without_budget(self.spec, self.config)
+        if rt.kv_cache_tokens and rt.kv_cache_tokens < ctx:
+            from .errors import ConfigError
+
+            raise ConfigError(f"runtime.kv_cache_tokens={rt.kv_cache_tokens} must hold at least one full "
+                              f"context ({ctx} tokens), or one request could never finish")
+        return ctx
+
+    @property
+    def runner(self):
+        """The engine's driver (runtime/driver.py): the single-sequence API (``begin``,
+        ``forward``, ``warm_up``) over the engine's scheduler, and reads of the runner's state."""
+        return self.engine.driver
+
+    @property
+    def cache(self):
+        """The engine's KV cache, to read (stats, checks): only its scheduler changes it."""
+        return self.engine.scheduler.cache
 
     def _fit_budget(self, model_path) -> Config:
         """The config with the context and KV type ``runtime.memory_budget_mb`` allows
@@ -188,10 +204,9 @@ class LLM:
         return with_overrides(config, {"runtime.max_context_tokens": plan.context,
                                        "dualpath_config.kv_dtype": plan.kv_dtype})
 
-    def _draft(self, store: ModelStore, ctx: int, chunk: int, batch_tokens: int):
+    def _draft(self, store: ModelStore, ctx: int):
         """The draft model of ``speculative: draft``: refused unless it shares the vocabulary."""
         from .errors import ConfigError
-        from .runtime.session import ModelRunner
         from .runtime.speculative import DraftModel
 
         rt = self.config.runtime
@@ -206,28 +221,21 @@ class LLM:
                               f"this model's ({len(mine)} tokens; they differ from token {differ} on): proposals "
                               "would be other tokens' ids")
         # A sequence per running request, each up to the context.
-        return DraftModel(self._runner(ModelRunner, ctx, chunk, batch_tokens, None, spec=spec,
-                                       kv_cache_tokens=ctx * rt.max_num_seqs))
+        return DraftModel(self._driver(ctx, None, spec=spec, kv_cache_tokens=ctx * rt.max_num_seqs, disk=False))
 
-    def _runner(self, runner_class, ctx: int, chunk: int, batch_tokens: int, progress, spec=None,
-                kv_cache_tokens=None):
-        rt, config = self.config.runtime, self.config
-        return runner_class(
-            spec or self.spec,
-            num_threads=rt.effective_num_threads(),
-            max_context_tokens=ctx,
-            max_step_tokens=max(chunk, batch_tokens),
-            cache_config=config.dualpath_config,
-            accuracy_level=rt.quantized_matmul_accuracy,
-            spinning=rt.intra_op_spinning,
-            ort_pools=rt.ort_thread_pools,
-            kernel=None if rt.kernel_isa == "auto" else rt.kernel_isa,
-            governor=self.governor,
-            max_num_seqs=rt.max_num_seqs,
-            kv_cache_tokens=rt.kv_cache_tokens if kv_cache_tokens is None else kv_cache_tokens,
-            power_config=config.power,
-            progress=progress,
-        )
+    def _driver(self, ctx: int, progress, spec=None, kv_cache_tokens=None, disk=None):
+        """The cache, scheduler and runner of ``spec`` (None: the model's) at context ``ctx``,
+        stepped by one driver (runtime/driver.py)."""
+        from .runtime.driver import build_driver
+
+        rt = self.config.runtime
+        chunk = min(rt.prefill_chunk_tokens, ctx)
+        batch_tokens = max(rt.effective_max_batch_tokens(), 1)
+        return build_driver(spec or self.spec, self.config, max_context_tokens=ctx,
+                            max_step_tokens=max(chunk, batch_tokens), max_batch_tokens=batch_tokens,
+                            kv_cache_tokens=rt.kv_cache_tokens if kv_cache_tokens is None else kv_cache_tokens,
+                            governor=self.governor, progress=progress,
+                            disk=None if disk is False else self.prefix_store)
 
     @classmethod
     def from_pretrained(cls, repo_id: str, quant: str | None = None, filename: str | None = None,
@@ -245,7 +253,7 @@ class LLM:
 
     @property
     def context_tokens(self) -> int:
-        return self.runner.max_context_tokens
+        return self.engine.runner.max_context_tokens
 
     # -- tokens ----------------------------------------------------------------
     def tokenize(self, text: str, add_bos: bool | None = None) -> list[int]:
@@ -277,7 +285,7 @@ class LLM:
         c = self.generate(ids, SamplingParams(max_tokens=1, temperature=0.0))
         if self.prefix_store is not None:
             self.prefix_store.flush()
-        P = self.runner.cache.page_tokens
+        P = self.cache.page_tokens
         return {"prompt_tokens": len(ids), "cached_tokens": c.usage.cached_prompt_tokens,
                 "stored_tokens": len(ids) // P * P}
 

@@ -41,7 +41,7 @@ def _counting(llm):
     run = llm.runner.run
 
     def counted(entries):
-        seen[0] += sum(len(e.token_ids) for e in entries)
+        seen[0] += sum(len(e.token_ids) for e in entries.seqs)
         return run(entries)
 
     llm.runner.run = counted

@@ -33,7 +33,7 @@ class CountingRunner:
         run = llm.runner.run
 
         def counted(entries):
-            self.tokens += sum(len(e.token_ids) for e in entries)
+            self.tokens += sum(len(e.token_ids) for e in entries.seqs)
             return run(entries)
 
         llm.runner.run = counted

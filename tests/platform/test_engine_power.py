@@ -39,7 +39,7 @@ run = runner.run
 def spy(entries):
     out = run(entries)
     plan = runner.last_plan
-    phase = "prefill" if any(len(e.token_ids) > 1 for e in entries) else "decode"
+    phase = "prefill" if any(len(e.token_ids) > 1 for e in entries.seqs) else "decode"
     sp = plan.prefill_spec if phase == "prefill" else plan.decode_spec
     _, stepper = runner._sets[sp]
     me = thread_placement()[__import__("threading").get_native_id()]

@@ -53,7 +53,7 @@ def test_sixteen_concurrent_greedy_requests_match_their_solo_runs(gguf_path, sol
     for p, c in zip(PROMPTS, completions):
         assert c.token_ids == solo[p], p
         assert c.finish_reason == "length"
-    assert not llm.runner.cache.seqs.keys() - {llm.runner.seq_id}  # every request let go of its cache
+    assert not llm.cache.seqs  # every request let go of its cache
 
 
 def test_chunked_prefill_in_a_mixed_batch_matches_solo(gguf_path, solo):
@@ -238,7 +238,7 @@ def test_a_model_run_that_fails_once_is_recomputed_and_the_output_is_unchanged(g
     for p, r in zip(PROMPTS, reqs):
         assert r.completion.token_ids == solo[p]
     assert engine.metrics.retried_requests == 2 and engine.metrics.failed_requests == 0
-    assert set(runner.cache.seqs) == {runner.seq_id}
+    assert not runner.cache.seqs
     runner.cache.check_invariants()
 
 
@@ -262,7 +262,7 @@ def test_a_request_in_two_failed_runs_ends_with_an_internal_error_and_the_engine
     assert len(errors) == 1 and isinstance(errors[0], InternalError)
     assert "injected" not in str(errors[0]) and isinstance(errors[0].__cause__, MemoryError)
     assert doomed.status is Status.FINISHED and doomed.seq_id is None
-    assert set(runner.cache.seqs) == {runner.seq_id}  # its cache was freed
+    assert not runner.cache.seqs  # its cache was freed
     runner.run = real_run
     c = llm.generate(PROMPTS[1], params)  # the engine still serves, with the same output
     assert c.token_ids == solo[PROMPTS[1]]
@@ -296,7 +296,7 @@ def test_an_error_while_one_request_samples_ends_that_request_alone(gguf_path, s
     engine.run_until_done()
     assert len(errors) == 1 and isinstance(errors[0], InternalError) and bad.status is Status.FINISHED
     assert good.completion.token_ids == solo[PROMPTS[1]]  # in the same steps, untouched
-    assert set(llm.runner.cache.seqs) == {llm.runner.seq_id}
+    assert not llm.runner.cache.seqs
     llm.runner.cache.check_invariants()
 
 
@@ -322,7 +322,7 @@ def test_n_samples_of_many_requests_never_overflow_a_step(gguf_path, solo):
         for sample in [r] + r.forks:  # greedy: every sample is the solo output
             assert sample.completion.token_ids == solo[p][:24], sample.request_id
     assert engine.metrics.retried_requests == 0 and runner.cache.forks == sum(i % 4 for i in range(10))
-    assert set(runner.cache.seqs) == {runner.seq_id}
+    assert not runner.cache.seqs
     runner.cache.check_invariants()
     with pytest.raises(ValueError, match="5 samples of one prompt need as many sequences at once; "
                                          "this engine runs at most 4"):
@@ -332,17 +332,18 @@ def test_n_samples_of_many_requests_never_overflow_a_step(gguf_path, solo):
 def test_a_step_where_no_request_samples_runs_after_a_longer_one(gguf_path):
     # A 39-token step leaves its sampled row (38) behind; a 3-token mid-prompt chunk
     # that samples nothing must not read that row (ORT's Gather would be out of bounds).
-    from dualpath.scheduler.batch import SeqStep
-
     llm = make_llm(gguf_path)
-    runner = llm.runner
+    runner, scheduler = llm.runner, llm.engine.scheduler
     prompt = llm.tokenize(" ".join(NAMES * 2))[:42]
-    seq = runner.cache.new_seq_id()
-    runner.cache.start(seq, prompt)
-    alloc = runner.cache.allocate(seq, prompt[:39])
-    assert runner.run([SeqStep(None, seq, prompt[:39], alloc, True)]).shape[0] == 1
-    alloc = runner.cache.allocate(seq, prompt[39:])
-    assert runner.run([SeqStep(None, seq, prompt[39:], alloc, False)]).shape[0] == 0
+    seq, _ = scheduler.open_sequence(prompt)
+    plan = scheduler.plan_sequence(seq, prompt[:39])
+    assert runner.run(plan).shape[0] == 1
+    scheduler.update_from_output(plan)
+    plan = scheduler.plan_sequence(seq, prompt[39:])
+    plan.seqs[0].logits = False  # a mid-prompt chunk: it samples nothing
+    scheduler.arrays.fill(plan, scheduler.cache)
+    assert runner.run(plan).shape[0] == 0
+    scheduler.update_from_output(plan)
     assert runner.cache.num_tokens(seq) == 42
 
 
@@ -468,7 +469,7 @@ def test_a_fork_whose_first_sample_fails_ends_alone_and_holds_no_slot(gguf_path,
     assert len(errors) == 1 and isinstance(errors[0], InternalError)
     assert parent.forks[0].status is Status.FINISHED and parent.forks[0].completion is None
     assert parent.completion.token_ids == parent.forks[1].completion.token_ids == solo[PROMPTS[2]][:24]
-    assert engine.scheduler.num_seqs() == 0 and set(llm.runner.cache.seqs) == {llm.runner.seq_id}
+    assert engine.scheduler.num_seqs() == 0 and not llm.runner.cache.seqs
     llm.runner.cache.check_invariants()
 
 
@@ -484,4 +485,4 @@ def test_a_request_whose_end_fails_gets_the_error_alone(gguf_path, solo):
     engine.run_until_done()
     assert len(errors) == 1 and isinstance(errors[0], InternalError) and bad.completion is None
     assert good.completion.token_ids == solo[PROMPTS[1]][:16]
-    assert engine.scheduler.preemptions == 0 and set(llm.runner.cache.seqs) == {llm.runner.seq_id}
+    assert engine.scheduler.preemptions == 0 and not llm.runner.cache.seqs

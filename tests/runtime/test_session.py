@@ -10,7 +10,7 @@ import dualpath
 from dualpath.graph.parts import graph_parts
 from dualpath.runtime import session
 from dualpath.runtime.session import ModelRunner, create_sessions
-from dualpath.scheduler.batch import SeqStep
+from dualpath.scheduler.step import SeqStep, StepPlan
 
 PROMPTS = {"a": [1, 403, 2, 40, 365, 8, 70], "b": [1, 87, 30, 211, 5], "c": [1, 9, 250, 17, 61, 300, 44, 12, 3,
                                                                            90, 101, 7], "d": [1, 5, 6, 7, 8, 9, 10]}
@@ -50,7 +50,11 @@ def serve(runner: ModelRunner, fresh: bool, all_rows_at: int = -1) -> list[np.nd
             plan.append(SeqStep(None, seq_ids[name], tokens, cache.allocate(seq_ids[name], tokens), logits))
         if fresh:
             runner._bindings.clear()
-        rows = runner.run(plan, all_rows=i == all_rows_at).copy()
+        plan = StepPlan(plan)
+        runner.scheduler.arrays.fill(plan, cache, all_rows=i == all_rows_at)
+        rows = runner.run(plan).copy()
+        runner.scheduler.update_from_output(plan)
+        plan = plan.seqs
         out.append(rows)
         r = 0
         for s, (name, _, logits) in zip(plan, step):
@@ -88,8 +92,8 @@ def test_a_new_session_set_gets_its_own_binding_never_the_old_one(gguf_path):
     first = serve(runner, fresh=False)
     old = runner._bindings[id(runner.sessions)]
     parts = graph_parts(runner.spec, 4, runner.max_context_tokens)
-    # Another set of the same parts (as _check_placement swaps in a fallback), built as the first.
-    runner.sessions = create_sessions(parts, session._global_pool_threads or 1, prepack_float=True)
+    # Another set of the same parts (as check_placement swaps in a fallback), built as the first.
+    runner.runner.sessions = create_sessions(parts, session._global_pool_threads or 1, prepack_float=True)
     second = serve(runner, fresh=False)
     new = runner._bindings[id(runner.sessions)]
     assert new is not old and new.sessions is runner.sessions

@@ -177,9 +177,9 @@ def test_draft_model_output_is_plain_output(kv_dtype, path):
             assert spec.generate(p, params).token_ids == plain.generate(p, params).token_ids
     m = spec.engine.metrics
     assert m.accepted_tokens > 0.5 * m.proposed_tokens > 0
-    draft_cache = spec.engine.draft.runner.cache
+    draft_cache = spec.engine.draft.driver.cache
     draft_cache.check_invariants()
-    assert draft_cache.num_sequences == 1  # the draft runner's own; the requests' are freed
+    assert draft_cache.num_sequences == 0  # the requests' sequences are freed
 
 
 def test_a_draft_model_with_another_vocabulary_is_refused(tmp_path):

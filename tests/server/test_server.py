@@ -222,7 +222,7 @@ def test_an_engine_failure_is_a_500_error_object_and_ends_a_stream_with_an_error
         runner.run = real_run
     c = live.client().completions.create(model="stories260k", prompt="Once", max_tokens=4)
     assert c.choices[0].finish_reason == "length"  # the engine keeps serving
-    assert set(runner.cache.seqs) == {runner.seq_id}
+    assert not runner.cache.seqs
     runner.cache.check_invariants()
 
 
@@ -268,7 +268,7 @@ def test_a_client_that_disconnects_frees_the_cache(slow_live):
     deadline = time.time() + 5
     while len(cache.seqs) > 1 and time.time() < deadline:
         time.sleep(0.01)
-    assert set(cache.seqs) == {live.llm.runner.seq_id}
+    assert not cache.seqs
     stats = cache.stats()
     assert stats.bytes_used_sequential == 0 and stats.bytes_used_random == 0
     metrics = httpx.get(live.base + "/metrics").text

@@ -34,7 +34,7 @@ def run_conversation(llm, turns: int, user_tokens: int, reply_tokens: int, reuse
     rows = []
     for t in range(turns):
         if not reuse:
-            llm.runner.cache.evict_all()  # nothing of earlier turns is left to read
+            llm.cache.evict_all()  # nothing of earlier turns is left to read
         for _ in chat.send(_message(t, user_tokens, llm.tokenizer)):
             pass
         st = chat.last
@@ -55,7 +55,7 @@ def cmd_bench_chat(args) -> int:
     runs = {True: [], False: []}
     for _ in range(args.repeats):
         for reuse in (True, False):
-            llm.runner.cache.evict_all()
+            llm.cache.evict_all()
             runs[reuse].append(run_conversation(llm, args.turns, args.user_tokens, args.reply_tokens, reuse))
     print(f"{args.turns} turns of ~{args.user_tokens} user and {args.reply_tokens} reply tokens, "
           f"{args.threads} threads, medians of {args.repeats}; TTFT in ms")

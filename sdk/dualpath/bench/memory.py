@@ -92,7 +92,7 @@ def worker(model: str, ctx: int, decode: int, threads: int, chunk: int) -> dict:
     loaded = resident_mb()
     llm.generate(random_prompt(llm.spec.config.vocab_size, ctx),
                  SamplingParams(temperature=0, max_tokens=decode + 1, ignore_eos=True))
-    arena = llm.runner.cache.arena
+    arena = llm.cache.arena
     kv = resident_bytes(arena.address, arena.nbytes) / MiB
     # An 8-bit classifier is mapped by the first step, after "sessions" (the kernels' form
     # is mapped by the load).

@@ -134,7 +134,7 @@ def worker(model: str, mode: str, params: dict) -> dict:
 
     wall = asyncio.run(main())
     engine.shutdown()
-    stats = llm.runner.cache.stats()
+    stats = llm.cache.stats()
     steps, _ = engine.metrics.step_log()
 
     return {

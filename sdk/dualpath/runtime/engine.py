@@ -38,7 +38,7 @@ from typing import Iterator, Sequence
 import numpy as np
 
 from ..errors import CacheFullError, DualPathError
-from ..scheduler.batch import BatchScheduler, SeqStep, attention_tokens
+from ..scheduler.step import SeqStep, StepResults
 from ..scheduler.request import Status
 from .generate import check_prompt
 from .handles import Delta, RequestHandle, SyncStream
@@ -66,23 +66,23 @@ class QueueFullError(DualPathError):
 class Engine:
     """Schedules and runs many requests over one ``ModelRunner`` (see module doc)."""
 
-    def __init__(self, runner, tokenizer, *, max_num_seqs: int, max_batch_tokens: int,
-                 max_queued_requests: int | None = None, profile_name: str = "",
+    def __init__(self, driver, tokenizer, *, max_queued_requests: int | None = None, profile_name: str = "",
                  speculative: str = "off", speculative_tokens: int = 16, draft=None):
-        self.runner = runner  # it consults the power governor at every step
+        self.driver = driver
+        """The scheduler and the runner, stepped together (runtime/driver.py); it asks the
+        power governor at every step."""
+        self.runner = driver.runner
+        self.scheduler = driver.scheduler
         self.tokenizer = tokenizer
         self.speculative_tokens = speculative_tokens if speculative != "off" else 0
         """Most tokens proposed per decode step (0: speculative decoding off)."""
         self.draft = draft
         """The draft model (runtime/speculative.DraftModel) with ``speculative: draft``, else None."""
         self.max_queued_requests = max_queued_requests
-        self.scheduler = BatchScheduler(runner.cache, max_num_seqs=max_num_seqs,
-                                        max_batch_tokens=min(max_batch_tokens, runner.max_step_tokens),
-                                        attention_tokens=attention_tokens(runner.spec.config))
         self.metrics = EngineMetrics()
-        self._scratch = SamplerScratch(runner.spec.config.vocab_size)
+        self._scratch = SamplerScratch(self.runner.spec.config.vocab_size)
         """Every request's sampler works in these (only the stepping thread samples)."""
-        self.outputs = OutputMaker(tokenizer, self._scratch, self.metrics, runner.cache)
+        self.outputs = OutputMaker(tokenizer, self._scratch, self.metrics)
         self._profile_name = profile_name
         self._ids = itertools.count()
         self._requests: dict[str, EngineRequest] = {}
@@ -205,7 +205,7 @@ class Engine:
         thread touches a running request's sampler, tokens and stream."""
         with self._step_lock:
             self._apply_aborts()
-            chunk_tokens = self.runner.plan_step()
+            chunk_tokens = self.driver.choose_power()
             with self._mu:
                 plan = self.scheduler.schedule(chunk_tokens)
                 for req, why in plan.failed:
@@ -214,7 +214,7 @@ class Engine:
                 return 0
             t0 = time.perf_counter()
             try:
-                logits = self.runner.run(plan.seqs)
+                logits = self.driver.run(plan)
             except Exception as e:  # recompute these requests once, keep serving the others
                 log.exception("engine step of %d sequences failed", len(plan.seqs))
                 with self._mu:
@@ -224,29 +224,29 @@ class Engine:
             now = time.perf_counter()
             for s in plan.seqs:  # a run went through: a later failure is a new one, retried again
                 s.request.failed_steps = 0
-            generated, ended, forked = self._make_outputs(plan.seqs, logits, now)
+            results = self._make_outputs(plan.seqs, logits, now)
             with self._mu:
-                for fork in forked:  # before the parent's sequence grows (at the next step)
-                    self._start_fork(fork)
+                ended = self.scheduler.update_from_output(plan, results)
+                for _, fork in results.forked:
+                    fork.fork_of = None
                 for req, finish, kwargs in ended:
-                    if req.status is not Status.FINISHED:  # its output failed after it had ended
-                        self._end(req, finish, **kwargs)
+                    self._end(req, finish, **kwargs)
             m = self.metrics
-            m.peak_kv_bytes_held = max(m.peak_kv_bytes_held, self.runner.cache.bytes_held())
-            m.on_step(now, now - t0, plan.num_tokens, generated)
+            m.peak_kv_bytes_held = max(m.peak_kv_bytes_held, self.scheduler.cache.bytes_held())
+            m.on_step(now, now - t0, plan.num_tokens, results.generated)
             return len(plan.seqs)
 
-    def _make_outputs(self, seqs: list[SeqStep], logits: np.ndarray, now: float) -> tuple[int, list, list]:
+    def _make_outputs(self, seqs: list[SeqStep], logits: np.ndarray, now: float) -> StepResults:
         """Every sequence's output from its rows of the run (not holding _mu): the tokens
-        sampled, the requests that ended and the forks to start (``OutputMaker.make``)."""
-        generated, ended, forked = 0, [], []
+        sampled, and what the scheduler does next (``OutputMaker.make``)."""
+        results = StepResults()
         for s, rows, hidden in rows_by_seq(seqs, logits, self.runner.hidden):
             try:
-                generated += self.outputs.make(s, rows, hidden, now, ended, forked)
+                results.generated += self.outputs.make(s, rows, hidden, now, results)
             except Exception as e:  # this request's output failed: it alone ends
                 log.exception("request %s failed while its output was made", s.request.request_id)
-                ended.append((s.request, "abort", {"error": internal_error(s.request, e)}))
-        return generated, ended, forked
+                results.ended.append((s.request, "abort", {"error": internal_error(s.request, e)}))
+        return results
 
     def _retry_or_fail(self, req: EngineRequest, error: BaseException) -> None:
         """A model run with ``req`` in it raised (holding _mu): the first time, recompute it
@@ -263,20 +263,6 @@ class Engine:
     def run_until_done(self) -> None:
         while self.step():
             pass
-
-    def _start_fork(self, fork: EngineRequest) -> None:
-        """Run ``fork`` from now on, on a fork of its parent's cache sequence (holding _mu):
-        it shares every page of the prompt, copy-on-write, and takes the sequence slot its
-        parent reserved."""
-        parent = fork.fork_of
-        fork.fork_of = None
-        cache = self.runner.cache
-        fork.seq_id = cache.new_seq_id()
-        cache.fork(parent.seq_id, fork.seq_id)
-        fork.computed = parent.computed
-        fork.cached_tokens = parent.cached_tokens
-        fork.path = parent.path
-        self.scheduler.start_fork(parent, fork)
 
     def _end(self, req: EngineRequest, finish: str = "abort", stop_reason=None, *, text: str = "",
              token: int | None = None, error: BaseException | None = None) -> None:
@@ -400,7 +386,7 @@ class Engine:
     # -- metrics ---------------------------------------------------------------------
     @property
     def power_profile(self) -> str:
-        plan = getattr(self.runner, "last_plan", None)
+        plan = self.runner.power_plan
         if plan is not None:
             return getattr(plan, "profile", None) or self._profile_name
         return self._profile_name
@@ -408,8 +394,8 @@ class Engine:
     def metrics_text(self) -> str:
         """Prometheus text exposition of the engine's state."""
         with self._mu:
-            stats = self.runner.cache.stats()
-            disk = self.runner.cache.disk
+            stats = self.scheduler.cache.stats()
+            disk = self.scheduler.cache.disk
             return self.metrics.render(waiting=len(self.scheduler.waiting), running=len(self.scheduler.running),
                                        cache=stats, preemptions=self.scheduler.preemptions,
                                        profile=self.power_profile, disk=disk.stats if disk else None)

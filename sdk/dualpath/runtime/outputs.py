@@ -4,8 +4,10 @@ verification and next proposals, and the last delta when the request ends.
 
 The engine (runtime/engine.py) schedules and runs the step, then hands every sequence
 its rows; ``OutputMaker`` runs in the stepping thread without the engine's lock (it
-touches only the request's own sampler, tokens and stream) and reports the requests that
-ended and the forks to start, which the engine then finishes under its lock.
+touches only the request's own sampler, tokens and stream) and returns what the cache
+must do next (``StepResults``: rollbacks, forks to start, requests that ended), which the
+scheduler's ``update_from_output`` does under the engine's lock. Nothing here calls the
+cache.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import numpy as np
 from ..errors import InternalError
 from .handles import Delta, completion_of
 from .request import EngineRequest, internal_error
+from ..scheduler.step import StepResults
 from .sampler import SamplerScratch
 
 log = logging.getLogger(__name__)
@@ -26,21 +29,22 @@ log = logging.getLogger(__name__)
 class OutputMaker:
     """Makes requests' outputs for an engine: one per engine, used by its stepping thread."""
 
-    def __init__(self, tokenizer, scratch: SamplerScratch, metrics, cache):
+    def __init__(self, tokenizer, scratch: SamplerScratch, metrics):
         self.tokenizer = tokenizer
         self.scratch = scratch
         """The engine's sampler buffers: a grammar's token mask is filled into its ``bias``."""
         self.metrics = metrics
-        self.cache = cache
 
-    def make(self, s, rows: np.ndarray, hidden: np.ndarray, now: float, ended: list, forked: list) -> int:
+    def make(self, s, rows: np.ndarray, hidden: np.ndarray, now: float, results: StepResults) -> int:
         """Use one sequence's rows of a step's output (logits (R, vocab), final hidden
         states (R, dim)): pool an embedding, keep the prompt's log-probabilities, sample
         (after forking, when the prompt was just computed; each proposal's row while the
-        samples agree with them). Requests that end go to ``ended`` as ``(request,
-        finish_reason, Engine._end keywords)``, forks to start to ``forked``. Returns the
-        tokens sampled."""
+        samples agree with them). What the cache must do next goes into ``results`` (the
+        scheduler's ``update_from_output`` does it): requests that end as ``(request,
+        finish_reason, Engine._end keywords)``, forks to start as ``(parent, fork)``,
+        rejected proposals to roll back. Returns the tokens sampled."""
         req = s.request
+        ended = results.ended
         if s.hidden and req.embedding:  # an embedding's chunk: pool its rows, end after the last
             end = self._pool(req, hidden, s.alloc.pos0)
             if end is not None:
@@ -54,12 +58,12 @@ class OutputMaker:
         if req.forks and req.first_token_time is None:  # its prompt is computed: fork now
             for fork in req.forks:
                 if fork.fork_of is not None:  # not aborted while waiting
-                    forked.append(fork)
+                    results.forked.append((req, fork))
                     sampled += 1
                     if self._sample(fork, rows[-1], now, ended) and fork.proposer is not None:
                         self._propose(fork)
         if s.draft:
-            going, rows_sampled = self._verify(req, s.token_ids[-s.draft:], rows, now, ended)
+            going, rows_sampled = self._verify(req, s.token_ids[-s.draft:], rows, now, results)
         else:
             going, rows_sampled = self._sample(req, rows[-1], now, ended), 1  # the chunk's last row samples
         if going and req.proposer is not None:
@@ -67,15 +71,15 @@ class OutputMaker:
         return sampled + rows_sampled
 
     def _verify(self, req: EngineRequest, draft: list[int], rows: np.ndarray, now: float,
-                ended: list) -> tuple[bool, int]:
+                results: StepResults) -> tuple[bool, int]:
         """Sample the rows of a step that ran proposals (runtime/speculative.py), in order,
         as plain decoding would: row i's sample is kept, and the next row sampled, while it
-        equals proposal i. The cache rolls back the proposals after the last one kept.
-        Returns whether the request goes on, and the rows sampled."""
+        equals proposal i. The proposals after the last one kept are rolled back
+        (``results.rollbacks``). Returns whether the request goes on, and the rows sampled."""
         known = req.n  # the last known token's KV was computed in this step, with the proposals'
         kept, going = 0, True
         for i in range(len(draft) + 1):
-            if not self._sample(req, rows[i], now, ended):
+            if not self._sample(req, rows[i], now, results.ended):
                 going = False  # the request ended; its cache goes with it
                 break
             if i == len(draft) or req.ids[req.n - 1] != draft[i]:
@@ -84,8 +88,7 @@ class OutputMaker:
         req.proposer.update(len(draft), kept)
         self.metrics.on_proposals(len(draft), kept)
         if going:
-            req.computed = known + kept
-            self.cache.truncate(req.seq_id, req.computed)
+            results.rollbacks.append((req, known + kept))
         return going, i + 1
 
     def _propose(self, req: EngineRequest) -> None:

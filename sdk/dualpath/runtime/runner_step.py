@@ -1,5 +1,5 @@
-"""What one step of the runner reads and writes: its buffers, allocated once, how a
-step's sequences are laid out in them, the IOBindings of the ONNX parts over them, the
+"""What one step of the runner reads and writes: its buffers, allocated once (the plan's
+arrays, laid out by the scheduler, and the activations), the IOBindings of the ONNX parts over them, the
 token embedding, and our attention kernels' stepper between the parts.
 
 A step's rows are the sequences' new tokens back to back (T of them); R rows of those
@@ -15,20 +15,24 @@ import numpy as np
 from ..kernels import ArenaStepper, LMatmul, QMatmul, embed as _embed, lform_rows, read_rows
 from ..models.quants import gather_rows
 from ..models.spec import ModelConfig, ModelSpec, Weight
-from ..scheduler.batch import SeqStep
+from ..scheduler.step import StepArrays
 from .ort_sessions import SessionSet, can_unidle
 
 
 class StepBuffers:
-    """Every array a step reads or writes, allocated once (T = ``max_step_tokens``)."""
+    """Every array a step reads or writes, allocated once (T = ``max_step_tokens``): the
+    step's plan arrays (``StepArrays``, which the scheduler fills) and the activations."""
 
-    def __init__(self, cfg: ModelConfig, max_step_tokens: int, max_num_seqs: int, max_context_tokens: int,
-                 page_tokens: int):
-        T = self.max_step_tokens = max_step_tokens
-        self.max_context_tokens = max_context_tokens
-        self.ids = np.zeros(T, np.int64)                        # (T,)
-        self.positions = np.zeros(T, np.int64)                  # (T,)
-        self.rows = np.zeros(T, np.int64)                       # (R,) rows whose logits are wanted
+    def __init__(self, cfg: ModelConfig, arrays: StepArrays):
+        T = self.max_step_tokens = arrays.max_step_tokens
+        self.max_context_tokens = arrays.max_context_tokens
+        # The plan, as the scheduler lays it out (scheduler/step.py): read here, never written.
+        self.ids = arrays.ids                                   # (T,)
+        self.positions = arrays.positions                       # (T,)
+        self.rows = arrays.rows                                 # (R,) rows whose logits are wanted
+        self.slots = arrays.slots                               # (T, 3) where new tokens go
+        self.spans = arrays.spans                               # (max_spans, 3) kernel view, back to back
+        self.seqs = arrays.seqs                                 # (S, 5) row0, n, pos0, span0, num_spans
         self.h_a = np.zeros((T, cfg.dim), np.float32)           # (T, dim) residual, ping
         self.h_b = np.zeros((T, cfg.dim), np.float32)           # (T, dim) residual, pong
         self.q = np.zeros((T, cfg.q_dim), np.float32)           # (T, num_heads * head_dim)
@@ -37,16 +41,6 @@ class StepBuffers:
         self.attn = np.zeros((T, cfg.q_dim), np.float32)        # (T, num_heads * head_dim)
         self.logits = np.zeros((T, cfg.vocab_size), np.float32)  # (R, vocab)
         self.hidden = np.zeros((T, cfg.dim), np.float32)        # (R, dim) final-normed hidden state of the rows
-        self.arange = np.arange(T, dtype=np.int64)              # (T,) 0, 1, ... T - 1
-        self.slots = np.zeros((T, 3), np.int64)                 # (T, 3) where new tokens go
-        # Kernel view of every sequence of a step, back to back: a sequence has at most
-        # one span per page (shared prefix pages appear in every sequence that reads
-        # them), 24 bytes per page_tokens of context: nothing beside the KV itself.
-        max_spans = max_num_seqs * (-(-max_context_tokens // page_tokens) + 1)
-        self.spans = np.zeros((max_spans, 3), np.int64)         # (max_spans, 3)
-        # (S, 5) row0, n, pos0, span0, num_spans: an entry per sequence, or per row of a
-        # sequence with proposals (speculative decoding), hence room for a row each.
-        self.seqs = np.zeros((max_num_seqs + T, 5), np.int64)
         self._crossing: dict[tuple[str, int], np.ndarray] = {}
 
     def crossing(self, name: str, width: int) -> np.ndarray:
@@ -58,51 +52,6 @@ class StepBuffers:
         if key not in self._crossing:
             self._crossing[key] = np.zeros((self.max_step_tokens, width), np.float32)
         return self._crossing[key]
-
-    def fill(self, steps: list[SeqStep], cache, all_rows: bool) -> tuple[int, int, bool, int, int]:
-        """Lay ``steps`` out in the buffers (``ModelRunner.run`` says which rows). Returns
-        (T tokens, R rows wanted, whether any sequence prefills, kernel entries, spans)."""
-        row = R = span = E = 0
-        prefill = False
-        a = self.arange
-        for e in steps:
-            n = len(e.token_ids)
-            alloc = e.alloc
-            pos0 = alloc.pos0
-            if row + n > self.max_step_tokens:
-                raise ValueError(f"a step takes at most {self.max_step_tokens} tokens")
-            if pos0 + n > self.max_context_tokens:
-                raise ValueError(f"positions {pos0}..{pos0 + n - 1} exceed the context of {self.max_context_tokens}")
-            self.ids[row:row + n] = e.token_ids
-            self.slots[row:row + n] = alloc.slots
-            np.add(a[:n], pos0, out=self.positions[row:row + n])
-            ns = len(cache.spans(e.seq_id, out=self.spans[span:]))
-            if e.draft:
-                # Each row attends as a one-row decode step at its position would (the same
-                # context split, so the same bits): its proposals are checked against exactly
-                # the logits plain decoding computes.
-                self.seqs[E:E + n, 0] = a[:n] + row
-                self.seqs[E:E + n, 1] = 1
-                self.seqs[E:E + n, 2] = a[:n] + pos0
-                self.seqs[E:E + n, 3:] = (span, ns)
-                E += n
-            else:
-                self.seqs[E] = (row, n, pos0, span, ns)
-                E += 1
-            # The plan's row count (SeqStep.num_rows): an embedding's every token, else the
-            # last known token's row and one per proposal after it, which end the chunk.
-            k = e.num_rows
-            self.rows[R:R + k] = a[:k] + (row if e.hidden else row + n - k)
-            R += k
-            prefill = prefill or alloc.prefill
-            row += n
-            span += ns
-        if all_rows:
-            R = row
-            self.rows[:R] = a[:R]
-        elif R == 0:  # no entry samples: lm_head still runs on one row, make it a valid one
-            self.rows[0] = 0
-        return row, R, prefill, E, span
 
 
 class KernelRun:

@@ -128,27 +128,16 @@ class NgramProposer(Proposer):
 
 class DraftModel:
     """A second, smaller model with the target's vocabulary (``runtime.draft_model``): a
-    ``ModelRunner`` with its own KV cache, a sequence per request."""
+    driver (runtime/driver.py) over its own scheduler, KV cache and runner, a sequence
+    per request."""
 
-    def __init__(self, runner):
-        self.runner = runner
+    def __init__(self, driver):
+        self.driver = driver
 
     def extend(self, seq_id: int, tokens) -> np.ndarray | None:
         """Run ``tokens`` after the sequence's; the last one's logits (vocab,), or None
         when the draft's cache is full."""
-        from ..cache.manager import NoRoom
-        from ..scheduler.batch import SeqStep
-
-        runner, cache = self.runner, self.runner.cache
-        step = runner.max_step_tokens
-        for i in range(0, len(tokens), step):
-            chunk = [int(t) for t in tokens[i:i + step]]
-            runner.plan_step()
-            alloc = cache.allocate(seq_id, chunk)
-            if isinstance(alloc, NoRoom):
-                return None
-            logits = runner.run([SeqStep(None, seq_id, chunk, alloc, True)])
-        return logits[0]
+        return self.driver.extend(seq_id, tokens)
 
 
 class DraftProposer(Proposer):
@@ -169,10 +158,9 @@ class DraftProposer(Proposer):
         k = min(self.k, limit)
         if k < 1:
             return []
-        cache = self.model.runner.cache
+        driver = self.model.driver
         if self.seq_id is None:
-            self.seq_id = cache.new_seq_id()
-            cache.start(self.seq_id, [])
+            self.seq_id, _ = driver.open()
         # Keep what still agrees with the known tokens (proposals that were kept), drop the rest.
         held = self.held
         same = 0
@@ -180,7 +168,7 @@ class DraftProposer(Proposer):
         while same < limit_same and held[same] == ids[same]:
             same += 1
         if same < len(held):
-            cache.truncate(self.seq_id, same)
+            driver.rollback(self.seq_id, same)
             del held[same:]
         logits = self.model.extend(self.seq_id, ids[same:n])
         if logits is None:
@@ -201,6 +189,6 @@ class DraftProposer(Proposer):
 
     def close(self) -> None:
         if self.seq_id is not None:
-            self.model.runner.cache.free(self.seq_id)
+            self.model.driver.close(self.seq_id)
             self.seq_id = None
             self.held = []

@@ -24,9 +24,12 @@ A request holds one sequence slot of ``max_num_seqs`` while it runs, plus one fo
 fork it will start (``n`` > 1: the forks start when its prompt is computed), reserved
 when it is admitted: a step never carries more sequences than the runner holds.
 
-The scheduler talks to the cache only through its facade (``start``,
-``allocate``, ``free``, ``free_page_count``, ``evict_all``, ``new_seq_id``) and
-hands the runner a ``StepPlan``: nothing here knows about ONNX Runtime.
+The scheduler is the one owner of the cache's changes (scheduler/sequences.py has the
+rule): it talks to the cache only through its facade (``start``, ``allocate``,
+``free``, ``fork``, ``commit``, ``truncate``, ``free_page_count``, ``evict_all``,
+``new_seq_id``), lays each ``StepPlan`` out in the step's arrays for the runner, and
+after the run applies what the outputs ask (``update_from_output``). Nothing here
+knows about ONNX Runtime.
 """
 
 from __future__ import annotations
@@ -36,10 +39,13 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from ..cache.manager import Allocation, KVCacheManager, NoRoom
+from ..cache.policy import PathPolicy
 from ..models.spec import ModelConfig
 from .request import Request, Status
+from .sequences import SequenceSteps
+from .step import SeqStep, StepArrays, StepPlan, StepResults
 
-__all__ = ["BatchScheduler", "SeqStep", "Status", "StepPlan", "attention_tokens"]
+__all__ = ["BatchScheduler", "SeqStep", "Status", "StepPlan", "StepResults", "attention_tokens"]
 
 _MIN_CHUNK = 32
 """A prompt chunk cut short by the step's budget is at least this many tokens."""
@@ -53,49 +59,6 @@ def attention_tokens(c: ModelConfig) -> float:
     requests decoding beside it keep their pace."""
     dense = c.num_layers * (2 * c.dim * c.q_dim + 2 * c.dim * c.kv_dim + 3 * c.dim * c.hidden_dim)
     return dense / (2 * c.num_layers * c.q_dim)
-
-
-class SeqStep:
-    """One sequence's part of a step: what the runner needs to run it."""
-
-    __slots__ = ("request", "seq_id", "token_ids", "alloc", "logits", "hidden", "draft")
-
-    def __init__(self, request: Request | None, seq_id: int, token_ids: list[int], alloc: Allocation,
-                 logits: bool, hidden: bool = False, draft: int = 0):
-        self.request = request     # None for the runner's own single-sequence steps
-        self.seq_id = seq_id
-        self.token_ids = token_ids
-        self.alloc = alloc         # where the tokens' KV goes (slots, first position, prefill or not)
-        self.logits = logits       # the chunk ends the known tokens: sample after it
-        self.hidden = hidden       # every token's final hidden state is wanted (an embedding)
-        self.draft = draft         # the last `draft` tokens are proposals: a row each to verify them
-
-    @property
-    def num_tokens(self) -> int:
-        return len(self.token_ids)
-
-    @property
-    def num_rows(self) -> int:
-        """Output rows the runner returns for it, in step order: every token's with
-        ``hidden`` (the last one samples when ``logits``), else one to sample and one per
-        proposal, or none."""
-        return len(self.token_ids) if self.hidden else int(self.logits) + self.draft
-
-
-@dataclass
-class StepPlan:
-    """The next step: its sequences in run order, and the requests that failed."""
-
-    seqs: list[SeqStep] = field(default_factory=list)
-    failed: list[tuple[Request, str]] = field(default_factory=list)
-    """Requests the cache can never hold, with why (the engine fails them)."""
-
-    @property
-    def num_tokens(self) -> int:
-        return sum(len(s.token_ids) for s in self.seqs)
-
-    def __bool__(self) -> bool:
-        return bool(self.seqs)
 
 
 @dataclass
@@ -113,12 +76,13 @@ class _Step:
     """Prompt chunks cost more at long context (someone is decoding in this step)."""
 
 
-class BatchScheduler:
+class BatchScheduler(SequenceSteps):
     """Waiting and running requests over one cache (see the module docstring)."""
 
     def __init__(self, cache: KVCacheManager, *, max_num_seqs: int, max_batch_tokens: int,
-                 attention_tokens: float):
-        self.cache = cache
+                 attention_tokens: float, arrays: StepArrays | None = None,
+                 policies: dict[str, PathPolicy] | None = None):
+        super().__init__(cache, arrays, policies)
         self.max_num_seqs = max_num_seqs
         self.max_batch_tokens = max_batch_tokens
         self.attention_tokens = attention_tokens
@@ -146,7 +110,31 @@ class BatchScheduler:
         assert len(out) <= self.num_seqs() <= self.max_num_seqs, (len(out), self.num_seqs())
         if not out and self.running:
             self._unstick(step.plan)
+        if out and self.arrays is not None:
+            self.arrays.fill(step.plan, self.cache)
         return step.plan
+
+    def update_from_output(self, plan: StepPlan, results: StepResults | None = None) -> list[tuple]:
+        """After a run of ``plan``: the one place its outcome changes the cache. Commits
+        every sequence's pages (full ones become shareable), rolls back rejected
+        proposals, starts the forks, and frees the requests that ended. Returns the
+        ``results.ended`` entries of requests that had not ended before (the engine
+        delivers their last delta)."""
+        for s in plan.seqs:
+            self.cache.commit(s.seq_id)
+        if results is None:
+            return []
+        for req, computed in results.rollbacks:
+            req.computed = computed
+            self.cache.truncate(req.seq_id, computed)
+        for parent, fork in results.forked:  # before the parent's sequence grows (at the next step)
+            self.start_fork(parent, fork)
+        ended = []
+        for end in results.ended:
+            if end[0].status is not Status.FINISHED:
+                self.remove(end[0])
+                ended.append(end)
+        return ended
 
     def _allocate(self, step: _Step, req: Request, n: int, preempt_others: bool,
                   draft=()) -> tuple[Allocation | NoRoom, list[int]]:
@@ -304,10 +292,15 @@ class BatchScheduler:
         req.reserved_seqs = num_seqs
 
     def start_fork(self, parent: Request, child: Request) -> None:
-        """``child`` runs from now on (its cache sequence set up by the caller), in a slot
-        its parent reserved."""
+        """``child`` runs from now on, on a fork of its parent's cache sequence (it shares
+        every page, copy-on-write), in a slot its parent reserved."""
         if parent.reserved_seqs < 1:
             raise ValueError(f"request {parent.request_id} has no slot reserved for a fork")
+        child.seq_id = self.cache.new_seq_id()
+        self.cache.fork(parent.seq_id, child.seq_id)
+        child.computed = parent.computed
+        child.cached_tokens = parent.cached_tokens
+        child.path = parent.path
         parent.reserved_seqs -= 1
         child.status = Status.RUNNING
         self.running.append(child)

@@ -269,7 +269,7 @@ class Server:
         store = self.llm.prefix_store
         if store is not None:
             await asyncio.to_thread(store.flush)
-        P = self.engine.runner.cache.page_tokens
+        P = self.engine.scheduler.cache.page_tokens
         return JSONResponse({"object": "warm", "model": self.model_name, "stored_tokens": len(ids) // P * P,
                              "on_disk": store is not None,
                              "usage": {"prompt_tokens": len(ids),
