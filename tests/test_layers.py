@@ -4,6 +4,11 @@ Every ``import`` / ``from ... import`` in sdk/dualpath, at module level or insid
 function or ``if TYPE_CHECKING:``, is resolved to the module it names. An import
 from a lower layer to a higher one fails, as does any cycle between modules, and
 any import of the compiled extension modules from outside ``dualpath.kernels``.
+
+The KV cache has one owner (STYLE.md, "One owner per resource"): outside cache/ and
+scheduler/ no code calls a method that changes it or assigns an attribute on it (the
+benchmarks excepted); the engine, the runner, the output maker and the draft model get
+plans and results (scheduler/sequences.py).
 """
 
 from __future__ import annotations
@@ -16,17 +21,25 @@ import pytest
 PACKAGE = Path(__file__).resolve().parents[1] / "sdk" / "dualpath"
 
 LAYERS = [
-    ("errors", "kernels", "config", "versions"),
+    ("errors", "kernels", "config", "versions", "sampling_params", "completion"),
     ("models", "tokenizer", "platform"),
     ("graph", "cache"),
     ("scheduler",),
-    ("runtime",),
+    ("executor", "sampling"),  # running the model (ONNX Runtime, our kernels); sampling and grammars
+    ("engine",),  # requests, outputs, speculative decoding: the engine steps the scheduler and the executor
     ("llm", "chat", ""),  # "" = the package's own __init__ (the public API: it imports llm)
     ("server",),
     ("bench",),
     ("cli",),
 ]
 """Lowest first. A module may import its own layer and the layers below it."""
+
+CACHE_OWNERS = ("cache", "scheduler")
+"""The packages that may change the KV cache."""
+CACHE_CHANGES = {"allocate", "free", "truncate", "fork", "commit", "start", "evict_all", "migrate"}
+"""The cache facade's methods that change it (``KVCacheManager``)."""
+CACHE_CHANGES_EXCEPTED = ("bench",)
+"""Benchmarks drive the cache directly to measure it."""
 
 COMPILED = {"_kvarena", "_kernels"}
 """Extension modules: only ``dualpath.kernels`` imports them."""
@@ -133,7 +146,7 @@ def test_only_the_kernels_facade_imports_compiled_modules():
 
 
 @pytest.mark.parametrize("source,expected", [
-    ("from ..runtime.engine import Engine", "dualpath.runtime.engine"),
+    ("from ..engine.engine import Engine", "dualpath.engine.engine"),
     ("from .. import llm", "dualpath.llm"),
     ("import dualpath.cache.manager as m", "dualpath.cache.manager"),
     ("from dualpath.config import Config", "dualpath.config"),
@@ -146,11 +159,11 @@ def test_the_walker_resolves_relative_and_absolute_imports(source, expected, tmp
 
 
 def test_an_upward_import_is_reported(tmp_path, monkeypatch):
-    (tmp_path / "probe.py").write_text("def f():\n    from ..runtime.session import ModelRunner\n")
+    (tmp_path / "probe.py").write_text("def f():\n    from ..executor.session import ModelRunner\n")
     monkeypatch.setitem(MODULES, "dualpath.cache.probe", tmp_path / "probe.py")
     targets = imports_of("dualpath.cache.probe")
-    assert targets == {"dualpath.runtime.session"}
-    assert layer_of("dualpath.runtime.session") > layer_of("dualpath.cache.probe")
+    assert targets == {"dualpath.executor.session"}
+    assert layer_of("dualpath.executor.session") > layer_of("dualpath.cache.probe")
 
 
 def test_the_readme_layout_names_every_module_and_package_in_layer_order():
@@ -168,3 +181,46 @@ def test_the_readme_layout_names_every_module_and_package_in_layer_order():
     layers = [layer_of("dualpath." + e.rstrip("/").removesuffix(".py")) for e in entries
               if e.endswith(".py") or (PACKAGE / e / "__init__.py").is_file()]  # data/ has no code
     assert layers == sorted(layers)
+
+
+def _is_cache(node: ast.AST) -> bool:
+    """An expression that names a cache: ``cache``, ``self.cache``, ``llm.cache``, ``draft_cache``..."""
+    name = node.id if isinstance(node, ast.Name) else node.attr if isinstance(node, ast.Attribute) else ""
+    return "cache" in name.lower()
+
+
+def cache_changes(path: Path) -> list[str]:
+    """``line: source`` of every call of a ``CACHE_CHANGES`` method on a cache, and every
+    assignment to an attribute of one, in ``path``."""
+    out = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
+                and node.func.attr in CACHE_CHANGES and _is_cache(node.func.value):
+            out.append(f"{node.lineno}: {ast.unparse(node.func)}()")
+        targets = node.targets if isinstance(node, ast.Assign) else \
+            [node.target] if isinstance(node, (ast.AugAssign, ast.AnnAssign)) else []
+        out += [f"{node.lineno}: {ast.unparse(t)} = ..." for t in targets
+                if isinstance(t, ast.Attribute) and _is_cache(t.value)]
+    return sorted(out, key=lambda change: int(change.split(":")[0]))
+
+
+def test_only_the_cache_and_the_scheduler_change_the_cache():
+    allowed = {f"dualpath.{p}" for p in CACHE_OWNERS + CACHE_CHANGES_EXCEPTED}
+    outside = [f"{m}:{change}" for m, path in MODULES.items() if ".".join(m.split(".")[:2]) not in allowed
+               for change in cache_changes(path)]
+    assert outside == []
+
+
+def test_the_cache_change_walker_finds_calls_and_assignments(tmp_path):
+    # The rule above is only as good as this walk: pin it on known lines.
+    (tmp_path / "probe.py").write_text(
+        "def f(self, llm, cache, store):\n"
+        "    self.cache.free(1)\n"
+        "    llm.runner.cache.evict_all()\n"
+        "    cache.policy = None\n"
+        "    draft_cache.truncate(1, 2)\n"
+        "    store.free(1)\n"              # not a cache
+        "    cache.stats()\n"              # reads only
+        "    self.cache = cache\n")        # the owner keeps a reference
+    assert cache_changes(tmp_path / "probe.py") == [
+        "2: self.cache.free()", "3: llm.runner.cache.evict_all()", "4: cache.policy = ...", "5: draft_cache.truncate()"]

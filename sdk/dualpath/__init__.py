@@ -13,8 +13,8 @@ from .errors import (ChatTemplateError, ConfigError, DualPathError, InvalidPromp
                      SamplingParamsError, TokenizerError)
 from .llm import LLM
 from .chat import Chat
-from .runtime.generate import Completion, Timings, Usage
-from .runtime.sampler import SamplingParams
+from .completion import Completion, Timings, Usage
+from .sampling_params import SamplingParams
 
 __version__ = "0.1.0"
 

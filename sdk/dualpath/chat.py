@@ -27,7 +27,7 @@ from typing import Iterator
 
 from .errors import DualPathError, PromptTooLongError
 from .llm import LLM
-from .runtime.sampler import SamplingParams
+from .sampling_params import SamplingParams
 
 __all__ = ["Chat", "TurnStats"]
 

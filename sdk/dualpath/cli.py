@@ -65,7 +65,7 @@ def _model_path(args) -> str:
 
 
 def _sampling(args, prompt_tokens: int):
-    from .runtime.sampler import SamplingParams
+    from .sampling.sampler import SamplingParams
 
     max_tokens = args.max_tokens
     if max_tokens is None:
@@ -466,11 +466,11 @@ def _print_model(args, d) -> None:
 
 
 def _print_memory_plan(args, m) -> None:
-    """The memory plan (runtime/memory_plan.py) at the configured context, and what a
+    """The memory plan (executor/memory_plan.py) at the configured context, and what a
     budget allows."""
     from .errors import ConfigError
     from .models import read_layout
-    from .runtime.memory_plan import MiB, budget_bytes, default_context, fit, plan_memory
+    from .executor.memory_plan import MiB, budget_bytes, default_context, fit, plan_memory
 
     cfg = _config(args)
     path = _model_path(args)

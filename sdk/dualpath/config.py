@@ -237,7 +237,7 @@ class RuntimeConfig(_Section):
     """Tokens the KV cache holds, all requests together (at least one full context);
     0 = twice the context window. When it is full the engine preempts (recompute)."""
     memory_budget_mb: int = _int(0, -1, 1 << 30, allowed="an integer: 0 (none), -1 (auto) or a size in MiB")
-    """Resident memory the model may take (runtime/memory_plan.py plans it from the file's
+    """Resident memory the model may take (executor/memory_plan.py plans it from the file's
     header before any weight is read): the load takes the largest context (up to
     ``max_context_tokens``, 0: the model's) and KV type that fit, or is refused with the
     figures. -1 = auto: MemAvailable less headroom for the OS; 0 = no budget."""
@@ -252,7 +252,7 @@ class RuntimeConfig(_Section):
     (a repeated or joined string, a range); past it the request is refused."""
     speculative: str = _choice("off", str, SPECULATIVE_MODES)
     """Speculative decoding: ``ngram`` proposes a request's next tokens from its own text
-    (prompt lookup, no second model; runtime/speculative.py), ``draft`` from
+    (prompt lookup, no second model; engine/speculative.py), ``draft`` from
     ``draft_model``; either is checked in one step, and the output is the same as with ``off``."""
     speculative_tokens: int = _int(16, 1, 64)
     """Most tokens proposed per step (the draft length adapts below it)."""

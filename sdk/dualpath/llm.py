@@ -15,9 +15,9 @@ from .config import Config, load_config
 from .errors import ChatTemplateError
 from .models import ModelSpec
 from .models.store import CorruptEntry, ModelStore, Progress
-from .runtime.engine import Engine, SyncStream
-from .runtime.generate import Completion
-from .runtime.sampler import SamplingParams
+from .engine.engine import Engine, SyncStream
+from .completion import Completion
+from .sampling_params import SamplingParams
 from .versions import check_versions
 
 log = logging.getLogger(__name__)
@@ -91,7 +91,7 @@ class LLM:
 
         from .cache.disk import PrefixStore, default_root
         from .kernels import default_kernel
-        from .runtime.session import nbits8_graphs, prefix_salt
+        from .executor.session import nbits8_graphs, prefix_salt
 
         pc, rt = self.config.prefix_cache, self.config.runtime
         if prefix_cache is None:
@@ -119,7 +119,7 @@ class LLM:
 
         config = self.config
         self.memory_plan = None
-        """The memory plan the load was held to (runtime/memory_plan.py), with a budget."""
+        """The memory plan the load was held to (executor/memory_plan.py), with a budget."""
         if config.runtime.memory_budget_mb:
             config = self.config = self._fit_budget(model_path)
         rss = self.load_stats["rss_mb"] = {"start": resident_mb()}
@@ -170,7 +170,7 @@ class LLM:
         if rt.memory_budget_mb:  # _fit_budget chose it
             ctx = rt.max_context_tokens
         else:
-            from .runtime.memory_plan import context_without_budget
+            from .executor.memory_plan import context_without_budget
 
             ctx = context_without_budget(self.spec, self.config)
         if rt.kv_cache_tokens and rt.kv_cache_tokens < ctx:
@@ -182,7 +182,7 @@ class LLM:
 
     @property
     def runner(self):
-        """The engine's driver (runtime/driver.py): the single-sequence API (``begin``,
+        """The engine's driver (engine/driver.py): the single-sequence API (``begin``,
         ``forward``, ``warm_up``) over the engine's scheduler, and reads of the runner's state."""
         return self.engine.driver
 
@@ -195,7 +195,7 @@ class LLM:
         """The config with the context and KV type ``runtime.memory_budget_mb`` allows
         (ConfigError, before any weight is read, when the model does not fit)."""
         from .config import with_overrides
-        from .runtime.memory_plan import MiB, budget_bytes, fit
+        from .executor.memory_plan import MiB, budget_bytes, fit
 
         config = self.config
         budget = budget_bytes(config.runtime.memory_budget_mb)
@@ -207,7 +207,7 @@ class LLM:
     def _draft(self, store: ModelStore, ctx: int):
         """The draft model of ``speculative: draft``: refused unless it shares the vocabulary."""
         from .errors import ConfigError
-        from .runtime.speculative import DraftModel
+        from .engine.speculative import DraftModel
 
         rt = self.config.runtime
         if not rt.draft_model:
@@ -225,8 +225,8 @@ class LLM:
 
     def _driver(self, ctx: int, progress, spec=None, kv_cache_tokens=None, disk=None):
         """The cache, scheduler and runner of ``spec`` (None: the model's) at context ``ctx``,
-        stepped by one driver (runtime/driver.py)."""
-        from .runtime.driver import build_driver
+        stepped by one driver (engine/driver.py)."""
+        from .engine.driver import build_driver
 
         rt = self.config.runtime
         chunk = min(rt.prefill_chunk_tokens, ctx)

@@ -371,7 +371,7 @@ def test_a_bundle_of_an_8bit_model_holds_graphs_for_onnxruntime_before_1_22_too(
     model = quantize_gguf(str(gguf_path), str(tmp_path / "q8.gguf"), "Q8_0")
     bundle = tmp_path / "bundle"
     model_bundle.make_bundle(str(model), model_bundle.DEFAULT_CONFIG, str(bundle))
-    from dualpath.runtime.session import NBITS8_SINCE, ORT_VERSION
+    from dualpath.executor.session import NBITS8_SINCE, ORT_VERSION
 
     folders = sorted(p.name for p in (bundle / "cache").rglob("graphs-*") if p.is_dir())
     if ORT_VERSION < NBITS8_SINCE:  # this runtime's graphs are the ones for before 1.22

@@ -13,7 +13,7 @@ from dualpath.errors import ConfigError
 from dualpath.kernels import KV_DTYPES, KV_HEAD_DIM_MULTIPLE, KVArena, kv_tile_bytes
 from dualpath.models import read_layout
 from dualpath.models.synth import synth_gguf
-from dualpath.runtime import memory_plan as mp
+from dualpath.executor import memory_plan as mp
 
 
 def test_the_head_dim_rule_is_the_c_tables():

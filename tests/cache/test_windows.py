@@ -11,7 +11,7 @@ from dualpath.config import load_config
 from dualpath.kernels import KVArena
 from dualpath.llm import LLM
 from dualpath.models.synth import synth_gguf
-from dualpath.runtime.sampler import SamplingParams
+from dualpath.sampling.sampler import SamplingParams
 
 GREEDY = SamplingParams(temperature=0, max_tokens=100, ignore_eos=True)
 

@@ -154,7 +154,7 @@ def test_kernel_weights_are_mapped_with_huge_pages_and_read_again_from_small_fol
 def test_an_llm_reports_its_kernel_weights_in_huge_pages(tmp_path, q8_model, huge_pages):
     from dualpath.config import load_config
     from dualpath.llm import LLM
-    from dualpath.runtime.sampler import SamplingParams
+    from dualpath.sampling.sampler import SamplingParams
 
     cfg = load_config(None, {"model_cache.dir": str(tmp_path / "cache"), "runtime.num_threads": 1})
     llm = LLM(q8_model, cfg)

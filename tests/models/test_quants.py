@@ -111,7 +111,7 @@ def test_onnxruntime_matmulnbits_computes_the_repacked_values(type_name):
                               [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["M", rows])], initializer=inits)
     model = helper.make_model(graph, ir_version=10, opset_imports=[helper.make_opsetid("", 21),
                                                                     helper.make_opsetid("com.microsoft", 1)])
-    from dualpath.runtime import session as runtime_session
+    from dualpath.executor import session as runtime_session
 
     so = ort.SessionOptions()
     if runtime_session._global_pool_threads:  # an LLM of an earlier test made ORT's global pool:

@@ -19,10 +19,10 @@ from dualpath.config import load_config
 from dualpath.llm import LLM
 from dualpath.models import load_model
 from dualpath.graph.parts import graph_folder_name
-from dualpath.runtime.session import nbits8_graphs
+from dualpath.executor.session import nbits8_graphs
 from dualpath.models.store import ModelStore
 from dualpath.models.synth import synth_gguf
-from dualpath.runtime.sampler import SamplingParams
+from dualpath.sampling.sampler import SamplingParams
 
 GREEDY = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
 
@@ -267,7 +267,7 @@ def test_a_writer_that_died_leaves_nothing_that_loads_and_prune_removes_it(tmp_p
 
 def test_two_processes_loading_the_same_file_at_once_both_succeed(tmp_path, q4_model):
     code = ("import sys; from dualpath import LLM; from dualpath.config import load_config; "
-            "from dualpath.runtime.sampler import SamplingParams as P; "
+            "from dualpath.sampling.sampler import SamplingParams as P; "
             "llm = LLM(sys.argv[1], load_config(None, {'runtime.num_threads': 1})); "
             "print(list(llm.generate('Once', P(temperature=0, max_tokens=8, ignore_eos=True)).token_ids))")
     env = {**os.environ, "DUALPATH_CACHE_DIR": str(tmp_path)}

@@ -18,7 +18,7 @@ import pytest
 from dualpath.config import load_config
 from dualpath.errors import ConfigError
 from dualpath.models.store import ModelStore
-from dualpath.runtime import memory_plan as mp
+from dualpath.executor import memory_plan as mp
 
 DECLARED = [1 << 24, (1 << 32) - 1, 1 << 62]
 
@@ -57,7 +57,7 @@ def declared(request, tmp_path_factory, gguf_path):
 _LOAD = textwrap.dedent("""
     import json, sys
     from dualpath import LLM
-    from dualpath.runtime.sampler import SamplingParams
+    from dualpath.sampling.sampler import SamplingParams
     llm = LLM(sys.argv[1], prefix_cache=False)
     ids = llm.generate("Once upon a time", SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)).token_ids
     with open("/proc/self/status") as f:

@@ -10,8 +10,8 @@ import pytest
 import dualpath
 from dualpath import SamplingParams
 from dualpath.cache.policy import Path
-from dualpath.runtime.engine import QueueFullError
-from dualpath.runtime.ort_sessions import SMALL_ARRAY_BYTES
+from dualpath.engine.engine import QueueFullError
+from dualpath.executor.ort_sessions import SMALL_ARRAY_BYTES
 from dualpath.scheduler.request import Status
 
 NAMES = ["Lily", "Tom", "Sue", "Max", "Ben", "Anna", "Sam", "Mia", "Tim", "Lucy", "Jack", "Zoe", "Bob", "Kate",
@@ -436,7 +436,7 @@ def test_a_queued_request_holds_memory_for_its_prompt_not_the_vocabulary_or_cont
 def test_samplers_sharing_scratch_buffers_draw_what_lone_samplers_draw():
     import numpy as np
 
-    from dualpath.runtime.sampler import Sampler, SamplerScratch
+    from dualpath.sampling.sampler import Sampler, SamplerScratch
 
     rng = np.random.default_rng(0)
     rows = rng.normal(size=(40, 300)).astype(np.float32)

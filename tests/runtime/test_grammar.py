@@ -1,4 +1,4 @@
-"""Structured output (runtime/grammar.py) on the real stories260K vocabulary: random walks through
+"""Structured output (sampling/grammar.py) on the real stories260K vocabulary: random walks through
 the allowed tokens always give JSON that validates, and malformed requests name their field."""
 
 from __future__ import annotations
@@ -10,7 +10,9 @@ import numpy as np
 import pytest
 
 from dualpath.models import load_model
-from dualpath.runtime.grammar import GrammarCompiler, StructuredOutputError
+from dualpath.sampling.grammar import GrammarCompiler as _GrammarCompiler
+from dualpath.sampling.grammar import StructuredOutputError
+from dualpath.server.structured import OpenAIGrammars
 from dualpath.tokenizer import build_tokenizer
 
 SCHEMA = {
@@ -51,6 +53,11 @@ def tok(gguf_path):
 def compiler(tok):
     pytest.importorskip("llguidance", reason="structured output needs llguidance (the [structured] extra)")
     return GrammarCompiler(tok)
+
+
+def GrammarCompiler(tok, **kwargs) -> OpenAIGrammars:
+    """The compiler with OpenAI's request shapes parsed first (server/structured.py)."""
+    return OpenAIGrammars(_GrammarCompiler(tok, **kwargs))
 
 
 def validate(instance, schema):

@@ -18,8 +18,8 @@ from dualpath.config import load_config
 from dualpath.kernels import read_rows
 from dualpath.llm import LLM
 from dualpath.models.synth import synth_gguf
-from dualpath.runtime.runner_step import TokenEmbedding
-from dualpath.runtime.sampler import SamplingParams
+from dualpath.executor.runner_step import TokenEmbedding
+from dualpath.sampling.sampler import SamplingParams
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/pagemap")
 

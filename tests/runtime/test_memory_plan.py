@@ -1,4 +1,4 @@
-"""The memory plan before load (runtime/memory_plan.py): its arithmetic, and a budget
+"""The memory plan before load (executor/memory_plan.py): its arithmetic, and a budget
 that picks the context and KV type, or refuses before anything is converted."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from dualpath.kernels import kv_tile_bytes
 from dualpath.llm import LLM
 from dualpath.models import read_layout
 from dualpath.models.synth import synth_gguf
-from dualpath.runtime import memory_plan as mp
+from dualpath.executor import memory_plan as mp
 
 B4, B8 = mp.PACK_BLOCK_BYTES[4], mp.PACK_BLOCK_BYTES[8]
 

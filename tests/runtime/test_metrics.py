@@ -2,8 +2,8 @@
 
 import numpy as np
 
-from dualpath.runtime import metrics
-from dualpath.runtime.metrics import EngineMetrics
+from dualpath.engine import metrics
+from dualpath.engine.metrics import EngineMetrics
 
 
 def test_the_step_log_keeps_the_last_steps_in_order_and_never_grows(monkeypatch):

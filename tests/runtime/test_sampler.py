@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from dualpath.errors import SamplingParamsError
-from dualpath.runtime.sampler import Sampler, SamplingParams
+from dualpath.sampling.sampler import Sampler, SamplingParams
 
 OFF = dict(top_k=0, top_p=1.0, min_p=0.0)  # no filters
 

@@ -8,8 +8,8 @@ import pytest
 
 import dualpath
 from dualpath.graph.parts import graph_parts
-from dualpath.runtime import session
-from dualpath.runtime.session import ModelRunner, create_sessions
+from dualpath.executor import session
+from dualpath.executor.session import ModelRunner, create_sessions
 from dualpath.scheduler.step import SeqStep, StepPlan
 
 PROMPTS = {"a": [1, 403, 2, 40, 365, 8, 70], "b": [1, 87, 30, 211, 5], "c": [1, 9, 250, 17, 61, 300, 44, 12, 3,

@@ -12,7 +12,7 @@ from tests_shared import models_dir_path
 
 import dualpath
 from dualpath import SamplingParams
-from dualpath.runtime.speculative import NgramProposer
+from dualpath.engine.speculative import NgramProposer
 
 GGUF = models_dir_path() / "stories260K.gguf"
 pytestmark = pytest.mark.skipif(not GGUF.is_file(), reason="test model not found (set DUALPATH_TEST_MODELS)")
@@ -147,12 +147,12 @@ def test_a_grammar_cuts_proposals_it_refuses():
     pytest.importorskip("llguidance", reason="structured output needs llguidance (the [structured] extra)")
     import json
 
-    from dualpath.runtime.grammar import GrammarCompiler
+    from dualpath.sampling.grammar import GrammarCompiler, GrammarRequest
 
     outs = []
     for mode in ("off", "ngram"):
         llm = _llm(mode)
-        grammar = GrammarCompiler(llm.tokenizer).compile({"type": "json_object"}, None, None)
+        grammar = GrammarCompiler(llm.tokenizer).compile(GrammarRequest("json_object", {"type": "object"}))
         # The prompt repeats text a JSON object cannot hold: proposals from it are refused.
         gen = llm.engine.add_request(llm.tokenize(PROMPT + ' {"name": "Lily", "age": 3} ' + PROMPT),
                                      SamplingParams(temperature=0, max_tokens=60), grammar=grammar)

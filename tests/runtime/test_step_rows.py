@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from dualpath.runtime.engine import rows_by_seq
+from dualpath.engine.engine import rows_by_seq
 from dualpath.scheduler.batch import SeqStep
 
 

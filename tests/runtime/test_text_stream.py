@@ -11,7 +11,7 @@ import pytest
 
 import dualpath.tokenizer
 from dualpath import SamplingParams
-from dualpath.runtime.generate import TextStream
+from dualpath.engine.generate import TextStream
 from dualpath.tokenizer import StreamDecoder, build_tokenizer, load_llama2c_tokenizer
 
 BOS, EOS = 1, 2

@@ -13,7 +13,7 @@ openai = pytest.importorskip("openai")
 pytest.importorskip("uvicorn")
 
 import dualpath  # noqa: E402
-from dualpath.runtime.sampler import Sampler, SamplingParams  # noqa: E402
+from dualpath.sampling.sampler import Sampler, SamplingParams  # noqa: E402
 
 from test_server import KEY, LiveServer  # noqa: E402
 

@@ -2,7 +2,7 @@
 
 * ``e2e``: prefill and decode tokens/s, DualPath beside llama-cpp-python and onnxruntime-genai
   (``ortgenai``: that peer, run in its own environment);
-* ``memory``: where every MiB goes, measured beside the memory plan (runtime/memory_plan.py);
+* ``memory``: where every MiB goes, measured beside the memory plan (executor/memory_plan.py);
 * ``kernels``: decode attention GB/s beside this machine's read bandwidth;
 * ``classifier``: the classifier's product in our kernels beside ONNX Runtime's MatMulNBits;
 * ``layers``: a layer's products in our kernels (over the file's blocks) beside MatMulNBits;

@@ -27,7 +27,7 @@ def worker(model: str, num_generate: int, n_ctx: int, kernel_isa: str = "auto",
     from dualpath import LLM
     import dualpath.kernels as kernels
     from dualpath.config import load_config
-    from dualpath.runtime.sampler import SamplingParams
+    from dualpath.sampling.sampler import SamplingParams
 
     # One thread, unpinned (no core classes to schedule on: the governor stays out), and
     # the driver's context, so that both engines size their caches alike.

@@ -36,7 +36,7 @@ def worker(engine: str, model: str, threads: int, tokens: int, spawned_at: float
         os.environ["DUALPATH_CACHE_DIR"] = cache_dir
         from dualpath.config import load_config
         from dualpath import LLM
-        from dualpath.runtime.sampler import SamplingParams
+        from dualpath.sampling.sampler import SamplingParams
 
         llm = LLM(model, load_config(None, {"runtime.num_threads": threads}))
         loaded_at, load_peak = time.time(), _vm("VmHWM")

@@ -27,7 +27,7 @@ def _message(turn: int, tokens: int, tokenizer) -> str:
 
 def run_conversation(llm, turns: int, user_tokens: int, reply_tokens: int, reuse: bool) -> list[dict]:
     from ..chat import Chat
-    from ..runtime.sampler import SamplingParams
+    from ..sampling_params import SamplingParams
 
     chat = Chat(llm, None, SamplingParams(temperature=0, max_tokens=reply_tokens, ignore_eos=True),
                 reply_tokens=reply_tokens)

@@ -51,7 +51,7 @@ def ort_session(model, threads: int):
     ORT refuses any other)."""
     import onnxruntime as ort
 
-    from ..runtime.ort_sessions import use_global_pool
+    from ..executor.ort_sessions import use_global_pool
 
     so = ort.SessionOptions()
     if use_global_pool(threads):

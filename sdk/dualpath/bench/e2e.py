@@ -55,7 +55,7 @@ def worker(engine: str, model: str, ctx: int, decode: int, threads: int, chunk: 
     from ..config import load_config
     from ..kernels import default_kernel
     from ..llm import LLM
-    from ..runtime.sampler import SamplingParams
+    from ..sampling_params import SamplingParams
 
     overrides = {"runtime.num_threads": threads, "runtime.max_context_tokens": ctx + decode + 1,
                  "runtime.prefill_chunk_tokens": chunk}

@@ -52,7 +52,7 @@ def measure_kv_quality(model: str, kv_dtype: str = "q8", baseline: str = "f16", 
                        num_tokens: int = 64, overrides: dict | None = None) -> dict:
     """Greedy agreement and logit error of ``kv_dtype`` against ``baseline`` (module
     docstring) over ``prompts``, ``num_tokens`` generated tokens each."""
-    from ..runtime.sampler import SamplingParams
+    from ..sampling_params import SamplingParams
 
     greedy = SamplingParams(temperature=0, max_tokens=num_tokens, ignore_eos=True)
     ctx = MAX_PROMPT_TOKENS + num_tokens

@@ -79,8 +79,8 @@ def worker(model: str, ctx: int, decode: int, threads: int, chunk: int) -> dict:
     from ..config import load_config
     from ..llm import LLM, resident_mb
     from ..models import read_layout
-    from ..runtime.memory_plan import MiB, plan_memory
-    from ..runtime.sampler import SamplingParams
+    from ..executor.memory_plan import MiB, plan_memory
+    from ..sampling_params import SamplingParams
 
     imported = resident_mb()
     cfg = load_config(None, {"runtime.num_threads": threads, "runtime.max_context_tokens": ctx + decode + 1,

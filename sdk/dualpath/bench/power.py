@@ -42,7 +42,7 @@ def worker(model: str, profile: str, cpu_classes: str, prompt_tokens: int, token
     generated under ``profile``; CPU time of the whole process per generated token."""
     from ..config import load_config
     from ..llm import LLM
-    from ..runtime.sampler import SamplingParams
+    from ..sampling_params import SamplingParams
 
     overrides = {"power.profile": profile, "runtime.max_context_tokens": prompt_tokens + tokens + 16}
     if cpu_classes:
@@ -143,7 +143,7 @@ def sweep_worker(model: str, cpus: list[int], threads: int, prompt_tokens: int, 
     pin_current_thread(cpus)
     from ..config import load_config
     from ..llm import LLM
-    from ..runtime.sampler import SamplingParams
+    from ..sampling_params import SamplingParams
 
     pinned = threads <= len(cpus)
     overrides = {"runtime.max_context_tokens": prompt_tokens + tokens + 16}

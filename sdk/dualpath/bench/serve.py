@@ -98,7 +98,7 @@ def worker(model: str, mode: str, params: dict) -> dict:
 
     from ..config import load_config
     from ..llm import LLM
-    from ..runtime.sampler import SamplingParams
+    from ..sampling_params import SamplingParams
 
     cfg = load_config(None, {
         "runtime.num_threads": params["threads"], "runtime.max_context_tokens": params["ctx"],

@@ -39,7 +39,7 @@ def prompts(tokenizer, passage_tokens: int) -> dict[str, list[int]]:
 
 
 def _dualpath_run(llm, ids: list[int], tokens: int, spec_tokens: int, draft=None) -> dict:
-    from ..runtime.sampler import SamplingParams
+    from ..sampling_params import SamplingParams
 
     llm.engine.speculative_tokens = spec_tokens  # both read when a request is added
     llm.engine.draft = draft

@@ -20,7 +20,7 @@ Shapes (T = tokens in this step, R = rows whose logits are wanted):
 Weights are initializers whose data is *external*: every part points into one
 placeholder file, and the runtime hands ONNX Runtime the real arrays with
 ``SessionOptions.add_initializer``, so the weights live in memory once, shared
-by every session (see ``runtime/ort_sessions.py``).
+by every session (see ``executor/ort_sessions.py``).
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ RoPE, activations and residual adds between the products) and the products, in o
 A node runs in the segment after the last product it depends on; a product runs after the
 segment that makes its input. The tensors that cross from one step to the next are 2-D,
 (rows, width), rows being the part's tokens (T) or, in the last part, the rows whose logits
-are wanted (R): the runtime gives each a buffer of its own (``runtime/runner_step.py``).
+are wanted (R): the runtime gives each a buffer of its own (``executor/runner_step.py``).
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ A pin is a request. Ordinary Android apps are often refused big cores: the call 
 (EINVAL, EPERM), or succeeds and the kernel keeps the thread where its cpuset says.
 ONNX Runtime only logs an affinity it cannot apply, and our kernel pool's workers pin
 themselves in C without reporting. So the engine checks instead of assuming, once per
-session set when it is built (runtime/session.py ``ModelRunner``):
+session set when it is built (executor/session.py ``ModelRunner``):
 
 1. ``Placer.pin_pool`` / ``Placer.pin_caller`` pin through one ``setaffinity`` callable
    (``os.sched_setaffinity`` in production; tests pass one that refuses) and remember

@@ -43,13 +43,14 @@ from starlette.middleware import Middleware
 from starlette.routing import Route
 
 from ..errors import ConfigError
+from ..sampling.grammar import GrammarCompiler
+from ..sampling_params import SamplingParams
 from .errors import APIError, api_error, bad_request, engine_call
 from .parsing import (CHAT_FIELDS, COMPLETION_FIELDS, EMBEDDING_FIELDS, WARM_FIELDS, chat_ids, check_fields,
                       check_model, embedding_inputs, get_field, include_usage, logprobs_count, num_choices,
                       prompt_ids, read_body, sampling_params)
 from .streaming import DONE, collect, event_stream, merged, sse
-from ..runtime.grammar import GrammarCompiler
-from ..runtime.sampler import SamplingParams
+from .structured import OpenAIGrammars
 
 log = logging.getLogger(__name__)
 
@@ -80,7 +81,7 @@ class Server:
         self.created = int(time.time())
         self.tokenizer = llm.tokenizer
         self.api_key = self.cfg.api_key or _read_key_file(self.cfg.api_key_file)
-        self._grammars = None  # runtime/grammar.py's compiler, made on the first structured request
+        self._grammars = None  # server/structured.py over the grammar compiler, made on first use
 
     # -- plumbing --------------------------------------------------------------
     def _check_auth(self, request: Request) -> None:
@@ -136,7 +137,7 @@ class Server:
             return None
         try:
             if self._grammars is None:
-                self._grammars = GrammarCompiler(self.tokenizer, self.llm.spec.config.vocab_size)
+                self._grammars = OpenAIGrammars(GrammarCompiler(self.tokenizer, self.llm.spec.config.vocab_size))
             return self._grammars.compile(rf, tools, choice)  # StructuredOutputError: a 400 naming its param
         except ImportError as e:
             field = "response_format" if rf not in (None, {"type": "text"}) else "tools"

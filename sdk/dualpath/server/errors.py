@@ -16,8 +16,8 @@ from starlette.responses import JSONResponse
 
 from ..errors import (CacheFullError, ChatTemplateError, DualPathError, InternalError, InvalidPromptError,
                       PromptTooLongError, SamplingParamsError)
-from ..runtime.engine import QueueFullError
-from ..runtime.grammar import StructuredOutputError
+from ..engine.engine import QueueFullError
+from ..sampling.grammar import StructuredOutputError
 
 log = logging.getLogger(__name__)
 

@@ -12,7 +12,7 @@ from typing import Any
 from starlette.requests import Request
 
 from ..errors import ChatTemplateError, SamplingParamsError
-from ..runtime.sampler import SamplingParams
+from ..sampling_params import SamplingParams
 from .errors import APIError, bad_request
 
 # Every field of OpenAI's request schemas, and ours (llama.cpp's names): each is honoured,

@@ -7,8 +7,8 @@ known tokens are all computed, and hands each request its text delta.
 
 The engine owns scheduling and the step loop; what a request's rows of a step turn
 into (sampling, grammar, stop strings, text, speculative verification) is
-runtime/outputs.py, the request itself runtime/request.py, and what its consumer reads
-(``Delta``, ``RequestHandle``, ``SyncStream``) runtime/handles.py.
+engine/outputs.py, the request itself engine/request.py, and what its consumer reads
+(``Delta``, ``RequestHandle``, ``SyncStream``) engine/handles.py.
 
 Three ways to drive it:
 
@@ -40,17 +40,18 @@ import numpy as np
 from ..errors import CacheFullError, DualPathError
 from ..scheduler.step import SeqStep, StepResults
 from ..scheduler.request import Status
+from ..sampling.sampler import SamplerScratch
+from ..sampling_params import SamplingParams
 from .generate import check_prompt
 from .handles import Delta, RequestHandle, SyncStream
 from .metrics import EngineMetrics
 from .outputs import OutputMaker
 from .request import EngineRequest, internal_error
-from .sampler import SamplerScratch, SamplingParams
 from .speculative import DraftProposer, NgramProposer
 
 __all__ = ["Delta", "Engine", "EngineRequest", "QueueFullError", "RequestHandle", "SyncStream"]
-"""Delta, EngineRequest, RequestHandle and SyncStream live in runtime/handles.py and
-runtime/request.py; they are importable from here as they always were."""
+"""Delta, EngineRequest, RequestHandle and SyncStream live in engine/handles.py and
+engine/request.py; they are importable from here as they always were."""
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +70,7 @@ class Engine:
     def __init__(self, driver, tokenizer, *, max_queued_requests: int | None = None, profile_name: str = "",
                  speculative: str = "off", speculative_tokens: int = 16, draft=None):
         self.driver = driver
-        """The scheduler and the runner, stepped together (runtime/driver.py); it asks the
+        """The scheduler and the runner, stepped together (engine/driver.py); it asks the
         power governor at every step."""
         self.runner = driver.runner
         self.scheduler = driver.scheduler
@@ -116,7 +117,7 @@ class Engine:
         carries the pooled, L2-normalised final hidden state; nothing is sampled.
         ``prompt_logprobs``: the completion also carries the log-probability of every prompt
         token after the first (``params.logprobs`` alternatives each), for ``echo``.
-        ``grammar`` (runtime/grammar.py): every sample follows it (each fork its own walk), and
+        ``grammar`` (sampling/grammar.py): every sample follows it (each fork its own walk), and
         the request ends when the grammar is complete. ``check_queue`` False: part of a
         request already admitted (``embed``), never refused for a full queue."""
         ids = [int(t) for t in prompt_ids]

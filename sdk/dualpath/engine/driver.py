@@ -22,7 +22,7 @@ from ..errors import CacheFullError
 from ..models.spec import ModelSpec
 from ..scheduler.batch import BatchScheduler, attention_tokens
 from ..scheduler.step import StepArrays, StepPlan
-from .session import ModelRunner, prefix_salt
+from ..executor.session import ModelRunner, prefix_salt
 
 
 class Driver:

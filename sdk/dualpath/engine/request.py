@@ -2,24 +2,26 @@
 
 from __future__ import annotations
 
+from ..completion import Completion
 from ..errors import InternalError
+from ..sampling.sampler import Sampler, SamplerScratch
+from ..sampling_params import SamplingParams
 from ..scheduler.request import Request
-from .generate import Completion, TextStream
-from .sampler import Sampler, SamplerScratch, SamplingParams
+from .generate import TextStream
 
 
 class EngineRequest(Request):
     """A scheduler Request plus what generating text needs: sampler, text stream and
-    the sink its deltas go to (runtime/handles.py)."""
+    the sink its deltas go to (engine/handles.py)."""
 
     def __init__(self, request_id: str, prompt_ids: list[int], params: SamplingParams, tokenizer,
                  context_tokens: int, scratch: SamplerScratch, sink, grammar=None, proposer=None):
         super().__init__(request_id, prompt_ids, context_tokens, reserve_tokens=params.max_tokens)
         self.proposer = proposer
-        """Speculative decoding's proposals for this request (runtime/speculative.py), or None."""
+        """Speculative decoding's proposals for this request (engine/speculative.py), or None."""
         self.grammar = grammar
         self.matcher = grammar.new_matcher() if grammar is not None else None
-        """Structured output (runtime/grammar.py): this sequence's walk through the grammar."""
+        """Structured output (sampling/grammar.py): this sequence's walk through the grammar."""
         self.params = params
         self.sampler = Sampler(params, scratch.vocab_size, scratch)
         self.stream = TextStream(tokenizer, prompt_ids, params)

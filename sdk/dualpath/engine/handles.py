@@ -16,9 +16,9 @@ from typing import TYPE_CHECKING, AsyncIterator, Sequence
 
 import numpy as np
 
+from ..completion import Completion, Timings, Usage
 from ..errors import DualPathError
-from .generate import Completion, Timings, Usage
-from .sampler import SamplingParams
+from ..sampling_params import SamplingParams
 
 if TYPE_CHECKING:  # imported where a handle is made: 7 MiB resident the synchronous API never needs
     import asyncio
@@ -43,7 +43,7 @@ class Delta:
 
 
 def completion_of(req, finish: str, stop_reason, now: float) -> Completion:
-    """The completion of an engine request (runtime/request.py) that ended at ``now``
+    """The completion of an engine request (engine/request.py) that ended at ``now``
     (``time.perf_counter()``), its text stream finished."""
     first = req.first_token_time or now
     cached = req.cached_tokens or 0
@@ -89,7 +89,7 @@ class RequestHandle(_Consumer):
 
         self.engine = engine
         self.request = None
-        """The engine request (runtime/request.py), set once it is queued."""
+        """The engine request (engine/request.py), set once it is queued."""
         self._loop = loop
         self._queue: asyncio.Queue = asyncio.Queue()
 

@@ -53,7 +53,7 @@ class ModelRunner:
     The runner never sees the KV cache: it gets the arena's memory and the step's arrays
     (``StepArrays``, bound once), which the scheduler lays each plan out in; ``run``
     takes the laid-out plan. What the engine and one-sequence work drive it with is
-    runtime/driver.py.
+    engine/driver.py.
     """
 
     def __init__(self, spec: ModelSpec, *, arena: KVArena, arrays: StepArrays, num_threads: int,

@@ -2,7 +2,7 @@
 sampling under a grammar, stop tokens and strings, text deltas, speculative decoding's
 verification and next proposals, and the last delta when the request ends.
 
-The engine (runtime/engine.py) schedules and runs the step, then hands every sequence
+The engine (engine/engine.py) schedules and runs the step, then hands every sequence
 its rows; ``OutputMaker`` runs in the stepping thread without the engine's lock (it
 touches only the request's own sampler, tokens and stream) and returns what the cache
 must do next (``StepResults``: rollbacks, forks to start, requests that ended), which the
@@ -18,10 +18,10 @@ import time
 import numpy as np
 
 from ..errors import InternalError
+from ..sampling.sampler import SamplerScratch
+from ..scheduler.step import StepResults
 from .handles import Delta, completion_of
 from .request import EngineRequest, internal_error
-from ..scheduler.step import StepResults
-from .sampler import SamplerScratch
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +72,7 @@ class OutputMaker:
 
     def _verify(self, req: EngineRequest, draft: list[int], rows: np.ndarray, now: float,
                 results: StepResults) -> tuple[bool, int]:
-        """Sample the rows of a step that ran proposals (runtime/speculative.py), in order,
+        """Sample the rows of a step that ran proposals (engine/speculative.py), in order,
         as plain decoding would: row i's sample is kept, and the next row sampled, while it
         equals proposal i. The proposals after the last one kept are rolled back
         (``results.rollbacks``). Returns whether the request goes on, and the rows sampled."""

@@ -1,10 +1,10 @@
-"""Structured output: ``response_format`` and forced tool calls as a token mask per step.
+"""Structured output: a JSON schema or a forced tool call as a token mask per step.
 
 The only module that imports the constrained-decoding library, llguidance (Rust, no Python
-dependencies; ``pip install "dualpath[structured]"``). It turns OpenAI's
-``response_format`` (``json_object``, or ``json_schema``) and ``tools`` with a forced
-``tool_choice`` (one ``{"name", "arguments"}`` object valid for a tool's parameters) into a
-``Grammar``, and each sequence's walk through it into a ``Matcher`` that fills a preallocated
+dependencies; ``pip install "dualpath[structured]"``). It turns a checked
+``GrammarRequest`` (a JSON object, a JSON schema, or one ``{"name", "arguments"}`` object
+valid for one of some tools' parameters; server/structured.py parses OpenAI's
+``response_format``/``tools``/``tool_choice`` into one) into a ``Grammar``, and each sequence's walk through it into a ``Matcher`` that fills a preallocated
 mask over the vocabulary. No Python loop over the vocabulary runs per token: llguidance writes
 one bit per token, and one ``np.take`` over a 256-entry table expands those bits into the
 caller's mask. ``fill_bias`` (0 or -inf, added with ``np.add``) is the form to apply;
@@ -14,7 +14,7 @@ branches per element and is several times slower.
 Lifecycle (one facade per subsystem, paired lifetimes)::
 
     compiler = GrammarCompiler(tokenizer, vocab_size)        # once per model; cheap until used
-    grammar = compiler.compile(response_format, tools, tool_choice)   # None: unconstrained
+    grammar = compiler.compile(request)                      # a GrammarRequest; None: unconstrained
     matcher = grammar.new_matcher()                          # one per sequence (n > 1: several)
     bias = np.empty(vocab_size, np.float32)                  # (vocab_size,) 0 or -inf, per sequence
     while not matcher.is_finished():
@@ -53,7 +53,6 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -78,9 +77,6 @@ model cannot emit whitespace forever."""
 
 _JSON_OPTIONS = {"whitespace_pattern": _WHITESPACE, "lenient": False}
 """llguidance's JSON compiler options ("x-guidance"); a client's own "x-guidance" is replaced."""
-
-_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
-"""OpenAI's rule for ``json_schema.name`` and ``function.name``."""
 
 _MAX_CACHED_GRAMMARS = 32
 
@@ -117,11 +113,11 @@ def _import_llguidance():
     return llguidance
 
 
-# ---------------------------------------------------------------------------- request shape
+# ---------------------------------------------------------------------------- what to constrain
 
 
 @dataclass(frozen=True)
-class _Request:
+class GrammarRequest:
     """What a request asks for, checked: the grammar's kind and what it is built from."""
 
     kind: str
@@ -134,89 +130,6 @@ class _Request:
     def key(self) -> str:
         """Cache key: the schema text in the request's key order (property order matters)."""
         return json.dumps([self.kind, self.schema, [t[:2] for t in self.tools]], separators=(",", ":"))
-
-
-def _require(cond: bool, param: str, message: str) -> None:
-    if not cond:
-        raise StructuredOutputError(param, message)
-
-
-def _parse_response_format(response_format) -> _Request | None:
-    if response_format is None:
-        return None
-    _require(isinstance(response_format, dict), "response_format",
-             f"must be an object such as {{\"type\": \"json_object\"}}, got {type(response_format).__name__}")
-    kind = response_format.get("type")
-    if kind == "text":
-        return None
-    if kind == "json_object":
-        return _Request("json_object", {"type": "object"})
-    if kind == "json_schema":
-        spec = response_format.get("json_schema")
-        _require(isinstance(spec, dict), "response_format.json_schema",
-                 "must be an object with \"name\" and \"schema\"")
-        name = spec.get("name")
-        _require(isinstance(name, str) and _NAME.fullmatch(name) is not None, "response_format.json_schema.name",
-                 f"is required: 1 to 64 letters, digits, '_' or '-' (got {name!r})")
-        _require(spec.get("strict") is None or isinstance(spec.get("strict"), bool),
-                 "response_format.json_schema.strict", f"must be true or false, got {spec.get('strict')!r}")
-        _require(spec.get("description") is None or isinstance(spec.get("description"), str),
-                 "response_format.json_schema.description", "must be a string")
-        schema = spec.get("schema", {})
-        _require(isinstance(schema, dict), "response_format.json_schema.schema",
-                 f"must be a JSON schema object, got {type(schema).__name__}")
-        return _Request("json_schema", schema)
-    raise StructuredOutputError("response_format.type", f"{kind!r} is not one of 'text', 'json_object', "
-                                                        "'json_schema'")
-
-
-def _parse_tools(tools) -> dict[str, tuple]:
-    """name -> (name, parameters schema, field path), in the request's order."""
-    _require(isinstance(tools, list), "tools", f"must be a list of tools, got {type(tools).__name__}")
-    out: dict[str, tuple] = {}
-    for i, tool in enumerate(tools):
-        where = f"tools[{i}]"
-        _require(isinstance(tool, dict), where, "must be an object {\"type\": \"function\", \"function\": {...}}")
-        _require(tool.get("type") == "function", f"{where}.type",
-                 f"{tool.get('type')!r} is not supported (only 'function')")
-        fn = tool.get("function")
-        _require(isinstance(fn, dict), f"{where}.function", "must be an object with \"name\"")
-        name = fn.get("name")
-        _require(isinstance(name, str) and _NAME.fullmatch(name) is not None, f"{where}.function.name",
-                 f"is required: 1 to 64 letters, digits, '_' or '-' (got {name!r})")
-        _require(name not in out, f"{where}.function.name", f"{name!r} is given twice")
-        # OpenAI: "Omitting parameters defines a function with an empty parameter list."
-        params = fn.get("parameters", {"type": "object", "properties": {}, "additionalProperties": False})
-        _require(isinstance(params, dict), f"{where}.function.parameters",
-                 f"must be a JSON schema object, got {type(params).__name__}")
-        out[name] = (name, params, f"{where}.function.parameters")
-    return out
-
-
-def _parse_request(response_format, tools, tool_choice) -> _Request | None:
-    """The checked request, or None when nothing constrains the output.
-
-    A forced tool call (``tool_choice`` "required" or naming a function) wins over
-    ``response_format``, which OpenAI applies to the assistant's text answer. ``tool_choice``
-    "auto" (the default with tools) and "none" leave the output free.
-    """
-    parsed_tools = _parse_tools(tools) if tools is not None else {}
-    if tool_choice is None or tool_choice in ("none", "auto"):
-        return _parse_response_format(response_format)
-    if tool_choice == "required":
-        _require(bool(parsed_tools), "tool_choice", "'required' needs a non-empty 'tools' list")
-        return _Request("tool_call", tools=tuple(parsed_tools.values()))
-    if isinstance(tool_choice, dict):
-        fn = tool_choice.get("function")
-        _require(tool_choice.get("type") == "function" and isinstance(fn, dict)
-                 and isinstance(fn.get("name"), str), "tool_choice",
-                 "must be 'none', 'auto', 'required' or {\"type\": \"function\", \"function\": {\"name\": ...}}")
-        name = fn["name"]
-        _require(name in parsed_tools, "tool_choice.function.name",
-                 f"{name!r} is not among the tools ({', '.join(map(repr, parsed_tools)) or 'none given'})")
-        return _Request("tool_call", tools=(parsed_tools[name],))
-    raise StructuredOutputError("tool_choice", f"{tool_choice!r} is not 'none', 'auto', 'required' or "
-                                               "{\"type\": \"function\", \"function\": {\"name\": ...}}")
 
 
 # ---------------------------------------------------------------------------- grammar text
@@ -236,7 +149,7 @@ def _with_options(schema: dict) -> dict:
     return {**{k: v for k, v in schema.items() if k != "x-guidance"}, "x-guidance": _JSON_OPTIONS}
 
 
-def _lark_grammar(req: _Request) -> str:
+def _lark_grammar(req: GrammarRequest) -> str:
     """The Lark text of a request: optional leading whitespace, then the JSON value."""
     lines = [f"WS: /{_WHITESPACE}/"]
     if req.kind != "tool_call":
@@ -373,17 +286,15 @@ class GrammarCompiler:
         """Length of the masks that matchers fill."""
         return self._vocab_size
 
-    def compile(self, response_format: dict | None = None, tools: Sequence[dict] | None = None,
-                tool_choice: str | dict | None = None) -> Grammar | None:
-        """The grammar for an OpenAI request's ``response_format``/``tools``/``tool_choice``, or None
-        when the output is unconstrained (no ``response_format`` or ``{"type": "text"}``, and
-        ``tool_choice`` absent, "none" or "auto").
+    def compile(self, req: GrammarRequest | None) -> Grammar | None:
+        """The grammar of a checked request (server/structured.py parses OpenAI's
+        ``response_format``/``tools``/``tool_choice`` into one), or None when ``req`` is None
+        (the output is unconstrained).
 
-        Raises ``StructuredOutputError`` (a ValueError) naming the field for a malformed request
-        or a schema feature that is not supported, and ImportError naming the pip package when
-        llguidance is missing.
+        Raises ``StructuredOutputError`` (a ValueError) naming the field for a schema feature
+        that is not supported, and ImportError naming the pip package when llguidance is
+        missing.
         """
-        req = _parse_request(response_format, tools, tool_choice)
         if req is None:
             return None
         key = req.key()
@@ -400,7 +311,7 @@ class GrammarCompiler:
 
     # ------------------------------------------------------------------ internals (under the lock)
 
-    def _build(self, req: _Request) -> Grammar:
+    def _build(self, req: GrammarRequest) -> Grammar:
         llg, ltok = self._llguidance()
         # Each schema alone first, so that an error names the request field it comes from.
         if req.kind == "tool_call":

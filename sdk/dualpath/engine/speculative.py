@@ -128,7 +128,7 @@ class NgramProposer(Proposer):
 
 class DraftModel:
     """A second, smaller model with the target's vocabulary (``runtime.draft_model``): a
-    driver (runtime/driver.py) over its own scheduler, KV cache and runner, a sequence
+    driver (engine/driver.py) over its own scheduler, KV cache and runner, a sequence
     per request."""
 
     def __init__(self, driver):
