@@ -218,3 +218,23 @@ def test_a_renamed_key_beside_its_new_name_is_refused(tmp_path):
     path = write(tmp_path, "runtime:\n  attention_kernel: generic\n  kernel_isa: avx2\n")
     with pytest.raises(ConfigError, match=r"x\.yaml: runtime\.attention_kernel and runtime\.kernel_isa are one setting"):
         load_config(path)
+
+
+def test_what_a_profile_overrides_is_one_table_read_by_the_plan_and_the_path_policy():
+    """``PROFILE_OVERRIDES`` is the one home: the governor's plan and the path policy both
+    read it (``profile_value``), and other profiles change nothing."""
+    from dualpath.cache.policy import PathPolicy
+    from dualpath.config import PROFILE_OVERRIDES, PowerConfig, profile_value
+
+    power = PowerConfig(low_power_prefill_chunk_tokens=100, low_power_seq_path_threshold=50000)
+    assert set(PROFILE_OVERRIDES) == {"low_power"}
+    assert profile_value("low_power", "runtime.prefill_chunk_tokens", 512, power) == 100
+    assert profile_value("low_power", "runtime.prefill_chunk_tokens", 64, power) == 64
+    assert profile_value("low_power", "runtime.intra_op_spinning", True, power) is False
+    assert profile_value("balanced", "runtime.prefill_chunk_tokens", 512, power) == 512
+    assert profile_value("low_power", "runtime.prefill_chunk_tokens", 512, None) == 512
+    config = with_overrides(Config(), {"power.low_power_prefill_chunk_tokens": 100,
+                                       "power.low_power_seq_path_threshold": 50000})
+    assert PathPolicy.from_config(config.dualpath_config, config.power, "low_power").seq_path_threshold == 50000
+    assert PathPolicy.from_config(config.dualpath_config, config.power, "balanced").seq_path_threshold == 8192
+    # The plan's side (chunk, spinning): tests/platform/test_profiles.py on low_power.yaml.

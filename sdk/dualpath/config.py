@@ -335,6 +335,31 @@ class PowerConfig(_Section):
                               f"power.low_battery_pct ({self.low_battery_pct!r}), or auto would flap")
 
 
+PROFILE_OVERRIDES: dict[str, dict[str, tuple[str, str | bool]]] = {
+    "low_power": {
+        "runtime.prefill_chunk_tokens": ("min", "power.low_power_prefill_chunk_tokens"),
+        "runtime.intra_op_spinning": ("set", False),
+        "dualpath_config.seq_path_threshold": ("max", "power.low_power_seq_path_threshold"),
+    },
+}
+"""What each power profile overrides, the one table: setting -> (how, with what): ``min`` or
+``max`` of the setting and a ``power.*`` value, or ``set`` to a value. The governor's plans
+(platform/profiles.py) and the path policy (cache/policy.py) read it through
+``profile_value``; which cores and how many threads a profile uses is
+``platform.profiles.resolve_plan``'s."""
+
+
+def profile_value(profile: str, key: str, value: Any, power: PowerConfig | None) -> Any:
+    """``value`` of setting ``key`` (``section.name``) under power ``profile``: as
+    ``PROFILE_OVERRIDES`` says, or unchanged (no override, or no ``power`` section to read)."""
+    rule = PROFILE_OVERRIDES.get(profile, {}).get(key)
+    if rule is None or power is None:
+        return value
+    how, source = rule
+    other = getattr(power, source.removeprefix("power.")) if isinstance(source, str) else source
+    return min(value, other) if how == "min" else max(value, other) if how == "max" else other
+
+
 @dataclass(frozen=True)
 class ServerConfig(_Section):
     """The OpenAI-compatible HTTP server (``dualpath serve``)."""

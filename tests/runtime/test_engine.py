@@ -486,3 +486,23 @@ def test_a_request_whose_end_fails_gets_the_error_alone(gguf_path, solo):
     assert len(errors) == 1 and isinstance(errors[0], InternalError) and bad.completion is None
     assert good.completion.token_ids == solo[PROMPTS[1]][:16]
     assert engine.scheduler.preemptions == 0 and not llm.runner.cache.seqs
+
+
+def test_the_runner_never_holds_the_cache_and_no_sequence_outlives_its_work(gguf_path):
+    """The engine builds the cache and the scheduler; the runner gets the arena's memory
+    and the step's arrays. One-sequence work (warm-up, forward) opens and closes its own
+    sequence through the scheduler: no phantom sequence is left in the cache."""
+    from dualpath.cache.manager import KVCacheManager
+
+    llm = make_llm(gguf_path)
+    runner = llm.engine.runner
+    held = [vars(runner), vars(runner.buffers)] + [vars(b) for b in runner._bindings.values()]
+    assert not any(isinstance(v, KVCacheManager) for d in held for v in d.values())
+    assert not llm.cache.seqs  # nothing started at load
+    llm.runner.warm_up()
+    assert not llm.cache.seqs
+    llm.runner.forward(llm.tokenize("Once upon a time"))
+    assert set(llm.cache.seqs) == {llm.runner.seq_id}
+    llm.runner.reset()
+    assert not llm.cache.seqs
+    llm.cache.check_invariants()

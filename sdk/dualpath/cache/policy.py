@@ -1,6 +1,6 @@
 """The path policy: the one home of every rule that decides which part of the
 dual-path cache a request's tokens use. The cache applies it (``KVCacheManager``
-routes and migrates through its ``policy``); the runner hands it the power
+routes and migrates through its ``policy``); the scheduler hands it the power
 profile's policy between steps; the cache benchmark and ``dualpath info`` read
 the same object. Nothing else decides a path.
 
@@ -26,8 +26,8 @@ scattered pages (not on the sequential path, locality below the threshold)
 moves into one extent at the step boundary (bit-exact copy), so its long reads
 stream. Only in the ``dual`` path mode.
 
-**Power profile overrides**: ``low_power`` raises ``seq_path_threshold`` to
-``power.low_power_seq_path_threshold`` when that is larger. Contexts below it
+**Power profile overrides** (``config.PROFILE_OVERRIDES``, the one table): ``low_power``
+raises ``seq_path_threshold`` to ``power.low_power_seq_path_threshold`` when that is larger. Contexts below it
 stay on pages: their prefill is hybrid (prefix pages are reused, no extent
 blocks are claimed for a whole document) and they migrate later or never.
 
@@ -39,7 +39,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-from ..config import DualPathConfig, PowerConfig
+from ..config import DualPathConfig, PowerConfig, profile_value
 
 
 class Path(enum.Enum):
@@ -72,9 +72,7 @@ class PathPolicy:
     @classmethod
     def from_config(cls, dp: DualPathConfig, power: PowerConfig | None = None, profile: str = "") -> PathPolicy:
         """The policy of ``dualpath_config`` under power ``profile`` (its overrides need ``power``)."""
-        threshold = dp.seq_path_threshold
-        if profile == "low_power" and power is not None:
-            threshold = max(threshold, power.low_power_seq_path_threshold)
+        threshold = profile_value(profile, "dualpath_config.seq_path_threshold", dp.seq_path_threshold, power)
         return cls(dp.path_mode, threshold, dp.locality_threshold, dp.locality_window, profile)
 
     def route(self, phase: Phase, context_tokens: int, locality: float = 0.0) -> Path:

@@ -11,8 +11,9 @@ Rules (a parallel region never spans two classes: its slowest thread sets the pa
   class), still one class.
 - **low_power** runs both phases on the little class with half its cores (at least one,
   at most ``power.low_power_max_threads``), spinning off and a smaller prefill chunk.
-  Its cache-path override (``power.low_power_seq_path_threshold``) is applied by the
-  path policy (cache/policy.py), the one home of the path rules.
+  What a profile overrides among the settings (chunk, spinning, the cache-path threshold)
+  is one table, ``config.PROFILE_OVERRIDES``; the engine asks the governor before each
+  step and hands the plan down (engine/driver.py).
 - One thread per physical core unless ``power.use_smt``; caps: ``power.prefill_max_threads``,
   ``power.decode_max_threads`` and ``runtime.num_threads`` (when not 0).
 - Only CPUs in ``allowed_cpus`` (the process's affinity at start) are used.
@@ -26,7 +27,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from dualpath.config import Config
+from dualpath.config import Config, profile_value
 from dualpath.errors import ConfigError
 
 from .affinity import ort_affinity_string
@@ -181,12 +182,10 @@ def resolve_plan(profile: str, topology: Topology, config: Config | None = None,
                 n = min(n, limit)
         return cpus[:n]
 
-    low = profile == "low_power"
     return Plan(
         profile=profile,
         prefill=PhasePlan("prefill", prefill[0].name, threads(prefill, pc.prefill_max_threads), pc.pin_threads),
         decode=PhasePlan("decode", decode[0].name, threads(decode, pc.decode_max_threads), pc.pin_threads),
-        prefill_chunk_tokens=min(rt.prefill_chunk_tokens, pc.low_power_prefill_chunk_tokens) if low
-        else rt.prefill_chunk_tokens,
-        spinning=False if low else rt.intra_op_spinning,
+        prefill_chunk_tokens=profile_value(profile, "runtime.prefill_chunk_tokens", rt.prefill_chunk_tokens, pc),
+        spinning=profile_value(profile, "runtime.intra_op_spinning", rt.intra_op_spinning, pc),
         requested=requested or profile, reason=reason)
