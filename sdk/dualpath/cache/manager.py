@@ -1,4 +1,4 @@
-"""The dual-path KV cache: the one facade the scheduler and runner talk to.
+"""The dual-path KV cache: the one facade the scheduler talks to (the runner reads the arena).
 
 Memory is one ``KVArena`` (C): ``num_layers`` regions of ``num_blocks`` blocks of
 ``block_size`` bytes; every layer uses the same block ids, so one page table per
@@ -51,7 +51,7 @@ reads running counts too. ``check_invariants`` recomputes every such counter fro
 scratch.
 
 Allocation failure is a value, ``NoRoom``, never an exception: the caller
-queues or preempts. Callers (the scheduler, the runner, the benchmarks) use
+queues or preempts. Callers (the scheduler, the benchmarks) use
 only the methods below the ``facade`` line and the result types; the page
 tables are the manager's own.
 """
@@ -180,7 +180,7 @@ class KVCacheManager:
     # -- facade ----------------------------------------------------------------
     def new_seq_id(self) -> int:
         """A sequence id no live or past sequence of this cache has used: the one id
-        allocator for every caller (scheduler, runner, benchmarks)."""
+        allocator for every caller (scheduler, benchmarks)."""
         while self._next_seq_id in self.seqs:  # skip ids a caller chose itself (tests)
             self._next_seq_id += 1
         self._next_seq_id += 1

@@ -1,6 +1,6 @@
 """What the cache hands its callers: where new tokens go, or that there is no room.
 
-They exist so that the scheduler and the runner act on a value, never on the
+They exist so that the scheduler acts on a value, never on the
 cache's tables (``KVCacheManager`` in cache/manager.py returns them).
 """
 
