@@ -1,4 +1,4 @@
-"""runtime.engine.rows_by_seq: a step's output rows go to its sequences as the plan says
+"""engine.engine.rows_by_seq: a step's output rows go to its sequences as the plan says
 (``SeqStep.num_rows`` each, in step order), and a run that returns another count is an error."""
 
 from __future__ import annotations

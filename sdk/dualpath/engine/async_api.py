@@ -1,0 +1,67 @@
+"""The engine's async API: ``submit``, ``submit_n`` and ``embed`` queue requests whose
+``RequestHandle``s are async iterators of ``Delta``s, stepped by the engine's background
+loop (engine/engine.py)."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from ..sampling_params import SamplingParams
+from .handles import RequestHandle
+
+
+class AsyncAPI:
+    """The async half of ``Engine`` (it supplies ``add_request``, ``start``, ``scheduler``
+    and ``tokenizer``)."""
+
+    async def submit(self, prompt: str | Sequence[int], params: SamplingParams | None = None, *,
+                     request_id: str | None = None) -> RequestHandle:
+        """Queue a request; the handle is an async iterator of ``Delta``s."""
+        return (await self.submit_n(prompt, params, 1, request_id=request_id))[0]
+
+    async def embed(self, prompts: Sequence[Sequence[int]], pooling: str = "mean") -> list[np.ndarray]:
+        """Embeddings of token-id prompts, batched by the scheduler: one request against
+        ``max_queued_requests``, at most ``2 * max_num_seqs`` of its prompts queued at once."""
+        import asyncio  # here: 7 MiB resident, which the synchronous API never needs
+
+        loop = asyncio.get_running_loop()
+        window = 2 * self.scheduler.max_num_seqs  # enough queued to fill every slot at each step
+        handles = []
+        try:
+            for i, ids in enumerate(prompts):
+                if i >= window:  # the oldest in flight ends before another is queued
+                    _ = [d async for d in handles[i - window]]
+                h = RequestHandle(self, loop)
+                h.request = self.add_request(list(ids), SamplingParams(max_tokens=1), sink=h.sink, pooling=pooling,
+                                             check_queue=i == 0)
+                handles.append(h)
+                self.start()
+            for h in handles:  # those drained above end at once
+                _ = [d async for d in h]
+        except BaseException:
+            for h in handles:
+                if h.completion is None:
+                    h.abort()
+            raise
+        return [h.completion.embedding for h in handles]
+
+    async def submit_n(self, prompt: str | Sequence[int], params: SamplingParams | None = None, n: int = 1, *,
+                       request_id: str | None = None, prompt_logprobs: bool = False,
+                       grammar=None) -> list[RequestHandle]:
+        """Queue ``n`` samples of one prompt: the prompt is computed once and the other
+        samples run on forks of its cache sequence (``add_request``'s ``fork_sinks``).
+        One handle per sample."""
+        import asyncio  # here: see embed
+
+        ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+        loop = asyncio.get_running_loop()
+        handles = [RequestHandle(self, loop) for _ in range(n)]
+        req = self.add_request(ids, params, request_id=request_id, sink=handles[0].sink,
+                               fork_sinks=[h.sink for h in handles[1:]], prompt_logprobs=prompt_logprobs,
+                               grammar=grammar)
+        for h, r in zip(handles, [req] + req.forks):
+            h.request = r
+        self.start()
+        return handles
