@@ -69,7 +69,7 @@ def make_bundle(model: str | None = None, config: str = DEFAULT_CONFIG, out: str
     llm.engine.shutdown()
     # A phone's ONNX Runtime may be older than this desktop's (Termux's has been 1.20-1.29):
     # before 1.22 a model's 8-bit matrices need graphs of their own, made here too.
-    from dualpath.runtime.session import graphs_for_runtime
+    from dualpath.executor.session import graphs_for_runtime
 
     graphs_for_runtime(llm.spec, llm.config.runtime.quantized_matmul_accuracy, llm.context_tokens, OLDEST_ORT)
     return dst

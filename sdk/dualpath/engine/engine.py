@@ -1,9 +1,11 @@
 """The continuous-batching engine: many requests, one model, one KV cache.
 
-Each ``step()`` asks the scheduler (scheduler/batch.py) for a batch of decode
-tokens and prefill chunks, runs it through the model in one pass (one attention
-call per layer covers every sequence), samples one token for every request whose
-known tokens are all computed, and hands each request its text delta.
+Each ``step()`` is three calls through the driver (engine/driver.py): the scheduler's
+``schedule()`` (scheduler/batch.py: a batch of decode tokens and prefill chunks, laid
+out in the step's arrays), the runner's ``run()`` (one pass through the model; one
+attention call per layer covers every sequence), and, once every request's rows are
+sampled, the scheduler's ``update_from_output()``, the one place the outcome changes
+the KV cache. Each request then gets its text delta. The engine never calls the cache.
 
 The engine owns scheduling and the step loop; what a request's rows of a step turn
 into (sampling, grammar, stop strings, text, speculative verification) is
@@ -66,7 +68,7 @@ class QueueFullError(DualPathError):
 
 
 class Engine(AsyncAPI):
-    """Schedules and runs many requests over one ``ModelRunner`` (see module doc)."""
+    """Schedules and runs many requests over one driver: a scheduler and a runner (see module doc)."""
 
     def __init__(self, driver, tokenizer, *, max_queued_requests: int | None = None, profile_name: str = "",
                  speculative: str = "off", speculative_tokens: int = 16, draft=None):
