@@ -534,10 +534,12 @@ def cmd_serve(args) -> int:
     def stopped():
         # The engine has stopped (the app's shutdown): whatever load it served, the cache must
         # account for every page. Load tests read this line from stderr.
+        from .errors import InvariantError
+
         cache = llm.runner.cache
         try:
             cache.check_invariants()
-        except AssertionError as e:
+        except InvariantError as e:
             print(f"dualpath: KV cache invariants broken at shutdown: {e}", file=sys.stderr, flush=True)
             return
         print(f"dualpath: stopped; KV cache invariants hold ({cache.num_sequences - 1} sequences held, "

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..errors import require
+
 from .sequence import Sequence
 
 
@@ -120,9 +122,9 @@ class KernelView:
         return float(long) / seq.num_tokens
 
     def check(self, seq: Sequence, window: int) -> None:
-        """Raise AssertionError when the folded view of ``seq`` disagrees with a scan (tests)."""
+        """Raise InvariantError when the folded view of ``seq`` disagrees with a scan (tests)."""
         sid = seq.seq_id
-        np.testing.assert_array_equal(self.spans(seq, window), self.spans_scan(seq), err_msg=f"spans of {sid}")
+        require(np.array_equal(self.spans(seq, window), self.spans_scan(seq)), f"spans of {sid}")
         closed = seq.span_rows[:max(seq.span_n - 1, 0), 1]
-        assert seq.span_long == closed[closed >= seq.span_window].sum(), f"span_long of {sid}"
-        assert self.locality_score(seq, window) == self.locality_score_scan(seq, window), f"locality of {sid}"
+        require(seq.span_long == closed[closed >= seq.span_window].sum(), f"span_long of {sid}")
+        require(self.locality_score(seq, window) == self.locality_score_scan(seq, window), f"locality of {sid}")

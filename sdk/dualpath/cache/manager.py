@@ -63,6 +63,7 @@ import logging
 import numpy as np
 
 from ..config import DualPathConfig
+from ..errors import require
 from ..kernels import KVArena
 from .blocks import BlockPool
 from .disk import PrefixStore
@@ -361,14 +362,15 @@ class KVCacheManager:
             forks=self.forks, forked_pages=self.forked_pages)
 
     def check_invariants(self) -> None:
-        """Raise AssertionError when the bookkeeping is inconsistent (tests): every part's
+        """Raise InvariantError when the bookkeeping is inconsistent (tests): every part's
         tables, and every running count (``stats()`` included) against a recount."""
         refs = [0] * len(self.pool.page_ref)
         for s in self.seqs.values():
-            assert len(s.pages) == (s.num_tokens + self.page_tokens - 1) // self.page_tokens
+            require(len(s.pages) == (s.num_tokens + self.page_tokens - 1) // self.page_tokens,
+                    f"sequence {s.seq_id}'s page table does not fit its tokens")
             for p in s.pages:
                 refs[p] += 1
-        assert refs == self.pool.page_ref, "reference counts disagree with the page tables"
+        require(refs == self.pool.page_ref, "reference counts disagree with the page tables")
         self.prefix.check_invariants(self.pool.page_ref)
         self.pool.check_invariants()
         for s in self.seqs.values():
@@ -377,6 +379,6 @@ class KVCacheManager:
             P, W = self.page_tokens, self.windows.window
             for s in self.seqs.values():
                 seen = s.pages[max(0, s.committed - W) // P:]
-                assert not self.windows.released[seen].any(), f"sequence {s.seq_id} lost rows of its window"
+                require(not self.windows.released[seen].any(), f"sequence {s.seq_id} lost rows of its window")
         fast, slow = self.stats(), self.recount_stats()
-        assert fast == slow, f"stats() {fast} disagrees with a recount {slow}"
+        require(fast == slow, f"stats() {fast} disagrees with a recount {slow}")
