@@ -20,7 +20,7 @@ def _overrides(args) -> dict:
     if getattr(args, "ctx_size", None) is not None:
         out["runtime.max_context_tokens"] = args.ctx_size
     if getattr(args, "kv_dtype", None) is not None:
-        out["dualpath_config.kv_dtype"] = args.kv_dtype
+        out["kv_cache.kv_dtype"] = args.kv_dtype
     if getattr(args, "memory_budget", None) is not None:
         out["runtime.memory_budget_mb"] = -1 if args.memory_budget == "auto" else args.memory_budget
     if getattr(args, "chat_template", None) is not None:
@@ -377,10 +377,10 @@ def cmd_info(args) -> int:
           f"{'; disabled by DUALPATH_DISABLE_CPU_FEATURES=' + disabled if disabled else ''})")
     print("kernel ISAs: " + " ".join(f"{isa}{'' if isa in available else '(-)'}" for isa in KERNEL_ISAS)
           + "  ((-): not on this CPU/build, or disabled)")
-    d = cfg.dualpath_config
+    d = cfg.kv_cache
     from .kernels import KV_DTYPE_DOCS
     kv_what = KV_DTYPE_DOCS[d.kv_dtype]
-    print(f"kv cache: one arena of {d.block_size // 1024} KiB blocks (block_size={d.block_size}), pages of "
+    print(f"kv cache: one arena of {d.block_bytes // 1024} KiB blocks (block_bytes={d.block_bytes}), pages of "
           f"{d.page_tokens} tokens, kv_dtype={d.kv_dtype} ({kv_what}), prefetch_degree={d.prefetch_degree}, "
           f"huge pages requested (madvise)")
     from .platform.cpu import numa_nodes
@@ -389,7 +389,7 @@ def cmd_info(args) -> int:
     print(f"numa: {nodes} node{'s' if nodes != 1 else ''}; "
           + ("binding the KV arena is a no-op here" if nodes <= 1 else
              f"KV arena bound to node {d.numa_node}" if d.numa_node >= 0
-             else "KV arena unbound (set dualpath_config.numa_node to bind it)"))
+             else "KV arena unbound (set kv_cache.numa_node to bind it)"))
     print(f"runtime: threads={cfg.runtime.effective_num_threads()} prefill_chunk={cfg.runtime.prefill_chunk_tokens} "
           f"max_context={cfg.runtime.max_context_tokens or 'model'}")
     from .cache.policy import PathPolicy
@@ -575,7 +575,7 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("-t", "--threads", type=int, help="threads (runtime.num_threads)")
         sp.add_argument("--ctx-size", type=int, help="context window in tokens (runtime.max_context_tokens)")
         from .kernels import KV_DTYPE_DOCS, KV_DTYPES
-        sp.add_argument("--kv-dtype", choices=KV_DTYPES, help="KV cache element type (dualpath_config.kv_dtype; "
+        sp.add_argument("--kv-dtype", choices=KV_DTYPES, help="KV cache element type (kv_cache.kv_dtype; "
                         + "; ".join(f"{n} = {doc}" for n, doc in KV_DTYPE_DOCS.items()) + ")")
         sp.add_argument("--memory-budget", metavar="MIB|auto", type=_budget,
                         help="resident memory the model may take (runtime.memory_budget_mb): the largest context "

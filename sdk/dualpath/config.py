@@ -1,6 +1,6 @@
 """DualPath configuration: YAML files that map onto nested, frozen dataclasses.
 
-A file has one top-level key per section (``dualpath_config:``, ``runtime:``);
+A file has one top-level key per section (``kv_cache:``, ``runtime:``);
 ``configs/default.yaml`` lists every key with its default. Each setting carries its
 type and allowed range as field metadata, and ``check_settings`` (run from every
 dataclass's ``__post_init__``) is the one place they are enforced, so a config
@@ -35,7 +35,9 @@ OVERRIDES_SOURCE = "<overrides>"
 
 RENAMED_KEYS: dict[str, str] = {"runtime.attention_kernel": "runtime.kernel_isa"}
 """Old dotted keys and their new names: a config, ``--set`` or override written for an
-earlier release keeps working, read as the new key with a warning."""
+earlier release keeps working, read as the new key with a deprecation warning. The KV
+cache section's entries (``dualpath_config`` -> ``kv_cache``, ``block_size`` ->
+``block_bytes``) are added below ``KVCacheConfig``."""
 
 
 # ---------------------------------------------------------------------------
@@ -145,14 +147,16 @@ class _Section:
 
 
 @dataclass(frozen=True)
-class DualPathConfig(_Section):
-    """The dual-path KV cache: block geometry and how requests pick a path."""
+class KVCacheConfig(_Section):
+    """The dual-path KV cache: block geometry and how requests pick a path (the section
+    was called ``dualpath_config`` before; ``RENAMED_KEYS`` still reads it)."""
 
-    _section: ClassVar[str] = "dualpath_config"
+    _section: ClassVar[str] = "kv_cache"
 
-    block_size: int = _int(131072, 4096, 16 << 20, pow2=True,
-                           allowed="a power of two between 4096 (4 KiB) and 16777216 (16 MiB)")
-    """Bytes per KV arena block."""
+    block_bytes: int = _int(131072, 4096, 16 << 20, pow2=True,
+                            allowed="a power of two between 4096 (4 KiB) and 16777216 (16 MiB)")
+    """Bytes per KV arena block, per layer (``block_size`` before: a quantized weight's
+    ``block_size`` counts values, this one bytes)."""
     seq_path_threshold: int = _int(8192, 1)
     """Context length in tokens from which a request takes the sequential path."""
     locality_window: int = _int(512, 1)
@@ -187,17 +191,32 @@ class DualPathConfig(_Section):
         keeps each token's f32 scales after its int8 values, 4-byte aligned only when
         head_dim is even (the arena's C code refuses the rest)."""
         if self.kv_dtype == "q8" and head_dim % 2:
-            raise ConfigError(f"dualpath_config.kv_dtype=q8 needs an even head_dim; this model's is "
+            raise ConfigError(f"kv_cache.kv_dtype=q8 needs an even head_dim; this model's is "
                               f"{head_dim}: use f16 or f32")
 
     def pages_per_block(self, page_bytes: int) -> int:
         """KV pages of ``page_bytes`` (one layer's K and V of ``page_tokens`` tokens) in a block;
         ConfigError when not even one fits, since a page never straddles two blocks."""
-        if page_bytes > self.block_size:
-            raise ConfigError(f"dualpath_config.block_size={self.block_size} cannot hold one page of "
+        if page_bytes > self.block_bytes:
+            raise ConfigError(f"kv_cache.block_bytes={self.block_bytes} cannot hold one page of "
                               f"page_tokens={self.page_tokens} tokens of this model ({page_bytes} bytes); "
-                              "raise block_size or lower page_tokens")
-        return self.block_size // page_bytes
+                              "raise block_bytes or lower page_tokens")
+        return self.block_bytes // page_bytes
+
+    @property
+    def block_size(self) -> int:
+        """Deprecated: ``block_bytes``. Kept while code written against the old name is
+        merged (issue-42 branches); remove once nothing reads it."""
+        return self.block_bytes
+
+
+DualPathConfig = KVCacheConfig
+"""The old name of ``KVCacheConfig``, still importable from ``dualpath``."""
+
+RENAMED_KEYS.update({"dualpath_config": "kv_cache", "dualpath_config.block_size": "kv_cache.block_bytes",
+                     "kv_cache.block_size": "kv_cache.block_bytes"})
+RENAMED_KEYS.update({f"dualpath_config.{f.name}": f"kv_cache.{f.name}"
+                     for f in fields(KVCacheConfig) if f.name != "block_bytes"})
 
 
 ORT_THREAD_POOLS = ("shared", "per_part")
@@ -321,7 +340,7 @@ class PowerConfig(_Section):
     """Prompt tokens per prefill step in low_power (the smaller of this and runtime.prefill_chunk_tokens)."""
     low_power_seq_path_threshold: int = _int(32768, 1)
     """In low_power, the path policy's seq_path_threshold when larger than
-    dualpath_config.seq_path_threshold: contexts below it stay on pages (hybrid
+    kv_cache.seq_path_threshold: contexts below it stay on pages (hybrid
     prefill, random or sequential decode by locality) and migrate later."""
     low_battery_pct: float = _float(20.0, 0.0, 100.0)
     """auto: battery below this percentage while discharging -> low_power."""
@@ -435,7 +454,7 @@ class PrefixCacheConfig(_Section):
 class Config(_Section):
     """Everything configurable, one field per YAML section."""
 
-    dualpath_config: DualPathConfig = section(DualPathConfig)
+    kv_cache: KVCacheConfig = section(KVCacheConfig)
     """The dual-path KV cache."""
     runtime: RuntimeConfig = section(RuntimeConfig)
     """ONNX Runtime sessions."""
@@ -447,6 +466,12 @@ class Config(_Section):
     """The converted-model cache."""
     prefix_cache: PrefixCacheConfig = section(PrefixCacheConfig)
     """The prefix cache on disk."""
+
+    @property
+    def dualpath_config(self) -> KVCacheConfig:
+        """Deprecated: ``kv_cache``. Kept while code written against the old name is merged
+        (issue-42 branches); remove once nothing reads it."""
+        return self.kv_cache
 
 
 # ---------------------------------------------------------------------------
@@ -547,7 +572,7 @@ def _renamed(flat: dict[str, Any], source: str) -> dict[str, Any]:
         if old in flat:
             if new in flat:
                 raise ConfigError(f"{source}: {old} and {new} are one setting ({old} was renamed); give {new} only")
-            log.warning("%s: %s is now %s; read as that", source, old, new)
+            log.warning("%s: %s is now %s (the old name is deprecated); read as that", source, old, new)
             flat[new] = flat.pop(old)
     return flat
 

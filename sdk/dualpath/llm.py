@@ -186,7 +186,7 @@ class LLM:
         plan = self.memory_plan = fit(model_path, config, budget)
         log.info("memory budget %.0f MiB: %s", budget / MiB, plan.describe())
         return with_overrides(config, {"runtime.max_context_tokens": plan.context,
-                                       "dualpath_config.kv_dtype": plan.kv_dtype})
+                                       "kv_cache.kv_dtype": plan.kv_dtype})
 
     def _draft(self, store: ModelStore, ctx: int, chunk: int, batch_tokens: int):
         """The draft model of ``speculative: draft``: refused unless it shares the vocabulary."""

@@ -141,13 +141,13 @@ def test_run_and_info_take_kv_dtype_q8(gguf_path, tmp_path):
 
 def test_info_names_the_configured_kernel_and_prints_the_cache_config_once(tmp_path):
     proc = dualpath_cli(["info", "--set", "runtime.kernel_isa=generic",
-                         "--set", "dualpath_config.seq_path_threshold=4096", "--set", "power.profile=low_power",
+                         "--set", "kv_cache.seq_path_threshold=4096", "--set", "power.profile=low_power",
                          "--set", "power.low_power_seq_path_threshold=16384"], tmp_path)
     assert proc.returncode == 0, proc.stderr.decode()
     out = proc.stdout.decode()
     assert "attention=generic kv_write=generic layer_products=generic classifier=generic" in out
     assert "runtime.kernel_isa=generic" in out
-    assert out.count("block_size=") == 1 and out.count("kv_dtype=") == 1
+    assert out.count("block_bytes=") == 1 and out.count("kv_dtype=") == 1
     # The path line is the low_power profile's policy, the one the cache applies.
     assert "path: dual, sequential from 16384 tokens" in out
 

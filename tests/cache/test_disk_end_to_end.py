@@ -30,8 +30,8 @@ GREEDY = SamplingParams(temperature=0, max_tokens=48)
 
 
 def _config(kv_dtype="f16", path_mode="dual", **more):
-    overrides = {"runtime.max_context_tokens": 512, "dualpath_config.kv_dtype": kv_dtype,
-                 "dualpath_config.path_mode": path_mode, **more}
+    overrides = {"runtime.max_context_tokens": 512, "kv_cache.kv_dtype": kv_dtype,
+                 "kv_cache.path_mode": path_mode, **more}
     return dualpath.load_config(None, overrides)
 
 
@@ -50,7 +50,7 @@ def _counting(llm):
 
 # (path_mode, extra settings, the path the writing request takes)
 PATHS = {"random": ("random", {}, Path.RANDOM),
-         "sequential": ("dual", {"dualpath_config.seq_path_threshold": 16}, Path.SEQUENTIAL)}
+         "sequential": ("dual", {"kv_cache.seq_path_threshold": 16}, Path.SEQUENTIAL)}
 
 
 @pytest.mark.parametrize("kv_dtype", ["f16", "q8", "f32"])

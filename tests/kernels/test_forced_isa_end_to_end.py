@@ -23,7 +23,7 @@ rounding (about 1e-3 relative, on logits of about 10 here) may flip."""
 
 def llm_for(kernel: str, kv_dtype: str):
     return dualpath.LLM(GGUF, dualpath.load_config(None, {
-        "runtime.kernel_isa": kernel, "dualpath_config.kv_dtype": kv_dtype,
+        "runtime.kernel_isa": kernel, "kv_cache.kv_dtype": kv_dtype,
         "runtime.max_context_tokens": 512}))
 
 

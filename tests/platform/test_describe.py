@@ -3,7 +3,7 @@
 from platform_testlib import fixture_topology
 
 from dualpath.cache.policy import PathPolicy
-from dualpath.config import Config, DualPathConfig, PowerConfig
+from dualpath.config import Config, KVCacheConfig, PowerConfig
 from dualpath.platform.describe import describe
 from dualpath.platform.governor import Governor
 from dualpath.platform.power import PowerState, ThermalZone
@@ -41,7 +41,7 @@ def test_describe_golden_snapdragon_8gen2_on_battery():
                        sources=("power_supply", "thermal"))
     gov = Governor(topo, lambda: power, Config(), allowed_cpus=range(8))
     plan = gov.choose()  # reads the power state
-    path = PathPolicy.from_config(DualPathConfig(), PowerConfig(), plan.profile).summary()
+    path = PathPolicy.from_config(KVCacheConfig(), PowerConfig(), plan.profile).summary()
     assert describe(topo, gov.power, plan, path) == GOLDEN_8GEN2
 
 

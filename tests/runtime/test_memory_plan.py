@@ -75,7 +75,7 @@ def test_a_budget_picks_the_largest_context_that_fits(tmp_path):
     assert mp.fit(path, cfg, at[4096], nbits8=True).context == 4096  # everything fits: as configured
     llm = LLM(path, cfg, memory_budget=-(-at[1000] // mp.MiB))
     assert llm.runner.max_context_tokens == llm.memory_plan.context >= 1000
-    assert llm.config.dualpath_config.kv_dtype == llm.memory_plan.kv_dtype
+    assert llm.config.kv_cache.kv_dtype == llm.memory_plan.kv_dtype
 
 
 def test_a_budget_below_the_models_need_is_refused_before_anything_is_converted(tmp_path):

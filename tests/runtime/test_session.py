@@ -31,7 +31,7 @@ STEPS = [
 
 def make_runner(gguf_path) -> ModelRunner:
     cfg = dualpath.load_config(None, {"runtime.max_context_tokens": 64, "runtime.max_num_seqs": 4,
-                                      "runtime.kv_cache_tokens": 1024, "dualpath_config.block_size": 4096})
+                                      "runtime.kv_cache_tokens": 1024, "kv_cache.block_bytes": 4096})
     return dualpath.LLM(gguf_path, cfg).runner
 
 

@@ -20,7 +20,7 @@ pytestmark = pytest.mark.skipif(not GGUF.is_file(), reason="test model not found
 
 SYSTEM = ("Once upon a time, there was a little girl named Lily. She loved to play outside in the park with her "
           "friends. One day, she saw a big red ball under a tree. She ran to get it, but a dog took it first.")
-P = 16  # dualpath_config.page_tokens (default)
+P = 16  # kv_cache.page_tokens (default)
 
 
 def _serve(*extra):

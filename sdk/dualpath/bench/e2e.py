@@ -65,7 +65,7 @@ def worker(engine: str, model: str, ctx: int, decode: int, threads: int, chunk: 
             store = tempfile.mkdtemp(prefix="dualpath-e2e-prefix-")
             overrides["prefix_cache.use"], overrides["prefix_cache.dir"] = "always", store
             continue
-        key = "runtime.ort_thread_pools" if word in ORT_THREAD_POOLS else "dualpath_config.kv_dtype"
+        key = "runtime.ort_thread_pools" if word in ORT_THREAD_POOLS else "kv_cache.kv_dtype"
         overrides[key] = word
     cfg = load_config(None, overrides)
     llm = LLM(model, cfg)
@@ -199,9 +199,9 @@ def dualpath_engines(kv_dtypes: str, ort_pools: str = "shared", prefix_cache: st
     arrangement of ``--ort-pools`` and each ``--prefix-cache`` setting: the configured
     defaults are plain ``dualpath``, others are named (``dualpath q8``, ``dualpath
     per_part``, ``dualpath q8 per_part``, ``dualpath disk``)."""
-    from ..config import DualPathConfig, RuntimeConfig
+    from ..config import KVCacheConfig, RuntimeConfig
 
-    kv0, pools0 = DualPathConfig().kv_dtype, RuntimeConfig().ort_thread_pools
+    kv0, pools0 = KVCacheConfig().kv_dtype, RuntimeConfig().ort_thread_pools
     return [" ".join(["dualpath"] + [w for w, w0 in ((d, kv0), (p, pools0)) if w != w0] + ["disk"] * (c == "on"))
             for c in prefix_cache.split(",") for p in ort_pools.split(",") for d in kv_dtypes.split(",")]
 

@@ -99,7 +99,7 @@ def logits_worker(model: str, ids: list[int], out: str, kv: str, threads: int, o
 
     o = {"runtime.max_context_tokens": len(ids) + CONTEXT_SLACK, "runtime.num_threads": threads}
     if kv != "default":
-        o["dualpath_config.kv_dtype"] = kv
+        o["kv_cache.kv_dtype"] = kv
     o.update(overrides or {})
     llm = LLM(model, load_config(None, o))
     logits = teacher_forced(llm.runner, ids, 1)

@@ -103,7 +103,7 @@ def worker(model: str, mode: str, params: dict) -> dict:
     cfg = load_config(None, {
         "runtime.num_threads": params["threads"], "runtime.max_context_tokens": params["ctx"],
         "runtime.max_num_seqs": params["max_num_seqs"], "runtime.kv_cache_tokens": params["kv_cache_tokens"],
-        "dualpath_config.path_mode": mode, "server.max_queued_requests": 100000, **params.get("overrides", {})})
+        "kv_cache.path_mode": mode, "server.max_queued_requests": 100000, **params.get("overrides", {})})
     llm = LLM(model, cfg)
     engine = llm.engine
     schedule = workload(params["seed"], params["requests"], params["rate"], llm.spec.config.vocab_size,
@@ -185,7 +185,7 @@ def _setting(value) -> str:
 def dualpath_serve_argv(model: str, port: int, mode: str, params: dict) -> list[str]:
     """The ``dualpath serve`` command line of one run (``params`` as ``cmd_bench_serve`` builds them)."""
     sets = {"runtime.max_num_seqs": params["max_num_seqs"], "runtime.max_context_tokens": params["ctx"],
-            "runtime.kv_cache_tokens": params["kv_cache_tokens"], "dualpath_config.path_mode": mode,
+            "runtime.kv_cache_tokens": params["kv_cache_tokens"], "kv_cache.path_mode": mode,
             "server.max_queued_requests": 100000, **params.get("overrides", {})}
     argv = [sys.executable, "-m", "dualpath.cli", "serve", "--model", model, "--host", "127.0.0.1",
             "--port", str(port), "-t", str(params["threads"])]
