@@ -10,7 +10,7 @@ the GB/s are computed from). ``--kv-dtype f16,q8`` (the default) measures both
 element types side by side, each row after its own bandwidth probe. Layers rotate through an arena larger than the last-level cache so
 every step comes from DRAM, as in a real model. Every kernel repeat follows its
 own bandwidth probe, and a row's share of the bandwidth is the median of the
-per-pair ratios: this machine's speed drifts by up to 2x within a run, and a ratio
+per-pair ratios: a shared machine's speed drifts within a run, and a ratio
 of two medians taken minutes apart would measure the drift.
 
 Layouts: ``sequential`` = the sequence's pages back to back (one extent, one

@@ -75,7 +75,8 @@ def layer_matrices(path: str, layer: int | None) -> tuple[int, list]:
 
 
 STREAM_BYTES = 128 << 20
-"""Bytes of the copies a streamed decode row runs through: 4x this machine's 32 MiB L3."""
+"""Bytes of the copies a streamed decode row runs through: several times a laptop's or a
+server's last-level cache, so every row comes from DRAM."""
 
 
 def _streamed_ms(type_name: str, form: np.ndarray, x: np.ndarray, n: int, pool, repeats: int,

@@ -334,7 +334,7 @@ class _Builder:
 
     def finish(self, index: int, inputs, outputs, renames: dict[str, str]) -> GraphPart:
         # The producers of the outputs write them under their final names: an Identity
-        # node costs a kernel launch (about 3 us) per output per step.
+        # node costs a kernel launch per output per step.
         rename = {}
         for final, internal in renames.items():
             if internal in rename or not any(internal in n.output for n in self.nodes):  # a graph input

@@ -3,7 +3,7 @@
 ``graph_parts`` returns them from the entry, building them (``builder.py``, which
 imports onnx) only when the entry has no graphs for that accuracy level and context
 yet. Reading them back imports nothing heavy: a cached load never imports onnx
-(about 0.7 s of start-up on its own, most of it ml_dtypes), so an install without onnx (Termux,
+(a noticeable share of start-up on its own, most of it ml_dtypes), so an install without onnx (Termux,
 an Android app) loads any model whose entry already has the graphs, e.g. an entry made on a
 desktop with the phone's configuration and copied over (android/README.md). Building graphs
 without onnx raises ``ModelLoadError`` naming the package and the command.

@@ -222,7 +222,7 @@ class ModelSpec:
         place), not a graph's MatMulNBits, where ``kernel_classifier_form`` says so. ONNX
         Runtime packs its own copy of such a matrix at 10.7 or 12.8 bits a value against this
         form's 9 or 10 (docs/performance.md, memory), and the classifier is the largest
-        matrix of a small model (Gemma 3 270M: 225 MiB of packed copy)."""
+        matrix of a small model (Gemma 3 270M's tied 262,144 x 640 table)."""
         w = self.output
         if w.kernel_form:  # the file's blocks in our kernels' form (quants.kernel_form)
             return True

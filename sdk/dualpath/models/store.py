@@ -209,8 +209,8 @@ of the aligned 64 KiB window around it that are in the page cache."""
 
 
 _ARRAY_FIELDS = {"scores": "f", "token_types": "i"}
-"""TokenizerSpec fields kept in tokenizer.json as {"base64": little-endian bytes}: 262,144
-floats as a JSON list took 30 of a cached load's 60 ms of JSON parsing (Gemma 3)."""
+"""TokenizerSpec fields kept in tokenizer.json as {"base64": little-endian bytes}: a JSON list
+of 262,144 floats (Gemma 3) was half of a cached load's JSON parsing."""
 
 
 def _array_to_json(a: array, typecode: str) -> dict:
@@ -233,7 +233,7 @@ def _drop(m: mmap.mmap, start: int, nbytes: int) -> None:
     """Unmap the pages of ``m[start : start + nbytes]`` from this process, and the rest of
     the fault-around windows they lie in: reading a small array mapped its whole window
     (the padding to the next array, the next array's first pages), and dropping the array's
-    own pages alone left 15 MiB of such neighbours resident on Gemma 3 270M. Read-only file
+    own pages alone left many MiB of such neighbours resident on Gemma 3 270M. Read-only file
     pages: a later read maps them back from the page cache, so dropping a neighbour's pages
     is harmless."""
     if hasattr(m, "madvise") and nbytes > 0:
@@ -468,8 +468,7 @@ class Entry:
         in their form) now, with huge pages where the kernel gives them for this file.
 
         A decode step streams every one of them from DRAM; over 4 KiB pages its products
-        took 36% longer (Qwen2.5 1.5B Q4_K_M: 38.5 against 28.4 ms a step; TLB misses;
-        docs/performance.md). Their mapping asks for huge pages (MADV_HUGEPAGE), which the
+        take markedly longer (TLB misses; docs/performance-log.md). Their mapping asks for huge pages (MADV_HUGEPAGE), which the
         page cache gives to pages it reads from then on; pages it already holds in small
         folios (written by an older version, or read by another process) stay small. When
         less than half of them came out huge, and one huge page's worth shows that this
@@ -629,7 +628,7 @@ class _Writer:
         """Append ``data`` (a buffer) to weights.bin in writes of whole, aligned
         ``WRITE_CHUNK``s: the page cache then holds the file in huge folios, which a later
         load maps with huge pages (``Entry.page_in``). Written at 64 KiB offsets as they
-        came, 62% of TinyLlama's kernel weights came back huge (a folio that straddles an
+        came, only part of the kernel weights came back huge (a folio that straddles an
         array's start stays small); in these pieces all of them."""
         data = memoryview(data)
         if not data.nbytes:

@@ -10,8 +10,8 @@ nothing here raises):
   temperatures in millidegrees C; a zone's trip point is its lowest passive, hot or
   critical trip (active trips start fans, they are no limit).
 - ``termux-battery-status`` (JSON ``percentage``, ``status``, ``plugged``, ``temperature``),
-  run only when sysfs gave no battery: it costs a round trip through Android (about
-  0.5 s) and can hang, so it runs with a timeout and its process group is killed after.
+  run only when sysfs gave no battery: it costs a round trip through Android (a large
+  fraction of a second) and can hang, so it runs with a timeout and its process group is killed after.
 """
 
 from __future__ import annotations
@@ -263,8 +263,8 @@ def _run_termux(cmd: str, timeout_s: float) -> dict | None:
 
 class BackgroundPowerReader:
     """Reads the power state every ``interval_s`` on a daemon thread, so the governor's
-    ``choose()`` between decode steps never waits on ``termux-battery-status`` (about
-    0.5 s, or the whole timeout when it hangs). Calling it returns the latest state at once.
+    ``choose()`` between decode steps never waits on ``termux-battery-status`` (a round
+    trip through Android, or the whole timeout when it hangs). Calling it returns the latest state at once.
 
     ``start()`` reads once before returning (so the first choice is informed) and starts
     the thread; ``close()`` stops and joins it. Create it before pinning any thread: the

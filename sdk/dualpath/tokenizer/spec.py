@@ -46,7 +46,8 @@ class TokenizerSpec:
     """Piece text per token id."""
     scores: Sequence[float] | None = None
     """Merge priority per token id (``llama``): higher merges first. Held as ``array("f")``
-    (GGUF stores float32): a tuple of floats took 8 MiB for Gemma 3's 262,144 pieces."""
+    (GGUF stores float32): a tuple of Python floats is several times larger at Gemma 3's 262,144
+    pieces."""
     token_types: Sequence[int] | None = None
     """GGUF token type per token id (TOKEN_* above); None means all NORMAL. Held as
     ``array("i")``."""
