@@ -99,7 +99,8 @@ def test_bad_value_error_names_file_key_value_and_range(tmp_path, key, value, al
     ("num_threads: 2\n", "unknown key num_threads"),
     ("runtime:\n  num_threads:\n    x: 1\n", "runtime.num_threads is a setting, not a section"),
     ("runtime: 4\n", "runtime must be a mapping of num_threads"),
-    ("- runtime\n", "must be a mapping with keys kv_cache, runtime, power, server, model_cache, prefix_cache, got list"),
+    ("- runtime\n", "must be a mapping with keys kv_cache, runtime, power, server, model_cache, prefix_cache, "
+                    "got list"),
     ("runtime: [unclosed\n", "invalid YAML"),
     ("runtime:\n  num_threads: 1\n  num_threads: 2\n", "duplicate key 'num_threads'"),
     ("1: 2\n", "key 1 must be a string"),
@@ -237,7 +238,8 @@ def test_a_renamed_key_is_read_as_its_new_name_with_a_warning(tmp_path, caplog):
 
 def test_a_renamed_key_beside_its_new_name_is_refused(tmp_path):
     path = write(tmp_path, "runtime:\n  attention_kernel: generic\n  kernel_isa: avx2\n")
-    with pytest.raises(ConfigError, match=r"x\.yaml: runtime\.attention_kernel and runtime\.kernel_isa are one setting"):
+    with pytest.raises(ConfigError,
+                       match=r"x\.yaml: runtime\.attention_kernel and runtime\.kernel_isa are one setting"):
         load_config(path)
 
 

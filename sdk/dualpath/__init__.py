@@ -7,12 +7,19 @@ ONNX Runtime runs the dense math; the KV cache and attention are ours.
     >>> llm.generate("Once upon a time", dualpath.SamplingParams(temperature=0)).text
 """
 
-from .config import Config, DualPathConfig, KVCacheConfig, RuntimeConfig, load_config
-from .errors import (ChatTemplateError, ConfigError, DualPathError, InvalidPromptError, ModelLoadError,
-                     PromptTooLongError,
-                     SamplingParamsError, TokenizerError)
-from .llm import LLM
 from .chat import Chat
+from .config import Config, DualPathConfig, KVCacheConfig, RuntimeConfig, load_config
+from .errors import (
+                     ChatTemplateError,
+                     ConfigError,
+                     DualPathError,
+                     InvalidPromptError,
+                     ModelLoadError,
+                     PromptTooLongError,
+                     SamplingParamsError,
+                     TokenizerError,
+)
+from .llm import LLM
 from .runtime.generate import Completion, Timings, Usage
 from .runtime.sampler import SamplingParams
 

@@ -22,8 +22,8 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Iterator
 
 from .errors import DualPathError, PromptTooLongError
 from .llm import LLM

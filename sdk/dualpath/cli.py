@@ -364,7 +364,8 @@ def cmd_info(args) -> int:
           f"python {sys.version.split()[0]}")
     print(f"cpu: {cpu_model()}  ({usable_cpus()} usable cores)")
     print(f"cpu features: {' '.join(cpu_features()) or '(none reported)'}")
-    from .kernels import KERNEL_ISAS, available_kernels, cpu_features as kernel_features, default_kernel
+    from .kernels import KERNEL_ISAS, available_kernels, default_kernel
+    from .kernels import cpu_features as kernel_features
 
     disabled = os.environ.get("DUALPATH_DISABLE_CPU_FEATURES", "")
     asked = cfg.runtime.kernel_isa
@@ -455,7 +456,8 @@ def _print_model(args, d) -> None:
         print(f"  kv cache: {per_token:,} bytes per token, all layers, in {d.kv_dtype} "
               f"({per_token / f16:.0%} of f16)")
     diffs = m.differences()
-    print(f"  family differences: {' '.join(f'{k}={v:g}' if isinstance(v, float) else f'{k}={v}' for k, v in diffs.items()) or 'none (plain Llama)'}")
+    shown = ' '.join(f'{k}={v:g}' if isinstance(v, float) else f'{k}={v}' for k, v in diffs.items())
+    print(f"  family differences: {shown or 'none (plain Llama)'}")
     print(f"  file tensor types: {', '.join(spec.metadata.get('tensor_types', []))}")
     types = ", ".join(f"{k}: {v / 2**20:.1f} MiB" for k, v in spec.weight_types().items())
     print(f"  weights in memory: {spec.weight_bytes / 2**20:.1f} MiB ({types})")
@@ -571,7 +573,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     def config_args(sp):
         sp.add_argument("-c", "--config", help="YAML config file (see configs/default.yaml)")
-        sp.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config key, e.g. runtime.num_threads=2")
+        sp.add_argument("--set", action="append", metavar="KEY=VALUE",
+                        help="override a config key, e.g. runtime.num_threads=2")
         sp.add_argument("-t", "--threads", type=int, help="threads (runtime.num_threads)")
         sp.add_argument("--ctx-size", type=int, help="context window in tokens (runtime.max_context_tokens)")
         from .kernels import KV_DTYPE_DOCS, KV_DTYPES
@@ -599,7 +602,8 @@ def build_parser() -> argparse.ArgumentParser:
     config_args(r)
     r.add_argument("prompt", nargs="?", help="the prompt (default: empty, i.e. start from BOS)")
     r.add_argument("-n", "--max-tokens", type=int, help="tokens to generate (default: up to --steps)")
-    r.add_argument("--steps", type=int, default=256, help="stop when prompt + generated reach this many positions, as llama2.c's -n (default 256)")
+    r.add_argument("--steps", type=int, default=256,
+                   help="stop when prompt + generated reach this many positions, as llama2.c's -n (default 256)")
     sampling_args(r, temperature=0.8)
     r.add_argument("--stop", action="append", help="stop string (repeatable)")
     r.add_argument("--ignore-eos", action="store_true")
@@ -666,14 +670,17 @@ def sampling_args(sp, temperature: float) -> None:
 
 def _add_cache_parser(sub) -> None:
     c = sub.add_parser("cache", help="the converted-model cache and the prefix pages on disk: list, remove, prune")
-    c.add_argument("--dir", help="the cache folder (default: model_cache.dir, $DUALPATH_CACHE_DIR or ~/.cache/dualpath/models)")
-    c.add_argument("--prefix-dir", help="the prefix pages' folder (default: prefix_cache.dir or ~/.cache/dualpath/prefix)")
+    c.add_argument("--dir",
+                   help="the cache folder (default: model_cache.dir, $DUALPATH_CACHE_DIR or ~/.cache/dualpath/models)")
+    c.add_argument("--prefix-dir",
+                   help="the prefix pages' folder (default: prefix_cache.dir or ~/.cache/dualpath/prefix)")
     csub = c.add_subparsers(dest="cache_command", required=True)
     csub.add_parser("ls", help="list entries (key, size, last use, source file, graphs) and prefix stores")
     crm = csub.add_parser("rm", help="remove entries or prefix stores by key (or --all)")
     crm.add_argument("keys", nargs="*")
     crm.add_argument("--all", action="store_true")
-    cpr = csub.add_parser("prune", help="remove least recently used entries down to a size, and stale temporary folders")
+    cpr = csub.add_parser("prune",
+                          help="remove least recently used entries down to a size, and stale temporary folders")
     cpr.add_argument("--max-size-gb", type=float, help="default: model_cache.max_size_gb")
     cpr.add_argument("--prefix-max-size-gb", type=float, help="prefix pages kept, least recently used "
                      "removed first (default: prefix_cache.max_size_gb)")

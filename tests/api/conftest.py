@@ -14,7 +14,6 @@ from pathlib import Path
 import pytest
 
 import dualpath
-
 from tests_shared import models_dir_path, require_file
 
 

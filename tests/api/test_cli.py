@@ -136,7 +136,8 @@ def test_run_and_info_take_kv_dtype_q8(gguf_path, tmp_path):
     # stories260K: 5 layers x 4 KV heads x (8 + 4) bytes x 2 (K and V), against 16 x 2 x 4 x 5 in f16
     assert "480 bytes per token, all layers, in q8 (75% of f16)" in out, out
     bad = dualpath_cli(["run", "--kv-dtype", "q4", "Hi"], tmp_path)
-    assert bad.returncode == 2 and "--kv-dtype: invalid choice: 'q4' (choose from 'f16', 'f32', 'q8')" in bad.stderr.decode()
+    assert bad.returncode == 2
+    assert "--kv-dtype: invalid choice: 'q4' (choose from 'f16', 'f32', 'q8')" in bad.stderr.decode()
 
 
 def test_info_names_the_configured_kernel_and_prints_the_cache_config_once(tmp_path):
@@ -220,7 +221,8 @@ def test_run_verbose_prints_the_load_split_into_stages_first_converted_then_cach
     for proc in runs:
         assert proc.returncode == 0, proc.stderr.decode()
     first, again = (p.stderr.decode() for p in runs)
-    stages = r"converted-model cache {}\): {}, tokenizer [0-9.]+s, graphs [0-9.]+s, ONNX Runtime sessions [0-9.]+s, total"
+    stages = (r"converted-model cache {}\): {}, tokenizer [0-9.]+s, graphs [0-9.]+s, "
+              r"ONNX Runtime sessions [0-9.]+s, total")
     assert re.search(stages.format("miss", r"converted [0-9.]+s"), first), first
     assert re.search(stages.format("hit", r"opened cached entry [0-9.]+s"), again), again
     assert runs[0].stdout == runs[1].stdout  # the same text from the cached entry
@@ -254,7 +256,7 @@ def test_info_lists_every_isa_row_of_the_c_table_and_which_run_here(tmp_path):
 
     proc = dualpath_cli(["info"], tmp_path)
     assert proc.returncode == 0, proc.stderr.decode()
-    line = next(l for l in proc.stdout.decode().splitlines() if l.startswith("kernel ISAs: "))
+    line = next(ln for ln in proc.stdout.decode().splitlines() if ln.startswith("kernel ISAs: "))
     rows = line.removeprefix("kernel ISAs: ").split("  (")[0].split()
     assert [r.removesuffix("(-)") for r in rows] == list(KERNEL_ISAS)
     assert [r for r in rows if not r.endswith("(-)")] == available_kernels()

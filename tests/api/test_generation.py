@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 import dualpath
-from dualpath import (ChatTemplateError, PromptTooLongError, SamplingParams, SamplingParamsError)
+from dualpath import ChatTemplateError, PromptTooLongError, SamplingParams, SamplingParamsError
 from tests_shared import write_gguf_with_chat_template
 
 ONCE = "Once upon a time"

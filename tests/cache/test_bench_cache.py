@@ -6,9 +6,19 @@ import json
 
 import pytest
 
-from dualpath.bench.cache import (CONTIGUOUS, MODES, KVShape, MixedWorkload, ThroughputWorkload,
-                                  blocks_for, distinct_tokens, kv_geometry, make_requests, run_cache_bench,
-                                  run_throughput)
+from dualpath.bench.cache import (
+    CONTIGUOUS,
+    MODES,
+    KVShape,
+    MixedWorkload,
+    ThroughputWorkload,
+    blocks_for,
+    distinct_tokens,
+    kv_geometry,
+    make_requests,
+    run_cache_bench,
+    run_throughput,
+)
 from dualpath.cli import main
 from dualpath.config import KVCacheConfig
 

@@ -15,8 +15,8 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from dualpath.cache.manager import KVCacheManager, NoRoom
-from dualpath.config import KVCacheConfig
 from dualpath.cache.policy import Path
+from dualpath.config import KVCacheConfig
 
 LAYERS, KV_HEADS, HEAD_DIM = 2, 2, 32
 KV_DIM = KV_HEADS * HEAD_DIM

@@ -12,16 +12,17 @@ import textwrap
 import time
 
 import pytest
-from tests_shared import models_dir_path
 
 import dualpath
 from dualpath import SamplingParams
 from dualpath.cache import disk
 from dualpath.cache.policy import Path
+from tests_shared import models_dir_path
 
 MODELS = models_dir_path()
 GGUF = MODELS / "stories260K.gguf"
-pytestmark = pytest.mark.skipif(not GGUF.is_file(), reason=f"test model not found in {MODELS} (set DUALPATH_TEST_MODELS)")
+pytestmark = pytest.mark.skipif(not GGUF.is_file(),
+                                reason=f"test model not found in {MODELS} (set DUALPATH_TEST_MODELS)")
 
 TEXT = ("Once upon a time, there was a little girl named Lily. She loved to play outside in the park with her "
         "friends. One day, she saw a big red ball under a tree. She ran to get it, but a dog took it first. "

@@ -12,6 +12,7 @@ import pytest
 
 from dualpath.errors import DualPathError, InvariantError, require
 
+
 def test_require_raises_invariant_error_that_is_also_an_assertion_error():
     require(True, "fine")
     with pytest.raises(InvariantError, match="the counts disagree") as info:

@@ -19,8 +19,8 @@ from __future__ import annotations
 import numpy as np
 
 from dualpath.cache.manager import KVCacheManager, NoRoom
-from dualpath.config import KVCacheConfig
 from dualpath.cache.policy import Path
+from dualpath.config import KVCacheConfig
 
 P = 4                          # tokens per page
 PAGE_BYTES = 2048              # 2 (K, V) * 2 heads * 4 tokens * 32 dims * 4 bytes
@@ -933,5 +933,6 @@ def test_freeing_everything_and_evicting_returns_every_block():
     assert cache.pool.block_state == [0] * 16 and cache.pool.block_live == [0] * 16
     assert not any(cache.pool.page_ref)
     assert cache.prefix.page_hash == [None] * 32
-    assert (cache.prefix.lru, cache.prefix.table, cache.pool.rand_free, cache.pool.extent_used, cache.seqs) == ({}, {}, {}, {}, {})
+    assert (cache.prefix.lru, cache.prefix.table, cache.pool.rand_free, cache.pool.extent_used, cache.seqs) \
+        == ({}, {}, {}, {}, {})
     assert cache.free_page_count() == 32

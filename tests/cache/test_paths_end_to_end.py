@@ -4,15 +4,16 @@ shared prompt prefix is computed once."""
 import json
 
 import pytest
-from tests_shared import assert_golden_ids, models_dir_path
 
 import dualpath
 from dualpath import SamplingParams
 from dualpath.cache.policy import Path
+from tests_shared import assert_golden_ids, models_dir_path
 
 MODELS = models_dir_path()
 GGUF = MODELS / "stories260K.gguf"
-pytestmark = pytest.mark.skipif(not GGUF.is_file(), reason=f"test model not found in {MODELS} (set DUALPATH_TEST_MODELS)")
+pytestmark = pytest.mark.skipif(not GGUF.is_file(),
+                                reason=f"test model not found in {MODELS} (set DUALPATH_TEST_MODELS)")
 
 
 def _llm(**dp):

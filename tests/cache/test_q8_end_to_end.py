@@ -16,13 +16,13 @@ figures compare the same contexts. The bounds leave about 2x room on the errors.
 """
 
 import pytest
-from tests_shared import models_dir_path
 
 import dualpath
 from dualpath.bench.kv_quality import PROMPTS, measure_kv_quality
 from dualpath.config import KVCacheConfig
 from dualpath.kernels import KV_DTYPES
 from dualpath.models.synth import synth_gguf
+from tests_shared import models_dir_path
 
 GGUF = models_dir_path() / "stories260K.gguf"
 

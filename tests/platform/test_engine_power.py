@@ -13,11 +13,13 @@ import subprocess
 import sys
 
 import pytest
+
 from tests_shared import models_dir_path
 
 MODELS = models_dir_path()
 GGUF = MODELS / "stories260K.gguf"
-needs_model = pytest.mark.skipif(not GGUF.is_file(), reason=f"test model not found in {MODELS} (set DUALPATH_TEST_MODELS)")
+needs_model = pytest.mark.skipif(not GGUF.is_file(),
+                                 reason=f"test model not found in {MODELS} (set DUALPATH_TEST_MODELS)")
 needs_two_cpus = pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2 or not {0, 1} <= os.sched_getaffinity(0),
                                     reason="needs cpu0 and cpu1")
 

@@ -5,9 +5,9 @@ from pathlib import Path
 import pytest
 from platform_testlib import MACHINES, fixture_topology
 
+from dualpath.cache.policy import PathPolicy
 from dualpath.config import Config, PowerConfig, RuntimeConfig, load_config, with_overrides
 from dualpath.errors import ConfigError
-from dualpath.cache.policy import PathPolicy
 from dualpath.platform.profiles import PROFILES, resolve_plan
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"

@@ -100,7 +100,7 @@ def _run_cli(path, cache, *args, limit_mib: int | None = None):
 
 def _graphs_and_temporaries(cache) -> list[str]:
     out = []
-    for dirpath, dirnames, _ in os.walk(cache):
+    for _dirpath, dirnames, _ in os.walk(cache):
         out += [d for d in dirnames if d.startswith(("graphs-", ".tmp-"))]
     return out
 

@@ -39,7 +39,7 @@ def serve(runner: ModelRunner, fresh: bool, all_rows_at: int = -1) -> list[np.nd
     """Run STEPS; with ``fresh``, every step builds new bindings (the reference)."""
     cache = runner.cache
     seq_ids = {name: cache.new_seq_id() for name in PROMPTS}
-    for name, sid in seq_ids.items():
+    for sid in seq_ids.values():
         cache.start(sid, [])
     last = {}
     out = []

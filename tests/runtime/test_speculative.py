@@ -8,11 +8,11 @@ import os
 
 import numpy as np
 import pytest
-from tests_shared import models_dir_path
 
 import dualpath
 from dualpath import SamplingParams
 from dualpath.runtime.speculative import NgramProposer
+from tests_shared import models_dir_path
 
 GGUF = models_dir_path() / "stories260K.gguf"
 pytestmark = pytest.mark.skipif(not GGUF.is_file(), reason="test model not found (set DUALPATH_TEST_MODELS)")

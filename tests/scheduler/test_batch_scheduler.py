@@ -181,7 +181,7 @@ def test_a_request_with_forks_is_not_starved_by_requests_behind_it():
     for r in singles + [big]:
         sched.add(r)
     made = 4
-    for steps in range(1, 60):
+    for steps in range(1, 60):  # noqa: B007 (read after the loop)
         for s in sched.schedule(32).seqs:
             sched.cache.commit(s.seq_id)
             if s.logits:

@@ -21,10 +21,10 @@ import pytest
 httpx = pytest.importorskip("httpx")
 pytest.importorskip("uvicorn")
 
+from test_server import LiveServer, idle  # noqa: E402
+
 import dualpath  # noqa: E402
 from dualpath.errors import DualPathError  # noqa: E402
-
-from test_server import LiveServer, idle  # noqa: E402
 
 MODEL = "stories260k"
 CHAT = [{"role": "user", "content": "Once upon a time"}]

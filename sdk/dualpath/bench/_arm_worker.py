@@ -24,8 +24,8 @@ import sys
 def worker(model: str, num_generate: int, n_ctx: int, kernel_isa: str = "auto",
            prompt_ids: list | None = None, text: str = "", num_prompt_tokens: int = 0,
            maps_out: str = "") -> dict:
-    from dualpath import LLM
     import dualpath.kernels as kernels
+    from dualpath import LLM
     from dualpath.config import load_config
     from dualpath.runtime.sampler import SamplingParams
 

@@ -34,8 +34,8 @@ def worker(engine: str, model: str, threads: int, tokens: int, spawned_at: float
     ``flash_attn``: llama.cpp's flash attention (llama-cpp-python's default is off)."""
     if engine == "dualpath":
         os.environ["DUALPATH_CACHE_DIR"] = cache_dir
-        from dualpath.config import load_config
         from dualpath import LLM
+        from dualpath.config import load_config
         from dualpath.runtime.sampler import SamplingParams
 
         llm = LLM(model, load_config(None, {"runtime.num_threads": threads}))

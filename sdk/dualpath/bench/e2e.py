@@ -108,7 +108,7 @@ def run_e2e(models: list[str], ctx: int, decode: int, threads: int, repeats: int
         variants = list(engines) + (llamacpp.variants() if llama_in else []) + \
             ([ortgenai.ENGINE] if ort_model is not None else [])
 
-        def measure(variant: str) -> dict:
+        def measure(variant: str, model=model, llama_in=llama_in, ort_model=ort_model) -> dict:
             setting = llamacpp.setting_of(variant)
             if setting is not None:
                 return llama_peer.measure(model, **llama_in, decode=decode, threads=threads, chunk=chunk,

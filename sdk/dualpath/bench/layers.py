@@ -22,7 +22,8 @@ import statistics
 import numpy as np
 
 from ..kernels import LMatmul, ThreadPool, default_kernel
-from .common import ms_per_call as _ms, ort_session, write_json
+from .common import ms_per_call as _ms
+from .common import ort_session, write_json
 
 
 def _ort_session(nb, shape: tuple[int, int], threads: int):
@@ -47,7 +48,8 @@ def _ort_session(nb, shape: tuple[int, int], threads: int):
                   helper.make_node("Gemm", ["xs", "mins", "y0"], ["y"], transB=1, alpha=-1.0, beta=1.0)]
     graph = helper.make_graph(nodes, "layer", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["R", k])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["R", n])], initializer=inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid("com.microsoft", 1)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21),
+                                                    helper.make_opsetid("com.microsoft", 1)])
     return ort_session(model, threads)
 
 

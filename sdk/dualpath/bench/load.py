@@ -15,8 +15,7 @@ import sys
 import time
 
 from ..config import CHAT_TEMPLATES
-from .common import (free_port, live_server, metric, model_or_default, percentile_ms, process_peak_rss_mb,
-                     write_json)
+from .common import free_port, live_server, metric, model_or_default, percentile_ms, process_peak_rss_mb, write_json
 
 STARTUP_S = 120.0
 """How long the server may take to answer /health."""

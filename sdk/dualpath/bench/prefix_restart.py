@@ -110,7 +110,8 @@ def llama_server_trial(args, path: str, prompt: list[int], slot_dir: str, log_di
         _kill(server)
     # The restore is a call of its own before the request: its time counts with the TTFT.
     return {"cold_ttft_ms": cold["ttft_ms"], "restored_ttft_ms": restore_ms + again["ttft_ms"],
-            "restore_call_ms": restore_ms, "restart_ms": start_ms, "restored_tokens": restored.get("n_restored"), "saved_tokens": saved.get("n_saved"),
+            "restore_call_ms": restore_ms, "restart_ms": start_ms, "restored_tokens": restored.get("n_restored"),
+            "saved_tokens": saved.get("n_saved"),
             "recomputed_tokens": (again["timings"] or {}).get("prompt_n"), "same_text": cold["text"] == again["text"],
             "restore_worked": bool(restored.get("n_restored")), "restore_error": restored.get("error")}
 

@@ -41,8 +41,18 @@ import sys
 import time
 
 from ..errors import DualPathError
-from .common import (free_port, interleaved, live_server, median_of, model_or_default, percentile_ms,
-                     process_peak_rss_mb, random_ids, random_prompt, write_json)
+from .common import (
+    free_port,
+    interleaved,
+    live_server,
+    median_of,
+    model_or_default,
+    percentile_ms,
+    process_peak_rss_mb,
+    random_ids,
+    random_prompt,
+    write_json,
+)
 from .harness import run_worker
 
 WORKLOADS = ("mixed",)

@@ -13,7 +13,6 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import require
-
 from .sequence import Sequence
 
 

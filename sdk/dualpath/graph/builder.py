@@ -289,7 +289,8 @@ class _Builder:
         else:
             q, k, v = self.linears(x, [w[f"blk.{i}.attn_{n}"] for n in "qkv"])
         if cfg.qkv_bias:  # Qwen2
-            q, k, v = (self.node("Add", [t, self.external(f"blk.{i}.attn_{n}.bias.weight", w[f"blk.{i}.attn_{n}.bias"].data)],
+            q, k, v = (self.node("Add", [t, self.external(f"blk.{i}.attn_{n}.bias.weight",
+                                                          w[f"blk.{i}.attn_{n}.bias"].data)],
                                  "bias") for t, n in zip((q, k, v), "qkv"))
         if cfg.qk_norm:  # Qwen3, Gemma 3
             q = self.head_norm(q, cfg.num_heads, w[f"blk.{i}.attn_q_norm"])

@@ -215,7 +215,8 @@ def _write_parts(spec: ModelSpec, accuracy_level: int, context_tokens: int, fold
                             "outputs": list(step.outputs), "weights": list(step.weights),
                             "tables": list(step.tables), "derived": list(step.derived), "prepack": step.prepack,
                             "before": before, "after": [], "last": step is graphs[-1],
-                            "matmuls": any(n.op_type in ("MatMulNBits", "MatMul", "Gemm") for n in step.model.graph.node),
+                            "matmuls": any(n.op_type in ("MatMulNBits", "MatMul", "Gemm")
+                                           for n in step.model.graph.node),
                             "shapes": {k: list(v) for k, v in program.shapes.items()}})
             before = []
         listing[-1]["after"] = before  # products after the part's last graph (its q, k or v)

@@ -22,7 +22,8 @@ def read_magic(path: str) -> bytes:
     """The first 4 bytes of ``path``, after the checks every format shares: it is a file,
     not empty, and readable."""
     if os.path.isdir(path):
-        raise ModelLoadError(path, "is a folder; Hugging Face folders are not supported yet (pass a .gguf or llama2.c .bin)")
+        raise ModelLoadError(path, "is a folder; Hugging Face folders are not supported yet "
+                                   "(pass a .gguf or llama2.c .bin)")
     if not os.path.isfile(path):
         raise ModelLoadError(path, "no such file")
     if os.path.getsize(path) == 0:

@@ -120,7 +120,7 @@ def temporary_folder(parent: str, prefix: str) -> str:
 def make_private(tree: str) -> None:
     """0700 on every folder and 0600 on every file of ``tree`` (ours: written just now
     into a folder of ours), before it is published; links are not followed."""
-    for dirpath, dirnames, filenames in os.walk(tree):
+    for dirpath, _dirnames, filenames in os.walk(tree):
         os.chmod(dirpath, FOLDER_MODE)
         for name in filenames:
             path = os.path.join(dirpath, name)

@@ -41,8 +41,8 @@ import sys
 import threading
 import time
 from array import array
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
 
@@ -322,7 +322,7 @@ class EntryInfo:
 class Entry:
     """An opened entry: its manifest and the mappings its arrays live in."""
 
-    def __init__(self, store: "ModelStore", folder: str, manifest: dict):
+    def __init__(self, store: ModelStore, folder: str, manifest: dict):
         self.store = store
         self.folder = folder
         self.manifest = manifest
@@ -468,7 +468,8 @@ class Entry:
         in their form) now, with huge pages where the kernel gives them for this file.
 
         A decode step streams every one of them from DRAM; over 4 KiB pages its products
-        take markedly longer (TLB misses; docs/performance-log.md). Their mapping asks for huge pages (MADV_HUGEPAGE), which the
+        take markedly longer (TLB misses; docs/performance-log.md). Their mapping asks for huge
+        pages (MADV_HUGEPAGE), which the
         page cache gives to pages it reads from then on; pages it already holds in small
         folios (written by an older version, or read by another process) stay small. When
         less than half of them came out huge, and one huge page's worth shows that this
@@ -800,8 +801,9 @@ class ModelStore:
             tmp = _tmp_folder(self.root, key)
             contents = {"inode": _inode(path), "xor": _file_xor(path)}  # before the file is read
         except OSError as e:
-            raise ModelLoadError(path, f"cannot write the converted-model cache in {self.root}: {e.strerror or e} "
-                                       "(set model_cache.dir, DUALPATH_CACHE_DIR, or model_cache.enabled: false)") from e
+            raise ModelLoadError(path, f"cannot write the converted-model cache in {self.root}: "
+                                       f"{e.strerror or e} (set model_cache.dir, DUALPATH_CACHE_DIR, "
+                                       "or model_cache.enabled: false)") from e
         writer = _Writer(tmp, path, progress, os.path.getsize(path))
         try:
             loaded = load_model(path, tokenizer_path, sink=writer.put)

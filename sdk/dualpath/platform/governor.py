@@ -37,7 +37,7 @@ from dataclasses import dataclass, replace
 
 from dualpath.config import Config
 
-from .placement import Placer, PlacementReport, SetPlacement, check_plans
+from .placement import PlacementReport, Placer, SetPlacement, check_plans
 from .power import PowerState, read_power_state
 from .profiles import PROFILES, Plan, SessionSpec, resolve_plan
 from .topology import Topology

@@ -278,7 +278,7 @@ class BackgroundPowerReader:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
-    def start(self) -> "BackgroundPowerReader":
+    def start(self) -> BackgroundPowerReader:
         if self._thread is None:
             self._state = self.reader()
             self._thread = threading.Thread(target=self._loop, name="dualpath-power", daemon=True)
@@ -301,7 +301,7 @@ class BackgroundPowerReader:
             self._thread.join()
             self._thread = None
 
-    def __enter__(self) -> "BackgroundPowerReader":
+    def __enter__(self) -> BackgroundPowerReader:
         return self.start()
 
     def __exit__(self, *exc) -> None:

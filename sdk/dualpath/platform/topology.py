@@ -196,7 +196,7 @@ class Topology:
                 return c
         raise KeyError(f"cpu {cpu} is not online (online: {format_cpulist(self.online)})")
 
-    def override(self, spec: str, source: str = "override") -> "Topology":
+    def override(self, spec: str, source: str = "override") -> Topology:
         """Classes declared by ``spec`` (``"0:big,1:little"``, ``"0-3:little,4-7:big"``) instead of
         detected ones; the hardware facts stay. Online CPUs the spec does not name are left
         unused (a log line says so). Raises ConfigError naming ``source`` for a malformed spec,

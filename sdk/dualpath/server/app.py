@@ -12,7 +12,8 @@ Errors are OpenAI-style objects ``{"error": {"message", "type", "param", "code"}
 ``Host`` not served (``HostGuard``: a loopback bind answers loopback names and
 ``server.allowed_hosts`` only, against DNS rebinding), 404 for an unknown model or route,
 405 for a wrong method, 413 for a body over ``server.max_body_bytes``, 415 for a body not
-declared ``application/json`` (what a web page cannot send cross-origin unasked), 429 (with ``Retry-After``) when ``server.max_queued_requests``
+declared ``application/json`` (what a web page cannot send cross-origin unasked), 429 (with ``Retry-After``)
+when ``server.max_queued_requests``
 are waiting, 503 (with ``Retry-After``) when the KV cache has no room, 500
 (``server_error``, no internals: the cause goes to the log) when the server failed the
 request (``errors.py`` holds the table). A stream that fails after it started sends one
@@ -37,19 +38,33 @@ import uuid
 
 import numpy as np
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
-from starlette.middleware import Middleware
 from starlette.routing import Route
 
 from ..errors import ConfigError
-from .errors import APIError, api_error, bad_request, engine_call
-from .parsing import (CHAT_FIELDS, COMPLETION_FIELDS, EMBEDDING_FIELDS, WARM_FIELDS, chat_ids, check_fields,
-                      check_model, embedding_inputs, get_field, include_usage, logprobs_count, num_choices,
-                      prompt_ids, read_body, sampling_params)
-from .streaming import DONE, collect, event_stream, merged, sse
 from ..runtime.grammar import GrammarCompiler
 from ..runtime.sampler import SamplingParams
+from .errors import APIError, api_error, bad_request, engine_call
+from .parsing import (
+    CHAT_FIELDS,
+    COMPLETION_FIELDS,
+    EMBEDDING_FIELDS,
+    WARM_FIELDS,
+    chat_ids,
+    check_fields,
+    check_model,
+    embedding_inputs,
+    get_field,
+    include_usage,
+    logprobs_count,
+    num_choices,
+    prompt_ids,
+    read_body,
+    sampling_params,
+)
+from .streaming import DONE, collect, event_stream, merged, sse
 
 log = logging.getLogger(__name__)
 
@@ -460,7 +475,8 @@ def create_app(llm, *, model_name: str | None = None, on_shutdown=None) -> Starl
             on_shutdown()
 
     app = Starlette(routes=routes, exception_handlers={404: not_found, 405: bad_method, Exception: failed},
-                    middleware=[Middleware(HostGuard, allowed=allowed_hosts(server.cfg.host, server.cfg.allowed_hosts))],
+                    middleware=[Middleware(HostGuard,
+                                           allowed=allowed_hosts(server.cfg.host, server.cfg.allowed_hosts))],
                     lifespan=lifespan)
     app.state.server = server
     return app

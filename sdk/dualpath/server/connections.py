@@ -158,7 +158,8 @@ def _json_400(h11, msg: str) -> tuple:
                                  "param": None, "code": None}}).encode("ascii")
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
                (b"connection", b"close")]
-    return h11.Response(status_code=400, headers=headers, reason=b"Bad Request"), h11.Data(data=body), h11.EndOfMessage()
+    response = h11.Response(status_code=400, headers=headers, reason=b"Bad Request")
+    return response, h11.Data(data=body), h11.EndOfMessage()
 
 
 _evictions = {"count": 0, "logged": 0.0}

@@ -14,8 +14,15 @@ import logging
 from starlette.requests import ClientDisconnect
 from starlette.responses import JSONResponse
 
-from ..errors import (CacheFullError, ChatTemplateError, DualPathError, InternalError, InvalidPromptError,
-                      PromptTooLongError, SamplingParamsError)
+from ..errors import (
+    CacheFullError,
+    ChatTemplateError,
+    DualPathError,
+    InternalError,
+    InvalidPromptError,
+    PromptTooLongError,
+    SamplingParamsError,
+)
 from ..runtime.engine import QueueFullError
 from ..runtime.grammar import StructuredOutputError
 

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from array import array
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
 # GGUF token types (llama.cpp's llama_token_type).
 TOKEN_NORMAL = 1

@@ -39,7 +39,7 @@ import logging
 import operator
 import re
 from array import array
-from typing import Sequence
+from collections.abc import Sequence
 
 from ..errors import TokenizerError
 from .base import Tokenizer, ids_where
