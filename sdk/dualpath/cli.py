@@ -138,6 +138,7 @@ def cmd_run(args) -> int:
     out.write("\n")
     out.flush()
     c = gen.completion
+    assert c is not None  # the stream has ended
     t = c.timings
     print(f"dualpath: {c.usage.prompt_tokens} prompt tokens at {t.prefill_tokens_per_s:.1f} tok/s, "
           f"{c.usage.completion_tokens} generated at {t.decode_tokens_per_s:.1f} tok/s "
@@ -308,11 +309,11 @@ def cmd_cache(args) -> int:
         if not keys and not args.all:
             print("dualpath: error: name the keys to remove (dualpath cache ls) or give --all", file=sys.stderr)
             return 2
-        removed = 0
+        num_removed = 0
         for k in keys:
             try:
                 if store.remove(k) or disk.remove_store(prefix_root, k):
-                    removed += 1
+                    num_removed += 1
                 else:
                     print(f"dualpath: no cache entry or prefix store {k!r} in {store.root} or {prefix_root}",
                           file=sys.stderr)
@@ -320,13 +321,14 @@ def cmd_cache(args) -> int:
                 print(f"dualpath: not removed: {e}", file=sys.stderr)
             except OSError as e:
                 print(f"dualpath: cannot remove {k!r}: {e.strerror or e} ({e.filename})", file=sys.stderr)
-        print(f"removed {removed} entries")
-        return 1 if removed < len(keys) else 0
+        print(f"removed {num_removed} entries")
+        return 1 if num_removed < len(keys) else 0
     limit = None if args.max_size_gb is None else int(args.max_size_gb * (1 << 30))
-    removed = store.enforce_limit(limit)
-    for e in removed:
-        print(f"removed {e.key} ({e.size_bytes / (1 << 20):.1f} MiB, {e.source})")
-    print(f"{len(removed)} entries removed; {sum(e.size_bytes for e in store.entries()) / (1 << 20):.1f} MiB left")
+    pruned = store.enforce_limit(limit)
+    for info in pruned:
+        print(f"removed {info.key} ({info.size_bytes / (1 << 20):.1f} MiB, {info.source})")
+    left_mib = sum(info.size_bytes for info in store.entries()) / (1 << 20)
+    print(f"{len(pruned)} entries removed; {left_mib:.1f} MiB left")
     gb = pc.max_size_gb if args.prefix_max_size_gb is None else args.prefix_max_size_gb
     pages, left = disk.prune(prefix_root, int(gb * (1 << 30)))
     print(f"{len(pages)} prefix pages removed; {left / (1 << 20):.1f} MiB left in {prefix_root}")

@@ -139,7 +139,7 @@ class _Section:
     def __post_init__(self) -> None:
         prefix = f"{self._section}." if self._section else ""
         check_settings(self, prefix, ConfigError)
-        for f in fields(self):
+        for f in fields(self):  # type: ignore[arg-type]  # every _Section subclass is a dataclass
             cls = f.metadata.get("section")
             if cls is not None and not isinstance(getattr(self, f.name), cls):
                 raise ConfigError(f"{prefix}{f.name} must be a {cls.__name__}, "

@@ -4,6 +4,10 @@ Every error names the thing that is wrong (a file, a config key, a parameter)
 and what was expected, so a user can fix it without reading our code.
 """
 
+from __future__ import annotations
+
+import os
+
 
 class DualPathError(Exception):
     """Base class of every error DualPath raises on purpose."""
@@ -12,7 +16,7 @@ class DualPathError(Exception):
 class ModelLoadError(DualPathError, ValueError):
     """A model file could not be loaded: names the file and the problem."""
 
-    def __init__(self, path, problem: str):
+    def __init__(self, path: str | os.PathLike[str], problem: str) -> None:
         self.path = str(path)
         self.problem = problem
         super().__init__(f"{self.path}: {problem}")

@@ -166,7 +166,7 @@ def run_kernel_bench(contexts=(1024, 8192, 32768), threads=(1, 2), layouts=("seq
     bytes of its KV type (q8: int8 values and their f32 scales)."""
     kernel = kernel or default_kernel()
     rows = []
-    bandwidth = {}
+    bandwidth: dict = {}
     fma_gflops = {}
     buf = np.ones(bandwidth_bytes // 8, np.uint64)
 

@@ -89,7 +89,7 @@ def _streamed_ms(type_name: str, form: np.ndarray, x: np.ndarray, n: int, pool, 
     copies = max(2, -(-stream_bytes // form.nbytes))
     mms = [LMatmul([(type_name, form.copy(), out)], x, kernel) for _ in range(copies)]
 
-    def once() -> float:
+    def once() -> None:
         for mm in mms:
             mm.run(1, pool)
 

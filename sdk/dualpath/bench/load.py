@@ -186,7 +186,8 @@ def _mixed_clients(base: str, clients: int, duration_s: float, max_tokens: int, 
     import httpx
     import numpy as np
 
-    sent, statuses = collections.Counter(), collections.Counter()
+    sent: collections.Counter[str] = collections.Counter()
+    statuses: collections.Counter[int] = collections.Counter()
     failures, rss = [], []
     context = [0]
 

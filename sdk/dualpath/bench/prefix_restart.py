@@ -39,7 +39,8 @@ QUESTION = "\n\nQuestion: what did the keeper write in his book? Answer:"
 
 def build_prompt(tokenizer, prefix_tokens: int) -> tuple[list[int], int]:
     """(prompt ids, length of the shared prefix): about ``prefix_tokens`` tokens of text, then a question."""
-    words, ids = [], tokenizer.encode("", add_bos=True)
+    words: list[str] = []
+    ids = tokenizer.encode("", add_bos=True)
     i = 0
     while len(ids) < prefix_tokens:
         words.extend(WORDS[(i * 5 + j) % len(WORDS)] for j in range(len(WORDS)))

@@ -62,7 +62,8 @@ def _stream_decode(base: str, ids: list[int], tokens: int) -> dict:
 
 
 def _llama_cpp_run(llm, ids: list[int], tokens: int) -> dict:
-    first = last = None
+    first: float | None = None
+    last = 0.0
     n, text = 0, ""
     for chunk in llm.create_completion(ids, max_tokens=tokens, temperature=0.0, top_k=1, stream=True):
         now = time.perf_counter()
@@ -70,7 +71,7 @@ def _llama_cpp_run(llm, ids: list[int], tokens: int) -> dict:
         last = now
         n += 1
         text += chunk["choices"][0]["text"]
-    return {"decode_tps": (n - 1) / (last - first) if last and last > first else None, "text": text}
+    return {"decode_tps": (n - 1) / (last - first) if first is not None and last > first else None, "text": text}
 
 
 def cmd_bench_spec(args) -> int:

@@ -197,7 +197,7 @@ def _write_parts(spec: ModelSpec, accuracy_level: int, context_tokens: int, fold
                     offset += arr.nbytes
     from .segments import Products, split
 
-    listing = []
+    listing: list[dict] = []
     for p in built:
         program = split(p)
         steps = program.steps

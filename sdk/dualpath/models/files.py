@@ -57,7 +57,7 @@ def mapped_memmap(arr: np.ndarray) -> np.memmap | None:
     """The np.memmap that ``arr`` is a view of and that owns the mapping (its ``base`` is the
     ``mmap.mmap``, and its first byte is at file offset ``offset``), or None. A slice of a
     memmap is a memmap too, but keeps its parent's ``offset``: only the owner's is exact."""
-    base = arr
+    base: np.ndarray | None = arr
     while isinstance(base, np.ndarray):
         if isinstance(base, np.memmap) and isinstance(base.base, mmap.mmap):
             return base

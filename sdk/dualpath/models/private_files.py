@@ -96,7 +96,7 @@ def create(path: str, mode: str = "wb"):
     taken, OSError (ELOOP) when it is a symbolic link: neither is ever written through."""
     fd = os.open(path, _CREATE, FILE_MODE)
     try:
-        return os.fdopen(fd, mode, **({} if "b" in mode else {"encoding": "utf-8"}))
+        return os.fdopen(fd, mode, encoding=None if "b" in mode else "utf-8")
     except BaseException:
         os.close(fd)
         raise
@@ -106,7 +106,7 @@ def temporary(folder: str, prefix: str, suffix: str = "", mode: str = "wb"):
     """A new file (0600) in ``folder`` under an unpredictable name: (path, open file)."""
     fd, path = tempfile.mkstemp(suffix, prefix, folder)  # O_EXCL | O_NOFOLLOW, 0600
     try:
-        return path, os.fdopen(fd, mode, **({} if "b" in mode else {"encoding": "utf-8"}))
+        return path, os.fdopen(fd, mode, encoding=None if "b" in mode else "utf-8")
     except BaseException:
         os.close(fd)
         raise

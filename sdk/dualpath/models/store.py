@@ -382,10 +382,11 @@ class Entry:
         smap = None
         weights: dict[str, Weight] = {}
         for key, w in man["weights"].items():
-            arrays = {}
+            arrays: dict[str, np.ndarray] = {}
             for kind, a in w["arrays"].items():
                 if a["in"] == "transpose":
                     continue  # a view of another array, below
+                buf: mmap.mmap | None
                 if a["in"] == "source":
                     if smap is None:
                         smap = self._map(source_path)
@@ -395,6 +396,8 @@ class Entry:
                     self._kernel_ranges.append((a["offset"], a["offset"] + a["nbytes"]))
                 else:
                     buf = wmap
+                if buf is None:
+                    raise CorruptEntry(f"{key}.{kind} names a file the entry does not have")
                 shape, dtype = tuple(a["shape"]), np.dtype(a["dtype"])
                 count = int(np.prod(shape, dtype=np.int64))
                 if a["offset"] + count * dtype.itemsize > len(buf):
@@ -407,7 +410,8 @@ class Entry:
                     if a.get("of") not in arrays:
                         raise CorruptEntry(f"{key}.{kind} is the transpose of a missing array")
                     arrays[kind] = arrays[a["of"]].T
-            weights[key] = Weight(key, w["dtype"], tuple(w["shape"]), arrays.get("weight"), arrays.get("scales"),
+            weights[key] = Weight(key, w["dtype"], tuple(w["shape"]), arrays.get("weight"),  # type: ignore[arg-type]
+                                  arrays.get("scales"),
                                   source_type=w["source_type"], bits=w["bits"], block_size=w["block_size"],
                                   zero_points=arrays.get("zero_points"), mins=arrays.get("mins"),
                                   data_t=arrays.get("weight_t"), kernel_form=bool(w.get("kernel_form")))
@@ -482,7 +486,7 @@ class Entry:
         if m is None or not huge or not self._kernel_ranges:
             return {}
         t0 = time.perf_counter()
-        spans = []  # the ranges widened to whole huge pages (a huge page maps whole), merged
+        spans: list[tuple[int, int]] = []  # the ranges widened to whole huge pages (a huge page maps whole), merged
         for lo, hi in sorted(self._kernel_ranges):
             lo, hi = lo // huge * huge, min(len(m), -(-hi // huge) * huge)
             if spans and lo <= spans[-1][1]:
@@ -542,7 +546,7 @@ class Entry:
             if start is None:  # a view of the source file, or of a derived file
                 m, start = next(((d, s) for d in self._derived_maps for s in [_offset_in(d, a)] if s is not None),
                                 (None, None))
-            if m is not None:
+            if m is not None and start is not None:
                 _drop(m, start, a.nbytes)
 
     # -- derived folders -------------------------------------------------------
@@ -695,7 +699,7 @@ class _Writer:
         self.done_bytes += source_bytes
         if self.progress is not None and source_bytes:
             self.progress("convert", self.done_bytes, self.total_bytes)
-        return Weight(w.name, w.dtype, w.shape, None, source_type=w.source_type, bits=w.bits,
+        return Weight(w.name, w.dtype, w.shape, None, source_type=w.source_type, bits=w.bits,  # type: ignore[arg-type]
                       block_size=w.block_size, kernel_form=w.kernel_form)
 
     def _tied_output(self) -> None:
@@ -889,14 +893,15 @@ class ModelStore:
     def entries(self, skipped: list[tuple[str, str]] | None = None) -> list[EntryInfo]:
         """The entries, oldest name first. A folder that is a symbolic link or another
         user's is left out, and added to ``skipped`` as (folder, why)."""
-        out = []
+        out: list[EntryInfo] = []
         if not os.path.isdir(self.root):
             return out
         for name in sorted(os.listdir(self.root)):
             folder = os.path.join(self.root, name)
             if name.startswith(".") or not os.path.isdir(folder):
-                if name.startswith(".tmp-") and skipped is not None and private.untrusted(folder):
-                    skipped.append((folder, private.untrusted(folder)))
+                why = private.untrusted(folder) if name.startswith(".tmp-") else None
+                if why and skipped is not None:
+                    skipped.append((folder, why))
                 continue
             why = private.untrusted(folder)
             if why:
@@ -928,7 +933,7 @@ class ModelStore:
         """Remove stale temporary folders, then least recently used entries (never
         ``keep``) until the cache holds at most ``max_bytes``. Returns what was removed."""
         limit = self.max_bytes if max_bytes is None else max_bytes
-        removed = []
+        removed: list[EntryInfo] = []
         if not os.path.isdir(self.root):
             return removed
         now = time.time()

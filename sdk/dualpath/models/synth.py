@@ -309,6 +309,7 @@ def _write_tensors(w, tensors: list[tuple[str, tuple[int, ...], float]], weight_
 
     for name, shp, _std in tensors:
         nbytes, raw = _encoded_size(shp, weight_type if len(shp) == 2 else "F32")
+        dtype: np.dtype
         if raw in ("F32", "F16"):
             dtype, info_shape = np.dtype(np.float32 if raw == "F32" else np.float16), shp
         else:  # quantized tensors are described by their byte shape

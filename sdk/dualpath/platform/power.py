@@ -86,7 +86,7 @@ class PowerState:
     def tightest(self) -> ThermalZone | None:
         """The zone closest to (or furthest past) its trip point."""
         with_trip = [z for z in self.zones if z.trip_c is not None]
-        return min(with_trip, key=lambda z: z.headroom_c, default=None)
+        return min(with_trip, key=lambda z: z.trip_c - z.temp_c, default=None)  # type: ignore[operator]
 
     @property
     def on_external_power(self) -> bool | None:
@@ -248,7 +248,8 @@ def _run_termux(cmd: str, timeout_s: float) -> dict | None:
         except OSError:
             pass
         proc.wait()
-        proc.stdout.close()
+        if proc.stdout is not None:
+            proc.stdout.close()
         return None
     if proc.returncode != 0:
         log.debug("%s exited with %d", exe, proc.returncode)

@@ -95,7 +95,7 @@ class Server:
         self.created = int(time.time())
         self.tokenizer = llm.tokenizer
         self.api_key = self.cfg.api_key or _read_key_file(self.cfg.api_key_file)
-        self._grammars = None  # runtime/grammar.py's compiler, made on the first structured request
+        self._grammars: GrammarCompiler | None = None  # made on the first structured request
 
     # -- plumbing --------------------------------------------------------------
     def _check_auth(self, request: Request) -> None:
@@ -134,6 +134,7 @@ class Server:
                                     "input")
         data = []
         for i, v in enumerate(vectors):
+            value: str | list[float]
             if fmt == "base64":
                 value = base64.b64encode(np.asarray(v, "<f4").tobytes()).decode()
             else:
@@ -164,7 +165,7 @@ class Server:
 
     def _completion_logprobs(self, entries, offset: list[int]) -> dict:
         """The legacy completions shape: tokens, token_logprobs, top_logprobs, text_offset."""
-        out = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+        out: dict[str, list] = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
         for token, lp, alternatives in entries:
             text = self._token_text(token)
             out["tokens"].append(text)
