@@ -231,7 +231,7 @@ def test_run_verbose_prints_the_load_split_into_stages_first_converted_then_cach
 def test_the_progress_bar_draws_on_a_terminal_only():
     import io
 
-    from dualpath.cli import _ProgressBar
+    from dualpath.cli.common import ProgressBar
 
     class Terminal(io.StringIO):
         def isatty(self):
@@ -239,7 +239,7 @@ def test_the_progress_bar_draws_on_a_terminal_only():
 
     tty, pipe = Terminal(), io.StringIO()
     for stream in (tty, pipe):
-        bar = _ProgressBar(stream)
+        bar = ProgressBar(stream)
         for done in (0, 3 << 20, 6 << 20):
             bar("convert", done, 6 << 20)
         for done in (1, 2, 3):

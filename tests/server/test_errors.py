@@ -79,7 +79,7 @@ def _all_subclasses(cls) -> set[type]:
 
 SERVER_SIDE = {"ModelLoadError", "HubModelError", "ConfigError", "TokenizerError", "DependencyError",
                "CorruptEntry", "BenchProcessError", "ArmBenchError", "IllegalInstruction", "PeerError",
-               "UnsafeFolderError"}
+               "UnsafeFolderError", "InvariantError"}
 """DualPath's errors that only a broken install, model or config raises (or a benchmark, which
 never runs in the server): 500, message withheld."""
 MAKE = {"ModelLoadError": lambda cls, m: cls("model.gguf", m), "HubModelError": lambda cls, m: cls("org/repo", None, m),
