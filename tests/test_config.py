@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from dualpath.config import Config, DualPathConfig, RuntimeConfig, load_config, with_overrides
+from dualpath.config import Config, KVCacheConfig, RuntimeConfig, load_config, with_overrides
 from dualpath.errors import ConfigError
 
 DEFAULT_YAML = Path(__file__).resolve().parents[1] / "configs" / "default.yaml"
@@ -40,38 +40,38 @@ def test_no_path_means_defaults():
     assert load_config() == Config()
 
 
-@pytest.mark.parametrize("text", ["", "runtime:\n", "dualpath_config: {}\n"])
+@pytest.mark.parametrize("text", ["", "runtime:\n", "kv_cache: {}\n"])
 def test_empty_file_or_section_means_defaults(tmp_path, text):
     assert load_config(write(tmp_path, text)) == Config()
 
 
 def test_file_values_override_defaults_and_leave_the_rest(tmp_path):
-    path = write(tmp_path, "dualpath_config:\n  block_size: 4096\n  path_mode: random\n"
+    path = write(tmp_path, "kv_cache:\n  block_bytes: 4096\n  path_mode: random\n"
                            "runtime:\n  num_threads: 3\n")
     config = load_config(path)
-    assert config.dualpath_config == DualPathConfig(block_size=4096, path_mode="random")
+    assert config.kv_cache == KVCacheConfig(block_bytes=4096, path_mode="random")
     assert config.runtime == RuntimeConfig(num_threads=3)
 
 
 @pytest.mark.parametrize("key, value, allowed", [
-    ("dualpath_config.block_size", "1000", "a power of two between 4096 (4 KiB) and 16777216 (16 MiB)"),
-    ("dualpath_config.block_size", "2048", "between 4096 (4 KiB) and 16777216 (16 MiB)"),
-    ("dualpath_config.block_size", "33554432", "between 4096 (4 KiB) and 16777216 (16 MiB)"),
-    ("dualpath_config.block_size", "true", "a power of two"),  # bool is not an int
-    ("dualpath_config.block_size", "'131072'", "a power of two"),  # a string is not a number
-    ("dualpath_config.block_size", "131072.0", "a power of two"),  # a float is not an int
-    ("dualpath_config.seq_path_threshold", "0", ">= 1"),
-    ("dualpath_config.locality_window", "-5", ">= 1"),
-    ("dualpath_config.prefetch_degree", "65", "between 0 and 64"),
-    ("dualpath_config.page_tokens", "24", "a power of two between 1 and 1024"),
-    ("dualpath_config.page_tokens", "2048", "a power of two between 1 and 1024"),
-    ("dualpath_config.locality_threshold", "1.5", "a number between 0 and 1"),
-    ("dualpath_config.locality_threshold", ".nan", "a number between 0 and 1"),
-    ("dualpath_config.locality_threshold", "false", "a number between 0 and 1"),
-    ("dualpath_config.locality_threshold", "1e-3", "1.0e-3"),  # YAML 1.1 string: the message says why
-    ("dualpath_config.path_mode", "both", "one of 'dual', 'sequential', 'random'"),
-    ("dualpath_config.kv_dtype", "bf16", "one of 'f16', 'f32', 'q8'"),
-    ("dualpath_config.kv_dtype", "16", "one of 'f16', 'f32', 'q8'"),
+    ("kv_cache.block_bytes", "1000", "a power of two between 4096 (4 KiB) and 16777216 (16 MiB)"),
+    ("kv_cache.block_bytes", "2048", "between 4096 (4 KiB) and 16777216 (16 MiB)"),
+    ("kv_cache.block_bytes", "33554432", "between 4096 (4 KiB) and 16777216 (16 MiB)"),
+    ("kv_cache.block_bytes", "true", "a power of two"),  # bool is not an int
+    ("kv_cache.block_bytes", "'131072'", "a power of two"),  # a string is not a number
+    ("kv_cache.block_bytes", "131072.0", "a power of two"),  # a float is not an int
+    ("kv_cache.seq_path_threshold", "0", ">= 1"),
+    ("kv_cache.locality_window", "-5", ">= 1"),
+    ("kv_cache.prefetch_degree", "65", "between 0 and 64"),
+    ("kv_cache.page_tokens", "24", "a power of two between 1 and 1024"),
+    ("kv_cache.page_tokens", "2048", "a power of two between 1 and 1024"),
+    ("kv_cache.locality_threshold", "1.5", "a number between 0 and 1"),
+    ("kv_cache.locality_threshold", ".nan", "a number between 0 and 1"),
+    ("kv_cache.locality_threshold", "false", "a number between 0 and 1"),
+    ("kv_cache.locality_threshold", "1e-3", "1.0e-3"),  # YAML 1.1 string: the message says why
+    ("kv_cache.path_mode", "both", "one of 'dual', 'sequential', 'random'"),
+    ("kv_cache.kv_dtype", "bf16", "one of 'f16', 'f32', 'q8'"),
+    ("kv_cache.kv_dtype", "16", "one of 'f16', 'f32', 'q8'"),
     ("runtime.num_threads", "-1", "0 (all usable cores) or between 1 and 1024"),
     ("runtime.num_threads", "1025", "0 (all usable cores) or between 1 and 1024"),
     ("runtime.max_context_tokens", "-1", "0 (the model's trained context length) or >= 1"),
@@ -92,14 +92,15 @@ def test_bad_value_error_names_file_key_value_and_range(tmp_path, key, value, al
 
 
 @pytest.mark.parametrize("text, expected", [
-    ("dualpath_config:\n  blok_size: 4096\n", "unknown key dualpath_config.blok_size (did you mean "
-                                              "dualpath_config.block_size?)"),
+    ("kv_cache:\n  blok_bytes: 4096\n", "unknown key kv_cache.blok_bytes (did you mean "
+                                              "kv_cache.block_bytes?)"),
     ("runtime:\n  threads: 2\n", "unknown key runtime.threads"),
-    ("scheduler:\n  x: 1\n", "unknown key scheduler.x; the top level has dualpath_config, runtime"),
+    ("scheduler:\n  x: 1\n", "unknown key scheduler.x; the top level has kv_cache, runtime"),
     ("num_threads: 2\n", "unknown key num_threads"),
     ("runtime:\n  num_threads:\n    x: 1\n", "runtime.num_threads is a setting, not a section"),
     ("runtime: 4\n", "runtime must be a mapping of num_threads"),
-    ("- runtime\n", "must be a mapping with keys dualpath_config, runtime, power, server, model_cache, prefix_cache, got list"),
+    ("- runtime\n", "must be a mapping with keys kv_cache, runtime, power, server, model_cache, prefix_cache, "
+                    "got list"),
     ("runtime: [unclosed\n", "invalid YAML"),
     ("runtime:\n  num_threads: 1\n  num_threads: 2\n", "duplicate key 'num_threads'"),
     ("1: 2\n", "key 1 must be a string"),
@@ -125,9 +126,9 @@ def test_config_error_is_a_value_error():
 def test_dotted_and_nested_overrides_apply_on_top_of_the_file(tmp_path):
     path = write(tmp_path, "runtime:\n  num_threads: 3\n  prefill_chunk_tokens: 64\n")
     config = load_config(path, {"runtime.num_threads": 2,
-                                "dualpath_config": {"page_tokens": 32, "kv_dtype": "f32"}})
+                                "kv_cache": {"page_tokens": 32, "kv_dtype": "f32"}})
     assert config.runtime == RuntimeConfig(num_threads=2, prefill_chunk_tokens=64)
-    assert config.dualpath_config == DualPathConfig(page_tokens=32, kv_dtype="f32")
+    assert config.kv_cache == KVCacheConfig(page_tokens=32, kv_dtype="f32")
 
 
 def test_override_errors_name_overrides_as_the_source(tmp_path):
@@ -146,15 +147,15 @@ def test_same_override_key_given_twice_raises():
 
 def test_with_overrides_returns_a_new_config_and_leaves_the_old_one():
     base = Config()
-    new = with_overrides(base, {"dualpath_config.locality_threshold": 1})
+    new = with_overrides(base, {"kv_cache.locality_threshold": 1})
     assert base == Config()
-    assert new.dualpath_config.locality_threshold == 1.0
-    assert isinstance(new.dualpath_config.locality_threshold, float)  # int is stored as float
+    assert new.kv_cache.locality_threshold == 1.0
+    assert isinstance(new.kv_cache.locality_threshold, float)  # int is stored as float
 
 
 def test_constructing_in_code_is_validated_too():
-    with pytest.raises(ConfigError, match=r"^dualpath_config.block_size=1000 must be a power of two"):
-        DualPathConfig(block_size=1000)
+    with pytest.raises(ConfigError, match=r"^kv_cache.block_bytes=1000 must be a power of two"):
+        KVCacheConfig(block_bytes=1000)
     with pytest.raises(ConfigError, match=r"^runtime.num_threads=True must be .* \(got bool\)"):
         RuntimeConfig(num_threads=True)
     with pytest.raises(ConfigError, match=r"^runtime must be a RuntimeConfig, got dict"):
@@ -176,9 +177,9 @@ def test_parse_overrides_reads_key_value_items_as_yaml():
     from dualpath.config import parse_overrides
 
     assert parse_overrides(None) == {}
-    assert parse_overrides(["runtime.num_threads=2", " dualpath_config.kv_dtype =f32", "power.cpu_classes=[0, 1]",
+    assert parse_overrides(["runtime.num_threads=2", " kv_cache.kv_dtype =f32", "power.cpu_classes=[0, 1]",
                             "server.api_key=a=b"]) == {
-        "runtime.num_threads": 2, "dualpath_config.kv_dtype": "f32", "power.cpu_classes": [0, 1],
+        "runtime.num_threads": 2, "kv_cache.kv_dtype": "f32", "power.cpu_classes": [0, 1],
         "server.api_key": "a=b"}
 
 
@@ -216,7 +217,8 @@ def test_a_renamed_key_is_read_as_its_new_name_with_a_warning(tmp_path, caplog):
 
 def test_a_renamed_key_beside_its_new_name_is_refused(tmp_path):
     path = write(tmp_path, "runtime:\n  attention_kernel: generic\n  kernel_isa: avx2\n")
-    with pytest.raises(ConfigError, match=r"x\.yaml: runtime\.attention_kernel and runtime\.kernel_isa are one setting"):
+    with pytest.raises(ConfigError,
+                       match=r"x\.yaml: runtime\.attention_kernel and runtime\.kernel_isa are one setting"):
         load_config(path)
 
 
@@ -235,6 +237,39 @@ def test_what_a_profile_overrides_is_one_table_read_by_the_plan_and_the_path_pol
     assert profile_value("low_power", "runtime.prefill_chunk_tokens", 512, None) == 512
     config = with_overrides(Config(), {"power.low_power_prefill_chunk_tokens": 100,
                                        "power.low_power_seq_path_threshold": 50000})
-    assert PathPolicy.from_config(config.dualpath_config, config.power, "low_power").seq_path_threshold == 50000
-    assert PathPolicy.from_config(config.dualpath_config, config.power, "balanced").seq_path_threshold == 8192
+    assert PathPolicy.from_config(config.kv_cache, config.power, "low_power").seq_path_threshold == 50000
+    assert PathPolicy.from_config(config.kv_cache, config.power, "balanced").seq_path_threshold == 8192
     # The plan's side (chunk, spinning): tests/platform/test_profiles.py on low_power.yaml.
+
+
+def test_the_old_kv_cache_section_and_block_size_are_read_with_a_deprecation_warning(tmp_path, caplog):
+    old = write(tmp_path, "dualpath_config:\n  block_size: 4096\n  path_mode: random\n")
+    with caplog.at_level("WARNING", logger="dualpath.config"):
+        from_file = load_config(old)
+        from_override = load_config(None, {"dualpath_config.block_size": 8192, "kv_cache.page_tokens": 4})
+        nested = with_overrides(Config(), {"dualpath_config": {"kv_dtype": "f32"}})
+        half_renamed = load_config(None, {"kv_cache.block_size": 16384})
+        empty = load_config(write(tmp_path, "dualpath_config:\n"))
+    assert from_file.kv_cache == KVCacheConfig(block_bytes=4096, path_mode="random")
+    assert (from_override.kv_cache.block_bytes, from_override.kv_cache.page_tokens) == (8192, 4)
+    assert nested.kv_cache.kv_dtype == "f32" and half_renamed.kv_cache.block_bytes == 16384
+    assert empty == Config()
+    messages = [r.getMessage() for r in caplog.records]
+    assert sum("dualpath_config.block_size is now kv_cache.block_bytes (the old name is deprecated)" in m
+               for m in messages) == 2
+    assert any("dualpath_config.path_mode is now kv_cache.path_mode" in m for m in messages)
+    assert any("kv_cache.block_size is now kv_cache.block_bytes" in m for m in messages)
+
+
+def test_an_old_kv_cache_key_beside_its_new_name_is_refused(tmp_path):
+    path = write(tmp_path, "dualpath_config:\n  block_size: 4096\nkv_cache:\n  block_bytes: 8192\n")
+    with pytest.raises(ConfigError, match=r"dualpath_config\.block_size and kv_cache\.block_bytes are one setting"):
+        load_config(path)
+
+
+def test_the_old_python_names_still_read_the_kv_cache_section():
+    from dualpath import DualPathConfig
+
+    config = load_config(None, {"kv_cache.block_bytes": 8192})
+    assert DualPathConfig is KVCacheConfig
+    assert config.dualpath_config is config.kv_cache and config.kv_cache.block_size == 8192

@@ -1,4 +1,4 @@
-"""No function in the package over 80 lines and no class over 350: a longer one is
+"""No function in the package over 80 lines and no class over 300: a longer one is
 doing several jobs, and the next change to it is harder to review than a split would be.
 The largest of each are printed (``pytest -s``) so the margin is visible."""
 
@@ -8,7 +8,10 @@ from pathlib import Path
 import dualpath
 
 MAX_FUNCTION_LINES = 80
-MAX_CLASS_LINES = 350
+MAX_CLASS_LINES = 300
+TEMPORARY_CLASS_LIMITS = {"dualpath/runtime/engine.py Engine": 350}
+"""TEMPORARY (issue 42): the one class over the cap, which the branch that splits runtime/
+brings under it; remove the entry once that branch is merged. Do not add to it."""
 PACKAGE = Path(dualpath.__file__).parent
 
 
@@ -31,6 +34,10 @@ def test_no_function_or_class_is_too_long():
         print(f"\nlargest of kind {kind} (limit {limits[kind]} lines):")
         for lines, _, where in largest:
             print(f"  {lines:4d}  {where}")
-    over = [f"{where}: {lines} lines (a {kind} may have {limits[kind]})"
-            for lines, kind, where in sizes if lines > limits[kind]]
+    def limit(kind: str, where: str) -> int:
+        path_and_name = where.split(":")[0] + " " + where.split()[-1]
+        return TEMPORARY_CLASS_LIMITS.get(path_and_name, limits[kind]) if kind == "class" else limits[kind]
+
+    over = [f"{where}: {lines} lines (a {kind} may have {limit(kind, where)})"
+            for lines, kind, where in sizes if lines > limit(kind, where)]
     assert not over, "\n".join(over)

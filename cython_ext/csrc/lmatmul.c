@@ -275,12 +275,12 @@ int dp_lform_rows(int kind, const uint8_t *w, int64_t w_len, int64_t N, int64_t 
 /* Groups of 16 rows a task takes: as many as leave every thread of the pool 4 tasks or
  * more of the whole product (dynamic scheduling balances them), at most 16 (256 rows,
  * 300 KB of a 2,048-wide Q4_K matrix): longer runs of one thread through its rows stream
- * faster (Llama 3.2 1B decode, products of a step: 33.0 ms with 4 a task, 30.9 with 16;
- * docs/performance.md). */
+ * faster (docs/performance-log.md). */
 #define LGROUPS_PER_TASK_MAX 16
 /* Below this many bytes of weights the calling thread alone is faster than waking the
- * pool, whose workers spin for the next job (Gemma 3 270M's q | k | v, 0.66 MiB, ran on the
- * caller alone at the classifier's 1 MiB: its step's products took 5.8 ms, 4.1 from here). */
+ * pool, whose workers spin for the next job; a threshold as high as the classifier's made
+ * a small model's step slower (Gemma 3 270M's q | k | v ran on the caller alone;
+ * docs/performance-log.md). */
 #define LMATMUL_POOL_BYTES (128 << 10)
 #define LMATMUL_MAX_JOBS 8
 

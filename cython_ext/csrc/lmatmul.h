@@ -68,9 +68,9 @@ static inline int dp_lkind_zero_point(int kind) {
     ((int64_t)((kind) == DP_L_Q6_K ? 384 : (kind) == DP_L_Q5_0 ? 320 : (kind) == DP_L_Q8_0 ? 512 : 256))
 
 /* Every cache line of [p, p + bytes) prefetched this far ahead, a line at a time: a decode
- * product streams its weight from DRAM once, and the hardware prefetchers alone held it to
- * 17-20 GB/s where the machine reads 32 (every line 2 KiB ahead: 26-28; 1 KiB, 3 KiB and
- * more were slower; docs/performance.md). Past the end of the weight it touches nothing:
+ * product streams its weight from DRAM once, and the hardware prefetchers alone held it
+ * well below the machine's read bandwidth (2 KiB ahead came closest; 1 KiB, 3 KiB and more
+ * were slower; docs/performance-log.md). Past the end of the weight it touches nothing:
  * a prefetch does not fault. */
 #define DP_LMATMUL_PREFETCH 2048
 

@@ -56,7 +56,8 @@ static void qrows_f32(const uint8_t *w, const float *scales, int64_t bs, int64_t
                               * slower here (dualpath bench classifier, docs/performance.md) */
 
 /* Below this many bytes of w the calling thread alone is faster than waking the pool
- * (2,048 x 96: 0.18 ms on the pool of 2, against ONNX Runtime's 0.02). */
+ * (a small table on the pool was several times slower than ONNX Runtime's product;
+ * docs/performance-log.md). */
 #define QMATMUL_POOL_BYTES (1 << 20)
 
 typedef struct {

@@ -3,7 +3,7 @@
  * Q8_0, Q6_K, Q5_0 ... tables, models/quants.py), read in place from the entry's mapping.
  * ONNX Runtime packs its own copy of such a matrix at 10.7 (blocks of 32) or 12.8 (16)
  * bits a value against this form's 9 and 10 (docs/performance.md, memory): for a 262,144
- * x 640 classifier that copy alone is 225 MiB.
+ * x 640 classifier that copy is the largest allocation of the load.
  *
  * Activations are quantized as MatMulNBits at accuracy level 4 quantizes them: int8 per
  * block of the weight's block size, d = max|x| / 127, q = round(x / d) (ties to even), so
@@ -19,8 +19,8 @@
 #include "dp_common.h"
 
 /* Bytes of w ahead of the step that a kernel prefetches: the hardware prefetcher alone
- * left one thread at 11 GB/s on a 262,144 x 640 matrix here (against 16.6 with 2 KiB
- * ahead, 15.8 with 512 B, 15.3 with 4 KiB; docs/performance.md). */
+ * left one thread well below 2 KiB ahead's rate, and 512 B and 4 KiB were slower
+ * (docs/performance-log.md). */
 #define DP_QMATMUL_PREFETCH 2048
 
 /* out[r * ldo + n] = sum_b scales[n, b] * xd[r, b] * sum_i (w[n, bs b + i] - 128) * xq[r, bs b + i]

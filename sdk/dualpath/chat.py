@@ -22,8 +22,8 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Generator
 from dataclasses import dataclass
-from typing import Iterator
 
 from .errors import DualPathError, PromptTooLongError
 from .llm import LLM
@@ -135,7 +135,7 @@ class Chat:
             self.ids, self.text = [], ""
             dropped += 1
 
-    def send(self, message: str) -> Iterator[str]:
+    def send(self, message: str) -> Generator[str, None, None]:
         """Stream the reply to ``message``; the turn is in the conversation once the reply
         ends, or is cut short (the iterator closed early, or Ctrl-C while it streams):
         then the reply so far is kept, as the model wrote it. The prompt is rendered and
@@ -145,7 +145,7 @@ class Chat:
         ids, text, dropped = self._fit(user)
         return self._reply(user, ids, text, dropped)
 
-    def _reply(self, user: dict, ids: list[int], text: str, dropped: int) -> Iterator[str]:
+    def _reply(self, user: dict, ids: list[int], text: str, dropped: int) -> Generator[str, None, None]:
         gen = self.llm.stream(ids, self.params)
         t0 = time.perf_counter()
         first = None

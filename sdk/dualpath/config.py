@@ -1,6 +1,6 @@
 """DualPath configuration: YAML files that map onto nested, frozen dataclasses.
 
-A file has one top-level key per section (``dualpath_config:``, ``runtime:``);
+A file has one top-level key per section (``kv_cache:``, ``runtime:``);
 ``configs/default.yaml`` lists every key with its default. Each setting carries its
 type and allowed range as field metadata, and ``check_settings`` (run from every
 dataclass's ``__post_init__``) is the one place they are enforced, so a config
@@ -35,7 +35,9 @@ OVERRIDES_SOURCE = "<overrides>"
 
 RENAMED_KEYS: dict[str, str] = {"runtime.attention_kernel": "runtime.kernel_isa"}
 """Old dotted keys and their new names: a config, ``--set`` or override written for an
-earlier release keeps working, read as the new key with a warning."""
+earlier release keeps working, read as the new key with a deprecation warning. The KV
+cache section's entries (``dualpath_config`` -> ``kv_cache``, ``block_size`` ->
+``block_bytes``) are added below ``KVCacheConfig``."""
 
 
 # ---------------------------------------------------------------------------
@@ -137,7 +139,7 @@ class _Section:
     def __post_init__(self) -> None:
         prefix = f"{self._section}." if self._section else ""
         check_settings(self, prefix, ConfigError)
-        for f in fields(self):
+        for f in fields(self):  # type: ignore[arg-type]  # every _Section subclass is a dataclass
             cls = f.metadata.get("section")
             if cls is not None and not isinstance(getattr(self, f.name), cls):
                 raise ConfigError(f"{prefix}{f.name} must be a {cls.__name__}, "
@@ -145,14 +147,16 @@ class _Section:
 
 
 @dataclass(frozen=True)
-class DualPathConfig(_Section):
-    """The dual-path KV cache: block geometry and how requests pick a path."""
+class KVCacheConfig(_Section):
+    """The dual-path KV cache: block geometry and how requests pick a path (the section
+    was called ``dualpath_config`` before; ``RENAMED_KEYS`` still reads it)."""
 
-    _section: ClassVar[str] = "dualpath_config"
+    _section: ClassVar[str] = "kv_cache"
 
-    block_size: int = _int(131072, 4096, 16 << 20, pow2=True,
-                           allowed="a power of two between 4096 (4 KiB) and 16777216 (16 MiB)")
-    """Bytes per KV arena block."""
+    block_bytes: int = _int(131072, 4096, 16 << 20, pow2=True,
+                            allowed="a power of two between 4096 (4 KiB) and 16777216 (16 MiB)")
+    """Bytes per KV arena block, per layer (``block_size`` before: a quantized weight's
+    ``block_size`` counts values, this one bytes)."""
     seq_path_threshold: int = _int(8192, 1)
     """Context length in tokens from which a request takes the sequential path."""
     locality_window: int = _int(512, 1)
@@ -181,6 +185,21 @@ class DualPathConfig(_Section):
     """With ``swa_cache: window``, a window is also kept before every multiple of this many
     positions, so that a prompt sharing a long prefix reuses it up to the last such point
     before it parts; 0 = none (the least memory)."""
+
+    @property
+    def block_size(self) -> int:
+        """Deprecated: ``block_bytes``. Kept while code written against the old name is
+        merged (issue-42 branches); remove once nothing reads it."""
+        return self.block_bytes
+
+
+DualPathConfig = KVCacheConfig
+"""The old name of ``KVCacheConfig``, still importable from ``dualpath``."""
+
+RENAMED_KEYS.update({"dualpath_config": "kv_cache", "dualpath_config.block_size": "kv_cache.block_bytes",
+                     "kv_cache.block_size": "kv_cache.block_bytes"})
+RENAMED_KEYS.update({f"dualpath_config.{f.name}": f"kv_cache.{f.name}"
+                     for f in fields(KVCacheConfig) if f.name != "block_bytes"})
 
 
 ORT_THREAD_POOLS = ("shared", "per_part")
@@ -304,7 +323,7 @@ class PowerConfig(_Section):
     """Prompt tokens per prefill step in low_power (the smaller of this and runtime.prefill_chunk_tokens)."""
     low_power_seq_path_threshold: int = _int(32768, 1)
     """In low_power, the path policy's seq_path_threshold when larger than
-    dualpath_config.seq_path_threshold: contexts below it stay on pages (hybrid
+    kv_cache.seq_path_threshold: contexts below it stay on pages (hybrid
     prefill, random or sequential decode by locality) and migrate later."""
     low_battery_pct: float = _float(20.0, 0.0, 100.0)
     """auto: battery below this percentage while discharging -> low_power."""
@@ -339,7 +358,7 @@ PROFILE_OVERRIDES: dict[str, dict[str, tuple[str, str | bool]]] = {
     "low_power": {
         "runtime.prefill_chunk_tokens": ("min", "power.low_power_prefill_chunk_tokens"),
         "runtime.intra_op_spinning": ("set", False),
-        "dualpath_config.seq_path_threshold": ("max", "power.low_power_seq_path_threshold"),
+        "kv_cache.seq_path_threshold": ("max", "power.low_power_seq_path_threshold"),
     },
 }
 """What each power profile overrides, the one table: setting -> (how, with what): ``min`` or
@@ -443,7 +462,7 @@ class PrefixCacheConfig(_Section):
 class Config(_Section):
     """Everything configurable, one field per YAML section."""
 
-    dualpath_config: DualPathConfig = section(DualPathConfig)
+    kv_cache: KVCacheConfig = section(KVCacheConfig)
     """The dual-path KV cache."""
     runtime: RuntimeConfig = section(RuntimeConfig)
     """ONNX Runtime sessions."""
@@ -455,6 +474,12 @@ class Config(_Section):
     """The converted-model cache."""
     prefix_cache: PrefixCacheConfig = section(PrefixCacheConfig)
     """The prefix cache on disk."""
+
+    @property
+    def dualpath_config(self) -> KVCacheConfig:
+        """Deprecated: ``kv_cache``. Kept while code written against the old name is merged
+        (issue-42 branches); remove once nothing reads it."""
+        return self.kv_cache
 
 
 # ---------------------------------------------------------------------------
@@ -555,7 +580,7 @@ def _renamed(flat: dict[str, Any], source: str) -> dict[str, Any]:
         if old in flat:
             if new in flat:
                 raise ConfigError(f"{source}: {old} and {new} are one setting ({old} was renamed); give {new} only")
-            log.warning("%s: %s is now %s; read as that", source, old, new)
+            log.warning("%s: %s is now %s (the old name is deprecated); read as that", source, old, new)
             flat[new] = flat.pop(old)
     return flat
 

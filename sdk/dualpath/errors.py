@@ -4,6 +4,10 @@ Every error names the thing that is wrong (a file, a config key, a parameter)
 and what was expected, so a user can fix it without reading our code.
 """
 
+from __future__ import annotations
+
+import os
+
 
 class DualPathError(Exception):
     """Base class of every error DualPath raises on purpose."""
@@ -12,7 +16,7 @@ class DualPathError(Exception):
 class ModelLoadError(DualPathError, ValueError):
     """A model file could not be loaded: names the file and the problem."""
 
-    def __init__(self, path, problem: str):
+    def __init__(self, path: str | os.PathLike[str], problem: str) -> None:
         self.path = str(path)
         self.problem = problem
         super().__init__(f"{self.path}: {problem}")
@@ -52,3 +56,17 @@ class InternalError(DualPathError, RuntimeError):
     """The engine failed for a reason of its own, not the request's (a step raised twice
     while the request was in it): the request could not be completed. The message says
     so without internals; the cause is logged and chained."""
+
+
+class InvariantError(DualPathError, AssertionError):
+    """The KV cache's bookkeeping disagrees with a recount (``check_invariants``): a bug of
+    ours, never the user's. Raised explicitly rather than by ``assert`` so that ``python -O``,
+    which strips asserts, cannot make the server's shutdown check pass silently. It is an
+    ``AssertionError`` too, so tests written against the old asserts still catch it."""
+
+
+def require(condition: object, message: str = "invariant broken") -> None:
+    """Raise ``InvariantError(message)`` unless ``condition`` holds: an ``assert`` that
+    ``python -O`` keeps."""
+    if not condition:
+        raise InvariantError(message)

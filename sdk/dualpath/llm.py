@@ -8,16 +8,16 @@ import shutil
 import tempfile
 import time
 import weakref
-from typing import Sequence
+from collections.abc import Sequence
 
-from .tokenizer.chat_templates import BUILTIN as BUILTIN_CHAT_TEMPLATES
+from .completion import Completion
 from .config import Config, load_config
+from .engine.engine import Engine, SyncStream
 from .errors import ChatTemplateError
 from .models import ModelSpec
 from .models.store import CorruptEntry, ModelStore, Progress
-from .engine.engine import Engine, SyncStream
-from .completion import Completion
 from .sampling_params import SamplingParams
+from .tokenizer.chat_templates import BUILTIN as BUILTIN_CHAT_TEMPLATES
 from .versions import check_versions
 
 log = logging.getLogger(__name__)
@@ -90,8 +90,8 @@ class LLM:
         import onnxruntime
 
         from .cache.disk import PrefixStore, default_root
-        from .kernels import default_kernel
         from .executor.session import nbits8_graphs, prefix_salt
+        from .kernels import default_kernel
 
         pc, rt = self.config.prefix_cache, self.config.runtime
         if prefix_cache is None:
@@ -134,7 +134,7 @@ class LLM:
         self.governor = governor if governor is not None else _make_governor(config)
         """The power-aware governor (platform.Governor), or None on uniform cores."""
         self.prefix_store = self._open_prefix_store(
-            prefix_cache, model_kv_geometry(config.dualpath_config, self.spec.config, ctx, rt.kv_cache_tokens))
+            prefix_cache, model_kv_geometry(config.kv_cache, self.spec.config, ctx, rt.kv_cache_tokens))
         """The prefix cache on disk (cache/disk.PrefixStore), or None."""
         try:
             try:
@@ -202,12 +202,12 @@ class LLM:
         plan = self.memory_plan = fit(model_path, config, budget)
         log.info("memory budget %.0f MiB: %s", budget / MiB, plan.describe())
         return with_overrides(config, {"runtime.max_context_tokens": plan.context,
-                                       "dualpath_config.kv_dtype": plan.kv_dtype})
+                                       "kv_cache.kv_dtype": plan.kv_dtype})
 
     def _draft(self, store: ModelStore, ctx: int):
         """The draft model of ``speculative: draft``: refused unless it shares the vocabulary."""
-        from .errors import ConfigError
         from .engine.speculative import DraftModel
+        from .errors import ConfigError
 
         rt = self.config.runtime
         if not rt.draft_model:
@@ -240,7 +240,7 @@ class LLM:
     @classmethod
     def from_pretrained(cls, repo_id: str, quant: str | None = None, filename: str | None = None,
                         config: Config | str | os.PathLike | None = None, *, revision: str | None = None,
-                        **kwargs) -> "LLM":
+                        **kwargs) -> LLM:
         """Load a GGUF from the Hugging Face Hub: ``repo_id`` is ``OWNER/NAME`` (or
         ``OWNER/NAME:QUANT``), ``quant`` a tag such as ``Q4_K_M`` (default: the first of
         ``models.hub.DEFAULT_QUANTS`` present), ``filename`` a file in the repository.

@@ -217,7 +217,7 @@ out = {}
 import dualpath
 from dualpath import SamplingParams, load_config
 
-llm = dualpath.LLM(args["model"], load_config(None, {"dualpath_config.kv_dtype": "f32"}))
+llm = dualpath.LLM(args["model"], load_config(None, {"kv_cache.kv_dtype": "f32"}))
 out["cache"] = llm.load_stats["cache"]
 c = llm.generate(args["prompt_ids"], SamplingParams(temperature=0, max_tokens=args["max_tokens"]))
 out["ids"] = list(c.token_ids)
@@ -320,7 +320,7 @@ def test_app_bundle_made_on_a_desktop_loads_after_a_copy_without_onnx(gguf_path,
     # configs/android.yaml with an f32 KV cache: run.c's ids exactly on every machine (f16 KV
     # may leave them at a near-tie, tests/kernels/test_forced_isa_end_to_end.py).
     config = yaml.safe_load(Path(model_bundle.DEFAULT_CONFIG).read_text())
-    config["dualpath_config"]["kv_dtype"] = "f32"
+    config["kv_cache"]["kv_dtype"] = "f32"
     config_path = tmp_path / "android-f32.yaml"
     config_path.write_text(yaml.safe_dump(config))
     bundle = tmp_path / "desktop" / "bundle"

@@ -14,7 +14,6 @@ from pathlib import Path
 import pytest
 
 import dualpath
-
 from tests_shared import models_dir_path, require_file
 
 
@@ -100,7 +99,7 @@ def shared_llms(make_llm):
     def get(fmt: str = "gguf", kv_dtype: str = "f16") -> dualpath.LLM:
         key = (fmt, kv_dtype)
         if key not in cache:
-            cache[key] = make_llm(fmt, {"dualpath_config.kv_dtype": kv_dtype})
+            cache[key] = make_llm(fmt, {"kv_cache.kv_dtype": kv_dtype})
         return cache[key]
 
     return get

@@ -40,7 +40,7 @@ def test_each_turn_extends_the_last_prompt_token_for_token_and_reads_it_from_the
     assert [m["content"] for m in chat.messages[1::2]] == replies
     st = chat.last
     assert st.completion_tokens == 20 and st.finish_reason == "length"
-    page = llm.config.dualpath_config.page_tokens
+    page = llm.config.kv_cache.page_tokens
     # turn 3's prompt is turn 2's prompt and reply plus the new message: every full page of
     # what turn 2 computed (its prompt and all but its last token) comes from the cache
     assert st.cached_tokens == (prompts[1] + 20 - 1) // page * page > 0

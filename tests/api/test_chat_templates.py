@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-
 import pytest
 
 import dualpath
-from dualpath.tokenizer.chat_templates import BUILTIN
 from dualpath.config import CHAT_TEMPLATES, RuntimeConfig
 from dualpath.errors import ConfigError
+from dualpath.tokenizer.chat_templates import BUILTIN
 
 MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi there"},
             {"role": "assistant", "content": "Hello!"}, {"role": "user", "content": "Tell a story"}]

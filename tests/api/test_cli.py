@@ -136,18 +136,19 @@ def test_run_and_info_take_kv_dtype_q8(gguf_path, tmp_path):
     # stories260K: 5 layers x 4 KV heads x (8 + 4) bytes x 2 (K and V), against 16 x 2 x 4 x 5 in f16
     assert "480 bytes per token, all layers, in q8 (75% of f16)" in out, out
     bad = dualpath_cli(["run", "--kv-dtype", "q4", "Hi"], tmp_path)
-    assert bad.returncode == 2 and "--kv-dtype: invalid choice: 'q4' (choose from 'f16', 'f32', 'q8')" in bad.stderr.decode()
+    assert bad.returncode == 2
+    assert "--kv-dtype: invalid choice: 'q4' (choose from 'f16', 'f32', 'q8')" in bad.stderr.decode()
 
 
 def test_info_names_the_configured_kernel_and_prints_the_cache_config_once(tmp_path):
     proc = dualpath_cli(["info", "--set", "runtime.kernel_isa=generic",
-                         "--set", "dualpath_config.seq_path_threshold=4096", "--set", "power.profile=low_power",
+                         "--set", "kv_cache.seq_path_threshold=4096", "--set", "power.profile=low_power",
                          "--set", "power.low_power_seq_path_threshold=16384"], tmp_path)
     assert proc.returncode == 0, proc.stderr.decode()
     out = proc.stdout.decode()
     assert "attention=generic kv_write=generic layer_products=generic classifier=generic" in out
     assert "runtime.kernel_isa=generic" in out
-    assert out.count("block_size=") == 1 and out.count("kv_dtype=") == 1
+    assert out.count("block_bytes=") == 1 and out.count("kv_dtype=") == 1
     # The path line is the low_power profile's policy, the one the cache applies.
     assert "path: dual, sequential from 16384 tokens" in out
 
@@ -220,7 +221,8 @@ def test_run_verbose_prints_the_load_split_into_stages_first_converted_then_cach
     for proc in runs:
         assert proc.returncode == 0, proc.stderr.decode()
     first, again = (p.stderr.decode() for p in runs)
-    stages = r"converted-model cache {}\): {}, tokenizer [0-9.]+s, graphs [0-9.]+s, ONNX Runtime sessions [0-9.]+s, total"
+    stages = (r"converted-model cache {}\): {}, tokenizer [0-9.]+s, graphs [0-9.]+s, "
+              r"ONNX Runtime sessions [0-9.]+s, total")
     assert re.search(stages.format("miss", r"converted [0-9.]+s"), first), first
     assert re.search(stages.format("hit", r"opened cached entry [0-9.]+s"), again), again
     assert runs[0].stdout == runs[1].stdout  # the same text from the cached entry
@@ -229,7 +231,7 @@ def test_run_verbose_prints_the_load_split_into_stages_first_converted_then_cach
 def test_the_progress_bar_draws_on_a_terminal_only():
     import io
 
-    from dualpath.cli import _ProgressBar
+    from dualpath.cli.common import ProgressBar
 
     class Terminal(io.StringIO):
         def isatty(self):
@@ -237,7 +239,7 @@ def test_the_progress_bar_draws_on_a_terminal_only():
 
     tty, pipe = Terminal(), io.StringIO()
     for stream in (tty, pipe):
-        bar = _ProgressBar(stream)
+        bar = ProgressBar(stream)
         for done in (0, 3 << 20, 6 << 20):
             bar("convert", done, 6 << 20)
         for done in (1, 2, 3):
@@ -254,7 +256,7 @@ def test_info_lists_every_isa_row_of_the_c_table_and_which_run_here(tmp_path):
 
     proc = dualpath_cli(["info"], tmp_path)
     assert proc.returncode == 0, proc.stderr.decode()
-    line = next(l for l in proc.stdout.decode().splitlines() if l.startswith("kernel ISAs: "))
+    line = next(ln for ln in proc.stdout.decode().splitlines() if ln.startswith("kernel ISAs: "))
     rows = line.removeprefix("kernel ISAs: ").split("  (")[0].split()
     assert [r.removesuffix("(-)") for r in rows] == list(KERNEL_ISAS)
     assert [r for r in rows if not r.endswith("(-)")] == available_kernels()

@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 import dualpath
-from dualpath import (ChatTemplateError, PromptTooLongError, SamplingParams, SamplingParamsError)
+from dualpath import ChatTemplateError, PromptTooLongError, SamplingParams, SamplingParamsError
 from tests_shared import write_gguf_with_chat_template
 
 ONCE = "Once upon a time"
 ZOE = "Zoë saw a café 🐶"
-KV_F32 = {"dualpath_config.kv_dtype": "f32"}
+KV_F32 = {"kv_cache.kv_dtype": "f32"}
 GREEDY_40 = SamplingParams(temperature=0, max_tokens=40)
 # ", there was a little girl named Lily. She loved to play outside in the park. One day, she saw a big, red ball."
 # ('outside' is 5 tokens: ▁ out s id e; 'girl' is 3: ▁g ir l)
@@ -172,7 +170,7 @@ def test_a_dropped_stream_is_aborted(llm, greedy_once):
 def test_shared_prefix_is_reused_and_gives_the_same_ids_as_a_fresh_llm(make_llm):
     # Reuse works a page at a time: page_tokens=4 so these short prompts share pages.
     first, second = "Once upon a time, there was a little girl", "Once upon a time, there was a big dog"
-    small_pages = {"dualpath_config.page_tokens": 4}
+    small_pages = {"kv_cache.page_tokens": 4}
     warm = make_llm("gguf", small_pages)
     warm.generate(first, SamplingParams(temperature=0, max_tokens=20))
     reused = warm.generate(second, SamplingParams(temperature=0, max_tokens=40))
@@ -189,7 +187,7 @@ def test_shared_prefix_is_reused_and_gives_the_same_ids_as_a_fresh_llm(make_llm)
 
 
 def test_repeating_a_prompt_reuses_its_full_pages_but_recomputes_its_last_token(make_llm):
-    warm = make_llm("gguf", {"dualpath_config.page_tokens": 2})
+    warm = make_llm("gguf", {"kv_cache.page_tokens": 2})
     one = warm.generate(ONCE, GREEDY_40)
     two = warm.generate(ONCE, GREEDY_40)
     n = len(two.prompt_token_ids)

@@ -16,7 +16,7 @@ BOS = 1
 STEPS = 256  # run.c -n 256: prompt + generated positions
 FORMATS = ["gguf", "bin"]
 KV_DTYPES = ["f32", "f16"]
-KV_F32 = {"dualpath_config.kv_dtype": "f32"}
+KV_F32 = {"kv_cache.kv_dtype": "f32"}
 # run.c keeps K and V in float32: with an f32 KV cache we match it to float32 rounding. An f16
 # cache rounds K and V to 11 significant bits (relative 2^-11), which moves these logits by up to
 # ~8e-3 (measured); the argmax, and every golden greedy id, still match.
@@ -105,7 +105,7 @@ def _reference_rows(reference_logits) -> np.ndarray:
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_logits_fed_one_token_per_step_match_run_c(make_llm, reference_logits, fmt, kv_dtype):
     rows = _reference_rows(reference_logits)
-    runner = make_llm(fmt, {"dualpath_config.kv_dtype": kv_dtype}).runner  # fresh: position 0
+    runner = make_llm(fmt, {"kv_cache.kv_dtype": kv_dtype}).runner  # fresh: position 0
     got = np.stack([runner.forward([tok])[0].copy() for tok in reference_logits["input_ids"]])
     np.testing.assert_allclose(got, rows, rtol=0, atol=LOGITS_ATOL[kv_dtype])
     assert list(got.argmax(axis=1)) == [403, 407, 261, 378, 432]
@@ -115,7 +115,7 @@ def test_logits_fed_one_token_per_step_match_run_c(make_llm, reference_logits, f
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_logits_of_one_prefill_with_all_logits_match_run_c(make_llm, reference_logits, fmt, kv_dtype):
     rows = _reference_rows(reference_logits)
-    runner = make_llm(fmt, {"dualpath_config.kv_dtype": kv_dtype}).runner
+    runner = make_llm(fmt, {"kv_cache.kv_dtype": kv_dtype}).runner
     got = runner.forward(reference_logits["input_ids"], all_logits=True).copy()
     assert got.shape == (5, 512)
     np.testing.assert_allclose(got, rows, rtol=0, atol=LOGITS_ATOL[kv_dtype])

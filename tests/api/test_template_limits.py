@@ -9,14 +9,12 @@ import subprocess
 import sys
 import time
 
-import jinja2
 import pytest
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from dualpath.errors import ChatTemplateError
 from dualpath.tokenizer.chat_templates import BUILTIN
 from dualpath.tokenizer.render import KILL_GRACE_S, TemplateRenderer
-
 from tests_shared import write_gguf_with_chat_template
 
 MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi there"},

@@ -16,11 +16,11 @@ import sys
 from pathlib import Path
 
 import pytest
-from tests_shared import REPO_ROOT
 
 from dualpath.bench import ortgenai
 from dualpath.cli import build_parser, main
 from dualpath.models.synth import synth_gguf
+from tests_shared import REPO_ROOT
 
 TINY = "kquant-tiny"
 """A plain llama shape (dim 256, 2 layers, vocab 4096, context 512): builds in seconds."""

@@ -52,7 +52,7 @@ def test_serve_over_http_streams_the_schedule_to_dualpath_serve(tmp_path, capsys
     check_every_request_complete(res["runs"]["dualpath:dual"], 4)
     command = res["commands"]["dualpath:dual"]
     for fragment in ("-m dualpath.cli serve", "-t 1", "runtime.max_num_seqs=4", "runtime.max_context_tokens=256",
-                     "runtime.kv_cache_tokens=1024", "dualpath_config.path_mode=dual",
+                     "runtime.kv_cache_tokens=1024", "kv_cache.path_mode=dual",
                      "runtime.prefill_chunk_tokens=64"):
         assert fragment in command
     text = capsys.readouterr().out

@@ -6,14 +6,24 @@ import json
 
 import pytest
 
-from dualpath.bench.cache import (CONTIGUOUS, MODES, KVShape, MixedWorkload, ThroughputWorkload,
-                                  blocks_for, distinct_tokens, kv_geometry, make_requests, run_cache_bench,
-                                  run_throughput)
+from dualpath.bench.cache import (
+    CONTIGUOUS,
+    MODES,
+    KVShape,
+    MixedWorkload,
+    ThroughputWorkload,
+    blocks_for,
+    distinct_tokens,
+    kv_geometry,
+    make_requests,
+    run_cache_bench,
+    run_throughput,
+)
 from dualpath.cli import main
-from dualpath.config import DualPathConfig
+from dualpath.config import KVCacheConfig
 
 SMALL = MixedWorkload(num_requests=6, num_shared=3, max_tokens=2048)
-P = DualPathConfig().page_tokens
+P = KVCacheConfig().page_tokens
 SYS_PAGES = SMALL.system_prompt_tokens // P
 
 
@@ -108,7 +118,7 @@ def test_freeing_everything_then_evict_all_leaves_no_block_in_use(small):
 
 
 def test_long_sequential_prompts_share_the_system_prompt_pages_in_dual_mode():
-    base = DualPathConfig(seq_path_threshold=1536)
+    base = KVCacheConfig(seq_path_threshold=1536)
     requests, _ = make_requests(SMALL)
     long_prompts = [len(r.prompt_ids) > base.seq_path_threshold for r in requests]
     num_shared = sum(r.shared for r in requests)
@@ -138,7 +148,7 @@ def test_default_workload_is_the_seeded_one_and_meets_the_target():
     assert all(r.prompt_ids[:1024] == system for r in requests if r.shared)
     assert sum(r.num_tokens for r in requests) == 183586
     assert distinct_tokens(requests, 1024) == 168226
-    geo = kv_geometry(KVShape(), DualPathConfig())
+    geo = kv_geometry(KVShape(), KVCacheConfig())
     assert geo["tokens_per_block"] == 128 and blocks_for(requests, geo) >= sum(
         -(-r.num_tokens // 128) for r in requests)
     rows = {r["mode"]: r for r in run_cache_bench(w, None)["mixed"]}
@@ -149,7 +159,7 @@ def test_default_workload_is_the_seeded_one_and_meets_the_target():
 
 def test_throughput_rows_count_calls_and_tokens():
     t = ThroughputWorkload(num_seqs=2, decode_prompt_tokens=64, decode_tokens=8, prefill_tokens=1024, repeats=1)
-    rows = run_throughput(t, KVShape(), DualPathConfig(), kv_geometry(KVShape(), DualPathConfig()))
+    rows = run_throughput(t, KVShape(), KVCacheConfig(), kv_geometry(KVShape(), KVCacheConfig()))
     assert [(r["mode"], r["style"]) for r in rows] == [(m, s) for m in MODES for s in ("decode", "prefill")]
     for r in rows:
         if r["style"] == "decode":

@@ -15,8 +15,8 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from dualpath.cache.manager import KVCacheManager, NoRoom
-from dualpath.config import DualPathConfig
 from dualpath.cache.policy import Path
+from dualpath.config import KVCacheConfig
 
 LAYERS, KV_HEADS, HEAD_DIM = 2, 2, 32
 KV_DIM = KV_HEADS * HEAD_DIM
@@ -38,7 +38,7 @@ def kv_of(prefix: tuple[int, ...]) -> np.ndarray:
 class CacheMachine(RuleBasedStateMachine):
     def __init__(self):
         super().__init__()
-        cfg = DualPathConfig(block_size=4096, page_tokens=4, kv_dtype="f32", locality_window=8)
+        cfg = KVCacheConfig(block_bytes=4096, page_tokens=4, kv_dtype="f32", locality_window=8)
         # 512 bytes per token per layer -> 8 tokens per block, 2 pages per block, 24 blocks.
         self.cache = KVCacheManager(cfg, num_layers=LAYERS, num_kv_heads=KV_HEADS, head_dim=HEAD_DIM,
                                     num_blocks=24)

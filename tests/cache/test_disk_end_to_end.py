@@ -12,16 +12,17 @@ import textwrap
 import time
 
 import pytest
-from tests_shared import models_dir_path
 
 import dualpath
 from dualpath import SamplingParams
 from dualpath.cache import disk
 from dualpath.cache.policy import Path
+from tests_shared import models_dir_path
 
 MODELS = models_dir_path()
 GGUF = MODELS / "stories260K.gguf"
-pytestmark = pytest.mark.skipif(not GGUF.is_file(), reason=f"test model not found in {MODELS} (set DUALPATH_TEST_MODELS)")
+pytestmark = pytest.mark.skipif(not GGUF.is_file(),
+                                reason=f"test model not found in {MODELS} (set DUALPATH_TEST_MODELS)")
 
 TEXT = ("Once upon a time, there was a little girl named Lily. She loved to play outside in the park with her "
         "friends. One day, she saw a big red ball under a tree. She ran to get it, but a dog took it first. "
@@ -30,8 +31,8 @@ GREEDY = SamplingParams(temperature=0, max_tokens=48)
 
 
 def _config(kv_dtype="f16", path_mode="dual", **more):
-    overrides = {"runtime.max_context_tokens": 512, "dualpath_config.kv_dtype": kv_dtype,
-                 "dualpath_config.path_mode": path_mode, **more}
+    overrides = {"runtime.max_context_tokens": 512, "kv_cache.kv_dtype": kv_dtype,
+                 "kv_cache.path_mode": path_mode, **more}
     return dualpath.load_config(None, overrides)
 
 
@@ -50,7 +51,7 @@ def _counting(llm):
 
 # (path_mode, extra settings, the path the writing request takes)
 PATHS = {"random": ("random", {}, Path.RANDOM),
-         "sequential": ("dual", {"dualpath_config.seq_path_threshold": 16}, Path.SEQUENTIAL)}
+         "sequential": ("dual", {"kv_cache.seq_path_threshold": 16}, Path.SEQUENTIAL)}
 
 
 @pytest.mark.parametrize("kv_dtype", ["f16", "q8", "f32"])

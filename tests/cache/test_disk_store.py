@@ -192,7 +192,7 @@ def test_sigkill_during_writes_leaves_only_whole_pages(tmp_path):
     script.write_text(_KILL_WRITER.format(tests=tests_dir))
     root = tmp_path / "store"
     torn = whole = 0
-    for trial in range(20):
+    for _ in range(20):
         p = subprocess.Popen([sys.executable, str(script), str(root), str(tile)], stdout=subprocess.PIPE)
         assert p.stdout.readline().strip() == b"ready"
         time.sleep(rng.uniform(0.0, 0.3))

@@ -5,15 +5,22 @@ from __future__ import annotations
 
 import pytest
 
-from dualpath.cache.geometry import (DEFAULT_SPARE_BLOCKS, cache_tokens, check_head_dim, head_dim_fits,
-                                     kv_geometry, model_kv_geometry, pages_per_block)
+from dualpath.cache.geometry import (
+    DEFAULT_SPARE_BLOCKS,
+    cache_tokens,
+    check_head_dim,
+    head_dim_fits,
+    kv_geometry,
+    model_kv_geometry,
+    pages_per_block,
+)
 from dualpath.cache.manager import KVCacheManager
-from dualpath.config import Config, DualPathConfig, with_overrides
+from dualpath.config import Config, KVCacheConfig, with_overrides
 from dualpath.errors import ConfigError
+from dualpath.executor import memory_plan as mp
 from dualpath.kernels import KV_DTYPES, KV_HEAD_DIM_MULTIPLE, KVArena, kv_tile_bytes
 from dualpath.models import read_layout
 from dualpath.models.synth import synth_gguf
-from dualpath.executor import memory_plan as mp
 
 
 def test_the_head_dim_rule_is_the_c_tables():
@@ -33,23 +40,23 @@ def test_q8_kv_needs_an_even_head_dim():
     check_head_dim("f16", 63)
     with pytest.raises(ConfigError) as info:
         check_head_dim("q8", 63)
-    assert str(info.value) == "dualpath_config.kv_dtype=q8 needs an even head_dim; this model's is 63: use f16 or f32"
+    assert str(info.value) == "kv_cache.kv_dtype=q8 needs an even head_dim; this model's is 63: use f16 or f32"
 
 
 def test_a_page_must_fit_a_block():
     """The one check and message of this rule."""
-    cfg = DualPathConfig(block_size=4096, page_tokens=16)
+    cfg = KVCacheConfig(block_size=4096, page_tokens=16)
     assert pages_per_block(cfg, 1024) == 4
     assert pages_per_block(cfg, 4096) == 1
     with pytest.raises(ConfigError) as info:
         pages_per_block(cfg, 4097)
-    assert str(info.value) == ("dualpath_config.block_size=4096 cannot hold one page of page_tokens=16 tokens of "
+    assert str(info.value) == ("kv_cache.block_bytes=4096 cannot hold one page of page_tokens=16 tokens of "
                                "this model (4097 bytes); raise block_size or lower page_tokens")
 
 
 def test_zero_cache_tokens_means_twice_the_context_plus_spare_blocks(tmp_path):
     cfg, _, _ = read_layout(synth_gguf(tmp_path / "s.gguf", "stories15M", "F32", seed=1))
-    dp = DualPathConfig()
+    dp = KVCacheConfig()
     assert cache_tokens(0, 1000) == 2000 and cache_tokens(5000, 1000) == 5000
     g = model_kv_geometry(dp, cfg, 1000)
     per_block = g.pages_per_block * g.page_tokens
@@ -76,4 +83,4 @@ def test_the_memory_plan_and_the_cache_agree_by_construction(tmp_path, overrides
 
 def test_kv_geometry_checks_the_head_dim_before_anything_is_allocated():
     with pytest.raises(ConfigError, match="needs an even head_dim"):
-        kv_geometry(DualPathConfig(kv_dtype="q8"), num_layers=1, num_kv_heads=1, head_dim=63, num_blocks=1)
+        kv_geometry(KVCacheConfig(kv_dtype="q8"), num_layers=1, num_kv_heads=1, head_dim=63, num_blocks=1)

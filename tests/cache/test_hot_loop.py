@@ -23,13 +23,13 @@ import numpy as np
 
 from dualpath.cache.manager import KVCacheManager
 from dualpath.cache.policy import Path, PathPolicy
-from dualpath.config import DualPathConfig
+from dualpath.config import KVCacheConfig
 
 P = 4
 
 
 def make_cache(num_blocks: int, **overrides) -> KVCacheManager:
-    cfg = DualPathConfig(**{"block_size": 4096, "page_tokens": P, "kv_dtype": "f32", "locality_window": 8,
+    cfg = KVCacheConfig(**{"block_bytes": 4096, "page_tokens": P, "kv_dtype": "f32", "locality_window": 8,
                             "seq_path_threshold": 1 << 20, **overrides})  # no migration: routing only
     cache = KVCacheManager(cfg, num_layers=1, num_kv_heads=2, head_dim=32, num_blocks=num_blocks)
     assert cache.pages_per_block == 2

@@ -1,7 +1,7 @@
 """KVCacheManager unit tests on a tiny arena: exact page ids, block ids and orders.
 
 Geometry used throughout (see ``make_cache``):
-    block_size 4096 bytes, page_tokens P = 4, f32, 1 layer, 2 KV heads, head_dim 32
+    block_bytes 4096, page_tokens P = 4, f32, 1 layer, 2 KV heads, head_dim 32
     -> 2 * 2 * 32 * 4 = 512 bytes per token per layer, page_bytes = 2048,
        pages_per_block = 2, so page p lives in block p // 2 and starts at byte p * 2048.
 With locality_window = 8 a span counts as "long" from two full pages on.
@@ -19,8 +19,8 @@ from __future__ import annotations
 import numpy as np
 
 from dualpath.cache.manager import KVCacheManager, NoRoom
-from dualpath.config import DualPathConfig
 from dualpath.cache.policy import Path
+from dualpath.config import KVCacheConfig
 
 P = 4                          # tokens per page
 PAGE_BYTES = 2048              # 2 (K, V) * 2 heads * 4 tokens * 32 dims * 4 bytes
@@ -29,7 +29,7 @@ KV_DIM = NUM_KV_HEADS * HEAD_DIM
 
 
 def make_cache(num_blocks: int = 8, **overrides) -> KVCacheManager:
-    cfg = DualPathConfig(**{"block_size": 4096, "page_tokens": P, "kv_dtype": "f32",
+    cfg = KVCacheConfig(**{"block_bytes": 4096, "page_tokens": P, "kv_dtype": "f32",
                             "locality_window": 8, **overrides})
     cache = KVCacheManager(cfg, num_layers=1, num_kv_heads=NUM_KV_HEADS, head_dim=HEAD_DIM,
                            num_blocks=num_blocks)
@@ -487,7 +487,7 @@ def test_child_append_to_shared_partial_page_copies_it_and_leaves_parent_intact(
 
 
 def test_copy_on_write_of_a_q8_page_copies_its_int8_rows_and_their_scales():
-    cfg = DualPathConfig(block_size=4096, page_tokens=P, kv_dtype="q8", locality_window=8)
+    cfg = KVCacheConfig(block_bytes=4096, page_tokens=P, kv_dtype="q8", locality_window=8)
     cache = KVCacheManager(cfg, num_layers=1, num_kv_heads=NUM_KV_HEADS, head_dim=HEAD_DIM, num_blocks=8)
     assert cache.page_bytes == 2 * NUM_KV_HEADS * P * (HEAD_DIM + 4)  # int8 + an f32 scale per token and head
     assert cache.pages_per_block == 4096 // cache.page_bytes == 7
@@ -756,7 +756,7 @@ def test_stats_count_a_shared_page_once():
 
 
 def test_stats_scale_bytes_by_layers():
-    cfg = DualPathConfig(block_size=4096, page_tokens=P, kv_dtype="f32")
+    cfg = KVCacheConfig(block_bytes=4096, page_tokens=P, kv_dtype="f32")
     cache = KVCacheManager(cfg, num_layers=3, num_kv_heads=NUM_KV_HEADS, head_dim=HEAD_DIM, num_blocks=4)
     cache.start(0, [], Path.RANDOM)
     assert cache.allocate(0, [1, 2, 3, 4, 5, 6], Path.RANDOM)  # pages 2, 3
@@ -933,5 +933,6 @@ def test_freeing_everything_and_evicting_returns_every_block():
     assert cache.pool.block_state == [0] * 16 and cache.pool.block_live == [0] * 16
     assert not any(cache.pool.page_ref)
     assert cache.prefix.page_hash == [None] * 32
-    assert (cache.prefix.lru, cache.prefix.table, cache.pool.rand_free, cache.pool.extent_used, cache.seqs) == ({}, {}, {}, {}, {})
+    assert (cache.prefix.lru, cache.prefix.table, cache.pool.rand_free, cache.pool.extent_used, cache.seqs) \
+        == ({}, {}, {}, {}, {})
     assert cache.free_page_count() == 32

@@ -4,20 +4,21 @@ shared prompt prefix is computed once."""
 import json
 
 import pytest
-from tests_shared import assert_golden_ids, models_dir_path
 
 import dualpath
 from dualpath import SamplingParams
 from dualpath.cache.policy import Path
+from tests_shared import assert_golden_ids, models_dir_path
 
 MODELS = models_dir_path()
 GGUF = MODELS / "stories260K.gguf"
-pytestmark = pytest.mark.skipif(not GGUF.is_file(), reason=f"test model not found in {MODELS} (set DUALPATH_TEST_MODELS)")
+pytestmark = pytest.mark.skipif(not GGUF.is_file(),
+                                reason=f"test model not found in {MODELS} (set DUALPATH_TEST_MODELS)")
 
 
 def _llm(**dp):
     overrides = {"runtime.max_context_tokens": 1024}
-    overrides.update({f"dualpath_config.{k}": v for k, v in dp.items()})
+    overrides.update({f"kv_cache.{k}": v for k, v in dp.items()})
     return dualpath.LLM(GGUF, dualpath.load_config(None, overrides))
 
 
@@ -76,7 +77,7 @@ def test_shared_300_token_prefix_is_computed_once(path_mode, kv_dtype):
     gen = llm.stream(second, greedy)
     next(gen)
 
-    page_tokens = llm.config.dualpath_config.page_tokens
+    page_tokens = llm.config.kv_cache.page_tokens
     shared_pages = 300 // page_tokens
     cache = llm.runner.cache
     seq = cache.seqs[gen.request.seq_id]
@@ -117,8 +118,8 @@ def test_low_power_keeps_a_document_below_its_threshold_on_pages():
     story = _runs()[0]["generated_ids"]
     seen = {}
     for profile in ("balanced", "low_power"):
-        overrides = {"runtime.max_context_tokens": 1024, "dualpath_config.seq_path_threshold": 64,
-                     "dualpath_config.page_tokens": 4, "power.profile": profile,
+        overrides = {"runtime.max_context_tokens": 1024, "kv_cache.seq_path_threshold": 64,
+                     "kv_cache.page_tokens": 4, "power.profile": profile,
                      "power.low_power_seq_path_threshold": 256}
         llm = dualpath.LLM(GGUF, dualpath.load_config(None, overrides))
         gen = llm.stream([1] + story[100:200], SamplingParams(temperature=0, max_tokens=8))

@@ -14,13 +14,13 @@ import pytest
 
 from dualpath.cache.manager import KVCacheManager
 from dualpath.cache.policy import Path, PathPolicy, Phase
-from dualpath.config import DualPathConfig, PowerConfig
+from dualpath.config import KVCacheConfig, PowerConfig
 
-CFG = DualPathConfig(seq_path_threshold=100, locality_threshold=0.25)
-DEFAULT = DualPathConfig()
+CFG = KVCacheConfig(seq_path_threshold=100, locality_threshold=0.25)
+DEFAULT = KVCacheConfig()
 
 
-def route(cfg: DualPathConfig, phase: Phase, context_tokens: int, locality: float = 0.0) -> Path:
+def route(cfg: KVCacheConfig, phase: Phase, context_tokens: int, locality: float = 0.0) -> Path:
     return PathPolicy.from_config(cfg).route(phase, context_tokens, locality)
 
 
@@ -157,7 +157,7 @@ def test_low_power_never_lowers_a_larger_configured_threshold():
 def test_the_cache_routes_by_the_policy_it_is_given():
     # The same manager, the same prompt: the policy swapped in (as the runner does when
     # the governor switches profile) decides the path of the next request.
-    dp = DualPathConfig(block_size=4096, page_tokens=4, kv_dtype="f32", seq_path_threshold=16)
+    dp = KVCacheConfig(block_bytes=4096, page_tokens=4, kv_dtype="f32", seq_path_threshold=16)
     cache = KVCacheManager(dp, num_layers=1, num_kv_heads=1, head_dim=4, num_blocks=16)
     power = PowerConfig(low_power_seq_path_threshold=64)
     prompt = list(range(40))

@@ -16,13 +16,13 @@ figures compare the same contexts. The bounds leave about 2x room on the errors.
 """
 
 import pytest
-from tests_shared import models_dir_path
 
 import dualpath
 from dualpath.bench.kv_quality import PROMPTS, measure_kv_quality
-from dualpath.config import DualPathConfig
+from dualpath.config import KVCacheConfig
 from dualpath.kernels import KV_DTYPES
 from dualpath.models.synth import synth_gguf
+from tests_shared import models_dir_path
 
 GGUF = models_dir_path() / "stories260K.gguf"
 
@@ -67,7 +67,7 @@ def test_q8_about_halves_the_kv_arena_of_a_model(synth_model):
     seen = {}
     for kv_dtype in ("f16", "q8"):
         llm = dualpath.LLM(synth_model, dualpath.load_config(None, {
-            "dualpath_config.kv_dtype": kv_dtype, "runtime.max_context_tokens": 512,
+            "kv_cache.kv_dtype": kv_dtype, "runtime.max_context_tokens": 512,
             "runtime.kv_cache_tokens": 16384}))
         cache = llm.runner.cache
         assert cache.arena.kv_dtype == kv_dtype and llm.runner.kv_cache_tokens >= 16384
@@ -78,6 +78,6 @@ def test_q8_about_halves_the_kv_arena_of_a_model(synth_model):
 
 def test_config_kv_dtype_choices_are_the_arenas():
     for kv_dtype in KV_DTYPES:
-        assert DualPathConfig(kv_dtype=kv_dtype).kv_dtype == kv_dtype
+        assert KVCacheConfig(kv_dtype=kv_dtype).kv_dtype == kv_dtype
     with pytest.raises(dualpath.ConfigError, match="one of 'f16', 'f32', 'q8'"):
-        DualPathConfig(kv_dtype="q4_0")
+        KVCacheConfig(kv_dtype="q4_0")

@@ -25,9 +25,9 @@ def gemma3_tiny(tmp_path_factory) -> str:
 
 def llm(path: str, swa_cache: str, checkpoint: int = 0, path_mode: str = "dual") -> LLM:
     return LLM(path, load_config(None, {
-        "runtime.num_threads": 1, "runtime.max_context_tokens": 512, "dualpath_config.swa_cache": swa_cache,
-        "dualpath_config.swa_checkpoint_tokens": checkpoint, "dualpath_config.path_mode": path_mode,
-        "dualpath_config.seq_path_threshold": 256}))
+        "runtime.num_threads": 1, "runtime.max_context_tokens": 512, "kv_cache.swa_cache": swa_cache,
+        "kv_cache.swa_checkpoint_tokens": checkpoint, "kv_cache.path_mode": path_mode,
+        "kv_cache.seq_path_threshold": 256}))
 
 
 def three_requests(model: LLM) -> tuple[list, list]:

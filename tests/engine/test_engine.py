@@ -70,7 +70,7 @@ def test_preemption_under_a_cache_for_about_three_requests(gguf_path, solo):
     # 4 KiB blocks = 32 tokens of stories260K (f16 KV); 384 tokens = 12 blocks: about
     # three requests of 5 + 64 tokens with their partly filled pages, and 12 at once.
     llm = make_llm(gguf_path, **{"runtime.max_num_seqs": 12, "runtime.kv_cache_tokens": 384,
-                                 "dualpath_config.block_size": 4096})
+                                 "kv_cache.block_bytes": 4096})
     assert llm.runner.kv_cache_tokens == 384
     params = SamplingParams(temperature=0, max_tokens=100, ignore_eos=True)
     completions, _ = run_together(llm, PROMPTS[:12], SamplingParams(temperature=0, max_tokens=64, ignore_eos=True))
@@ -158,7 +158,7 @@ def test_a_full_queue_refuses_with_queue_full_error(gguf_path):
 
 
 def test_the_router_sends_long_prompts_to_the_sequential_path(gguf_path):
-    llm = make_llm(gguf_path, **{"dualpath_config.seq_path_threshold": 32, "runtime.max_num_seqs": 2})
+    llm = make_llm(gguf_path, **{"kv_cache.seq_path_threshold": 32, "runtime.max_num_seqs": 2})
     engine = llm.engine
     long_prompt = llm.tokenize(" ".join(NAMES * 3))
     assert len(long_prompt) > 32
@@ -179,7 +179,7 @@ def test_a_shared_prefix_is_reused_across_requests(gguf_path):
     engine = llm.engine
     reqs = [engine.add_request(llm.tokenize(system + tail), params) for tail in (" The end", " She ran", " It was")]
     engine.run_until_done()
-    page = llm.config.dualpath_config.page_tokens
+    page = llm.config.kv_cache.page_tokens
     assert first.usage.cached_prompt_tokens == 0
     for r in reqs:
         assert r.completion.usage.cached_prompt_tokens >= page  # the system prompt's full pages
@@ -204,7 +204,7 @@ def test_many_requests_reading_one_long_shared_prefix_from_a_small_cache(gguf_pa
     # 8 requests each read the same 11 prefix pages: the step's kernel view (8 x 12
     # spans) is larger than the cache has pages (16 here).
     llm = make_llm(gguf_path, **{"runtime.max_num_seqs": 8, "runtime.kv_cache_tokens": 256,
-                                 "dualpath_config.block_size": 4096})
+                                 "kv_cache.block_bytes": 4096})
     prefix = llm.tokenize(" ".join(NAMES * 4))[:210]
     params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
     solo = llm.generate(prefix + [300], params).token_ids

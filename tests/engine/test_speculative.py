@@ -8,11 +8,11 @@ import os
 
 import numpy as np
 import pytest
-from tests_shared import models_dir_path
 
 import dualpath
 from dualpath import SamplingParams
 from dualpath.engine.speculative import NgramProposer
+from tests_shared import models_dir_path
 
 GGUF = models_dir_path() / "stories260K.gguf"
 pytestmark = pytest.mark.skipif(not GGUF.is_file(), reason="test model not found (set DUALPATH_TEST_MODELS)")
@@ -27,14 +27,14 @@ def _llm(speculative="ngram", **more):
     return dualpath.LLM(GGUF, dualpath.load_config(None, overrides))
 
 
-PATHS = {"random": {"dualpath_config.path_mode": "random"},
-         "sequential": {"dualpath_config.seq_path_threshold": 16}}
+PATHS = {"random": {"kv_cache.path_mode": "random"},
+         "sequential": {"kv_cache.seq_path_threshold": 16}}
 
 
 @pytest.mark.parametrize("kv_dtype", ["f16", "q8", "f32"])
 @pytest.mark.parametrize("path", sorted(PATHS))
 def test_greedy_output_is_plain_greedy_output(kv_dtype, path):
-    more = {"dualpath_config.kv_dtype": kv_dtype, **PATHS[path]}
+    more = {"kv_cache.kv_dtype": kv_dtype, **PATHS[path]}
     plain, spec = _llm("off", **more), _llm(**more)
     prompts = [PROMPT, "One day, Tom went to the park. One day, Tom went to the", "The cat sat on the mat."]
     for p in prompts:
@@ -113,7 +113,7 @@ def test_n_samples_stop_strings_and_max_tokens_hold():
 
 
 def test_rollback_frees_every_rejected_page():
-    llm = _llm(**{"dualpath_config.page_tokens": 4, "runtime.speculative_tokens": 16})
+    llm = _llm(**{"kv_cache.page_tokens": 4, "runtime.speculative_tokens": 16})
     cache = llm.runner.cache
     free0, seqs0 = cache.free_page_count(), cache.num_sequences
     for p in (PROMPT, "A dog ran. A dog ran. A cat"):
@@ -168,7 +168,7 @@ def test_a_grammar_cuts_proposals_it_refuses():
 def test_draft_model_output_is_plain_output(kv_dtype, path):
     """A draft model (here the target itself: every greedy proposal right, sampled ones
     often wrong) changes nothing in the output, and gives its sequences back."""
-    more = {"dualpath_config.kv_dtype": kv_dtype, **PATHS[path]}
+    more = {"kv_cache.kv_dtype": kv_dtype, **PATHS[path]}
     plain = _llm("off", **more)
     spec = _llm("draft", **{"runtime.draft_model": str(GGUF), **more})
     for temp in (0, 0.9):

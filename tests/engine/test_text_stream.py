@@ -84,7 +84,7 @@ def test_making_a_stream_reads_a_bounded_tail_whatever_the_prompt_length(tok, le
     counts = {}
     for num_tokens in (16, 16_384):
         prompt = lead + [rnd.randrange(259, 512) for _ in range(num_tokens)] + tail
-        counts[num_tokens] = tokenizer_calls(lambda: TextStream(tok, prompt, params))
+        counts[num_tokens] = tokenizer_calls(lambda prompt=prompt: TextStream(tok, prompt, params))
         assert streamed(TextStream(tok, prompt, params), [3 + 0xAC]) == "\u20ac"
     # Leading tokens without text are read one lookup each (up to three calls in the packed
     # byte tables and their views), up to the first with text (whether the leading-space rule

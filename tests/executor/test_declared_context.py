@@ -17,8 +17,8 @@ import pytest
 
 from dualpath.config import load_config
 from dualpath.errors import ConfigError
-from dualpath.models.store import ModelStore
 from dualpath.executor import memory_plan as mp
+from dualpath.models.store import ModelStore
 
 DECLARED = [1 << 24, (1 << 32) - 1, 1 << 62]
 
@@ -100,7 +100,7 @@ def _run_cli(path, cache, *args, limit_mib: int | None = None):
 
 def _graphs_and_temporaries(cache) -> list[str]:
     out = []
-    for dirpath, dirnames, _ in os.walk(cache):
+    for _dirpath, dirnames, _ in os.walk(cache):
         out += [d for d in dirnames if d.startswith(("graphs-", ".tmp-"))]
     return out
 

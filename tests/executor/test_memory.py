@@ -15,10 +15,10 @@ import pytest
 
 from dualpath.bench.memory import resident_bytes
 from dualpath.config import load_config
+from dualpath.executor.runner_step import TokenEmbedding
 from dualpath.kernels import read_rows
 from dualpath.llm import LLM
 from dualpath.models.synth import synth_gguf
-from dualpath.executor.runner_step import TokenEmbedding
 from dualpath.sampling.sampler import SamplingParams
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/pagemap")
@@ -105,7 +105,7 @@ def test_a_loaded_model_maps_only_the_matrices_our_kernels_read(tmp_path):
     assert len(classifier) == 1 + 7 * llm.spec.config.num_layers
 
     # The arrays our kernels read have a mapping of their own (huge pages where the kernel
-    # gives them: store.Entry.page_in), which maps nothing else beyond the huge pages they
+    # gives them: models/entry.py, Entry.page_in), which maps nothing else beyond the huge pages they
     # lie in; of the other mapping, the whole file, not only the arrays' own bytes: reading a
     # small array (a norm) maps its fault-around window, the padding to the next array and
     # that array's first pages.

@@ -10,11 +10,11 @@ import pytest
 from dualpath.cache.windows import MARGIN
 from dualpath.config import load_config
 from dualpath.errors import ConfigError
+from dualpath.executor import memory_plan as mp
 from dualpath.kernels import kv_tile_bytes
 from dualpath.llm import LLM
 from dualpath.models import read_layout
 from dualpath.models.synth import synth_gguf
-from dualpath.executor import memory_plan as mp
 
 B4, B8 = mp.PACK_BLOCK_BYTES[4], mp.PACK_BLOCK_BYTES[8]
 
@@ -76,7 +76,7 @@ def test_a_budget_picks_the_largest_context_that_fits(tmp_path):
     assert mp.fit(path, cfg, at[4096], nbits8=True).context == 4096  # everything fits: as configured
     llm = LLM(path, cfg, memory_budget=-(-at[1000] // mp.MiB))
     assert llm.runner.max_context_tokens == llm.memory_plan.context >= 1000
-    assert llm.config.dualpath_config.kv_dtype == llm.memory_plan.kv_dtype
+    assert llm.config.kv_cache.kv_dtype == llm.memory_plan.kv_dtype
 
 
 def test_a_budget_below_the_models_need_is_refused_before_anything_is_converted(tmp_path):

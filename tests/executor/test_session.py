@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 
 import dualpath
-from dualpath.graph.parts import graph_parts
 from dualpath.executor import session
 from dualpath.executor.session import ModelRunner, create_sessions
+from dualpath.graph.parts import graph_parts
 from dualpath.scheduler.step import SeqStep, StepPlan
 
 PROMPTS = {"a": [1, 403, 2, 40, 365, 8, 70], "b": [1, 87, 30, 211, 5], "c": [1, 9, 250, 17, 61, 300, 44, 12, 3,
@@ -31,7 +31,7 @@ STEPS = [
 
 def make_runner(gguf_path) -> ModelRunner:
     cfg = dualpath.load_config(None, {"runtime.max_context_tokens": 64, "runtime.max_num_seqs": 4,
-                                      "runtime.kv_cache_tokens": 1024, "dualpath_config.block_size": 4096})
+                                      "runtime.kv_cache_tokens": 1024, "kv_cache.block_bytes": 4096})
     return dualpath.LLM(gguf_path, cfg).runner
 
 
@@ -39,7 +39,7 @@ def serve(runner: ModelRunner, fresh: bool, all_rows_at: int = -1) -> list[np.nd
     """Run STEPS; with ``fresh``, every step builds new bindings (the reference)."""
     cache = runner.cache
     seq_ids = {name: cache.new_seq_id() for name in PROMPTS}
-    for name, sid in seq_ids.items():
+    for sid in seq_ids.values():
         cache.start(sid, [])
     last = {}
     out = []

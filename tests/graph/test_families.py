@@ -23,8 +23,8 @@ threads, same context.
   and cosine >= 0.998 there (0.99899 measured on llama Q4_K_M), max |diff| <=
   PEER_TOL[type], and teacher-forced along llama.cpp's greedy tokens, the same argmax at
   >= 27 of the 32 steps (measured 29-32; 27 for phi3-tiny Q4_K_M on onnxruntime 1.20.1,
-  where ours is the closer of the two to the exact product, as asserted next). Each engine's int8 activations move its logits
-  away from the exact product of the file's weights (ours at accuracy level 0); ours must
+  where ours is the closer of the two to the exact product, as asserted next). Each engine's int8
+  activations move its logits away from the exact product of the file's weights (ours at accuracy level 0); ours must
   stay at least as close to it as llama.cpp's, to 1e-5 (mean cosine over the 32 steps; Q4_K_M,
   measured at 07eb9d6+: ours 0.99947-0.99991, llama.cpp 0.99897-0.99981; Q8_0, where
   both quantize activations in blocks of 32, they tie to 1e-6).
@@ -34,12 +34,12 @@ import os
 
 import numpy as np
 import pytest
+from llamacpp_peer import dualpath_greedy, llamacpp_greedy
 
 from dualpath import LLM, load_config
 from dualpath.bench.quality import dequantized_copy
 from dualpath.models.gguf import load_gguf
 from dualpath.models.synth import PRESETS, quantize_gguf, synth_gguf
-from llamacpp_peer import dualpath_greedy, llamacpp_greedy
 
 llama_cpp = pytest.importorskip("llama_cpp", reason="llama-cpp-python is the peer these tests compare against")
 

@@ -30,11 +30,10 @@ import os
 
 import numpy as np
 import pytest
+from llamacpp_peer import dualpath_greedy, llamacpp_greedy
 
-from dualpath import LLM, load_config
 from dualpath.bench.quality import dequantized_copy
 from dualpath.models.synth import quantize_gguf, synth_gguf
-from llamacpp_peer import dualpath_greedy, llamacpp_greedy
 
 llama_cpp = pytest.importorskip("llama_cpp", reason="llama-cpp-python is the peer these tests compare against")
 

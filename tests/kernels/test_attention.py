@@ -5,6 +5,7 @@ contiguous run of pages (sequential path) and as scattered single pages (random
 path), on one thread and on a pool (which splits long contexts and merges).
 """
 
+import attention_reference as reference
 import numpy as np
 import pytest
 
@@ -13,7 +14,6 @@ from dualpath.kernels import KVArena, ThreadPool, available_kernels
 
 KERNELS = available_kernels()
 POOL = ThreadPool(2)
-import attention_reference as reference
 
 P = 16  # tokens per page
 
@@ -148,8 +148,9 @@ def test_f16_storage_rounds_like_numpy():
     t = np.arange(len(rows))
     slots = np.stack([(t // P_) * tile, t % P_, np.full(len(rows), P_)], 1).astype(np.int64)
     arena.write(0, rows, rows, slots)
-    spans = np.stack([np.arange(-(-len(rows) // P_)) * tile, np.minimum(P_, len(rows) - np.arange(-(-len(rows) // P_)) * P_),
-                      np.full(-(-len(rows) // P_), P_)], 1).astype(np.int64)
+    num_pages = -(-len(rows) // P_)
+    spans = np.stack([np.arange(num_pages) * tile, np.minimum(P_, len(rows) - np.arange(num_pages) * P_),
+                      np.full(num_pages, P_)], 1).astype(np.int64)
     k, _ = arena.gather(0, spans, len(rows))
     with np.errstate(over="ignore"):  # 7e4 overflows to inf in both implementations
         want = rows.astype(np.float16).astype(np.float32)

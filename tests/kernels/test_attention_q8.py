@@ -16,13 +16,12 @@ Two references, two tolerances:
   head_dim 128, stays inside both).
 """
 
+import attention_reference as reference
 import numpy as np
 import pytest
+from test_attention import P, _fill
 
 from dualpath.kernels import KV_DTYPES, KVArena, ThreadPool, available_kernels, kv_tile_bytes
-
-import attention_reference as reference
-from test_attention import P, _fill
 
 KERNELS = available_kernels()
 POOL = ThreadPool(2)

@@ -6,15 +6,16 @@ import subprocess
 import sys
 
 import pytest
-from tests_shared import assert_golden_ids, models_dir_path
 
 import dualpath
 from dualpath import SamplingParams
 from dualpath.kernels import KERNEL_ISAS, available_kernels
+from tests_shared import assert_golden_ids, models_dir_path
 
 MODELS = models_dir_path()
 GGUF = MODELS / "stories260K.gguf"
-pytestmark = pytest.mark.skipif(not GGUF.is_file(), reason=f"test model not found in {MODELS} (set DUALPATH_TEST_MODELS)")
+pytestmark = pytest.mark.skipif(not GGUF.is_file(),
+                                reason=f"test model not found in {MODELS} (set DUALPATH_TEST_MODELS)")
 
 
 """A greedy choice whose f32 top-2 logit gap is below this is a near-tie that f16 KV's
@@ -23,7 +24,7 @@ rounding (about 1e-3 relative, on logits of about 10 here) may flip."""
 
 def llm_for(kernel: str, kv_dtype: str):
     return dualpath.LLM(GGUF, dualpath.load_config(None, {
-        "runtime.kernel_isa": kernel, "dualpath_config.kv_dtype": kv_dtype,
+        "runtime.kernel_isa": kernel, "kv_cache.kv_dtype": kv_dtype,
         "runtime.max_context_tokens": 512}))
 
 

@@ -9,7 +9,7 @@ import sys
 import pytest
 
 import dualpath
-from dualpath.config import DualPathConfig, RuntimeConfig
+from dualpath.config import KVCacheConfig, RuntimeConfig
 from dualpath.kernels import KERNEL_FEATURES, KERNEL_ISAS, KV_DTYPE_DOCS, KV_DTYPES, KVArena, available_kernels
 
 
@@ -28,9 +28,9 @@ def test_the_lists_come_from_the_c_tables():
 def test_config_accepts_exactly_the_kernel_lists():
     # config reads the same lists (dualpath.kernels sits beside it in the layer map): its checks take them.
     for kv_dtype in KV_DTYPES:
-        assert DualPathConfig(kv_dtype=kv_dtype).kv_dtype == kv_dtype
+        assert KVCacheConfig(kv_dtype=kv_dtype).kv_dtype == kv_dtype
     with pytest.raises(dualpath.ConfigError, match=f"must be one of {_choices(KV_DTYPES)}$"):
-        DualPathConfig(kv_dtype="q4")
+        KVCacheConfig(kv_dtype="q4")
     for isa in KERNEL_ISAS:
         assert RuntimeConfig(kernel_isa=isa).kernel_isa == isa
     with pytest.raises(dualpath.ConfigError, match=f"must be one of {_choices(('auto',) + KERNEL_ISAS)}$"):

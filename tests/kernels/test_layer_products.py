@@ -7,8 +7,15 @@ against a double-precision reference in detail."""
 import numpy as np
 import pytest
 
-from dualpath.kernels import (LFORM_TYPES, LMatmul, ThreadPool, available_kernels, lform_bytes, lform_from_ggml,
-                              lform_rows)
+from dualpath.kernels import (
+    LFORM_TYPES,
+    LMatmul,
+    ThreadPool,
+    available_kernels,
+    lform_bytes,
+    lform_from_ggml,
+    lform_rows,
+)
 from lform_reference import LAYOUT, dequantize
 
 GGML_BYTES = {"Q4_K": 144, "Q6_K": 210, "Q5_0": 22, "Q8_0": 34, "Q4_0": 18}

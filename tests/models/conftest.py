@@ -16,11 +16,6 @@ import numpy as np
 import pytest
 
 
-
-
-
-
-
 @pytest.fixture(scope="session")
 def llama2c_path(model_file) -> Path:
     """``stories260K.bin``: llama2.c legacy checkpoint, the same weights as the GGUF."""
@@ -44,7 +39,7 @@ class GGUFContents:
     fields: dict = field(default_factory=dict)
     tensors: dict = field(default_factory=dict)
 
-    def copy(self) -> "GGUFContents":
+    def copy(self) -> GGUFContents:
         return GGUFContents(self.arch, copy.deepcopy(self.fields), dict(self.tensors))
 
     def set_tensor(self, name: str, array: np.ndarray, raw_dtype=None) -> None:

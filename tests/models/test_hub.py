@@ -32,8 +32,7 @@ pytest.importorskip("huggingface_hub")
 import dualpath  # noqa: E402
 from dualpath.errors import ModelLoadError  # noqa: E402
 from dualpath.models import embedded_model_path  # noqa: E402
-from dualpath.models.hub import (DEFAULT_QUANTS, HubModelError, parse_hf_repo, resolve_hf_model,  # noqa: E402
-                                 select_gguf)
+from dualpath.models.hub import DEFAULT_QUANTS, HubModelError, parse_hf_repo, resolve_hf_model, select_gguf  # noqa: E402
 
 REPO = "owner/stories-GGUF"
 COMMIT = "4c1e1a1d1f0e9b8a7c6d5e4f3a2b1c0d9e8f7a6b"

@@ -1,4 +1,4 @@
-"""The weights our kernels read in place, in huge pages (models/store.py): weights.bin is
+"""The weights our kernels read in place, in huge pages (models/entry.py, entry_writer.py): weights.bin is
 written in whole 2 MiB pieces, so that the page cache holds it in huge folios; a load maps
 those arrays through a mapping of their own with huge pages, and reads them again once
 when the page cache holds them in small folios. The pages stay the file's (clean,
@@ -16,15 +16,15 @@ import sys
 import numpy as np
 import pytest
 
-from dualpath.models import store as store_mod
-from dualpath.models.store import ALIGN, WRITE_CHUNK, ModelStore, _Writer
+from dualpath.models import mapping
+from dualpath.models.store import ALIGN, WRITE_CHUNK, EntryWriter, ModelStore
 from dualpath.models.synth import synth_gguf
 
 
 def _file_huge_pages(folder) -> bool:
     """Whether this kernel maps a file of ``folder``'s filesystem with huge pages: a 4 MiB
     file written in whole 2 MiB pieces, mapped with MADV_HUGEPAGE and populated."""
-    huge = store_mod._huge_page_bytes()
+    huge = mapping.huge_page_bytes()
     if huge is None or not hasattr(mmap, "MADV_HUGEPAGE"):
         return False
     path = os.path.join(folder, "probe.bin")
@@ -33,8 +33,8 @@ def _file_huge_pages(folder) -> bool:
             f.write(np.random.default_rng(0).integers(0, 255, huge, np.uint8).tobytes())
     with open(path, "rb") as f:
         m = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-        ok = store_mod._advise(m, mmap.MADV_HUGEPAGE) and store_mod._advise(m, store_mod.MADV_POPULATE_READ)
-        got = ok and bool(store_mod._pmd_mapped(m))
+        ok = mapping.advise(m, mmap.MADV_HUGEPAGE) and mapping.advise(m, mapping.MADV_POPULATE_READ)
+        got = ok and bool(mapping.pmd_mapped(m))
         m.close()
     os.unlink(path)
     return got
@@ -69,7 +69,7 @@ class _Recording:
 
 
 def test_weights_bin_is_written_in_whole_aligned_pieces(tmp_path):
-    w = _Writer(str(tmp_path), str(tmp_path / "none.gguf"), None, 0)
+    w = EntryWriter(str(tmp_path), str(tmp_path / "none.gguf"), None, 0)
     w.f = rec = _Recording(w.f)
     rng = np.random.default_rng(1)
     arrays = [rng.integers(0, 255, n, np.uint8) for n in (5, 3 << 20, 70_000, 0, (4 << 20) + 17, 1)]
@@ -96,7 +96,7 @@ def test_no_transparent_huge_pages_leaves_the_mapping_as_it_is(tmp_path, q8_mode
     sysfs.mkdir()
     (sysfs / "enabled").write_text("always madvise [never]\n")
     (sysfs / "hpage_pmd_size").write_text("2097152\n")
-    monkeypatch.setattr(store_mod, "THP_SYSFS", str(sysfs))
+    monkeypatch.setattr(mapping, "THP_SYSFS", str(sysfs))
     spec = ModelStore(tmp_path / "cache").load(q8_model)
     assert spec.weights["output"].kernel_form
     assert spec.entry.page_in() == {}

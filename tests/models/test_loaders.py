@@ -250,7 +250,7 @@ def quantized_stories(stories_gguf, type_name: str):
     qtype = getattr(gguf.GGMLQuantizationType, type_name)
     contents = stories_gguf.copy()
     quantized = {}
-    for name, (array, raw_dtype) in list(contents.tensors.items()):
+    for name, (array, _raw_dtype) in list(contents.tensors.items()):
         if array.ndim == 2 and array.shape[1] % 32 == 0:
             raw = gguf.quants.quantize(array, qtype)
             contents.set_tensor(name, raw, qtype)

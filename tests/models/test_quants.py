@@ -13,10 +13,10 @@ import os
 
 import numpy as np
 import pytest
+from quants_reference import pack, repack_reference
 
 from dualpath.kernels import GGML_TYPES, ggml_layout, repack_ggml
 from dualpath.models import quants
-from quants_reference import pack, repack_reference
 
 # Byte offsets of each type's fp16 fields (d, and dmin / m where there is one).
 F16_FIELDS = {"Q8_0": [0], "Q4_0": [0], "Q5_0": [0], "IQ4_NL": [0], "Q4_1": [0, 2], "Q5_1": [0, 2],

@@ -16,10 +16,10 @@ import numpy as np
 import pytest
 
 from dualpath.config import load_config
+from dualpath.executor.session import nbits8_graphs
+from dualpath.graph.parts import graph_folder_name
 from dualpath.llm import LLM
 from dualpath.models import load_model
-from dualpath.graph.parts import graph_folder_name
-from dualpath.executor.session import nbits8_graphs
 from dualpath.models.store import ModelStore
 from dualpath.models.synth import synth_gguf
 from dualpath.sampling.sampler import SamplingParams
@@ -131,7 +131,10 @@ def test_a_converted_float_matrix_is_stored_once(tmp_path, gguf_path):
     for t in reader.tensors:
         data = np.asarray(t.data)
         writer.add_tensor(t.name, data.astype(np.float16) if data.ndim == 2 else data)
-    writer.write_header_to_file(); writer.write_kv_data_to_file(); writer.write_tensors_to_file(); writer.close()
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
     store = ModelStore(tmp_path / "cache")
     spec = store.load(src)
     man = json.loads(open(os.path.join(entry_folder(store, src), "manifest.json")).read())
@@ -274,7 +277,7 @@ def test_two_processes_loading_the_same_file_at_once_both_succeed(tmp_path, q4_m
     procs = [subprocess.Popen([sys.executable, "-c", code, q4_model], stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True, env=env) for _ in range(2)]
     outs = [p.communicate(timeout=300) for p in procs]
-    for p, (out, err) in zip(procs, outs):
+    for p, (_out, err) in zip(procs, outs):
         assert p.returncode == 0, err
     assert outs[0][0] == outs[1][0] and len(json.loads(outs[0][0])) == 8
     entries = ModelStore(tmp_path).entries()

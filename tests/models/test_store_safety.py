@@ -18,8 +18,8 @@ import pytest
 from dualpath.config import load_config
 from dualpath.errors import ModelLoadError
 from dualpath.llm import LLM
+from dualpath.models import identity
 from dualpath.models import private_files as private
-from dualpath.models import store as store_module
 from dualpath.models.store import ModelStore
 
 
@@ -159,11 +159,11 @@ def _rewrite(path, offset: int, data: bytes) -> None:
 
 def _between_samples(size: int, lo: int, hi: int) -> int:
     """An offset in [lo, hi) that no sampled block of the identity covers (the head's neither)."""
-    n, b = store_module.SAMPLE_BLOCKS, store_module.SAMPLE_BYTES
+    n, b = identity.SAMPLE_BLOCKS, identity.SAMPLE_BYTES
     starts = [(size - b) * i // (n - 1) for i in range(n)]
     for s, nxt in zip(starts, starts[1:]):
         gap = -(-(s + b) // 4) * 4  # a whole f32 after the block, before the next one
-        if lo <= gap and gap + 4 <= min(hi, nxt) and gap >= store_module.HEAD_BYTES:
+        if lo <= gap and gap + 4 <= min(hi, nxt) and gap >= identity.HEAD_BYTES:
             return gap
     raise AssertionError("no gap between the samples in that range")
 
@@ -221,5 +221,5 @@ def test_the_same_bytes_under_a_new_inode_are_still_a_hit_and_checked_once(tmp_p
 
     with open(os.path.join(spec.entry.folder, "manifest.json")) as f:
         recorded = json.load(f)["source"]["inode"]
-    assert recorded == store_module._inode(str(path)) != src["inode"]  # the next load reads nothing
+    assert recorded == identity.file_inode(str(path)) != src["inode"]  # the next load reads nothing
     assert stat.S_IMODE(os.stat(os.path.join(spec.entry.folder, "manifest.json")).st_mode) == 0o600

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 
-from dualpath.models.synth import PRESETS, synth_model_path, ensure_synth_model
+from dualpath.models.synth import PRESETS, ensure_synth_model, synth_model_path
 
 
 def test_synth_model_path_is_one_file_per_context_length(tmp_path, monkeypatch):

@@ -10,7 +10,6 @@ import time
 import pytest
 
 from dualpath.platform.affinity import ort_affinity_string, pin_current_thread, thread_placement
-from dualpath.platform.profiles import Plan
 
 ALLOWED = os.sched_getaffinity(0)
 needs_cpu0_and_cpu1 = pytest.mark.skipif(not {0, 1} <= ALLOWED, reason="needs cpu0 and cpu1")
@@ -90,7 +89,7 @@ def test_pin_current_thread_names_the_cpus_it_could_not_use():
 def test_thread_placement_lists_every_thread_with_name_cpu_and_mask():
     placement = thread_placement()
     assert threading.get_native_id() in placement
-    for tid, (name, cpu, allowed) in placement.items():
+    for _tid, (name, cpu, allowed) in placement.items():
         assert isinstance(name, str) and name
         assert cpu in range(os.cpu_count() or 1)
         assert allowed <= frozenset(range(os.cpu_count() or 1))

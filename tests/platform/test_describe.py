@@ -3,7 +3,7 @@
 from platform_testlib import fixture_topology
 
 from dualpath.cache.policy import PathPolicy
-from dualpath.config import Config, DualPathConfig, PowerConfig
+from dualpath.config import Config, KVCacheConfig, PowerConfig
 from dualpath.platform.describe import describe
 from dualpath.platform.governor import Governor
 from dualpath.platform.power import PowerState, ThermalZone
@@ -30,7 +30,7 @@ Power: battery 55%, discharging, no external power, battery 31.5 °C (from power
 Profile: balanced (auto): on battery (55%)
   prefill  big cpu 3-6, 4 threads, mask 0x78, pinned; caller on cpu 3; ORT intra_op_thread_affinities "5;6;7"
   decode   little cpu 0-2, 3 threads, mask 0x7, pinned; caller on cpu 0; ORT intra_op_thread_affinities "2;3"
-  path: dual, sequential from 8192 tokens, decode by locality >= 0.5 over 512-token runs, prefill chunk 512 tokens, spinning on"""
+  path: dual, sequential from 8192 tokens, decode by locality >= 0.5 over 512-token runs, prefill chunk 512 tokens, spinning on"""  # noqa: E501
 
 
 def test_describe_golden_snapdragon_8gen2_on_battery():
@@ -41,7 +41,7 @@ def test_describe_golden_snapdragon_8gen2_on_battery():
                        sources=("power_supply", "thermal"))
     gov = Governor(topo, lambda: power, Config(), allowed_cpus=range(8))
     plan = gov.choose()  # reads the power state
-    path = PathPolicy.from_config(DualPathConfig(), PowerConfig(), plan.profile).summary()
+    path = PathPolicy.from_config(KVCacheConfig(), PowerConfig(), plan.profile).summary()
     assert describe(topo, gov.power, plan, path) == GOLDEN_8GEN2
 
 

@@ -13,11 +13,13 @@ import subprocess
 import sys
 
 import pytest
+
 from tests_shared import models_dir_path
 
 MODELS = models_dir_path()
 GGUF = MODELS / "stories260K.gguf"
-needs_model = pytest.mark.skipif(not GGUF.is_file(), reason=f"test model not found in {MODELS} (set DUALPATH_TEST_MODELS)")
+needs_model = pytest.mark.skipif(not GGUF.is_file(),
+                                 reason=f"test model not found in {MODELS} (set DUALPATH_TEST_MODELS)")
 needs_two_cpus = pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2 or not {0, 1} <= os.sched_getaffinity(0),
                                     reason="needs cpu0 and cpu1")
 
@@ -149,7 +151,7 @@ def reader():
     return trace[min(state["i"], len(trace) - 1)]
 cfg = dualpath.load_config(None, {"power.cpu_classes": "0:big,1:little", "power.profile": "auto",
                                   "power.min_switch_interval_s": 3.0, "power.poll_interval_s": 0.0,
-                                  "dualpath_config.kv_dtype": "f32"})
+                                  "kv_cache.kv_dtype": "f32"})
 gov = Governor(load_topology("0:big,1:little"), reader, cfg, clock)
 llm = dualpath.LLM(%(model)r, cfg, governor=gov)
 runner = llm.runner
@@ -175,7 +177,7 @@ def test_power_trace_switches_profiles_mid_generation_without_changing_the_outpu
     import dualpath
 
     ref = dualpath.LLM(GGUF, dualpath.load_config(None, {"power.pin_threads": False,
-                                                          "dualpath_config.kv_dtype": "f32"}))
+                                                          "kv_cache.kv_dtype": "f32"}))
     want = ref.generate("Once upon a time", dualpath.SamplingParams(temperature=0, max_tokens=60))
     assert out["ids"] == list(want.token_ids)
     # On battery -> balanced; below 20 % discharging -> low_power; hot stays low_power;

@@ -64,7 +64,7 @@ TRACE = [
 def test_power_trace_switches_at_exactly_the_expected_steps():
     gov, clock, trace = make()
     seen = []
-    for t, pct, status, ac, temp, expected in TRACE:
+    for t, pct, status, ac, temp, _expected in TRACE:
         clock.now = t
         trace.state = phone(pct, status, temp, ac)
         seen.append((t, gov.choose().profile))

@@ -338,7 +338,7 @@ def refuse_cpu0(tid, cpus):  # the seam: the kernel refuses a pin onto cpu 0 alo
     os.sched_setaffinity(tid, cpus)
 
 cfg = dualpath.load_config(None, {"power.profile": %(profile)r, "runtime.max_context_tokens": 64,
-                                  "dualpath_config.kv_dtype": "f32"})
+                                  "kv_cache.kv_dtype": "f32"})
 topology = fixture_topology(%(machine)r) if %(machine)r else load_topology("0:big,1:little")
 placer = Placer(setaffinity=refuse_cpu0) if %(refuse)r else None
 gov = Governor(topology, lambda: PowerState(), cfg, allowed_cpus=range(16), placer=placer)
@@ -362,7 +362,7 @@ def reference_ids() -> list[list[int]]:
     from dualpath.models import resolve_model
 
     llm = dualpath.LLM(resolve_model(None)[0], dualpath.load_config(None, {
-        "power.pin_threads": False, "runtime.max_context_tokens": 64, "dualpath_config.kv_dtype": "f32"}))
+        "power.pin_threads": False, "runtime.max_context_tokens": 64, "kv_cache.kv_dtype": "f32"}))
     return [list(llm.generate(p, dualpath.SamplingParams(temperature=0, max_tokens=12)).token_ids)
             for p in ("Once upon a time", "One day, a little dog")]
 

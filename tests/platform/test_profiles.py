@@ -5,9 +5,9 @@ from pathlib import Path
 import pytest
 from platform_testlib import MACHINES, fixture_topology
 
+from dualpath.cache.policy import PathPolicy
 from dualpath.config import Config, PowerConfig, RuntimeConfig, load_config, with_overrides
 from dualpath.errors import ConfigError
-from dualpath.cache.policy import PathPolicy
 from dualpath.platform.profiles import PROFILES, resolve_plan
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
@@ -151,7 +151,7 @@ def test_low_power_yaml_runs_on_one_little_core_of_8gen2_without_spinning():
     plan = resolve_plan(config.power.profile, fixture_topology("snapdragon_8gen2"), config)
     assert (plan.prefill.cpus, plan.decode.cpus, plan.spinning) == ((0,), (0,), False)
     assert plan.prefill_chunk_tokens == 128
-    policy = PathPolicy.from_config(config.dualpath_config, config.power, plan.profile)
+    policy = PathPolicy.from_config(config.kv_cache, config.power, plan.profile)
     assert policy.seq_path_threshold == 32768
 
 

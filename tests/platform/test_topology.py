@@ -7,8 +7,7 @@ import pytest
 from platform_testlib import FIXTURES, MACHINES, fixture_topology, make_fixtures
 
 from dualpath.errors import ConfigError
-from dualpath.platform.topology import (CPU_CLASSES_ENV, format_cpulist, load_topology, parse_cpulist,
-                                        read_topology)
+from dualpath.platform.topology import CPU_CLASSES_ENV, format_cpulist, load_topology, parse_cpulist, read_topology
 
 # name -> (source, uniform, offline, [(class, cpus, cores, mask, capacity, max_freq_khz)], parts by cpu)
 EXPECTED = {

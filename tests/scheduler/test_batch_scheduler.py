@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from dualpath.cache.manager import KVCacheManager
-from dualpath.config import DualPathConfig
+from dualpath.config import KVCacheConfig
 from dualpath.scheduler.batch import BatchScheduler
 from dualpath.scheduler.request import Request, Status
 
@@ -28,7 +28,7 @@ P = 4  # tokens per page
 
 
 def make_cache(num_blocks: int, **overrides) -> KVCacheManager:
-    cfg = DualPathConfig(block_size=4096, page_tokens=P, kv_dtype="f32", **overrides)
+    cfg = KVCacheConfig(block_bytes=4096, page_tokens=P, kv_dtype="f32", **overrides)
     cache = KVCacheManager(cfg, num_layers=1, num_kv_heads=1, head_dim=64, num_blocks=num_blocks)
     assert cache.pages_per_block == 2
     return cache
@@ -181,7 +181,7 @@ def test_a_request_with_forks_is_not_starved_by_requests_behind_it():
     for r in singles + [big]:
         sched.add(r)
     made = 4
-    for steps in range(1, 60):
+    for steps in range(1, 60):  # noqa: B007 (read after the loop)
         for s in sched.schedule(32).seqs:
             sched.cache.commit(s.seq_id)
             if s.logits:

@@ -21,10 +21,10 @@ import pytest
 httpx = pytest.importorskip("httpx")
 pytest.importorskip("uvicorn")
 
+from test_server import LiveServer, idle  # noqa: E402
+
 import dualpath  # noqa: E402
 from dualpath.errors import DualPathError  # noqa: E402
-
-from test_server import LiveServer, idle  # noqa: E402
 
 MODEL = "stories260k"
 CHAT = [{"role": "user", "content": "Once upon a time"}]
@@ -79,7 +79,7 @@ def _all_subclasses(cls) -> set[type]:
 
 SERVER_SIDE = {"ModelLoadError", "HubModelError", "ConfigError", "TokenizerError", "DependencyError",
                "CorruptEntry", "BenchProcessError", "ArmBenchError", "IllegalInstruction", "PeerError",
-               "UnsafeFolderError"}
+               "UnsafeFolderError", "InvariantError"}
 """DualPath's errors that only a broken install, model or config raises (or a benchmark, which
 never runs in the server): 500, message withheld."""
 MAKE = {"ModelLoadError": lambda cls, m: cls("model.gguf", m), "HubModelError": lambda cls, m: cls("org/repo", None, m),

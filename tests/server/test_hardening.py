@@ -21,9 +21,9 @@ import pytest
 httpx = pytest.importorskip("httpx")
 pytest.importorskip("uvicorn")
 
-import dualpath  # noqa: E402
-
 from test_server import LiveServer  # noqa: E402
+
+import dualpath  # noqa: E402
 from tests_shared import write_gguf_with_chat_template  # noqa: E402
 
 HEALTH_MS = 200
@@ -157,7 +157,8 @@ def test_a_template_that_asks_for_ten_gigabytes_leaves_the_server_small(live):
 
 # -- a web page -------------------------------------------------------------------------
 
-@pytest.mark.parametrize("headers", [{"Content-Type": "text/plain"}, {"Content-Type": "application/x-www-form-urlencoded"},
+@pytest.mark.parametrize("headers", [{"Content-Type": "text/plain"},
+                                     {"Content-Type": "application/x-www-form-urlencoded"},
                                      {"Content-Type": "multipart/form-data; boundary=x"}, {}])
 @pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/warm"])
 def test_a_body_a_page_can_send_without_preflight_is_a_415(live, path, headers):
@@ -278,7 +279,8 @@ def test_a_body_trickled_after_whole_headers_is_cut_off_at_the_body_deadline(liv
     watch.check()
 
 
-@pytest.mark.parametrize("request_bytes", [b"GARBAGE\r\n\r\n", b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\nBad Header\r\n\r\n",
+@pytest.mark.parametrize("request_bytes", [b"GARBAGE\r\n\r\n",
+                                           b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\nBad Header\r\n\r\n",
                                            b"GET /health HTTP/1.1\r\nContent-Length: x\r\n\r\n"])
 def test_a_request_http_cannot_parse_gets_a_json_400(live, request_bytes):
     with socket.create_connection(("127.0.0.1", live.port)) as s:

@@ -12,10 +12,10 @@ import pytest
 openai = pytest.importorskip("openai")
 pytest.importorskip("uvicorn")
 
+from test_server import KEY, LiveServer  # noqa: E402
+
 import dualpath  # noqa: E402
 from dualpath.sampling.sampler import Sampler, SamplingParams  # noqa: E402
-
-from test_server import KEY, LiveServer  # noqa: E402
 
 PROMPT = "Once upon a time"
 

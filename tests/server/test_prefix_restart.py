@@ -20,7 +20,7 @@ pytestmark = pytest.mark.skipif(not GGUF.is_file(), reason="test model not found
 
 SYSTEM = ("Once upon a time, there was a little girl named Lily. She loved to play outside in the park with her "
           "friends. One day, she saw a big red ball under a tree. She ran to get it, but a dog took it first.")
-P = 16  # dualpath_config.page_tokens (default)
+P = 16  # kv_cache.page_tokens (default)
 
 
 def _serve(*extra):
@@ -62,7 +62,8 @@ def test_a_warmed_prompt_survives_a_kill_and_restart(tmp_path):
         assert after["choices"][0]["text"] == before["choices"][0]["text"]
         text = httpx.get(b.base + "/metrics").text
         assert metric(text, "dualpath_prefix_disk_pages_total", 'result="hit"') == (m - 1) // P
-        assert metric(text, "dualpath_prefix_disk_bytes_total", 'op="read"') == (m - 1) // P * info.size_bytes / info.pages
+        read_bytes = metric(text, "dualpath_prefix_disk_bytes_total", 'op="read"')
+        assert read_bytes == (m - 1) // P * info.size_bytes / info.pages
 
 
 def test_serve_keeps_pages_on_disk_by_default_and_not_when_told(tmp_path, model_cache_dir):

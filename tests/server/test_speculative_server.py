@@ -32,7 +32,8 @@ def _answers(*extra):
             assert r.status_code == 200, r.text
             texts.append([c["text"] for c in r.json()["choices"]])
         text = httpx.get(s.base + "/metrics").text
-        counts = (metric(text, "dualpath_spec_proposed_tokens_total"), metric(text, "dualpath_spec_accepted_tokens_total"))
+        counts = (metric(text, "dualpath_spec_proposed_tokens_total"),
+                  metric(text, "dualpath_spec_accepted_tokens_total"))
     return texts, counts
 
 

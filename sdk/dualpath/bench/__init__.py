@@ -36,8 +36,24 @@ from __future__ import annotations
 
 def add_bench_parser(sub) -> None:
     """Add ``bench`` and its subcommands to the CLI's subparsers."""
-    from . import (arm, cache, chat, classifier, e2e, kernels, kv_quality, layers, load, memory, power,
-                   prefix_restart, quality, serve, spec, startup)
+    from . import (
+        arm,
+        cache,
+        chat,
+        classifier,
+        e2e,
+        kernels,
+        kv_quality,
+        layers,
+        load,
+        memory,
+        power,
+        prefix_restart,
+        quality,
+        serve,
+        spec,
+        startup,
+    )
 
     b = sub.add_parser("bench", help="benchmarks (side by side with llama.cpp where it applies)")
     bs = b.add_subparsers(dest="bench", required=True)

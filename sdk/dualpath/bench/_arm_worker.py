@@ -24,8 +24,8 @@ import sys
 def worker(model: str, num_generate: int, n_ctx: int, kernel_isa: str = "auto",
            prompt_ids: list | None = None, text: str = "", num_prompt_tokens: int = 0,
            maps_out: str = "") -> dict:
-    from dualpath import LLM
     import dualpath.kernels as kernels
+    from dualpath import LLM
     from dualpath.config import load_config
     from dualpath.sampling.sampler import SamplingParams
 
@@ -40,6 +40,7 @@ def worker(model: str, num_generate: int, n_ctx: int, kernel_isa: str = "auto",
         if len(ids) < num_prompt_tokens:
             raise ValueError(f"the prompt text makes {len(ids)} tokens, fewer than the {num_prompt_tokens} asked for")
         prompt_ids = ids[:num_prompt_tokens]
+    assert prompt_ids is not None  # given, or made from the text above
     c = llm.generate([int(t) for t in prompt_ids],
                      SamplingParams(temperature=0.0, max_tokens=num_generate, ignore_eos=True))
     if len(c.token_ids) != num_generate:

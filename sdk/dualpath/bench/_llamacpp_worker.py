@@ -28,6 +28,7 @@ import os
 import re
 import sys
 import time
+from collections.abc import Callable
 
 ISAS = ("full", "laptop")
 """``full``: every ISA extension of this CPU that ggml builds for, never AMX; ``laptop``:
@@ -179,7 +180,7 @@ def logits(model: str, ids: list, out: str, n_ctx: int, kv_f32: bool, threads: i
     import llama_cpp
     import numpy as np
 
-    kw = {"type_k": llama_cpp.GGML_TYPE_F32, "type_v": llama_cpp.GGML_TYPE_F32} if kv_f32 else {}
+    kw: dict = {"type_k": llama_cpp.GGML_TYPE_F32, "type_v": llama_cpp.GGML_TYPE_F32} if kv_f32 else {}
     llm = llama_cpp.Llama(model, n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads, logits_all=True,
                           flash_attn=flash_attn, verbose=False, **kw)
     llm.eval(ids[:-1])
@@ -191,7 +192,8 @@ def logits(model: str, ids: list, out: str, n_ctx: int, kv_f32: bool, threads: i
 
 # -- the harness's child protocol (a copy of harness._child: this file cannot import dualpath) --
 
-FUNCTIONS = {"probe": probe, "vocab_size": vocab_size, "measure": measure, "logits": logits}
+FUNCTIONS: dict[str, Callable[..., object]] = {"probe": probe, "vocab_size": vocab_size, "measure": measure,
+                                             "logits": logits}
 
 
 def _child(function: str, result_path: str) -> None:

@@ -26,6 +26,7 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 
 BUILD_LOG = "build.log"
 """The builder's stdout and stderr, kept beside the built model."""
@@ -111,10 +112,11 @@ def write_hf_folder(reader, out: str) -> dict:
     with open(os.path.join(out, "config.json"), "w") as f:
         json.dump(cfg, f, indent=1)
 
-    def token(i: int) -> str:
+    def token(value: object) -> str:
+        i = int(value)  # type: ignore[call-overload]  # a GGUF integer field
         return tokens[i] if 0 <= i < len(tokens) else "<unk>"
 
-    vocab = {}
+    vocab: dict[str, int] = {}
     for i, t in enumerate(tokens):
         vocab.setdefault(t, i)
     unk = token(int(_field(reader, "tokenizer.ggml.unknown_token_id", 0)))
@@ -302,7 +304,8 @@ def measure(model_dir: str, prompt: list, decode: int, threads: int, chunk: int)
 # -- the harness's child protocol (a copy of harness._child: this file cannot import dualpath) --
 
 def _child(function: str, result_path: str) -> None:
-    fn = {"probe": probe, "build": build, "measure": measure}[function]
+    functions: dict[str, Callable[..., object]] = {"probe": probe, "build": build, "measure": measure}
+    fn = functions[function]
     result = fn(**json.load(sys.stdin))
     with open(result_path + ".part", "w") as f:
         json.dump(result, f)

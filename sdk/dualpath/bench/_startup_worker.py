@@ -34,9 +34,9 @@ def worker(engine: str, model: str, threads: int, tokens: int, spawned_at: float
     ``flash_attn``: llama.cpp's flash attention (llama-cpp-python's default is off)."""
     if engine == "dualpath":
         os.environ["DUALPATH_CACHE_DIR"] = cache_dir
-        from dualpath.config import load_config
         from dualpath import LLM
-        from dualpath.sampling.sampler import SamplingParams
+        from dualpath.config import load_config
+        from dualpath.sampling_params import SamplingParams
 
         llm = LLM(model, load_config(None, {"runtime.num_threads": threads}))
         loaded_at, load_peak = time.time(), _vm("VmHWM")
@@ -51,17 +51,17 @@ def worker(engine: str, model: str, threads: int, tokens: int, spawned_at: float
         import llama_cpp
         import numpy as np
 
-        llm = llama_cpp.Llama(model, n_ctx=512, n_threads=threads, n_threads_batch=threads, flash_attn=flash_attn,
-                              verbose=False)
+        peer = llama_cpp.Llama(model, n_ctx=512, n_threads=threads, n_threads_batch=threads, flash_attn=flash_attn,
+                               verbose=False)
         loaded_at, load_peak = time.time(), _vm("VmHWM")
-        n_vocab = llm.n_vocab()
-        ids = llm.tokenize(PROMPT.encode(), add_bos=True)
-        llm.eval(ids)
-        token = int(np.argmax(np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(llm.ctx, -1), shape=(n_vocab,))))
+        n_vocab = peer.n_vocab()
+        ids = peer.tokenize(PROMPT.encode(), add_bos=True)
+        peer.eval(ids)
+        token = int(np.argmax(np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(peer.ctx, -1), shape=(n_vocab,))))
         first_at = time.time()
         for _ in range(tokens - 1):
-            llm.eval([token])
-            token = int(np.argmax(np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(llm.ctx, -1),
+            peer.eval([token])
+            token = int(np.argmax(np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(peer.ctx, -1),
                                                         shape=(n_vocab,))))
         last_at = time.time()
         generated, extra = tokens, {}

@@ -48,6 +48,7 @@ import sys
 import tarfile
 import tempfile
 from dataclasses import dataclass, field
+from typing import Any
 
 from ..errors import DualPathError
 from .common import write_json
@@ -637,7 +638,7 @@ def print_breakdown(cpu: str, rows: list[dict], top: int) -> None:
                 print(f"    {v / 1e6:9.2f} M {100 * v / total:5.1f}%  {function or file:<48.48} {where}")
 
 
-def measure_cpu(cpu: str, runners: list[tuple[dict, object]], prompt_ids: list[int], lengths: dict,
+def measure_cpu(cpu: str, runners: list[tuple[dict, Any]], prompt_ids: list[int], lengths: dict,
                 breakdown: bool) -> list[dict]:
     """One row per engine under ``cpu``; a build the CPU model cannot run is a row without figures."""
     rows = []
@@ -674,7 +675,8 @@ def cmd_bench_arm(args) -> int:
               file=sys.stderr)
         prompt_ids = dualpath.tokenize(cpus[0], PROMPT_TEXT, lengths["prompt"][1])
         label = "DualPath" + (f" (kernels {args.kernel_isa})" if args.kernel_isa != "auto" else "")
-        runners = [({"engine": "dualpath", "label": label, "provenance": dp.provenance}, dualpath)]
+        runners: list[tuple[dict, Any]] = [({"engine": "dualpath", "label": label, "provenance": dp.provenance},
+                                             dualpath)]
         runners += [({"engine": "llama.cpp", "label": f"llama.cpp {b.name}", "build": b.name, "arch": b.arch,
                       "flags": b.flags}, LlamaRunner(b, args.model, plugin, work, args.flash_attn, symbols))
                     for b in llamas]

@@ -44,7 +44,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from ..cache.manager import KVCacheManager, NoRoom
-from ..config import DualPathConfig
+from ..config import KVCacheConfig
 from .common import random_ids, write_json
 
 log = logging.getLogger(__name__)
@@ -148,18 +148,18 @@ def distinct_tokens(requests: list[Request], system_prompt_tokens: int) -> int:
     return total - max(num_shared - 1, 0) * system_prompt_tokens
 
 
-def _manager(mode: str, shape: KVShape, num_blocks: int, base: DualPathConfig) -> KVCacheManager:
+def _manager(mode: str, shape: KVShape, num_blocks: int, base: KVCacheConfig) -> KVCacheManager:
     cfg = dataclasses.replace(base, path_mode=mode, kv_dtype=shape.kv_dtype)
     return KVCacheManager(cfg, num_layers=1, num_kv_heads=shape.num_kv_heads, head_dim=shape.head_dim,
                           num_blocks=num_blocks)
 
 
-def kv_geometry(shape: KVShape, base: DualPathConfig) -> dict:
+def kv_geometry(shape: KVShape, base: KVCacheConfig) -> dict:
     """Per-layer bytes of one token, one page and one block, from a one-block manager."""
     m = _manager("dual", shape, 1, base)
     token_bytes = m.arena.tile_bytes(1)
     return {"token_bytes_per_layer": token_bytes, "page_bytes_per_layer": m.page_bytes,
-            "block_bytes_per_layer": base.block_size, "page_tokens": m.page_tokens,
+            "block_bytes_per_layer": base.block_bytes, "page_tokens": m.page_tokens,
             "pages_per_block": m.pages_per_block, "tokens_per_block": m.pages_per_block * m.page_tokens}
 
 
@@ -236,7 +236,7 @@ def _stats_discrepancies(m: KVCacheManager, held: dict, needed_tokens: int, toke
 # Mixed workload
 # ---------------------------------------------------------------------------
 
-def run_mixed(mode: str, requests: list[Request], w: MixedWorkload, shape: KVShape, base: DualPathConfig,
+def run_mixed(mode: str, requests: list[Request], w: MixedWorkload, shape: KVShape, base: KVCacheConfig,
               num_blocks: int, geo: dict,
               on_full: Callable[[KVCacheManager], None] | None = None) -> dict:
     """All requests live at once, then all freed; one row of measurements.
@@ -268,7 +268,7 @@ def run_mixed(mode: str, requests: list[Request], w: MixedWorkload, shape: KVSha
 
     needed = distinct_tokens(requests, w.system_prompt_tokens)
     held = held_pages(m)
-    tb, pb, bb = geo["token_bytes_per_layer"], m.page_bytes, base.block_size
+    tb, pb, bb = geo["token_bytes_per_layer"], m.page_bytes, base.block_bytes
     held_bytes = held["pages"] * pb * scale
     reserved_bytes = (held["extent_blocks"] * bb + held["random_pages"] * pb) * scale
     needed_bytes = needed * tb * scale
@@ -318,7 +318,7 @@ def contiguous_row(requests: list[Request], w: MixedWorkload, shape: KVShape, ge
 # Throughput
 # ---------------------------------------------------------------------------
 
-def _time_decode(mode: str, t: ThroughputWorkload, shape: KVShape, base: DualPathConfig, num_blocks: int,
+def _time_decode(mode: str, t: ThroughputWorkload, shape: KVShape, base: KVCacheConfig, num_blocks: int,
                  prompts: list[list[int]], decode: list[list[list[int]]]) -> float:
     m = _manager(mode, shape, num_blocks, base)
     for sid, p in enumerate(prompts):
@@ -335,7 +335,7 @@ def _time_decode(mode: str, t: ThroughputWorkload, shape: KVShape, base: DualPat
     return time.perf_counter() - t0
 
 
-def _time_prefill(mode: str, t: ThroughputWorkload, shape: KVShape, base: DualPathConfig, num_blocks: int,
+def _time_prefill(mode: str, t: ThroughputWorkload, shape: KVShape, base: KVCacheConfig, num_blocks: int,
                   prompts: list[list[int]]) -> float:
     m = _manager(mode, shape, num_blocks, base)
     for sid, p in enumerate(prompts):
@@ -352,7 +352,7 @@ def _time_prefill(mode: str, t: ThroughputWorkload, shape: KVShape, base: DualPa
     return time.perf_counter() - t0
 
 
-def run_throughput(t: ThroughputWorkload, shape: KVShape, base: DualPathConfig, geo: dict,
+def run_throughput(t: ThroughputWorkload, shape: KVShape, base: KVCacheConfig, geo: dict,
                    modes=MODES) -> list[dict]:
     """Appends per second, decode-style and prefill-style, per mode (allocate + commit timed)."""
     rng = np.random.default_rng(t.seed)
@@ -386,7 +386,7 @@ def run_throughput(t: ThroughputWorkload, shape: KVShape, base: DualPathConfig, 
 # ---------------------------------------------------------------------------
 
 def run_cache_bench(workload: MixedWorkload = MixedWorkload(), throughput: ThroughputWorkload | None = None,
-                    shape: KVShape = KVShape(), base: DualPathConfig = DualPathConfig(),
+                    shape: KVShape = KVShape(), base: KVCacheConfig = KVCacheConfig(),
                     modes=MODES, on_full: Callable[[KVCacheManager], None] | None = None) -> dict:
     """Run both measurements. ``throughput=None`` skips the timed part; ``on_full`` as in run_mixed."""
     geo = kv_geometry(shape, base)
@@ -400,7 +400,7 @@ def run_cache_bench(workload: MixedWorkload = MixedWorkload(), throughput: Throu
     tp = run_throughput(throughput, shape, base, geo, modes) if throughput else []
     return {"shape": asdict(shape), "workload": asdict(workload),
             "throughput_workload": asdict(throughput) if throughput else None, "geometry": geo,
-            "num_blocks": num_blocks, "arena_bytes_per_layer": num_blocks * base.block_size,
+            "num_blocks": num_blocks, "arena_bytes_per_layer": num_blocks * base.block_bytes,
             "lengths": [r.num_tokens for r in requests], "shared": [r.shared for r in requests],
             "mixed": rows, "throughput": tp}
 
@@ -417,7 +417,7 @@ def format_report(res: dict) -> str:
         f"{s['kv_dtype']} = {g['token_bytes_per_layer']} B/token/layer, {per_token // 1024} KiB/token",
         f"The manager is built with num_layers=1 (its bookkeeping does not depend on the layer count); "
         f"every byte figure below is x{s['num_layers']}.",
-        f"block_size {g['block_bytes_per_layer']} B = {g['tokens_per_block']} tokens/layer, page_tokens "
+        f"block_bytes {g['block_bytes_per_layer']} B = {g['tokens_per_block']} tokens/layer, page_tokens "
         f"{g['page_tokens']} ({g['pages_per_block']} pages/block); arena {res['num_blocks']} blocks "
         f"= {_mib(res['arena_bytes_per_layer'])} MiB at one layer (lazily committed)",
     ]
@@ -464,7 +464,7 @@ def format_report(res: dict) -> str:
 
 def cmd_bench_cache(args) -> int:
     t0 = time.perf_counter()
-    base = DualPathConfig(block_size=args.block_size, page_tokens=args.page_tokens)
+    base = KVCacheConfig(block_bytes=args.block_bytes, page_tokens=args.page_tokens)
     workload = MixedWorkload(num_requests=args.requests, num_shared=args.requests // 2, seed=args.seed)
     throughput = None if args.no_throughput else ThroughputWorkload(repeats=args.repeats)
     res = run_cache_bench(workload, throughput, KVShape(kv_dtype=args.kv_dtype), base)
@@ -480,8 +480,9 @@ def add_parser(bs) -> None:
                                     "mixed workload, per path mode")
     c.add_argument("--requests", type=int, default=32, help="requests in the mixed workload (half share a prompt)")
     c.add_argument("--seed", type=int, default=0)
-    c.add_argument("--block-size", type=int, default=DualPathConfig.block_size, help="bytes per arena block")
-    c.add_argument("--page-tokens", type=int, default=DualPathConfig.page_tokens)
+    c.add_argument("--block-bytes", "--block-size", type=int, dest="block_bytes", default=KVCacheConfig.block_bytes,
+                   help="bytes per arena block (--block-size is its old name)")
+    c.add_argument("--page-tokens", type=int, default=KVCacheConfig.page_tokens)
     c.add_argument("--kv-dtype", default="f16", choices=["f16", "f32", "q8"],
                    help="KV element type (bytes per token: q8 is int8 + an f32 scale per token and KV head)")
     c.add_argument("-r", "--repeats", type=int, default=5, help="timed runs per throughput figure (median)")

@@ -52,7 +52,7 @@ def cmd_bench_chat(args) -> int:
         overrides["runtime.chat_template"] = args.chat_template
     llm = LLM(model_or_default(args.model), load_config(None, overrides))
     run_conversation(llm, 2, 16, 4, True)  # warm-up: first runs, allocations
-    runs = {True: [], False: []}
+    runs: dict[bool, list] = {True: [], False: []}
     for _ in range(args.repeats):
         for reuse in (True, False):
             llm.cache.evict_all()

@@ -20,7 +20,8 @@ import time
 import numpy as np
 
 from ..kernels import QMatmul, ThreadPool, default_kernel
-from .common import ms_per_call as _ms, ort_session, write_json
+from .common import ms_per_call as _ms
+from .common import ort_session, write_json
 
 SHAPES = "262144x640/32,128256x2048/16,151936x1536/16"
 
@@ -46,12 +47,14 @@ def _ort_session(w: np.ndarray, scales: np.ndarray, threads: int):
     n, nb, bs = w.shape
     node = helper.make_node("MatMulNBits", ["x", "w", "s"], ["y"], domain="com.microsoft", K=nb * bs, N=n,
                             bits=8, block_size=bs, accuracy_level=4)
-    graph = helper.make_graph([node], "classifier", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, nb * bs])],
+    graph = helper.make_graph([node], "classifier",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, nb * bs])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, n])],
                               initializer=[helper.make_tensor("w", TensorProto.UINT8, w.shape, w.tobytes(), raw=True),
                                            helper.make_tensor("s", TensorProto.FLOAT, scales.shape, scales.tobytes(),
                                                               raw=True)])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid("com.microsoft", 1)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21),
+                                                    helper.make_opsetid("com.microsoft", 1)])
     return ort_session(model, threads)
 
 

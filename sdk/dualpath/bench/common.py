@@ -276,9 +276,10 @@ def stream_completion(base: str, prompt: list[int], max_tokens: int, **extra) ->
 
     body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True,
             "stream_options": {"include_usage": True}, **extra}
-    out = {"ttft_ms": None, "decode_tps": None, "text": "", "usage": None, "timings": None}
+    out: dict[str, Any] = {"ttft_ms": None, "decode_tps": None, "text": "", "usage": None, "timings": None}
     t0 = time.perf_counter()
-    first = last = None
+    first: float | None = None
+    last: float = 0.0
     chunks = 0
     with httpx.stream("POST", base + "/v1/completions", json=body, timeout=600) as r:
         if r.status_code != 200:

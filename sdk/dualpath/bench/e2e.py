@@ -24,6 +24,7 @@ import platform
 import shutil
 import sys
 import tempfile
+from typing import Any
 
 from ..config import ORT_THREAD_POOLS
 from ..errors import DualPathError
@@ -57,15 +58,15 @@ def worker(engine: str, model: str, ctx: int, decode: int, threads: int, chunk: 
     from ..llm import LLM
     from ..sampling_params import SamplingParams
 
-    overrides = {"runtime.num_threads": threads, "runtime.max_context_tokens": ctx + decode + 1,
-                 "runtime.prefill_chunk_tokens": chunk}
+    overrides: dict[str, Any] = {"runtime.num_threads": threads, "runtime.max_context_tokens": ctx + decode + 1,
+                                 "runtime.prefill_chunk_tokens": chunk}
     store = None
     for word in engine.split()[1:]:  # "dualpath q8 per_part disk": that KV type, those ORT pools, a store
         if word == "disk":  # prompt pages written to an empty prefix store as the run goes
             store = tempfile.mkdtemp(prefix="dualpath-e2e-prefix-")
             overrides["prefix_cache.use"], overrides["prefix_cache.dir"] = "always", store
             continue
-        key = "runtime.ort_thread_pools" if word in ORT_THREAD_POOLS else "dualpath_config.kv_dtype"
+        key = "runtime.ort_thread_pools" if word in ORT_THREAD_POOLS else "kv_cache.kv_dtype"
         overrides[key] = word
     cfg = load_config(None, overrides)
     llm = LLM(model, cfg)
@@ -108,12 +109,14 @@ def run_e2e(models: list[str], ctx: int, decode: int, threads: int, repeats: int
         variants = list(engines) + (llamacpp.variants() if llama_in else []) + \
             ([ortgenai.ENGINE] if ort_model is not None else [])
 
-        def measure(variant: str) -> dict:
+        def measure(variant: str, model=model, llama_in=llama_in, ort_model=ort_model) -> dict:
             setting = llamacpp.setting_of(variant)
             if setting is not None:
+                assert llama_peer is not None and llama_in is not None  # its variants exist only with a peer
                 return llama_peer.measure(model, **llama_in, decode=decode, threads=threads, chunk=chunk,
                                           setting=setting)
             if variant == ortgenai.ENGINE:
+                assert ortgenai_peer is not None and ort_model is not None
                 return ortgenai_peer.measure(ort_model, random_prompt(ort_model.vocab_size, ctx), decode, threads,
                                              chunk)
             return run_worker(worker, {"engine": variant, "model": model, "ctx": ctx, "decode": decode,
@@ -124,7 +127,7 @@ def run_e2e(models: list[str], ctx: int, decode: int, threads: int, repeats: int
         for engine in engines:
             rows.append({**base, "engine": engine, **medians(runs[engine], FIGURES), "runs": len(runs[engine]),
                          "kernel": runs[engine][0]["kernel"]})
-        if llama_in:
+        if llama_in and llama_peer is not None:
             rows.append(llama_cpp_row(base, runs, llama_peer))
         if ort_model is not None:
             s = runs[ortgenai.ENGINE]
@@ -137,7 +140,7 @@ def llama_cpp_row(base: dict, runs: dict[str, list[dict]], peer: llamacpp.LlamaC
     """llama.cpp's row: the faster flash attention setting for each figure (the smaller peak
     RSS), ``flash_attn`` naming the setting each came from, ``settings`` the medians of each,
     and the peer's build."""
-    settings = {llamacpp.setting_of(v): medians(runs[v], FIGURES) for v in llamacpp.variants()}
+    settings = {str(llamacpp.setting_of(v)): medians(runs[v], FIGURES) for v in llamacpp.variants()}
     best = best_of(settings, higher=("prefill_tps", "decode_tps"), lower=("peak_rss_mb",))
     return {**base, "engine": llamacpp.ENGINE, **{k: best[k] for k in FIGURES},
             "runs": len(runs[llamacpp.variants()[0]]), "flash_attn": best["best"], "settings": settings,
@@ -199,9 +202,9 @@ def dualpath_engines(kv_dtypes: str, ort_pools: str = "shared", prefix_cache: st
     arrangement of ``--ort-pools`` and each ``--prefix-cache`` setting: the configured
     defaults are plain ``dualpath``, others are named (``dualpath q8``, ``dualpath
     per_part``, ``dualpath q8 per_part``, ``dualpath disk``)."""
-    from ..config import DualPathConfig, RuntimeConfig
+    from ..config import KVCacheConfig, RuntimeConfig
 
-    kv0, pools0 = DualPathConfig().kv_dtype, RuntimeConfig().ort_thread_pools
+    kv0, pools0 = KVCacheConfig().kv_dtype, RuntimeConfig().ort_thread_pools
     return [" ".join(["dualpath"] + [w for w, w0 in ((d, kv0), (p, pools0)) if w != w0] + ["disk"] * (c == "on"))
             for c in prefix_cache.split(",") for p in ort_pools.split(",") for d in kv_dtypes.split(",")]
 

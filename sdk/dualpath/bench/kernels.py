@@ -7,10 +7,11 @@ kernel reads the KV of one layer (K + V: context x num_kv_heads x head_dim x 2
 bytes x 2 in f16; in q8, context x num_kv_heads x (head_dim + 4) x 2: int8 values
 and an f32 scale per token and KV head, the bytes the kernel actually reads, which
 the GB/s are computed from). ``--kv-dtype f16,q8`` (the default) measures both
-element types side by side, each row after its own bandwidth probe. Layers rotate through an arena larger than the last-level cache so
+element types side by side, each row after its own bandwidth probe. Layers rotate through an arena
+larger than the last-level cache so
 every step comes from DRAM, as in a real model. Every kernel repeat follows its
 own bandwidth probe, and a row's share of the bandwidth is the median of the
-per-pair ratios: this machine's speed drifts by up to 2x within a run, and a ratio
+per-pair ratios: a shared machine's speed drifts within a run, and a ratio
 of two medians taken minutes apart would measure the drift.
 
 Layouts: ``sequential`` = the sequence's pages back to back (one extent, one
@@ -65,7 +66,7 @@ class Shape:
         return f"{self.num_heads}/{self.num_kv_heads}x{self.head_dim}"
 
     @classmethod
-    def parse(cls, text: str) -> "Shape":
+    def parse(cls, text: str) -> Shape:
         heads, _, hd = text.partition("x")
         q, _, kv = heads.partition("/")
         shape = cls(int(q), int(kv), int(hd))
@@ -165,7 +166,7 @@ def run_kernel_bench(contexts=(1024, 8192, 32768), threads=(1, 2), layouts=("seq
     bytes of its KV type (q8: int8 values and their f32 scales)."""
     kernel = kernel or default_kernel()
     rows = []
-    bandwidth = {}
+    bandwidth: dict = {}
     fma_gflops = {}
     buf = np.ones(bandwidth_bytes // 8, np.uint64)
 
@@ -228,7 +229,7 @@ def _shapes(text: str) -> tuple[Shape, ...]:
     try:
         return tuple(Shape.parse(t) for t in text.split(","))
     except ValueError as e:
-        raise argparse.ArgumentTypeError(f"{e}; shapes look like 32/4x64 (query heads/KV heads x head_dim)")
+        raise argparse.ArgumentTypeError(f"{e}; shapes look like 32/4x64 (query heads/KV heads x head_dim)") from None
 
 
 def cmd_bench_kernels(args) -> int:

@@ -33,7 +33,7 @@ def _llm(model: str, kv_dtype: str, context_tokens: int, overrides: dict | None)
     from ..config import load_config
     from ..llm import LLM
 
-    o = {"dualpath_config.kv_dtype": kv_dtype, "runtime.max_context_tokens": context_tokens}
+    o = {"kv_cache.kv_dtype": kv_dtype, "runtime.max_context_tokens": context_tokens}
     o.update(overrides or {})
     return LLM(model, load_config(None, o))
 

@@ -22,7 +22,8 @@ import statistics
 import numpy as np
 
 from ..kernels import LMatmul, ThreadPool, default_kernel
-from .common import ms_per_call as _ms, ort_session, write_json
+from .common import ms_per_call as _ms
+from .common import ort_session, write_json
 
 
 def _ort_session(nb, shape: tuple[int, int], threads: int):
@@ -47,7 +48,8 @@ def _ort_session(nb, shape: tuple[int, int], threads: int):
                   helper.make_node("Gemm", ["xs", "mins", "y0"], ["y"], transB=1, alpha=-1.0, beta=1.0)]
     graph = helper.make_graph(nodes, "layer", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["R", k])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["R", n])], initializer=inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid("com.microsoft", 1)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21),
+                                                    helper.make_opsetid("com.microsoft", 1)])
     return ort_session(model, threads)
 
 
@@ -75,7 +77,8 @@ def layer_matrices(path: str, layer: int | None) -> tuple[int, list]:
 
 
 STREAM_BYTES = 128 << 20
-"""Bytes of the copies a streamed decode row runs through: 4x this machine's 32 MiB L3."""
+"""Bytes of the copies a streamed decode row runs through: several times a laptop's or a
+server's last-level cache, so every row comes from DRAM."""
 
 
 def _streamed_ms(type_name: str, form: np.ndarray, x: np.ndarray, n: int, pool, repeats: int,
@@ -86,7 +89,7 @@ def _streamed_ms(type_name: str, form: np.ndarray, x: np.ndarray, n: int, pool, 
     copies = max(2, -(-stream_bytes // form.nbytes))
     mms = [LMatmul([(type_name, form.copy(), out)], x, kernel) for _ in range(copies)]
 
-    def once() -> float:
+    def once() -> None:
         for mm in mms:
             mm.run(1, pool)
 

@@ -15,8 +15,7 @@ import sys
 import time
 
 from ..config import CHAT_TEMPLATES
-from .common import (free_port, live_server, metric, model_or_default, percentile_ms, process_peak_rss_mb,
-                     write_json)
+from .common import free_port, live_server, metric, model_or_default, percentile_ms, process_peak_rss_mb, write_json
 
 STARTUP_S = 120.0
 """How long the server may take to answer /health."""
@@ -187,7 +186,8 @@ def _mixed_clients(base: str, clients: int, duration_s: float, max_tokens: int, 
     import httpx
     import numpy as np
 
-    sent, statuses = collections.Counter(), collections.Counter()
+    sent: collections.Counter[str] = collections.Counter()
+    statuses: collections.Counter[int] = collections.Counter()
     failures, rss = [], []
     context = [0]
 

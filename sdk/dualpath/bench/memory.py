@@ -77,19 +77,19 @@ def worker(model: str, ctx: int, decode: int, threads: int, chunk: int) -> dict:
     import onnxruntime  # noqa: F401
 
     from ..config import load_config
+    from ..executor.memory_plan import MiB, plan_memory
     from ..llm import LLM, resident_mb
     from ..models import read_layout
-    from ..executor.memory_plan import MiB, plan_memory
     from ..sampling_params import SamplingParams
 
-    imported = resident_mb()
+    imported = resident_mb() or 0.0
     cfg = load_config(None, {"runtime.num_threads": threads, "runtime.max_context_tokens": ctx + decode + 1,
                              "runtime.prefill_chunk_tokens": chunk})
     m, layout, merges = read_layout(model)
     plan = plan_memory(m, layout, merges, cfg, ctx + decode + 1)
     llm = LLM(model, cfg)
     rss = llm.load_stats["rss_mb"]
-    loaded = resident_mb()
+    loaded = resident_mb() or 0.0
     llm.generate(random_prompt(llm.spec.config.vocab_size, ctx),
                  SamplingParams(temperature=0, max_tokens=decode + 1, ignore_eos=True))
     arena = llm.cache.arena
@@ -97,12 +97,12 @@ def worker(model: str, ctx: int, decode: int, threads: int, chunk: int) -> dict:
     # An 8-bit classifier is mapped by the first step, after "sessions" (the kernels' form
     # is mapped by the load).
     spec = llm.spec
-    read = [spec.output.data, spec.output.scales] if spec.classifier_in_kernels and not spec.output.kernel_form \
-        else []
-    in_place = sum(resident_bytes(a.ctypes.data, a.nbytes) for a in read) / MiB
+    read = [a for a in (spec.output.data, spec.output.scales) if a is not None] \
+        if spec.classifier_in_kernels and not spec.output.kernel_form else []
+    in_place = sum(int(resident_bytes(a.ctypes.data, a.nbytes)) for a in read) / MiB
     measured = {"runtime": imported, "vocabulary": rss["tokenizer"] - rss["start"],
                 "weights": rss["sessions"] - rss["tokenizer"] + in_place, "kv cache": kv,
-                "activations": resident_mb() - loaded - kv - in_place}
+                "activations": (resident_mb() or 0.0) - loaded - kv - in_place}
     return {"measured": measured, "plan": {k: v / MiB for k, v in plan.parts.items()},
             "peak_rss_mb": _status_mb("VmHWM"), "plan_mb": plan.total / MiB, "end_rss_mb": resident_mb(),
             "kinds": _mapped_kinds()}
@@ -132,7 +132,7 @@ def cmd_bench_memory(args) -> int:
     peer = _llama_cpp_peer() if args.peer else None
     variants = ["dualpath"] + (["llama.cpp"] if args.peer else [])
     runs = interleaved(variants, args.repeats, lambda v: run_worker(worker, kw, timeout_s=TIMEOUT_S)
-                       if v == "dualpath" else _llama_cpp_peak(peer, **kw))
+                       if v == "dualpath" or peer is None else _llama_cpp_peak(peer, **kw))
     ours = runs["dualpath"]
     print(f"{os.path.basename(args.model)}: prompt {args.ctx} tokens, {args.decode} decoded, {args.threads} threads, "
           f"median of {len(ours)} runs")
@@ -149,7 +149,8 @@ def cmd_bench_memory(args) -> int:
         theirs = medians(runs["llama.cpp"], ("peak_rss_mb",))["peak_rss_mb"]
         print(f"llama.cpp peak RSS ({LLAMA_CPP_SETTING}): {theirs:,.1f} MiB (ours / llama.cpp: "
               f"{peak['peak_rss_mb'] / theirs:.2f})")
-        llamacpp.print_build(peer)
+        if peer is not None:
+            llamacpp.print_build(peer)
     if args.json:
         write_json(args.json, runs)
     return 0

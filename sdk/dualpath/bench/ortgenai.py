@@ -176,6 +176,7 @@ class OrtGenaiPeer:
         types = check_file(path, ctx, decode)
         if self.og_version is None:
             self.check()
+        assert self.og_version is not None  # check() sets it or raises
         precision = auto_precision(types) if self.precision == "auto" else self.precision
         out_dir = os.path.join(self.cache_dir, cache_key(path, precision, self.og_version))
         model_dir = os.path.join(out_dir, "model")

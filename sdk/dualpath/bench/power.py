@@ -146,7 +146,7 @@ def sweep_worker(model: str, cpus: list[int], threads: int, prompt_tokens: int, 
     from ..sampling_params import SamplingParams
 
     pinned = threads <= len(cpus)
-    overrides = {"runtime.max_context_tokens": prompt_tokens + tokens + 16}
+    overrides: dict[str, object] = {"runtime.max_context_tokens": prompt_tokens + tokens + 16}
     if pinned:  # the declared class is the only one: both phases run on it
         overrides.update({"power.cpu_classes": f"{format_cpulist(cpus)}:little", "power.profile": "performance",
                           "power.prefill_max_threads": threads, "power.decode_max_threads": threads})

@@ -39,7 +39,8 @@ QUESTION = "\n\nQuestion: what did the keeper write in his book? Answer:"
 
 def build_prompt(tokenizer, prefix_tokens: int) -> tuple[list[int], int]:
     """(prompt ids, length of the shared prefix): about ``prefix_tokens`` tokens of text, then a question."""
-    words, ids = [], tokenizer.encode("", add_bos=True)
+    words: list[str] = []
+    ids = tokenizer.encode("", add_bos=True)
     i = 0
     while len(ids) < prefix_tokens:
         words.extend(WORDS[(i * 5 + j) % len(WORDS)] for j in range(len(WORDS)))
@@ -110,7 +111,8 @@ def llama_server_trial(args, path: str, prompt: list[int], slot_dir: str, log_di
         _kill(server)
     # The restore is a call of its own before the request: its time counts with the TTFT.
     return {"cold_ttft_ms": cold["ttft_ms"], "restored_ttft_ms": restore_ms + again["ttft_ms"],
-            "restore_call_ms": restore_ms, "restart_ms": start_ms, "restored_tokens": restored.get("n_restored"), "saved_tokens": saved.get("n_saved"),
+            "restore_call_ms": restore_ms, "restart_ms": start_ms, "restored_tokens": restored.get("n_restored"),
+            "saved_tokens": saved.get("n_saved"),
             "recomputed_tokens": (again["timings"] or {}).get("prompt_n"), "same_text": cold["text"] == again["text"],
             "restore_worked": bool(restored.get("n_restored")), "restore_error": restored.get("error")}
 

@@ -97,9 +97,9 @@ def logits_worker(model: str, ids: list[int], out: str, kv: str, threads: int, o
     from ..llm import LLM
     from .kv_quality import teacher_forced
 
-    o = {"runtime.max_context_tokens": len(ids) + CONTEXT_SLACK, "runtime.num_threads": threads}
+    o: dict[str, object] = {"runtime.max_context_tokens": len(ids) + CONTEXT_SLACK, "runtime.num_threads": threads}
     if kv != "default":
-        o["dualpath_config.kv_dtype"] = kv
+        o["kv_cache.kv_dtype"] = kv
     o.update(overrides or {})
     llm = LLM(model, load_config(None, o))
     logits = teacher_forced(llm.runner, ids, 1)
@@ -149,6 +149,7 @@ def measure_quality(model: str, text: str | None = None, threads: int = 2,
                 run_worker(logits_worker, {"model": path, "ids": ids, "out": out, "kv": kv, "threads": threads,
                                            "overrides": o}, timeout_s=TIMEOUT_S)
             else:
+                assert llama is not None  # a setting is given only with the peer
                 llama.logits(path, ids, out, len(ids) + CONTEXT_SLACK, kv == "f32", threads, setting)
             logits[name] = np.load(out)
 
@@ -192,8 +193,9 @@ def format_report(res: dict) -> str:
         lines.append(f"the two exact runs against each other: mean KL {c['mean_kl']:.2e}, top-1 {c['top1']:.1%} "
                      f"(llama.cpp's with flash attention {res['exact_setting'].split()[-1]})")
         ours = res["references"][0]
-        kl = {llamacpp.setting_of(e): res["rows"][e][ours]["mean_kl"] for e in res["engines"] if llamacpp.setting_of(e)}
-        closer = min(kl, key=kl.get)
+        kl = {str(llamacpp.setting_of(e)): res["rows"][e][ours]["mean_kl"] for e in res["engines"]
+              if llamacpp.setting_of(e)}
+        closer = min(kl, key=lambda s: kl[s])
         lines.append(f"llama.cpp is closer to the exact model with {closer} (mean KL against {ours}: " +
                      ", ".join(f"{setting} {v:.6f}" for setting, v in kl.items()) + ")")
         lines.append(f"llama.cpp peer: llama-cpp-python {res['llama_cpp_python']}; its build: {res['build']}")

@@ -39,10 +39,21 @@ import os
 import shlex
 import sys
 import time
+from typing import Any
 
 from ..errors import DualPathError
-from .common import (free_port, interleaved, live_server, median_of, model_or_default, percentile_ms,
-                     process_peak_rss_mb, random_ids, random_prompt, write_json)
+from .common import (
+    free_port,
+    interleaved,
+    live_server,
+    median_of,
+    model_or_default,
+    percentile_ms,
+    process_peak_rss_mb,
+    random_ids,
+    random_prompt,
+    write_json,
+)
 from .harness import run_worker
 
 WORKLOADS = ("mixed",)
@@ -103,7 +114,7 @@ def worker(model: str, mode: str, params: dict) -> dict:
     cfg = load_config(None, {
         "runtime.num_threads": params["threads"], "runtime.max_context_tokens": params["ctx"],
         "runtime.max_num_seqs": params["max_num_seqs"], "runtime.kv_cache_tokens": params["kv_cache_tokens"],
-        "dualpath_config.path_mode": mode, "server.max_queued_requests": 100000, **params.get("overrides", {})})
+        "kv_cache.path_mode": mode, "server.max_queued_requests": 100000, **params.get("overrides", {})})
     llm = LLM(model, cfg)
     engine = llm.engine
     schedule = workload(params["seed"], params["requests"], params["rate"], llm.spec.config.vocab_size,
@@ -140,7 +151,7 @@ def worker(model: str, mode: str, params: dict) -> dict:
     return {
         "mode": mode, "wall_s": wall, "requests": len(results), **latency_summary(results),
         "peak_kv_mb": engine.metrics.peak_kv_bytes_held / 2**20,
-        "step_p50_ms": percentile_ms(steps, 50), "step_p99_ms": percentile_ms(steps, 99),
+        "step_p50_ms": percentile_ms(list(steps), 50), "step_p99_ms": percentile_ms(list(steps), 99),
         "steps": len(steps),
         "kv_capacity_mb": stats.bytes_total / 2**20,
         "paths": paths, "migrations": stats.migrations, "prefix_hit_rate": stats.prefix_hit_rate,
@@ -185,7 +196,7 @@ def _setting(value) -> str:
 def dualpath_serve_argv(model: str, port: int, mode: str, params: dict) -> list[str]:
     """The ``dualpath serve`` command line of one run (``params`` as ``cmd_bench_serve`` builds them)."""
     sets = {"runtime.max_num_seqs": params["max_num_seqs"], "runtime.max_context_tokens": params["ctx"],
-            "runtime.kv_cache_tokens": params["kv_cache_tokens"], "dualpath_config.path_mode": mode,
+            "runtime.kv_cache_tokens": params["kv_cache_tokens"], "kv_cache.path_mode": mode,
             "server.max_queued_requests": 100000, **params.get("overrides", {})}
     argv = [sys.executable, "-m", "dualpath.cli", "serve", "--model", model, "--host", "127.0.0.1",
             "--port", str(port), "-t", str(params["threads"])]
@@ -217,7 +228,8 @@ async def _stream_one(http, prompt: list[int], max_tokens: int) -> dict:
 
     body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True,
             "stream": True, "stream_options": {"include_usage": True}}
-    out = {"sent": time.perf_counter(), "first": None, "last": None, "usage": None, "finish": None, "error": None}
+    out: dict[str, Any] = {"sent": time.perf_counter(), "first": None, "last": None, "usage": None, "finish": None,
+                           "error": None}
     try:
         async with http.stream("POST", "/v1/completions", json=body) as r:
             if r.status_code != 200:
@@ -251,7 +263,7 @@ def http_run(name: str, argv: list[str], base: str, schedule: list[dict], warmup
     import httpx
 
     def row(item: dict, r: dict) -> dict:
-        usage = r["usage"] or {}
+        usage: dict[str, Any] = r["usage"] or {}
         tokens = usage.get("completion_tokens")
         error = r["error"]
         if error is None and (r["first"] is None or not tokens):
@@ -260,7 +272,7 @@ def http_run(name: str, argv: list[str], base: str, schedule: list[dict], warmup
         return {"kind": item["kind"], "at": item["at"], "max_tokens": item["max_tokens"],
                 "prompt_len": len(item["prompt"]), "error": error,
                 "ttft": r["first"] - r["sent"] if ok else None,
-                "tpot": (r["last"] - r["first"]) / (tokens - 1) if ok and tokens > 1 else None,
+                "tpot": (r["last"] - r["first"]) / (tokens - 1) if ok and tokens is not None and tokens > 1 else None,
                 "tokens": tokens, "prompt_tokens": usage.get("prompt_tokens"),
                 "cached": (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0}
 
@@ -371,6 +383,7 @@ def _run_over_http(args, model: str, params: dict, modes: list[str], peer: tuple
         if name.startswith("dualpath:"):
             argv = dualpath_serve_argv(model, port, name.partition(":")[2], params)
         else:
+            assert peer is not None  # its server is listed only with a peer
             argv = llama_server_argv(peer[1], model, port, params, kv_unified, context_override)
         done[name] += 1
         log = os.path.join(args.server_logs, f"{name.replace(':', '-')}-run{done[name]}.log") \

@@ -8,7 +8,8 @@ plain decoding, on two workloads, beside llama.cpp's own prompt lookup.
 Every engine gets the same prompt ids and generates ``--tokens`` greedy tokens; decode
 tokens/s counts from the first generated token to the last. Side by side, per repeat:
 DualPath plain and ``ngram`` (one process: the engine's setting switched between
-requests), and with ``--draft-model`` its draft-model drafting; with ``--peer llama-server=PATH``, llama-server plain and with
+requests), and with ``--draft-model`` its draft-model drafting; with ``--peer llama-server=PATH``,
+llama-server plain and with
 ``--spec-type ngram-simple``; with llama-cpp-python installed, ``Llama`` plain and with
 ``LlamaPromptLookupDecoding(num_pred_tokens=10)``. Medians of ``--repeats``; the text of
 each speculative run is compared with its plain run's.
@@ -61,7 +62,8 @@ def _stream_decode(base: str, ids: list[int], tokens: int) -> dict:
 
 
 def _llama_cpp_run(llm, ids: list[int], tokens: int) -> dict:
-    first = last = None
+    first: float | None = None
+    last = 0.0
     n, text = 0, ""
     for chunk in llm.create_completion(ids, max_tokens=tokens, temperature=0.0, top_k=1, stream=True):
         now = time.perf_counter()
@@ -69,7 +71,7 @@ def _llama_cpp_run(llm, ids: list[int], tokens: int) -> dict:
         last = now
         n += 1
         text += chunk["choices"][0]["text"]
-    return {"decode_tps": (n - 1) / (last - first) if last and last > first else None, "text": text}
+    return {"decode_tps": (n - 1) / (last - first) if first is not None and last > first else None, "text": text}
 
 
 def cmd_bench_spec(args) -> int:
@@ -112,7 +114,7 @@ def cmd_bench_spec(args) -> int:
                     "llama-cpp-python lookup": make(LlamaPromptLookupDecoding(num_pred_tokens=10))}
         except ImportError:
             print("llama-cpp-python is not installed: its rows are left out", file=sys.stderr)
-    for r in range(args.repeats):
+    for _ in range(args.repeats):
         for workload, ids in work.items():
             add("dualpath", workload, _dualpath_run(llm, ids, args.tokens, 0))
             add("dualpath ngram", workload, _dualpath_run(llm, ids, args.tokens, args.spec_tokens))
@@ -128,10 +130,11 @@ def cmd_bench_spec(args) -> int:
                     "-tb", str(args.threads), "-c", str(args.ctx), "--parallel", "1", *spec_args]
             with live_server(name, argv, base, 600):
                 _stream_decode(base, work["free"], 8)
-                for r in range(args.repeats):
+                for _ in range(args.repeats):
                     for workload, ids in work.items():
                         add(name, workload, _stream_decode(base, ids, args.tokens))
-    plain_of = {"dualpath ngram": "dualpath", "dualpath draft": "dualpath", "llama-cpp-python lookup": "llama-cpp-python",
+    plain_of = {"dualpath ngram": "dualpath", "dualpath draft": "dualpath",
+                "llama-cpp-python lookup": "llama-cpp-python",
                 "llama-server ngram-simple": "llama-server"}
     print("\n| engine | workload | decode tok/s | speed-up over its plain decoding | same text as plain |")
     print("|---|---|---:|---:|---|")
@@ -143,7 +146,8 @@ def cmd_bench_spec(args) -> int:
         same = all(a["text"] == b["text"] for a, b in zip(rs, base_rows))
         extra = ""
         if "proposed" in rs[0] and rs[0]["proposed"]:
-            extra = f" (kept {sum(x['accepted'] for x in rs) / max(1, sum(x['proposed'] for x in rs)):.0%} of proposals)"
+            kept = sum(x['accepted'] for x in rs) / max(1, sum(x['proposed'] for x in rs))
+            extra = f" (kept {kept:.0%} of proposals)"
         summary.append({"engine": engine, "workload": workload, "decode_tps": tps, "speedup": tps / base,
                         "same_text": same})
         print(f"| {engine} | {workload} | {tps:.1f} | {tps / base:.2f}x{extra} | {'yes' if same else 'no'} |")
@@ -159,7 +163,8 @@ def add_parser(bs) -> None:
     s.add_argument("--passage-tokens", type=int, default=400, help="tokens of the passage the grounded prompt holds")
     s.add_argument("--tokens", type=int, default=256, help="greedy tokens generated per request")
     s.add_argument("--ctx", type=int, default=2048)
-    s.add_argument("--spec-tokens", type=int, default=16, help="most tokens proposed per step (runtime.speculative_tokens)")
+    s.add_argument("--spec-tokens", type=int, default=16,
+                   help="most tokens proposed per step (runtime.speculative_tokens)")
     s.add_argument("-t", "--threads", type=int, default=2)
     s.add_argument("-r", "--repeats", type=int, default=3)
     s.add_argument("--peer", metavar="llama-server=PATH", help="also run llama.cpp's llama-server at PATH")

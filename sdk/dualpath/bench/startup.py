@@ -79,8 +79,8 @@ def run_startup(model: str, threads: int, tokens: int, repeats: int, variants: l
                 kwargs.update(engine="dualpath", cache_dir=fresh)
             elif variant == "dualpath cached":
                 kwargs.update(engine="dualpath", cache_dir=cached_dir)
-            elif llamacpp.setting_of(variant):
-                kwargs.update(engine=llamacpp.ENGINE, flash_attn=llamacpp.FLASH_ATTN[llamacpp.setting_of(variant)])
+            elif (setting := llamacpp.setting_of(variant)) is not None:
+                kwargs.update(engine=llamacpp.ENGINE, flash_attn=llamacpp.FLASH_ATTN[setting])
                 return _spawn(kwargs, peer_python)
             else:
                 kwargs["engine"] = variant
@@ -148,7 +148,7 @@ def cmd_bench_startup(args) -> int:
         print(f"{r['variant']:<22} {r['load_s']:>9.2f} {r['first_token_s']:>12.2f} {r['last_token_s']:>12.2f} "
               f"{r['load_peak_rss_mb']:>14.0f} {r['generation_rss_mb']:>15.0f}")
     base = next((r for r in rows if r["variant"] == llamacpp.ENGINE), None)
-    if base:
+    if base and peer is not None:
         for r in rows:
             if r["variant"].startswith("dualpath"):
                 print(f"{r['variant']}: {r['last_token_s'] / base['last_token_s']:.2f}x llama.cpp's time to the "

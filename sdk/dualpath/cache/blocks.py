@@ -18,6 +18,8 @@ from __future__ import annotations
 import heapq
 from collections.abc import Container
 
+from ..errors import require
+
 FREE, SEQ, RAND = 0, 1, 2
 
 
@@ -226,26 +228,26 @@ class BlockPool:
 
     # -- checks ------------------------------------------------------------------
     def check_invariants(self) -> None:
-        """Raise AssertionError when the blocks, slots, heaps or free slot count disagree
+        """Raise InvariantError when the blocks, slots, heaps or free slot count disagree
         with a recount (tests; the stats counts are checked against ``stats.scan_occupancy``)."""
         ppb = self.pages_per_block
         for b in range(self.num_blocks):
             if b in self.free_blocks:
-                assert self.block_state[b] == FREE and self.block_live[b] == 0, f"block {b}"
+                require(self.block_state[b] == FREE and self.block_live[b] == 0, f"block {b}")
             elif self.block_state[b] == RAND:  # every slot is live (in use or cached) or free
-                assert self.block_live[b] + len(self.rand_free.get(b, ())) == ppb, f"block {b}"
-            assert (self.block_state[b] == SEQ) == (b in self.extent_used), f"block {b}"
-        assert all(self.rand_free.values()), "a RAND block listed with no free slot"
-        assert self.rand_free_pages == sum(len(v) for v in self.rand_free.values()), \
-            "the free slot count (free_page_count) disagrees with rand_free"
+                require(self.block_live[b] + len(self.rand_free.get(b, ())) == ppb, f"block {b}")
+            require((self.block_state[b] == SEQ) == (b in self.extent_used), f"block {b}")
+        require(all(self.rand_free.values()), "a RAND block listed with no free slot")
+        require(self.rand_free_pages == sum(len(v) for v in self.rand_free.values()),
+                "the free slot count (free_page_count) disagrees with rand_free")
         for heap in (*self.free_heaps, self.rand_heap):
-            assert all(heap[(i - 1) // 2] <= heap[i] for i in range(1, len(heap))), "heap order"
-            assert len(set(heap)) == len(heap), "a block twice in a heap"
+            require(all(heap[(i - 1) // 2] <= heap[i] for i in range(1, len(heap))), "heap order")
+            require(len(set(heap)) == len(heap), "a block twice in a heap")
         for parity in (0, 1):
-            assert all(b % 2 == parity for b in self.free_heaps[parity]), "free block in the wrong heap"
+            require(all(b % 2 == parity for b in self.free_heaps[parity]), "free block in the wrong heap")
         free_heaped = set(self.free_heaps[0]) | set(self.free_heaps[1])
-        assert free_heaped == {b for b in range(self.num_blocks) if self.free_heaped[b]}
-        assert self.free_blocks <= free_heaped, "a free block missing from the heaps"
+        require(free_heaped == {b for b in range(self.num_blocks) if self.free_heaped[b]}, "free_heaped flags")
+        require(self.free_blocks <= free_heaped, "a free block missing from the heaps")
         rand_heaped = set(self.rand_heap)
-        assert rand_heaped == {b for b in range(self.num_blocks) if self.rand_heaped[b]}
-        assert set(self.rand_free) <= rand_heaped, "a RAND block with free slots missing from the heap"
+        require(rand_heaped == {b for b in range(self.num_blocks) if self.rand_heaped[b]}, "rand_heaped flags")
+        require(set(self.rand_free) <= rand_heaped, "a RAND block with free slots missing from the heap")

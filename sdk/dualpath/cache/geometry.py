@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from ..config import DualPathConfig
+from ..config import KVCacheConfig
 from ..errors import ConfigError
 from ..kernels import KV_DTYPES, KV_HEAD_DIM_MULTIPLE, kv_tile_bytes
 from ..models.spec import ModelConfig
@@ -37,7 +37,7 @@ def check_head_dim(kv_dtype: str, head_dim: int) -> None:
     multiple = KV_HEAD_DIM_MULTIPLE[kv_dtype]
     need = "an even head_dim" if multiple == 2 else f"a head_dim that is a multiple of {multiple}"
     fits = " or ".join(d for d in KV_DTYPES if head_dim_fits(d, head_dim))
-    raise ConfigError(f"dualpath_config.kv_dtype={kv_dtype} needs {need}; this model's is {head_dim}: use {fits}")
+    raise ConfigError(f"kv_cache.kv_dtype={kv_dtype} needs {need}; this model's is {head_dim}: use {fits}")
 
 
 def cache_tokens(kv_cache_tokens: int, max_context_tokens: int) -> int:
@@ -46,14 +46,14 @@ def cache_tokens(kv_cache_tokens: int, max_context_tokens: int) -> int:
     return kv_cache_tokens or 2 * max_context_tokens
 
 
-def pages_per_block(dp: DualPathConfig, page_bytes: int) -> int:
+def pages_per_block(dp: KVCacheConfig, page_bytes: int) -> int:
     """KV pages of ``page_bytes`` (one layer's K and V of ``page_tokens`` tokens) in a block;
     ConfigError when not even one fits, since a page never straddles two blocks."""
-    if page_bytes > dp.block_size:
-        raise ConfigError(f"dualpath_config.block_size={dp.block_size} cannot hold one page of "
+    if page_bytes > dp.block_bytes:
+        raise ConfigError(f"kv_cache.block_bytes={dp.block_bytes} cannot hold one page of "
                           f"page_tokens={dp.page_tokens} tokens of this model ({page_bytes} bytes); "
                           "raise block_size or lower page_tokens")
-    return dp.block_size // page_bytes
+    return dp.block_bytes // page_bytes
 
 
 def retained_window_tokens(window: int, context: int, page_tokens: int, checkpoint: int) -> int:
@@ -75,7 +75,7 @@ class KVGeometry:
     page_tokens: int
     """Tokens per page (the attention kernel's tile)."""
     block_bytes: int
-    """Bytes per arena block, per layer (``dualpath_config.block_size``)."""
+    """Bytes per arena block, per layer (``kv_cache.block_bytes``)."""
     page_bytes: int
     """One layer's K and V (and q8 scales) of ``page_tokens`` tokens."""
     pages_per_block: int
@@ -116,17 +116,17 @@ class KVGeometry:
         return total
 
 
-def kv_geometry(dp: DualPathConfig, *, num_layers: int, num_kv_heads: int, head_dim: int,
+def kv_geometry(dp: KVCacheConfig, *, num_layers: int, num_kv_heads: int, head_dim: int,
                 num_blocks: int, windows=()) -> KVGeometry:
     """The geometry of an arena of ``num_blocks`` blocks under ``dp`` (ConfigError when the
     KV dtype cannot hold the heads, or a page does not fit a block)."""
     check_head_dim(dp.kv_dtype, head_dim)
     page_bytes = kv_tile_bytes(dp.kv_dtype, num_kv_heads, head_dim, dp.page_tokens)
-    return KVGeometry(dp.kv_dtype, num_layers, num_kv_heads, head_dim, dp.page_tokens, dp.block_size, page_bytes,
+    return KVGeometry(dp.kv_dtype, num_layers, num_kv_heads, head_dim, dp.page_tokens, dp.block_bytes, page_bytes,
                       pages_per_block(dp, page_bytes), num_blocks, tuple(windows or ()))
 
 
-def model_kv_geometry(dp: DualPathConfig, cfg: ModelConfig, max_context_tokens: int,
+def model_kv_geometry(dp: KVCacheConfig, cfg: ModelConfig, max_context_tokens: int,
                       kv_cache_tokens: int = 0) -> KVGeometry:
     """The geometry of a model's KV cache: ``cache_tokens`` in whole blocks, plus
     ``DEFAULT_SPARE_BLOCKS`` when it is sized by the default rule."""

@@ -12,14 +12,15 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..errors import require
 from .sequence import Sequence
 
 
 class KernelView:
     """Where a page lives in the arena, and each sequence's spans over its pages."""
 
-    def __init__(self, block_size: int, page_bytes: int, pages_per_block: int, page_tokens: int):
-        self.block_size = block_size
+    def __init__(self, block_bytes: int, page_bytes: int, pages_per_block: int, page_tokens: int):
+        self.block_bytes = block_bytes
         self.page_bytes = page_bytes
         self.pages_per_block = pages_per_block
         self.page_tokens = page_tokens
@@ -27,7 +28,7 @@ class KernelView:
     def page_offset(self, page: int) -> int:
         """Byte offset of ``page`` in every layer's region of the arena."""
         b, s = divmod(page, self.pages_per_block)
-        return b * self.block_size + s * self.page_bytes
+        return b * self.block_bytes + s * self.page_bytes
 
     def fold(self, seq: Sequence, window: int) -> np.ndarray:
         """Fold the pages added since the last fold into the sequence's kernel view rows
@@ -120,9 +121,9 @@ class KernelView:
         return float(long) / seq.num_tokens
 
     def check(self, seq: Sequence, window: int) -> None:
-        """Raise AssertionError when the folded view of ``seq`` disagrees with a scan (tests)."""
+        """Raise InvariantError when the folded view of ``seq`` disagrees with a scan (tests)."""
         sid = seq.seq_id
-        np.testing.assert_array_equal(self.spans(seq, window), self.spans_scan(seq), err_msg=f"spans of {sid}")
+        require(np.array_equal(self.spans(seq, window), self.spans_scan(seq)), f"spans of {sid}")
         closed = seq.span_rows[:max(seq.span_n - 1, 0), 1]
-        assert seq.span_long == closed[closed >= seq.span_window].sum(), f"span_long of {sid}"
-        assert self.locality_score(seq, window) == self.locality_score_scan(seq, window), f"locality of {sid}"
+        require(seq.span_long == closed[closed >= seq.span_window].sum(), f"span_long of {sid}")
+        require(self.locality_score(seq, window) == self.locality_score_scan(seq, window), f"locality of {sid}")

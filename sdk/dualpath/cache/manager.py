@@ -1,7 +1,7 @@
 """The dual-path KV cache: the one facade the scheduler talks to (the runner reads the arena).
 
 Memory is one ``KVArena`` (C): ``num_layers`` regions of ``num_blocks`` blocks of
-``block_size`` bytes; every layer uses the same block ids, so one page table per
+``block_bytes`` bytes; every layer uses the same block ids, so one page table per
 sequence serves all layers. A block is cut into *pages* of ``page_tokens`` tokens
 (the kernel's tile, see kv_arena.h). Both paths store pages; they differ only in
 how they find one:
@@ -62,7 +62,8 @@ import logging
 
 import numpy as np
 
-from ..config import DualPathConfig
+from ..config import KVCacheConfig
+from ..errors import require
 from ..kernels import KVArena
 from ..models.spec import ModelConfig
 from .blocks import BlockPool
@@ -86,7 +87,7 @@ log = logging.getLogger(__name__)
 class KVCacheManager:
     """Allocate, free, fork, look up prefixes and migrate sequences (see module docstring)."""
 
-    def __init__(self, cfg: DualPathConfig, *, num_layers: int, num_kv_heads: int, head_dim: int,
+    def __init__(self, cfg: KVCacheConfig, *, num_layers: int, num_kv_heads: int, head_dim: int,
                  num_blocks: int, salt: bytes = b"", windows: list[int] | None = None,
                  disk: PrefixStore | None = None):
         self.cfg = cfg
@@ -109,7 +110,7 @@ class KVCacheManager:
         self.pool = BlockPool(num_blocks, self.pages_per_block)
         self.prefix = PrefixIndex(num_blocks * self.pages_per_block, salt)
         self.pages = PageAllocator(self.pool, self.prefix)
-        self.view = KernelView(cfg.block_size, self.page_bytes, self.pages_per_block, P)
+        self.view = KernelView(cfg.block_bytes, self.page_bytes, self.pages_per_block, P)
         self.tables = PageTables(self.pages, self.view, self.arena)
         self.windows: SlidingWindows | None = None
         """The sliding-window layers' releases (cache/windows.py), or None: no such layers
@@ -129,8 +130,8 @@ class KVCacheManager:
         namespace comes from ``geometry``), given here, closed by the caller."""
 
     @classmethod
-    def for_model(cls, cfg: DualPathConfig, model: ModelConfig, *, max_context_tokens: int,
-                  kv_cache_tokens: int = 0, salt: bytes = b"", disk: PrefixStore | None = None) -> "KVCacheManager":
+    def for_model(cls, cfg: KVCacheConfig, model: ModelConfig, *, max_context_tokens: int,
+                  kv_cache_tokens: int = 0, salt: bytes = b"", disk: PrefixStore | None = None) -> KVCacheManager:
         """The KV cache of a model at a context: ``model_kv_geometry``'s blocks (0
         ``kv_cache_tokens``: the context twice over, the live sequence plus cached prefixes)."""
         g = model_kv_geometry(cfg, model, max_context_tokens, kv_cache_tokens)
@@ -381,14 +382,15 @@ class KVCacheManager:
             forks=self.forks, forked_pages=self.forked_pages)
 
     def check_invariants(self) -> None:
-        """Raise AssertionError when the bookkeeping is inconsistent (tests): every part's
+        """Raise InvariantError when the bookkeeping is inconsistent (tests): every part's
         tables, and every running count (``stats()`` included) against a recount."""
         refs = [0] * len(self.pool.page_ref)
         for s in self.seqs.values():
-            assert len(s.pages) == (s.num_tokens + self.page_tokens - 1) // self.page_tokens
+            require(len(s.pages) == (s.num_tokens + self.page_tokens - 1) // self.page_tokens,
+                    f"sequence {s.seq_id}'s page table does not fit its tokens")
             for p in s.pages:
                 refs[p] += 1
-        assert refs == self.pool.page_ref, "reference counts disagree with the page tables"
+        require(refs == self.pool.page_ref, "reference counts disagree with the page tables")
         self.prefix.check_invariants(self.pool.page_ref)
         self.pool.check_invariants()
         for s in self.seqs.values():
@@ -397,6 +399,6 @@ class KVCacheManager:
             P, W = self.page_tokens, self.windows.window
             for s in self.seqs.values():
                 seen = s.pages[max(0, s.committed - W) // P:]
-                assert not self.windows.released[seen].any(), f"sequence {s.seq_id} lost rows of its window"
+                require(not self.windows.released[seen].any(), f"sequence {s.seq_id} lost rows of its window")
         fast, slow = self.stats(), self.recount_stats()
-        assert fast == slow, f"stats() {fast} disagrees with a recount {slow}"
+        require(fast == slow, f"stats() {fast} disagrees with a recount {slow}")

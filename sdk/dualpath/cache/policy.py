@@ -4,7 +4,7 @@ routes and migrates through its ``policy``); the scheduler hands it the power
 profile's policy between steps; the cache benchmark and ``dualpath info`` read
 the same object. Nothing else decides a path.
 
-**Routing**, with thresholds from ``dualpath_config``:
+**Routing**, with thresholds from ``kv_cache``:
 
 * prefill whose context exceeds ``seq_path_threshold``  -> SEQUENTIAL
   (a long document: contiguous extents);
@@ -39,7 +39,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-from ..config import DualPathConfig, PowerConfig, profile_value
+from ..config import KVCacheConfig, PowerConfig, profile_value
 
 
 class Path(enum.Enum):
@@ -70,9 +70,9 @@ class PathPolicy:
     """The power profile this policy was made for ("" = none)."""
 
     @classmethod
-    def from_config(cls, dp: DualPathConfig, power: PowerConfig | None = None, profile: str = "") -> PathPolicy:
-        """The policy of ``dualpath_config`` under power ``profile`` (its overrides need ``power``)."""
-        threshold = profile_value(profile, "dualpath_config.seq_path_threshold", dp.seq_path_threshold, power)
+    def from_config(cls, dp: KVCacheConfig, power: PowerConfig | None = None, profile: str = "") -> PathPolicy:
+        """The policy of ``kv_cache`` under power ``profile`` (its overrides need ``power``)."""
+        threshold = profile_value(profile, "kv_cache.seq_path_threshold", dp.seq_path_threshold, power)
         return cls(dp.path_mode, threshold, dp.locality_threshold, dp.locality_window, profile)
 
     def route(self, phase: Phase, context_tokens: int, locality: float = 0.0) -> Path:

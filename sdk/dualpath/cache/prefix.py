@@ -13,6 +13,8 @@ import hashlib
 import struct
 from collections import OrderedDict
 
+from ..errors import require
+
 
 class PrefixIndex:
     """hash -> page for registered full pages, each page's hash, and the LRU of cached
@@ -69,9 +71,9 @@ class PrefixIndex:
         return page
 
     def check_invariants(self, page_ref: list[int]) -> None:
-        """Raise AssertionError when a cached page is referenced or unregistered, or the
+        """Raise InvariantError when a cached page is referenced or unregistered, or the
         table and the page hashes disagree (tests)."""
         for p in self.lru:
-            assert page_ref[p] == 0 and self.page_hash[p] is not None
+            require(page_ref[p] == 0 and self.page_hash[p] is not None, f"cached page {p}")
         for h, p in self.table.items():
-            assert self.page_hash[p] == h
+            require(self.page_hash[p] == h, f"page {p} under another hash")

@@ -4,7 +4,7 @@ loop (engine/engine.py)."""
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 

@@ -19,10 +19,10 @@ from ..cache.manager import KVCacheManager, NoRoom
 from ..cache.policy import PathPolicy
 from ..config import Config
 from ..errors import CacheFullError
+from ..executor.session import ModelRunner, prefix_salt
 from ..models.spec import ModelSpec
 from ..scheduler.batch import BatchScheduler, attention_tokens
 from ..scheduler.step import StepArrays, StepPlan
-from ..executor.session import ModelRunner, prefix_salt
 
 
 class Driver:
@@ -160,7 +160,7 @@ def path_policies(config: Config, governor=None) -> dict[str, PathPolicy]:
     swaps which one the cache applies. Without a governor the configured profile holds
     for good ("auto" then has nothing to choose and overrides nothing)."""
     names = governor.plans if governor is not None else (config.power.profile,)
-    return {name: PathPolicy.from_config(config.dualpath_config, config.power, name) for name in names}
+    return {name: PathPolicy.from_config(config.kv_cache, config.power, name) for name in names}
 
 
 def build_driver(spec: ModelSpec, config: Config, *, max_context_tokens: int, max_step_tokens: int,
@@ -168,7 +168,7 @@ def build_driver(spec: ModelSpec, config: Config, *, max_context_tokens: int, ma
                  disk=None) -> Driver:
     """The cache, scheduler and runner of ``spec`` at a context, stepped by one driver
     (``kv_cache_tokens`` 0: the context twice over; ``disk``: the prefix pages' store)."""
-    rt, dp = config.runtime, config.dualpath_config
+    rt, dp = config.runtime, config.kv_cache
     num_seqs = max(1, rt.max_num_seqs)
     # What grows with the context first: a context memory cannot hold fails here,
     # before its graphs are built and written into the converted-model cache.

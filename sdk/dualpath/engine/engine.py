@@ -35,17 +35,17 @@ import itertools
 import logging
 import threading
 import time
-from typing import Iterator, Sequence
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 
 from ..errors import CacheFullError, DualPathError
-from ..scheduler.step import SeqStep, StepResults
-from ..scheduler.request import Status
 from ..sampling.sampler import SamplerScratch
 from ..sampling_params import SamplingParams
-from .generate import check_prompt
+from ..scheduler.request import Status
+from ..scheduler.step import SeqStep, StepResults
 from .async_api import AsyncAPI
+from .generate import check_prompt
 from .handles import Delta, RequestHandle, SyncStream
 from .metrics import EngineMetrics
 from .outputs import OutputMaker

@@ -5,7 +5,7 @@ module turns them into text."""
 from __future__ import annotations
 
 import itertools
-from typing import Sequence
+from collections.abc import Sequence
 
 from ..completion import Completion, Timings, Usage
 from ..errors import InvalidPromptError, PromptTooLongError

@@ -11,8 +11,9 @@ background loop runs).
 from __future__ import annotations
 
 import queue
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, AsyncIterator, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 

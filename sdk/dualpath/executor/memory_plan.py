@@ -31,7 +31,7 @@ import os
 from dataclasses import dataclass, replace
 
 from ..cache.geometry import KVGeometry, cache_tokens, head_dim_fits, model_kv_geometry
-from ..config import Config, DualPathConfig
+from ..config import Config, KVCacheConfig
 from ..errors import ConfigError
 from ..kernels import ggml_layout, lform_bytes
 from ..models import read_layout
@@ -146,11 +146,11 @@ def kv_bytes(cfg: ModelConfig, context: int, kv_dtype: str, swa_cache: str = "wi
                                                                      THP_SLACK_BYTES)
 
 
-def kv_geometry_of(cfg: ModelConfig, kv_dtype: str, page_tokens: int, dp: DualPathConfig | None = None,
+def kv_geometry_of(cfg: ModelConfig, kv_dtype: str, page_tokens: int, dp: KVCacheConfig | None = None,
                    context: int = 0, kv_cache_tokens: int = 0) -> KVGeometry:
     """The geometry the cache of ``cfg`` will have (``model_kv_geometry``, the cache's own
     call) under ``dp`` with ``kv_dtype`` and ``page_tokens``."""
-    dp = replace(dp or DualPathConfig(), kv_dtype=kv_dtype, page_tokens=page_tokens)
+    dp = replace(dp or KVCacheConfig(), kv_dtype=kv_dtype, page_tokens=page_tokens)
     return model_kv_geometry(dp, cfg, max(context, 1), kv_cache_tokens)
 
 
@@ -165,7 +165,7 @@ def plan_memory(cfg: ModelConfig, layout: dict, merges: int, config: Config, con
                 kv_dtype: str | None = None, nbits8: bool | None = None) -> MemoryPlan:
     """The plan for one context and KV type (``kv_dtype`` None: the configured one;
     ``nbits8`` None: as this process's ONNX Runtime)."""
-    rt, dp = config.runtime, config.dualpath_config
+    rt, dp = config.runtime, config.kv_cache
     if nbits8 is None:
         nbits8 = runtime_nbits8()
     kv_dtype = kv_dtype or dp.kv_dtype
@@ -245,7 +245,7 @@ def fit(path: str | os.PathLike, config: Config, budget: int, nbits8: bool | Non
     if nbits8 is None:
         nbits8 = runtime_nbits8()
     want = rt.max_context_tokens or default_context(cfg.context_length)
-    dtypes = [config.dualpath_config.kv_dtype]
+    dtypes = [config.kv_cache.kv_dtype]
     if dtypes[0] != "q8" and head_dim_fits("q8", cfg.head_dim):
         dtypes.append("q8")
     best = None
@@ -303,7 +303,7 @@ def context_without_budget(spec, config: Config, meminfo: dict[str, int] | None 
     budget = _headroom(info)
     if plan.total_full <= budget:
         return want
-    kv_dtype = config.dualpath_config.kv_dtype
+    kv_dtype = config.kv_cache.kv_dtype
     ctx = _largest_context(cfg, layout, merges, config, want, kv_dtype, nbits8, budget)
     if ctx < min(MIN_CONTEXT, want):
         need = plan_memory(cfg, layout, merges, config, min(MIN_CONTEXT, want), nbits8=nbits8)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import functools
 import os
-from typing import Callable
+from collections.abc import Callable
 
 from ..graph.parts import PartFile
 from ..kernels import ThreadPool

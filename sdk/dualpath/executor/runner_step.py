@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..kernels import ArenaStepper, LMatmul, QMatmul, embed as _embed, lform_rows, read_rows
+from ..kernels import ArenaStepper, LMatmul, QMatmul, lform_rows, read_rows
+from ..kernels import embed as _embed
 from ..models.quants import gather_rows
 from ..models.spec import ModelConfig, ModelSpec, Weight
 from ..scheduler.step import StepArrays

@@ -21,8 +21,7 @@ from ..models.spec import ModelSpec
 from ..models.store import Progress, temporary_entry
 from ..scheduler.step import StepArrays, StepPlan
 from . import ort_sessions
-from .ort_sessions import (NBITS8_SINCE, ORT_VERSION, SessionSet, create_sessions, graphs_for_runtime,
-                           nbits8_graphs)
+from .ort_sessions import NBITS8_SINCE, ORT_VERSION, SessionSet, create_sessions, graphs_for_runtime, nbits8_graphs
 from .placement_sets import ProfileSets
 from .runner_step import Classifier, StepBinding, StepBuffers, TokenEmbedding, kernel_stepper
 

@@ -176,7 +176,7 @@ class _Builder:
         """x @ W^T for each of ``weights`` (all ``kernel_form``, one input width), one output
         each, in our kernels: the activations are quantized once for all of them."""
         outs = [self.tmp("kmm") for _ in weights]
-        self.kernel_shapes.update((w.name, tuple(w.shape)) for w in weights)
+        self.kernel_shapes.update((w.name, (w.shape[0], w.shape[1])) for w in weights)
         self.nodes.append(helper.make_node(KERNEL_OP, [x], outs, domain=KERNEL_DOMAIN,
                                            weights=[w.name for w in weights]))
         return outs
@@ -200,6 +200,7 @@ class _Builder:
         bits = weight.matmul_bits
         if bits == 8 and not self.nbits8:
             return self.dequantized_linear(x, weight)
+        assert weight.scales is not None  # a MatMulNBits weight has its scales
         inputs = [x, self.external(f"{weight.name}.weight", weight.data),
                   self.external(f"{weight.name}.scales", weight.scales)]
         if weight.zero_points is not None:
@@ -226,7 +227,8 @@ class _Builder:
         """x @ W^T for an 8-bit MatMulNBits weight on an ONNX Runtime whose MatMulNBits takes
         4 bits only: ``MatMul`` over W^T (in, out) dequantized to f32 (mins included), an
         array of the graph folder (``rope.bin``) made when the folder is written."""
-        return self.node("MatMul", [x, self.table(f"dq8.{weight.name}.weight_t", _DequantizedT(weight))], "mm")
+        return self.node("MatMul", [x, self.table(f"dq8.{weight.name}.weight_t",
+                                                        _DequantizedT(weight))], "mm")  # type: ignore[arg-type]
 
     def inv_freq(self, layer: int) -> np.ndarray:
         """Angle per position of each rotated pair of ``layer``: (head_dim / 2,) f32."""
@@ -289,7 +291,8 @@ class _Builder:
         else:
             q, k, v = self.linears(x, [w[f"blk.{i}.attn_{n}"] for n in "qkv"])
         if cfg.qkv_bias:  # Qwen2
-            q, k, v = (self.node("Add", [t, self.external(f"blk.{i}.attn_{n}.bias.weight", w[f"blk.{i}.attn_{n}.bias"].data)],
+            q, k, v = (self.node("Add", [t, self.external(f"blk.{i}.attn_{n}.bias.weight",
+                                                          w[f"blk.{i}.attn_{n}.bias"].data)],
                                  "bias") for t, n in zip((q, k, v), "qkv"))
         if cfg.qk_norm:  # Qwen3, Gemma 3
             q = self.head_norm(q, cfg.num_heads, w[f"blk.{i}.attn_q_norm"])
@@ -334,8 +337,8 @@ class _Builder:
 
     def finish(self, index: int, inputs, outputs, renames: dict[str, str]) -> GraphPart:
         # The producers of the outputs write them under their final names: an Identity
-        # node costs a kernel launch (about 3 us) per output per step.
-        rename = {}
+        # node costs a kernel launch per output per step.
+        rename: dict[str, str] = {}
         for final, internal in renames.items():
             if internal in rename or not any(internal in n.output for n in self.nodes):  # a graph input
                 self.nodes.append(helper.make_node("Identity", [rename.get(internal, internal)], [final]))

@@ -53,6 +53,7 @@ def fuse(ws: list[Weight]) -> dict[str, np.ndarray]:
 def fused_weight(name: str, ws: list[Weight], arrays: dict[str, np.ndarray]) -> Weight:
     """The Weight of fused matrix ``name`` over its (mapped) ``arrays`` (``name.suffix``)."""
     a = ws[0]
-    return Weight(name, a.dtype, (sum(x.shape[0] for x in ws), a.shape[1]), arrays.get(f"{name}.weight"),
+    return Weight(name, a.dtype, (sum(x.shape[0] for x in ws), a.shape[1]),
+                  arrays.get(f"{name}.weight"),  # type: ignore[arg-type]  # None: a kernel-form weight
                   arrays.get(f"{name}.scales"), bits=a.bits, block_size=a.block_size,
                   data_t=arrays.get(f"{name}.weight_t"))

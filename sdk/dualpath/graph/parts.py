@@ -3,7 +3,7 @@
 ``graph_parts`` returns them from the entry, building them (``builder.py``, which
 imports onnx) only when the entry has no graphs for that accuracy level and context
 yet. Reading them back imports nothing heavy: a cached load never imports onnx
-(about 0.7 s of start-up on its own, most of it ml_dtypes), so an install without onnx (Termux,
+(a noticeable share of start-up on its own, most of it ml_dtypes), so an install without onnx (Termux,
 an Android app) loads any model whose entry already has the graphs, e.g. an entry made on a
 desktop with the phone's configuration and copied over (android/README.md). Building graphs
 without onnx raises ``ModelLoadError`` naming the package and the command.
@@ -197,7 +197,7 @@ def _write_parts(spec: ModelSpec, accuracy_level: int, context_tokens: int, fold
                     offset += arr.nbytes
     from .segments import Products, split
 
-    listing = []
+    listing: list[dict] = []
     for p in built:
         program = split(p)
         steps = program.steps
@@ -215,7 +215,8 @@ def _write_parts(spec: ModelSpec, accuracy_level: int, context_tokens: int, fold
                             "outputs": list(step.outputs), "weights": list(step.weights),
                             "tables": list(step.tables), "derived": list(step.derived), "prepack": step.prepack,
                             "before": before, "after": [], "last": step is graphs[-1],
-                            "matmuls": any(n.op_type in ("MatMulNBits", "MatMul", "Gemm") for n in step.model.graph.node),
+                            "matmuls": any(n.op_type in ("MatMulNBits", "MatMul", "Gemm")
+                                           for n in step.model.graph.node),
                             "shapes": {k: list(v) for k, v in program.shapes.items()}})
             before = []
         listing[-1]["after"] = before  # products after the part's last graph (its q, k or v)

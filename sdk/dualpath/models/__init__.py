@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import os
-from typing import Callable
+from collections.abc import Callable
 
 from ..errors import ModelLoadError
 from .files import GGUF_MAGIC, check_model_file
 from .spec import ModelConfig, ModelSpec, Weight
-
 
 EMBEDDED_MODEL = "stories260K.gguf"
 """The default model shipped inside the package (MIT, Karpathy's stories260K; see
@@ -80,5 +79,5 @@ def read_layout(path: str | os.PathLike) -> tuple[ModelConfig, dict[str, tuple[s
     return llama2c_layout(path)
 
 
-__all__ = ["EMBEDDED_MODEL", "check_model_file", "ModelConfig", "ModelSpec", "SYNTH_PREFIX", "Weight", "embedded_model_path",
-           "load_model", "resolve_model"]
+__all__ = ["EMBEDDED_MODEL", "check_model_file", "ModelConfig", "ModelSpec", "SYNTH_PREFIX", "Weight",
+           "embedded_model_path", "load_model", "resolve_model"]

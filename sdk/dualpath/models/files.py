@@ -22,7 +22,8 @@ def read_magic(path: str) -> bytes:
     """The first 4 bytes of ``path``, after the checks every format shares: it is a file,
     not empty, and readable."""
     if os.path.isdir(path):
-        raise ModelLoadError(path, "is a folder; Hugging Face folders are not supported yet (pass a .gguf or llama2.c .bin)")
+        raise ModelLoadError(path, "is a folder; Hugging Face folders are not supported yet "
+                                   "(pass a .gguf or llama2.c .bin)")
     if not os.path.isfile(path):
         raise ModelLoadError(path, "no such file")
     if os.path.getsize(path) == 0:
@@ -56,7 +57,7 @@ def mapped_memmap(arr: np.ndarray) -> np.memmap | None:
     """The np.memmap that ``arr`` is a view of and that owns the mapping (its ``base`` is the
     ``mmap.mmap``, and its first byte is at file offset ``offset``), or None. A slice of a
     memmap is a memmap too, but keeps its parent's ``offset``: only the owner's is exact."""
-    base = arr
+    base: np.ndarray | None = arr
     while isinstance(base, np.ndarray):
         if isinstance(base, np.memmap) and isinstance(base.base, mmap.mmap):
             return base

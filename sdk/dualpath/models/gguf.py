@@ -27,6 +27,7 @@ import logging
 import mmap
 import os
 import sys
+from typing import Literal
 
 import numpy as np
 
@@ -127,8 +128,8 @@ def _string_spans(data: np.ndarray, offset: int, count: int, byte_order: str) ->
     """The bytes that ``count`` length-prefixed GGUF strings at ``offset`` of ``data`` take,
     and each one's (start, stop) relative to ``offset``; decoded when the metadata is read
     (``_Metadata.get``)."""
-    view = memoryview(data)
-    order = "little" if (byte_order == "I") == (sys.byteorder == "little") else "big"
+    view = memoryview(data)  # type: ignore[arg-type]  # numpy arrays are buffers
+    order: Literal["little", "big"] = "little" if (byte_order == "I") == (sys.byteorder == "little") else "big"
     spans, pos, end = [], offset, len(data)
     for _ in range(count):
         if pos + 8 > end:

@@ -315,10 +315,10 @@ def _cached_files(repo_id: str, revision: str | None, cache_dir: str) -> tuple[l
 
 def _download(repo_id: str, quant: str | None, filename: str, revision: str | None, cache_dir: str,
               local_only: bool, offline: bool) -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
     from huggingface_hub import hf_hub_download
     from huggingface_hub.utils import LocalEntryNotFoundError
-
-    from importlib.metadata import PackageNotFoundError, version
 
     try:  # (the package's __version__ sits above this layer)
         lib_version = version("dualpath")

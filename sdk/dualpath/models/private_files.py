@@ -96,7 +96,7 @@ def create(path: str, mode: str = "wb"):
     taken, OSError (ELOOP) when it is a symbolic link: neither is ever written through."""
     fd = os.open(path, _CREATE, FILE_MODE)
     try:
-        return os.fdopen(fd, mode, **({} if "b" in mode else {"encoding": "utf-8"}))
+        return os.fdopen(fd, mode, encoding=None if "b" in mode else "utf-8")
     except BaseException:
         os.close(fd)
         raise
@@ -106,7 +106,7 @@ def temporary(folder: str, prefix: str, suffix: str = "", mode: str = "wb"):
     """A new file (0600) in ``folder`` under an unpredictable name: (path, open file)."""
     fd, path = tempfile.mkstemp(suffix, prefix, folder)  # O_EXCL | O_NOFOLLOW, 0600
     try:
-        return path, os.fdopen(fd, mode, **({} if "b" in mode else {"encoding": "utf-8"}))
+        return path, os.fdopen(fd, mode, encoding=None if "b" in mode else "utf-8")
     except BaseException:
         os.close(fd)
         raise
@@ -120,7 +120,7 @@ def temporary_folder(parent: str, prefix: str) -> str:
 def make_private(tree: str) -> None:
     """0700 on every folder and 0600 on every file of ``tree`` (ours: written just now
     into a folder of ours), before it is published; links are not followed."""
-    for dirpath, dirnames, filenames in os.walk(tree):
+    for dirpath, _dirnames, filenames in os.walk(tree):
         os.chmod(dirpath, FOLDER_MODE)
         for name in filenames:
             path = os.path.join(dirpath, name)

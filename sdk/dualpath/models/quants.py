@@ -51,7 +51,7 @@ zero points, which are fast, and the per-block remainder dm - z s goes through t
 blocksum correction as Q5_K's mins. The zero point is the nearest integer to dm / s, so
 that remainder is small: with int8 activations (accuracy_level 4) only the MatMulNBits
 part sees quantized activations, as llama.cpp's dot products do, and a large remainder
-(8 s, with the implicit offset) measurably worsened agreement with llama.cpp on a
+(8 * s, with the implicit offset) measurably worsened agreement with llama.cpp on a
 Q4_K_M file. The integer part is exact; the min term dm - z s is exact
 when it fits fp32 (s and dm have at most 17 significant bits: every random block of
 tests/models/test_quants.py), else one rounding. Q2_K's 2-bit values take 4 bits (its
@@ -180,8 +180,8 @@ def kernel_form(key: str, type_name: str, shape: tuple[int, ...], classifier: bo
 
 FORM_THREADS_BYTES = 4 << 20
 """A weight's form at least this large is made by several threads (its groups of 16 rows
-split between them; ``lform_from_ggml`` releases the GIL): the first load of Gemma 3 270M
-spent 0.84 of its 1.4 s of conversion here on one core."""
+split between them; ``lform_from_ggml`` releases the GIL): on one core this step was most of
+a first load's conversion (docs/performance-log.md, figures moved from code comments)."""
 
 
 def to_kernel_form(raw: np.ndarray, type_name: str, shape: tuple[int, int]) -> np.ndarray:

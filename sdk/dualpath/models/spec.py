@@ -222,7 +222,7 @@ class ModelSpec:
         place), not a graph's MatMulNBits, where ``kernel_classifier_form`` says so. ONNX
         Runtime packs its own copy of such a matrix at 10.7 or 12.8 bits a value against this
         form's 9 or 10 (docs/performance.md, memory), and the classifier is the largest
-        matrix of a small model (Gemma 3 270M: 225 MiB of packed copy)."""
+        matrix of a small model (Gemma 3 270M's tied 262,144 x 640 table)."""
         w = self.output
         if w.kernel_form:  # the file's blocks in our kernels' form (quants.kernel_form)
             return True
@@ -294,7 +294,8 @@ def check_config(path, cfg: ModelConfig) -> None:
     if cfg.head_dim % 2:
         raise ModelLoadError(path, f"head_dim={cfg.head_dim} must be even for RoPE")
     if cfg.rope_dim not in (0, cfg.head_dim):
-        raise ModelLoadError(path, f"partial rotary embeddings (rope dimension {cfg.rope_dim} of head_dim {cfg.head_dim}) are not supported")
+        raise ModelLoadError(path, f"partial rotary embeddings (rope dimension {cfg.rope_dim} of head_dim "
+                                   f"{cfg.head_dim}) are not supported")
     if not (cfg.rms_eps > 0 and cfg.rope_theta > 0):
         raise ModelLoadError(path, f"rms_eps={cfg.rms_eps} and rope_theta={cfg.rope_theta} must be positive")
     if cfg.sliding_window < 0 or (cfg.swa_layers and len(cfg.swa_layers) != cfg.num_layers):

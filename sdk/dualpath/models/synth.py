@@ -85,7 +85,8 @@ PRESETS: dict[str, Shape] = {
     "qwen2-tiny": Shape(dim=256, hidden_dim=512, num_layers=2, num_heads=4, num_kv_heads=2, vocab_size=2048,
                         context_length=512, rope_theta=1000000.0, rms_eps=1e-6, arch="qwen2", init_std=0.08),
     "qwen3-tiny": Shape(dim=256, hidden_dim=512, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=128,
-                        vocab_size=2048, context_length=512, rope_theta=1000000.0, rms_eps=1e-6, arch="qwen3", init_std=0.08),
+                        vocab_size=2048, context_length=512, rope_theta=1000000.0, rms_eps=1e-6, arch="qwen3",
+                        init_std=0.08),
     "gemma2-tiny": Shape(dim=256, hidden_dim=512, num_layers=2, num_heads=2, num_kv_heads=1, head_dim=256,
                          vocab_size=2048, context_length=512, rms_eps=1e-6, arch="gemma2", tied=True,
                          sliding_window=12, init_std=0.08),
@@ -306,8 +307,9 @@ def _write_tensors(w, tensors: list[tuple[str, tuple[int, ...], float]], weight_
             return arr.astype(np.float16), gguf.GGMLQuantizationType.F16
         return gguf.quants.quantize(arr, qtype), qtype
 
-    for name, shp, std in tensors:
+    for name, shp, _std in tensors:
         nbytes, raw = _encoded_size(shp, weight_type if len(shp) == 2 else "F32")
+        dtype: np.dtype
         if raw in ("F32", "F16"):
             dtype, info_shape = np.dtype(np.float32 if raw == "F32" else np.float16), shp
         else:  # quantized tensors are described by their byte shape
@@ -316,7 +318,7 @@ def _write_tensors(w, tensors: list[tuple[str, tuple[int, ...], float]], weight_
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_ti_data_to_file()
-    for name, shp, std in tensors:
+    for _name, shp, std in tensors:
         data, _ = encode(make(shp, std))
         w.write_tensor_data(data)
 

@@ -4,7 +4,7 @@ that picks where prefill and decode run. Imports nothing above it (no onnxruntim
 from .affinity import ort_affinity_string, pin_current_thread, thread_placement
 from .describe import describe, describe_placement
 from .governor import Governor, Switch
-from .placement import PhaseCheck, Placer, PlacementReport, SetPlacement, ThreadSeen
+from .placement import PhaseCheck, PlacementReport, Placer, SetPlacement, ThreadSeen
 from .power import BackgroundPowerReader, PowerState, ThermalZone, read_power_state
 from .profiles import PROFILES, PhasePlan, Plan, SessionSpec, resolve_plan
 from .topology import CoreClass, CpuInfo, Topology, load_topology, read_topology

@@ -37,7 +37,7 @@ from dataclasses import dataclass, replace
 
 from dualpath.config import Config
 
-from .placement import Placer, PlacementReport, SetPlacement, check_plans
+from .placement import PlacementReport, Placer, SetPlacement, check_plans
 from .power import PowerState, read_power_state
 from .profiles import PROFILES, Plan, SessionSpec, resolve_plan
 from .topology import Topology
@@ -140,6 +140,7 @@ class Governor:
             self._last_poll = now
             self.power = self.power_reader()
             self._target = self._decide(self.power)
+        assert self._target is not None  # set by the first poll
         name, reason = self._target
         current = self._plan.profile if self._plan is not None else None
         if name != current and (self._last_switch is None or now - self._last_switch >= pc.min_switch_interval_s):
@@ -147,6 +148,7 @@ class Governor:
             self._plan = replace(self.plans[name], reason=reason)
             self._last_switch = now
             self.switches.append(Switch(now, current, name, reason))
+        assert self._plan is not None  # the first choice always switches
         return self._plan
 
     def _decide(self, p: PowerState) -> tuple[str, str]:
@@ -157,7 +159,7 @@ class Governor:
         hot_c = pc.thermal_hot_c - (pc.thermal_hysteresis_c if self._hot else 0.0)
         batt_hot_c = pc.battery_hot_c - (pc.thermal_hysteresis_c if self._hot else 0.0)
         why_hot = []
-        if tight is not None and tight.headroom_c <= margin:
+        if tight is not None and tight.headroom_c is not None and tight.headroom_c <= margin:
             why_hot.append(f"{tight.type or tight.name} at {tight.temp_c:.1f} °C, trip {tight.trip_c:.1f} °C")
         if hottest is not None and hottest.temp_c >= hot_c:
             why_hot.append(f"{hottest.type or hottest.name} at {hottest.temp_c:.1f} °C >= {hot_c:.1f} °C")

@@ -262,10 +262,12 @@ class PlacementReport:
         the phases that use it, the CPUs asked for, the CPUs got, and the fallback."""
         by_spec: dict[SessionSpec, list[PhaseCheck]] = {}
         for c in self.mismatches:
+            assert c.seen is not None and c.fallback is not None  # a mismatch was seen and has a fallback
             by_spec.setdefault(c.seen.spec, []).append(c)
         out = []
         for spec, checks in by_spec.items():
             c = checks[0]
+            assert c.seen is not None and c.fallback is not None
             phases = ", ".join(dict.fromkeys(f"{k.planned.phase} ({k.profile})" for k in checks))
             out.append((spec, f"thread placement not honoured for {phases}: asked for {_asked(c.planned)}, "
                               f"got {_got(c.seen)}; running with {_running(c.fallback)} instead"))

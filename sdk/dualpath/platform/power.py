@@ -10,8 +10,8 @@ nothing here raises):
   temperatures in millidegrees C; a zone's trip point is its lowest passive, hot or
   critical trip (active trips start fans, they are no limit).
 - ``termux-battery-status`` (JSON ``percentage``, ``status``, ``plugged``, ``temperature``),
-  run only when sysfs gave no battery: it costs a round trip through Android (about
-  0.5 s) and can hang, so it runs with a timeout and its process group is killed after.
+  run only when sysfs gave no battery: it costs a round trip through Android (a large
+  fraction of a second) and can hang, so it runs with a timeout and its process group is killed after.
 """
 
 from __future__ import annotations
@@ -86,7 +86,7 @@ class PowerState:
     def tightest(self) -> ThermalZone | None:
         """The zone closest to (or furthest past) its trip point."""
         with_trip = [z for z in self.zones if z.trip_c is not None]
-        return min(with_trip, key=lambda z: z.headroom_c, default=None)
+        return min(with_trip, key=lambda z: z.trip_c - z.temp_c, default=None)  # type: ignore[operator]
 
     @property
     def on_external_power(self) -> bool | None:
@@ -248,7 +248,8 @@ def _run_termux(cmd: str, timeout_s: float) -> dict | None:
         except OSError:
             pass
         proc.wait()
-        proc.stdout.close()
+        if proc.stdout is not None:
+            proc.stdout.close()
         return None
     if proc.returncode != 0:
         log.debug("%s exited with %d", exe, proc.returncode)
@@ -263,8 +264,8 @@ def _run_termux(cmd: str, timeout_s: float) -> dict | None:
 
 class BackgroundPowerReader:
     """Reads the power state every ``interval_s`` on a daemon thread, so the governor's
-    ``choose()`` between decode steps never waits on ``termux-battery-status`` (about
-    0.5 s, or the whole timeout when it hangs). Calling it returns the latest state at once.
+    ``choose()`` between decode steps never waits on ``termux-battery-status`` (a round
+    trip through Android, or the whole timeout when it hangs). Calling it returns the latest state at once.
 
     ``start()`` reads once before returning (so the first choice is informed) and starts
     the thread; ``close()`` stops and joins it. Create it before pinning any thread: the
@@ -278,7 +279,7 @@ class BackgroundPowerReader:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
-    def start(self) -> "BackgroundPowerReader":
+    def start(self) -> BackgroundPowerReader:
         if self._thread is None:
             self._state = self.reader()
             self._thread = threading.Thread(target=self._loop, name="dualpath-power", daemon=True)
@@ -301,7 +302,7 @@ class BackgroundPowerReader:
             self._thread.join()
             self._thread = None
 
-    def __enter__(self) -> "BackgroundPowerReader":
+    def __enter__(self) -> BackgroundPowerReader:
         return self.start()
 
     def __exit__(self, *exc) -> None:

@@ -196,7 +196,7 @@ class Topology:
                 return c
         raise KeyError(f"cpu {cpu} is not online (online: {format_cpulist(self.online)})")
 
-    def override(self, spec: str, source: str = "override") -> "Topology":
+    def override(self, spec: str, source: str = "override") -> Topology:
         """Classes declared by ``spec`` (``"0:big,1:little"``, ``"0-3:little,4-7:big"``) instead of
         detected ones; the hardware facts stay. Online CPUs the spec does not name are left
         unused (a log line says so). Raises ConfigError naming ``source`` for a malformed spec,
@@ -370,12 +370,12 @@ def _rank_cpus(cpus: list[CpuInfo], parts: Mapping[int, tuple[int, int]], x86: b
             return "cpuinfo_max_freq", {c.cpu: (c.max_freq_khz,) for c in cpus}
         # x86 without hybrid lists: merge frequencies within 10% (favoured cores).
         level, groups, prev = 0, {}, None
-        for f in sorted(set(freqs), reverse=True):
+        for f in sorted({f for f in freqs if f is not None}, reverse=True):
             if prev is not None and f < 0.9 * prev:
                 level -= 1
             groups[f], prev = level, f
         if len(set(groups.values())) > 1:
-            return "cpuinfo_max_freq", {c.cpu: (groups[c.max_freq_khz],) for c in cpus}
+            return "cpuinfo_max_freq", {c.cpu: (groups[c.max_freq_khz or 0],) for c in cpus}
     littles = {c.cpu: ARM_PARTS.get(parts[c.cpu], ("", False))[1] for c in cpus if c.cpu in parts}
     if len(littles) == len(cpus) and len(set(littles.values())) > 1:
         return "cpu_part", {cpu: (int(not little),) for cpu, little in littles.items()}

@@ -4,11 +4,12 @@ The only module that imports the constrained-decoding library, llguidance (Rust,
 dependencies; ``pip install "dualpath[structured]"``). It turns a checked
 ``GrammarRequest`` (a JSON object, a JSON schema, or one ``{"name", "arguments"}`` object
 valid for one of some tools' parameters; server/structured.py parses OpenAI's
-``response_format``/``tools``/``tool_choice`` into one) into a ``Grammar``, and each sequence's walk through it into a ``Matcher`` that fills a preallocated
-mask over the vocabulary. No Python loop over the vocabulary runs per token: llguidance writes
-one bit per token, and one ``np.take`` over a 256-entry table expands those bits into the
-caller's mask. ``fill_bias`` (0 or -inf, added with ``np.add``) is the form to apply;
-``fill_mask`` writes booleans (True = allowed), whose ``np.copyto(..., where=~allowed)``
+``response_format``/``tools``/``tool_choice`` into one) into a ``Grammar``, and each
+sequence's walk through it into a ``Matcher`` that fills a preallocated mask over the
+vocabulary. No Python loop over the vocabulary runs per token: llguidance writes one bit
+per token, and one ``np.take`` over a 256-entry table expands those bits into the caller's
+mask. ``fill_bias`` (0 or -inf, added with ``np.add``) is the form to apply; ``fill_mask``
+writes booleans (True = allowed), whose ``np.copyto(..., where=~allowed)``
 branches per element and is several times slower.
 
 Lifecycle (one facade per subsystem, paired lifetimes)::

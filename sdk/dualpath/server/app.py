@@ -12,7 +12,8 @@ Errors are OpenAI-style objects ``{"error": {"message", "type", "param", "code"}
 ``Host`` not served (``HostGuard``: a loopback bind answers loopback names and
 ``server.allowed_hosts`` only, against DNS rebinding), 404 for an unknown model or route,
 405 for a wrong method, 413 for a body over ``server.max_body_bytes``, 415 for a body not
-declared ``application/json`` (what a web page cannot send cross-origin unasked), 429 (with ``Retry-After``) when ``server.max_queued_requests``
+declared ``application/json`` (what a web page cannot send cross-origin unasked), 429 (with ``Retry-After``)
+when ``server.max_queued_requests``
 are waiting, 503 (with ``Retry-After``) when the KV cache has no room, 500
 (``server_error``, no internals: the cause goes to the log) when the server failed the
 request (``errors.py`` holds the table). A stream that fails after it started sends one
@@ -37,18 +38,32 @@ import uuid
 
 import numpy as np
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
-from starlette.middleware import Middleware
 from starlette.routing import Route
 
 from ..errors import ConfigError
 from ..sampling.grammar import GrammarCompiler
 from ..sampling_params import SamplingParams
 from .errors import APIError, api_error, bad_request, engine_call
-from .parsing import (CHAT_FIELDS, COMPLETION_FIELDS, EMBEDDING_FIELDS, WARM_FIELDS, chat_ids, check_fields,
-                      check_model, embedding_inputs, get_field, include_usage, logprobs_count, num_choices,
-                      prompt_ids, read_body, sampling_params)
+from .parsing import (
+    CHAT_FIELDS,
+    COMPLETION_FIELDS,
+    EMBEDDING_FIELDS,
+    WARM_FIELDS,
+    chat_ids,
+    check_fields,
+    check_model,
+    embedding_inputs,
+    get_field,
+    include_usage,
+    logprobs_count,
+    num_choices,
+    prompt_ids,
+    read_body,
+    sampling_params,
+)
 from .streaming import DONE, collect, event_stream, merged, sse
 from .structured import OpenAIGrammars
 
@@ -81,7 +96,7 @@ class Server:
         self.created = int(time.time())
         self.tokenizer = llm.tokenizer
         self.api_key = self.cfg.api_key or _read_key_file(self.cfg.api_key_file)
-        self._grammars = None  # server/structured.py over the grammar compiler, made on first use
+        self._grammars: OpenAIGrammars | None = None  # over the grammar compiler, made on first use
 
     # -- plumbing --------------------------------------------------------------
     def _check_auth(self, request: Request) -> None:
@@ -120,6 +135,7 @@ class Server:
                                     "input")
         data = []
         for i, v in enumerate(vectors):
+            value: str | list[float]
             if fmt == "base64":
                 value = base64.b64encode(np.asarray(v, "<f4").tobytes()).decode()
             else:
@@ -150,7 +166,7 @@ class Server:
 
     def _completion_logprobs(self, entries, offset: list[int]) -> dict:
         """The legacy completions shape: tokens, token_logprobs, top_logprobs, text_offset."""
-        out = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+        out: dict[str, list] = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
         for token, lp, alternatives in entries:
             text = self._token_text(token)
             out["tokens"].append(text)
@@ -461,7 +477,8 @@ def create_app(llm, *, model_name: str | None = None, on_shutdown=None) -> Starl
             on_shutdown()
 
     app = Starlette(routes=routes, exception_handlers={404: not_found, 405: bad_method, Exception: failed},
-                    middleware=[Middleware(HostGuard, allowed=allowed_hosts(server.cfg.host, server.cfg.allowed_hosts))],
+                    middleware=[Middleware(HostGuard,
+                                           allowed=allowed_hosts(server.cfg.host, server.cfg.allowed_hosts))],
                     lifespan=lifespan)
     app.state.server = server
     return app

@@ -105,8 +105,9 @@ def guarded_protocol(max_connections: int, header_timeout_s: float, body_timeout
                 self.transport.close()
 
         def _make_room(self) -> None:
-            idle = [c for c in self.connections if c is not self and not c._busy()
-                    and not c.transport.is_closing()]
+            # Every connection of this server is one of these (uvicorn types the set as its base).
+            others = [c for c in self.connections if isinstance(c, GuardedH11Protocol)]
+            idle = [c for c in others if c is not self and not c._busy() and not c.transport.is_closing()]
             victim = min(idle, key=lambda c: c.idle_since) if idle else self
             _note_eviction()
             victim.transport.close()
@@ -158,7 +159,8 @@ def _json_400(h11, msg: str) -> tuple:
                                  "param": None, "code": None}}).encode("ascii")
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
                (b"connection", b"close")]
-    return h11.Response(status_code=400, headers=headers, reason=b"Bad Request"), h11.Data(data=body), h11.EndOfMessage()
+    response = h11.Response(status_code=400, headers=headers, reason=b"Bad Request")
+    return response, h11.Data(data=body), h11.EndOfMessage()
 
 
 _evictions = {"count": 0, "logged": 0.0}

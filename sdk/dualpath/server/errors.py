@@ -14,9 +14,16 @@ import logging
 from starlette.requests import ClientDisconnect
 from starlette.responses import JSONResponse
 
-from ..errors import (CacheFullError, ChatTemplateError, DualPathError, InternalError, InvalidPromptError,
-                      PromptTooLongError, SamplingParamsError)
 from ..engine.engine import QueueFullError
+from ..errors import (
+    CacheFullError,
+    ChatTemplateError,
+    DualPathError,
+    InternalError,
+    InvalidPromptError,
+    PromptTooLongError,
+    SamplingParamsError,
+)
 from ..sampling.grammar import StructuredOutputError
 
 log = logging.getLogger(__name__)

@@ -134,7 +134,7 @@ def sampling_params(body: dict, default_max_tokens: int | None, context_tokens: 
                     logprobs: int | None = None) -> SamplingParams:
     """OpenAI request fields -> SamplingParams (OpenAI's defaults: temperature 1,
     top_p 1, no top_k or min_p unless given as extra fields)."""
-    bias = get_field(body, "logit_bias", (dict,), {})
+    bias: Any = get_field(body, "logit_bias", (dict,), {})
     try:
         bias = {int(k): v for k, v in bias.items()}
     except (TypeError, ValueError):

@@ -104,8 +104,7 @@ class Tokenizer:
 
         stop = {spec.eos_id, spec.eot_id, spec.bos_id}
         stop.update(self._piece_to_id[t] for t in _LLAMA_CPP_EOG_TEXTS if t in self._piece_to_id)
-        stop.discard(None)
-        self._stop_ids = frozenset(stop)
+        self._stop_ids = frozenset(i for i in stop if i is not None)
 
     # ------------------------------------------------------------------ properties
 
@@ -298,7 +297,7 @@ class Tokenizer:
         # 262,144 tokens, against 3). The other three tables are views of this one: three
         # more lists (and a stripped copy of every piece that starts with a space) were 11
         # MiB, and they are read once per decoded text at most.
-        plain = _PackedBytes(plain)
+        plain = _PackedBytes(plain)  # type: ignore[assignment]  # read only from here on
         self._bytes_plain = plain
         self._bytes_special = _WithSpecial(plain, special)  # control/unknown ids: plain is b""
         strip = self.strips_leading_space
@@ -351,6 +350,7 @@ class _TableView(Sequence):
     """A per-token byte table computed from another on lookup (see ``_build_byte_tables``)."""
 
     __slots__ = ("_table",)
+    _table: Sequence[bytes]
 
     def __len__(self) -> int:
         return len(self._table)

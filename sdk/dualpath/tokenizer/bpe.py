@@ -289,9 +289,8 @@ class ByteLevelBpeTokenizer(Tokenizer):
 
     def __init__(self, spec: TokenizerSpec):
         try:
-            from tokenizers import Regex
+            from tokenizers import Regex, models, pre_tokenizers
             from tokenizers import Tokenizer as HfTokenizer
-            from tokenizers import models, pre_tokenizers
         except ImportError as e:
             raise TokenizerError(
                 f"this model's byte-level BPE vocabulary (tokenizer.ggml.model 'gpt2', pre {spec.pre!r}) needs "

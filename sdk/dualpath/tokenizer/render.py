@@ -49,7 +49,7 @@ class TemplateRenderer:
         self.timeout_s, self.max_chars, self.name = timeout_s, max_chars, name
         self._proc: subprocess.Popen | None = None
         self._lock = threading.Lock()
-        self._in_process = None  # the sandbox, where no worker can run
+        self._in_process: _worker.LimitedSandbox | None = None  # the sandbox, where no worker can run
         self.num_started = 0
         """Workers started so far (one more after each one killed at the deadline)."""
 
@@ -143,6 +143,7 @@ class TemplateRenderer:
 
     def _render_here(self, source: str, variables: dict) -> str:
         try:
+            assert self._in_process is not None  # made when no worker can run
             return self._in_process.render(source, variables)
         except Exception as e:  # every failure of a template is the template's
             message, limit = _worker.describe(e)
@@ -187,6 +188,7 @@ def _kill(proc: subprocess.Popen) -> None:
         pass
     for f in (proc.stdin, proc.stdout):
         try:
-            f.close()
+            if f is not None:
+                f.close()
         except OSError:
             pass

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from array import array
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
 # GGUF token types (llama.cpp's llama_token_type).
 TOKEN_NORMAL = 1
@@ -46,7 +46,8 @@ class TokenizerSpec:
     """Piece text per token id."""
     scores: Sequence[float] | None = None
     """Merge priority per token id (``llama``): higher merges first. Held as ``array("f")``
-    (GGUF stores float32): a tuple of floats took 8 MiB for Gemma 3's 262,144 pieces."""
+    (GGUF stores float32): a tuple of Python floats is several times larger at Gemma 3's 262,144
+    pieces."""
     token_types: Sequence[int] | None = None
     """GGUF token type per token id (TOKEN_* above); None means all NORMAL. Held as
     ``array("i")``."""

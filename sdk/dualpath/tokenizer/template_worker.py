@@ -208,7 +208,7 @@ def serve(max_chars: int, timeout_s: float, headroom_bytes: int) -> None:
             reply = {"text": env.render(request["template"], request["variables"])}
         except BaseException as e:  # noqa: BLE001 (every failure is the template's, and answered)
             message, limit = describe(e)
-            reply = {"error": message, "limit": limit}
+            reply = {"error": message, "limit": limit}  # type: ignore[dict-item]  # limit may be None
         try:
             data = json.dumps(reply).encode()
         except MemoryError:

@@ -1,0 +1,167 @@
+"""``dualpath run`` and ``dualpath chat``: text from a prompt, a conversation."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+
+from .common import ProgressBar, config_from_args, load_report, model_path, sampling_from_args
+
+
+def cmd_run(args) -> int:
+    from ..llm import LLM
+
+    llm = LLM(model_path(args), config_from_args(args), tokenizer_path=args.tokenizer, progress=ProgressBar())
+    if args.load_report:
+        print(load_report(llm.load_stats), file=sys.stderr)
+    prompt = args.prompt if args.prompt is not None else ""
+    ids = llm.tokenize(prompt)
+    params = sampling_from_args(args, len(ids))
+    gen = llm.stream(ids, params)  # checks the prompt fits before anything is printed
+    out = sys.stdout
+    if args.echo:
+        out.write(llm.detokenize(ids))
+        out.flush()
+    for delta in gen:
+        out.write(delta)
+        out.flush()
+    out.write("\n")
+    out.flush()
+    c = gen.completion
+    assert c is not None  # the stream has ended
+    t = c.timings
+    print(f"dualpath: {c.usage.prompt_tokens} prompt tokens at {t.prefill_tokens_per_s:.1f} tok/s, "
+          f"{c.usage.completion_tokens} generated at {t.decode_tokens_per_s:.1f} tok/s "
+          f"(finish: {c.finish_reason}, threads: {llm.config.runtime.effective_num_threads()})", file=sys.stderr)
+    return 0
+
+
+CHAT_HELP = """commands: /clear (forget the conversation), /system TEXT (a new system prompt), /save FILE,
+/load FILE (the conversation as JSON messages), /stats (tokens, speed, cache reuse), /help;
+Ctrl-C stops a reply, Ctrl-D (or /exit) leaves"""
+
+
+@contextlib.contextmanager
+def _sigint(handler):
+    """SIGINT handled by ``handler`` inside the block: set, not assumed, because a shell
+    that starts us in the background leaves SIGINT ignored, and Python then raises no
+    KeyboardInterrupt."""
+    import signal
+
+    previous = signal.signal(signal.SIGINT, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def cmd_chat(args) -> int:
+    import signal
+    import threading
+
+    from ..chat import Chat
+    from ..errors import DualPathError
+    from ..llm import LLM
+
+    interactive = sys.stdin.isatty()
+    if interactive:
+        try:
+            import readline  # noqa: F401  (line editing and history for input(), where Python has it)
+        except ImportError:  # Termux's Python may lack it: a plain prompt then
+            pass
+    llm = LLM(model_path(args), config_from_args(args), tokenizer_path=args.tokenizer, progress=ProgressBar())
+    params = sampling_from_args(args, 0)
+    chat = Chat(llm, args.system, params, reply_tokens=args.max_tokens)
+    out, err = sys.stdout, sys.stderr
+    if interactive:
+        print(f"dualpath chat: {os.path.basename(str(llm.spec.path))}, context {llm.context_tokens} tokens. "
+              f"{CHAT_HELP}", file=err)
+    stop = threading.Event()
+    failed = False  # piped: the exit status says whether every line got its reply
+
+    def on_sigint(signum, frame):  # while a reply streams: stop it, never interrupt the engine mid-step
+        stop.set()
+
+    while True:
+        try:
+            line = input(">>> " if interactive else "")
+        except EOFError:
+            if interactive:
+                print(file=err)
+            return 1 if failed and not interactive else 0
+        except KeyboardInterrupt:  # at the prompt: a fresh line, the session goes on
+            print("\n(Ctrl-D leaves)", file=err)
+            continue
+        line = line.strip()
+        if not line:
+            continue
+        if interactive and line.startswith("/"):
+            if _chat_command(chat, line, out, err):
+                return 0
+            continue
+        try:  # the template and the tokenizer: Ctrl-C interrupts them (the engine has nothing yet)
+            with _sigint(signal.default_int_handler):
+                reply = chat.send(line)
+        except KeyboardInterrupt:
+            print("\n(stopped)", file=err)
+            continue
+        except DualPathError as e:
+            print(f"(error: {e})", file=err)
+            failed = True
+            continue
+        previous = signal.signal(signal.SIGINT, on_sigint)
+        stop.clear()
+        try:
+            for text in reply:
+                out.write(text)
+                out.flush()
+                if stop.is_set():
+                    reply.close()  # the reply so far stays in the conversation
+                    break
+        except DualPathError as e:  # this turn failed (too long, an engine error): the session goes on
+            out.flush()
+            print(f"\n(error: {e})", file=err)
+            failed = True
+            continue
+        finally:
+            signal.signal(signal.SIGINT, previous)
+        out.write("\n")
+        out.flush()
+        st = chat.last
+        if st.dropped_turns:
+            print(f"(context full: dropped the {st.dropped_turns} oldest turn(s))", file=err)
+        if stop.is_set() and interactive:
+            print("(stopped)", file=err)
+
+
+def _chat_command(chat, line: str, out, err) -> bool:
+    """One REPL command; True when the session should end."""
+    from ..errors import DualPathError
+
+    name, _, arg = line.partition(" ")
+    arg = arg.strip()
+    if name in ("/exit", "/quit", "/bye"):
+        return True
+    if name == "/clear":
+        chat.clear()
+        print("(conversation cleared)", file=err)
+    elif name == "/system":
+        chat.set_system(arg)
+        print(f"(system prompt {'set' if arg else 'removed'}; the conversation goes on under it)", file=err)
+    elif name in ("/save", "/load") and arg:
+        try:
+            (chat.save if name == "/save" else chat.load)(arg)
+        except (OSError, DualPathError) as e:
+            print(f"(cannot {name[1:]}: {e})", file=err)
+        else:
+            print(f"({'saved' if name == '/save' else 'loaded'} {len(chat.messages)} messages "
+                  f"{'to' if name == '/save' else 'from'} {arg})", file=err)
+    elif name == "/stats":
+        st = chat.last
+        print(f"turns {chat.turns}, context {chat.context_used}/{chat.llm.context_tokens} tokens; last turn: prompt "
+              f"{st.prompt_tokens} tokens ({st.cached_tokens} from the cache), reply {st.completion_tokens} "
+              f"tokens, first token after {st.ttft_ms:.0f} ms, {st.decode_tokens_per_s:.1f} tok/s", file=err)
+    else:
+        print(CHAT_HELP, file=err)
+    return False

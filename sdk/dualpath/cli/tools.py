@@ -1,0 +1,39 @@
+"""``dualpath tokenize`` and ``dualpath synth``."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+from .common import model_path
+
+
+def cmd_tokenize(args) -> int:
+    from ..models import load_model
+    from ..tokenizer import build_tokenizer
+
+    spec = load_model(model_path(args), args.tokenizer)
+    tok = build_tokenizer(spec.tokenizer)
+    ids = tok.encode(args.text, add_bos=not args.no_bos)
+    if args.ids_only:
+        print(json.dumps(ids))
+    else:
+        for i in ids:
+            print(f"{i:>8} {spec.tokenizer.tokens[i]!r}")
+    return 0
+
+def cmd_synth(args) -> int:
+    from ..models.synth import preset_for, synth_gguf
+
+    t0 = time.perf_counter()
+    try:
+        preset = preset_for(args.arch, args.preset)
+    except ValueError as e:
+        print(f"dualpath synth: {e}", file=sys.stderr)
+        return 2
+    path = synth_gguf(args.out, preset, args.type, seed=args.seed, context_length=args.ctx)
+    print(f"wrote {path} ({os.path.getsize(path) / 2**20:.1f} MiB, {preset}, {args.type.upper()}, "
+          f"seed {args.seed}) in {time.perf_counter() - t0:.1f}s — random weights: its text is noise")
+    return 0
