@@ -49,20 +49,6 @@ ALLOWED = {
 }
 """Phrases that look like a figure and are not one; each says why."""
 
-TEMPORARY_UNCHECKED = {
-    # Issue 42 is splitting runtime/ on another branch; their figures move to
-    # docs/performance.md once that branch is merged. Empty this set then.
-    "sdk/dualpath/runtime/engine.py",
-    "sdk/dualpath/runtime/handles.py",
-    "sdk/dualpath/runtime/memory_plan.py",
-    "sdk/dualpath/runtime/ort_sessions.py",
-    "sdk/dualpath/runtime/runner_step.py",
-    "sdk/dualpath/runtime/sampler.py",
-}
-"""Files in folders another branch is rewriting (see the report of the branch that added
-this test): not checked until that branch is merged. Do not add to it."""
-
-
 def _python_texts(path: Path):
     """(line, text) of every comment and every string statement (docstrings, attribute
     docstrings) of a Python file."""
@@ -128,8 +114,6 @@ def test_comments_hold_no_measured_figures_commits_or_issue_numbers():
     found, scanned = [], 0
     for path, texts in _sources():
         rel = path.relative_to(ROOT).as_posix()
-        if rel in TEMPORARY_UNCHECKED:
-            continue
         scanned += 1
         for n, line in texts(path):
             found += [f"{rel}:{n}: {what}: {line.strip()}" for what in _findings(line)]
@@ -148,8 +132,3 @@ def test_the_check_sees_figures_commits_and_issues_and_lets_format_facts_pass():
     for fact in ("blocks of 131072 bytes (128 KiB), 16 tokens per page", "7 x int32", "rows of whole 16s",
                  "2 MiB aligned", "one decode row (1 x K by K x N)", "the 500s are logged", "a 0x9e3779b9 hash"):
         assert list(_findings(fact)) == [], fact
-
-
-def test_temporary_exceptions_still_exist():
-    """An entry of TEMPORARY_UNCHECKED whose file is gone is removed, not kept."""
-    assert all((ROOT / rel).is_file() for rel in TEMPORARY_UNCHECKED)

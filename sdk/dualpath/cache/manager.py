@@ -382,23 +382,28 @@ class KVCacheManager:
             forks=self.forks, forked_pages=self.forked_pages)
 
     def check_invariants(self) -> None:
-        """Raise InvariantError when the bookkeeping is inconsistent (tests): every part's
-        tables, and every running count (``stats()`` included) against a recount."""
-        refs = [0] * len(self.pool.page_ref)
-        for s in self.seqs.values():
-            require(len(s.pages) == (s.num_tokens + self.page_tokens - 1) // self.page_tokens,
-                    f"sequence {s.seq_id}'s page table does not fit its tokens")
-            for p in s.pages:
-                refs[p] += 1
-        require(refs == self.pool.page_ref, "reference counts disagree with the page tables")
-        self.prefix.check_invariants(self.pool.page_ref)
-        self.pool.check_invariants()
-        for s in self.seqs.values():
-            self.view.check(s, self.policy.locality_window)
-        if self.windows is not None:  # what a sequence's next query sees is whole
-            P, W = self.page_tokens, self.windows.window
-            for s in self.seqs.values():
-                seen = s.pages[max(0, s.committed - W) // P:]
-                require(not self.windows.released[seen].any(), f"sequence {s.seq_id} lost rows of its window")
-        fast, slow = self.stats(), self.recount_stats()
-        require(fast == slow, f"stats() {fast} disagrees with a recount {slow}")
+        """Raise InvariantError when the bookkeeping is inconsistent (``check_manager``)."""
+        check_manager(self)
+
+
+def check_manager(m: KVCacheManager) -> None:
+    """Raise InvariantError when the bookkeeping is inconsistent (tests): every part's
+    tables, and every running count (``stats()`` included) against a recount."""
+    refs = [0] * len(m.pool.page_ref)
+    for s in m.seqs.values():
+        require(len(s.pages) == (s.num_tokens + m.page_tokens - 1) // m.page_tokens,
+                f"sequence {s.seq_id}'s page table does not fit its tokens")
+        for p in s.pages:
+            refs[p] += 1
+    require(refs == m.pool.page_ref, "reference counts disagree with the page tables")
+    m.prefix.check_invariants(m.pool.page_ref)
+    m.pool.check_invariants()
+    for s in m.seqs.values():
+        m.view.check(s, m.policy.locality_window)
+    if m.windows is not None:  # what a sequence's next query sees is whole
+        P, W = m.page_tokens, m.windows.window
+        for s in m.seqs.values():
+            seen = s.pages[max(0, s.committed - W) // P:]
+            require(not m.windows.released[seen].any(), f"sequence {s.seq_id} lost rows of its window")
+    fast, slow = m.stats(), m.recount_stats()
+    require(fast == slow, f"stats() {fast} disagrees with a recount {slow}")

@@ -24,7 +24,7 @@ class AsyncAPI:
     async def embed(self, prompts: Sequence[Sequence[int]], pooling: str = "mean") -> list[np.ndarray]:
         """Embeddings of token-id prompts, batched by the scheduler: one request against
         ``max_queued_requests``, at most ``2 * max_num_seqs`` of its prompts queued at once."""
-        import asyncio  # here: 7 MiB resident, which the synchronous API never needs
+        import asyncio  # here: resident memory the synchronous API never needs
 
         loop = asyncio.get_running_loop()
         window = 2 * self.scheduler.max_num_seqs  # enough queued to fill every slot at each step

@@ -21,7 +21,7 @@ from ..completion import Completion, Timings, Usage
 from ..errors import DualPathError
 from ..sampling_params import SamplingParams
 
-if TYPE_CHECKING:  # imported where a handle is made: 7 MiB resident the synchronous API never needs
+if TYPE_CHECKING:  # imported where a handle is made: memory the synchronous API never needs
     import asyncio
 
 

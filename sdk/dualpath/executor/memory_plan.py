@@ -42,16 +42,14 @@ log = logging.getLogger(__name__)
 
 MiB = 1 << 20
 RUNTIME_BYTES = 75 * MiB
-"""Python 3.11, NumPy, onnxruntime 1.32 and DualPath imported: 72.7 MiB measured at
-ca6a57f, 57.7 at 094db42 (`bench memory`, 2026-12-05); kept, so that the plan errs above
-the peak (plan / measured 0.97-1.04 in docs/performance.md#memory)."""
+"""Python, NumPy, onnxruntime and DualPath imported: above what `bench memory` measures,
+so that the plan errs above the peak (docs/performance-log.md, memory)."""
 TOKEN_BYTES = 200
-"""Per vocabulary token (spec and tokenizer tables): measured 209 for Gemma 3's 262,144
-SentencePiece tokens, 160 for Llama 2's 32,000 (`bench memory`, 2026-12-05, b242a50+)."""
+"""Per vocabulary token (spec and tokenizer tables), from `bench memory` on SentencePiece
+and BPE vocabularies (docs/performance-log.md)."""
 MERGE_BYTES = 120
-"""Per BPE merge (its pair and rank in the merge table): Llama 3's 128,256 tokens and
-280,147 merges measured 21.6 MiB, Qwen2.5's 151,643 and 151,387 25.8 MiB; fitted with
-TOKEN_BYTES to the peaks of those runs."""
+"""Per BPE merge (its pair and rank in the merge table): fitted with TOKEN_BYTES to the
+peaks `bench memory` measured on Llama 3 and Qwen2.5 vocabularies (docs/performance-log.md)."""
 PACK_BLOCK_BYTES = {4: 8, 8: 11}
 """What ONNX Runtime's MatMulNBits adds to each block's values when it packs them at
 accuracy level 4 (an f32 scale, an f32 block sum for the int8 kernel, alignment), by bits:
@@ -59,9 +57,8 @@ fitted to the weights measured on TinyLlama and Llama 3.2 1B Q4_K_M (Q4_K and Q6
 Gemma 3 270M (mostly Q8_0 and Q5_0) files (docs/performance.md)."""
 ACTIVATION_FLOATS = (6, 8, 4)
 """f32 values per prefill-chunk token in ONNX Runtime's buffers and those between the graphs
-and our products, times (hidden_dim, dim, q_dim): fitted to issue 25's four files at
-512-token chunks, contexts 512 and 4,096 (17978ee, 2026-12-05: plan / measured 0.97-1.01;
-(4, 8, 0), fitted before our products had buffers of their own, gave 0.93-0.98)."""
+and our products, times (hidden_dim, dim, q_dim): fitted to the four files of the memory
+figures at 512-token chunks, contexts 512 and 4,096 (docs/performance-log.md, memory)."""
 THP_SLACK_BYTES = 1 << 20
 """Per global layer: its KV region is committed in 2 MiB huge pages, half of one unused
 on average."""

@@ -54,8 +54,8 @@ def can_unidle() -> bool:
 def _fix_mmap_threshold() -> None:
     """Keep glibc's malloc from moving its mmap threshold up (it follows the largest block
     freed, up to 32 MiB): blocks of a prefill chunk's size then come from the heap, which
-    does not give them back. Gemma 3 270M after six 512-token prompts: 617 MiB resident,
-    573 with the threshold fixed (docs/performance.md). A threshold the user set in the
+    does not give them back (docs/performance-log.md has the resident memory with and
+    without the threshold fixed). A threshold the user set in the
     environment (MALLOC_MMAP_THRESHOLD_) is left alone; other C libraries are too."""
     import ctypes
     import platform
@@ -211,8 +211,7 @@ def _load_part(part: PartFile, so: ort.SessionOptions, pack: bool, entry) -> tup
         so.add_initializer(name, value)
     # While ONNX Runtime packs, the pages it has read are dropped behind it (they are file
     # pages: a second read maps them again): else the part's mapped source and its packed
-    # copy are resident at once, the load's peak (Gemma 3 270M's classifier part: 185 MiB
-    # mapped beside 226 MiB packed).
+    # copy are resident at once, the load's peak (a tied classifier's part is the largest).
     dropper = _PageDropper(entry, list(part.weights.values())) if entry is not None and pack else None
     try:
         session = ort.InferenceSession(part.path, so, providers=["CPUExecutionProvider"])
@@ -231,7 +230,7 @@ SMALL_ARRAY_BYTES = 64 << 10
 """Arrays of weights.bin smaller than this are handed to ONNX Runtime as copies, not as
 views of the entry's mapping: a read of a mapped page maps its whole fault-around window
 (64 KiB), so the norms it reads in place at every step (a few KiB each, 64 KiB apart in
-weights.bin) kept 15 MiB of the file resident on Gemma 3 270M; the copies take 0.3 MiB.
+weights.bin) kept far more of the file resident than the copies take (docs/performance-log.md).
 Views of other files stay views: the RoPE tables every part shares, an F32 source read in
 place."""
 
@@ -322,8 +321,8 @@ def create_sessions(parts: list[PartFile], num_threads: int, spinning: bool = Tr
 
     workers = max(1, min(loaders, os.cpu_count() or 1, len(parts)))
     # Largest first: packing holds a part's mapped pages and its packed copy at once, so the
-    # load's peak is lowest while few other packed copies exist yet (Gemma 3 270M: its
-    # classifier part is 185 of 300 MiB; docs/performance.md).
+    # load's peak is lowest while few other packed copies exist yet (a tied classifier's part
+    # is most of a small model's weights).
     order = sorted(range(len(parts)), key=lambda i: -sum(a.nbytes for a in parts[i].weights.values()))
     if workers == 1:
         made_in_order = [create(parts[i]) for i in order]

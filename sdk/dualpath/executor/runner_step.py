@@ -161,9 +161,9 @@ class TokenEmbedding:
 
     With the ``entry`` the table's arrays live in, a step's rows are read from its file
     (``read_rows``) into buffers of ``max_tokens`` rows, not through the mapping: pages
-    are mapped a folio at a time (2 MiB on this machine's kernel), so a 512-token prompt
-    of random ids mapped 158 MiB of Gemma 3's 190 MiB table, a second resident copy of
-    the one ONNX Runtime packed for the tied classifier."""
+    are mapped a folio at a time (up to 2 MiB), so a prompt of random ids mapped most of
+    a large table: a second resident copy of the one ONNX Runtime packed for a tied
+    classifier (docs/performance-log.md)."""
 
     _PARTS = ("data", "scales", "zero_points", "mins")
 

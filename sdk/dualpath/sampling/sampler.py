@@ -27,8 +27,7 @@ __all__ = ["Sampler", "SamplerScratch", "SamplingParams"]
 class SamplerScratch:
     """Vocabulary-sized work buffers of ``Sampler.sample``, shared by every sampler that
     samples on one thread (the engine's: one request at a time). Per request they would
-    cost 13 bytes a vocabulary entry each (3.4 MiB at a 262k vocabulary) for every queued
-    request."""
+    cost 13 bytes a vocabulary entry each for every queued request."""
 
     def __init__(self, vocab_size: int):
         self.vocab_size = vocab_size
