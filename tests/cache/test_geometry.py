@@ -45,13 +45,13 @@ def test_q8_kv_needs_an_even_head_dim():
 
 def test_a_page_must_fit_a_block():
     """The one check and message of this rule."""
-    cfg = KVCacheConfig(block_size=4096, page_tokens=16)
+    cfg = KVCacheConfig(block_bytes=4096, page_tokens=16)
     assert pages_per_block(cfg, 1024) == 4
     assert pages_per_block(cfg, 4096) == 1
     with pytest.raises(ConfigError) as info:
         pages_per_block(cfg, 4097)
     assert str(info.value) == ("kv_cache.block_bytes=4096 cannot hold one page of page_tokens=16 tokens of "
-                               "this model (4097 bytes); raise block_size or lower page_tokens")
+                               "this model (4097 bytes); raise block_bytes or lower page_tokens")
 
 
 def test_zero_cache_tokens_means_twice_the_context_plus_spare_blocks(tmp_path):

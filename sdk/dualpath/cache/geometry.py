@@ -52,7 +52,7 @@ def pages_per_block(dp: KVCacheConfig, page_bytes: int) -> int:
     if page_bytes > dp.block_bytes:
         raise ConfigError(f"kv_cache.block_bytes={dp.block_bytes} cannot hold one page of "
                           f"page_tokens={dp.page_tokens} tokens of this model ({page_bytes} bytes); "
-                          "raise block_size or lower page_tokens")
+                          "raise block_bytes or lower page_tokens")
     return dp.block_bytes // page_bytes
 
 
