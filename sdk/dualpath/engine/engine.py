@@ -248,8 +248,11 @@ class Engine(AsyncAPI):
             try:
                 results.generated += self.outputs.make(s, rows, hidden, now, results)
             except Exception as e:  # this request's output failed: it alone ends
-                log.exception("request %s failed while its output was made", s.request.request_id)
-                results.ended.append((s.request, "abort", {"error": internal_error(s.request, e)}))
+                req = s.request
+                if req is None:  # not a request's sequence: nothing to end but the step
+                    raise
+                log.exception("request %s failed while its output was made", req.request_id)
+                results.ended.append((req, "abort", {"error": internal_error(req, e)}))
         return results
 
     def _retry_or_fail(self, req: EngineRequest, error: BaseException) -> None:
