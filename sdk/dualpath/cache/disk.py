@@ -108,7 +108,7 @@ class PrefixStore:
         self._queue: queue.Queue = queue.Queue()
         self._thread: threading.Thread | None = None
         self._root_bytes: int | None = None  # bytes of every store under root (writer thread only)
-        self._warned: set[int] = set()
+        self._warned: set[int | None] = set()  # errno of each kind of write failure logged
 
     # -- lookups (the engine's thread) -------------------------------------------
     def _index(self) -> set[bytes]:
@@ -247,7 +247,7 @@ class PrefixStore:
 
     def _write(self, page_hash: bytes, tokens: np.ndarray, data: np.ndarray) -> None:
         head = _HEAD.pack(MAGIC, self.digest, page_hash, self.page_tokens, self.num_layers, self.tile_bytes)
-        crc = zlib.crc32(data, zlib.crc32(tokens, zlib.crc32(head)))
+        crc = zlib.crc32(data.data, zlib.crc32(tokens.data, zlib.crc32(head)))  # .data: the arrays' buffers
         final = self._path(page_hash)
         tmp = None
         try:
@@ -276,6 +276,7 @@ class PrefixStore:
                 self._known.add(page_hash)
         self.stats.pages_written += 1
         self.stats.bytes_written += self.file_bytes
+        assert self._root_bytes is not None  # counted by _start_folder before the first write
         self._root_bytes += self.file_bytes
         if self._root_bytes > self.max_bytes:
             self._evict(self.max_bytes * 9 // 10)  # a margin, so that eviction does not run on every write
@@ -322,7 +323,7 @@ class StoreInfo:
 
 
 def _page_files(folder: str) -> list[tuple[float, int, str]]:
-    out = []
+    out: list[tuple[float, int, str]] = []
     try:
         names = os.listdir(folder)
     except OSError:
@@ -341,7 +342,7 @@ def _page_files(folder: str) -> list[tuple[float, int, str]]:
 def list_stores(root: str, skipped: list[tuple[str, str]] | None = None) -> list[StoreInfo]:
     """The namespace folders under ``root``. One that is a symbolic link or another
     user's is left out (so never pruned), and added to ``skipped`` as (folder, why)."""
-    out = []
+    out: list[StoreInfo] = []
     try:
         names = sorted(os.listdir(root))
     except OSError:

@@ -126,7 +126,7 @@ class BatchScheduler(SequenceSteps):
             return []
         for req, computed in results.rollbacks:
             req.computed = computed
-            self.cache.truncate(req.seq_id, computed)
+            self.cache.truncate(req.running_seq, computed)
         for parent, fork in results.forked:  # before the parent's sequence grows (at the next step)
             self.start_fork(parent, fork)
         ended = []
@@ -143,20 +143,20 @@ class BatchScheduler(SequenceSteps):
         within the prompt). With ``preempt_others``, the newest running requests not in
         the step yet are preempted until there is room."""
         tokens = req.ids[req.computed:req.computed + n].tolist() + list(draft)
-        alloc = self.cache.allocate(req.seq_id, tokens)
+        alloc = self.cache.allocate(req.running_seq, tokens)
         while isinstance(alloc, NoRoom) and preempt_others:
             victim = next((r for r in reversed(self.running) if id(r) not in step.taken and r is not req), None)
             if victim is None:
                 break
             self.preempt(victim)
-            alloc = self.cache.allocate(req.seq_id, tokens)
+            alloc = self.cache.allocate(req.running_seq, tokens)
         return alloc, tokens
 
     def _add(self, step: _Step, req: Request, alloc: Allocation, tokens: list[int], draft: int = 0) -> None:
         """The request's ``tokens`` (the last ``draft`` of them proposals) join the step."""
         every_row = req.embedding or (req.prompt_logits and req.computed < len(req.prompt_ids))
         req.computed += len(tokens) - draft  # proposals are not known tokens (yet)
-        step.plan.seqs.append(SeqStep(req, req.seq_id, tokens, alloc, req.computed == req.n and not req.embedding,
+        step.plan.seqs.append(SeqStep(req, req.running_seq, tokens, alloc, req.computed == req.n and not req.embedding,
                                       every_row, draft))
         step.taken.add(id(req))
 
@@ -297,7 +297,7 @@ class BatchScheduler(SequenceSteps):
         if parent.reserved_seqs < 1:
             raise ValueError(f"request {parent.request_id} has no slot reserved for a fork")
         child.seq_id = self.cache.new_seq_id()
-        self.cache.fork(parent.seq_id, child.seq_id)
+        self.cache.fork(parent.running_seq, child.running_seq)
         child.computed = parent.computed
         child.cached_tokens = parent.cached_tokens
         child.path = parent.path
@@ -332,7 +332,7 @@ class BatchScheduler(SequenceSteps):
         """Release the request's cache and queue it first, to be recomputed. ``for_room``:
         counted as a preemption (False: the engine retries a failed run this way)."""
         self.running.remove(req)
-        self.cache.free(req.seq_id)
+        self.cache.free(req.running_seq)
         req.seq_id = None
         req.computed = 0
         req.status = Status.WAITING
@@ -345,7 +345,7 @@ class BatchScheduler(SequenceSteps):
         """The request ended (finished or aborted): free its cache at once."""
         if req.status is Status.RUNNING:
             self.running.remove(req)
-            self.cache.free(req.seq_id)
+            self.cache.free(req.running_seq)
             req.seq_id = None
         elif req.status is Status.WAITING:
             self.waiting.remove(req)

@@ -53,7 +53,8 @@ class SequenceSteps:
         if isinstance(alloc, NoRoom):
             return alloc
         plan = StepPlan([SeqStep(None, seq_id, token_ids, alloc, True)])
-        self.arrays.fill(plan, self.cache, all_rows)
+        if self.arrays is not None:  # None: plans are not laid out (see __init__)
+            self.arrays.fill(plan, self.cache, all_rows)
         return plan
 
     def sequence_tokens(self, seq_id: int) -> int:
