@@ -19,7 +19,7 @@ from ..kernels import KVArena
 from .kernel_view import KernelView
 from .pages import PageAllocator
 from .results import NoRoom
-from .sequence import Sequence
+from .sequence import Sequence, TokenIds
 from .stats import TokenTally
 
 
@@ -71,7 +71,7 @@ class PageTables:
             seq.span_pages = -1
         self.tally.attach(seq, keep)
 
-    def grow(self, seq: Sequence, token_ids, use_extent: bool) -> Literal[True] | NoRoom:
+    def grow(self, seq: Sequence, token_ids: TokenIds, use_extent: bool) -> Literal[True] | NoRoom:
         """Pages for ``token_ids`` appended to the sequence, from its extent when
         ``use_extent`` (else from the random pool), and the tokens appended: True. Or
         NoRoom, with nothing changed."""

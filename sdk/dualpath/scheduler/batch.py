@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from ..cache.manager import Allocation, KVCacheManager, NoRoom
@@ -43,7 +44,7 @@ from ..cache.policy import PathPolicy
 from ..models.spec import ModelConfig
 from .request import Request, Status
 from .sequences import SequenceSteps
-from .step import SeqStep, StepArrays, StepPlan, StepResults
+from .step import Ended, RequestT, SeqStep, StepArrays, StepPlan, StepResults
 
 __all__ = ["BatchScheduler", "SeqStep", "Status", "StepPlan", "StepResults", "attention_tokens"]
 
@@ -114,7 +115,8 @@ class BatchScheduler(SequenceSteps):
             self.arrays.fill(step.plan, self.cache)
         return step.plan
 
-    def update_from_output(self, plan: StepPlan, results: StepResults | None = None) -> list[tuple]:
+    def update_from_output(self, plan: StepPlan,
+                           results: StepResults[RequestT] | None = None) -> list[Ended[RequestT]]:
         """After a run of ``plan``: the one place its outcome changes the cache. Commits
         every sequence's pages (full ones become shareable), rolls back rejected
         proposals, starts the forks, and frees the requests that ended. Returns the
@@ -137,7 +139,7 @@ class BatchScheduler(SequenceSteps):
         return ended
 
     def _allocate(self, step: _Step, req: Request, n: int, preempt_others: bool,
-                  draft=()) -> tuple[Allocation | NoRoom, list[int]]:
+                  draft: Iterable[int] = ()) -> tuple[Allocation | NoRoom, list[int]]:
         """Room for the request's next n tokens and the proposals ``draft``: (Allocation
         or NoRoom, the tokens). The cache's policy picks the path (the prompt's path
         within the prompt). With ``preempt_others``, the newest running requests not in
@@ -193,7 +195,7 @@ class BatchScheduler(SequenceSteps):
         # a class. A second in the queue promotes a waiting request by one class (so a
         # long document gets a slot); a running prompt is not promoted, so it never
         # holds up the short prompts behind it, and moves on with what they leave.
-        def priority(r):
+        def priority(r: Request) -> tuple[int, float]:
             chunks = -(-(r.n - r.computed) // step.chunk)
             if r.status is Status.WAITING:
                 chunks = max(1, chunks - int(now - r.arrival))
@@ -318,7 +320,7 @@ class BatchScheduler(SequenceSteps):
             return n, float(n)
         K = self.attention_tokens
 
-        def cost(n):
+        def cost(n: int) -> float:
             return n * (1.0 + (pos + n / 2.0) / K)
 
         n = want

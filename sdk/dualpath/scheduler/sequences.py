@@ -16,6 +16,8 @@ same ``update_from_output`` after the run.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from ..cache.manager import KVCacheManager, NoRoom
 from ..cache.policy import PathPolicy
 from .step import SeqStep, StepArrays, StepPlan
@@ -41,7 +43,7 @@ class SequenceSteps:
         if self.cache.policy is not policy:
             self.cache.use_policy(policy)
 
-    def open_sequence(self, prompt_ids=()) -> tuple[int, int]:
+    def open_sequence(self, prompt_ids: Iterable[int] = ()) -> tuple[int, int]:
         """A new sequence for ``prompt_ids``: (its id, leading prompt tokens already cached)."""
         seq_id = self.cache.new_seq_id()
         return seq_id, self.cache.start(seq_id, list(prompt_ids))
