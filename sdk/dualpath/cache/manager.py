@@ -341,8 +341,7 @@ class KVCacheManager:
         """KV bytes (all layers) held by sequences: pages in use plus the unused rest of
         their extents; cached and free pages excluded. Cheap enough for every step."""
         total = self.num_blocks * self.pages_per_block
-        layers: int = self.arena.num_layers  # (the C extension has no type stubs)
-        return (total - self.free_page_count()) * self.page_bytes * layers
+        return (total - self.free_page_count()) * self.page_bytes * self.geometry.num_layers  # the arena's
 
     def free_page_count(self) -> int:
         """Pages an allocation can take: free slots of RAND blocks, free blocks, cached
