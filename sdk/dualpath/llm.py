@@ -9,6 +9,7 @@ import tempfile
 import time
 import weakref
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from .completion import Completion
 from .config import Config, load_config
@@ -19,6 +20,9 @@ from .models.store import CorruptEntry, ModelStore, Progress
 from .sampling_params import SamplingParams
 from .tokenizer.chat_templates import BUILTIN as BUILTIN_CHAT_TEMPLATES
 from .versions import check_versions
+
+if TYPE_CHECKING:
+    from .executor.memory_plan import MemoryPlan
 
 log = logging.getLogger(__name__)
 
@@ -118,7 +122,7 @@ class LLM:
         from .tokenizer import build_tokenizer
 
         config = self.config
-        self.memory_plan = None
+        self.memory_plan: MemoryPlan | None = None
         """The memory plan the load was held to (executor/memory_plan.py), with a budget."""
         if config.runtime.memory_budget_mb:
             config = self.config = self._fit_budget(model_path)
@@ -273,6 +277,7 @@ class LLM:
         gen = self.stream(prompt, params)
         for _ in gen:
             pass
+        assert gen.completion is not None  # the last delta carries it (a failed request raised)
         return gen.completion
 
     def warm(self, prompt: str | Sequence[int]) -> dict:

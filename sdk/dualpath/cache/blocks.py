@@ -122,11 +122,11 @@ class BlockPool:
                     del rand_free[b]
                 self._add_live(b, 1)
                 return b * self.pages_per_block + s
-            b = self.take_block(prefer_odd=True)
-            if b is None:
+            nb = self.take_block(prefer_odd=True)
+            if nb is None:
                 return None
-            self.block_state[b] = RAND
-            self._rand_set(b, list(range(self.pages_per_block - 1, -1, -1)))
+            self.block_state[nb] = RAND
+            self._rand_set(nb, list(range(self.pages_per_block - 1, -1, -1)))
 
     def release_slot(self, page: int) -> None:
         """A page holds nothing any more: give its slot back to its block."""

@@ -40,10 +40,12 @@ import struct
 import threading
 import zlib
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from ..models import private_files as private
+from .sequence import TokenIds
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +69,7 @@ def default_root() -> str:
     return os.path.join(os.path.dirname(models_root().rstrip(os.sep)), "prefix")
 
 
-def namespace_digest(namespace: dict) -> bytes:
+def namespace_digest(namespace: dict[str, Any]) -> bytes:
     text = json.dumps({"format": FORMAT_VERSION, **namespace}, sort_keys=True)
     return hashlib.blake2b(text.encode(), digest_size=16).digest()
 
@@ -91,7 +93,7 @@ class StoreStats:
 class PrefixStore:
     """The pages of one namespace under ``root`` (see the module docstring)."""
 
-    def __init__(self, root: str, namespace: dict, *, page_tokens: int, num_layers: int, tile_bytes: int,
+    def __init__(self, root: str, namespace: dict[str, Any], *, page_tokens: int, num_layers: int, tile_bytes: int,
                  max_bytes: int):
         self.root = os.fspath(root)
         self.namespace = namespace
@@ -105,10 +107,10 @@ class PrefixStore:
         self._known: set[bytes] | None = None  # hashes on disk, listed on first use
         self._pending: set[bytes] = set()
         self._pending_bytes = 0
-        self._queue: queue.Queue = queue.Queue()
+        self._queue: queue.Queue[tuple[bytes, np.ndarray, np.ndarray] | None] = queue.Queue()
         self._thread: threading.Thread | None = None
         self._root_bytes: int | None = None  # bytes of every store under root (writer thread only)
-        self._warned: set[int] = set()
+        self._warned: set[int | None] = set()  # errno of each kind of write failure logged
 
     # -- lookups (the engine's thread) -------------------------------------------
     def _index(self) -> set[bytes]:
@@ -140,7 +142,7 @@ class PrefixStore:
     def _path(self, page_hash: bytes) -> str:
         return os.path.join(self.folder, page_hash.hex() + SUFFIX)
 
-    def read(self, page_hash: bytes, tokens) -> np.ndarray | None:
+    def read(self, page_hash: bytes, tokens: TokenIds) -> np.ndarray | None:
         """The page's bytes, (num_layers, tile_bytes) uint8, or None (absent or damaged:
         a damaged file is removed)."""
         if page_hash not in self._index():
@@ -174,7 +176,7 @@ class PrefixStore:
         start = len(buf) - self.num_layers * self.tile_bytes
         return np.frombuffer(buf, np.uint8, offset=start).reshape(self.num_layers, self.tile_bytes)
 
-    def _check(self, buf: bytes, page_hash: bytes, tokens) -> str:
+    def _check(self, buf: bytes, page_hash: bytes, tokens: TokenIds) -> str:
         if len(buf) != self.file_bytes:
             return f"{len(buf)} bytes, not {self.file_bytes} (truncated or from another layout)"
         magic, ns, h, ntok, layers, tb = _HEAD.unpack_from(buf)
@@ -207,7 +209,7 @@ class PrefixStore:
             return False
         return True
 
-    def put(self, page_hash: bytes, tokens, data: np.ndarray) -> None:
+    def put(self, page_hash: bytes, tokens: TokenIds, data: np.ndarray) -> None:
         """Queue a page (``data``: (num_layers, tile_bytes) uint8, a copy the caller gives up)."""
         with self._lock:
             self._pending.add(page_hash)
@@ -247,7 +249,7 @@ class PrefixStore:
 
     def _write(self, page_hash: bytes, tokens: np.ndarray, data: np.ndarray) -> None:
         head = _HEAD.pack(MAGIC, self.digest, page_hash, self.page_tokens, self.num_layers, self.tile_bytes)
-        crc = zlib.crc32(data, zlib.crc32(tokens, zlib.crc32(head)))
+        crc = zlib.crc32(data.data, zlib.crc32(tokens.data, zlib.crc32(head)))  # .data: the arrays' buffers
         final = self._path(page_hash)
         tmp = None
         try:
@@ -276,6 +278,7 @@ class PrefixStore:
                 self._known.add(page_hash)
         self.stats.pages_written += 1
         self.stats.bytes_written += self.file_bytes
+        assert self._root_bytes is not None  # counted by _start_folder before the first write
         self._root_bytes += self.file_bytes
         if self._root_bytes > self.max_bytes:
             self._evict(self.max_bytes * 9 // 10)  # a margin, so that eviction does not run on every write
@@ -304,7 +307,7 @@ class StoreInfo:
 
     key: str
     folder: str
-    namespace: dict
+    namespace: dict[str, Any]
     files: list[tuple[float, int, str]]
     """(mtime, bytes, path) of each page file, listed once."""
 
@@ -322,7 +325,7 @@ class StoreInfo:
 
 
 def _page_files(folder: str) -> list[tuple[float, int, str]]:
-    out = []
+    out: list[tuple[float, int, str]] = []
     try:
         names = os.listdir(folder)
     except OSError:
@@ -341,7 +344,7 @@ def _page_files(folder: str) -> list[tuple[float, int, str]]:
 def list_stores(root: str, skipped: list[tuple[str, str]] | None = None) -> list[StoreInfo]:
     """The namespace folders under ``root``. One that is a symbolic link or another
     user's is left out (so never pruned), and added to ``skipped`` as (folder, why)."""
-    out = []
+    out: list[StoreInfo] = []
     try:
         names = sorted(os.listdir(root))
     except OSError:

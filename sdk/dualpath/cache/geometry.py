@@ -10,6 +10,7 @@ table's (``kernels.KV_HEAD_DIM_MULTIPLE``, csrc/kv_arena.c), which the arena enf
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from ..config import KVCacheConfig
@@ -25,7 +26,8 @@ the partial pages of a live sequence and of the prefixes cached beside it."""
 
 def head_dim_fits(kv_dtype: str, head_dim: int) -> bool:
     """Whether the arena can cache heads of ``head_dim`` values in ``kv_dtype`` (the C table's rule)."""
-    return head_dim % KV_HEAD_DIM_MULTIPLE[kv_dtype] == 0
+    multiple: int = KV_HEAD_DIM_MULTIPLE[kv_dtype]  # (the C extension has no type stubs)
+    return head_dim % multiple == 0
 
 
 def check_head_dim(kv_dtype: str, head_dim: int) -> None:
@@ -91,7 +93,8 @@ class KVGeometry:
     @property
     def token_bytes(self) -> int:
         """One token's K and V (and q8 scales) in one layer."""
-        return kv_tile_bytes(self.kv_dtype, self.num_kv_heads, self.head_dim, 1)
+        n: int = kv_tile_bytes(self.kv_dtype, self.num_kv_heads, self.head_dim, 1)  # (untyped C extension)
+        return n
 
     @property
     def arena_bytes(self) -> int:
@@ -117,7 +120,7 @@ class KVGeometry:
 
 
 def kv_geometry(dp: KVCacheConfig, *, num_layers: int, num_kv_heads: int, head_dim: int,
-                num_blocks: int, windows=()) -> KVGeometry:
+                num_blocks: int, windows: Sequence[int] = ()) -> KVGeometry:
     """The geometry of an arena of ``num_blocks`` blocks under ``dp`` (ConfigError when the
     KV dtype cannot hold the heads, or a page does not fit a block)."""
     check_head_dim(dp.kv_dtype, head_dim)

@@ -75,7 +75,7 @@ from .pages import PageAllocator
 from .policy import Path, PathPolicy, Phase
 from .prefix import PrefixIndex
 from .results import Allocation, NoRoom
-from .sequence import Sequence
+from .sequence import Sequence, TokenIds
 from .stats import CacheStats, Occupancy, scan_occupancy
 from .windows import SlidingWindows
 
@@ -207,7 +207,7 @@ class KVCacheManager:
         """Tokens the cache holds, all sequences together."""
         return self.num_blocks * self.pages_per_block * self.page_tokens
 
-    def start(self, seq_id: int, prompt_ids, path: Path | None = None) -> int:
+    def start(self, seq_id: int, prompt_ids: TokenIds, path: Path | None = None) -> int:
         """Begin a sequence. Returns how many leading prompt tokens are already in the
         cache (reused pages): the caller runs only the rest through the model."""
         self.tables.check_new(seq_id)
@@ -243,7 +243,7 @@ class KVCacheManager:
         seq.committed = seq.num_tokens
         return seq.num_tokens
 
-    def allocate(self, seq_id: int, token_ids, path: Path | None = None) -> Allocation | NoRoom:
+    def allocate(self, seq_id: int, token_ids: TokenIds, path: Path | None = None) -> Allocation | NoRoom:
         """Room for ``token_ids`` appended to the sequence. ``path`` (SEQUENTIAL or RANDOM)
         decides where new pages come from. By default the policy decides: within the
         prompt, the request's prefill path; past it, a decode step, which first
@@ -341,7 +341,7 @@ class KVCacheManager:
         """KV bytes (all layers) held by sequences: pages in use plus the unused rest of
         their extents; cached and free pages excluded. Cheap enough for every step."""
         total = self.num_blocks * self.pages_per_block
-        return (total - self.free_page_count()) * self.page_bytes * self.arena.num_layers
+        return (total - self.free_page_count()) * self.page_bytes * self.geometry.num_layers  # the arena's
 
     def free_page_count(self) -> int:
         """Pages an allocation can take: free slots of RAND blocks, free blocks, cached

@@ -11,13 +11,15 @@ takes is the manager's to decide (cache/manager.py), not this module's.
 
 from __future__ import annotations
 
+from typing import Literal
+
 import numpy as np
 
 from ..kernels import KVArena
 from .kernel_view import KernelView
 from .pages import PageAllocator
 from .results import NoRoom
-from .sequence import Sequence
+from .sequence import Sequence, TokenIds
 from .stats import TokenTally
 
 
@@ -69,7 +71,7 @@ class PageTables:
             seq.span_pages = -1
         self.tally.attach(seq, keep)
 
-    def grow(self, seq: Sequence, token_ids, use_extent: bool) -> bool | NoRoom:
+    def grow(self, seq: Sequence, token_ids: TokenIds, use_extent: bool) -> Literal[True] | NoRoom:
         """Pages for ``token_ids`` appended to the sequence, from its extent when
         ``use_extent`` (else from the random pool), and the tokens appended: True. Or
         NoRoom, with nothing changed."""
@@ -81,7 +83,7 @@ class PageTables:
         self.tally.attach(seq, first)
         return got
 
-    def _take_pages(self, seq: Sequence, n: int, use_extent: bool) -> bool | NoRoom:
+    def _take_pages(self, seq: Sequence, n: int, use_extent: bool) -> Literal[True] | NoRoom:
         """Pages for ``n`` more tokens of the sequence, all or nothing."""
         P, pages = self.page_tokens, self.pages
         cow = bool(seq.num_tokens % P) and pages.pool.page_ref[seq.pages[-1]] > 1
@@ -171,7 +173,7 @@ class PageTables:
         self.tally.attach(child)
         return child
 
-    def move(self, seq: Sequence, extent: bool) -> bool | NoRoom:
+    def move(self, seq: Sequence, extent: bool) -> Literal[True] | NoRoom:
         """Copy the sequence's tokens into fresh pages, from a new extent when ``extent``
         (else from the random pool), bit-exact: True. Or NoRoom, with nothing changed."""
         n, P, pages = seq.num_tokens, self.page_tokens, self.pages

@@ -8,6 +8,8 @@ cached when the index holds it, else its slot goes back to its block.
 
 from __future__ import annotations
 
+import numpy as np
+
 from .blocks import BlockPool
 from .prefix import PrefixIndex
 
@@ -20,7 +22,7 @@ class PageAllocator:
         self.prefix = prefix
         self.evictions = 0
         """Cached pages dropped to make room (or by ``evict_all``)."""
-        self.released = None
+        self.released: np.ndarray | None = None
         """Per page, whether its sliding-window rows were given back (cache/windows.py),
         or None for a model without such layers: a page taken anew is whole again."""
 

@@ -14,6 +14,7 @@ import struct
 from collections import OrderedDict
 
 from ..errors import require
+from .sequence import TokenIds
 
 
 class PrefixIndex:
@@ -26,7 +27,7 @@ class PrefixIndex:
         self.page_hash: list[bytes | None] = [None] * num_pages  # (num_pages,) the page's hash, if registered
         self.lru: OrderedDict[int, None] = OrderedDict()   # cached pages nobody references, oldest first
 
-    def hash(self, parent: bytes, tokens) -> bytes:
+    def hash(self, parent: bytes, tokens: TokenIds) -> bytes:
         """The chained hash of a page holding ``tokens`` after the page hashed ``parent``
         (``b""`` for the first page)."""
         h = hashlib.blake2b(digest_size=16)

@@ -7,11 +7,16 @@ through its facade. ``span_*`` fields are the kernel view folded so far
 
 from __future__ import annotations
 
+from collections.abc import Sequence as _Seq
 from dataclasses import dataclass, field
+from typing import TypeAlias
 
 import numpy as np
 
 from .policy import Path
+
+TokenIds: TypeAlias = "_Seq[int] | np.ndarray"
+"""Token ids as the cache takes them: a list (or other sequence) of ints, or an int array."""
 
 
 @dataclass

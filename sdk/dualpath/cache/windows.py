@@ -65,7 +65,7 @@ class SlidingWindows:
         # a checkpoint k * C (k >= 1) with [k * C - W, k * C) meeting [lo, hi)
         return C > 0 and (lo // C + 1) * C < hi + W
 
-    def release(self, seq: Sequence, page_ref) -> None:
+    def release(self, seq: Sequence, page_ref: list[int]) -> None:
         """After a step: release the sequence's pages that no later query of its own
         can see and that no prefix reuse needs. O(pages newly behind the window)."""
         P = self.page_tokens

@@ -85,11 +85,14 @@ class Driver:
         """Run ``tokens`` after the sequence's, in steps of at most max_step_tokens; the last
         one's logits (vocab,), or None when the cache is full (a draft model's proposals)."""
         n = self.runner.max_step_tokens
-        logits = None
+        logits: np.ndarray | None = None
         for i in range(0, len(tokens), n):
-            logits = self.step(seq_id, [int(t) for t in tokens[i:i + n]])
-            if isinstance(logits, NoRoom):
+            out = self.step(seq_id, [int(t) for t in tokens[i:i + n]])
+            if isinstance(out, NoRoom):
                 return None
+            logits = out
+        if logits is None:
+            raise ValueError("extend needs at least one token")
         return logits[0]
 
     def open(self, prompt_ids=()) -> tuple[int, int]:
@@ -143,6 +146,7 @@ class Driver:
                              f"of {self.runner.max_context_tokens}")
         if self.seq_id is None:
             self.begin([])
+        assert self.seq_id is not None  # begin opened one
         out = self.step(self.seq_id, list(token_ids), all_logits)
         if isinstance(out, NoRoom):
             raise CacheFullError(f"KV cache full: {out.needed_pages} more pages needed, {out.free_pages} free")

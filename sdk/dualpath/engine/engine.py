@@ -240,16 +240,19 @@ class Engine(AsyncAPI):
             m.on_step(now, now - t0, plan.num_tokens, results.generated)
             return len(plan.seqs)
 
-    def _make_outputs(self, seqs: list[SeqStep], logits: np.ndarray, now: float) -> StepResults:
+    def _make_outputs(self, seqs: list[SeqStep], logits: np.ndarray, now: float) -> StepResults[EngineRequest]:
         """Every sequence's output from its rows of the run (not holding _mu): the tokens
         sampled, and what the scheduler does next (``OutputMaker.make``)."""
-        results = StepResults()
+        results: StepResults[EngineRequest] = StepResults()
         for s, rows, hidden in rows_by_seq(seqs, logits, self.runner.hidden):
             try:
                 results.generated += self.outputs.make(s, rows, hidden, now, results)
             except Exception as e:  # this request's output failed: it alone ends
-                log.exception("request %s failed while its output was made", s.request.request_id)
-                results.ended.append((s.request, "abort", {"error": internal_error(s.request, e)}))
+                req = s.request
+                if not isinstance(req, EngineRequest):  # not a request's sequence: nothing to end but the step
+                    raise
+                log.exception("request %s failed while its output was made", req.request_id)
+                results.ended.append((req, "abort", {"error": internal_error(req, e)}))
         return results
 
     def _retry_or_fail(self, req: EngineRequest, error: BaseException) -> None:

@@ -24,6 +24,8 @@ from ..sampling_params import SamplingParams
 if TYPE_CHECKING:  # imported where a handle is made: memory the synchronous API never needs
     import asyncio
 
+    from .request import EngineRequest
+
 
 @dataclass(frozen=True)
 class Delta:
@@ -78,6 +80,7 @@ class _Consumer:
         if error is not None:
             self.done = True
             raise error
+        assert delta is not None  # a sink item carries a delta or an error
         self.done = delta.finish_reason is not None
         return delta
 
@@ -89,13 +92,15 @@ class RequestHandle(_Consumer):
         import asyncio
 
         self.engine = engine
-        self.request = None
+        self.request: EngineRequest | None = None
         """The engine request (engine/request.py), set once it is queued."""
         self._loop = loop
         self._queue: asyncio.Queue = asyncio.Queue()
 
     @property
     def request_id(self) -> str:
+        if self.request is None:
+            raise AttributeError("request_id: the request is not queued yet")
         return self.request.request_id
 
     @property

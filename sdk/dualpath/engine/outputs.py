@@ -133,7 +133,9 @@ class OutputMaker:
             return req, "stop", {"stop_reason": token}
         req.append(token)
         if req.logprobs is not None:
-            req.logprobs.append((token, *req.sampler.last_logprobs))
+            last = req.sampler.last_logprobs
+            assert last is not None  # the sampler keeps them whenever params.logprobs is set
+            req.logprobs.append((token, *last))
         text, stop = req.stream.push(token)
         if stop is not None:
             return req, "stop", {"stop_reason": stop, "text": text, "token": token}
@@ -144,7 +146,7 @@ class OutputMaker:
         if req.n >= req.context_tokens:
             return req, "context_full", {"text": text, "token": token}
         if req.sink is not None:
-            req.sink(Delta(text, (token,), logprobs=req.logprobs[-1:] if req.logprobs is not None else ()), None)
+            req.sink(Delta(text, (token,), logprobs=tuple(req.logprobs[-1:]) if req.logprobs is not None else ()), None)
         return None
 
     def _prompt_logprobs(self, req: EngineRequest, rows: np.ndarray, pos0: int) -> None:
@@ -173,18 +175,20 @@ class OutputMaker:
     def _pool(self, req: EngineRequest, rows: np.ndarray, pos0: int):
         """Fold a chunk's hidden rows (n, dim) into an embedding request; at its last
         chunk return its end (as ``_advance`` does)."""
+        pooled = req.pooled  # (dim,) updated in place
+        assert pooled is not None  # set with ``embedding`` (Engine._new_request)
         if pos0 == 0:  # the first chunk (again, after a preemption)
-            req.pooled[:] = 0.0
+            pooled[:] = 0.0
         if req.pooling == "mean":
-            req.pooled += rows.sum(axis=0, dtype=np.float64)
+            pooled += rows.sum(axis=0, dtype=np.float64)
         elif req.pooling == "cls" and pos0 == 0:
-            req.pooled[:] = rows[0]
+            pooled[:] = rows[0]
         if req.computed < req.n:
             return None
         if req.pooling == "last":
-            req.pooled[:] = rows[-1]
+            pooled[:] = rows[-1]
         elif req.pooling == "mean":
-            req.pooled /= req.n
+            pooled /= req.n
         if req.first_token_time is None:
             req.first_token_time = time.perf_counter()
         return req, "stop", {}

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import numpy as np
+
 from ..completion import Completion
 from ..errors import InternalError
 from ..sampling.sampler import Sampler, SamplerScratch
@@ -38,6 +40,13 @@ class EngineRequest(Request):
         sampling its own first token from the same logits."""
         self.fork_of: EngineRequest | None = None
         """For such a fork: the request it is waiting to be forked from (None once forked)."""
+        self.prompt_logprobs: list[tuple[int, float, tuple]] = []
+        """With ``prompt_logits``: per prompt token after the first, (token_id, logprob,
+        top alternatives), filled chunk by chunk (engine/outputs.py)."""
+        self.pooling: str | None = None
+        """For an embedding (``embedding``): ``"mean"``, ``"cls"`` or ``"last"``."""
+        self.pooled: np.ndarray | None = None
+        """For an embedding: (dim,) f64, the running sum or pick of the final hidden states."""
 
 
 def internal_error(req: Request, cause: BaseException) -> InternalError:

@@ -329,7 +329,7 @@ def create_sessions(parts: list[PartFile], num_threads: int, spinning: bool = Tr
     else:
         with ThreadPoolExecutor(workers, thread_name_prefix="dualpath-load") as ex:
             made_in_order = list(ex.map(create, [parts[i] for i in order]))
-    made = [None] * len(parts)
+    made = list(made_in_order)  # every slot is overwritten: back in the parts' order
     for i, m in zip(order, made_in_order):
         made[i] = m
     # every add_initializer OrtValue is kept alive with the sessions

@@ -102,5 +102,7 @@ class ProfileSets:
             if sp not in self.sets:
                 sessions = create_sessions(parts, sp.num_threads, False, None, per_session_pools=True,
                                            progress=progress, entry=entry)
+                if self._make_stepper is None:
+                    raise RuntimeError("PlacementSets.rebuild before attach")
                 self.sets[sp] = (sessions, self._make_stepper(ThreadPool(sp.num_threads), sessions))
                 self._caller_cpus[sp] = self.home

@@ -10,6 +10,9 @@ layer and nothing is rebound but the sizes that changed.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import numpy as np
 
 from ..kernels import ArenaStepper, LMatmul, QMatmul, lform_rows, read_rows
@@ -93,7 +96,7 @@ class StepBinding:
         self._per_token: list[tuple] = []  # names with T rows
         self._per_row: list[tuple] = []    # names with R rows (the last part's)
         self._kernels: list[KernelRun] = []
-        self.plan = []
+        self.plan: list[tuple[Callable[[Any], Any], Any, int]] = []
         """(run, its argument, layer) in order, built once: after run(argument), attention of
         ``layer`` when it is not -1. A step creates no objects per layer."""
         h = [buf.h_a, buf.h_b]  # the part's residual in, and out (parts swap them)
@@ -110,6 +113,8 @@ class StepBinding:
 
         def products(steps, shapes: dict) -> None:
             for step in steps:
+                if spec is None:
+                    raise ValueError("a part with our kernels' products needs the model spec")
                 x, _, per_row = array(step.input, shapes)
                 outs = [(spec.weights[w].source_type, spec.weights[w].data, array(o, shapes)[0])
                         for w, o in zip(step.weights, step.outputs)]
@@ -135,7 +140,8 @@ class StepBinding:
                 h.reverse()
         self._ids, self._h0 = buf.ids, buf.h_a
         self.num_tokens = self.num_rows = 0  # nothing bound yet
-        self.ids = self.h0 = None
+        self.ids: np.ndarray = self._ids[:0]  # (T,) the bound step's token ids
+        self.h0: np.ndarray = self._h0[:0]    # (T, dim) its first residual
 
     def resize(self, num_tokens: int, num_rows: int) -> None:
         """Bind for a step of ``num_tokens`` tokens and ``num_rows`` logits rows: only the
@@ -205,6 +211,8 @@ class TokenEmbedding:
         elif self._fast:
             _embed(ids, e.data, e.scales, e.dtype, out)
         else:
+            if e.scales is None:
+                raise ValueError(f"embedding table {e.name} ({e.dtype}) has no scales")
             gather_rows(e.data, e.scales, e.zero_points, e.mins, e.bits, e.block_size, ids, out)
         if self._scale != 1.0:
             np.multiply(out, self._scale, out=out)

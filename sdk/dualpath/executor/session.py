@@ -71,6 +71,7 @@ class ModelRunner:
         self._kernel = kernel
         self._int8_act = accuracy_level == 4  # our products' activations, as MatMulNBits' at that level
         self.buffers = StepBuffers(cfg, arrays)
+        self.sessions: SessionSet  # set by _load: the default session set
         parts, session_sets, remove = self._load(accuracy_level, num_threads, spinning, ort_pools, progress)
         self._embed = TokenEmbedding(self.spec.weights["token_embd"], cfg.embed_scale, self.max_step_tokens,
                                      self.spec.entry)
@@ -92,14 +93,15 @@ class ModelRunner:
         """Once, after building a governed runner (nothing to do without a governor): check
         every session set's placement (``ProfileSets``), ``warm_up(session_spec)`` running a
         step on each, and swap in the fallback sets the governor's plans now need."""
-        if self._placement is None:
+        profiles = self._profiles
+        if self._placement is None or profiles is None:  # (a placement is kept only with profiles)
             return
         parts, progress, remove = self._placement
         self._placement = None
         try:
-            if self._profiles.check_placement(warm_up):
+            if profiles.check_placement(warm_up):
                 self._bindings.clear()  # keyed by id(sessions): no binding may outlive its set
-                self._profiles.rebuild(parts, progress, self.spec.entry)
+                profiles.rebuild(parts, progress, self.spec.entry)
                 self.sessions, self.kv = next(iter(self._sets.values()))
         finally:
             if remove is not None:
@@ -179,6 +181,8 @@ class ModelRunner:
         S = len(plan.seqs)
         if not 1 <= S <= self.max_num_seqs:
             raise ValueError(f"a step takes 1..{self.max_num_seqs} sequences, got {S}")
+        if plan.layout is None:
+            raise ValueError("the plan is not laid out (StepArrays.fill)")
         T, R, prefill, num_seqs, num_spans = plan.layout
         logits = self._execute(T, max(R, 1), prefill, num_seqs, num_spans, session_spec)
         return logits[:R]
@@ -200,6 +204,8 @@ class ModelRunner:
             # The power plan's set: a step never changes session set midway.
             sp = plan.prefill_spec if prefill else plan.decode_spec
         if sp is not None:
+            if self._profiles is None:
+                raise ValueError(f"session set {sp} named, but this runner has no governor")
             sessions, kv_stepper = self._profiles.select(sp)
         binding = self._binding(T, R, sessions, kv_stepper.pool)
         self._embed(binding.ids, binding.h0)

@@ -58,6 +58,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -238,6 +239,12 @@ class Matcher:
         return _one_line([self._m.get_error() or "rejected"])
 
 
+class _LLMatcherProto(Protocol):
+    """The part of llguidance's ``LLMatcher`` a ``Grammar`` uses (llguidance is imported lazily)."""
+
+    def deep_copy(self) -> Any: ...
+
+
 @dataclass(frozen=True, eq=False)
 class Grammar:
     """A compiled constraint; shared by every request that asks for the same one."""
@@ -246,7 +253,7 @@ class Grammar:
     """``"json_object"``, ``"json_schema"`` or ``"tool_call"``."""
     tool_names: tuple[str, ...]
     """The tools a ``tool_call`` grammar lets the model call, in the request's order."""
-    _proto: object = field(repr=False)
+    _proto: _LLMatcherProto = field(repr=False)
     """An llguidance matcher at the start; every new matcher is a copy, not a rebuild."""
     _num_llg_tokens: int = field(repr=False)
     _vocab_size: int = field(repr=False)

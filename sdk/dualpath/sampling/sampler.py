@@ -66,7 +66,8 @@ class Sampler:
                 raise SamplingParamsError(f"logit_bias names token {top if top < 1 << 64 else 'over 2^64'}, "
                                           f"outside the vocabulary (0..{vocab_size - 1})")
             ids = np.array([t for t, _ in params.logit_bias], np.int64)
-            self._bias = (ids, np.array([b for _, b in params.logit_bias], np.float32))
+            biases = np.array([b for _, b in params.logit_bias], np.float32)
+            self._bias: tuple[np.ndarray, np.ndarray] | None = (ids, biases)
         else:
             self._bias = None
         self.last_logprobs: tuple | None = None
@@ -85,7 +86,7 @@ class Sampler:
         work = self._logits
         np.copyto(work, logits, casting="same_kind")
         self._penalise(work, history)
-        if self._seen and (p.presence_penalty or p.frequency_penalty):
+        if self._seen and self._counts is not None and (p.presence_penalty or p.frequency_penalty):
             seen = np.array(self._seen, np.int64)
             work[seen] -= p.presence_penalty + p.frequency_penalty * self._counts[seen]
         if self._bias is not None:
@@ -93,7 +94,7 @@ class Sampler:
         if mask_bias is not None:
             np.add(work, mask_bias, out=work)
         if p.logprobs is not None:
-            lse, top_ids = self._log_normaliser(work)
+            lse, top_ids = self._log_normaliser(work, p.logprobs)
             top = tuple((int(i), float(work[i] - lse)) for i in top_ids)
         token = self._draw(work)
         if p.logprobs is not None:
@@ -104,14 +105,14 @@ class Sampler:
             self._counts[token] += 1
         return token
 
-    def _log_normaliser(self, work: np.ndarray) -> tuple[float, np.ndarray]:
+    def _log_normaliser(self, work: np.ndarray, logprobs: int) -> tuple[float, np.ndarray]:
         """log(sum(exp(work))) and the ids of the ``logprobs`` largest logits, largest first."""
         top = float(work.max())
         buf = self._cdf
         np.subtract(work, top, out=buf)
         np.exp(buf, out=buf)
         lse = top + math.log(float(buf.sum()))
-        k = min(self.params.logprobs, self.vocab_size)
+        k = min(logprobs, self.vocab_size)
         if k == 0:
             return lse, np.empty(0, np.int64)
         ids = np.argpartition(work, self.vocab_size - k)[self.vocab_size - k:]

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from ..cache.manager import Allocation, KVCacheManager, NoRoom
@@ -43,7 +44,7 @@ from ..cache.policy import PathPolicy
 from ..models.spec import ModelConfig
 from .request import Request, Status
 from .sequences import SequenceSteps
-from .step import SeqStep, StepArrays, StepPlan, StepResults
+from .step import Ended, RequestT, SeqStep, StepArrays, StepPlan, StepResults
 
 __all__ = ["BatchScheduler", "SeqStep", "Status", "StepPlan", "StepResults", "attention_tokens"]
 
@@ -114,7 +115,8 @@ class BatchScheduler(SequenceSteps):
             self.arrays.fill(step.plan, self.cache)
         return step.plan
 
-    def update_from_output(self, plan: StepPlan, results: StepResults | None = None) -> list[tuple]:
+    def update_from_output(self, plan: StepPlan,
+                           results: StepResults[RequestT] | None = None) -> list[Ended[RequestT]]:
         """After a run of ``plan``: the one place its outcome changes the cache. Commits
         every sequence's pages (full ones become shareable), rolls back rejected
         proposals, starts the forks, and frees the requests that ended. Returns the
@@ -126,7 +128,7 @@ class BatchScheduler(SequenceSteps):
             return []
         for req, computed in results.rollbacks:
             req.computed = computed
-            self.cache.truncate(req.seq_id, computed)
+            self.cache.truncate(req.running_seq, computed)
         for parent, fork in results.forked:  # before the parent's sequence grows (at the next step)
             self.start_fork(parent, fork)
         ended = []
@@ -137,26 +139,26 @@ class BatchScheduler(SequenceSteps):
         return ended
 
     def _allocate(self, step: _Step, req: Request, n: int, preempt_others: bool,
-                  draft=()) -> tuple[Allocation | NoRoom, list[int]]:
+                  draft: Iterable[int] = ()) -> tuple[Allocation | NoRoom, list[int]]:
         """Room for the request's next n tokens and the proposals ``draft``: (Allocation
         or NoRoom, the tokens). The cache's policy picks the path (the prompt's path
         within the prompt). With ``preempt_others``, the newest running requests not in
         the step yet are preempted until there is room."""
         tokens = req.ids[req.computed:req.computed + n].tolist() + list(draft)
-        alloc = self.cache.allocate(req.seq_id, tokens)
+        alloc = self.cache.allocate(req.running_seq, tokens)
         while isinstance(alloc, NoRoom) and preempt_others:
             victim = next((r for r in reversed(self.running) if id(r) not in step.taken and r is not req), None)
             if victim is None:
                 break
             self.preempt(victim)
-            alloc = self.cache.allocate(req.seq_id, tokens)
+            alloc = self.cache.allocate(req.running_seq, tokens)
         return alloc, tokens
 
     def _add(self, step: _Step, req: Request, alloc: Allocation, tokens: list[int], draft: int = 0) -> None:
         """The request's ``tokens`` (the last ``draft`` of them proposals) join the step."""
         every_row = req.embedding or (req.prompt_logits and req.computed < len(req.prompt_ids))
         req.computed += len(tokens) - draft  # proposals are not known tokens (yet)
-        step.plan.seqs.append(SeqStep(req, req.seq_id, tokens, alloc, req.computed == req.n and not req.embedding,
+        step.plan.seqs.append(SeqStep(req, req.running_seq, tokens, alloc, req.computed == req.n and not req.embedding,
                                       every_row, draft))
         step.taken.add(id(req))
 
@@ -193,7 +195,7 @@ class BatchScheduler(SequenceSteps):
         # a class. A second in the queue promotes a waiting request by one class (so a
         # long document gets a slot); a running prompt is not promoted, so it never
         # holds up the short prompts behind it, and moves on with what they leave.
-        def priority(r):
+        def priority(r: Request) -> tuple[int, float]:
             chunks = -(-(r.n - r.computed) // step.chunk)
             if r.status is Status.WAITING:
                 chunks = max(1, chunks - int(now - r.arrival))
@@ -297,7 +299,7 @@ class BatchScheduler(SequenceSteps):
         if parent.reserved_seqs < 1:
             raise ValueError(f"request {parent.request_id} has no slot reserved for a fork")
         child.seq_id = self.cache.new_seq_id()
-        self.cache.fork(parent.seq_id, child.seq_id)
+        self.cache.fork(parent.running_seq, child.running_seq)
         child.computed = parent.computed
         child.cached_tokens = parent.cached_tokens
         child.path = parent.path
@@ -318,7 +320,7 @@ class BatchScheduler(SequenceSteps):
             return n, float(n)
         K = self.attention_tokens
 
-        def cost(n):
+        def cost(n: int) -> float:
             return n * (1.0 + (pos + n / 2.0) / K)
 
         n = want
@@ -332,7 +334,7 @@ class BatchScheduler(SequenceSteps):
         """Release the request's cache and queue it first, to be recomputed. ``for_room``:
         counted as a preemption (False: the engine retries a failed run this way)."""
         self.running.remove(req)
-        self.cache.free(req.seq_id)
+        self.cache.free(req.running_seq)
         req.seq_id = None
         req.computed = 0
         req.status = Status.WAITING
@@ -345,7 +347,7 @@ class BatchScheduler(SequenceSteps):
         """The request ended (finished or aborted): free its cache at once."""
         if req.status is Status.RUNNING:
             self.running.remove(req)
-            self.cache.free(req.seq_id)
+            self.cache.free(req.running_seq)
             req.seq_id = None
         elif req.status is Status.WAITING:
             self.waiting.remove(req)

@@ -72,6 +72,13 @@ class Request:
         the last known token, each with its logits row; the engine keeps those its samples
         agree with and the cache rolls back the rest."""
 
+    @property
+    def running_seq(self) -> int:
+        """``seq_id`` of a request that holds cache (RUNNING); raises for one that holds none."""
+        if self.seq_id is None:
+            raise RuntimeError(f"request {self.request_id} holds no cache sequence")
+        return self.seq_id
+
     def append(self, token: int) -> None:
         """A generated token becomes known (its KV is computed by the next step)."""
         self.generated.append(token)

@@ -16,6 +16,8 @@ same ``update_from_output`` after the run.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from ..cache.manager import KVCacheManager, NoRoom
 from ..cache.policy import PathPolicy
 from .step import SeqStep, StepArrays, StepPlan
@@ -41,7 +43,7 @@ class SequenceSteps:
         if self.cache.policy is not policy:
             self.cache.use_policy(policy)
 
-    def open_sequence(self, prompt_ids=()) -> tuple[int, int]:
+    def open_sequence(self, prompt_ids: Iterable[int] = ()) -> tuple[int, int]:
         """A new sequence for ``prompt_ids``: (its id, leading prompt tokens already cached)."""
         seq_id = self.cache.new_seq_id()
         return seq_id, self.cache.start(seq_id, list(prompt_ids))
@@ -53,7 +55,8 @@ class SequenceSteps:
         if isinstance(alloc, NoRoom):
             return alloc
         plan = StepPlan([SeqStep(None, seq_id, token_ids, alloc, True)])
-        self.arrays.fill(plan, self.cache, all_rows)
+        if self.arrays is not None:  # None: plans are not laid out (see __init__)
+            self.arrays.fill(plan, self.cache, all_rows)
         return plan
 
     def sequence_tokens(self, seq_id: int) -> int:

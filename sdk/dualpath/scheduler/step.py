@@ -11,12 +11,21 @@ the runner never needs the cache: it gets the plan and the arena's memory.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import TYPE_CHECKING, Any, Generic, NamedTuple, TypeVar
 
 import numpy as np
 
 from ..cache.manager import Allocation
 from .request import Request
+
+if TYPE_CHECKING:
+    from ..cache.manager import KVCacheManager
+
+RequestT = TypeVar("RequestT", bound=Request)
+"""The request type a step's results carry (the engine's: engine/request.py)."""
+
+Ended = tuple[RequestT, str, dict[str, Any]]
+"""A request that ended in a step: (request, finish_reason, ``Engine._end`` keywords)."""
 
 __all__ = ["SeqStep", "StepArrays", "StepLayout", "StepPlan", "StepResults"]
 
@@ -82,15 +91,15 @@ class StepPlan:
 
 
 @dataclass
-class StepResults:
+class StepResults(Generic[RequestT]):
     """What a step's outputs ask of the cache (``update_from_output``): the output maker
     returns them instead of touching the cache."""
 
-    rollbacks: list[tuple[Request, int]] = field(default_factory=list)
+    rollbacks: list[tuple[RequestT, int]] = field(default_factory=list)
     """(request, known tokens whose KV stays): speculative proposals rejected after them."""
-    forked: list = field(default_factory=list)
+    forked: list[tuple[RequestT, RequestT]] = field(default_factory=list)
     """Forks whose parent's prompt was just computed: they start now."""
-    ended: list[tuple] = field(default_factory=list)
+    ended: list[Ended[RequestT]] = field(default_factory=list)
     """(request, finish_reason, end keywords) of the requests that ended: their cache is freed."""
     generated: int = 0
     """Tokens sampled."""
@@ -117,7 +126,7 @@ class StepArrays:
         # sequence with proposals (speculative decoding), hence room for a row each.
         self.seqs = np.zeros((max(1, max_num_seqs) + T, 5), np.int64)
 
-    def fill(self, plan: StepPlan, cache, all_rows: bool = False) -> StepLayout:
+    def fill(self, plan: StepPlan, cache: KVCacheManager, all_rows: bool = False) -> StepLayout:
         """Lay ``plan`` out (every row with ``all_rows``, else each sequence's
         ``SeqStep.num_rows``) and record it in ``plan.layout``."""
         row = R = span = E = 0

@@ -88,10 +88,10 @@ def parse_structured(response_format, tools, tool_choice) -> GrammarRequest | No
         return GrammarRequest("tool_call", tools=tuple(parsed_tools.values()))
     if isinstance(tool_choice, dict):
         fn = tool_choice.get("function")
-        _require(tool_choice.get("type") == "function" and isinstance(fn, dict)
-                 and isinstance(fn.get("name"), str), "tool_choice",
-                 "must be 'none', 'auto', 'required' or {\"type\": \"function\", \"function\": {\"name\": ...}}")
-        name = fn["name"]
+        name = fn.get("name") if isinstance(fn, dict) else None
+        if tool_choice.get("type") != "function" or not isinstance(name, str):
+            raise StructuredOutputError("tool_choice", "must be 'none', 'auto', 'required' or "
+                                                       "{\"type\": \"function\", \"function\": {\"name\": ...}}")
         _require(name in parsed_tools, "tool_choice.function.name",
                  f"{name!r} is not among the tools ({', '.join(map(repr, parsed_tools)) or 'none given'})")
         return GrammarRequest("tool_call", tools=(parsed_tools[name],))
