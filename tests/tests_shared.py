@@ -20,19 +20,27 @@ def require_file(path: Path) -> Path:
     return path
 
 
-def write_gguf_with_chat_template(src: Path, dst: Path, template: str) -> Path:
-    """Copy GGUF ``src`` to ``dst`` field by field and tensor by tensor, adding ``tokenizer.chat_template``."""
+def copy_gguf(src: Path, dst: Path, fields: dict | None = None) -> Path:
+    """Copy GGUF ``src`` to ``dst`` field by field and tensor by tensor; ``fields`` maps a
+    key to (value, GGUFValueType), replacing the key's value where ``src`` has it, else
+    added after the others."""
     import gguf
 
+    fields = dict(fields or {})
     reader = gguf.GGUFReader(str(src))
     writer = gguf.GGUFWriter(str(dst), reader.fields["general.architecture"].contents())
     for key, field in reader.fields.items():
         if key.startswith("GGUF.") or key == "general.architecture":
             continue  # GGUFWriter writes these itself
+        if key in fields:
+            value, vtype = fields.pop(key)
+            writer.add_key_value(key, value, vtype)
+            continue
         vtype = field.types[0]
         sub_type = field.types[-1] if vtype == gguf.GGUFValueType.ARRAY else None
         writer.add_key_value(key, field.contents(), vtype, sub_type=sub_type)
-    writer.add_string("tokenizer.chat_template", template)
+    for key, (value, vtype) in fields.items():
+        writer.add_key_value(key, value, vtype)
     for t in reader.tensors:  # t.data is (ne1, ne0) row-major, as GGUFWriter wants it
         writer.add_tensor(t.name, t.data, raw_dtype=t.tensor_type)
     writer.write_header_to_file()
@@ -40,6 +48,13 @@ def write_gguf_with_chat_template(src: Path, dst: Path, template: str) -> Path:
     writer.write_tensors_to_file()
     writer.close()
     return dst
+
+
+def write_gguf_with_chat_template(src: Path, dst: Path, template: str) -> Path:
+    """Copy GGUF ``src`` to ``dst``, adding ``tokenizer.chat_template``."""
+    import gguf
+
+    return copy_gguf(src, dst, {"tokenizer.chat_template": (template, gguf.GGUFValueType.STRING)})
 
 
 NEAR_TIE = 0.05

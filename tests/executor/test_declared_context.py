@@ -19,31 +19,15 @@ from dualpath.config import load_config
 from dualpath.errors import ConfigError
 from dualpath.executor import memory_plan as mp
 from dualpath.models.store import ModelStore
+from tests_shared import copy_gguf
 
 DECLARED = [1 << 24, (1 << 32) - 1, 1 << 62]
 
 
 def _with_context(src, dst, context_length: int):
-    """``src`` (stories260K.gguf) copied field by field with ``llama.context_length`` replaced."""
-    reader = gguf.GGUFReader(str(src))
-    writer = gguf.GGUFWriter(str(dst), reader.fields["general.architecture"].contents())
-    for key, field in reader.fields.items():
-        if key.startswith("GGUF.") or key == "general.architecture":
-            continue
-        vtype = field.types[0]
-        value = field.contents()
-        if key == "llama.context_length":
-            value = context_length
-            vtype = gguf.GGUFValueType.UINT32 if context_length < 1 << 32 else gguf.GGUFValueType.UINT64
-        writer.add_key_value(key, value, vtype,
-                             sub_type=field.types[-1] if vtype == gguf.GGUFValueType.ARRAY else None)
-    for t in reader.tensors:
-        writer.add_tensor(t.name, t.data, raw_dtype=t.tensor_type)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return dst
+    """``src`` (stories260K.gguf) copied with ``llama.context_length`` replaced."""
+    vtype = gguf.GGUFValueType.UINT32 if context_length < 1 << 32 else gguf.GGUFValueType.UINT64
+    return copy_gguf(src, dst, {"llama.context_length": (context_length, vtype)})
 
 
 @pytest.fixture(scope="module", params=DECLARED, ids=["2^24", "2^32-1", "2^62"])
