@@ -123,13 +123,9 @@ def model_or_default(model: str | None, context_length: int | None = None) -> st
 
 def peak_rss_mb() -> float:
     """This process's peak resident memory so far, in MiB (VmHWM on Linux, else ru_maxrss)."""
-    try:  # VmHWM: getrusage's ru_maxrss carries the parent's peak over fork and exec
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) / 1024.0
-    except OSError:
-        pass
+    peak = process_peak_rss_mb("self")  # getrusage's ru_maxrss carries the parent's peak over fork and exec
+    if peak is not None:
+        return peak
     import resource
 
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
@@ -170,10 +166,10 @@ def metric(text: str, name: str, labels: str = "") -> float:
     raise KeyError(prefix.strip())
 
 
-def process_peak_rss_mb(pid: int, field: str = "VmHWM") -> float | None:
-    """Peak resident memory of a live process (``VmHWM`` of /proc/PID/status; ``VmRSS``:
-    its resident memory now), in MiB; None where /proc does not say (not Linux, or the
-    process is gone)."""
+def process_peak_rss_mb(pid: int | str, field: str = "VmHWM") -> float | None:
+    """Peak resident memory of a live process, or of this one with pid "self" (``VmHWM`` of
+    /proc/PID/status; ``VmRSS``: its resident memory now), in MiB; None where /proc does
+    not say (not Linux, or the process is gone)."""
     try:
         with open(f"/proc/{pid}/status") as f:
             for line in f:
