@@ -28,5 +28,5 @@ __version__ = "0.1.0"
 __all__ = [
     "LLM", "Chat", "SamplingParams", "Completion", "Usage", "Timings", "Config", "KVCacheConfig", "RuntimeConfig",
     "DualPathConfig", "load_config", "DualPathError", "ModelLoadError", "ConfigError", "SamplingParamsError",
-    "PromptTooLongError", "InvalidPromptError", "TokenizerError", "ChatTemplateError",
+    "PromptTooLongError", "InvalidPromptError", "TokenizerError", "ChatTemplateError", "ModelTaskError",
 ]

@@ -38,6 +38,11 @@ class PromptTooLongError(InvalidPromptError):
     """The prompt does not fit in the context window."""
 
 
+class ModelTaskError(DualPathError, ValueError):
+    """The model cannot do what was asked of it: text generation from an embedding-only model
+    (an encoder such as BERT), or embeddings from a model that has no embedding path."""
+
+
 class TokenizerError(DualPathError, ValueError):
     """A tokenizer description is unusable (missing vocabulary, bad ids)."""
 

@@ -11,6 +11,8 @@ import weakref
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from .completion import Completion
 from .config import Config, load_config
 from .engine.engine import Engine, SyncStream
@@ -22,6 +24,7 @@ from .tokenizer.chat_templates import BUILTIN as BUILTIN_CHAT_TEMPLATES
 from .versions import check_versions
 
 if TYPE_CHECKING:
+    from .executor.encoder import EncoderRunner
     from .executor.memory_plan import MemoryPlan
 
 log = logging.getLogger(__name__)
@@ -134,6 +137,19 @@ class LLM:
         self.load_stats["tokenizer_s"] = time.perf_counter() - t1
         rss["tokenizer"] = resident_mb()
         rt = config.runtime
+        self.encoder: EncoderRunner | None = None
+        """The encoder's runner (``embed``) when the model is one; it then has no engine."""
+        if not self.spec.config.causal:
+            from .executor.encoder import EncoderRunner
+
+            self.governor, self.prefix_store = None, None
+            self.encoder = EncoderRunner(self.spec, rt.effective_num_threads(), rt.quantized_matmul_accuracy)
+            rss["sessions"] = resident_mb()
+            self.load_stats["total_s"] = time.perf_counter() - t0
+            log.info("loaded encoder %s (%s, %d layers, dim %d, pooling %s) in %.2fs", model_path,
+                     self.spec.config.arch, self.spec.config.num_layers, self.spec.config.dim, self.pooling,
+                     self.load_stats["total_s"])
+            return
         ctx = self._context()
         self.governor = governor if governor is not None else _make_governor(config)
         """The power-aware governor (platform.Governor), or None on uniform cores."""
@@ -257,7 +273,39 @@ class LLM:
 
     @property
     def context_tokens(self) -> int:
+        if self.encoder is not None:
+            return self.encoder.context_tokens
         return self.engine.runner.max_context_tokens
+
+    @property
+    def pooling(self) -> str:
+        """How ``embed`` makes one vector of a text's states: the file's ``pooling_type``
+        (``mean``, ``cls``, ``last``; ``none``: a vector per token)."""
+        return str(self.spec.metadata.get("pooling", "mean"))
+
+    def embed(self, texts: str | Sequence[str], *, normalize: bool = True, truncate: bool = False):
+        """Embeddings of ``texts`` from an embedding model (an encoder: BERT, nomic-bert):
+        a (len(texts), dim) float32 array, one L2-normalised row per text (``normalize``) pooled
+        as the file says (``pooling``); a single string gives one (dim,) row. With pooling
+        ``none``, a list of (tokens, dim) arrays instead. A text longer than the encoder's
+        positions raises ``PromptTooLongError`` unless ``truncate`` (its first positions are
+        kept, as llama.cpp's ``embed`` does)."""
+        from .errors import ModelTaskError
+
+        if self.encoder is None:
+            raise ModelTaskError(f"{os.path.basename(str(self.spec.path))} is a {self.spec.config.arch} "
+                                 "text-generation model: LLM.embed needs an embedding model (an encoder such as "
+                                 "bert or nomic-bert); decoder embedders are not supported by LLM.embed yet")
+        single = isinstance(texts, str)
+        items = [texts] if isinstance(texts, str) else list(texts)
+        ids = [self.tokenizer.encode(t) for t in items]
+        if truncate:
+            ids = [t[:self.encoder.context_tokens] for t in ids]
+        vectors = self.encoder.embed(ids, self.pooling, normalize)
+        if self.pooling == "none":
+            return vectors[0] if single else vectors
+        out = np.stack(vectors) if vectors else np.empty((0, self.spec.config.dim), np.float32)
+        return out[0] if single else out
 
     # -- tokens ----------------------------------------------------------------
     def tokenize(self, text: str, add_bos: bool | None = None) -> list[int]:
@@ -270,6 +318,11 @@ class LLM:
     def stream(self, prompt: str | Sequence[int], params: SamplingParams | None = None) -> Generation:
         """Text deltas as they are generated; the returned object's ``completion``
         holds the full result once iteration ends."""
+        if self.encoder is not None:
+            from .errors import ModelTaskError
+
+            raise ModelTaskError(f"{os.path.basename(str(self.spec.path))} is an embedding model "
+                                 f"({self.spec.config.arch}, an encoder): it cannot generate text; use LLM.embed")
         ids = self.tokenize(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
         return Generation(self.engine, ids, params or SamplingParams())
 

@@ -275,3 +275,49 @@ def _read_parts(folder: str, spec: ModelSpec) -> list[PartFile] | None:
         log.warning("discarding cached graphs %s (%s); building them again", folder, e)
         return None
     return parts
+
+
+ENCODER_VERSION = 1
+"""Bump when graph/encoder.py changes the graph: older encoder folders are then never read."""
+
+
+def encoder_graph(spec: ModelSpec, accuracy_level: int) -> PartFile:
+    """The one graph of an encoder (graph/encoder.py) in ``spec``'s cache entry, folder
+    ``encoder-v{ENCODER_VERSION}-o{OPSET}-a{accuracy}``: built (which imports onnx) when absent."""
+    name = f"encoder-v{ENCODER_VERSION}-o{OPSET}-a{accuracy_level}"
+    for _ in range(2):
+        folder = spec.entry.derived(name, lambda tmp: _write_encoder(spec, accuracy_level, tmp))
+        try:
+            with open(os.path.join(folder, "encoder.json"), encoding="utf-8") as f:
+                doc = json.load(f)
+            path = os.path.join(folder, "encoder.onnx")
+            if not os.path.isfile(path):
+                raise ValueError("encoder.onnx is missing")
+            weights = {}
+            for key in doc["weights"]:
+                owner, _, kind = key.rpartition(".")
+                weights[key] = spec.weights[owner].arrays()[kind]
+            return PartFile(0, path, tuple(doc["inputs"]), tuple(doc["outputs"]), weights, bool(doc["prepack"]))
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            log.warning("discarding cached encoder graph %s (%s); building it again", folder, e)
+            shutil.rmtree(folder, ignore_errors=True)
+    raise RuntimeError(f"the encoder graph in {folder} cannot be read back after writing it")
+
+
+def _write_encoder(spec: ModelSpec, accuracy_level: int, folder: str) -> None:
+    try:
+        import onnx
+    except ImportError as e:
+        raise ModelLoadError(spec.path, "its ONNX graph is not in the converted-model cache entry yet, and "
+                                        "building it needs the onnx package: pip install 'dualpath[convert]'") from e
+    from .builder import PLACEHOLDER
+    from .encoder import build_encoder
+
+    part = build_encoder(spec, accuracy_level)
+    if part.tables or part.derived:
+        raise RuntimeError("an encoder graph names no tables or derived arrays")
+    with open(os.path.join(folder, PLACEHOLDER), "wb") as f:
+        f.truncate(part.placeholder_bytes)  # sparse: never read
+    onnx.save(part.model, os.path.join(folder, "encoder.onnx"))
+    write_json(os.path.join(folder, "encoder.json"), {"inputs": list(part.inputs), "outputs": list(part.outputs),
+                                                       "weights": list(part.weights), "prepack": part.prepack})

@@ -23,6 +23,13 @@ gemma3      neox    as gemma2, without the attention soft-cap, plus q/k head
 phi3        neox    q, k, v in one ``attn_qkv`` and gate|up in one ``ffn_up``;
                     LongRoPE factors (short or long by context) and their
                     attention factor; no sliding window (as llama.cpp)
+bert        none    an encoder (``causal`` False): learned absolute positions
+                    (``position_embd``), token type 0 added (``token_types``),
+                    LayerNorm with biases on the embeddings and after attention
+                    and MLP (post-norm), GELU (tanh) MLP without gate, biases on
+                    the projections; no classifier; embeds, never generates
+nomic-bert  neox    as bert, with RoPE instead of learned positions and a SwiGLU
+                    MLP (``ffn_gate``), no biases on the MLP
 ==========  ======  =========================================================
 
 ``norm`` RoPE rotates adjacent pairs (x[2i], x[2i+1]); ``neox`` rotates the halves
@@ -166,7 +173,39 @@ class Phi3(Family):
                     rope_factors="rope_factors_short.weight" in tensors)
 
 
-FAMILIES: dict[str, Family] = {f.name: f for f in (Family(), Qwen2(), Qwen3(), Gemma2(), Gemma3(), Phi3())}
+class Bert(Family):
+    """The BERT encoder as llama.cpp runs it (``src/models/bert.cpp``)."""
+
+    name = "bert"
+    ffn_act = "gelu_tanh"  # ggml_gelu is the tanh approximation
+    learned_positions = True
+    ffn_gated = False
+
+    def configure(self, meta, cfg, tensors):
+        a = self.name
+        # llama.cpp requires the token type count, written by its converter (type_vocab_size).
+        types = meta.get_int("tokenizer.ggml.token_type_count", -1)
+        if types < 0:
+            raise ModelLoadError(meta.path, f"{a} model needs tokenizer.ggml.token_type_count (llama.cpp: "
+                                            "'model needs to define token type count')")
+        eps_key = f"{a}.attention.layer_norm_epsilon"
+        if eps_key not in meta.fields:
+            raise ModelLoadError(meta.path, f"missing metadata key {eps_key!r}")
+        return dict(causal=False, norm_type="layer", rms_eps=meta.get_float(eps_key, 1e-12),
+                    learned_positions=self.learned_positions, ffn_gated=self.ffn_gated,
+                    num_token_types=types, tied_output=False)
+
+
+class NomicBert(Bert):
+    name = "nomic-bert"
+    rope_type = "neox"
+    ffn_act = "silu"
+    learned_positions = False
+    ffn_gated = True
+
+
+FAMILIES: dict[str, Family] = {f.name: f for f in (Family(), Qwen2(), Qwen3(), Gemma2(), Gemma3(), Phi3(), Bert(),
+                                                   NomicBert())}
 """GGUF ``general.architecture`` -> its family."""
 
 

@@ -169,7 +169,7 @@ def load_gguf(path: str | os.PathLike, sink=None) -> ModelSpec:
     tensors = {t.name: t for t in reader.tensors}
     _check_tensor_offsets(path, reader)
     cfg = _model_config(path, meta, fam, tensors)
-    weights = _convert_weights(path, reader, tensors, sink)
+    weights = _convert_weights(path, reader, tensors, sink, kernel_forms=cfg.causal)
     check_weights(path, cfg, weights)
 
     tok = _tokenizer_spec(path, meta, cfg.vocab_size)
@@ -181,6 +181,8 @@ def load_gguf(path: str | os.PathLike, sink=None) -> ModelSpec:
         # llama.cpp's pooling types (1 mean, 2 cls, 3 last) for embeddings; mean when absent
         "pooling": {1: "mean", 2: "cls", 3: "last"}.get(meta.get_int(f"{a}.pooling_type", 1), "mean"),
     }
+    if not cfg.causal:
+        metadata["pooling"] = _encoder_pooling(path, meta, a)
     header_bytes = int(reader.data_offset)
     del reader, tensors, meta
     gc.collect()  # the reader's memory map is released once nothing views it
@@ -270,8 +272,20 @@ def _model_config(path: str, meta: _Metadata, fam, tensors: dict) -> ModelConfig
     return cfg
 
 
-def _convert_weights(path: str, reader, tensors: dict, sink) -> dict[str, Weight]:
+def _encoder_pooling(path: str, meta: _Metadata, arch: str) -> str:
+    """An encoder's pooling as llama.cpp reads it: ``{arch}.pooling_type``, none when absent."""
+    kinds = {0: "none", 1: "mean", 2: "cls", 3: "last", 4: "rank"}
+    value = meta.get_int(f"{arch}.pooling_type", 0)
+    if value not in kinds:
+        raise ModelLoadError(path, f"{arch}.pooling_type={value} is not a pooling type "
+                                   "(0 none, 1 mean, 2 cls, 3 last, 4 rank)")
+    return kinds[value]
+
+
+def _convert_weights(path: str, reader, tensors: dict, sink, kernel_forms: bool = True) -> dict[str, Weight]:
     """Every ``.weight``/``.bias`` tensor as a Weight, each handed to ``sink`` once converted.
+    ``kernel_forms``: a decoder's matrices of our kernels' types take their form (an
+    encoder's run in one ONNX graph, as MatMulNBits: graph/encoder.py).
 
     Zero copy pays when the file is mostly F32. When it is mostly converted weights
     (quantized or F16), the few F32 views (norms) would pin the whole mapping, whose
@@ -285,7 +299,7 @@ def _convert_weights(path: str, reader, tensors: dict, sink) -> dict[str, Weight
     for name, t in tensors.items():
         if name.endswith((".weight", ".bias")):  # "blk.0.attn_q.weight" -> "blk.0.attn_q"; biases keep ".bias"
             key = name.removesuffix(".weight")
-            w = _convert(path, name, t, key, name == classifier)
+            w = _convert(path, name, t, key, name == classifier, kernel_forms)
             view = not w.source_type and w.dtype == "f32"
             if view and not keep_views:
                 w.data, view = np.array(w.data), False
@@ -369,9 +383,10 @@ class _Metadata:
         return self.get_int(key, 0)
 
 
-def _convert(path: str, name: str, t, key: str, classifier: bool = False) -> Weight:
+def _convert(path: str, name: str, t, key: str, classifier: bool = False, kernel_forms: bool = True) -> Weight:
     """One GGUF tensor ``name`` -> the Weight ``key`` in ONNX Runtime's layout or our kernels'
-    form (see spec.py); ``classifier``: it is the classifier (``output``, or a tied embedding)."""
+    form (see spec.py); ``classifier``: it is the classifier (``output``, or a tied embedding);
+    ``kernel_forms``: False keeps every matrix in ONNX Runtime's layout."""
     import gguf
 
     qtype = t.tensor_type
@@ -397,7 +412,7 @@ def _convert(path: str, name: str, t, key: str, classifier: bool = False) -> Wei
                 raise ModelLoadError(path, f"tensor {name!r} of type {type_name} has shape {shape}; "
                                            f"rows must be a multiple of {block}")
             raw = np.asarray(raw, dtype=np.uint8)
-            if quants.kernel_form(key, type_name, shape, classifier):
+            if kernel_forms and quants.kernel_form(key, type_name, shape, classifier):
                 return Weight(key, type_name.lower(), shape, quants.to_kernel_form(raw, type_name, shape),
                               source_type=type_name, kernel_form=True)
             nb = quants.repack(raw, type_name, shape)
@@ -418,9 +433,9 @@ def _tokenizer_spec(path: str, meta: _Metadata, vocab_size: int) -> TokenizerSpe
         missing = " and ".join(k for k, v in (("tokenizer.ggml.model", model), ("tokenizer.ggml.tokens", tokens))
                                if not v)
         raise ModelLoadError(path, f"no tokenizer in the file ({missing} missing)")
-    if model not in ("llama", "gpt2"):
+    if model not in ("llama", "gpt2", "bert"):
         raise ModelLoadError(path, f"unsupported tokenizer model {model!r} in tokenizer.ggml.model "
-                                   "(supported: 'llama', 'gpt2')")
+                                   "(supported: 'llama', 'gpt2', 'bert')")
     if len(tokens) != vocab_size:
         raise ModelLoadError(path, f"tokenizer has {len(tokens)} tokens but the model's vocab_size is {vocab_size}")
 
@@ -441,6 +456,8 @@ def _tokenizer_spec(path: str, meta: _Metadata, vocab_size: int) -> TokenizerSpe
             raise ModelLoadError(path, f"{key} has {len(arr)} entries, expected {len(tokens)}")
     if model == "gpt2" and not merges:
         raise ModelLoadError(path, "byte-level BPE tokenizer without tokenizer.ggml.merges")
+    if model == "bert":
+        return _wpm_spec(path, meta, tokens, types, opt_id)
     return TokenizerSpec(
         model=model,
         tokens=tuple(tokens),
@@ -458,4 +475,32 @@ def _tokenizer_spec(path: str, meta: _Metadata, vocab_size: int) -> TokenizerSpe
         chat_template=meta.get("tokenizer.chat_template"),
         name=name if isinstance(name, str) else None,
         extra={"remove_extra_whitespaces": bool(meta.get("tokenizer.ggml.remove_extra_whitespaces", False))},
+    )
+
+
+def _wpm_spec(path: str, meta: _Metadata, tokens: list, types: list | None, opt_id) -> TokenizerSpec:
+    """A WordPiece vocabulary (``tokenizer.ggml.model`` ``bert``) as llama.cpp loads it: [CLS]
+    (the BOS id, default 101) before and [SEP] (``seperator_token_id``, default 102) after
+    every text, unknown words as ``unknown_token_id`` (default 100); lowercase unless the file
+    says otherwise, accents stripped as lowercase unless it says otherwise."""
+    def role(key: str, default: int) -> int:
+        value = opt_id(key)
+        if value is None and key in meta.fields:  # set but outside the vocabulary
+            raise ModelLoadError(path, f"metadata {key!r}={meta.get(key)!r} is not a token id "
+                                       f"(vocabulary of {len(tokens)})")
+        value = default if value is None else value
+        if not 0 <= value < len(tokens):
+            raise ModelLoadError(path, f"{key} is absent and llama.cpp's default {default} is outside the "
+                                       f"vocabulary of {len(tokens)} tokens")
+        return value
+
+    lowercase = bool(meta.get("tokenizer.ggml.normalizer.lowercase", True))
+    name = meta.get("general.name")
+    return TokenizerSpec(
+        model="bert", tokens=tuple(tokens), token_types=types,
+        bos_id=role("tokenizer.ggml.bos_token_id", 101), unk_id=role("tokenizer.ggml.unknown_token_id", 100),
+        eos_id=None, add_bos=True, add_eos=False, add_space_prefix=False,
+        pre=meta.get("tokenizer.ggml.pre"), name=name if isinstance(name, str) else None,
+        extra={"sep_id": role("tokenizer.ggml.seperator_token_id", 102), "lowercase": lowercase,
+               "strip_accents": bool(meta.get("tokenizer.ggml.normalizer.strip_accents", lowercase))},
     )

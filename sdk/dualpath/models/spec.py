@@ -101,6 +101,21 @@ class ModelConfig:
     """q, k, v in one ``attn_qkv`` weight (q_dim + 2 kv_dim, dim)."""
     fused_gate_up: bool = False
     """Gate and up in one ``ffn_up`` weight (2 hidden_dim, dim), gate first."""
+    # -- encoders (BERT family: models/families.py's Bert, NomicBert) ----------------
+    causal: bool = True
+    """False: an encoder. Every token attends to every token of its text, the whole text
+    runs in one pass and no KV cache is kept; the model embeds, it does not generate
+    (graph/encoder.py, executor/encoder.py)."""
+    norm_type: str = "rms"
+    """``rms`` (RMSNorm, weight only) or ``layer`` (LayerNorm with weight and bias, epsilon
+    ``rms_eps``), after attention and MLP (post-norm) in an encoder."""
+    learned_positions: bool = False
+    """Absolute positions from the ``position_embd`` table (BERT) instead of RoPE."""
+    ffn_gated: bool = True
+    """The MLP is act(gate) * up; False: act(up) (BERT's GELU MLP, no ``ffn_gate``)."""
+    num_token_types: int = 0
+    """Rows of ``token_types`` (BERT's segment embeddings): as llama.cpp, every token is of
+    type 0, so only row 0 is added."""
 
     @property
     def q_dim(self) -> int:
@@ -247,6 +262,8 @@ LAYER_TENSORS = ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output",
 
 def expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     """Logical shape of every weight a model with ``cfg`` must have."""
+    if not cfg.causal:
+        return encoder_shapes(cfg)[0]
     shapes: dict[str, tuple[int, ...]] = {
         "token_embd": (cfg.vocab_size, cfg.dim),
         "output_norm": (cfg.dim,),
@@ -278,6 +295,35 @@ def expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
         for name, shape in per_layer.items():
             shapes[f"blk.{i}.{name}"] = shape
     return shapes
+
+
+def encoder_shapes(cfg: ModelConfig) -> tuple[dict[str, tuple[int, ...]], dict[str, tuple[int, ...]]]:
+    """The weights an encoder must have, and those it may have (biases, token types),
+    each name -> its logical shape: the tensors llama.cpp's ``bert`` and ``nomic-bert``
+    loaders require and accept."""
+    d, q, kv, ff = cfg.dim, cfg.q_dim, cfg.kv_dim, cfg.hidden_dim
+    required: dict[str, tuple[int, ...]] = {"token_embd": (cfg.vocab_size, d), "token_embd_norm": (d,),
+                                            "token_embd_norm.bias": (d,)}
+    optional: dict[str, tuple[int, ...]] = {}
+    if cfg.learned_positions:
+        required["position_embd"] = (cfg.context_length, d)
+    if cfg.num_token_types:
+        optional["token_types"] = (cfg.num_token_types, d)
+    per_layer = {"attn_output": (d, q), "attn_output_norm": (d,), "attn_output_norm.bias": (d,),
+                 "ffn_up": (ff, d), "ffn_down": (d, ff), "layer_output_norm": (d,), "layer_output_norm.bias": (d,)}
+    maybe = {"attn_output.bias": (d,), "ffn_up.bias": (ff,), "ffn_down.bias": (d,)}
+    if cfg.ffn_gated:
+        per_layer["ffn_gate"] = (ff, d)
+    if cfg.fused_qkv:
+        per_layer["attn_qkv"] = (q + 2 * kv, d)
+        maybe["attn_qkv.bias"] = (q + 2 * kv,)
+    else:
+        per_layer.update(attn_q=(q, d), attn_k=(kv, d), attn_v=(kv, d))
+        maybe.update({"attn_q.bias": (q,), "attn_k.bias": (kv,), "attn_v.bias": (kv,)})
+    for i in range(cfg.num_layers):
+        required.update((f"blk.{i}.{name}", shape) for name, shape in per_layer.items())
+        optional.update((f"blk.{i}.{name}", shape) for name, shape in maybe.items())
+    return required, optional
 
 
 def check_config(path, cfg: ModelConfig) -> None:
@@ -312,9 +358,12 @@ def check_weights(path, cfg: ModelConfig, weights: dict[str, Weight]) -> None:
     """Raise ModelLoadError for a missing tensor or a shape mismatch."""
     from ..errors import ModelLoadError
 
-    for name, shape in expected_shapes(cfg).items():
+    optional = {} if cfg.causal else encoder_shapes(cfg)[1]
+    for name, shape in (expected_shapes(cfg) | optional).items():
         w = weights.get(name)
         if w is None:
+            if name in optional:
+                continue
             raise ModelLoadError(path, f"missing tensor {name!r} (expected shape {shape})")
         if tuple(w.shape) != shape:
             raise ModelLoadError(path, f"tensor {name!r} has shape {tuple(w.shape)}, expected {shape}")

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import logging
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
+
+from .synth_encoder import ENCODER_ARCHES, add_encoder_keys, add_encoder_vocabulary, encoder_tensor_list
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +42,8 @@ class Shape:
     """Llama 3 frequency factors (a ``rope_freqs`` tensor)."""
     rope_factors: bool = False
     """Phi-3 LongRoPE factors (``rope_factors_short``/``_long``), original context half the context."""
+    pooling: int = 1
+    """An encoder's ``pooling_type`` (llama.cpp's: 0 none, 1 mean, 2 cls, 3 last)."""
     init_std: float = 0.02
     """Standard deviation of the random matrices (larger in the tiny test shapes, so
     that every layer moves the output and greedy text does not repeat one token)."""
@@ -93,6 +97,17 @@ PRESETS: dict[str, Shape] = {
     "gemma3-tiny": Shape(dim=256, hidden_dim=512, num_layers=3, num_heads=4, num_kv_heads=1, head_dim=64,
                          vocab_size=2048, context_length=512, rope_theta=1000000.0, rms_eps=1e-6, arch="gemma3",
                          tied=True, sliding_window=10, swa_pattern=3, init_std=0.08),
+    # Encoders (BERT family): sentence-transformers' all-MiniLM-L6-v2 (mean pooling) and
+    # BAAI's bge-small-en-v1.5 (CLS pooling), LayerNorm epsilon 1e-12; a tiny twin of each family.
+    "all-minilm-l6": Shape(dim=384, hidden_dim=1536, num_layers=6, num_heads=12, num_kv_heads=12,
+                           vocab_size=30522, context_length=512, rms_eps=1e-12, arch="bert"),
+    "bge-small": Shape(dim=384, hidden_dim=1536, num_layers=12, num_heads=12, num_kv_heads=12,
+                       vocab_size=30522, context_length=512, rms_eps=1e-12, arch="bert", pooling=2),
+    "bert-tiny": Shape(dim=128, hidden_dim=512, num_layers=2, num_heads=4, num_kv_heads=4, vocab_size=1024,
+                       context_length=128, rms_eps=1e-12, arch="bert", init_std=0.08),
+    "nomic-bert-tiny": Shape(dim=128, hidden_dim=256, num_layers=2, num_heads=4, num_kv_heads=4, vocab_size=1024,
+                             context_length=128, rope_theta=1000.0, rms_eps=1e-12, arch="nomic-bert",
+                             init_std=0.08),
     "phi3-tiny": Shape(dim=256, hidden_dim=512, num_layers=2, num_heads=4, num_kv_heads=4, vocab_size=2048,
                        context_length=512, arch="phi3", rope_factors=True, init_std=0.08),
 }
@@ -182,9 +197,16 @@ def synth_gguf(path: str | os.PathLike, preset: str = "stories15M", weight_type:
     w = gguf.GGUFWriter(tmp, shape.arch)
     w.add_name(f"dualpath-synth-{preset}-{weight_type}-seed{seed}")
     w.add_description("random weights with real shapes, written by `dualpath synth`; its text is noise")
-    _add_hyperparameters(w, shape, weight_type, context_length or shape.context_length)
-    _add_vocabulary(w, shape, seed)
-    _write_tensors(w, _tensor_list(shape), weight_type, seed)
+    ctx = context_length or shape.context_length
+    if shape.arch in ENCODER_ARCHES:
+        add_encoder_keys(w, shape, _FILE_TYPE[weight_type], ctx)
+        add_encoder_vocabulary(w, shape, seed)
+        tensors = encoder_tensor_list(replace(shape, context_length=ctx))
+    else:
+        _add_hyperparameters(w, shape, weight_type, ctx)
+        _add_vocabulary(w, shape, seed)
+        tensors = _tensor_list(shape)
+    _write_tensors(w, tensors, weight_type, seed)
     w.close()
     os.replace(tmp, path)
     log.info("wrote %s (%s, %s)", path, preset, weight_type)

@@ -1,4 +1,5 @@
-"""Tokenizers built from what a model file says: SentencePiece-BPE ("llama") and byte-level BPE ("gpt2").
+"""Tokenizers built from what a model file says: SentencePiece-BPE ("llama"), byte-level BPE ("gpt2")
+and WordPiece ("bert").
 
 The one entry point is ``build_tokenizer(spec)``; the rest of DualPath talks to the
 returned ``Tokenizer`` (``encode``, ``decode``, ``stop_ids``) and to ``StreamDecoder``
@@ -17,11 +18,15 @@ __all__ = ["Tokenizer", "TokenizerSpec", "StreamDecoder", "build_tokenizer", "lo
 
 
 def build_tokenizer(spec: TokenizerSpec) -> Tokenizer:
-    """The tokenizer for ``spec.model``: ``"llama"`` -> SentencePiece-style BPE, ``"gpt2"`` -> byte-level BPE."""
+    """The tokenizer for ``spec.model``: ``"llama"`` -> SentencePiece-style BPE, ``"gpt2"`` -> byte-level BPE,
+    ``"bert"`` -> WordPiece."""
     if spec.model == "llama":
         from .spm import SpmTokenizer
         return SpmTokenizer(spec)
     if spec.model == "gpt2":
         from .bpe import ByteLevelBpeTokenizer  # builds on Hugging Face tokenizers: not needed for "llama"
         return ByteLevelBpeTokenizer(spec)
-    raise TokenizerError(f"tokenizer model {spec.model!r} is not supported; expected 'llama' or 'gpt2'")
+    if spec.model == "bert":
+        from .wpm import WpmTokenizer
+        return WpmTokenizer(spec)
+    raise TokenizerError(f"tokenizer model {spec.model!r} is not supported; expected 'llama', 'gpt2' or 'bert'")

@@ -1,0 +1,143 @@
+"""Running an encoder (``ModelConfig.causal`` False): token ids of whole texts -> vectors.
+
+One ONNX Runtime session runs the encoder's one graph (graph/encoder.py) over a batch of
+texts padded to the longest; the embeddings' rows are gathered here (``TokenEmbedding``,
+which reads every table type). Texts are sorted by length and cut into batches of at most
+``max_batch_tokens`` padded tokens, so that texts of similar lengths share a batch and
+little is padded. No KV cache is kept: an encoder pass is one prefill that is thrown away.
+
+Pooling is llama.cpp's (``build_pooling``): ``mean`` over every token of the text ([CLS] and
+[SEP] included), ``cls`` the first token, ``last`` the last, ``none`` every token; then
+the L2 normalisation llama.cpp's embedding tools apply by default (a zero vector stays zero).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..errors import InvalidPromptError, PromptTooLongError
+from ..graph.encoder import MASKED, rope_angles
+from ..graph.parts import encoder_graph
+from ..models.spec import ModelSpec
+from .ort_sessions import create_sessions
+from .runner_step import TokenEmbedding
+
+POOLINGS = ("mean", "cls", "last", "none")
+"""The poolings ``EncoderRunner.embed`` applies (``rank``, a classifier head, is not built yet)."""
+
+
+def pool(hidden: np.ndarray, pooling: str) -> np.ndarray:
+    """One text's vector from its last hidden states ``hidden`` (T, dim), or (T, dim) itself for ``none``."""
+    if pooling == "mean":
+        return hidden.mean(axis=0, dtype=np.float64).astype(np.float32)
+    if pooling == "cls":
+        return hidden[0]
+    if pooling == "last":
+        return hidden[-1]
+    if pooling == "none":
+        return hidden
+    raise ValueError(f"pooling {pooling!r} must be one of {', '.join(POOLINGS)}")
+
+
+def l2_normalize(v: np.ndarray) -> np.ndarray:
+    """``v`` (..., dim) over its Euclidean norm along the last axis; zero rows stay zero."""
+    norm = np.sqrt(np.sum(np.square(v, dtype=np.float64), axis=-1, keepdims=True))
+    return (v / np.where(norm > 0, norm, 1.0)).astype(np.float32)
+
+
+class EncoderRunner:
+    """The encoder ``spec`` (loaded through the converted-model cache: its graph lives in the
+    entry) on ONNX Runtime with ``num_threads`` threads."""
+
+    def __init__(self, spec: ModelSpec, num_threads: int, accuracy_level: int = 4,
+                 max_batch_tokens: int = 8192, max_score_bytes: int = 256 << 20):
+        cfg = spec.config
+        if cfg.causal:
+            raise ValueError(f"{spec.path}: {cfg.arch} is a decoder, not an encoder")
+        self.spec = spec
+        self.max_batch_tokens = max(max_batch_tokens, cfg.context_length)
+        self.max_score_bytes = max_score_bytes
+        """Bound on one batch's attention scores (B, heads, T, T) f32, with ``max_batch_tokens``."""
+        self._part = encoder_graph(spec, accuracy_level)
+        self._sessions = create_sessions([self._part], num_threads, spinning=False, entry=spec.entry)
+        self._tokens = TokenEmbedding(spec.weights["token_embd"], 1.0)
+        w = spec.weights
+        self._positions = TokenEmbedding(w["position_embd"], 1.0) if cfg.learned_positions else None
+        self._type0 = np.zeros((1, cfg.dim), np.float32)  # llama.cpp adds type 0's row to every token
+        if "token_types" in w:
+            TokenEmbedding(w["token_types"], 1.0)(np.zeros(1, np.int64), self._type0)
+
+    @property
+    def context_tokens(self) -> int:
+        return self.spec.config.context_length
+
+    def check(self, ids: list[int], index: int = 0) -> None:
+        """Raise unless ``ids`` (text ``index`` of a request) fits the encoder."""
+        vocab = self.spec.config.vocab_size
+        if not ids:
+            raise InvalidPromptError(f"text {index} has no tokens")
+        if len(ids) > self.context_tokens:
+            raise PromptTooLongError(f"text {index} has {len(ids)} tokens, more than the {self.context_tokens} "
+                                     "positions the encoder has (truncate it, or pass truncate=True)")
+        bad = next((t for t in ids if not 0 <= t < vocab), None)
+        if bad is not None:
+            raise InvalidPromptError(f"text {index} holds token id {bad}, outside the vocabulary [0, {vocab})")
+
+    def hidden(self, texts: list[list[int]]) -> list[np.ndarray]:
+        """The last hidden states (T_i, dim) of each text's token ids, in the order given."""
+        for i, ids in enumerate(texts):
+            self.check(ids, i)
+        out: list[np.ndarray] = [np.empty(0)] * len(texts)
+        for batch in self._batches(texts):
+            for i, h in zip(batch, self._run([texts[i] for i in batch])):
+                out[i] = h
+        return out
+
+    def embed(self, texts: list[list[int]], pooling: str, normalize: bool = True) -> list[np.ndarray]:
+        """Each text's pooled vector (dim,), or its (T, dim) states for ``none``; L2-normalised
+        with ``normalize``."""
+        if pooling not in POOLINGS:
+            raise ValueError(f"pooling {pooling!r} is not supported yet (supported: {', '.join(POOLINGS)})")
+        vectors = [pool(h, pooling) for h in self.hidden(texts)]
+        return [l2_normalize(v) for v in vectors] if normalize else vectors
+
+    def _batches(self, texts: list[list[int]]) -> list[list[int]]:
+        """Indices of ``texts``, longest first, cut so that each batch's padded tokens and
+        attention scores stay within the bounds."""
+        order = sorted(range(len(texts)), key=lambda i: -len(texts[i]))
+        heads = self.spec.config.num_heads
+        batches: list[list[int]] = []
+        for i in order:
+            if batches:
+                b = batches[-1]
+                width = len(texts[b[0]])  # the batch's longest: its first
+                rows = len(b) + 1
+                if rows * width <= self.max_batch_tokens and rows * heads * width * width * 4 <= self.max_score_bytes:
+                    b.append(i)
+                    continue
+            batches.append([i])
+        return batches
+
+    def _run(self, texts: list[list[int]]) -> list[np.ndarray]:
+        """One padded batch through the graph: each text's hidden states."""
+        cfg = self.spec.config
+        B, T = len(texts), max(len(t) for t in texts)
+        ids = np.zeros((B, T), np.int64)
+        mask = np.full((B, T), MASKED, np.float32)   # (B, T)
+        for b, t in enumerate(texts):
+            ids[b, :len(t)] = t
+            mask[b, :len(t)] = 0.0
+        x = np.empty((B * T, cfg.dim), np.float32)   # (B * T, dim)
+        self._tokens(ids.reshape(-1), x)
+        x += self._type0
+        positions = np.tile(np.arange(T, dtype=np.int64), B)  # (B * T,)
+        feeds = {"x": x, "mask": mask}
+        if self._positions is not None:
+            rows = np.empty((T, cfg.dim), np.float32)
+            self._positions(positions[:T], rows)
+            x.reshape(B, T, cfg.dim)[:] += rows
+        else:
+            feeds["cos"], feeds["sin"] = rope_angles(self.spec, positions)
+        (hidden,) = self._sessions[0].run(["hidden"], feeds)
+        hidden = hidden.reshape(B, T, cfg.dim)
+        return [hidden[b, :len(t)].copy() for b, t in enumerate(texts)]
