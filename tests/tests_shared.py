@@ -20,18 +20,18 @@ def require_file(path: Path) -> Path:
     return path
 
 
-def copy_gguf(src: Path, dst: Path, fields: dict | None = None) -> Path:
+def copy_gguf(src: Path, dst: Path, fields: dict | None = None, drop: frozenset[str] = frozenset()) -> Path:
     """Copy GGUF ``src`` to ``dst`` field by field and tensor by tensor; ``fields`` maps a
     key to (value, GGUFValueType), replacing the key's value where ``src`` has it, else
-    added after the others."""
+    added after the others; the keys and tensors named in ``drop`` are left out."""
     import gguf
 
     fields = dict(fields or {})
     reader = gguf.GGUFReader(str(src))
     writer = gguf.GGUFWriter(str(dst), reader.fields["general.architecture"].contents())
     for key, field in reader.fields.items():
-        if key.startswith("GGUF.") or key == "general.architecture":
-            continue  # GGUFWriter writes these itself
+        if key.startswith("GGUF.") or key == "general.architecture" or key in drop:
+            continue  # GGUFWriter writes the first two itself
         if key in fields:
             value, vtype = fields.pop(key)
             writer.add_key_value(key, value, vtype)
@@ -42,6 +42,8 @@ def copy_gguf(src: Path, dst: Path, fields: dict | None = None) -> Path:
     for key, (value, vtype) in fields.items():
         writer.add_key_value(key, value, vtype)
     for t in reader.tensors:  # t.data is (ne1, ne0) row-major, as GGUFWriter wants it
+        if t.name in drop:
+            continue
         writer.add_tensor(t.name, t.data, raw_dtype=t.tensor_type)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()

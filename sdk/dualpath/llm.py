@@ -11,8 +11,6 @@ import weakref
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-import numpy as np
-
 from .completion import Completion
 from .config import Config, load_config
 from .engine.engine import Engine, SyncStream
@@ -140,15 +138,7 @@ class LLM:
         self.encoder: EncoderRunner | None = None
         """The encoder's runner (``embed``) when the model is one; it then has no engine."""
         if not self.spec.config.causal:
-            from .executor.encoder import EncoderRunner
-
-            self.governor, self.prefix_store = None, None
-            self.encoder = EncoderRunner(self.spec, rt.effective_num_threads(), rt.quantized_matmul_accuracy)
-            rss["sessions"] = resident_mb()
-            self.load_stats["total_s"] = time.perf_counter() - t0
-            log.info("loaded encoder %s (%s, %d layers, dim %d, pooling %s) in %.2fs", model_path,
-                     self.spec.config.arch, self.spec.config.num_layers, self.spec.config.dim, self.pooling,
-                     self.load_stats["total_s"])
+            self.encoder = _load_encoder(self, model_path, t0)
             return
         ctx = self._context()
         self.governor = governor if governor is not None else _make_governor(config)
@@ -277,35 +267,9 @@ class LLM:
             return self.encoder.context_tokens
         return self.engine.runner.max_context_tokens
 
-    @property
-    def pooling(self) -> str:
-        """How ``embed`` makes one vector of a text's states: the file's ``pooling_type``
-        (``mean``, ``cls``, ``last``; ``none``: a vector per token)."""
-        return str(self.spec.metadata.get("pooling", "mean"))
-
     def embed(self, texts: str | Sequence[str], *, normalize: bool = True, truncate: bool = False):
-        """Embeddings of ``texts`` from an embedding model (an encoder: BERT, nomic-bert):
-        a (len(texts), dim) float32 array, one L2-normalised row per text (``normalize``) pooled
-        as the file says (``pooling``); a single string gives one (dim,) row. With pooling
-        ``none``, a list of (tokens, dim) arrays instead. A text longer than the encoder's
-        positions raises ``PromptTooLongError`` unless ``truncate`` (its first positions are
-        kept, as llama.cpp's ``embed`` does)."""
-        from .errors import ModelTaskError
-
-        if self.encoder is None:
-            raise ModelTaskError(f"{os.path.basename(str(self.spec.path))} is a {self.spec.config.arch} "
-                                 "text-generation model: LLM.embed needs an embedding model (an encoder such as "
-                                 "bert or nomic-bert); decoder embedders are not supported by LLM.embed yet")
-        single = isinstance(texts, str)
-        items = [texts] if isinstance(texts, str) else list(texts)
-        ids = [self.tokenizer.encode(t) for t in items]
-        if truncate:
-            ids = [t[:self.encoder.context_tokens] for t in ids]
-        vectors = self.encoder.embed(ids, self.pooling, normalize)
-        if self.pooling == "none":
-            return vectors[0] if single else vectors
-        out = np.stack(vectors) if vectors else np.empty((0, self.spec.config.dim), np.float32)
-        return out[0] if single else out
+        """Embeddings of ``texts`` from an embedding model (an encoder): ``EncoderRunner.embed_texts``."""
+        return _encoder_of(self).embed_texts(self.tokenizer, texts, normalize, truncate)
 
     # -- tokens ----------------------------------------------------------------
     def tokenize(self, text: str, add_bos: bool | None = None) -> list[int]:
@@ -318,11 +282,7 @@ class LLM:
     def stream(self, prompt: str | Sequence[int], params: SamplingParams | None = None) -> Generation:
         """Text deltas as they are generated; the returned object's ``completion``
         holds the full result once iteration ends."""
-        if self.encoder is not None:
-            from .errors import ModelTaskError
-
-            raise ModelTaskError(f"{os.path.basename(str(self.spec.path))} is an embedding model "
-                                 f"({self.spec.config.arch}, an encoder): it cannot generate text; use LLM.embed")
+        _no_generation(self)
         ids = self.tokenize(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
         return Generation(self.engine, ids, params or SamplingParams())
 
@@ -370,6 +330,7 @@ class LLM:
 
     def chat(self, messages: Sequence[dict], params: SamplingParams | None = None) -> Completion:
         """Generate the assistant's reply to ``messages`` ([{"role", "content"}, ...])."""
+        _no_generation(self)
         return self.generate(self.chat_prompt_ids(messages), params)
 
 
@@ -410,6 +371,40 @@ class Generation:
             while (delta := self._stream.next_delta()) is not None:
                 if delta.completion is not None:
                     self.completion = delta.completion
+
+
+def _load_encoder(llm: LLM, model_path, t0: float) -> EncoderRunner:
+    """An encoder's runner, in place of the engine: no KV cache, no governor, no prefix cache."""
+    from .executor.encoder import EncoderRunner
+
+    rt = llm.config.runtime
+    llm.governor = None
+    llm.prefix_store = None
+    runner = EncoderRunner(llm.spec, rt.effective_num_threads(), rt.quantized_matmul_accuracy)
+    llm.load_stats["rss_mb"]["sessions"] = resident_mb()
+    llm.load_stats["total_s"] = time.perf_counter() - t0
+    log.info("loaded encoder %s (%s) in %.2fs", model_path, llm.spec.config.arch, llm.load_stats["total_s"])
+    return runner
+
+
+def _encoder_of(llm: LLM) -> EncoderRunner:
+    """``llm``'s encoder, or ModelTaskError for a text-generation model."""
+    if llm.encoder is None:
+        from .errors import ModelTaskError
+
+        raise ModelTaskError(f"{os.path.basename(str(llm.spec.path))} is a {llm.spec.config.arch} text-generation "
+                             "model: LLM.embed needs an embedding model (an encoder such as bert or nomic-bert); "
+                             "decoder embedders are not supported by LLM.embed yet")
+    return llm.encoder
+
+
+def _no_generation(llm: LLM) -> None:
+    """ModelTaskError for an embedding-only model (an encoder has no engine)."""
+    if llm.encoder is not None:
+        from .errors import ModelTaskError
+
+        raise ModelTaskError(f"{os.path.basename(str(llm.spec.path))} is an embedding model "
+                             f"({llm.spec.config.arch}, an encoder): it cannot generate text; use LLM.embed")
 
 
 def _make_governor(config: Config):

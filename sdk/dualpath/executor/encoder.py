@@ -101,6 +101,28 @@ class EncoderRunner:
         vectors = [pool(h, pooling) for h in self.hidden(texts)]
         return [l2_normalize(v) for v in vectors] if normalize else vectors
 
+    @property
+    def pooling(self) -> str:
+        """How ``embed_texts`` makes one vector of a text's states: the file's ``pooling_type``
+        (``mean``, ``cls``, ``last``; ``none``: a vector per token)."""
+        return str(self.spec.metadata.get("pooling", "none"))
+
+    def embed_texts(self, tokenizer, texts, normalize: bool = True, truncate: bool = False):
+        """``LLM.embed``: a (len(texts), dim) float32 array, one row per text pooled as the file
+        says (``pooling``), L2-normalised with ``normalize``; one string gives one (dim,) row.
+        With pooling ``none``, a (tokens, dim) array per text instead. A text longer than the encoder's positions raises
+        ``PromptTooLongError`` unless ``truncate``, which keeps its first positions (as
+        llama.cpp's ``embed`` does: [SEP] goes with the rest)."""
+        single = isinstance(texts, str)
+        ids = [tokenizer.encode(t) for t in ([texts] if single else texts)]
+        if truncate:
+            ids = [t[:self.context_tokens] for t in ids]
+        vectors = self.embed(ids, self.pooling, normalize)
+        if self.pooling == "none":
+            return vectors[0] if single else vectors
+        out = np.stack(vectors) if vectors else np.empty((0, self.spec.config.dim), np.float32)
+        return out[0] if single else out
+
     def _batches(self, texts: list[list[int]]) -> list[list[int]]:
         """Indices of ``texts``, longest first, cut so that each batch's padded tokens and
         attention scores stay within the bounds."""

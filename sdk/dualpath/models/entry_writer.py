@@ -15,7 +15,7 @@ from . import private_files as private
 from .entry import ARRAY_FIELDS, CONVERSION_VERSION, array_to_json
 from .identity import file_identity, hash_prefix, xor_of
 from .mapping import source_offset
-from .spec import ModelSpec, Weight
+from .spec import GATHERED_TABLES, ModelSpec, Weight
 
 ALIGN = 1 << 16
 """Offset alignment of arrays in weights.bin: a page on every kernel (4 KiB, and the
@@ -120,10 +120,10 @@ class EntryWriter:
         arrays = {}
         # A float matrix of the graphs is stored (in, out) for their MatMul (Weight.data_t);
         # the (out, in) data stays a view of the source file when it is one, else it is
-        # read back as a view of the transpose (nothing stored twice). The embedding stays
-        # (vocab, dim) for the gather; finish() adds its transpose when it is also lm_head.
+        # read back as a view of the transpose (nothing stored twice). The embedding tables stay
+        # (rows, dim) for the gather; finish() adds token_embd's transpose when it is also lm_head.
         transpose = w.dtype == "f32" and w.data is not None and w.data.ndim == 2 and w.data_t is None \
-            and w.name != "token_embd"
+            and w.name not in GATHERED_TABLES
         if w.name == "token_embd" and w.dtype == "f32":
             self.float_embedding = True
         for kind, arr in w.arrays().items():

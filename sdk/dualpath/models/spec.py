@@ -256,6 +256,9 @@ class ModelSpec:
         return out
 
 
+GATHERED_TABLES = ("token_embd", "position_embd", "token_types")
+"""Tables read by row (embeddings), never multiplied as a graph's matrix (but a tied classifier)."""
+
 LAYER_TENSORS = ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output",
                  "ffn_norm", "ffn_gate", "ffn_down", "ffn_up")
 

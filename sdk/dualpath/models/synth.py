@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from .synth_encoder import ENCODER_ARCHES, add_encoder_keys, add_encoder_vocabulary, encoder_tensor_list
+from .synth_encoder import ALWAYS_F32, ENCODER_ARCHES, add_encoder_keys, add_encoder_vocabulary, encoder_tensor_list
 
 log = logging.getLogger(__name__)
 
@@ -322,15 +322,15 @@ def _write_tensors(w, tensors: list[tuple[str, tuple[int, ...], float]], weight_
             return (1.0 - std * np.linspace(0, 1, shp[0]) ** 2).astype(np.float32)
         return rng.standard_normal(shp, dtype=np.float32) * np.float32(std)
 
-    def encode(arr):
-        if arr.ndim == 1 or weight_type == "F32":  # norms stay F32, as llama.cpp writes them
+    def encode(arr, name):
+        if arr.ndim == 1 or weight_type == "F32" or name in ALWAYS_F32:  # as llama.cpp writes them
             return arr, gguf.GGMLQuantizationType.F32
         if weight_type == "F16":
             return arr.astype(np.float16), gguf.GGMLQuantizationType.F16
         return gguf.quants.quantize(arr, qtype), qtype
 
     for name, shp, _std in tensors:
-        nbytes, raw = _encoded_size(shp, weight_type if len(shp) == 2 else "F32")
+        nbytes, raw = _encoded_size(shp, weight_type if len(shp) == 2 and name not in ALWAYS_F32 else "F32")
         dtype: np.dtype
         if raw in ("F32", "F16"):
             dtype, info_shape = np.dtype(np.float32 if raw == "F32" else np.float16), shp
@@ -340,8 +340,8 @@ def _write_tensors(w, tensors: list[tuple[str, tuple[int, ...], float]], weight_
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_ti_data_to_file()
-    for _name, shp, std in tensors:
-        data, _ = encode(make(shp, std))
+    for name, shp, std in tensors:
+        data, _ = encode(make(shp, std), name)
         w.write_tensor_data(data)
 
 

@@ -29,6 +29,9 @@ _CHARS = ("abcdefghijklmnopqrstuvwxyz0123456789" + "!\"#$%&'()*+,-./:;<=>?@[\\]^
 """Characters the vocabulary has as word starts and continuations: ASCII, a few accented
 letters (kept when the file does not strip accents), CJK ideographs and kana."""
 
+ALWAYS_F32 = frozenset(("position_embd.weight", "token_types.weight"))
+"""Matrices llama.cpp's converter and quantizer keep in F32 (its BERT graph adds them as such)."""
+
 SPECIALS = {0: "[PAD]", 100: "[UNK]", 101: "[CLS]", 102: "[SEP]", 103: "[MASK]"}
 
 

@@ -1,0 +1,121 @@
+"""Encoders (BERT, nomic-bert) against llama.cpp on the same files: embeddings, pooling types.
+
+``dualpath synth`` writes each family's tiny twin (dim 128, 2 layers, 4 heads, 128
+positions) in F32 and F16, Q8_0 for BERT, and llama.cpp's own quantizer makes Q4_K_M
+from the F32 file (its mix for rows of 128: Q5_0 / Q8_0 fallbacks beside Q4_K and Q6_K).
+Both engines embed the same texts (one batch: texts of different lengths, so padding and
+the mask are exercised) and L2-normalise; every text's two vectors must have cosine
+>= MIN_COSINE[type]. F32 and F16 files compute with the same weights on both sides
+(measured >= 0.99999994). For quantized files both engines quantize activations to int8
+in their own blocks (llama.cpp's dot products, ONNX Runtime's MatMulNBits at accuracy
+level 4): measured >= 0.99996 (Q8_0) and >= 0.99994 (Q4_K_M) at 2 layers.
+
+Pooling: copies of the BERT file with ``bert.pooling_type`` 0 (none), 2 (cls), 3 (last)
+must give llama.cpp's vectors too (none: one per token).
+"""
+
+from __future__ import annotations
+
+import gguf
+import numpy as np
+import pytest
+
+from dualpath import LLM
+from dualpath.errors import ModelTaskError, PromptTooLongError
+from dualpath.models.synth import synth_gguf
+from tests_shared import copy_gguf
+
+llama_cpp = pytest.importorskip("llama_cpp", reason="llama-cpp-python is the peer these tests compare against")
+
+TEXTS = ["hello world", "The school is in the north of the city.", "Café, naïve résumé!", "中文字 日本語",
+         "emoji 😀 here", "a", "search my notes and answer from my files " * 6]
+CASES = [("bert-tiny", "F32"), ("bert-tiny", "F16"), ("bert-tiny", "Q8_0"), ("bert-tiny", "Q4_K_M"),
+         ("nomic-bert-tiny", "F32"), ("nomic-bert-tiny", "F16")]
+MIN_COSINE = {"F32": 0.9999, "F16": 0.9999, "Q8_0": 0.999, "Q4_K_M": 0.999}
+POOLING_TYPES = {"none": 0, "cls": 2, "last": 3}
+
+
+@pytest.fixture(scope="module")
+def encoder_file(tmp_path_factory):
+    root = tmp_path_factory.mktemp("encoders")
+    made: dict = {}
+
+    def get(preset: str, weight_type: str):
+        key = (preset, weight_type)
+        if key not in made:
+            made[key] = synth_gguf(root / f"{preset}-{weight_type}.gguf", preset, weight_type)
+        return made[key]
+    return get
+
+
+def llama_cpp_embed(path, texts, normalize=True):
+    model = llama_cpp.Llama(str(path), embedding=True, verbose=False, n_ctx=1024, n_batch=1024, n_ubatch=1024,
+                            n_threads=2)
+    return model.embed(texts, normalize=normalize), [model.tokenize(t.encode("utf-8")) for t in texts]
+
+
+def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    return np.sum(a * b, axis=-1) / (np.linalg.norm(a, axis=-1) * np.linalg.norm(b, axis=-1))
+
+
+@pytest.mark.parametrize("preset,weight_type", CASES)
+def test_encoder_embeddings_match_llama_cpp(encoder_file, preset, weight_type):
+    path = encoder_file(preset, weight_type)
+    llm = LLM(path)
+    ours = llm.embed(TEXTS)
+    theirs, their_ids = llama_cpp_embed(path, TEXTS)
+    assert [llm.tokenize(t) for t in TEXTS] == their_ids
+    assert ours.shape == (len(TEXTS), 128) and ours.dtype == np.float32
+    cos = cosines(ours, np.array(theirs))
+    assert cos.min() >= MIN_COSINE[weight_type], cos
+    np.testing.assert_allclose(np.linalg.norm(ours, axis=1), 1.0, rtol=1e-5)
+    # one text alone gives the same vector as inside the padded batch
+    np.testing.assert_allclose(llm.embed(TEXTS[1]), ours[1], atol=2e-5)
+
+
+@pytest.mark.parametrize("pooling", list(POOLING_TYPES))
+def test_pooling_type_of_the_file_is_llama_cpps(encoder_file, tmp_path, pooling):
+    path = copy_gguf(encoder_file("bert-tiny", "F32"), tmp_path / f"{pooling}.gguf",
+                     {"bert.pooling_type": (POOLING_TYPES[pooling], gguf.GGUFValueType.UINT32)})
+    llm = LLM(path)
+    assert llm.encoder.pooling == pooling
+    ours = llm.embed(TEXTS)
+    if pooling == "none":  # a (tokens, dim) matrix per text
+        assert [o.shape for o in ours] == [(len(llm.tokenize(t)), 128) for t in TEXTS]
+        # one text per call: llama-cpp-python 0.3.36 reads the per-token rows of a later
+        # text of a batch from the wrong offset (it advances by tokens, not tokens * dim)
+        for o, text in zip(ours, TEXTS):
+            theirs, _ = llama_cpp_embed(path, [text])
+            assert cosines(o, np.array(theirs[0])).min() >= 0.9999
+    else:
+        theirs, _ = llama_cpp_embed(path, TEXTS)
+        assert cosines(ours, np.array(theirs)).min() >= 0.9999
+
+
+def test_unnormalised_mean_is_llama_cpps_raw_vector(encoder_file):
+    path = encoder_file("bert-tiny", "F32")
+    ours = LLM(path).embed(TEXTS, normalize=False)
+    theirs = np.array(llama_cpp_embed(path, TEXTS, normalize=False)[0])
+    # the same direction and length: llama.cpp's GELU reads a table at fp16 inputs, so single
+    # entries differ by up to a few 1e-4
+    assert cosines(ours, theirs).min() >= 0.9999
+    np.testing.assert_allclose(np.linalg.norm(ours, axis=1), np.linalg.norm(theirs, axis=1), rtol=1e-4)
+
+
+def test_encoder_refuses_generation_and_long_texts(encoder_file):
+    llm = LLM(encoder_file("bert-tiny", "F32"))
+    with pytest.raises(ModelTaskError, match="embedding model .*cannot generate"):
+        llm.generate("hello")
+    with pytest.raises(ModelTaskError, match="cannot generate"):
+        llm.chat([{"role": "user", "content": "hi"}])
+    long = "word " * 200  # 202 tokens, 128 positions
+    with pytest.raises(PromptTooLongError, match="202 tokens, more than the 128 positions"):
+        llm.embed(["short", long])
+    assert llm.embed(long, truncate=True).shape == (128,)
+    assert llm.embed([]).shape == (0, 128)
+
+
+def test_embed_on_a_decoder_names_the_problem(encoder_file):
+    llm = LLM(synth_gguf(encoder_file("bert-tiny", "F32").replace("bert-tiny-F32", "llama3-tiny"), "llama3-tiny"))
+    with pytest.raises(ModelTaskError, match="text-generation model: LLM.embed needs an embedding model"):
+        llm.embed(["hello"])
