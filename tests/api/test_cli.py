@@ -261,3 +261,18 @@ def test_info_lists_every_isa_row_of_the_c_table_and_which_run_here(tmp_path):
     assert [r.removesuffix("(-)") for r in rows] == list(KERNEL_ISAS)
     assert [r for r in rows if not r.endswith("(-)")] == available_kernels()
     assert {"neon_dotprod", "neon_i8mm", "avx_vnni", "avx512_vnni"} <= set(KERNEL_ISAS)
+
+
+def test_embed_prints_one_normalised_vector_per_text_and_refuses_generation(tmp_path):
+    model = tmp_path / "bert.gguf"
+    assert dualpath_cli(["synth", "--arch", "bert", "-o", model], tmp_path).returncode == 0
+    proc = dualpath_cli(["embed", "-m", model, "school house", "the city"], tmp_path)  # words of its vocabulary
+    assert proc.returncode == 0, proc.stderr.decode()
+    lines = [json.loads(line) for line in proc.stdout.decode().splitlines()]
+    assert [(d["index"], d["tokens"], len(d["embedding"])) for d in lines] == [(0, 4, 128), (1, 4, 128)]
+    assert all(abs(sum(x * x for x in d["embedding"]) - 1.0) < 1e-5 for d in lines)
+    too_long = dualpath_cli(["embed", "-m", model, "word " * 300], tmp_path)
+    assert_clean_usage_error(too_long, "302 tokens, more than the 128 positions", "--truncate")
+    assert dualpath_cli(["embed", "-m", model, "--truncate", "word " * 300], tmp_path).returncode == 0
+    assert_clean_usage_error(dualpath_cli(["run", "-m", model, "hi"], tmp_path),
+                             "is an embedding model (bert, an encoder): it cannot generate text")

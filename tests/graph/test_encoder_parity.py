@@ -119,3 +119,17 @@ def test_embed_on_a_decoder_names_the_problem(encoder_file):
     llm = LLM(synth_gguf(encoder_file("bert-tiny", "F32").replace("bert-tiny-F32", "llama3-tiny"), "llama3-tiny"))
     with pytest.raises(ModelTaskError, match="text-generation model: LLM.embed needs an embedding model"):
         llm.embed(["hello"])
+
+
+@pytest.mark.parametrize("preset,weight_type,pooling", [("all-minilm-l6", "F16", 1), ("bge-small", "Q8_0", 2)])
+def test_real_shape_files_load_in_llama_cpp_and_agree(tmp_path, preset, weight_type, pooling):
+    """all-MiniLM-L6-v2 (6 layers) and bge-small-en-v1.5 (12 layers) shapes: 384 wide, 12 heads,
+    1536 MLP, 512 positions, 30,522 WordPiece tokens; llama.cpp reads their pooling types."""
+    path = synth_gguf(tmp_path / f"{preset}.gguf", preset, weight_type)
+    model = llama_cpp.Llama(str(path), embedding=True, verbose=False, n_ctx=512, n_batch=512, n_ubatch=512,
+                            n_threads=2)
+    assert (model.n_embd(), model.n_vocab(), model.pooling_type()) == (384, 30522, pooling)
+    assert int(model.metadata["bert.context_length"]) == 512
+    llm = LLM(path)
+    cos = cosines(llm.embed(TEXTS), np.array(model.embed(TEXTS, normalize=True)))
+    assert cos.min() >= MIN_COSINE[weight_type], cos

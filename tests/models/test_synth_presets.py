@@ -1,12 +1,14 @@
 """The real-shape presets of ``dualpath synth`` are the published models' shapes: their
 tensors add up to the parameter counts the models' own pages give (RoPE frequency
-factors, a buffer in those counts, left out)."""
+factors, a buffer in those counts, left out; an encoder's count includes BERT's pooler,
+a 384 x 384 dense layer and its bias that llama.cpp's converter drops)."""
 
 import math
 
 import pytest
 
 from dualpath.models.synth import PRESETS, _tensor_list
+from dualpath.models.synth_encoder import encoder_tensor_list
 
 PUBLISHED_PARAMETERS = {
     "tinyllama-1.1b": 1_100_048_384,
@@ -20,6 +22,19 @@ def test_a_preset_has_the_published_parameter_count(preset):
     tensors = _tensor_list(PRESETS[preset])
     count = sum(math.prod(shape) for name, shape, _ in tensors if not name.startswith("rope_"))
     assert count == PUBLISHED_PARAMETERS[preset]
+
+
+ENCODER_PARAMETERS = {
+    "all-minilm-l6": 22_713_216,  # sentence-transformers/all-MiniLM-L6-v2
+    "bge-small": 33_360_000,      # BAAI/bge-small-en-v1.5
+}
+POOLER = 384 * 384 + 384
+
+
+@pytest.mark.parametrize("preset", sorted(ENCODER_PARAMETERS))
+def test_an_encoder_preset_has_the_published_parameter_count(preset):
+    tensors = encoder_tensor_list(PRESETS[preset])
+    assert sum(math.prod(shape) for _, shape, _ in tensors) + POOLER == ENCODER_PARAMETERS[preset]
 
 
 def test_the_qwen2_5_1_5b_preset_fits_k_quant_super_blocks():

@@ -10,7 +10,7 @@ from .common import memory_budget
 from .generate import cmd_chat, cmd_run
 from .info import cmd_info
 from .serve import cmd_serve
-from .tools import cmd_synth, cmd_tokenize
+from .tools import cmd_embed, cmd_synth, cmd_tokenize
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -49,6 +49,15 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--no-bos", action="store_true")
     t.add_argument("--ids-only", action="store_true", help="print a JSON list of ids")
     t.set_defaults(func=cmd_tokenize)
+
+    e = sub.add_parser("embed", help="embeddings of texts from an embedding model (BERT, nomic-bert): JSON lines")
+    model_args(e)
+    config_args(e)
+    e.add_argument("text", nargs="*", help="texts to embed (default: one per line of standard input)")
+    e.add_argument("--no-normalize", action="store_true", help="the pooled vectors as they are (default: L2 norm 1)")
+    e.add_argument("--truncate", action="store_true",
+                   help="cut a text longer than the model's positions (default: refuse it)")
+    e.set_defaults(func=cmd_embed)
 
     i = sub.add_parser("info", help="versions, CPU features, kernels, and a model's hyper-parameters")
     model_args(i)

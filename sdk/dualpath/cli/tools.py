@@ -1,4 +1,4 @@
-"""``dualpath tokenize`` and ``dualpath synth``."""
+"""``dualpath tokenize``, ``dualpath embed`` and ``dualpath synth``."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import os
 import sys
 import time
 
-from .common import model_path
+from .common import config_from_args, model_path
 
 
 def cmd_tokenize(args) -> int:
@@ -23,6 +23,19 @@ def cmd_tokenize(args) -> int:
         for i in ids:
             print(f"{i:>8} {spec.tokenizer.tokens[i]!r}")
     return 0
+
+def cmd_embed(args) -> int:
+    """One JSON line per text: its index, token count and vector (or a vector per token
+    when the file's pooling is none)."""
+    from ..llm import LLM
+
+    llm = LLM(model_path(args), config_from_args(args))
+    texts = args.text if args.text else [line.rstrip("\n") for line in sys.stdin]
+    vectors = llm.embed(texts, normalize=not args.no_normalize, truncate=args.truncate)
+    for i, (text, v) in enumerate(zip(texts, vectors)):
+        print(json.dumps({"index": i, "tokens": len(llm.tokenize(text)), "embedding": v.tolist()}))
+    return 0
+
 
 def cmd_synth(args) -> int:
     from ..models.synth import preset_for, synth_gguf

@@ -78,7 +78,8 @@ class EncoderRunner:
             raise InvalidPromptError(f"text {index} has no tokens")
         if len(ids) > self.context_tokens:
             raise PromptTooLongError(f"text {index} has {len(ids)} tokens, more than the {self.context_tokens} "
-                                     "positions the encoder has (truncate it, or pass truncate=True)")
+                                     "positions the encoder has (truncate=True, or --truncate on the command "
+                                     "line, keeps its first positions)")
         bad = next((t for t in ids if not 0 <= t < vocab), None)
         if bad is not None:
             raise InvalidPromptError(f"text {index} holds token id {bad}, outside the vocabulary [0, {vocab})")
