@@ -5,6 +5,8 @@ letters, CJK ideographs and kana as word starts and continuations, words, suffix
 compounds); copies of the file switch the BertNormalizer options llama.cpp reads
 (``tokenizer.ggml.normalizer.lowercase`` / ``strip_accents``). Both sides add [CLS] and [SEP]
 as llama.cpp's ``tokenize(add_bos=True)`` does, with and without special-token parsing.
+llama.cpp's own vocabulary file of BAAI's bge models (``models/ggml-vocab-bert-bge.gguf``, the
+real 30,522-piece BERT uncased vocabulary) is checked the same way where its source is found.
 """
 
 from __future__ import annotations
@@ -12,9 +14,10 @@ from __future__ import annotations
 import gguf
 import pytest
 from tok_corpus import parity_corpus
+from tok_llama_cpp_source import llama_cpp_source_dir, vocab_file
 from tok_parity import describe, mismatches
 
-from dualpath.models.gguf import load_gguf
+from dualpath.models.gguf import load_gguf, read_tokenizer
 from dualpath.models.synth import synth_gguf
 from dualpath.tokenizer import build_tokenizer
 from tests_shared import copy_gguf
@@ -51,6 +54,19 @@ def test_wordpiece_ids_equal_llama_cpp(bert_file, tmp_path, normalizer):
     vocab = llama_cpp.Llama(str(path), vocab_only=True, verbose=False)
     found = mismatches(tok, vocab, SENTENCES + parity_corpus())
     assert not found, describe(found)
+
+
+def test_wordpiece_ids_equal_llama_cpp_on_the_real_bge_vocabulary():
+    source = llama_cpp_source_dir()
+    path = vocab_file(source, "bert-bge") if source is not None else None
+    if path is None or not path.is_file():
+        pytest.skip("llama.cpp vocab file ggml-vocab-bert-bge.gguf not found (set DUALPATH_LLAMA_CPP_SRC)")
+    tok = build_tokenizer(read_tokenizer(path))
+    vocab = llama_cpp.Llama(str(path), vocab_only=True, verbose=False)
+    found = mismatches(tok, vocab, SENTENCES + parity_corpus())
+    assert not found, describe(found)
+    assert tok.encode("Résumé, NAÏVE!") == tok.encode("resume , naive !")  # lowercased, accents stripped
+    assert 100 not in tok.encode("Résumé, NAÏVE!")
 
 
 def test_wordpiece_frames_text_with_cls_and_sep_and_unknown_words(bert_file):

@@ -216,6 +216,15 @@ def read_layout(path: str | os.PathLike) -> tuple[ModelConfig, dict[str, tuple[s
     return cfg, layout, len(merges.data) if merges is not None else 0
 
 
+def read_tokenizer(path: str | os.PathLike) -> TokenizerSpec:
+    """The tokenizer of a GGUF file, from its header alone: a vocabulary-only file (llama.cpp's
+    ``models/ggml-vocab-*.gguf``) has no tensors or hyper-parameters to load."""
+    path = os.fspath(path)
+    check_gguf_file(path)
+    meta = _Metadata(path, _open_reader(path))
+    return _tokenizer_spec(path, meta, len(meta.get_list("tokenizer.ggml.tokens", str) or ()))
+
+
 def _open_reader(path: str):
     """The checked ``gguf.GGUFReader`` of ``path``; whatever the reader raises becomes a ModelLoadError."""
     _Reader = _reader_class()
