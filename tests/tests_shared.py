@@ -20,10 +20,12 @@ def require_file(path: Path) -> Path:
     return path
 
 
-def copy_gguf(src: Path, dst: Path, fields: dict | None = None, drop: frozenset[str] = frozenset()) -> Path:
+def copy_gguf(src: Path, dst: Path, fields: dict | None = None, drop: frozenset[str] = frozenset(),
+              tensors: dict | None = None) -> Path:
     """Copy GGUF ``src`` to ``dst`` field by field and tensor by tensor; ``fields`` maps a
     key to (value, GGUFValueType), replacing the key's value where ``src`` has it, else
-    added after the others; the keys and tensors named in ``drop`` are left out."""
+    added after the others; the keys and tensors named in ``drop`` are left out; ``tensors``
+    (name -> f32 array) are added after the others."""
     import gguf
 
     fields = dict(fields or {})
@@ -45,6 +47,8 @@ def copy_gguf(src: Path, dst: Path, fields: dict | None = None, drop: frozenset[
         if t.name in drop:
             continue
         writer.add_tensor(t.name, t.data, raw_dtype=t.tensor_type)
+    for name, array in (tensors or {}).items():
+        writer.add_tensor(name, array)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

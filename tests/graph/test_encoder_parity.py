@@ -133,3 +133,16 @@ def test_real_shape_files_load_in_llama_cpp_and_agree(tmp_path, preset, weight_t
     llm = LLM(path)
     cos = cosines(llm.embed(TEXTS), np.array(model.embed(TEXTS, normalize=True)))
     assert cos.min() >= MIN_COSINE[weight_type], cos
+
+
+def test_fused_qkv_with_separate_biases_adds_them_as_llama_cpp(encoder_file, tmp_path):
+    """A fused ``attn_qkv`` may come with ``attn_q/k/v.bias`` (llama.cpp's loader takes them)."""
+    src = encoder_file("nomic-bert-tiny", "F32")
+    rng = np.random.default_rng(3)
+    biases = {f"blk.{i}.attn_{n}.bias": (0.3 * rng.standard_normal(128)).astype(np.float32)
+              for i in range(2) for n in "qkv"}
+    path = copy_gguf(src, tmp_path / "biased.gguf", tensors=biases)
+    ours = LLM(path).embed(TEXTS)
+    theirs, _ = llama_cpp_embed(path, TEXTS)
+    assert cosines(ours, np.array(theirs)).min() >= 0.9999
+    assert cosines(ours, LLM(src).embed(TEXTS)).min() < 0.999  # the biases moved the vectors

@@ -36,6 +36,11 @@ def cmd_serve(args) -> int:
     # unless the config or --no-prefix-cache says never.
     llm = LLM(model_path(args), cfg, tokenizer_path=args.tokenizer,
               prefix_cache=cfg.prefix_cache.use != "never")
+    if llm.encoder is not None:
+        from ..errors import ModelTaskError
+
+        raise ModelTaskError(f"{llm.spec.path} is an embedding model ({llm.spec.config.arch}): the server does not "
+                             "serve encoders yet; use dualpath embed or LLM.embed")
 
     def stopped():
         # The engine has stopped (the app's shutdown): whatever load it served, the cache must

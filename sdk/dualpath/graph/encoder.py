@@ -74,8 +74,9 @@ class _EncoderBuilder(_Builder):
 
     def attention(self, i: int, h: str, bt: str, mask: str) -> str:
         p, cfg = f"blk.{i}.", self.cfg
-        if cfg.fused_qkv:
+        if cfg.fused_qkv:  # a fused matrix may still come with separate biases (llama.cpp takes both)
             q, k, v = self.split(self.dense(h, p + "attn_qkv"), [cfg.q_dim, cfg.kv_dim, cfg.kv_dim], "qkv")
+            q, k, v = (self.bias(y, f"{p}{n}.bias") for y, n in ((q, "attn_q"), (k, "attn_k"), (v, "attn_v")))
         else:
             q, k, v = (self.dense(h, p + n) for n in ("attn_q", "attn_k", "attn_v"))
         if not cfg.learned_positions:

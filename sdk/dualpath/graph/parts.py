@@ -158,14 +158,15 @@ def _fused_weights(spec: ModelSpec) -> dict:
 
 
 def _remove_stale(entry_folder: str) -> None:
-    """Remove the graph and fused folders of older versions (no current code reads them)."""
+    """Remove the graph, fused and encoder folders of older versions (no current code reads them)."""
     try:
         names = os.listdir(entry_folder)
     except OSError:
         return
     for n in names:
         if (n.startswith("graphs-") and not n.startswith(f"graphs-v{GRAPH_VERSION}-")) or \
-                (n.startswith("fused-") and n != f"fused-v{FUSED_VERSION}"):
+                (n.startswith("fused-") and n != f"fused-v{FUSED_VERSION}") or \
+                (n.startswith("encoder-") and not n.startswith(f"encoder-v{ENCODER_VERSION}-")):
             shutil.rmtree(os.path.join(entry_folder, n), ignore_errors=True)
 
 
@@ -277,14 +278,17 @@ def _read_parts(folder: str, spec: ModelSpec) -> list[PartFile] | None:
     return parts
 
 
-ENCODER_VERSION = 1
-"""Bump when graph/encoder.py changes the graph: older encoder folders are then never read."""
+ENCODER_VERSION = 2
+"""Bump when graph/encoder.py changes the graph: older encoder folders are then never read
+(``dualpath cache prune`` removes entries, not folders).
+2: separate q, k, v biases added to a fused ``attn_qkv``."""
 
 
 def encoder_graph(spec: ModelSpec, accuracy_level: int) -> PartFile:
     """The one graph of an encoder (graph/encoder.py) in ``spec``'s cache entry, folder
     ``encoder-v{ENCODER_VERSION}-o{OPSET}-a{accuracy}``: built (which imports onnx) when absent."""
     name = f"encoder-v{ENCODER_VERSION}-o{OPSET}-a{accuracy_level}"
+    _remove_stale(spec.entry.folder)
     for _ in range(2):
         folder = spec.entry.derived(name, lambda tmp: _write_encoder(spec, accuracy_level, tmp))
         try:

@@ -317,12 +317,12 @@ def encoder_shapes(cfg: ModelConfig) -> tuple[dict[str, tuple[int, ...]], dict[s
     maybe = {"attn_output.bias": (d,), "ffn_up.bias": (ff,), "ffn_down.bias": (d,)}
     if cfg.ffn_gated:
         per_layer["ffn_gate"] = (ff, d)
+    maybe.update({"attn_q.bias": (q,), "attn_k.bias": (kv,), "attn_v.bias": (kv,)})
     if cfg.fused_qkv:
         per_layer["attn_qkv"] = (q + 2 * kv, d)
         maybe["attn_qkv.bias"] = (q + 2 * kv,)
     else:
         per_layer.update(attn_q=(q, d), attn_k=(kv, d), attn_v=(kv, d))
-        maybe.update({"attn_q.bias": (q,), "attn_k.bias": (kv,), "attn_v.bias": (kv,)})
     for i in range(cfg.num_layers):
         required.update((f"blk.{i}.{name}", shape) for name, shape in per_layer.items())
         optional.update((f"blk.{i}.{name}", shape) for name, shape in maybe.items())
