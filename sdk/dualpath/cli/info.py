@@ -111,7 +111,8 @@ def _print_model(args, d) -> None:
         per_token = g.token_bytes * m.num_layers
         f16 = kv_tile_bytes("f16", m.num_kv_heads, m.head_dim, 1) * m.num_layers
         print(f"  kv cache: {per_token:,} bytes per token, all layers, in {d.kv_dtype} "
-              f"({per_token / f16:.0%} of f16)")
+              f"({per_token / f16:.0%} of f16)" if m.causal else
+              f"  an encoder: embeddings only (pooling {spec.metadata.get('pooling')}), no KV cache")
     diffs = m.differences()
     shown = ' '.join(f'{k}={v:g}' if isinstance(v, float) else f'{k}={v}' for k, v in diffs.items())
     print(f"  family differences: {shown or 'none (plain Llama)'}")
@@ -120,7 +121,8 @@ def _print_model(args, d) -> None:
     print(f"  weights in memory: {spec.weight_bytes / 2**20:.1f} MiB ({types})")
     print(f"  tokenizer: {spec.tokenizer.model}, {spec.tokenizer.vocab_size} tokens, "
           f"chat template: {'yes' if spec.tokenizer.chat_template else 'no'}")
-    _print_memory_plan(args, m)
+    if m.causal:  # the memory plan does not model an encoder yet
+        _print_memory_plan(args, m)
 
 
 def _print_memory_plan(args, m) -> None:
