@@ -21,6 +21,7 @@ from ..errors import (
     DualPathError,
     InternalError,
     InvalidPromptError,
+    ModelTaskError,
     PromptTooLongError,
     SamplingParamsError,
 )
@@ -70,6 +71,7 @@ REFUSALS: tuple[tuple[type, int, str, str | None], ...] = (
     (SamplingParamsError, 400, "invalid_request_error", "invalid_value"),
     (StructuredOutputError, 400, "invalid_request_error", "invalid_value"),
     (ChatTemplateError, 400, "invalid_request_error", "chat_template"),
+    (ModelTaskError, 400, "invalid_request_error", "model_not_supported"),
 )
 """DualPath's errors that are answers, not failures: (class, status, type, code), a subclass
 before its base. Their messages are written for the user and are sent as they are. Every
