@@ -115,6 +115,13 @@ def test_encoder_refuses_generation_and_long_texts(encoder_file):
     assert llm.embed([]).shape == (0, 128)
 
 
+def test_a_reranker_file_is_refused_by_embed(encoder_file, tmp_path):
+    path = copy_gguf(encoder_file("bert-tiny", "F32"), tmp_path / "rank.gguf",
+                     {"bert.pooling_type": (4, gguf.GGUFValueType.UINT32)})
+    with pytest.raises(ModelTaskError, match="pooling type rank .* reranking is not supported yet"):
+        LLM(path).embed(["a query"])
+
+
 def test_embed_on_a_decoder_names_the_problem(encoder_file):
     llm = LLM(synth_gguf(encoder_file("bert-tiny", "F32").replace("bert-tiny-F32", "llama3-tiny"), "llama3-tiny"))
     with pytest.raises(ModelTaskError, match="text-generation model: LLM.embed needs an embedding model"):

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..errors import InvalidPromptError, PromptTooLongError
+from ..errors import InvalidPromptError, ModelTaskError, PromptTooLongError
 from ..graph.encoder import MASKED, rope_angles
 from ..graph.parts import encoder_graph
 from ..models.spec import ModelSpec
@@ -97,8 +97,11 @@ class EncoderRunner:
     def embed(self, texts: list[list[int]], pooling: str, normalize: bool = True) -> list[np.ndarray]:
         """Each text's pooled vector (dim,), or its (T, dim) states for ``none``; L2-normalised
         with ``normalize``."""
+        if pooling == "rank":
+            raise ModelTaskError(f"{self.spec.path}: pooling type rank (a reranker's classification head) gives "
+                                 "relevance scores, not embeddings; reranking is not supported yet")
         if pooling not in POOLINGS:
-            raise ValueError(f"pooling {pooling!r} is not supported yet (supported: {', '.join(POOLINGS)})")
+            raise ValueError(f"pooling {pooling!r} must be one of {', '.join(POOLINGS)}")
         vectors = [pool(h, pooling) for h in self.hidden(texts)]
         return [l2_normalize(v) for v in vectors] if normalize else vectors
 
