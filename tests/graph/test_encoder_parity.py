@@ -71,6 +71,9 @@ def test_encoder_embeddings_match_llama_cpp(encoder_file, preset, weight_type):
     np.testing.assert_allclose(np.linalg.norm(ours, axis=1), 1.0, rtol=1e-5)
     # one text alone gives the same vector as inside the padded batch
     np.testing.assert_allclose(llm.embed(TEXTS[1]), ours[1], atol=2e-5)
+    again = LLM(path)  # from the converted-model cache entry, graph included
+    assert again.load_stats["cache"] == "hit"
+    np.testing.assert_allclose(again.embed(TEXTS), ours, atol=1e-6)
 
 
 @pytest.mark.parametrize("pooling", list(POOLING_TYPES))

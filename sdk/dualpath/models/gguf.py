@@ -1,7 +1,8 @@
 """GGUF loading through the ``gguf`` package (the format's reference reader).
 
 Supported: the architectures of ``families.py`` (llama, qwen2, qwen3, gemma2, gemma3,
-phi3) with tensor types F32, F16, BF16, Q8_0, Q4_0, and
+phi3; the encoders bert and nomic-bert, whose matrices never take our kernels' form: one
+ONNX graph runs them, graph/encoder.py) with tensor types F32, F16, BF16, Q8_0, Q4_0, and
 Q6_K, Q4_K, Q5_K, Q3_K, Q2_K, Q5_0, Q4_1, Q5_1, IQ4_NL (the types of llama.cpp's
 Q4_K_M / Q5_K_M / Q6_K / Q3_K / Q2_K files and their fallbacks).
 
