@@ -57,11 +57,13 @@ def write_gguf_with_chat_template(src: Path, dst: Path, template: str) -> Path:
     return copy_gguf(src, dst, {"tokenizer.chat_template": (template, gguf.GGUFValueType.STRING)})
 
 
-THINK_TEMPLATE = ("{% for m in messages %}{{ m['content'] }}\n{% endfor %}{% if add_generation_prompt %}"
+THINK_TEMPLATE = ("{% for m in messages %}{% if m.reasoning_content is defined %}<think>{{ m.reasoning_content }}"
+                  "</think>{% endif %}{{ m['content'] }}\n{% endfor %}{% if add_generation_prompt %}"
                   "{% if enable_thinking is defined and not enable_thinking %}<think>\n\n</think>\n\n"
                   "{% else %}<think>\n{% endif %}{% endif %}")
 """A chat template that thinks as Qwen3's does: its generation prompt opens ``<think>``
-(the reply starts inside the thinking), or with ``enable_thinking`` false closes it empty."""
+(the reply starts inside the thinking), or with ``enable_thinking`` false closes it empty;
+an earlier reply's ``reasoning_content`` is rendered before its content."""
 PLAIN_TEMPLATE = "{% for m in messages %}{{ m['content'] }}\n{% endfor %}"
 """A template that leaves the reply to open its thinking itself."""
 THINK_PROMPT = [{"role": "user", "content": "Once upon a time"}]
