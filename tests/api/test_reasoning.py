@@ -112,3 +112,45 @@ def test_chat_yields_the_thinking_apart_and_keeps_only_the_answer(thinking_llm):
     pieces = list(chat.send("The end"))
     assert pieces and not any(isinstance(p, Thinking) for p in pieces)
     assert chat.messages[-1]["content"] == "".join(pieces)
+
+
+def _chat_argv(llm, *extra):
+    import sys
+
+    return [sys.executable, "-m", "dualpath.cli", "chat", "-m", str(llm.spec.path), "-n", "30", "--temperature",
+            "0", "--ctx-size", "256", "--set", "reasoning.budget_tokens=4", *extra]
+
+
+def test_dualpath_chat_in_a_terminal_dims_the_thinking_and_think_off_stops_it(thinking_llm):
+    from dualpath.cli.generate import DIM, PLAIN
+    from .test_chat import Terminal
+
+    term = Terminal(_chat_argv(thinking_llm))
+    try:
+        at = term.expect(">>> ")
+        term.send("Once upon a time\r")
+        end = term.expect(">>> ", start=at)
+        reply = term.out[at:end]
+        assert DIM in reply and PLAIN in reply, reply
+        thought = reply[reply.index(DIM) + len(DIM):reply.index(PLAIN)]
+        answer = reply[reply.index(PLAIN) + len(PLAIN):]
+        assert thought.strip() and answer.strip() and "think>" not in reply
+        term.send("/think off\r")
+        at = term.expect("(thinking off)", 30, end)
+        term.send("Once upon a time\r")
+        end = term.expect(">>> ", start=at)
+        assert DIM not in term.out[at:end] and term.out[at:end].strip()
+    finally:
+        term.close()
+
+
+def test_dualpath_chat_piped_prints_the_answers_alone(thinking_llm):
+    import subprocess
+
+    r = subprocess.run(_chat_argv(thinking_llm), input="Once upon a time\nThe end\n", capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert len(lines) >= 2 and "\x1b[" not in r.stdout and "think>" not in r.stdout
+    ref = thinking_llm.chat(THINK_PROMPT, _greedy(30, 4))
+    assert ref.reasoning_content not in r.stdout
