@@ -330,29 +330,33 @@ class LLM:
 
     def chat(self, messages: Sequence[dict], params: SamplingParams | None = None, *,
              chat_template_kwargs: dict | None = None, reasoning_format: str | None = None) -> Completion:
-        """Generate the assistant's reply to ``messages`` ([{"role", "content"}, ...]).
+        """Generate the assistant's reply to ``messages`` ([{"role", "content"}, ...]). A model that
+        thinks (``<think>...</think>``): with ``reasoning_format`` (None: ``reasoning.format``)
+        deepseek the thinking comes back in ``reasoning_content`` and ``text`` is the answer;
+        ``params.reasoning_budget`` (None: ``reasoning.budget_tokens``) bounds it, and 0 also
+        sets ``enable_thinking`` false for templates that read it."""
+        return _chat(self, messages, params or SamplingParams(), chat_template_kwargs,
+                     reasoning_format or self.config.reasoning.format)
 
-        A model that thinks (``<think>...</think>``): with ``reasoning_format`` (None:
-        ``reasoning.format``) deepseek the thinking comes back in ``reasoning_content`` and
-        ``text`` is the answer; ``params.reasoning_budget`` (None: ``reasoning.budget_tokens``)
-        bounds it, and 0 also sets ``enable_thinking`` false for templates that read it."""
-        from .tokenizer.reasoning import budget_tokens_of, prompt_opens_thinking, split_reasoning, thinking_kwargs
 
-        rc = self.config.reasoning
-        fmt = reasoning_format or rc.format
-        if fmt not in REASONING_FORMATS:
-            raise ValueError(f"reasoning_format={fmt!r} must be one of {', '.join(REASONING_FORMATS)}")
-        params = params or SamplingParams()
-        budget = budget_tokens_of(rc.budget_tokens, params.reasoning_budget)
-        if budget != params.reasoning_budget:
-            params = dataclasses.replace(params, reasoning_budget=budget)
-        kwargs = thinking_kwargs(self.chat_template(), chat_template_kwargs, budget)
-        ids = self.chat_prompt_ids(messages, kwargs)
-        c = self.generate(ids, params)
-        if fmt == "none":
-            return c
-        reasoning, content = split_reasoning(c.text, prompt_opens_thinking(self.tokenizer, ids))
-        return dataclasses.replace(c, text=content, reasoning_content=reasoning)
+def _chat(llm: LLM, messages: Sequence[dict], params: SamplingParams, chat_template_kwargs: dict | None,
+          reasoning_format: str) -> Completion:
+    """``LLM.chat``: the thinking budget into the params and the template's variables, then
+    the reply, its thinking split off unless the format is none."""
+    from .tokenizer.reasoning import budget_tokens_of, prompt_opens_thinking, split_reasoning, thinking_kwargs
+
+    if reasoning_format not in REASONING_FORMATS:
+        raise ValueError(f"reasoning_format={reasoning_format!r} must be one of {', '.join(REASONING_FORMATS)}")
+    budget = budget_tokens_of(llm.config.reasoning.budget_tokens, params.reasoning_budget)
+    if budget != params.reasoning_budget:
+        params = dataclasses.replace(params, reasoning_budget=budget)
+    kwargs = thinking_kwargs(llm.chat_template(), chat_template_kwargs, budget)
+    ids = llm.chat_prompt_ids(messages, kwargs)
+    c = llm.generate(ids, params)
+    if reasoning_format == "none":
+        return c
+    reasoning, content = split_reasoning(c.text, prompt_opens_thinking(llm.tokenizer, ids))
+    return dataclasses.replace(c, text=content, reasoning_content=reasoning)
 
 
 class Generation:

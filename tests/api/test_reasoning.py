@@ -123,6 +123,7 @@ def _chat_argv(llm, *extra):
 
 def test_dualpath_chat_in_a_terminal_dims_the_thinking_and_think_off_stops_it(thinking_llm):
     from dualpath.cli.generate import DIM, PLAIN
+
     from .test_chat import Terminal
 
     term = Terminal(_chat_argv(thinking_llm))

@@ -13,10 +13,11 @@ openai = pytest.importorskip("openai")
 httpx = pytest.importorskip("httpx")
 pytest.importorskip("uvicorn")
 
+from test_server import KEY, LiveServer  # noqa: E402
+
 import dualpath  # noqa: E402
 from dualpath import SamplingParams  # noqa: E402
 from dualpath.tokenizer.reasoning import FORCED_CLOSE  # noqa: E402
-from test_server import KEY, LiveServer  # noqa: E402
 from tests_shared import THINK_PROMPT, THINK_TEMPLATE, write_thinking_gguf  # noqa: E402
 
 MODEL = "thinker"
