@@ -127,3 +127,12 @@ def test_an_earlier_replys_thinking_reaches_the_template(live):
                    json={"model": MODEL, "max_tokens": 4, "temperature": 0, "messages": messages})
     assert r.status_code == 200, r.text
     assert json.loads(r.text)["usage"]["prompt_tokens"] == len(ids)
+
+
+def test_a_reply_held_to_a_grammar_is_not_thinking_and_no_budget_forces_a_marker_into_it(live):
+    pytest.importorskip("llguidance")
+    fmt = {"type": "json_object"}
+    bounded = _ask(live, response_format=fmt, reasoning_budget=2).choices[0].message
+    free = _ask(live, response_format=fmt).choices[0].message
+    assert getattr(bounded, "reasoning_content", None) is None and bounded.content.lstrip().startswith("{")
+    assert bounded.content == free.content and "</think>" not in bounded.content

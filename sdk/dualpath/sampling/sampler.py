@@ -102,7 +102,10 @@ class Sampler:
             lse, top_ids = self._log_normaliser(work, p.logprobs)
             top = tuple((int(i), float(work[i] - lse)) for i in top_ids)
         budget = self.budget
-        token = budget.forced.pop() if budget is not None and budget.forced else self._draw(work)
+        if budget is not None and budget.forced and (mask_bias is None or mask_bias[budget.forced[-1]] == 0):
+            token = budget.forced.pop()  # a grammar that refuses the marker wins over the budget
+        else:
+            token = self._draw(work)
         if budget is not None:
             budget.observe(token)
         if p.logprobs is not None:

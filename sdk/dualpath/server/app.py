@@ -305,13 +305,14 @@ class Server:
             raise bad_request("'top_logprobs' needs 'logprobs': true", "top_logprobs")
         params = sampling_params(body, None, self.engine.context_tokens, (top or 0) if want_logprobs else None)
         thinking = reasoning_request(body, self.llm.config.reasoning, self.llm)
-        params = dataclasses.replace(params, reasoning_budget=thinking.budget_tokens)
         stream, with_usage = get_field(body, "stream", (bool,), False), include_usage(body)
         # the template and the tokenizer: off the loop
         ids = await asyncio.to_thread(chat_ids, self.llm, messages, thinking.template_kwargs)
         n = num_choices(body, self.engine.scheduler.max_num_seqs)
-        split = thinking.splitters(n, self.tokenizer, ids)
         grammar = self._grammar(body)
+        thinking = thinking.under(grammar)
+        params = dataclasses.replace(params, reasoning_budget=thinking.budget_tokens)
+        split = thinking.splitters(n, self.tokenizer, ids)
         tool_call = grammar is not None and grammar.kind == "tool_call"
         handles = await self._submit(ids, params, n, grammar=grammar)
         rid = f"chatcmpl-{uuid.uuid4().hex}"

@@ -11,6 +11,7 @@ are given) and ``chat_template_kwargs`` (extra template variables, e.g.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from ..config import REASONING_EFFORTS, REASONING_FORMATS, ReasoningConfig
@@ -34,6 +35,12 @@ class ReasoningRequest:
     """``SamplingParams.reasoning_budget``: None for no limit."""
     template_kwargs: dict
     """The chat template's extra variables."""
+
+    def under(self, grammar) -> ReasoningRequest:
+        """This request under its structured-output grammar (None: free text). A grammar
+        holds the reply to its shape from the first token, so the reply is no thinking:
+        nothing is split off and no budget forces a marker into it."""
+        return self if grammar is None else dataclasses.replace(self, format="none", budget_tokens=None)
 
     def splitters(self, n: int, tokenizer, prompt_ids: list[int]) -> list[ChoiceSplit]:
         """One reply splitter per choice of a request whose prompt is ``prompt_ids``."""
