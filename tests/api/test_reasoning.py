@@ -118,7 +118,7 @@ def _chat_argv(llm, *extra):
     import sys
 
     return [sys.executable, "-m", "dualpath.cli", "chat", "-m", str(llm.spec.path), "-n", "30", "--temperature",
-            "0", "--ctx-size", "256", "--set", "reasoning.budget_tokens=4", *extra]
+            "0", "--ctx-size", "256", "--reasoning-budget", "4", *extra]
 
 
 def test_dualpath_chat_in_a_terminal_dims_the_thinking_and_think_off_stops_it(thinking_llm):
@@ -155,3 +155,30 @@ def test_dualpath_chat_piped_prints_the_answers_alone(thinking_llm):
     assert len(lines) >= 2 and "\x1b[" not in r.stdout and "think>" not in r.stdout
     ref = thinking_llm.chat(THINK_PROMPT, _greedy(30, 4))
     assert ref.reasoning_content not in r.stdout
+
+
+def test_dualpath_chat_with_reasoning_format_none_prints_the_thinking_as_text(thinking_llm):
+    import subprocess
+
+    r = subprocess.run(_chat_argv(thinking_llm, "--reasoning-format", "none"), input="Once upon a time\n",
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert "</think>" in r.stdout and "\x1b[" not in r.stdout
+
+
+def test_a_bad_budget_on_the_command_line_names_the_key(thinking_llm):
+    import subprocess
+
+    r = subprocess.run(_chat_argv(thinking_llm, "--reasoning-budget", "-5"), input="Hi\n", capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode != 0 and "reasoning.budget_tokens=-5" in r.stderr, r.stderr
+
+
+def test_speculative_decoding_keeps_the_budgets_tokens(gguf_path, tmp_path):
+    path = write_thinking_gguf(gguf_path, tmp_path / "think.gguf", THINK_TEMPLATE)
+    spec = dualpath.LLM(path, dualpath.load_config(None, {**CONFIG, "runtime.speculative": "ngram"}))
+    plain = dualpath.LLM(path, dualpath.load_config(None, CONFIG))
+    for budget in (2, 9):
+        a, b = spec.chat(THINK_PROMPT, _greedy(60, budget)), plain.chat(THINK_PROMPT, _greedy(60, budget))
+        assert a.token_ids == b.token_ids and a.reasoning_content == b.reasoning_content and a.text == b.text
+    assert spec.engine.metrics.proposed_tokens > 0  # proposals were checked, forced tokens among the rows

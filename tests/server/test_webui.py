@@ -156,7 +156,7 @@ def test_a_replys_thinking_shows_in_a_block_that_folds_once_the_answer_starts(br
     path = write_thinking_gguf(gguf_path, tmp_path / "think.gguf", THINK_TEMPLATE)
     port = free_port()
     cmd = [sys.executable, "-m", "dualpath.cli", "serve", "--model", str(path), "--port", str(port),
-           "--ctx-size", "256", "-t", "2", "--set", "reasoning.budget_tokens=6"]
+           "--ctx-size", "256", "-t", "2", "--reasoning-budget", "6"]
     with live_server("dualpath serve", cmd, f"http://127.0.0.1:{port}", startup_s=240) as server:
         browser.get(server.base + "/")
         _wait(browser, lambda: "context" in browser.find_element(By.ID, "model").text)
