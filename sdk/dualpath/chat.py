@@ -181,27 +181,20 @@ class Chat:
         parts: list[str] = []
         split = (ReasoningSplitter(prompt_opens_thinking(self.llm.tokenizer, ids))
                  if self.reasoning_format != "none" else None)
+
+        def pieces(thought: str, answer: str):  # the answer alone is kept in the conversation
+            if thought:
+                yield Thinking(thought)
+            if answer:
+                parts.append(answer)
+                yield answer
         try:
             for delta in gen:
                 if first is None:
                     first = time.perf_counter()
-                if split is None:
-                    parts.append(delta)
-                    yield delta
-                    continue
-                thought, answer = split.feed(delta)
-                if thought:
-                    yield Thinking(thought)
-                if answer:
-                    parts.append(answer)
-                    yield answer
+                yield from pieces(*split.feed(delta)) if split is not None else pieces("", delta)
             if split is not None:
-                thought, answer = split.finish()
-                if thought:
-                    yield Thinking(thought)
-                if answer:
-                    parts.append(answer)
-                    yield answer
+                yield from pieces(*split.finish())
         finally:
             gen.close()
             c = gen.completion
