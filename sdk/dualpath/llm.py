@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import shutil
@@ -12,7 +13,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from .completion import Completion
-from .config import Config, load_config
+from .config import REASONING_FORMATS, Config, load_config
 from .engine.engine import Engine, SyncStream
 from .errors import ChatTemplateError
 from .models import ModelSpec
@@ -294,30 +295,68 @@ class LLM:
         return {"prompt_tokens": len(ids), "cached_tokens": c.usage.cached_prompt_tokens,
                 "stored_tokens": len(ids) // P * P}
 
-    def apply_chat_template(self, messages: Sequence[dict], add_generation_prompt: bool = True) -> str:
+    def chat_template(self) -> str:
+        """The chat template's Jinja source: the built-in one configured, else the model's."""
         builtin = self.config.runtime.chat_template
         template = BUILTIN_CHAT_TEMPLATES[builtin] if builtin else self.spec.tokenizer.chat_template
         if not template:
             raise ChatTemplateError(f"{os.path.basename(str(self.spec.path))}: the model has no chat template "
                                     "(no tokenizer.chat_template in its file); use a plain prompt, or a "
                                     f"built-in template: --chat-template {{{','.join(BUILTIN_CHAT_TEMPLATES)}}}")
+        return template
+
+    def apply_chat_template(self, messages: Sequence[dict], add_generation_prompt: bool = True, tools=None,
+                            chat_template_kwargs: dict | None = None) -> str:
+        """The template's text of ``messages``; ``chat_template_kwargs`` (e.g.
+        ``{"enable_thinking": False}``) are merged into its variables, as llama.cpp does."""
+        template = self.chat_template()
         tok = self.tokenizer
-        return self.template_renderer.render(template, {
+        variables = dict(chat_template_kwargs or {})
+        if tools is not None:
+            variables["tools"] = list(tools)
+        variables.update({
             "messages": list(messages), "add_generation_prompt": add_generation_prompt,
             "bos_token": tok.spec.tokens[tok.bos_id] if tok.bos_id is not None else "",
             "eos_token": tok.spec.tokens[tok.eos_id] if tok.eos_id is not None else ""})
+        return self.template_renderer.render(template, variables)
 
-    def chat_prompt_ids(self, messages: Sequence[dict]) -> list[int]:
+    def chat_prompt_ids(self, messages: Sequence[dict], chat_template_kwargs: dict | None = None) -> list[int]:
         """The prompt token ids of ``messages`` rendered by the chat template."""
-        text = self.apply_chat_template(messages)
+        text = self.apply_chat_template(messages, chat_template_kwargs=chat_template_kwargs)
         bos = self.tokenizer.spec.tokens[self.tokenizer.bos_id] if self.tokenizer.bos_id is not None else None
         # Templates usually write the BOS text themselves: do not add a second one.
         add_bos = not (bos and text.startswith(bos))
         return self.tokenizer.encode(text, add_bos=add_bos, parse_special=True)
 
-    def chat(self, messages: Sequence[dict], params: SamplingParams | None = None) -> Completion:
-        """Generate the assistant's reply to ``messages`` ([{"role", "content"}, ...])."""
-        return self.generate(self.chat_prompt_ids(messages), params)
+    def chat(self, messages: Sequence[dict], params: SamplingParams | None = None, *,
+             chat_template_kwargs: dict | None = None, reasoning_format: str | None = None) -> Completion:
+        """Generate the assistant's reply to ``messages`` ([{"role", "content"}, ...]). A model that
+        thinks (``<think>...</think>``): with ``reasoning_format`` (None: ``reasoning.format``)
+        deepseek the thinking comes back in ``reasoning_content`` and ``text`` is the answer;
+        ``params.reasoning_budget`` (None: ``reasoning.budget_tokens``) bounds it, and 0 also
+        sets ``enable_thinking`` false for templates that read it."""
+        return _chat(self, messages, params or SamplingParams(), chat_template_kwargs,
+                     reasoning_format or self.config.reasoning.format)
+
+
+def _chat(llm: LLM, messages: Sequence[dict], params: SamplingParams, chat_template_kwargs: dict | None,
+          reasoning_format: str) -> Completion:
+    """``LLM.chat``: the thinking budget into the params and the template's variables, then
+    the reply, its thinking split off unless the format is none."""
+    from .tokenizer.reasoning import budget_tokens_of, prompt_opens_thinking, split_reasoning, thinking_kwargs
+
+    if reasoning_format not in REASONING_FORMATS:
+        raise ValueError(f"reasoning_format={reasoning_format!r} must be one of {', '.join(REASONING_FORMATS)}")
+    budget = budget_tokens_of(llm.config.reasoning.budget_tokens, params.reasoning_budget)
+    if budget != params.reasoning_budget:
+        params = dataclasses.replace(params, reasoning_budget=budget)
+    kwargs = thinking_kwargs(llm.chat_template(), chat_template_kwargs, budget)
+    ids = llm.chat_prompt_ids(messages, kwargs)
+    c = llm.generate(ids, params)
+    if reasoning_format == "none":
+        return c
+    reasoning, content = split_reasoning(c.text, prompt_opens_thinking(llm.tokenizer, ids))
+    return dataclasses.replace(c, text=content, reasoning_content=reasoning)
 
 
 class Generation:

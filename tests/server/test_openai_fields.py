@@ -148,7 +148,7 @@ def test_a_completion_field_not_honoured_is_400_naming_it(live, field, value):
 
 @pytest.mark.parametrize("field, value", [
     ("audio", {"voice": "alloy", "format": "wav"}), ("modalities", ["text", "audio"]),
-    ("prediction", {"type": "content", "content": "x"}), ("reasoning_effort", "high"), ("store", True),
+    ("prediction", {"type": "content", "content": "x"}), ("reasoning_effort", "minimal"), ("store", True),
     ("functions", [{"name": "f", "parameters": {}}]), ("made_up_field", True)])
 def test_a_chat_field_not_honoured_is_400_naming_it(live, field, value):
     with pytest.raises(openai.BadRequestError) as info:

@@ -20,6 +20,7 @@ import numpy as np
 
 from ..errors import SamplingParamsError
 from ..sampling_params import SamplingParams
+from .reasoning_budget import ReasoningBudget
 
 __all__ = ["Sampler", "SamplerScratch", "SamplingParams"]
 
@@ -45,7 +46,8 @@ class Sampler:
     share a ``scratch`` sample on one thread.
     """
 
-    def __init__(self, params: SamplingParams, vocab_size: int, scratch: SamplerScratch | None = None):
+    def __init__(self, params: SamplingParams, vocab_size: int, scratch: SamplerScratch | None = None,
+                 budget: ReasoningBudget | None = None):
         if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size < 1:
             raise SamplingParamsError(f"vocab_size={vocab_size!r} must be an integer >= 1")
         if scratch is not None and scratch.vocab_size != vocab_size:
@@ -70,6 +72,9 @@ class Sampler:
             self._bias: tuple[np.ndarray, np.ndarray] | None = (ids, biases)
         else:
             self._bias = None
+        self.budget = budget
+        """The request's thinking budget (sampling/reasoning_budget.py), or None: while it
+        forces the closing marker, its tokens are taken instead of a draw."""
         self.last_logprobs: tuple | None = None
         """After ``sample`` with ``params.logprobs`` set: (token logprob, ((id, logprob), ...)
         of the most likely tokens, most likely first)."""
@@ -96,7 +101,13 @@ class Sampler:
         if p.logprobs is not None:
             lse, top_ids = self._log_normaliser(work, p.logprobs)
             top = tuple((int(i), float(work[i] - lse)) for i in top_ids)
-        token = self._draw(work)
+        budget = self.budget
+        if budget is not None and budget.forced and (mask_bias is None or mask_bias[budget.forced[-1]] == 0):
+            token = budget.forced.pop()  # a grammar that refuses the marker wins over the budget
+        else:
+            token = self._draw(work)
+        if budget is not None:
+            budget.observe(token)
         if p.logprobs is not None:
             self.last_logprobs = (float(work[token] - lse), top)
         if self._counts is not None:

@@ -29,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import dataclasses
 import hmac
 import json
 import logging
@@ -64,6 +65,7 @@ from .parsing import (
     read_body,
     sampling_params,
 )
+from .reasoning import reasoning_request
 from .streaming import DONE, collect, event_stream, merged, sse
 from .structured import OpenAIGrammars
 
@@ -302,10 +304,15 @@ class Server:
         if top is not None and not want_logprobs:
             raise bad_request("'top_logprobs' needs 'logprobs': true", "top_logprobs")
         params = sampling_params(body, None, self.engine.context_tokens, (top or 0) if want_logprobs else None)
+        thinking = reasoning_request(body, self.llm.config.reasoning, self.llm)
         stream, with_usage = get_field(body, "stream", (bool,), False), include_usage(body)
-        ids = await asyncio.to_thread(chat_ids, self.llm, messages)  # the template and the tokenizer: off the loop
+        # the template and the tokenizer: off the loop
+        ids = await asyncio.to_thread(chat_ids, self.llm, messages, thinking.template_kwargs)
         n = num_choices(body, self.engine.scheduler.max_num_seqs)
         grammar = self._grammar(body)
+        thinking = thinking.under(grammar)
+        params = dataclasses.replace(params, reasoning_budget=thinking.budget_tokens)
+        split = thinking.splitters(n, self.tokenizer, ids)
         tool_call = grammar is not None and grammar.kind == "tool_call"
         handles = await self._submit(ids, params, n, grammar=grammar)
         rid = f"chatcmpl-{uuid.uuid4().hex}"
@@ -329,8 +336,9 @@ class Server:
                 for i in range(n):
                     yield sse(chunk(i, {"role": "assistant", "content": ""}, None))
                 async for i, d in merged(handles):
-                    if (d.text or d.logprobs) and not tool_call:
-                        yield sse(chunk(i, {"content": d.text}, None, d.logprobs))
+                    delta = split[i].delta(d.text, d.finish_reason is not None) if not tool_call else {}
+                    if delta or (d.logprobs and not tool_call):
+                        yield sse(chunk(i, delta or {"content": ""}, None, d.logprobs))
                     if d.finish_reason is not None:
                         if tool_call and d.finish_reason == "stop":  # one delta with the whole call
                             yield sse(chunk(i, {"tool_calls": tool_calls(d.completion.text)}, None))
@@ -346,7 +354,7 @@ class Server:
             "choices": [{"index": i,
                          "message": ({"role": "assistant", "content": None, "tool_calls": tool_calls(c.text)}
                                      if tool_call and c.finish_reason == "stop"
-                                     else {"role": "assistant", "content": c.text}),
+                                     else split[i].message(c.text)),
                          "logprobs": {"content": self._chat_logprobs(c.logprobs)} if want_logprobs else None,
                          "finish_reason": finish_of(c)} for i, c in enumerate(cs)],
             "usage": _usage(cs)})

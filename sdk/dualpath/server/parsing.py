@@ -25,7 +25,8 @@ COMPLETION_FIELDS = _COMMON | {"prompt", "echo", "logprobs", "best_of", "suffix"
 CHAT_FIELDS = _COMMON | {"messages", "logprobs", "top_logprobs", "max_completion_tokens", "metadata", "store",
                          "service_tier", "parallel_tool_calls", "response_format", "tools", "tool_choice",
                          "audio", "modalities", "prediction", "reasoning_effort", "web_search_options",
-                         "functions", "function_call"}
+                         "functions", "function_call", "reasoning_format", "reasoning_budget",
+                         "chat_template_kwargs"}
 EMBEDDING_FIELDS = {"model", "input", "encoding_format", "dimensions", "user"}
 WARM_FIELDS = {"model", "prompt", "messages"}
 MAX_EMBEDDING_INPUTS = 2048
@@ -59,7 +60,6 @@ def check_fields(body: dict, known: set[str], endpoint: str) -> None:
         "audio": lambda v: v is not None,
         "modalities": lambda v: v not in (None, ["text"]),
         "prediction": lambda v: v is not None,
-        "reasoning_effort": lambda v: v is not None,
         "web_search_options": lambda v: v is not None,
         "functions": lambda v: v is not None,
         "function_call": lambda v: v is not None,
@@ -208,8 +208,9 @@ def embedding_inputs(llm, raw) -> list[list[int]]:
     return prompts
 
 
-def chat_ids(llm, messages) -> list[int]:
-    """The prompt token ids of a chat's ``messages``, rendered by the chat template."""
+def chat_ids(llm, messages, chat_template_kwargs: dict | None = None) -> list[int]:
+    """The prompt token ids of a chat's ``messages``, rendered by the chat template (with
+    ``chat_template_kwargs`` among its variables)."""
     if not isinstance(messages, list) or not messages:
         raise bad_request("'messages' must be a non-empty list of {role, content} objects", "messages")
     clean = []
@@ -229,7 +230,9 @@ def chat_ids(llm, messages) -> list[int]:
         if not isinstance(content, str):
             raise bad_request(f"messages[{i}].content must be a string or a list of text parts", "messages")
         clean.append({"role": m["role"], "content": content})
+        if isinstance(m.get("reasoning_content"), str):  # an earlier reply's thinking, for templates that read it
+            clean[-1]["reasoning_content"] = m["reasoning_content"]
     try:
-        return llm.chat_prompt_ids(clean)
+        return llm.chat_prompt_ids(clean, chat_template_kwargs)
     except ChatTemplateError as e:
         raise bad_request(f"{e} (send it to /v1/completions)", "messages", "chat_template") from None
