@@ -14,11 +14,13 @@ from typing import TYPE_CHECKING
 from .completion import Completion
 from .config import Config, load_config
 from .engine.engine import Engine, SyncStream
-from .errors import ChatTemplateError
+from .errors import ChatTemplateError, ToolsNotRenderedError
 from .models import ModelSpec
 from .models.store import CorruptEntry, ModelStore, Progress
 from .sampling_params import SamplingParams
+from .tokenizer.chat_inputs import template_variables, tools_not_rendered
 from .tokenizer.chat_templates import BUILTIN as BUILTIN_CHAT_TEMPLATES
+from .tokenizer.tool_formats import ToolFormat, detect_format
 from .versions import check_versions
 
 if TYPE_CHECKING:
@@ -294,7 +296,11 @@ class LLM:
         return {"prompt_tokens": len(ids), "cached_tokens": c.usage.cached_prompt_tokens,
                 "stored_tokens": len(ids) // P * P}
 
-    def apply_chat_template(self, messages: Sequence[dict], add_generation_prompt: bool = True) -> str:
+    def apply_chat_template(self, messages: Sequence[dict], add_generation_prompt: bool = True, *,
+                            tools=None, chat_template_kwargs: dict | None = None) -> str:
+        """``messages`` (OpenAI's shapes, tool calls and results included) rendered by the chat
+        template with ``tools`` and ``chat_template_kwargs`` (tokenizer/chat_inputs.py).
+        ChatTemplateError when the template fails, or ignores ``tools`` it was given."""
         builtin = self.config.runtime.chat_template
         template = BUILTIN_CHAT_TEMPLATES[builtin] if builtin else self.spec.tokenizer.chat_template
         if not template:
@@ -302,14 +308,32 @@ class LLM:
                                     "(no tokenizer.chat_template in its file); use a plain prompt, or a "
                                     f"built-in template: --chat-template {{{','.join(BUILTIN_CHAT_TEMPLATES)}}}")
         tok = self.tokenizer
-        return self.template_renderer.render(template, {
-            "messages": list(messages), "add_generation_prompt": add_generation_prompt,
-            "bos_token": tok.spec.tokens[tok.bos_id] if tok.bos_id is not None else "",
-            "eos_token": tok.spec.tokens[tok.eos_id] if tok.eos_id is not None else ""})
+        try:
+            variables = template_variables(
+                messages, tools=tools, add_generation_prompt=add_generation_prompt,
+                bos_token=tok.spec.tokens[tok.bos_id] if tok.bos_id is not None else "",
+                eos_token=tok.spec.tokens[tok.eos_id] if tok.eos_id is not None else "",
+                chat_template_kwargs=chat_template_kwargs)
+        except ValueError as e:
+            raise ChatTemplateError(str(e)) from None
+        text = self.template_renderer.render(template, variables)
+        missing = tools_not_rendered(text, tools)
+        if missing:
+            raise ToolsNotRenderedError(f"the chat template does not render 'tools' (the prompt never names "
+                                        f"{', '.join(map(repr, missing))}), so the model would not know them; "
+                                        "use a model or --chat-template whose template writes tools")
+        return text
 
-    def chat_prompt_ids(self, messages: Sequence[dict]) -> list[int]:
+    @property
+    def tool_format(self) -> ToolFormat:
+        """How this model writes tool calls, from its chat template (tokenizer/tool_formats.py)."""
+        builtin = self.config.runtime.chat_template
+        return detect_format(BUILTIN_CHAT_TEMPLATES[builtin] if builtin else self.spec.tokenizer.chat_template)
+
+    def chat_prompt_ids(self, messages: Sequence[dict], *, tools=None,
+                        chat_template_kwargs: dict | None = None) -> list[int]:
         """The prompt token ids of ``messages`` rendered by the chat template."""
-        text = self.apply_chat_template(messages)
+        text = self.apply_chat_template(messages, tools=tools, chat_template_kwargs=chat_template_kwargs)
         bos = self.tokenizer.spec.tokens[self.tokenizer.bos_id] if self.tokenizer.bos_id is not None else None
         # Templates usually write the BOS text themselves: do not add a second one.
         add_bos = not (bos and text.startswith(bos))
