@@ -385,7 +385,8 @@ class GrammarCompiler:
         fmt = req.tool_format
         special, _ = self._tokenizer.decode_tables(skip_special=False)
         triggers = tuple((t.encode(), in_json(t)) for t in fmt.triggers)
-        spec = LazySpec(fmt, req.parallel, triggers, special, lambda text: self._tokenizer._encode_fragment(text, False),
+        tok = self._tokenizer
+        spec = LazySpec(fmt, req.parallel, triggers, special, lambda text: tok._encode_fragment(text, False),
                         grammar._new_call, 4 * max(len(t) for t, _ in triggers) + 64)
         return Grammar(req.kind, grammar.tool_names, proto, self._num_llg_tokens, self._vocab_size, spec)
 

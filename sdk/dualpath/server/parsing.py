@@ -232,7 +232,8 @@ def _tool_calls(i: int, calls) -> list[dict]:
     out = []
     for j, call in enumerate(calls):
         fn = call.get("function") if isinstance(call, dict) else None
-        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or call.get("type", "function") != "function":
+        kind = call.get("type", "function") if isinstance(call, dict) else None
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or kind != "function":
             raise bad_request(f"{where}[{j}] must be {{\"id\", \"type\": \"function\", \"function\": "
                               "{\"name\", \"arguments\"}}", "messages")
         args = fn.get("arguments", "{}")

@@ -90,6 +90,7 @@ class ToolStream:
         """The deltas to send for ``delta`` of the model's text."""
         self.text += delta
         if not self.tools.active:
+            self.sent = len(self.text)
             return [{"content": delta}] if delta else []
         if self.in_call or self.tools.forced:
             return []
