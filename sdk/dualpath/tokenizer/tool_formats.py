@@ -138,6 +138,8 @@ def _read_segment(fmt: ToolFormat, text: str, at: int, trigger: str, names):
         stripped = rest.lstrip()
         if stripped.startswith(fmt.close):
             end = len(text) - len(stripped) + len(fmt.close)
+        elif stripped and fmt.close.startswith(stripped):  # the closer cut off by max_tokens
+            end = len(text)
     return calls, end
 
 
