@@ -145,11 +145,3 @@ def test_a_trigger_that_starts_the_json_is_read_by_the_call_grammar(tok, compile
     assert [n for n, _ in out.calls] == ["search"]
     jsonschema.validate(json.loads(out.calls[0][1]), schema)
 
-
-def test_text_that_no_call_can_continue_leaves_the_text_free(tok, compiler):
-    f = FORMATS["generic"]
-    grammar = compiler.compile(GrammarRequest("lazy_tool_call", tools=(("search", {"type": "object"}, "t"),),
-                                              tool_format=f, parallel=False))
-    matcher = grammar.new_matcher()
-    write(matcher, tok, '{"name": "nothing we know", and on')
-    assert not matcher.in_call and not matcher.is_finished()
