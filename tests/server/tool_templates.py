@@ -135,7 +135,8 @@ ROUND_TRIP = [
 ROUND_TRIP_AS_TEMPLATES_READ_IT = [
     ROUND_TRIP[0], ROUND_TRIP[1],
     {"role": "assistant", "content": "", "tool_calls": [
-        {"id": "call_abc123", "type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]},
+        {"id": "call_abc123", "type": "function",
+         "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]},
     ROUND_TRIP[3],
 ]
 """The same, as HF's and llama.cpp's template callers hand it over: arguments an object, content ""."""

@@ -54,6 +54,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -65,7 +66,7 @@ import numpy as np
 from dualpath.errors import DualPathError
 from dualpath.tokenizer import Tokenizer
 from dualpath.tokenizer.spec import TOKEN_USER_DEFINED
-from dualpath.tokenizer.tool_formats import ToolFormat, in_json
+from dualpath.tokenizer.tool_formats import ToolFormat, in_json, trigger_pattern
 
 from .lazy_grammar import LazyMatcher, LazySpec
 
@@ -384,10 +385,11 @@ class GrammarCompiler:
         assert req.tool_format is not None  # structured.py sets it for every lazy call
         fmt = req.tool_format
         special, _ = self._tokenizer.decode_tables(skip_special=False)
-        triggers = tuple((t.encode(), in_json(t)) for t in fmt.triggers)
+        pattern = re.compile(trigger_pattern(fmt).pattern.encode())
         tok = self._tokenizer
-        spec = LazySpec(fmt, req.parallel, triggers, special, lambda text: tok._encode_fragment(text, False),
-                        grammar._new_call, 4 * max(len(t) for t, _ in triggers) + 64)
+        spec = LazySpec(fmt, req.parallel, pattern, tuple(in_json(t) for t in fmt.triggers), special,
+                        lambda text: tok._encode_fragment(text, False), grammar._new_call,
+                        4 * max(len(t) for t in fmt.triggers) + 64)
         return Grammar(req.kind, grammar.tool_names, proto, self._num_llg_tokens, self._vocab_size, spec)
 
     def _close_rule(self, fmt: ToolFormat | None) -> str:

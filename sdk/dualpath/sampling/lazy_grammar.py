@@ -15,6 +15,7 @@ found all the same; what a token writes past the trigger's end is fed to the cal
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,9 +32,10 @@ class LazySpec:
 
     fmt: ToolFormat
     parallel: bool
-    triggers: tuple[tuple[bytes, bool], ...]
-    """``(trigger bytes, fed)`` per trigger: ``fed`` when the trigger is the start of the
-    call's JSON, which the call grammar then reads too."""
+    pattern: re.Pattern[bytes]
+    """The format's triggers (tool_formats.trigger_pattern), over the bytes written."""
+    fed: tuple[bool, ...]
+    """Per trigger: it is the start of the call's JSON, which the call grammar then reads too."""
     token_bytes: Any
     """Sequence (vocab,) of the bytes each token writes, special tokens as their text."""
     encode: Any
@@ -93,15 +95,11 @@ class LazyMatcher:
 
     def _look_for_trigger(self) -> None:
         spec = self._spec
-        best, found = -1, None
-        for trigger, fed in spec.triggers:
-            at = self._tail.find(trigger)
-            if at >= 0 and (best < 0 or at < best):
-                best, found = at, (trigger, fed)
-        if found is None:
+        m = spec.pattern.search(self._tail)
+        if m is None:
             return
-        trigger, fed = found
-        after = self._tail[best + (0 if fed else len(trigger)):]
+        fed = spec.fed[int((m.lastgroup or "t0")[1:])]  # every alternative is a named group
+        after = self._tail[m.start() if fed else m.end():]
         self._tail = b""
         call = spec.new_call()
         text = after.decode("utf-8", errors="ignore")

@@ -156,7 +156,7 @@ class Server:
             if self._grammars is None:
                 self._grammars = OpenAIGrammars(GrammarCompiler(self.tokenizer, self.llm.spec.config.vocab_size))
             # StructuredOutputError: a 400 naming its param
-            return self._grammars.compile(rf, tools, choice, calls.format if lazy else None,
+            return self._grammars.compile(rf, tools, choice, calls.format if calls is not None and lazy else None,
                                           calls.parallel if calls is not None else True)
         except ImportError as e:
             if lazy and rf in (None, {"type": "text"}):  # calls are still read, just not held to their schemas

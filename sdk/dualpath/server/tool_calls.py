@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import uuid
 
-from ..tokenizer.tool_formats import FORMATS, ToolFormat, held_back, parse_tool_calls
+from ..tokenizer.tool_formats import FORMATS, ToolFormat, held_back, parse_tool_calls, trigger_pattern
 from .parsing import get_field
 from .structured import parse_tools
 
@@ -95,7 +95,8 @@ class ToolStream:
         if self.in_call or self.tools.forced:
             return []
         fmt = self.tools.format
-        first = min((at for at in (self.text.find(t, self.sent) for t in fmt.triggers) if at >= 0), default=-1)
+        found = trigger_pattern(fmt).search(self.text, self.sent)
+        first = found.start() if found is not None else -1
         if first >= 0:
             self.in_call = True
             end = first
@@ -112,7 +113,7 @@ class ToolStream:
         if not calls:
             rest = self.text[self.sent:]
             return ([{"content": rest}] if rest else []), finish
-        out = []
+        out: list[dict] = []
         rest = (content or "")[self.sent:]
         if rest.strip():
             out.append({"content": rest})

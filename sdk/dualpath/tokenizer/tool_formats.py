@@ -14,10 +14,13 @@ Parsing never raises: what cannot be read as calls (malformed JSON, a call cut o
 
 from __future__ import annotations
 
+import functools
 import json
+import re
 from dataclasses import dataclass
 
-__all__ = ["FORMATS", "ParsedOutput", "ToolFormat", "detect_format", "held_back", "in_json", "parse_tool_calls"]
+__all__ = ["FORMATS", "ParsedOutput", "ToolFormat", "detect_format", "held_back", "in_json", "parse_tool_calls",
+           "trigger_pattern"]
 
 
 @dataclass(frozen=True)
@@ -85,14 +88,24 @@ def in_json(trigger: str) -> bool:
     return trigger.startswith(("{\"", "[{"))
 
 
+@functools.cache
+def trigger_pattern(fmt: ToolFormat) -> re.Pattern[str]:
+    """One regex for a format's triggers, group ``t<i>`` for ``fmt.triggers[i]``: a JSON
+    trigger matches with JSON whitespace between its characters (``{ "name"``), as the
+    call grammar allows it."""
+    parts = []
+    for i, t in enumerate(fmt.triggers):
+        body = r"\s*".join(re.escape(c) for c in t) if in_json(t) else re.escape(t)
+        parts.append(f"(?P<t{i}>{body})")
+    return re.compile("|".join(parts))
+
+
 def _find_trigger(fmt: ToolFormat, text: str, start: int) -> tuple[int, str]:
     """(position, trigger) of the first trigger at or after ``start``; (-1, "") if none."""
-    best, which = -1, ""
-    for t in fmt.triggers:
-        at = text.find(t, start)
-        if at >= 0 and (best < 0 or at < best):
-            best, which = at, t
-    return best, which
+    m = trigger_pattern(fmt).search(text, start)
+    if m is None:
+        return -1, ""
+    return m.start(), fmt.triggers[int((m.lastgroup or "t0")[1:])]
 
 
 def _call_of(obj, fmt: ToolFormat, names) -> tuple[str, str] | None:
@@ -176,8 +189,13 @@ def parse_tool_calls(text: str, fmt: ToolFormat, names=None) -> ParsedOutput:
 def held_back(text: str, fmt: ToolFormat) -> int:
     """How many characters at the end of ``text`` may be the start of a trigger, so a
     stream holds them until the next text tells."""
-    for n in range(min(len(text), max(len(t) for t in fmt.triggers) - 1), 0, -1):
+    for n in range(min(len(text), 4 * max(len(t) for t in fmt.triggers)), 0, -1):
         tail = text[-n:]
-        if any(t.startswith(tail) for t in fmt.triggers):
-            return n
+        for t in fmt.triggers:
+            if in_json(t):
+                squeezed = "".join(tail.split())
+                if tail[0] == t[0] and t.startswith(squeezed) and len(squeezed) < len(t):
+                    return n
+            elif n < len(t) and t.startswith(tail):
+                return n
     return 0
