@@ -301,22 +301,13 @@ class LLM:
         """``messages`` (OpenAI's shapes, tool calls and results included) rendered by the chat
         template with ``tools`` and ``chat_template_kwargs`` (tokenizer/chat_inputs.py).
         ChatTemplateError when the template fails, or ignores ``tools`` it was given."""
-        builtin = self.config.runtime.chat_template
-        template = BUILTIN_CHAT_TEMPLATES[builtin] if builtin else self.spec.tokenizer.chat_template
+        template = _template_source(self)
         if not template:
             raise ChatTemplateError(f"{os.path.basename(str(self.spec.path))}: the model has no chat template "
                                     "(no tokenizer.chat_template in its file); use a plain prompt, or a "
                                     f"built-in template: --chat-template {{{','.join(BUILTIN_CHAT_TEMPLATES)}}}")
-        tok = self.tokenizer
-        try:
-            variables = template_variables(
-                messages, tools=tools, add_generation_prompt=add_generation_prompt,
-                bos_token=tok.spec.tokens[tok.bos_id] if tok.bos_id is not None else "",
-                eos_token=tok.spec.tokens[tok.eos_id] if tok.eos_id is not None else "",
-                chat_template_kwargs=chat_template_kwargs)
-        except ValueError as e:
-            raise ChatTemplateError(str(e)) from None
-        text = self.template_renderer.render(template, variables)
+        text = self.template_renderer.render(template, _chat_variables(self.tokenizer, messages, add_generation_prompt,
+                                                                       tools, chat_template_kwargs))
         missing = tools_not_rendered(text, tools)
         if missing:
             raise ToolsNotRenderedError(f"the chat template does not render 'tools' (the prompt never names "
@@ -327,8 +318,7 @@ class LLM:
     @property
     def tool_format(self) -> ToolFormat:
         """How this model writes tool calls, from its chat template (tokenizer/tool_formats.py)."""
-        builtin = self.config.runtime.chat_template
-        return detect_format(BUILTIN_CHAT_TEMPLATES[builtin] if builtin else self.spec.tokenizer.chat_template)
+        return detect_format(_template_source(self))
 
     def chat_prompt_ids(self, messages: Sequence[dict], *, tools=None,
                         chat_template_kwargs: dict | None = None) -> list[int]:
@@ -342,6 +332,22 @@ class LLM:
     def chat(self, messages: Sequence[dict], params: SamplingParams | None = None) -> Completion:
         """Generate the assistant's reply to ``messages`` ([{"role", "content"}, ...])."""
         return self.generate(self.chat_prompt_ids(messages), params)
+
+
+def _template_source(llm: LLM) -> str | None:
+    """The chat template in use: a built-in one named in the config, else the file's."""
+    builtin = llm.config.runtime.chat_template
+    return BUILTIN_CHAT_TEMPLATES[builtin] if builtin else llm.spec.tokenizer.chat_template
+
+
+def _chat_variables(tok, messages, add_generation_prompt: bool, tools, kwargs) -> dict:
+    try:
+        return template_variables(messages, tools=tools, add_generation_prompt=add_generation_prompt,
+                                  bos_token=tok.spec.tokens[tok.bos_id] if tok.bos_id is not None else "",
+                                  eos_token=tok.spec.tokens[tok.eos_id] if tok.eos_id is not None else "",
+                                  chat_template_kwargs=kwargs)
+    except ValueError as e:
+        raise ChatTemplateError(str(e)) from None
 
 
 class Generation:
