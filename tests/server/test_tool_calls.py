@@ -137,3 +137,33 @@ def test_chat_template_kwargs_must_be_an_object(live):
     assert info.value.body["param"] == "chat_template_kwargs"
     ok = ask(live, max_tokens=2, extra_body={"chat_template_kwargs": {"enable_thinking": False}})
     assert ok.choices[0].finish_reason in ("length", "stop")
+
+
+def _stream_pieces(text: str, fmt: str, step: int = 3):
+    from dualpath.server.tool_calls import ToolCalls, ToolStream
+    from dualpath.tokenizer.tool_formats import FORMATS
+
+    stream = ToolStream(ToolCalls({"tools": TOOLS}, FORMATS[fmt]))
+    pieces = [p for i in range(0, len(text), step) for p in stream.push(text[i:i + step])]
+    last, finish = stream.finish("stop")
+    return pieces + last, finish
+
+
+def test_a_stream_sends_the_text_before_a_call_then_the_call_in_pieces():
+    text = ('Let me look.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+            '<tool_call>{"name": "set_alarm", "arguments": {"hour": 7}}</tool_call>')
+    pieces, finish = _stream_pieces(text, "hermes")
+    assert finish == "tool_calls"
+    assert "".join(p.get("content", "") for p in pieces) == "Let me look.\n"  # no part of a marker leaks
+    calls = [p["tool_calls"][0] for p in pieces if "tool_calls" in p]
+    assert [c["index"] for c in calls] == [0, 0, 1, 1]
+    assert [calls[0]["function"]["name"], calls[2]["function"]["name"]] == ["get_weather", "set_alarm"]
+    assert json.loads(calls[1]["function"]["arguments"]) == {"city": "Paris"} and calls[0]["id"] != calls[2]["id"]
+
+
+@pytest.mark.parametrize("text", ['Sure <tool_call>{"name": "get_weather", "arguments": {"city": "Pa',
+                                  'Sure <tool_call>{"name": "nope", "arguments": {}}</tool_call>',
+                                  "Plain text with a < and a <tool but no call"])
+def test_a_stream_without_a_well_formed_call_sends_all_its_text(text):
+    pieces, finish = _stream_pieces(text, "hermes")
+    assert finish == "stop" and "".join(p["content"] for p in pieces) == text

@@ -120,6 +120,7 @@ class OpenAIGrammars:
                 tool_format: ToolFormat | None = None, parallel: bool = True) -> Grammar | None:
         """The grammar of a request's ``response_format``/``tools``/``tool_choice``, or None when
         the output is unconstrained (no ``response_format`` or ``{"type": "text"}``, and
-        ``tool_choice`` absent, "none" or "auto"). Raises ``StructuredOutputError`` naming the
+        ``tool_choice`` absent or "none", or "auto" without a ``tool_format``: with one, a lazy
+        grammar holds the calls the model opens in that format). Raises ``StructuredOutputError`` naming the
         field, and ImportError naming the pip package when llguidance is missing."""
         return self.compiler.compile(parse_structured(response_format, tools, tool_choice, tool_format, parallel))
