@@ -139,7 +139,7 @@ class Chat:
         if self.ids and full.startswith(self.text):
             new = llm.tokenizer.encode(full[len(self.text):], add_bos=False, parse_special=True)
             return self.ids + new, full
-        return llm.chat_prompt_ids(self._all(messages), kwargs), full
+        return llm.chat_prompt_ids(self._all(messages), chat_template_kwargs=kwargs), full
 
     def _fit(self, user: dict) -> tuple[list[int], str, int]:
         """The prompt of the next turn, dropping the oldest turns until it leaves room for

@@ -15,11 +15,13 @@ from typing import TYPE_CHECKING
 from .completion import Completion
 from .config import REASONING_FORMATS, Config, load_config
 from .engine.engine import Engine, SyncStream
-from .errors import ChatTemplateError
+from .errors import ChatTemplateError, ToolsNotRenderedError
 from .models import ModelSpec
 from .models.store import CorruptEntry, ModelStore, Progress
 from .sampling_params import SamplingParams
+from .tokenizer.chat_inputs import template_variables, tools_not_rendered
 from .tokenizer.chat_templates import BUILTIN as BUILTIN_CHAT_TEMPLATES
+from .tokenizer.tool_formats import ToolFormat, detect_format
 from .versions import check_versions
 
 if TYPE_CHECKING:
@@ -296,33 +298,27 @@ class LLM:
                 "stored_tokens": len(ids) // P * P}
 
     def chat_template(self) -> str:
-        """The chat template's Jinja source: the built-in one configured, else the model's."""
-        builtin = self.config.runtime.chat_template
-        template = BUILTIN_CHAT_TEMPLATES[builtin] if builtin else self.spec.tokenizer.chat_template
-        if not template:
-            raise ChatTemplateError(f"{os.path.basename(str(self.spec.path))}: the model has no chat template "
-                                    "(no tokenizer.chat_template in its file); use a plain prompt, or a "
-                                    f"built-in template: --chat-template {{{','.join(BUILTIN_CHAT_TEMPLATES)}}}")
-        return template
+        """The chat template's Jinja source: the built-in one configured, else the model's
+        (ChatTemplateError when there is neither)."""
+        return _required_template(self)
 
-    def apply_chat_template(self, messages: Sequence[dict], add_generation_prompt: bool = True, tools=None,
-                            chat_template_kwargs: dict | None = None) -> str:
-        """The template's text of ``messages``; ``chat_template_kwargs`` (e.g.
-        ``{"enable_thinking": False}``) are merged into its variables, as llama.cpp does."""
-        template = self.chat_template()
-        tok = self.tokenizer
-        variables = dict(chat_template_kwargs or {})
-        if tools is not None:
-            variables["tools"] = list(tools)
-        variables.update({
-            "messages": list(messages), "add_generation_prompt": add_generation_prompt,
-            "bos_token": tok.spec.tokens[tok.bos_id] if tok.bos_id is not None else "",
-            "eos_token": tok.spec.tokens[tok.eos_id] if tok.eos_id is not None else ""})
-        return self.template_renderer.render(template, variables)
+    def apply_chat_template(self, messages: Sequence[dict], add_generation_prompt: bool = True, *,
+                            tools=None, chat_template_kwargs: dict | None = None) -> str:
+        """``messages`` (OpenAI's shapes, tool calls and results included) rendered by the chat
+        template with ``tools`` and ``chat_template_kwargs`` (tokenizer/chat_inputs.py; e.g.
+        ``{"enable_thinking": False}``, merged into its variables as llama.cpp does).
+        ChatTemplateError when the template fails, or ignores ``tools`` it was given."""
+        return _render_chat(self, messages, add_generation_prompt, tools, chat_template_kwargs)
 
-    def chat_prompt_ids(self, messages: Sequence[dict], chat_template_kwargs: dict | None = None) -> list[int]:
+    @property
+    def tool_format(self) -> ToolFormat:
+        """How this model writes tool calls, from its chat template (tokenizer/tool_formats.py)."""
+        return detect_format(_template_source(self))
+
+    def chat_prompt_ids(self, messages: Sequence[dict], *, tools=None,
+                        chat_template_kwargs: dict | None = None) -> list[int]:
         """The prompt token ids of ``messages`` rendered by the chat template."""
-        text = self.apply_chat_template(messages, chat_template_kwargs=chat_template_kwargs)
+        text = self.apply_chat_template(messages, tools=tools, chat_template_kwargs=chat_template_kwargs)
         bos = self.tokenizer.spec.tokens[self.tokenizer.bos_id] if self.tokenizer.bos_id is not None else None
         # Templates usually write the BOS text themselves: do not add a second one.
         add_bos = not (bos and text.startswith(bos))
@@ -351,12 +347,50 @@ def _chat(llm: LLM, messages: Sequence[dict], params: SamplingParams, chat_templ
     if budget != params.reasoning_budget:
         params = dataclasses.replace(params, reasoning_budget=budget)
     kwargs = thinking_kwargs(llm.chat_template(), chat_template_kwargs, budget)
-    ids = llm.chat_prompt_ids(messages, kwargs)
+    ids = llm.chat_prompt_ids(messages, chat_template_kwargs=kwargs)
     c = llm.generate(ids, params)
     if reasoning_format == "none":
         return c
     reasoning, content = split_reasoning(c.text, prompt_opens_thinking(llm.tokenizer, ids))
     return dataclasses.replace(c, text=content, reasoning_content=reasoning)
+
+
+def _required_template(llm: LLM) -> str:
+    template = _template_source(llm)
+    if not template:
+        raise ChatTemplateError(f"{os.path.basename(str(llm.spec.path))}: the model has no chat template "
+                                "(no tokenizer.chat_template in its file); use a plain prompt, or a "
+                                f"built-in template: --chat-template {{{','.join(BUILTIN_CHAT_TEMPLATES)}}}")
+    return template
+
+
+def _render_chat(llm: LLM, messages: Sequence[dict], add_generation_prompt: bool, tools,
+                 chat_template_kwargs: dict | None) -> str:
+    """``LLM.apply_chat_template``."""
+    text = llm.template_renderer.render(_required_template(llm), _chat_variables(
+        llm.tokenizer, messages, add_generation_prompt, tools, chat_template_kwargs))
+    missing = tools_not_rendered(text, tools)
+    if missing:
+        raise ToolsNotRenderedError(f"the chat template does not render 'tools' (the prompt never names "
+                                    f"{', '.join(map(repr, missing))}), so the model would not know them; "
+                                    "use a model or --chat-template whose template writes tools")
+    return text
+
+
+def _template_source(llm: LLM) -> str | None:
+    """The chat template in use: a built-in one named in the config, else the file's."""
+    builtin = llm.config.runtime.chat_template
+    return BUILTIN_CHAT_TEMPLATES[builtin] if builtin else llm.spec.tokenizer.chat_template
+
+
+def _chat_variables(tok, messages, add_generation_prompt: bool, tools, kwargs) -> dict:
+    try:
+        return template_variables(messages, tools=tools, add_generation_prompt=add_generation_prompt,
+                                  bos_token=tok.spec.tokens[tok.bos_id] if tok.bos_id is not None else "",
+                                  eos_token=tok.spec.tokens[tok.eos_id] if tok.eos_id is not None else "",
+                                  chat_template_kwargs=kwargs)
+    except ValueError as e:
+        raise ChatTemplateError(str(e)) from None
 
 
 class Generation:

@@ -121,9 +121,8 @@ class OutputMaker:
             req.decode_steps += 1
         m = req.matcher
         bias = None
-        if m is not None:
+        if m is not None and m.fill_bias(self.scratch.bias):  # False: a lazy grammar's free text
             bias = self.scratch.bias
-            m.fill_bias(bias)
         token = req.sampler.sample(logits, req.ids[:req.n], bias)
         if m is not None:
             m.accept(token)  # the mask only let through what the grammar accepts

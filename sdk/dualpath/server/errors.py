@@ -23,6 +23,7 @@ from ..errors import (
     InvalidPromptError,
     PromptTooLongError,
     SamplingParamsError,
+    ToolsNotRenderedError,
 )
 from ..sampling.grammar import StructuredOutputError
 
@@ -69,6 +70,7 @@ REFUSALS: tuple[tuple[type, int, str, str | None], ...] = (
     (InvalidPromptError, 400, "invalid_request_error", None),
     (SamplingParamsError, 400, "invalid_request_error", "invalid_value"),
     (StructuredOutputError, 400, "invalid_request_error", "invalid_value"),
+    (ToolsNotRenderedError, 400, "invalid_request_error", "chat_template"),
     (ChatTemplateError, 400, "invalid_request_error", "chat_template"),
 )
 """DualPath's errors that are answers, not failures: (class, status, type, code), a subclass

@@ -38,9 +38,12 @@ class ReasoningRequest:
 
     def under(self, grammar) -> ReasoningRequest:
         """This request under its structured-output grammar (None: free text). A grammar
-        holds the reply to its shape from the first token, so the reply is no thinking:
-        nothing is split off and no budget forces a marker into it."""
-        return self if grammar is None else dataclasses.replace(self, format="none", budget_tokens=None)
+        that holds the reply to its shape from the first token leaves no room for thinking:
+        nothing is split off and no budget forces a marker into it. A lazy tool-call grammar
+        waits for a call's opening marker, so the model may think before it calls."""
+        if grammar is None or grammar.kind == "lazy_tool_call":
+            return self
+        return dataclasses.replace(self, format="none", budget_tokens=None)
 
     def splitters(self, n: int, tokenizer, prompt_ids: list[int]) -> list[ChoiceSplit]:
         """One reply splitter per choice of a request whose prompt is ``prompt_ids``."""
