@@ -251,6 +251,11 @@ class Matcher:
             raise ValueError(f"token id {token_id} is outside the vocabulary [0, {self._num_tokens})")
         return bool(self._m.consume_token(token_id))
 
+    def allows(self, token_id: int) -> bool:
+        """True when ``accept(token_id)`` would succeed; the state does not change (one token
+        is checked without computing the whole mask)."""
+        return 0 <= token_id < self._num_tokens and self._m.validate_tokens([int(token_id)]) == 1
+
     def is_finished(self) -> bool:
         """True when nothing but an end-of-sequence token may follow, or one was accepted."""
         return self._m.is_stopped() and not self._m.is_error()

@@ -72,6 +72,9 @@ class LazyMatcher:
         self._call.fill_bias(bias)
         return True
 
+    def allows(self, token_id: int) -> bool:
+        return self._call is None or self._call.allows(token_id)
+
     def fill_mask(self, allowed: np.ndarray) -> None:
         if self._call is None:
             allowed.fill(True)

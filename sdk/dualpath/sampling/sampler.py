@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import Protocol
 
 import numpy as np
 
@@ -36,6 +37,13 @@ class SamplerScratch:
         self.cdf = np.empty(vocab_size, np.float64)  # (vocab_size,) probabilities, then their running sum
         self.mask = np.empty(vocab_size, np.bool_)  # (vocab_size,) min_p rejects, full-vocabulary path only
         self.bias = np.empty(vocab_size, np.float32)  # (vocab_size,) a grammar's mask, 0 / -inf
+
+
+class GrammarMask(Protocol):
+    """What ``Sampler.sample`` needs of a grammar's matcher (sampling/grammar.py)."""
+
+    def fill_bias(self, bias: np.ndarray) -> bool: ...
+    def allows(self, token_id: int) -> bool: ...
 
 
 class Sampler:
@@ -80,11 +88,16 @@ class Sampler:
         of the most likely tokens, most likely first)."""
 
     def sample(self, logits: np.ndarray, history: Sequence[int] | np.ndarray = (),
-               mask_bias: np.ndarray | None = None) -> int:
+               mask_bias: np.ndarray | None = None, grammar: GrammarMask | None = None) -> int:
         """Next token id. ``logits`` (vocab_size,) is not modified; ``history`` is the
         recent token ids, oldest first (only the last ``repetition_window`` are read);
         ``mask_bias`` (vocab_size,) f32, 0 or -inf, is a grammar's mask (sampling/grammar.py),
-        added after logit_bias."""
+        added after logit_bias. Or ``grammar``, a matcher, with ``mask_bias`` the buffer its
+        mask is written into only when needed: where nothing truncates the distribution
+        (greedy, or no top-k, top-p or min-p), a token drawn without the mask and allowed by
+        the grammar is the draw the mask would have given (rejection sampling: a refused
+        draw is drawn again under the mask), and computing a mask over a large vocabulary
+        costs more than a decode step's sampling."""
         p, n_vocab = self.params, self.vocab_size
         if np.shape(logits) != (n_vocab,):
             raise ValueError(f"logits shape {np.shape(logits)} must be ({n_vocab},)")
@@ -96,16 +109,27 @@ class Sampler:
             work[seen] -= p.presence_penalty + p.frequency_penalty * self._counts[seen]
         if self._bias is not None:
             work[self._bias[0]] += self._bias[1]
+        check = None  # (grammar, its mask's buffer) while the mask is not computed yet
+        if grammar is not None:
+            if mask_bias is None:
+                raise ValueError("a grammar needs mask_bias, the (vocab_size,) buffer its mask is written into")
+            if p.logprobs is None and self._exact_by_rejection:
+                check, mask_bias = (grammar, mask_bias), None
+            elif not grammar.fill_bias(mask_bias):  # a lazy grammar's free text: no mask
+                mask_bias = None
         if mask_bias is not None:
             np.add(work, mask_bias, out=work)
         if p.logprobs is not None:
             lse, top_ids = self._log_normaliser(work, p.logprobs)
             top = tuple((int(i), float(work[i] - lse)) for i in top_ids)
         budget = self.budget
-        if budget is not None and budget.forced and (mask_bias is None or mask_bias[budget.forced[-1]] == 0):
+        if budget is not None and budget.forced and self._allowed(budget.forced[-1], mask_bias, check):
             token = budget.forced.pop()  # a grammar that refuses the marker wins over the budget
         else:
             token = self._draw(work)
+            if check is not None and not check[0].allows(token) and check[0].fill_bias(check[1]):
+                np.add(work, check[1], out=work)
+                token = self._draw(work)
         if budget is not None:
             budget.observe(token)
         if p.logprobs is not None:
@@ -115,6 +139,20 @@ class Sampler:
                 self._seen.append(token)
             self._counts[token] += 1
         return token
+
+    @staticmethod
+    def _allowed(token: int, mask_bias: np.ndarray | None, check: tuple[GrammarMask, np.ndarray] | None) -> bool:
+        if mask_bias is not None:
+            return bool(mask_bias[token] == 0)
+        return check is None or check[0].allows(token)
+
+    @property
+    def _exact_by_rejection(self) -> bool:
+        """True when a draw is independent of which tokens a mask removes, but for the
+        removed ones: greedy, or sampling from the whole distribution."""
+        p = self.params
+        return (p.temperature == 0.0 or p.top_k == 1 or
+                ((p.top_k == 0 or p.top_k >= self.vocab_size) and p.top_p >= 1.0 and p.min_p == 0.0))
 
     def _log_normaliser(self, work: np.ndarray, logprobs: int) -> tuple[float, np.ndarray]:
         """log(sum(exp(work))) and the ids of the ``logprobs`` largest logits, largest first."""
