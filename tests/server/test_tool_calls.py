@@ -167,3 +167,36 @@ def test_a_stream_sends_the_text_before_a_call_then_the_call_in_pieces():
 def test_a_stream_without_a_well_formed_call_sends_all_its_text(text):
     pieces, finish = _stream_pieces(text, "hermes")
     assert finish == "stop" and "".join(p["content"] for p in pieces) == text
+
+
+@pytest.fixture(scope="module")
+def thinking_live(gguf_path, tmp_path_factory):
+    """The Hermes template whose generation prompt opens ``<think>`` (as Qwen3's does)."""
+    template = HERMES.replace("{%- if add_generation_prompt %}<|im_start|>assistant\n",
+                              "{%- if add_generation_prompt %}<|im_start|>assistant\n<think>\n")
+    assert template != HERMES
+    path = write_tool_gguf(gguf_path, tmp_path_factory.mktemp("think-tools") / "hermes-think.gguf", template)
+    cfg = dualpath.load_config(None, {"runtime.max_context_tokens": 1024, "runtime.max_num_seqs": 2,
+                                      "server.api_key": KEY})
+    srv = LiveServer(dualpath.LLM(path, cfg))
+    yield srv
+    srv.stop()
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_thinking_model_closes_its_thinking_then_calls_a_tool(thinking_live, stream):
+    """Thinking closed by the budget (0: the closing marker written at once), then the call:
+    the thinking is split off first and the answer after it is read for the call."""
+    kw = {"tool_choice": "auto", "parallel_tool_calls": False, "logit_bias": OPEN_A_CALL,
+          "extra_body": {"reasoning_budget": 0}}
+    if stream:
+        content, calls, finish = streamed(thinking_live, **kw)
+        assert finish == "tool_calls" and not content.strip() and len(calls) == 1
+        name, arguments = calls[0]["name"], calls[0]["arguments"]
+    else:
+        choice = ask(thinking_live, **kw).choices[0]
+        assert choice.finish_reason == "tool_calls" and not (choice.message.content or "").strip()
+        (call,) = choice.message.tool_calls
+        name, arguments = call.function.name, call.function.arguments
+        assert "</think>" not in (getattr(choice.message, "reasoning_content", None) or "")
+    check_call(name, arguments)
