@@ -373,7 +373,8 @@ def _render_chat(llm: LLM, messages: Sequence[dict], add_generation_prompt: bool
     if missing:
         raise ToolsNotRenderedError(f"the chat template does not render 'tools' (the prompt never names "
                                     f"{', '.join(map(repr, missing))}), so the model would not know them; "
-                                    "use a model or --chat-template whose template writes tools")
+                                    "use a model or --chat-template whose template writes tools "
+                                    "(the built-in chatml does)")
     return text
 
 

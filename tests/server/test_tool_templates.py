@@ -67,3 +67,20 @@ def test_chat_template_kwargs_reach_the_template(gguf_path, tmp_path):
         llm.apply_chat_template(msgs, chat_template_kwargs={"messages": []})
     with pytest.raises(ToolsNotRenderedError, match="'get_weather', 'set_alarm'"):
         llm.apply_chat_template(msgs, tools=TOOLS)
+
+
+def test_the_builtin_chatml_template_writes_tools_for_models_without_them(gguf_path):
+    """``--chat-template chatml`` gives any model a template that renders tools (Hermes's
+    format, as Qwen 2.5 writes it), and without tools the plain ChatML it always was."""
+    from dualpath.tokenizer.chat_templates import BUILTIN
+
+    llm = dualpath.LLM(gguf_path, dualpath.load_config(None, {"runtime.chat_template": "chatml",
+                                                              "runtime.max_context_tokens": 256}))
+    got = llm.apply_chat_template(ROUND_TRIP, tools=TOOLS)
+    assert got == plain_jinja(BUILTIN["chatml"], llm, messages=ROUND_TRIP_AS_TEMPLATES_READ_IT, tools=TOOLS,
+                              add_generation_prompt=True)
+    assert MARKER["hermes"] in got and "</tools>\n" in got and "<tool_response>\n18C and sunny" in got
+    assert got.count("You are brief.") == 1 and llm.tool_format.name == "hermes"
+    plain = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
+    assert llm.apply_chat_template(plain) == ("<|im_start|>system\nBe brief.<|im_end|>\n"
+                                              "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n")
