@@ -358,11 +358,15 @@ def test_untruncated_sampling_with_rejection_keeps_the_masked_distribution(compi
     assert np.all(np.abs(counts[top] / n - p[top]) <= 5 * np.sqrt(p[top] * (1 - p[top]) / n) + 1e-9)
 
 
-def test_truncated_sampling_masks_first(compiler, tok):
-    """With top-k, top-p or min-p a draw depends on which tokens the mask removes, so the
-    mask is computed first: the same tokens as the sampler given the mask."""
+@pytest.mark.parametrize("top_k, top_p, min_p", [(40, 0.95, 0.05), (5, 1.0, 0.0), (0, 0.9, 0.0), (0, 1.0, 0.1)])
+def test_truncated_sampling_gives_the_draws_of_the_full_mask(compiler, tok, top_k, top_p, min_p):
+    """Top-k first: the grammar is asked about the k candidates, and when it allows them all
+    the draw is the one under the mask; top-p or min-p over the whole vocabulary take the
+    mask first. Either way the same tokens as the sampler given the mask."""
     from dualpath.sampling_params import SamplingParams
 
     grammar = compiler.compile(JSON_SCHEMA)
-    params = SamplingParams(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05, seed=11)
-    assert _masked_walk(grammar, tok, params, 5, True) == _masked_walk(grammar, tok, params, 5, False)
+    params = SamplingParams(temperature=0.8, top_k=top_k, top_p=top_p, min_p=min_p, seed=11)
+    for seed in range(3):
+        fast = _masked_walk(grammar, tok, params, seed, True)
+        assert fast == _masked_walk(grammar, tok, params, seed, False) and len(fast) > 5

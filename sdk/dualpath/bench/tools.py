@@ -1,6 +1,6 @@
 """``dualpath bench tools``: what a tool call's lazy grammar costs in decode speed.
 
-Three rows, the same prompt and greedy decoding, ``--tokens`` tokens each, taking turns
+Three rows, the same prompt and greedy decoding (or sampled: ``--temperature``), ``--tokens`` tokens each, taking turns
 (``common.interleaved``), medians of ``--repeats``:
 
 * **free text**: no grammar;
@@ -56,11 +56,12 @@ def _grammars(llm):
     return {"free text": None, "lazy, free text": lazy, "lazy, in a call": _Opened(lazy, trigger)}
 
 
-def _run(llm, ids, tokens: int, grammar) -> dict:
+def _run(llm, ids, tokens: int, grammar, temperature: float = 0.0) -> dict:
     from ..engine.handles import SyncStream
     from ..sampling_params import SamplingParams
 
-    stream = SyncStream(llm.engine, ids, SamplingParams(temperature=0, max_tokens=tokens, ignore_eos=True), grammar)
+    params = SamplingParams(temperature=temperature, max_tokens=tokens, ignore_eos=True, seed=0)
+    stream = SyncStream(llm.engine, ids, params, grammar)
     completion = None
     while (d := stream.next_delta()) is not None:
         completion = d.completion or completion
@@ -77,7 +78,8 @@ def cmd_bench_tools(args) -> int:
                                              "runtime.max_context_tokens": args.ctx}))
     ids = llm.tokenize(PROMPT)
     grammars = _grammars(llm)
-    print(f"{os.path.basename(args.model)}: tool format {llm.tool_format.name}, {args.tokens} greedy tokens, "
+    how = "greedy" if args.temperature == 0 else f"sampled (temperature {args.temperature}, default top-k/p, min-p)"
+    print(f"{os.path.basename(args.model)}: tool format {llm.tool_format.name}, {args.tokens} {how} tokens, "
           f"{args.threads} threads, {args.repeats} repeats", flush=True)
     for g in grammars.values():  # warm-up: the grammar's first masks, the sessions
         _run(llm, ids, 8, g)
@@ -85,7 +87,8 @@ def cmd_bench_tools(args) -> int:
     def show(r, v, row):
         print(f"  {v:<18} {row['decode_tps']:7.1f} tok/s ({row['tokens']} tokens)", flush=True)
 
-    runs = interleaved(VARIANTS, args.repeats, lambda v: _run(llm, ids, args.tokens, grammars[v]), show)
+    runs = interleaved(VARIANTS, args.repeats, lambda v: _run(llm, ids, args.tokens, grammars[v], args.temperature),
+                       show)
     base = statistics.median(x["decode_tps"] for x in runs["free text"])
     print("\n| path | decode tok/s | against free text |")
     print("|---|---:|---:|")
@@ -102,7 +105,9 @@ def cmd_bench_tools(args) -> int:
 def add_parser(bs) -> None:
     s = bs.add_parser("tools", help="decode speed of a tool call under its lazy grammar against free text")
     s.add_argument("-m", "--model", required=True, help="GGUF file")
-    s.add_argument("--tokens", type=int, default=128, help="greedy tokens generated per request")
+    s.add_argument("--tokens", type=int, default=128, help="tokens generated per request")
+    s.add_argument("--temperature", type=float, default=0.0,
+                   help="0: greedy; above: sampled with SamplingParams' default top-k, top-p and min-p")
     s.add_argument("--ctx", type=int, default=1024)
     s.add_argument("-t", "--threads", type=int, default=2)
     s.add_argument("-r", "--repeats", type=int, default=5)

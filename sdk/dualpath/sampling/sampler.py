@@ -93,11 +93,9 @@ class Sampler:
         recent token ids, oldest first (only the last ``repetition_window`` are read);
         ``mask_bias`` (vocab_size,) f32, 0 or -inf, is a grammar's mask (sampling/grammar.py),
         added after logit_bias. Or ``grammar``, a matcher, with ``mask_bias`` the buffer its
-        mask is written into only when needed: where nothing truncates the distribution
-        (greedy, or no top-k, top-p or min-p), a token drawn without the mask and allowed by
-        the grammar is the draw the mask would have given (rejection sampling: a refused
-        draw is drawn again under the mask), and computing a mask over a large vocabulary
-        costs more than a decode step's sampling."""
+        mask is written into only when needed (``_exact_by_rejection``): computing a mask
+        over a large vocabulary costs more than a decode step's sampling, and asking the
+        grammar about a few tokens gives the same draw."""
         p, n_vocab = self.params, self.vocab_size
         if np.shape(logits) != (n_vocab,):
             raise ValueError(f"logits shape {np.shape(logits)} must be ({n_vocab},)")
@@ -126,10 +124,8 @@ class Sampler:
         if budget is not None and budget.forced and self._allowed(budget.forced[-1], mask_bias, check):
             token = budget.forced.pop()  # a grammar that refuses the marker wins over the budget
         else:
-            token = self._draw(work)
-            if check is not None and not check[0].allows(token) and check[0].fill_bias(check[1]):
-                np.add(work, check[1], out=work)
-                token = self._draw(work)
+            token = self._checked_draw(work, check) if check is not None else self._draw(
+                work, self._masked_top(work, mask_bias) if mask_bias is not None else None)
         if budget is not None:
             budget.observe(token)
         if p.logprobs is not None:
@@ -148,11 +144,32 @@ class Sampler:
 
     @property
     def _exact_by_rejection(self) -> bool:
-        """True when a draw is independent of which tokens a mask removes, but for the
-        removed ones: greedy, or sampling from the whole distribution."""
+        """True when a draw without the mask, checked against the grammar, is the masked
+        draw: greedy; sampling from the whole distribution (a refused draw is drawn again
+        under the mask); or top-k first (top-p, min-p or not) when the grammar allows every
+        one of the k candidates, since the mask then leaves them, their mass and their
+        maximum as they were. Top-p or min-p over the whole vocabulary depend on the mass
+        the mask removes: the mask comes first."""
         p = self.params
-        return (p.temperature == 0.0 or p.top_k == 1 or
-                ((p.top_k == 0 or p.top_k >= self.vocab_size) and p.top_p >= 1.0 and p.min_p == 0.0))
+        return (p.temperature == 0.0 or p.top_k == 1 or 0 < p.top_k < self.vocab_size
+                or (p.top_p >= 1.0 and p.min_p == 0.0))
+
+    def _checked_draw(self, work: np.ndarray, check: tuple[GrammarMask, np.ndarray]) -> int:
+        grammar, buf = check
+        p, n_vocab = self.params, self.vocab_size
+        if p.temperature != 0.0 and 1 < p.top_k < n_vocab:  # the k candidates first
+            top = np.argpartition(work, n_vocab - p.top_k)[n_vocab - p.top_k:]
+            if all(grammar.allows(int(t)) for t in top):
+                return self._draw(work, top)
+            token = -1
+        else:
+            token = self._draw(work)
+            if grammar.allows(token):
+                return token
+        if grammar.fill_bias(buf):  # refused: the draw under the mask
+            np.add(work, buf, out=work)
+            return self._draw(work, self._masked_top(work, buf))
+        return token if token >= 0 else self._draw(work)
 
     def _log_normaliser(self, work: np.ndarray, logprobs: int) -> tuple[float, np.ndarray]:
         """log(sum(exp(work))) and the ids of the ``logprobs`` largest logits, largest first."""
@@ -167,7 +184,21 @@ class Sampler:
         ids = np.argpartition(work, self.vocab_size - k)[self.vocab_size - k:]
         return lse, ids[np.argsort(-work[ids], kind="stable")]
 
-    def _draw(self, work: np.ndarray) -> int:
+    def _masked_top(self, work: np.ndarray, mask_bias: np.ndarray) -> np.ndarray | None:
+        """The top-k ids of ``work`` under ``mask_bias`` (None without top-k), found among
+        the allowed ids: numpy's partition of a vocabulary that is mostly -inf (a grammar
+        that allows a few tokens) is slower than a decode step."""
+        p, n_vocab = self.params, self.vocab_size
+        if p.temperature == 0.0 or not 1 < p.top_k < n_vocab:
+            return None
+        allowed = np.flatnonzero(mask_bias == 0)
+        if len(allowed) <= p.top_k:
+            return allowed if len(allowed) else None
+        return allowed[np.argpartition(work[allowed], len(allowed) - p.top_k)[len(allowed) - p.top_k:]]
+
+    def _draw(self, work: np.ndarray, top_ids: np.ndarray | None = None) -> int:
+        """A token from ``work`` under the params; ``top_ids``: the top-k ids of ``work``,
+        when already found."""
         p, n_vocab = self.params, self.vocab_size
         if p.temperature == 0.0 or p.top_k == 1:
             return int(np.argmax(work))
@@ -180,7 +211,7 @@ class Sampler:
         # or ids None and vals the whole vocabulary, unsorted, when no filter needs order.
         mass = None  # what top_p is a fraction of: the candidates' own mass when None
         if p.top_k and p.top_k < n_vocab:
-            ids = np.argpartition(work, n_vocab - p.top_k)[n_vocab - p.top_k:]
+            ids = top_ids if top_ids is not None else np.argpartition(work, n_vocab - p.top_k)[n_vocab - p.top_k:]
         elif p.top_p < 1.0:
             ids, mass = self._nucleus_superset(work, top)
         else:
