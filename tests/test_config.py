@@ -100,7 +100,7 @@ def test_bad_value_error_names_file_key_value_and_range(tmp_path, key, value, al
     ("runtime:\n  num_threads:\n    x: 1\n", "runtime.num_threads is a setting, not a section"),
     ("runtime: 4\n", "runtime must be a mapping of num_threads"),
     ("- runtime\n", "must be a mapping with keys kv_cache, runtime, power, server, model_cache, prefix_cache, "
-                    "got list"),
+                    "reasoning, got list"),
     ("runtime: [unclosed\n", "invalid YAML"),
     ("runtime:\n  num_threads: 1\n  num_threads: 2\n", "duplicate key 'num_threads'"),
     ("1: 2\n", "key 1 must be a string"),

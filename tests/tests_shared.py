@@ -63,6 +63,40 @@ def write_gguf_with_chat_template(src: Path, dst: Path, template: str) -> Path:
     return copy_gguf(src, dst, {"tokenizer.chat_template": (template, gguf.GGUFValueType.STRING)})
 
 
+THINK_TEMPLATE = ("{% for m in messages %}{% if m.reasoning_content is defined %}<think>{{ m.reasoning_content }}"
+                  "</think>{% endif %}{{ m['content'] }}\n{% endfor %}{% if add_generation_prompt %}"
+                  "{% if enable_thinking is defined and not enable_thinking %}<think>\n\n</think>\n\n"
+                  "{% else %}<think>\n{% endif %}{% endif %}")
+"""A chat template that thinks as Qwen3's does: its generation prompt opens ``<think>``
+(the reply starts inside the thinking), or with ``enable_thinking`` false closes it empty;
+an earlier reply's ``reasoning_content`` is rendered before its content."""
+PLAIN_TEMPLATE = "{% for m in messages %}{{ m['content'] }}\n{% endfor %}"
+"""A template that leaves the reply to open its thinking itself."""
+THINK_PROMPT = [{"role": "user", "content": "Once upon a time"}]
+THINK_TOKEN, THINK_END_TOKEN = 441, 511
+"""Under ``PLAIN_TEMPLATE`` stories260K greedily writes token 441 ("O") first for
+``THINK_PROMPT``: ``write_thinking_gguf(marker_tokens=True)`` renames it ``<think>`` and the
+seldom-used 511 ``</think>`` (user-defined tokens, as Qwen3's markers are), so the model
+opens its thinking with one token of its own."""
+
+
+def write_thinking_gguf(src: Path, dst: Path, template: str, marker_tokens: bool = False) -> Path:
+    """Copy GGUF ``src`` (stories260K) to ``dst`` with ``template``; ``marker_tokens``: with
+    ``<think>`` and ``</think>`` as single tokens (see THINK_TOKEN)."""
+    import gguf
+
+    fields = {"tokenizer.chat_template": (template, gguf.GGUFValueType.STRING)}
+    if marker_tokens:
+        reader = gguf.GGUFReader(str(src))
+        tokens = list(reader.fields["tokenizer.ggml.tokens"].contents())
+        types = list(reader.fields["tokenizer.ggml.token_type"].contents())
+        for token_id, text in ((THINK_TOKEN, "<think>"), (THINK_END_TOKEN, "</think>")):
+            tokens[token_id], types[token_id] = text, 4  # USER_DEFINED: decoded as text
+        fields["tokenizer.ggml.tokens"] = (tokens, gguf.GGUFValueType.ARRAY)
+        fields["tokenizer.ggml.token_type"] = (types, gguf.GGUFValueType.ARRAY)
+    return copy_gguf(src, dst, fields)
+
+
 NEAR_TIE = 0.05
 """Largest f32 logit gap between run.c's token and the runner-up at which an f16 KV cache
 may pick the runner-up (its rounding moves these logits by up to ~2e-2)."""

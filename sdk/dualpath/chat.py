@@ -19,6 +19,7 @@ raises ``PromptTooLongError``.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import time
@@ -29,7 +30,12 @@ from .errors import DualPathError, PromptTooLongError
 from .llm import LLM
 from .sampling_params import SamplingParams
 
-__all__ = ["Chat", "TurnStats"]
+__all__ = ["Chat", "Thinking", "TurnStats"]
+
+
+class Thinking(str):
+    """A piece of a reply's thinking (``<think>...</think>``): ``Chat.send`` yields these
+    beside the answer's pieces (plain ``str``) when ``reasoning_format`` is not none."""
 
 
 @dataclass
@@ -66,7 +72,27 @@ class Chat:
         self.text = ""
         """The chat template's text of ``ids``."""
         self.last = TurnStats()
+        self.reasoning_format = llm.config.reasoning.format
+        """deepseek (or auto): a reply's thinking comes as ``Thinking`` pieces, and only its
+        answer stays in the conversation; none: the text as the model wrote it."""
+        self.chat_template_kwargs: dict = {}
+        """Extra variables of the chat template (``think`` sets ``enable_thinking``)."""
         llm.apply_chat_template([{"role": "user", "content": "x"}])  # no template: ChatTemplateError now
+
+    def think(self, on: bool) -> None:
+        """Let the model think (its thinking budget: ``reasoning.budget_tokens``) or not
+        (``enable_thinking`` false where the template reads it, and a budget of 0)."""
+        self.chat_template_kwargs["enable_thinking"] = on
+        self.params = dataclasses.replace(self.params, reasoning_budget=None if on else 0)
+        self.ids, self.text = [], ""
+
+    def _thinking(self) -> tuple[SamplingParams, dict]:
+        """The turn's params (with its thinking budget) and template variables."""
+        from .tokenizer.reasoning import budget_tokens_of, thinking_kwargs
+
+        budget = budget_tokens_of(self.llm.config.reasoning.budget_tokens, self.params.reasoning_budget)
+        params = dataclasses.replace(self.params, reasoning_budget=budget)
+        return params, thinking_kwargs(self.llm.chat_template(), self.chat_template_kwargs, budget)
 
     # -- the conversation ---------------------------------------------------------
     def _all(self, messages: list[dict]) -> list[dict]:
@@ -108,11 +134,12 @@ class Chat:
         """Prompt ids and text of ``messages`` and a generation prompt, extending ``ids``
         where the rendering extends ``text``."""
         llm = self.llm
-        full = llm.apply_chat_template(self._all(messages))
+        kwargs = self._thinking()[1]
+        full = llm.apply_chat_template(self._all(messages), chat_template_kwargs=kwargs)
         if self.ids and full.startswith(self.text):
             new = llm.tokenizer.encode(full[len(self.text):], add_bos=False, parse_special=True)
             return self.ids + new, full
-        return llm.chat_prompt_ids(self._all(messages)), full
+        return llm.chat_prompt_ids(self._all(messages), chat_template_kwargs=kwargs), full
 
     def _fit(self, user: dict) -> tuple[list[int], str, int]:
         """The prompt of the next turn, dropping the oldest turns until it leaves room for
@@ -146,16 +173,28 @@ class Chat:
         return self._reply(user, ids, text, dropped)
 
     def _reply(self, user: dict, ids: list[int], text: str, dropped: int) -> Generator[str, None, None]:
-        gen = self.llm.stream(ids, self.params)
+        from .tokenizer.reasoning import ReasoningSplitter, prompt_opens_thinking
+
+        gen = self.llm.stream(ids, self._thinking()[0])
         t0 = time.perf_counter()
         first = None
         parts: list[str] = []
+        split = (ReasoningSplitter(prompt_opens_thinking(self.llm.tokenizer, ids))
+                 if self.reasoning_format != "none" else None)
+
+        def pieces(thought: str, answer: str):  # the answer alone is kept in the conversation
+            if thought:
+                yield Thinking(thought)
+            if answer:
+                parts.append(answer)
+                yield answer
         try:
             for delta in gen:
                 if first is None:
                     first = time.perf_counter()
-                parts.append(delta)
-                yield delta
+                yield from pieces(*split.feed(delta)) if split is not None else pieces("", delta)
+            if split is not None:
+                yield from pieces(*split.finish())
         finally:
             gen.close()
             c = gen.completion

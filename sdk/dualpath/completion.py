@@ -62,3 +62,7 @@ class Completion:
     """When asked for (``echo`` with logprobs): per prompt token after the first, as ``logprobs``."""
     embedding: np.ndarray | None = None
     """For an embedding request: the pooled, L2-normalised final hidden state (dim,)."""
+    reasoning_content: str | None = None
+    """From ``LLM.chat`` with ``reasoning.format`` deepseek: the reply's thinking
+    (``<think>...</think>``), ``text`` then holding the answer alone; None when the reply
+    did not think (or the format is none)."""

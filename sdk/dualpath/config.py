@@ -438,6 +438,43 @@ class ModelCacheConfig(_Section):
     """Least recently used entries are removed when a new entry takes the cache past this."""
 
 
+REASONING_FORMATS = ("none", "deepseek", "auto")
+"""``reasoning.format`` (and a request's ``reasoning_format``) choices, llama-server's names:
+``none`` leaves the thinking in the text, ``deepseek`` returns it apart; ``auto`` is ``deepseek``."""
+REASONING_EFFORTS = ("low", "medium", "high")
+"""A request's ``reasoning_effort`` choices: each is a budget of ``reasoning.<effort>_tokens``."""
+
+
+def _budget(default: int) -> Any:
+    return _int(default, -1, 1 << 24, allowed="an integer: -1 (no limit), 0 (no thinking) or a number of tokens")
+
+
+@dataclass(frozen=True)
+class ReasoningConfig(_Section):
+    """Models that think before they answer (``<think>...</think>``): whether the thinking
+    comes back apart, and how long it may be (tokenizer/reasoning.py, sampling/reasoning_budget.py)."""
+
+    _section: ClassVar[str] = "reasoning"
+
+    format: str = _choice("deepseek", str, REASONING_FORMATS)
+    """``deepseek`` (or ``auto``): the thinking comes back as ``reasoning_content`` (the
+    server, ``LLM.chat``) and the answer as the content; ``none``: both stay in the content."""
+    budget_tokens: int = _budget(-1)
+    """Most tokens of thinking per reply, unless a request sets its own; past it the
+    closing marker is written for the model and the answer follows. -1 = no limit,
+    0 = no thinking (``enable_thinking`` false where the template reads it)."""
+    low_tokens: int = _budget(256)
+    """The budget of ``reasoning_effort: low``."""
+    medium_tokens: int = _budget(1024)
+    """The budget of ``reasoning_effort: medium``."""
+    high_tokens: int = _budget(4096)
+    """The budget of ``reasoning_effort: high``."""
+
+    def effort_tokens(self, effort: str) -> int:
+        """The budget of a ``reasoning_effort`` (one of ``REASONING_EFFORTS``)."""
+        return {"low": self.low_tokens, "medium": self.medium_tokens, "high": self.high_tokens}[effort]
+
+
 PREFIX_CACHE_USES = ("serve", "always", "never")
 
 
@@ -474,6 +511,8 @@ class Config(_Section):
     """The converted-model cache."""
     prefix_cache: PrefixCacheConfig = section(PrefixCacheConfig)
     """The prefix cache on disk."""
+    reasoning: ReasoningConfig = section(ReasoningConfig)
+    """Thinking models: the thinking apart, and its budget."""
 
     @property
     def dualpath_config(self) -> KVCacheConfig:

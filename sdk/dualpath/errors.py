@@ -51,6 +51,10 @@ class ChatTemplateError(DualPathError, ValueError):
     """The model has no chat template, or the template failed to render."""
 
 
+class ToolsNotRenderedError(ChatTemplateError):
+    """The chat template was given tools and wrote none of them into the prompt."""
+
+
 class CacheFullError(DualPathError, MemoryError):
     """The KV cache has no room for a request even with nothing else in it, or (the
     single-sequence runner, sized for twice the context) for the step: a cache sized

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import shutil
@@ -12,13 +13,15 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from .completion import Completion
-from .config import Config, load_config
+from .config import REASONING_FORMATS, Config, load_config
 from .engine.engine import Engine, SyncStream
-from .errors import ChatTemplateError
+from .errors import ChatTemplateError, ToolsNotRenderedError
 from .models import ModelSpec
 from .models.store import CorruptEntry, ModelStore, Progress
 from .sampling_params import SamplingParams
+from .tokenizer.chat_inputs import template_variables, tools_not_rendered
 from .tokenizer.chat_templates import BUILTIN as BUILTIN_CHAT_TEMPLATES
+from .tokenizer.tool_formats import ToolFormat, detect_format
 from .versions import check_versions
 
 if TYPE_CHECKING:
@@ -163,7 +166,7 @@ class LLM:
                               "let --memory-budget auto choose one that fits") from e
         self.load_stats.update(driver.runner.load_stats)
         rss["sessions"] = resident_mb()
-        draft = self._draft(store, ctx) if rt.speculative == "draft" else None
+        draft = _draft(self, store, ctx) if rt.speculative == "draft" else None
         self.engine = Engine(driver, self.tokenizer, max_queued_requests=config.server.max_queued_requests,
                              profile_name=config.power.profile, speculative=rt.speculative,
                              speculative_tokens=rt.speculative_tokens, draft=draft)
@@ -213,25 +216,6 @@ class LLM:
         log.info("memory budget %.0f MiB: %s", budget / MiB, plan.describe())
         return with_overrides(config, {"runtime.max_context_tokens": plan.context,
                                        "kv_cache.kv_dtype": plan.kv_dtype})
-
-    def _draft(self, store: ModelStore, ctx: int):
-        """The draft model of ``speculative: draft``: refused unless it shares the vocabulary."""
-        from .engine.speculative import DraftModel
-        from .errors import ConfigError
-
-        rt = self.config.runtime
-        if not rt.draft_model:
-            raise ConfigError("runtime.speculative=draft needs runtime.draft_model: a smaller GGUF with this "
-                              "model's vocabulary (or use speculative: ngram, which needs no second model)")
-        spec = store.load(rt.draft_model)
-        mine, theirs = self.spec.tokenizer.tokens, spec.tokenizer.tokens
-        if list(mine) != list(theirs):
-            differ = next((i for i, (a, b) in enumerate(zip(mine, theirs)) if a != b), min(len(mine), len(theirs)))
-            raise ConfigError(f"runtime.draft_model={rt.draft_model!r}: its vocabulary ({len(theirs)} tokens) is not "
-                              f"this model's ({len(mine)} tokens; they differ from token {differ} on): proposals "
-                              "would be other tokens' ids")
-        # A sequence per running request, each up to the context.
-        return DraftModel(self._driver(ctx, None, spec=spec, kv_cache_tokens=ctx * rt.max_num_seqs, disk=False))
 
     def _driver(self, ctx: int, progress, spec=None, kv_cache_tokens=None, disk=None):
         """The cache, scheduler and runner of ``spec`` (None: the model's) at context ``ctx``,
@@ -307,31 +291,102 @@ class LLM:
         return {"prompt_tokens": len(ids), "cached_tokens": c.usage.cached_prompt_tokens,
                 "stored_tokens": len(ids) // P * P}
 
-    def apply_chat_template(self, messages: Sequence[dict], add_generation_prompt: bool = True) -> str:
-        builtin = self.config.runtime.chat_template
-        template = BUILTIN_CHAT_TEMPLATES[builtin] if builtin else self.spec.tokenizer.chat_template
-        if not template:
-            raise ChatTemplateError(f"{os.path.basename(str(self.spec.path))}: the model has no chat template "
-                                    "(no tokenizer.chat_template in its file); use a plain prompt, or a "
-                                    f"built-in template: --chat-template {{{','.join(BUILTIN_CHAT_TEMPLATES)}}}")
-        tok = self.tokenizer
-        return self.template_renderer.render(template, {
-            "messages": list(messages), "add_generation_prompt": add_generation_prompt,
-            "bos_token": tok.spec.tokens[tok.bos_id] if tok.bos_id is not None else "",
-            "eos_token": tok.spec.tokens[tok.eos_id] if tok.eos_id is not None else ""})
+    def chat_template(self) -> str:
+        """The chat template's Jinja source: the built-in one configured, else the model's
+        (ChatTemplateError when there is neither)."""
+        return _required_template(self)
 
-    def chat_prompt_ids(self, messages: Sequence[dict]) -> list[int]:
+    def apply_chat_template(self, messages: Sequence[dict], add_generation_prompt: bool = True, *,
+                            tools=None, chat_template_kwargs: dict | None = None) -> str:
+        """``messages`` (OpenAI's shapes, tool calls and results included) rendered by the chat
+        template with ``tools`` and ``chat_template_kwargs`` (tokenizer/chat_inputs.py; e.g.
+        ``{"enable_thinking": False}``, merged into its variables as llama.cpp does).
+        ChatTemplateError when the template fails, or ignores ``tools`` it was given."""
+        return _render_chat(self, messages, add_generation_prompt, tools, chat_template_kwargs)
+
+    @property
+    def tool_format(self) -> ToolFormat:
+        """How this model writes tool calls, from its chat template (tokenizer/tool_formats.py)."""
+        return detect_format(_template_source(self))
+
+    def chat_prompt_ids(self, messages: Sequence[dict], *, tools=None,
+                        chat_template_kwargs: dict | None = None) -> list[int]:
         """The prompt token ids of ``messages`` rendered by the chat template."""
-        text = self.apply_chat_template(messages)
+        text = self.apply_chat_template(messages, tools=tools, chat_template_kwargs=chat_template_kwargs)
         bos = self.tokenizer.spec.tokens[self.tokenizer.bos_id] if self.tokenizer.bos_id is not None else None
         # Templates usually write the BOS text themselves: do not add a second one.
         add_bos = not (bos and text.startswith(bos))
         return self.tokenizer.encode(text, add_bos=add_bos, parse_special=True)
 
-    def chat(self, messages: Sequence[dict], params: SamplingParams | None = None) -> Completion:
-        """Generate the assistant's reply to ``messages`` ([{"role", "content"}, ...])."""
+    def chat(self, messages: Sequence[dict], params: SamplingParams | None = None, *,
+             chat_template_kwargs: dict | None = None, reasoning_format: str | None = None) -> Completion:
+        """Generate the assistant's reply to ``messages`` ([{"role", "content"}, ...]). A model that
+        thinks (``<think>...</think>``): with ``reasoning_format`` (None: ``reasoning.format``)
+        deepseek the thinking comes back in ``reasoning_content`` and ``text`` is the answer;
+        ``params.reasoning_budget`` (None: ``reasoning.budget_tokens``) bounds it, and 0 also
+        sets ``enable_thinking`` false for templates that read it."""
         _no_generation(self)
-        return self.generate(self.chat_prompt_ids(messages), params)
+        return _chat(self, messages, params or SamplingParams(), chat_template_kwargs,
+                     reasoning_format or self.config.reasoning.format)
+
+
+def _chat(llm: LLM, messages: Sequence[dict], params: SamplingParams, chat_template_kwargs: dict | None,
+          reasoning_format: str) -> Completion:
+    """``LLM.chat``: the thinking budget into the params and the template's variables, then
+    the reply, its thinking split off unless the format is none."""
+    from .tokenizer.reasoning import budget_tokens_of, prompt_opens_thinking, split_reasoning, thinking_kwargs
+
+    if reasoning_format not in REASONING_FORMATS:
+        raise ValueError(f"reasoning_format={reasoning_format!r} must be one of {', '.join(REASONING_FORMATS)}")
+    budget = budget_tokens_of(llm.config.reasoning.budget_tokens, params.reasoning_budget)
+    if budget != params.reasoning_budget:
+        params = dataclasses.replace(params, reasoning_budget=budget)
+    kwargs = thinking_kwargs(llm.chat_template(), chat_template_kwargs, budget)
+    ids = llm.chat_prompt_ids(messages, chat_template_kwargs=kwargs)
+    c = llm.generate(ids, params)
+    if reasoning_format == "none":
+        return c
+    reasoning, content = split_reasoning(c.text, prompt_opens_thinking(llm.tokenizer, ids))
+    return dataclasses.replace(c, text=content, reasoning_content=reasoning)
+
+
+def _required_template(llm: LLM) -> str:
+    template = _template_source(llm)
+    if not template:
+        raise ChatTemplateError(f"{os.path.basename(str(llm.spec.path))}: the model has no chat template "
+                                "(no tokenizer.chat_template in its file); use a plain prompt, or a "
+                                f"built-in template: --chat-template {{{','.join(BUILTIN_CHAT_TEMPLATES)}}}")
+    return template
+
+
+def _render_chat(llm: LLM, messages: Sequence[dict], add_generation_prompt: bool, tools,
+                 chat_template_kwargs: dict | None) -> str:
+    """``LLM.apply_chat_template``."""
+    text = llm.template_renderer.render(_required_template(llm), _chat_variables(
+        llm.tokenizer, messages, add_generation_prompt, tools, chat_template_kwargs))
+    missing = tools_not_rendered(text, tools)
+    if missing:
+        raise ToolsNotRenderedError(f"the chat template does not render 'tools' (the prompt never names "
+                                    f"{', '.join(map(repr, missing))}), so the model would not know them; "
+                                    "use a model or --chat-template whose template writes tools "
+                                    "(the built-in chatml does)")
+    return text
+
+
+def _template_source(llm: LLM) -> str | None:
+    """The chat template in use: a built-in one named in the config, else the file's."""
+    builtin = llm.config.runtime.chat_template
+    return BUILTIN_CHAT_TEMPLATES[builtin] if builtin else llm.spec.tokenizer.chat_template
+
+
+def _chat_variables(tok, messages, add_generation_prompt: bool, tools, kwargs) -> dict:
+    try:
+        return template_variables(messages, tools=tools, add_generation_prompt=add_generation_prompt,
+                                  bos_token=tok.spec.tokens[tok.bos_id] if tok.bos_id is not None else "",
+                                  eos_token=tok.spec.tokens[tok.eos_id] if tok.eos_id is not None else "",
+                                  chat_template_kwargs=kwargs)
+    except ValueError as e:
+        raise ChatTemplateError(str(e)) from None
 
 
 class Generation:
@@ -371,6 +426,26 @@ class Generation:
             while (delta := self._stream.next_delta()) is not None:
                 if delta.completion is not None:
                     self.completion = delta.completion
+
+
+def _draft(llm: LLM, store: ModelStore, ctx: int):
+    """The draft model of ``speculative: draft``: refused unless it shares the vocabulary."""
+    from .engine.speculative import DraftModel
+    from .errors import ConfigError
+
+    rt = llm.config.runtime
+    if not rt.draft_model:
+        raise ConfigError("runtime.speculative=draft needs runtime.draft_model: a smaller GGUF with this "
+                          "model's vocabulary (or use speculative: ngram, which needs no second model)")
+    spec = store.load(rt.draft_model)
+    mine, theirs = llm.spec.tokenizer.tokens, spec.tokenizer.tokens
+    if list(mine) != list(theirs):
+        differ = next((i for i, (a, b) in enumerate(zip(mine, theirs)) if a != b), min(len(mine), len(theirs)))
+        raise ConfigError(f"runtime.draft_model={rt.draft_model!r}: its vocabulary ({len(theirs)} tokens) is not "
+                          f"this model's ({len(mine)} tokens; they differ from token {differ} on): proposals "
+                          "would be other tokens' ids")
+    # A sequence per running request, each up to the context.
+    return DraftModel(llm._driver(ctx, None, spec=spec, kv_cache_tokens=ctx * rt.max_num_seqs, disk=False))
 
 
 def _load_encoder(llm: LLM, model_path, t0: float) -> EncoderRunner:

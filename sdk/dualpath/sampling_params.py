@@ -48,6 +48,10 @@ class SamplingParams:
     logprobs: int | None = setting(None, int, lambda v: 0 <= v <= 20, "None or between 0 and 20",
                                    optional=True)
     """Report each sampled token's log-probability and this many most likely alternatives."""
+    reasoning_budget: int | None = setting(None, int, lambda v: v >= 0, "None (no limit) or an integer >= 0",
+                                           optional=True)
+    """Most tokens a reply may think (``<think>...</think>``) before the closing marker is
+    written for it and the answer follows; 0 = close the thinking at once; None = no limit."""
 
     def __post_init__(self) -> None:
         bias = self.logit_bias

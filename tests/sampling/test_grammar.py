@@ -299,3 +299,74 @@ def test_missing_llguidance_names_the_pip_package(tok, monkeypatch):
         compiler.compile({"type": "json_schema"})
     with pytest.raises(ImportError, match=r'pip install "dualpath\[structured\]"'):
         compiler.compile({"type": "json_object"})
+
+
+def _masked_walk(grammar, tok, params, seed: int, fast: bool, steps: int = 40) -> list[int]:
+    """Tokens a seeded sampler picks under ``grammar`` from random logits: with ``fast`` the
+    sampler gets the matcher (it checks a draw before computing the mask), otherwise the
+    mask computed first, as before."""
+    from dualpath.sampling.sampler import Sampler
+
+    rng = np.random.default_rng(seed)
+    matcher, sampler = grammar.new_matcher(), Sampler(params, tok.vocab_size)
+    bias = np.empty(tok.vocab_size, np.float32)
+    ids: list[int] = []
+    for _ in range(steps):
+        logits = rng.standard_normal(tok.vocab_size).astype(np.float32) * 4
+        if fast:
+            token = sampler.sample(logits, ids, bias, matcher)
+        else:
+            matcher.fill_bias(bias)
+            token = sampler.sample(logits, ids, bias)
+        assert matcher.accept(token), matcher.error
+        if matcher.is_finished():
+            break
+        ids.append(token)
+    return ids
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_greedy_draw_checked_against_the_grammar_is_the_masked_argmax(compiler, tok, seed):
+    from dualpath.sampling_params import SamplingParams
+
+    grammar = compiler.compile(JSON_SCHEMA)
+    params = SamplingParams(temperature=0.0)
+    fast, full = (_masked_walk(grammar, tok, params, seed, f) for f in (True, False))
+    assert fast == full and len(fast) > 5
+
+
+def test_untruncated_sampling_with_rejection_keeps_the_masked_distribution(compiler, tok):
+    """Rejection sampling draws each allowed token with its masked probability: over many
+    first tokens of a JSON object, the frequencies match those of the full mask."""
+    from dualpath.sampling.sampler import Sampler
+    from dualpath.sampling_params import SamplingParams
+
+    grammar = compiler.compile({"type": "json_object"})
+    params = SamplingParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, seed=7)
+    rng = np.random.default_rng(3)
+    logits = rng.standard_normal(tok.vocab_size).astype(np.float32) * 3
+    allowed = np.empty(tok.vocab_size, np.bool_)
+    grammar.new_matcher().fill_mask(allowed)
+    p = np.where(allowed, np.exp(logits - logits.max()), 0.0)
+    p /= p.sum()
+    sampler, bias, n = Sampler(params, tok.vocab_size), np.empty(tok.vocab_size, np.float32), 4000
+    counts = np.zeros(tok.vocab_size)
+    for _ in range(n):
+        counts[sampler.sample(logits, (), bias, grammar.new_matcher())] += 1
+    assert counts[~allowed].sum() == 0  # never a refused token
+    top = np.argsort(-p)[:5]  # the likeliest allowed tokens: each within 5 standard errors
+    assert np.all(np.abs(counts[top] / n - p[top]) <= 5 * np.sqrt(p[top] * (1 - p[top]) / n) + 1e-9)
+
+
+@pytest.mark.parametrize("top_k, top_p, min_p", [(40, 0.95, 0.05), (5, 1.0, 0.0), (0, 0.9, 0.0), (0, 1.0, 0.1)])
+def test_truncated_sampling_gives_the_draws_of_the_full_mask(compiler, tok, top_k, top_p, min_p):
+    """Top-k first: the grammar is asked about the k candidates, and when it allows them all
+    the draw is the one under the mask; top-p or min-p over the whole vocabulary take the
+    mask first. Either way the same tokens as the sampler given the mask."""
+    from dualpath.sampling_params import SamplingParams
+
+    grammar = compiler.compile(JSON_SCHEMA)
+    params = SamplingParams(temperature=0.8, top_k=top_k, top_p=top_p, min_p=min_p, seed=11)
+    for seed in range(3):
+        fast = _masked_walk(grammar, tok, params, seed, True)
+        assert fast == _masked_walk(grammar, tok, params, seed, False) and len(fast) > 5

@@ -145,3 +145,34 @@ def test_the_page_makes_no_external_requests_and_has_no_inline_script():
     assert "<script src=" in html and html.count("<script") == 1  # our one file, no inline script
     js = (STATIC / "chat.js").read_text()
     assert "innerHTML" not in js and "eval(" not in js  # replies go in as text
+
+
+def test_a_replys_thinking_shows_in_a_block_that_folds_once_the_answer_starts(browser, gguf_path, tmp_path):
+    from selenium.webdriver.common.by import By
+
+    from dualpath.bench.common import free_port, live_server
+    from tests_shared import THINK_TEMPLATE, write_thinking_gguf
+
+    path = write_thinking_gguf(gguf_path, tmp_path / "think.gguf", THINK_TEMPLATE)
+    port = free_port()
+    cmd = [sys.executable, "-m", "dualpath.cli", "serve", "--model", str(path), "--port", str(port),
+           "--ctx-size", "256", "-t", "2", "--reasoning-budget", "6"]
+    with live_server("dualpath serve", cmd, f"http://127.0.0.1:{port}", startup_s=240) as server:
+        browser.get(server.base + "/")
+        _wait(browser, lambda: "context" in browser.find_element(By.ID, "model").text)
+        browser.find_element(By.ID, "input").send_keys("Once upon a time")
+        browser.find_element(By.ID, "send").click()
+        _wait(browser, lambda: "tokens" in browser.find_element(By.ID, "status").text)
+        reply = browser.find_elements(By.CSS_SELECTOR, ".msg.assistant")[-1]
+        block = reply.find_element(By.CSS_SELECTOR, "details.thinking")
+        thought = block.find_element(By.CSS_SELECTOR, ".thought").get_attribute("textContent")
+        answer = reply.find_element(By.CSS_SELECTOR, "span").text
+        assert thought.strip() and answer.strip() and "think>" not in thought + answer
+        assert block.get_attribute("open") is None  # folded once the answer came
+        assert block.find_element(By.TAG_NAME, "summary").text == "Thoughts"
+        block.find_element(By.TAG_NAME, "summary").click()
+        assert block.get_attribute("open") is not None
+        assert _wait(browser, lambda: block.find_element(By.CSS_SELECTOR, ".thought").text.strip())
+        # the conversation sent back holds the answer alone
+        sent = browser.execute_script("return messages.map(m => m.content)")
+        assert sent[0] == "Once upon a time" and sent[1].strip() == answer.strip() and len(sent) == 2

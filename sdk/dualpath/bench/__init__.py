@@ -18,6 +18,7 @@
 * ``prefix-restart``: time to first token after a kill and restart, for a prefix seen before
   (the prefix cache on disk; llama-server's slot save and restore);
 * ``spec``: speculative decoding (prompt lookup) against plain decoding, beside llama.cpp's;
+* ``tools``: decode speed of a tool call under its lazy grammar against free text;
 * ``arm``: instructions per generated and per prompt token on aarch64 under qemu-aarch64
   (a counting plugin of ours), DualPath beside llama.cpp's phone and baseline builds.
 
@@ -53,10 +54,11 @@ def add_bench_parser(sub) -> None:
         serve,
         spec,
         startup,
+        tools,
     )
 
     b = sub.add_parser("bench", help="benchmarks (side by side with llama.cpp where it applies)")
     bs = b.add_subparsers(dest="bench", required=True)
     for module in (e2e, memory, kernels, classifier, layers, kv_quality, quality, power, cache, serve, load, startup,
-                   chat, prefix_restart, spec, arm):
+                   chat, prefix_restart, spec, tools, arm):
         module.add_parser(bs)

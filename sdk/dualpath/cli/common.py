@@ -26,6 +26,10 @@ def overrides_from_args(args) -> dict:
         out["runtime.speculative"], out["runtime.draft_model"] = "draft", args.draft_model
     if getattr(args, "speculative", None) is not None:
         out["runtime.speculative"] = args.speculative
+    if getattr(args, "reasoning_format", None) is not None:
+        out["reasoning.format"] = args.reasoning_format
+    if getattr(args, "reasoning_budget", None) is not None:
+        out["reasoning.budget_tokens"] = args.reasoning_budget
     if getattr(args, "prefix_cache", None) is not None:
         out["prefix_cache.use"], out["prefix_cache.dir"] = "always", args.prefix_cache
     if getattr(args, "no_prefix_cache", False):

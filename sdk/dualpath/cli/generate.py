@@ -38,8 +38,36 @@ def cmd_run(args) -> int:
 
 
 CHAT_HELP = """commands: /clear (forget the conversation), /system TEXT (a new system prompt), /save FILE,
-/load FILE (the conversation as JSON messages), /stats (tokens, speed, cache reuse), /help;
-Ctrl-C stops a reply, Ctrl-D (or /exit) leaves"""
+/load FILE (the conversation as JSON messages), /stats (tokens, speed, cache reuse), /think on|off
+(let a thinking model think, shown dimmed), /help; Ctrl-C stops a reply, Ctrl-D (or /exit) leaves"""
+DIM, PLAIN = "\x1b[2m", "\x1b[0m"
+"""Terminal attributes of a reply's thinking, and back."""
+
+
+def _write_reply(reply, out, interactive: bool, stop) -> None:
+    """Write a reply's pieces as they come: its thinking (``Thinking`` pieces) dimmed on a
+    terminal and left out when piped (one reply per line), then the answer."""
+    from ..chat import Thinking
+
+    thinking = False
+    try:
+        for text in reply:
+            if isinstance(text, Thinking):
+                if interactive:
+                    out.write((DIM if not thinking else "") + text)
+                    thinking = True
+            else:
+                if thinking:
+                    out.write(PLAIN + "\n\n")
+                    thinking = False
+                out.write(text)
+            out.flush()
+            if stop.is_set():
+                reply.close()  # the reply so far stays in the conversation
+                break
+    finally:
+        if thinking:
+            out.write(PLAIN)
 
 
 @contextlib.contextmanager
@@ -113,12 +141,7 @@ def cmd_chat(args) -> int:
         previous = signal.signal(signal.SIGINT, on_sigint)
         stop.clear()
         try:
-            for text in reply:
-                out.write(text)
-                out.flush()
-                if stop.is_set():
-                    reply.close()  # the reply so far stays in the conversation
-                    break
+            _write_reply(reply, out, interactive, stop)
         except DualPathError as e:  # this turn failed (too long, an engine error): the session goes on
             out.flush()
             print(f"\n(error: {e})", file=err)
@@ -157,6 +180,9 @@ def _chat_command(chat, line: str, out, err) -> bool:
         else:
             print(f"({'saved' if name == '/save' else 'loaded'} {len(chat.messages)} messages "
                   f"{'to' if name == '/save' else 'from'} {arg})", file=err)
+    elif name == "/think" and arg in ("on", "off"):
+        chat.think(arg == "on")
+        print(f"(thinking {arg})", file=err)
     elif name == "/stats":
         st = chat.last
         print(f"turns {chat.turns}, context {chat.context_used}/{chat.llm.context_tokens} tokens; last turn: prompt "

@@ -79,7 +79,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def config_args(sp) -> None:
     """The config options every model-loading subcommand takes."""
-    from ..config import CHAT_TEMPLATES, SPECULATIVE_MODES
+    from ..config import CHAT_TEMPLATES, REASONING_FORMATS, SPECULATIVE_MODES
     from ..kernels import KV_DTYPE_DOCS, KV_DTYPES
 
     sp.add_argument("-c", "--config", help="YAML config file (see configs/default.yaml)")
@@ -100,6 +100,11 @@ def config_args(sp) -> None:
                     "--draft-model; same output, faster where the proposals are right")
     sp.add_argument("--draft-model", help="a smaller GGUF with the same vocabulary (runtime.draft_model; "
                     "implies --speculative draft)")
+    sp.add_argument("--reasoning-format", choices=REASONING_FORMATS, help="a thinking model's <think>...</think>: "
+                    "deepseek (or auto) returns it apart (reasoning_content), none leaves it in the text "
+                    "(reasoning.format)")
+    sp.add_argument("--reasoning-budget", type=int, metavar="TOKENS", help="most tokens a reply may think before "
+                    "its closing marker is written for it (reasoning.budget_tokens; -1: no limit, 0: no thinking)")
     disk = sp.add_mutually_exclusive_group()
     disk.add_argument("--prefix-cache", metavar="DIR", help="keep prompt pages on disk in DIR, so that a "
                       "restarted process reuses a prefix it saw (prefix_cache.dir; on by default in serve)")

@@ -119,12 +119,8 @@ class OutputMaker:
             self.metrics.on_first_token(now - req.arrival)
         else:
             req.decode_steps += 1
-        m = req.matcher
-        bias = None
-        if m is not None:
-            bias = self.scratch.bias
-            m.fill_bias(bias)
-        token = req.sampler.sample(logits, req.ids[:req.n], bias)
+        m = req.matcher  # the sampler computes its mask into the scratch bias when it must
+        token = req.sampler.sample(logits, req.ids[:req.n], self.scratch.bias if m is not None else None, m)
         if m is not None:
             m.accept(token)  # the mask only let through what the grammar accepts
             if token in self.tokenizer.stop_ids:  # the grammar allowed an end: it is complete (even with ignore_eos)

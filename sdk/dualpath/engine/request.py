@@ -6,6 +6,7 @@ import numpy as np
 
 from ..completion import Completion
 from ..errors import InternalError
+from ..sampling.reasoning_budget import reasoning_budget_for
 from ..sampling.sampler import Sampler, SamplerScratch
 from ..sampling_params import SamplingParams
 from ..scheduler.request import Request
@@ -25,7 +26,7 @@ class EngineRequest(Request):
         self.matcher = grammar.new_matcher() if grammar is not None else None
         """Structured output (sampling/grammar.py): this sequence's walk through the grammar."""
         self.params = params
-        self.sampler = Sampler(params, scratch.vocab_size, scratch)
+        self.sampler = Sampler(params, scratch.vocab_size, scratch, reasoning_budget_for(params, tokenizer, prompt_ids))
         self.stream = TextStream(tokenizer, prompt_ids, params)
         self.stop_ids = frozenset() if params.ignore_eos else tokenizer.stop_ids
         self.sink = sink

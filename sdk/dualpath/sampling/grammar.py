@@ -54,6 +54,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -65,6 +66,9 @@ import numpy as np
 from dualpath.errors import DualPathError
 from dualpath.tokenizer import Tokenizer
 from dualpath.tokenizer.spec import TOKEN_USER_DEFINED
+from dualpath.tokenizer.tool_formats import ToolFormat, in_json, trigger_pattern
+
+from .lazy_grammar import LazyMatcher, LazySpec
 
 logger = logging.getLogger(__name__)
 
@@ -127,11 +131,17 @@ class GrammarRequest:
     schema: object = None
     """The JSON schema (json_object, json_schema)."""
     tools: tuple = ()
-    """``(name, parameters schema, field path)`` per allowed tool (tool_call)."""
+    """``(name, parameters schema, field path)`` per allowed tool (tool_call, lazy_tool_call)."""
+    tool_format: ToolFormat | None = None
+    """lazy_tool_call: the family's call format (tokenizer/tool_formats.py)."""
+    parallel: bool = True
+    """lazy_tool_call: several calls in one turn (``parallel_tool_calls``)."""
 
     def key(self) -> str:
         """Cache key: the schema text in the request's key order (property order matters)."""
-        return json.dumps([self.kind, self.schema, [t[:2] for t in self.tools]], separators=(",", ":"))
+        fmt = self.tool_format.name if self.tool_format is not None else None
+        return json.dumps([self.kind, self.schema, [t[:2] for t in self.tools], fmt, self.parallel],
+                          separators=(",", ":"))
 
 
 # ---------------------------------------------------------------------------- grammar text
@@ -151,23 +161,39 @@ def _with_options(schema: dict) -> dict:
     return {**{k: v for k, v in schema.items() if k != "x-guidance"}, "x-guidance": _JSON_OPTIONS}
 
 
-def _lark_grammar(req: GrammarRequest) -> str:
-    """The Lark text of a request: optional leading whitespace, then the JSON value."""
-    lines = [f"WS: /{_WHITESPACE}/"]
-    if req.kind != "tool_call":
-        lines += ["start: WS? value", f"value: {_json_rule(req.schema)}"]
-        return "\n".join(lines) + "\n"
-    # {"name": "<tool>", "arguments": {...}}: each tool's parameters stay a schema document of
-    # their own, so their "$ref": "#/$defs/..." resolve as the client wrote them.
+def _call_rules(lines: list[str], tools, args_key: str) -> str:
+    """Add the rules of one ``{"name": "<tool>", "<args_key>": {...}}`` object; its rule name.
+    Each tool's parameters stay a schema document of their own, so their
+    ``"$ref": "#/$defs/..."`` resolve as the client wrote them."""
     q = _lark_string
     alts = []
-    for i, (name, params, _) in enumerate(req.tools):
-        lines.append(f"call_{i}: {q(json.dumps(name))} WS? {q(',')} WS? {q(json.dumps('arguments'))} "
+    for i, (name, params, _) in enumerate(tools):
+        lines.append(f"call_{i}: {q(json.dumps(name))} WS? {q(',')} WS? {q(json.dumps(args_key))} "
                      f"WS? {q(':')} WS? args_{i}")
         lines.append(f"args_{i}: {_json_rule(params)}")
         alts.append(f"call_{i}")
-    lines.append(f"start: WS? {q('{')} WS? {q(json.dumps('name'))} WS? {q(':')} WS? ({' | '.join(alts)}) "
-                 f"WS? {q('}')}")
+    lines.append(f"call: {q('{')} WS? {q(json.dumps('name'))} WS? {q(':')} WS? ({' | '.join(alts)}) WS? {q('}')}")
+    return "call"
+
+
+def _lark_grammar(req: GrammarRequest, close_rule: str = "") -> str:
+    """The Lark text of a request: optional leading whitespace, then the JSON value. For
+    a lazy call, the text from its trigger on: the call (or list of calls), then
+    ``close_rule`` (its closing marker, as text or a token)."""
+    lines = [f"WS: /{_WHITESPACE}/"]
+    if req.kind in ("json_object", "json_schema"):
+        lines += ["start: WS? value", f"value: {_json_rule(req.schema)}"]
+        return "\n".join(lines) + "\n"
+    fmt = req.tool_format
+    call = _call_rules(lines, req.tools, fmt.args_key if fmt is not None else "arguments")
+    if fmt is None:  # a forced call: the bare object
+        lines.append(f"start: WS? {call}")
+    elif fmt.is_list:
+        more = f" (WS? {_lark_string(',')} WS? {call})*" if req.parallel else ""
+        lines.append(f"start: WS? {_lark_string('[')} WS? {call}{more} WS? {_lark_string(']')}"
+                     + (f" WS? {close_rule}" if close_rule else ""))
+    else:
+        lines.append(f"start: WS? {call}" + (f" WS? {close_rule}" if close_rule else ""))
     return "\n".join(lines) + "\n"
 
 
@@ -203,11 +229,13 @@ class Matcher:
         if tail:
             out[8 * n8:] = table[self._bytes[n8], :tail]
 
-    def fill_bias(self, bias: np.ndarray) -> None:
+    def fill_bias(self, bias: np.ndarray) -> bool:
         """Write 0.0 for each allowed token and -inf for the others into ``bias`` (vocab_size,)
-        float32; the sampler adds it to the logits with ``np.add(logits, bias, out=logits)``."""
+        float32; the sampler adds it to the logits with ``np.add(logits, bias, out=logits)``.
+        True: the mask applies (a ``LazyMatcher`` returns False while the text is free)."""
         self._compute(bias, np.float32, "fill_bias")
         self._expand(bias, _BIAS_TABLE)
+        return True
 
     def fill_mask(self, allowed: np.ndarray) -> None:
         """Write True for each allowed token into ``allowed`` (vocab_size,) bool."""
@@ -222,6 +250,11 @@ class Matcher:
         if not 0 <= token_id < self._num_tokens:
             raise ValueError(f"token id {token_id} is outside the vocabulary [0, {self._num_tokens})")
         return bool(self._m.consume_token(token_id))
+
+    def allows(self, token_id: int) -> bool:
+        """True when ``accept(token_id)`` would succeed; the state does not change (one token
+        is checked without computing the whole mask)."""
+        return 0 <= token_id < self._num_tokens and self._m.validate_tokens([int(token_id)]) == 1
 
     def is_finished(self) -> bool:
         """True when nothing but an end-of-sequence token may follow, or one was accepted."""
@@ -257,9 +290,17 @@ class Grammar:
     """An llguidance matcher at the start; every new matcher is a copy, not a rebuild."""
     _num_llg_tokens: int = field(repr=False)
     _vocab_size: int = field(repr=False)
+    _lazy: LazySpec | None = field(default=None, repr=False)
+    """lazy_tool_call: the triggers that start the call grammar (``_proto``)."""
 
-    def new_matcher(self) -> Matcher:
-        """A matcher at the start of the grammar, for one sequence."""
+    def new_matcher(self) -> Matcher | LazyMatcher:
+        """A matcher at the start of the grammar, for one sequence (a ``LazyMatcher``, free
+        until a call opens, for a lazy_tool_call grammar)."""
+        if self._lazy is not None:
+            return LazyMatcher(self._lazy)
+        return self._new_call()
+
+    def _new_call(self) -> Matcher:
         return Matcher(self._proto.deep_copy(), self._num_llg_tokens, self._vocab_size)
 
 
@@ -286,6 +327,7 @@ class GrammarCompiler:
         self._lock = threading.Lock()
         self._llg = None
         self._llg_tokenizer = None
+        self._llg_vocab: _LlgVocabulary | None = None
         self._limits = None
         self._num_llg_tokens = max(self._vocab_size, tokenizer.vocab_size)
 
@@ -322,7 +364,7 @@ class GrammarCompiler:
     def _build(self, req: GrammarRequest) -> Grammar:
         llg, ltok = self._llguidance()
         # Each schema alone first, so that an error names the request field it comes from.
-        if req.kind == "tool_call":
+        if req.kind in ("tool_call", "lazy_tool_call"):
             schemas = [(params, where) for _, params, where in req.tools]
         else:
             schemas = [(req.schema, "response_format.json_schema.schema")]
@@ -331,7 +373,8 @@ class GrammarCompiler:
             is_error, messages = llg.LLMatcher.validate_grammar_with_warnings(text, ltok, limits=self._limits)
             if is_error:
                 raise StructuredOutputError(where, f"unsupported or invalid JSON schema: {_one_line(messages)}")
-        text = llg.LLMatcher.grammar_from_lark(_lark_grammar(req))
+        close = self._close_rule(req.tool_format) if req.kind == "lazy_tool_call" else ""
+        text = llg.LLMatcher.grammar_from_lark(_lark_grammar(req, close))
         is_error, messages = llg.LLMatcher.validate_grammar_with_warnings(text, ltok, limits=self._limits)
         if is_error:  # our wrapper around schemas that passed alone: a bug here, not in the request
             raise RuntimeError(f"structured output grammar failed to build: {_one_line(messages)}")
@@ -339,15 +382,37 @@ class GrammarCompiler:
             logger.info("structured output grammar (%s): %s", req.kind, message)
         proto = llg.LLMatcher(ltok, text, log_level=0, limits=self._limits)
         if proto.is_error():
-            raise StructuredOutputError("response_format" if req.kind != "tool_call" else "tools",
+            raise StructuredOutputError("response_format" if "tool_call" not in req.kind else "tools",
                                         f"grammar cannot start: {_one_line([proto.get_error()])}")
-        return Grammar(req.kind, tuple(t[0] for t in req.tools), proto, self._num_llg_tokens, self._vocab_size)
+        grammar = Grammar(req.kind, tuple(t[0] for t in req.tools), proto, self._num_llg_tokens, self._vocab_size)
+        if req.kind != "lazy_tool_call":
+            return grammar
+        assert req.tool_format is not None  # structured.py sets it for every lazy call
+        fmt = req.tool_format
+        special, _ = self._tokenizer.decode_tables(skip_special=False)
+        pattern = re.compile(trigger_pattern(fmt).pattern.encode())
+        tok = self._tokenizer
+        spec = LazySpec(fmt, req.parallel, pattern, tuple(in_json(t) for t in fmt.triggers), special,
+                        lambda text: tok._encode_fragment(text, False), grammar._new_call,
+                        4 * max(len(t) for t in fmt.triggers) + 64)
+        return Grammar(req.kind, grammar.tool_names, proto, self._num_llg_tokens, self._vocab_size, spec)
+
+    def _close_rule(self, fmt: ToolFormat | None) -> str:
+        """The Lark of a format's closing marker: the one token it is where the vocabulary has
+        it as a special token (which no text can spell), else the text."""
+        if fmt is None or not fmt.close:
+            return ""
+        ids = self._tokenizer.encode(fmt.close, add_bos=False, parse_special=True)
+        if len(ids) == 1 and self._llg_vocab is not None and self._llg_vocab.tokens[ids[0]][:1] == b"\xff":
+            return f"<[{ids[0]}]>"
+        return _lark_string(fmt.close)
 
     def _llguidance(self):
         """(llguidance module, its tokenizer of our vocabulary), built once."""
         if self._llg_tokenizer is None:
             llg = _import_llguidance()
             vocab = _LlgVocabulary(self._tokenizer, self._num_llg_tokens)
+            self._llg_vocab = vocab
             self._llg_tokenizer = llg.LLTokenizer(llg.TokenizerWrapper(vocab), n_vocab=self._num_llg_tokens,
                                                   eos_token=vocab.stop_ids)
             # Errors without the parser state and grammar dump (a matcher's error is one line).

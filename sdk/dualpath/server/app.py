@@ -29,8 +29,8 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import dataclasses
 import hmac
-import json
 import logging
 import os
 import time
@@ -64,12 +64,23 @@ from .parsing import (
     read_body,
     sampling_params,
 )
+from .reasoning import reasoning_request
 from .streaming import DONE, collect, event_stream, merged, sse
 from .structured import OpenAIGrammars
+from .tool_calls import ToolCalls, ToolStream
 
 log = logging.getLogger(__name__)
 
 _FINISH = {"stop": "stop", "length": "length", "context_full": "length", "abort": "stop"}
+
+
+def _answer(calls: ToolCalls, split: dict, finish: str) -> tuple[dict, str]:
+    """(message, finish_reason) of a whole reply: its thinking split off (``split``, from
+    server/reasoning.py), then its answer read for tool calls."""
+    message, finish = calls.message(split["content"], finish)
+    if "reasoning_content" in split:
+        message["reasoning_content"] = split["reasoning_content"]
+    return message, finish
 
 
 def _usage(completions) -> dict:
@@ -146,16 +157,21 @@ class Server:
                              "usage": {"prompt_tokens": tokens, "total_tokens": tokens}})
 
     # -- structured output ------------------------------------------------------
-    def _grammar(self, body: dict):
+    def _grammar(self, body: dict, calls: ToolCalls | None = None):
         """The grammar of a chat request's response_format / tools / tool_choice (None: free text)."""
         rf, tools, choice = body.get("response_format"), body.get("tools"), body.get("tool_choice")
         if rf in (None, {"type": "text"}) and not tools:
             return None
+        lazy = calls is not None and calls.active and not calls.forced
         try:
             if self._grammars is None:
                 self._grammars = OpenAIGrammars(GrammarCompiler(self.tokenizer, self.llm.spec.config.vocab_size))
-            return self._grammars.compile(rf, tools, choice)  # StructuredOutputError: a 400 naming its param
+            # StructuredOutputError: a 400 naming its param
+            return self._grammars.compile(rf, tools, choice, calls.format if calls is not None and lazy else None,
+                                          calls.parallel if calls is not None else True)
         except ImportError as e:
+            if lazy and rf in (None, {"type": "text"}):  # calls are still read, just not held to their schemas
+                return None
             field = "response_format" if rf not in (None, {"type": "text"}) else "tools"
             raise bad_request(f"'{field}' needs structured output, which is not installed on this server: {e}",
                               field, "unsupported_field") from None
@@ -302,21 +318,18 @@ class Server:
         if top is not None and not want_logprobs:
             raise bad_request("'top_logprobs' needs 'logprobs': true", "top_logprobs")
         params = sampling_params(body, None, self.engine.context_tokens, (top or 0) if want_logprobs else None)
+        thinking = reasoning_request(body, self.llm.config.reasoning, self.llm)
         stream, with_usage = get_field(body, "stream", (bool,), False), include_usage(body)
-        ids = await asyncio.to_thread(chat_ids, self.llm, messages)  # the template and the tokenizer: off the loop
+        calls = ToolCalls(body, self.llm.tool_format)
+        ids = await asyncio.to_thread(chat_ids, self.llm, messages, calls.tools,  # the template and the tokenizer:
+                                      thinking.template_kwargs)                    # off the loop
         n = num_choices(body, self.engine.scheduler.max_num_seqs)
-        grammar = self._grammar(body)
-        tool_call = grammar is not None and grammar.kind == "tool_call"
+        grammar = self._grammar(body, calls)
+        thinking = thinking.under(grammar)
+        params = dataclasses.replace(params, reasoning_budget=thinking.budget_tokens)
+        split = thinking.splitters(n, self.tokenizer, ids)
         handles = await self._submit(ids, params, n, grammar=grammar)
         rid = f"chatcmpl-{uuid.uuid4().hex}"
-
-        def tool_calls(text: str) -> list[dict]:  # the grammar's {"name", "arguments"} as OpenAI's tool_calls
-            call = json.loads(text)
-            return [{"index": 0, "id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
-                     "function": {"name": call["name"], "arguments": json.dumps(call["arguments"])}}]
-
-        def finish_of(c) -> str:
-            return "tool_calls" if tool_call and c.finish_reason == "stop" else _FINISH[c.finish_reason]
         created = int(time.time())
 
         def chunk(i: int, delta: dict, finish: str | None, entries=()) -> dict:
@@ -326,29 +339,35 @@ class Server:
 
         if stream:
             async def events():
+                streams = [ToolStream(calls) for _ in range(n)]  # server/tool_calls.py: content, then calls
                 for i in range(n):
                     yield sse(chunk(i, {"role": "assistant", "content": ""}, None))
                 async for i, d in merged(handles):
-                    if (d.text or d.logprobs) and not tool_call:
-                        yield sse(chunk(i, {"content": d.text}, None, d.logprobs))
+                    parts = split[i].delta(d.text, d.finish_reason is not None)
+                    pieces = streams[i].push(parts.get("content", ""))
+                    if "reasoning_content" in parts:
+                        pieces.insert(0, {"reasoning_content": parts["reasoning_content"]})
+                    if not pieces and d.logprobs and not calls.active:
+                        pieces = [{"content": ""}]
+                    for j, piece in enumerate(pieces):
+                        yield sse(chunk(i, piece, None, d.logprobs if j == 0 else ()))
                     if d.finish_reason is not None:
-                        if tool_call and d.finish_reason == "stop":  # one delta with the whole call
-                            yield sse(chunk(i, {"tool_calls": tool_calls(d.completion.text)}, None))
-                        yield sse(chunk(i, {}, finish_of(d.completion)))
+                        last, finish = streams[i].finish(_FINISH[d.finish_reason])
+                        for piece in last:
+                            yield sse(chunk(i, piece, None))
+                        yield sse(chunk(i, {}, finish))
                 if with_usage:
                     yield sse({**chunk(0, {}, None), "choices": [], "usage": _usage([h.completion for h in handles])})
                 yield DONE
 
             return event_stream(events(), handles)
         cs = await collect(request, handles)
+        answers = [_answer(calls, split[i].message(c.text), _FINISH[c.finish_reason]) for i, c in enumerate(cs)]
         return JSONResponse({
             "id": rid, "object": "chat.completion", "created": created, "model": self.model_name,
-            "choices": [{"index": i,
-                         "message": ({"role": "assistant", "content": None, "tool_calls": tool_calls(c.text)}
-                                     if tool_call and c.finish_reason == "stop"
-                                     else {"role": "assistant", "content": c.text}),
+            "choices": [{"index": i, "message": message,
                          "logprobs": {"content": self._chat_logprobs(c.logprobs)} if want_logprobs else None,
-                         "finish_reason": finish_of(c)} for i, c in enumerate(cs)],
+                         "finish_reason": finish} for i, (c, (message, finish)) in enumerate(zip(cs, answers))],
             "usage": _usage(cs)})
 
 

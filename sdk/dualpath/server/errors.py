@@ -24,6 +24,7 @@ from ..errors import (
     ModelTaskError,
     PromptTooLongError,
     SamplingParamsError,
+    ToolsNotRenderedError,
 )
 from ..sampling.grammar import StructuredOutputError
 
@@ -70,6 +71,7 @@ REFUSALS: tuple[tuple[type, int, str, str | None], ...] = (
     (InvalidPromptError, 400, "invalid_request_error", None),
     (SamplingParamsError, 400, "invalid_request_error", "invalid_value"),
     (StructuredOutputError, 400, "invalid_request_error", "invalid_value"),
+    (ToolsNotRenderedError, 400, "invalid_request_error", "chat_template"),
     (ChatTemplateError, 400, "invalid_request_error", "chat_template"),
     (ModelTaskError, 400, "invalid_request_error", "model_not_supported"),
 )

@@ -11,7 +11,7 @@ from typing import Any
 
 from starlette.requests import Request
 
-from ..errors import ChatTemplateError, SamplingParamsError
+from ..errors import ChatTemplateError, SamplingParamsError, ToolsNotRenderedError
 from ..sampling_params import SamplingParams
 from .errors import APIError, bad_request
 
@@ -25,7 +25,8 @@ COMPLETION_FIELDS = _COMMON | {"prompt", "echo", "logprobs", "best_of", "suffix"
 CHAT_FIELDS = _COMMON | {"messages", "logprobs", "top_logprobs", "max_completion_tokens", "metadata", "store",
                          "service_tier", "parallel_tool_calls", "response_format", "tools", "tool_choice",
                          "audio", "modalities", "prediction", "reasoning_effort", "web_search_options",
-                         "functions", "function_call"}
+                         "functions", "function_call", "reasoning_format", "reasoning_budget",
+                         "chat_template_kwargs"}
 EMBEDDING_FIELDS = {"model", "input", "encoding_format", "dimensions", "user"}
 WARM_FIELDS = {"model", "prompt", "messages"}
 MAX_EMBEDDING_INPUTS = 2048
@@ -59,7 +60,6 @@ def check_fields(body: dict, known: set[str], endpoint: str) -> None:
         "audio": lambda v: v is not None,
         "modalities": lambda v: v not in (None, ["text"]),
         "prediction": lambda v: v is not None,
-        "reasoning_effort": lambda v: v is not None,
         "web_search_options": lambda v: v is not None,
         "functions": lambda v: v is not None,
         "function_call": lambda v: v is not None,
@@ -208,28 +208,81 @@ def embedding_inputs(llm, raw) -> list[list[int]]:
     return prompts
 
 
-def chat_ids(llm, messages) -> list[int]:
-    """The prompt token ids of a chat's ``messages``, rendered by the chat template."""
+def _text_content(i: int, content, nullable: bool) -> str | None:
+    if isinstance(content, list):  # content parts: text only
+        texts = []
+        for part in content:
+            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+                raise bad_request(f"messages[{i}].content: only text parts are supported", "messages")
+            texts.append(part["text"])
+        return "".join(texts)
+    if content is None:
+        return None if nullable else ""
+    if not isinstance(content, str):
+        raise bad_request(f"messages[{i}].content must be a string or a list of text parts", "messages")
+    return content
+
+
+def _tool_calls(i: int, calls) -> list[dict]:
+    """An assistant turn's ``tool_calls``, checked: each ``{"id", "type": "function",
+    "function": {"name", "arguments"}}`` with the arguments a JSON string (or an object)."""
+    where = f"messages[{i}].tool_calls"
+    if not isinstance(calls, list):
+        raise bad_request(f"{where} must be a list of tool calls", "messages")
+    out = []
+    for j, call in enumerate(calls):
+        fn = call.get("function") if isinstance(call, dict) else None
+        kind = call.get("type", "function") if isinstance(call, dict) else None
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or kind != "function":
+            raise bad_request(f"{where}[{j}] must be {{\"id\", \"type\": \"function\", \"function\": "
+                              "{\"name\", \"arguments\"}}", "messages")
+        args = fn.get("arguments", "{}")
+        if not isinstance(args, (str, dict)):
+            raise bad_request(f"{where}[{j}].function.arguments must be a JSON string", "messages")
+        clean = {"type": "function", "function": {"name": fn["name"], "arguments": args}}
+        if isinstance(call.get("id"), str):
+            clean["id"] = call["id"]
+        out.append(clean)
+    return out
+
+
+def chat_messages(messages) -> list[dict]:
+    """A chat's ``messages`` checked, in the shapes templates read: text content, an
+    assistant's ``tool_calls`` (its content may then be null), a ``tool`` turn's
+    ``tool_call_id`` and ``name``."""
     if not isinstance(messages, list) or not messages:
         raise bad_request("'messages' must be a non-empty list of {role, content} objects", "messages")
     clean = []
     for i, m in enumerate(messages):
         if not isinstance(m, dict) or not isinstance(m.get("role"), str):
             raise bad_request(f"messages[{i}] must be an object with a string 'role'", "messages")
-        content = m.get("content")
-        if isinstance(content, list):  # content parts: text only
-            texts = []
-            for part in content:
-                if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
-                    raise bad_request(f"messages[{i}].content: only text parts are supported", "messages")
-                texts.append(part["text"])
-            content = "".join(texts)
-        if content is None:
-            content = ""
-        if not isinstance(content, str):
-            raise bad_request(f"messages[{i}].content must be a string or a list of text parts", "messages")
-        clean.append({"role": m["role"], "content": content})
+        out: dict = {"role": m["role"], "content": _text_content(i, m.get("content"), False)}
+        if m.get("tool_calls") is not None:
+            if m["role"] != "assistant":
+                raise bad_request(f"messages[{i}]: only an assistant message has 'tool_calls'", "messages")
+            out["tool_calls"] = _tool_calls(i, m["tool_calls"])
+        for key in ("tool_call_id", "name"):
+            if m.get(key) is not None:
+                if not isinstance(m[key], str):
+                    raise bad_request(f"messages[{i}].{key} must be a string", "messages")
+                out[key] = m[key]
+        if isinstance(m.get("reasoning_content"), str):  # an earlier reply's thinking, for templates that read it
+            out["reasoning_content"] = m["reasoning_content"]
+        if m["role"] == "tool" and "tool_call_id" not in out:
+            raise bad_request(f"messages[{i}]: a 'tool' message needs the 'tool_call_id' it answers", "messages")
+        clean.append(out)
+    return clean
+
+
+def chat_ids(llm, messages, tools=None, chat_template_kwargs=None) -> list[int]:
+    """The prompt token ids of a chat's ``messages`` (with ``tools`` and
+    ``chat_template_kwargs``), rendered by the chat template."""
+    clean = chat_messages(messages)
+    if chat_template_kwargs is not None and not isinstance(chat_template_kwargs, dict):
+        raise bad_request("'chat_template_kwargs' must be an object", "chat_template_kwargs")
     try:
-        return llm.chat_prompt_ids(clean)
+        return llm.chat_prompt_ids(clean, tools=tools, chat_template_kwargs=chat_template_kwargs)
+    except ToolsNotRenderedError as e:
+        raise bad_request(str(e), "tools", "chat_template") from None
     except ChatTemplateError as e:
         raise bad_request(f"{e} (send it to /v1/completions)", "messages", "chat_template") from None

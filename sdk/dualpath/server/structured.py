@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 
 from ..sampling.grammar import Grammar, GrammarCompiler, GrammarRequest, StructuredOutputError
+from ..tokenizer.tool_formats import ToolFormat
 
 __all__ = ["OpenAIGrammars", "parse_response_format", "parse_structured", "parse_tools"]
 
@@ -73,16 +74,22 @@ def parse_tools(tools) -> dict[str, tuple]:
     return out
 
 
-def parse_structured(response_format, tools, tool_choice) -> GrammarRequest | None:
+def parse_structured(response_format, tools, tool_choice, tool_format: ToolFormat | None = None,
+                     parallel: bool = True) -> GrammarRequest | None:
     """The checked request, or None when nothing constrains the output.
 
     A forced tool call (``tool_choice`` "required" or naming a function) wins over
     ``response_format``, which OpenAI applies to the assistant's text answer. ``tool_choice``
-    "auto" (the default with tools) and "none" leave the output free.
+    "none" leaves the output free; "auto" (the default with tools) too, but for the calls the
+    model opens in ``tool_format``: a lazy grammar holds each to its tool's schema.
     """
     parsed_tools = parse_tools(tools) if tools is not None else {}
     if tool_choice is None or tool_choice in ("none", "auto"):
-        return parse_response_format(response_format)
+        rf = parse_response_format(response_format)
+        if rf is None and parsed_tools and tool_choice != "none" and tool_format is not None:
+            return GrammarRequest("lazy_tool_call", tools=tuple(parsed_tools.values()), tool_format=tool_format,
+                                  parallel=parallel)
+        return rf
     if tool_choice == "required":
         _require(bool(parsed_tools), "tool_choice", "'required' needs a non-empty 'tools' list")
         return GrammarRequest("tool_call", tools=tuple(parsed_tools.values()))
@@ -109,9 +116,11 @@ class OpenAIGrammars:
     def vocab_size(self) -> int:
         return self.compiler.vocab_size
 
-    def compile(self, response_format: dict | None = None, tools=None, tool_choice=None) -> Grammar | None:
+    def compile(self, response_format: dict | None = None, tools=None, tool_choice=None,
+                tool_format: ToolFormat | None = None, parallel: bool = True) -> Grammar | None:
         """The grammar of a request's ``response_format``/``tools``/``tool_choice``, or None when
         the output is unconstrained (no ``response_format`` or ``{"type": "text"}``, and
-        ``tool_choice`` absent, "none" or "auto"). Raises ``StructuredOutputError`` naming the
+        ``tool_choice`` absent or "none", or "auto" without a ``tool_format``: with one, a lazy
+        grammar holds the calls the model opens in that format). Raises ``StructuredOutputError`` naming the
         field, and ImportError naming the pip package when llguidance is missing."""
-        return self.compiler.compile(parse_structured(response_format, tools, tool_choice))
+        return self.compiler.compile(parse_structured(response_format, tools, tool_choice, tool_format, parallel))

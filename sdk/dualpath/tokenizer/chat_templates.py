@@ -9,9 +9,26 @@ llama.cpp's ``--chat-template`` does.
 from __future__ import annotations
 
 BUILTIN = {
-    # ChatML (Qwen, SmolLM, many fine-tunes)
+    # ChatML (Qwen, SmolLM, many fine-tunes); with tools, Hermes's tool calls as Qwen 2.5 writes
+    # them, so that a model whose own template has no tools can still be given some
     "chatml": (
-        "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+        "{% if tools %}<|im_start|>system\n"
+        "{% if messages[0]['role'] == 'system' %}{{ messages[0]['content'] }}{{ '\n\n' }}{% endif %}"
+        "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+        "You are provided with function signatures within <tools></tools> XML tags:\n<tools>"
+        "{% for t in tools %}{{ '\n' }}{{ t | tojson }}{% endfor %}{{ '\n' }}</tools>\n\n"
+        "For each function call, return a json object with function name and arguments within "
+        "<tool_call></tool_call> XML tags:\n<tool_call>\n"
+        "{\"name\": <function-name>, \"arguments\": <args-json-object>}\n</tool_call><|im_end|>\n{% endif %}"
+        "{% for m in messages %}{% if m['role'] == 'system' and tools and loop.first %}"
+        "{% elif m['role'] == 'assistant' and m.tool_calls %}<|im_start|>assistant\n"
+        "{% if m['content'] %}{{ m['content'] }}{{ '\n' }}{% endif %}"
+        "{% for tc in m.tool_calls %}{% if not loop.first %}{{ '\n' }}{% endif %}<tool_call>\n"
+        "{\"name\": \"{{ tc.function.name }}\", \"arguments\": {{ tc.function.arguments | tojson }}}\n"
+        "</tool_call>{% endfor %}<|im_end|>\n"
+        "{% elif m['role'] == 'tool' %}<|im_start|>user\n<tool_response>\n{{ m['content'] }}\n"
+        "</tool_response><|im_end|>\n"
+        "{% else %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endif %}{% endfor %}"
         "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"),
     # Llama 3 / 3.1 / 3.2
     "llama3": (

@@ -53,6 +53,7 @@ class LimitedSandbox(ImmutableSandboxedEnvironment):
         self.deadline = float("inf")
         self._compiled: dict[str, jinja2.Template] = {}  # source -> template: a model renders one or two
         self.globals["raise_exception"] = _raise_exception
+        self.globals["strftime_now"] = _strftime_now
         self.globals["range"] = self._range
 
     def check_time(self) -> None:
@@ -144,6 +145,13 @@ def _unit(value) -> str:
 
 def _raise_exception(message):
     raise RaisedByTemplate(message)
+
+
+def _strftime_now(fmt):
+    """The local time now, formatted (what Llama 3.x templates call for "Today Date")."""
+    if not isinstance(fmt, str) or len(fmt) > 256:
+        raise ValueError("strftime_now takes a format string of at most 256 characters")
+    return time.strftime(fmt)
 
 
 def describe(exc: BaseException) -> tuple[str, str | None]:

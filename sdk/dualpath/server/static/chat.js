@@ -29,6 +29,21 @@ function add(role, text) {
 
 function status(text) { $("status").textContent = text; }
 
+// A reply's thinking (delta.reasoning_content): a collapsible block above its answer,
+// open while the model thinks, closed once the answer starts.
+function thinkingBlock(out) {
+  const details = document.createElement("details");
+  details.className = "thinking";
+  details.open = true;
+  const summary = document.createElement("summary");
+  summary.textContent = "Thinking…";
+  const body = document.createElement("div");
+  body.className = "thought";
+  details.append(summary, body);
+  out.prepend(details);
+  return details;
+}
+
 async function connect() {
   let r;
   try {
@@ -56,6 +71,9 @@ async function send(text) {
   messages.push({ role: "user", content: text });
   add("user", text);
   const out = add("assistant", "");
+  const answer = document.createElement("span");  // the answer's text, after any thinking block
+  out.appendChild(answer);
+  let thinking = null, thought = "";
   controller = new AbortController();
   $("send").disabled = true;
   $("stop").disabled = false;
@@ -97,11 +115,23 @@ async function send(text) {
         if (event.usage) usage = event.usage;
         for (const c of event.choices || []) {
           const piece = (c.delta && c.delta.content) || "";
-          if (!piece) continue;
+          const thinks = (c.delta && c.delta.reasoning_content) || "";
+          if (!piece && !thinks) continue;
           if (!first) first = performance.now();
           chunks += 1;
-          reply += piece;
-          out.textContent = reply;
+          if (thinks) {
+            if (!thinking) thinking = thinkingBlock(out);
+            thought += thinks;
+            thinking.lastChild.textContent = thought;
+          }
+          if (piece) {
+            if (thinking && !reply) {
+              thinking.open = false;
+              thinking.firstChild.textContent = "Thoughts";
+            }
+            reply += piece;
+            answer.textContent = reply;
+          }
           $("log").scrollTop = $("log").scrollHeight;
           const secs = (performance.now() - first) / 1000;
           if (secs > 0) $("speed").textContent = (chunks / secs).toFixed(1) + " tok/s";
@@ -123,6 +153,7 @@ async function send(text) {
       status("error");
     }
   } finally {
+    if (thinking) thinking.firstChild.textContent = "Thoughts";
     if (mine === conversation) {
       if (reply) messages.push({ role: "assistant", content: reply });
       else messages.pop();  // nothing came back: the question is not part of the conversation
