@@ -9,11 +9,9 @@ import sys
 import numpy as np
 import pytest
 
-from dualpath.models import load_model
 from dualpath.sampling.grammar import GrammarCompiler as _GrammarCompiler
 from dualpath.sampling.grammar import StructuredOutputError
 from dualpath.server.structured import OpenAIGrammars
-from dualpath.tokenizer import build_tokenizer
 
 SCHEMA = {
     "type": "object",
@@ -42,11 +40,6 @@ ALARM = {"type": "function", "function": {"name": "set_alarm", "parameters": {
     "additionalProperties": False,
 }}}
 MAX_STEPS = 3000
-
-
-@pytest.fixture(scope="module")
-def tok(gguf_path):
-    return build_tokenizer(load_model(gguf_path).tokenizer)
 
 
 @pytest.fixture(scope="module")

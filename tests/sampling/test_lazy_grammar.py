@@ -10,9 +10,7 @@ import json
 import numpy as np
 import pytest
 
-from dualpath.models import load_model
 from dualpath.sampling.grammar import GrammarCompiler, GrammarRequest
-from dualpath.tokenizer import build_tokenizer
 from dualpath.tokenizer.tool_formats import FORMATS, parse_tool_calls
 
 jsonschema = pytest.importorskip("jsonschema")
@@ -21,11 +19,6 @@ from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 MAX_STEPS = 2000
-
-
-@pytest.fixture(scope="module")
-def tok(gguf_path):
-    return build_tokenizer(load_model(gguf_path).tokenizer)
 
 
 @pytest.fixture(scope="module")
