@@ -46,6 +46,23 @@ _UTF8_LEN = (1,) * 12 + (2, 2, 3, 4)
 ``unicode_len_utf8``: a stray continuation byte counts as one)."""
 
 
+_REPLACEMENT = "\ufffd".encode("utf-8")
+
+
+def _utf8_width(data: bytes, offset: int) -> int:
+    """Bytes of the well-formed UTF-8 sequence at ``offset``, 0 when it is not one (llama.cpp's
+    ``unicode_cpt_from_utf8``: the lead byte and the continuation bytes' top bits)."""
+    lead = data[offset]
+    if lead < 0x80:
+        return 1
+    if lead < 0xC0 or lead >= 0xF8:
+        return 0
+    width = 2 if lead < 0xE0 else 3 if lead < 0xF0 else 4
+    if offset + width > len(data) or any(b & 0xC0 != 0x80 for b in data[offset + 1:offset + width]):
+        return 0
+    return width
+
+
 class Charsmap:
     """A precompiled charsmap: ``longest(data, offset)`` finds the replacement of the longest
     input prefix it knows (see the module docstring)."""
@@ -218,10 +235,10 @@ class UgmTokenizer(Tokenizer):
             found = self._charsmap.longest(data, offset)
             if found is not None:
                 return found
-        # Python text is valid UTF-8: one whole code point (llama.cpp's U+FFFD branch is for
-        # invalid bytes, which _valid_unicode already replaced).
-        used = min(_UTF8_LEN[data[offset] >> 4], len(data) - offset)
-        return data[offset:offset + used], used
+        # One code point as it is. The text is valid UTF-8, but a user-defined prefix (above)
+        # may have stopped inside a code point: llama.cpp then makes each stray byte U+FFFD.
+        used = _utf8_width(data, offset)
+        return (data[offset:offset + used], used) if used else (_REPLACEMENT, 1)
 
     def viterbi(self, data: bytes) -> list[int]:
         """Step 2 of the module docstring: the best token ids of normalized ``data``."""
