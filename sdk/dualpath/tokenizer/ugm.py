@@ -141,14 +141,14 @@ class _SortedPieces:
     """Byte strings, sorted, to ask "does any of them start with p?" (llama.cpp walks a trie;
     a sorted list of the vocabulary's own strings costs no extra memory)."""
 
-    __slots__ = ("_items",)
+    __slots__ = ("items",)
 
     def __init__(self, items):
-        self._items = sorted(items)
+        self.items = sorted(items)
 
     def starts_any(self, prefix: bytes, lo: int = 0) -> int:
         """The index of the first item >= ``prefix`` when one starts with it, else -1."""
-        items = self._items
+        items = self.items
         i = bisect.bisect_left(items, prefix, lo)
         return i if i < len(items) and items[i].startswith(prefix) else -1
 
@@ -246,7 +246,8 @@ class UgmTokenizer(Tokenizer):
         if n == 0:
             return []
         unk, unknown_score = self._spec.unk_id, self._unknown_score
-        ids_get, scores, starts_any = self._ids.get, self._scores, self._pieces.starts_any
+        ids_get, scores = self._ids.get, self._scores
+        pieces, num_pieces, bisect_left = self._pieces.items, len(self._pieces.items), bisect.bisect_left
         best = [-float("inf")] * (n + 1)   # (n + 1,) best score of a path ending at each byte
         best[0] = 0.0
         token = [unk] * (n + 1)            # (n + 1,) last token of that path
@@ -257,11 +258,12 @@ class UgmTokenizer(Tokenizer):
             here = best[offset]
             covered = False
             end, lo = offset + 1, 0
-            while end <= n:
-                lo = starts_any(data[offset:end], lo)
-                if lo < 0:
+            while end <= n:  # _SortedPieces.starts_any, inlined: this is the inner loop
+                prefix = data[offset:end]
+                lo = bisect_left(pieces, prefix, lo)
+                if lo == num_pieces or not pieces[lo].startswith(prefix):
                     break
-                token_id = ids_get(data[offset:end])
+                token_id = ids_get(prefix)
                 if token_id is not None:
                     covered = covered or end - offset == width
                     score = here + scores[token_id]
