@@ -35,7 +35,8 @@ _ACCENTED = """café naïve résumé déjà straße smørrebrød über ångströ
 forêt garçon zürich köln münchen äpfel größe fjord ærø øre città perché più cosìação coração não são ñandú
 İstanbul çiçek şehir ağaç Ελλάδα λόγος Москва язык поиск""".split()
 _CJK = list("中文字日本語東京学生大学检索向量模型文件回答問題私人大小上下山川日月水火木金土天地")
-_KANA_HANGUL = list("あいうえおかきくけこさしすせそたちつてとなにぬねのひらがなカタカナアイウエオ한국어검색문서질문답변")
+_KANA_HANGUL = list("あいうえおかきくけこさしすせそたちつてとなにぬねのひらがなカタカナアイウエオ"
+                    "한국어검색문서질문답변")
 _EMOJI = ["\U0001F600", "\U0001F44D\U0001F3FD", "\U0001F389", "\u2764\ufe0f", "\U0001F680",
           "\U0001F468\u200d\U0001F469\u200d\U0001F467", "\U0001F1EF\U0001F1F5", "\u2615"]
 _EXTRA = ["１２３", "ＡＢＣ", "ｶﾀｶﾅ", "①②", "ﬁﬂ", "™", "½", "…", "—", "«»", "3.14", "2,000", "10%", "(x)", "[a]"]
@@ -100,7 +101,7 @@ def xlmr_vocabulary(vocab_size: int, seed: int = 0) -> dict:
     if vocab_size < TRAINED_PIECES + 2:
         raise ValueError(f"an XLM-R vocabulary needs at least {TRAINED_PIECES + 2} tokens, got {vocab_size}")
     blob = trained_model(TRAINED_PIECES, seed)
-    proto = sentencepiece_model_pb2.ModelProto()
+    proto = sentencepiece_model_pb2.ModelProto()  # type: ignore[attr-defined]  # generated protobuf
     proto.ParseFromString(blob)
     sp = spm.SentencePieceProcessor(model_proto=blob)
     pieces = [sp.IdToPiece(i) for i in range(sp.vocab_size())]
