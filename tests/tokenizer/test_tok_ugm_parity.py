@@ -68,6 +68,15 @@ def test_unigram_ids_equal_llama_cpp(xlmr_file, tmp_path, variant):
     assert tok.spec.model == "t5" and tok.vocab_size == 1002
 
 
+def test_unigram_decode_equals_llama_cpp_detokenize(xlmr_file):
+    """Pieces joined, U+2581 as a space, the dummy prefix's space dropped, <s> and </s> skipped."""
+    tok = build_tokenizer(load_gguf(xlmr_file).tokenizer)
+    vocab = llama_cpp.Llama(str(xlmr_file), vocab_only=True, verbose=False)
+    for s in SENTENCES + parity_corpus():
+        ids = tok.encode(s)
+        assert tok.decode(ids) == vocab.detokenize(ids).decode("utf-8", errors="replace"), s
+
+
 def test_unigram_without_charsmap_equals_llama_cpp(xlmr_file, tmp_path):
     path = copy_gguf(xlmr_file, tmp_path / "raw.gguf", drop=frozenset({"tokenizer.ggml.precompiled_charsmap"}))
     tok, _ = _check(path)

@@ -171,12 +171,12 @@ class UgmTokenizer(Tokenizer):
         normal = ids_where(types, TOKEN_NORMAL.__eq__)
         user = ids_where(types, TOKEN_USER_DEFINED.__eq__)
         matchable = sorted(normal + user + ids_where(types, TOKEN_UNUSED.__eq__))
-        # A piece's text -> id; a text twice keeps the later id, as llama.cpp's trie does.
+        # A piece's UTF-8 text -> id (the base class refused a vocabulary with a text twice).
         self._ids = {spec.tokens[i].encode("utf-8"): i for i in matchable if spec.tokens[i]}
         self._pieces = _SortedPieces(self._ids)
         self._user = _SortedPieces(spec.tokens[i].encode("utf-8") for i in user if spec.tokens[i])
         self._has_user = bool(user)
-        self._scores = spec.scores.tolist() if isinstance(spec.scores, array) else list(spec.scores)
+        self._scores = array("d", spec.scores)  # summed in double precision, as llama.cpp does
         for i in user:
             self._scores[i] = 0.0  # llama.cpp: user-defined pieces always beat log probabilities
         # min over NORMAL scores minus the penalty, in float32 as llama.cpp computes it
