@@ -114,6 +114,7 @@ def test_unigram_frames_text_with_bos_and_eos_and_merges_unknowns(xlmr_file):
     assert tok.encode("\u0f00\u0f01\u0f02").count(3) == 1
     assert tok.encode("a b", parse_special=True) == tok.encode("  a   b  ")  # whitespace runs merged
     assert tok.encode("<s>", parse_special=True) == [0, 0, 2]
+    assert tok.sep_id == 2 and tok.spec.extra["add_sep"]  # for a reranker's query/document pair
     assert 0 not in tok.encode("<s>", add_bos=False)
 
 

@@ -544,7 +544,11 @@ def _ugm_spec(path: str, meta: _Metadata, tokens: list, scores: list | None, typ
         add_space_prefix=bool(meta.get("tokenizer.ggml.add_space_prefix", False)),
         pre=meta.get("tokenizer.ggml.pre"), name=name if isinstance(name, str) else None,
         extra={"remove_extra_whitespaces": bool(meta.get("tokenizer.ggml.remove_extra_whitespaces", False)),
-               "precompiled_charsmap": _charsmap_base64(path, meta)},
+               "precompiled_charsmap": _charsmap_base64(path, meta),
+               # a reranker's pair is <s> query </s> [SEP] document </s> when add_sep (llama.cpp's
+               # format_prompt_rerank); XLM-R's SEP is </s>
+               "sep_id": role("tokenizer.ggml.seperator_token_id", None),
+               "add_sep": bool(meta.get("tokenizer.ggml.add_sep_token", False))},
     )
 
 

@@ -185,6 +185,12 @@ class UgmTokenizer(Tokenizer):
         self._build_byte_tables()
 
     @property
+    def sep_id(self) -> int | None:
+        """The separator (GGUF ``seperator_token_id``; XLM-R's is ``</s>``), None when the file has none."""
+        value = self._spec.extra.get("sep_id")
+        return None if value is None else int(value)
+
+    @property
     def strips_leading_space(self) -> bool:
         return self._spec.add_space_prefix
 
