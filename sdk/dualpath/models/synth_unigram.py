@@ -93,14 +93,13 @@ def xlmr_vocabulary(vocab_size: int, seed: int = 0) -> dict:
     ``TRAINED_PIECES`` + 2): ``tokens``, ``scores``, ``types``, ``charsmap`` (bytes),
     ``add_space_prefix``, ``remove_extra_whitespaces`` and ``num_pieces`` (SentencePiece's
     vocabulary size before the converter's realignment)."""
-    import sentencepiece as spm
-    from sentencepiece import sentencepiece_model_pb2
-
     from ..tokenizer.spec import TOKEN_CONTROL, TOKEN_NORMAL, TOKEN_UNKNOWN, TOKEN_UNUSED
 
     if vocab_size < TRAINED_PIECES + 2:
         raise ValueError(f"an XLM-R vocabulary needs at least {TRAINED_PIECES + 2} tokens, got {vocab_size}")
-    blob = trained_model(TRAINED_PIECES, seed)
+    blob = trained_model(TRAINED_PIECES, seed)  # first: it says what to install when sentencepiece is missing
+    import sentencepiece as spm
+    from sentencepiece import sentencepiece_model_pb2
     proto = sentencepiece_model_pb2.ModelProto()  # type: ignore[attr-defined]  # generated protobuf
     proto.ParseFromString(blob)
     sp = spm.SentencePieceProcessor(model_proto=blob)
