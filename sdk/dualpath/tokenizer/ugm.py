@@ -6,7 +6,8 @@ vocabulary. llama.cpp's ``llm_tokenizer_ugm_session`` does, per plain-text fragm
 1. Normalize, left to right over the UTF-8 bytes. At each offset the longest prefix that
    starts some USER_DEFINED token is kept as it is (llama.cpp's trie walk: the prefix of such
    a token counts too); else the longest prefix the precompiled charsmap knows is replaced by
-   its replacement string; else one code point is kept. Of the result, every byte other than
+   its replacement string; else one code point is kept (a byte that starts none, which only
+   a user-defined prefix ending inside a code point leaves, becomes U+FFFD). Of the result, every byte other than
    a space is copied, a space becomes U+2581 ("▁"). With ``add_space_prefix`` a "▁" goes
    before the first non-space byte; with ``remove_extra_whitespaces`` spaces are dropped and
    one "▁" goes before every run of non-space bytes instead (the first included).
@@ -14,7 +15,9 @@ vocabulary. llama.cpp's ``llm_tokenizer_ugm_session`` does, per plain-text fragm
    or UNUSED piece that starts there is a candidate edge scored with its score (USER_DEFINED:
    0), summed in double precision; a code point that no one-code-point piece covers also gets
    the unknown token at the lowest NORMAL score minus 10 (float32 arithmetic). The best
-   path wins, the first one found on ties; runs of unknown tokens become one.
+   path wins, the first one found on ties; runs of unknown tokens become one. The pieces
+   starting at a position are found by bisection in the sorted pieces, one byte longer at a
+   time until none starts so (llama.cpp walks a trie): a text costs O(length x longest piece).
 
 With special tokens (``add_bos``/``add_eos``, the file's ``add_bos_token``/``add_eos_token``;
 llama.cpp's defaults are no BOS and EOS), an XLM-R file gives ``<s> text </s>``.
@@ -44,8 +47,6 @@ _UNKNOWN_PENALTY = 10.0
 _UTF8_LEN = (1,) * 12 + (2, 2, 3, 4)
 """Code units of a UTF-8 sequence by its first byte's high nibble (llama.cpp's
 ``unicode_len_utf8``: a stray continuation byte counts as one)."""
-
-
 _REPLACEMENT = "\ufffd".encode("utf-8")
 
 
