@@ -394,9 +394,9 @@ def test_unsupported_tokenizer_model_is_named(stories_gguf, save_gguf):
     import gguf
 
     contents = stories_gguf.copy()
-    contents.fields["tokenizer.ggml.model"] = ("t5", gguf.GGUFValueType.STRING, None)
+    contents.fields["tokenizer.ggml.model"] = ("rwkv", gguf.GGUFValueType.STRING, None)
     path = save_gguf(contents)
-    expect_load_error(load_model, path, "unsupported tokenizer model 't5'")
+    expect_load_error(load_model, path, "unsupported tokenizer model 'rwkv'")
 
 
 def test_token_count_differing_from_the_embedding_is_reported(stories_gguf, save_gguf):

@@ -43,3 +43,21 @@ def test_the_qwen2_5_1_5b_preset_fits_k_quant_super_blocks():
     shape = PRESETS["qwen2.5-1.5b"]
     assert shape.arch == "qwen2" and shape.tied and shape.hd == 128
     assert shape.dim % 256 == 0 and shape.hidden_dim % 256 == 0
+
+
+XLMR_PARAMETERS = {
+    "bge-m3": (567_754_752, 2),                # BAAI/bge-m3: XLM-R large, 8194 positions in the checkpoint
+    "multilingual-e5-small": (117_653_760, 0),  # intfloat/multilingual-e5-small: a BERT, 512 positions
+}
+
+
+@pytest.mark.parametrize("preset", sorted(XLMR_PARAMETERS))
+def test_an_xlmr_preset_has_the_published_parameter_count(preset):
+    """XLM-R checkpoints count the two position rows before ``pad_token_id + 1`` that
+    llama.cpp's converter cuts; both count the pooler (dim x dim and a bias)."""
+    shape = PRESETS[preset]
+    published, cut_positions = XLMR_PARAMETERS[preset]
+    tensors = encoder_tensor_list(shape)
+    pooler = shape.dim * shape.dim + shape.dim
+    assert sum(math.prod(s) for _, s, _ in tensors) + pooler + cut_positions * shape.dim == published
+    assert shape.vocab == "t5"

@@ -46,7 +46,11 @@ def cmd_synth(args) -> int:
     except ValueError as e:
         print(f"dualpath synth: {e}", file=sys.stderr)
         return 2
-    path = synth_gguf(args.out, preset, args.type, seed=args.seed, context_length=args.ctx)
+    try:
+        path = synth_gguf(args.out, preset, args.type, seed=args.seed, context_length=args.ctx)
+    except RuntimeError as e:  # an optional package it needs is missing (sentencepiece, llama-cpp-python)
+        print(f"dualpath synth: {e}", file=sys.stderr)
+        return 1
     print(f"wrote {path} ({os.path.getsize(path) / 2**20:.1f} MiB, {preset}, {args.type.upper()}, "
           f"seed {args.seed}) in {time.perf_counter() - t0:.1f}s — random weights: its text is noise")
     return 0

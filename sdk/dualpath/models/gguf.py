@@ -23,6 +23,7 @@ Q4_K_M / Q5_K_M / Q6_K / Q3_K / Q2_K files and their fallbacks).
 
 from __future__ import annotations
 
+import base64
 import gc
 import logging
 import mmap
@@ -443,9 +444,9 @@ def _tokenizer_spec(path: str, meta: _Metadata, vocab_size: int) -> TokenizerSpe
         missing = " and ".join(k for k, v in (("tokenizer.ggml.model", model), ("tokenizer.ggml.tokens", tokens))
                                if not v)
         raise ModelLoadError(path, f"no tokenizer in the file ({missing} missing)")
-    if model not in ("llama", "gpt2", "bert"):
+    if model not in ("llama", "gpt2", "bert", "t5"):
         raise ModelLoadError(path, f"unsupported tokenizer model {model!r} in tokenizer.ggml.model "
-                                   "(supported: 'llama', 'gpt2', 'bert')")
+                                   "(supported: 'llama', 'gpt2', 'bert', 't5')")
     if len(tokens) != vocab_size:
         raise ModelLoadError(path, f"tokenizer has {len(tokens)} tokens but the model's vocab_size is {vocab_size}")
 
@@ -468,6 +469,8 @@ def _tokenizer_spec(path: str, meta: _Metadata, vocab_size: int) -> TokenizerSpe
         raise ModelLoadError(path, "byte-level BPE tokenizer without tokenizer.ggml.merges")
     if model == "bert":
         return _wpm_spec(path, meta, tokens, types, opt_id)
+    if model == "t5":
+        return _ugm_spec(path, meta, tokens, scores, types, opt_id)
     return TokenizerSpec(
         model=model,
         tokens=tuple(tokens),
@@ -514,3 +517,58 @@ def _wpm_spec(path: str, meta: _Metadata, tokens: list, types: list | None, opt_
         extra={"sep_id": role("tokenizer.ggml.seperator_token_id", 102), "lowercase": lowercase,
                "strip_accents": bool(meta.get("tokenizer.ggml.normalizer.strip_accents", lowercase))},
     )
+
+
+def _ugm_spec(path: str, meta: _Metadata, tokens: list, scores: list | None, types: list | None,
+              opt_id) -> TokenizerSpec:
+    """A SentencePiece Unigram vocabulary (``tokenizer.ggml.model`` ``t5``) as llama.cpp loads
+    it: EOS (default id 1) after every text and no BOS unless the file says otherwise (an
+    XLM-R file says both: ``<s> text </s>``), unknown token default id 2, no space prefix
+    and no whitespace merging unless the file asks; the charsmap kept as base64 text."""
+    if scores is None:
+        raise ModelLoadError(path, "a Unigram (t5) tokenizer needs tokenizer.ggml.scores, which is missing")
+
+    def role(key: str, default: int | None) -> int | None:
+        value = opt_id(key)
+        if value is None and key not in meta.fields and default is not None and default < len(tokens):
+            return default
+        return value
+
+    name = meta.get("general.name")
+    return TokenizerSpec(
+        model="t5", tokens=tuple(tokens), scores=scores, token_types=types,
+        bos_id=role("tokenizer.ggml.bos_token_id", None), eos_id=role("tokenizer.ggml.eos_token_id", 1),
+        unk_id=role("tokenizer.ggml.unknown_token_id", 2),
+        add_bos=bool(meta.get("tokenizer.ggml.add_bos_token", False)),
+        add_eos=bool(meta.get("tokenizer.ggml.add_eos_token", True)),
+        add_space_prefix=bool(meta.get("tokenizer.ggml.add_space_prefix", False)),
+        pre=meta.get("tokenizer.ggml.pre"), name=name if isinstance(name, str) else None,
+        extra={"remove_extra_whitespaces": bool(meta.get("tokenizer.ggml.remove_extra_whitespaces", False)),
+               "precompiled_charsmap": _charsmap_base64(path, meta),
+               # a reranker's pair is <s> query </s> [SEP] document </s> when add_sep (llama.cpp's
+               # format_prompt_rerank); XLM-R's SEP is </s>
+               "sep_id": role("tokenizer.ggml.seperator_token_id", None),
+               "add_sep": bool(meta.get("tokenizer.ggml.add_sep_token", False))},
+    )
+
+
+def _charsmap_base64(path: str, meta: _Metadata) -> str | None:
+    """``tokenizer.ggml.precompiled_charsmap`` as base64 text (None when absent), checked as
+    llama.cpp checks it at load: an array of bytes, with its header and sizes consistent."""
+    from gguf import GGUFValueType as VT
+
+    from ..errors import TokenizerError
+    from ..tokenizer.ugm import CHARSMAP_KEY, Charsmap
+
+    field = meta.fields.get(CHARSMAP_KEY)
+    if field is None:
+        return None
+    if field.types[:1] != [VT.ARRAY] or field.types[1:] not in ([VT.UINT8], [VT.INT8]):
+        raise ModelLoadError(path, f"metadata {CHARSMAP_KEY!r} must be an array of uint8 or int8, "
+                                   f"got {'/'.join(t.name for t in field.types)}")
+    blob = np.asarray(field.parts[-1]).tobytes() if field.data else b""
+    try:
+        Charsmap(blob)
+    except TokenizerError as e:
+        raise ModelLoadError(path, str(e)) from None
+    return base64.b64encode(blob).decode("ascii")

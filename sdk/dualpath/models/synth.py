@@ -44,6 +44,11 @@ class Shape:
     """Phi-3 LongRoPE factors (``rope_factors_short``/``_long``), original context half the context."""
     pooling: int = 1
     """An encoder's ``pooling_type`` (llama.cpp's: 0 none, 1 mean, 2 cls, 3 last)."""
+    vocab: str = ""
+    """An encoder's vocabulary: "" WordPiece (BERT's), "t5" SentencePiece Unigram in XLM-R's
+    layout (synth_unigram.py)."""
+    token_types: int = 2
+    """An encoder's ``token_type_count`` (BERT's type_vocab_size; XLM-R has 1)."""
     init_std: float = 0.02
     """Standard deviation of the random matrices (larger in the tiny test shapes, so
     that every layer moves the output and greedy text does not repeat one token)."""
@@ -108,6 +113,16 @@ PRESETS: dict[str, Shape] = {
     "nomic-bert-tiny": Shape(dim=128, hidden_dim=256, num_layers=2, num_heads=4, num_kv_heads=4, vocab_size=1024,
                              context_length=128, rope_theta=1000.0, rms_eps=1e-12, arch="nomic-bert",
                              init_std=0.08),
+    # XLM-RoBERTa encoders (SentencePiece Unigram vocabulary, llama.cpp's "bert" graph): BAAI's
+    # bge-m3 (XLM-R large, CLS pooling, LayerNorm epsilon 1e-5, one token type, 8194 positions
+    # less the two the converter cuts), intfloat's multilingual-e5-small (a BERT with XLM-R's
+    # vocabulary padded to 250,037, mean pooling), and a tiny twin.
+    "bge-m3": Shape(dim=1024, hidden_dim=4096, num_layers=24, num_heads=16, num_kv_heads=16, vocab_size=250002,
+                    context_length=8192, arch="bert", pooling=2, vocab="t5", token_types=1),
+    "multilingual-e5-small": Shape(dim=384, hidden_dim=1536, num_layers=12, num_heads=12, num_kv_heads=12,
+                                   vocab_size=250037, context_length=512, rms_eps=1e-12, arch="bert", vocab="t5"),
+    "xlmr-tiny": Shape(dim=128, hidden_dim=512, num_layers=2, num_heads=4, num_kv_heads=4, vocab_size=1002,
+                       context_length=128, arch="bert", vocab="t5", token_types=1, init_std=0.08),
     "phi3-tiny": Shape(dim=256, hidden_dim=512, num_layers=2, num_heads=4, num_kv_heads=4, vocab_size=2048,
                        context_length=512, arch="phi3", rope_factors=True, init_std=0.08),
 }

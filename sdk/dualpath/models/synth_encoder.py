@@ -1,4 +1,5 @@
-"""The encoder parts of ``synth.py``: a WordPiece vocabulary, BERT / nomic-bert keys and tensors.
+"""The encoder parts of ``synth.py``: a WordPiece vocabulary, BERT / nomic-bert keys and tensors
+(an XLM-R vocabulary comes from synth_unigram.py).
 
 Written as llama.cpp's converter writes an encoder (``conversion/bert.py``): the vocabulary in
 phantom-space form (word-initial pieces ``▁word``, continuations without their ``##``,
@@ -88,8 +89,13 @@ def add_encoder_keys(w, shape, weight_type_code: int, ctx: int) -> None:
 
 
 def add_encoder_vocabulary(w, shape, seed: int) -> None:
+    if shape.vocab == "t5":
+        from .synth_unigram import add_xlmr_vocabulary
+
+        add_xlmr_vocabulary(w, shape.vocab_size, shape.token_types, seed)
+        return
     tokens, types = wordpiece_vocab(shape.vocab_size, seed)
-    w.add_token_type_count(2)
+    w.add_token_type_count(shape.token_types)
     w.add_tokenizer_model("bert")
     w.add_token_list(tokens)
     w.add_token_types(types)
@@ -106,7 +112,7 @@ def encoder_tensor_list(shape) -> list[tuple[str, tuple[int, ...], float]]:
     d, ff, std = shape.dim, shape.hidden_dim, shape.init_std
     bert = shape.arch == "bert"
     tensors: list[tuple[str, tuple[int, ...], float]] = [("token_embd.weight", (shape.vocab_size, d), std),
-                                                          ("token_types.weight", (2, d), std)]
+                                                          ("token_types.weight", (shape.token_types, d), std)]
     if bert:
         tensors.append(("position_embd.weight", (shape.context_length, d), std))
     tensors += [("token_embd_norm.weight", (d,), 0.0), ("token_embd_norm.bias", (d,), std)]

@@ -1,5 +1,5 @@
-"""Tokenizers built from what a model file says: SentencePiece-BPE ("llama"), byte-level BPE ("gpt2")
-and WordPiece ("bert").
+"""Tokenizers built from what a model file says: SentencePiece-BPE ("llama"), byte-level BPE ("gpt2"),
+WordPiece ("bert") and SentencePiece Unigram ("t5").
 
 The one entry point is ``build_tokenizer(spec)``; the rest of DualPath talks to the
 returned ``Tokenizer`` (``encode``, ``decode``, ``stop_ids``) and to ``StreamDecoder``
@@ -19,7 +19,7 @@ __all__ = ["Tokenizer", "TokenizerSpec", "StreamDecoder", "build_tokenizer", "lo
 
 def build_tokenizer(spec: TokenizerSpec) -> Tokenizer:
     """The tokenizer for ``spec.model``: ``"llama"`` -> SentencePiece-style BPE, ``"gpt2"`` -> byte-level BPE,
-    ``"bert"`` -> WordPiece."""
+    ``"bert"`` -> WordPiece, ``"t5"`` -> SentencePiece Unigram."""
     if spec.model == "llama":
         from .spm import SpmTokenizer
         return SpmTokenizer(spec)
@@ -29,4 +29,7 @@ def build_tokenizer(spec: TokenizerSpec) -> Tokenizer:
     if spec.model == "bert":
         from .wpm import WpmTokenizer
         return WpmTokenizer(spec)
-    raise TokenizerError(f"tokenizer model {spec.model!r} is not supported; expected 'llama', 'gpt2' or 'bert'")
+    if spec.model == "t5":
+        from .ugm import UgmTokenizer
+        return UgmTokenizer(spec)
+    raise TokenizerError(f"tokenizer model {spec.model!r} is not supported; expected 'llama', 'gpt2', 'bert' or 't5'")

@@ -38,7 +38,9 @@ class TokenizerSpec:
 
     ``model`` is GGUF's ``tokenizer.ggml.model``: ``"llama"`` (SentencePiece-style
     BPE with scores and byte fallback; pieces use U+2581 for spaces) or ``"gpt2"``
-    (byte-level BPE with merges). llama2.c tokenizers are converted to ``"llama"``.
+    (byte-level BPE with merges), ``"bert"`` (WordPiece) or ``"t5"`` (SentencePiece Unigram
+    with scores; ``extra["precompiled_charsmap"]`` its charsmap as base64 text). llama2.c
+    tokenizers are converted to ``"llama"``.
     """
 
     model: str
