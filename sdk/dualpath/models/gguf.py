@@ -514,3 +514,18 @@ def _wpm_spec(path: str, meta: _Metadata, tokens: list, types: list | None, opt_
         extra={"sep_id": role("tokenizer.ggml.seperator_token_id", 102), "lowercase": lowercase,
                "strip_accents": bool(meta.get("tokenizer.ggml.normalizer.strip_accents", lowercase))},
     )
+
+
+def declared_pooling(path: str | os.PathLike) -> str | None:
+    """The pooling a GGUF's header declares (``{arch}.pooling_type``: none, mean, cls, last or
+    rank), or None when it declares none or is not a GGUF: how a server tells a decoder
+    trained as an embedder (Qwen3-Embedding: last) from a chat model, as llama.cpp reads it."""
+    path = os.fspath(path)
+    with open(path, "rb") as f:
+        if f.read(4) != b"GGUF":
+            return None
+    meta = _Metadata(path, _open_reader(path))
+    arch = meta.get("general.architecture")
+    if not isinstance(arch, str) or meta.get(f"{arch}.pooling_type") is None:
+        return None
+    return _encoder_pooling(path, meta, arch)
