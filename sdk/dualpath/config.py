@@ -278,9 +278,10 @@ class RuntimeConfig(_Section):
     draft_model: str = setting("", str, None, "a GGUF path ('' = none)")
     """With ``speculative: draft``: a smaller model with the same vocabulary, run in this
     process with a KV cache of its own."""
-    encoder_share: float = _float(0.4, 0.05, 4.0)
+    encoder_share: float = _float(0.3, 0.05, 4.0)
     """Beside chats, the most time an embedding model's work may add to an engine step, as a
-    share of that step's own (0.4: chats decode at least 1/1.4 as fast while embeddings run)."""
+    share of that step's own (0.3: chats decode about 1/1.3 as fast while embeddings run;
+    what the encoder evicts from the caches costs the chats a little more)."""
 
     def effective_max_batch_tokens(self) -> int:
         return self.max_batch_tokens or self.prefill_chunk_tokens + self.max_num_seqs

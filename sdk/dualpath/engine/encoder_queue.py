@@ -75,7 +75,7 @@ class EmbedJob(Job):
 class EncoderQueue:
     """Jobs waiting for ``runner`` and the slices that run them (see the module docstring)."""
 
-    def __init__(self, runner, *, share: float = 0.4, max_batch_tokens: int = 2048, max_jobs: int | None = None):
+    def __init__(self, runner, *, share: float = 0.3, max_batch_tokens: int = 2048, max_jobs: int | None = None):
         self.runner = runner
         self.max_jobs = max_jobs
         """Jobs waiting at most; another is refused (QueueFullError: a 429)."""
