@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import threading
 import time
@@ -206,3 +207,43 @@ def test_a_short_soak_of_chats_and_64_text_batches_has_no_5xx(both):
     assert statuses and set(statuses) == {200}
     assert metric(both, "dualpath_encoder_texts_total") >= before + 64
     assert httpx.get(both.base + "/health").json()["running"] == 0
+
+
+def test_dualpath_serve_runs_an_embedder_alone_and_beside_a_chat_model(bert_file, gguf_path, reference):
+    """The command line: ``serve -m bert.gguf`` and ``serve -m chat.gguf --embedding-model bert.gguf``."""
+    import sys
+
+    from dualpath.bench.common import free_port, live_server
+
+    want = reference.embed(TEXTS[:2])
+    for extra in (["--model", bert_file], ["--model", str(gguf_path), "--embedding-model", bert_file]):
+        port = free_port()
+        argv = [sys.executable, "-m", "dualpath.cli", "serve", *extra, "--port", str(port), "--ctx-size", "256",
+                "--no-prefix-cache"]
+        with live_server("dualpath", argv, f"http://127.0.0.1:{port}", 120) as s:
+            r = httpx.post(s.base + "/v1/embeddings", json={"input": TEXTS[:2]}, timeout=60)
+            assert r.status_code == 200, r.text
+            np.testing.assert_allclose([d["embedding"] for d in r.json()["data"]], want, atol=1e-5)
+            chat = httpx.post(s.base + "/v1/completions", json={"prompt": "Once", "max_tokens": 4}, timeout=60)
+            ids = [m["id"] for m in httpx.get(s.base + "/v1/models").json()["data"]]
+            err = s.stop()
+        assert "/v1/embeddings from bert-tiny.gguf (bert, 128 dimensions, mean pooling" in err
+        if len(extra) == 2:  # alone: generation is refused
+            assert chat.status_code == 400 and "is an embedding model" in chat.json()["error"]["message"]
+            assert ids == ["bert-tiny.gguf"]
+        else:
+            assert chat.status_code == 200 and ids == [os.path.basename(gguf_path), "bert-tiny.gguf"]
+            assert "planned at" in err and "KV cache invariants hold" in err
+
+
+def test_a_memory_budget_is_shared_with_the_embedding_model(reference):
+    from dualpath.errors import ConfigError
+    from dualpath.server.embeddings import chat_config, embedder_bytes
+
+    need_mb = -(-embedder_bytes(reference) // (1 << 20))
+    assert need_mb >= 1
+    cfg = dualpath.load_config(None, {"runtime.memory_budget_mb": 1000})
+    assert chat_config(cfg, reference).runtime.memory_budget_mb == 1000 - need_mb
+    assert chat_config(cfg, None) is cfg
+    with pytest.raises(ConfigError, match="embedding model bert-tiny.gguf alone is planned at"):
+        chat_config(dualpath.load_config(None, {"runtime.memory_budget_mb": need_mb}), reference)

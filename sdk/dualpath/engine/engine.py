@@ -157,7 +157,8 @@ class Engine(AsyncAPI):
         self.encoder_queue = queue
         queue.wake = self._notify
 
-    def _notify(self) -> None:
+    def _notify(self) -> None:  # encoder work queued: the background loop runs it (started on first use)
+        self.start()
         with self._mu:
             self._wake.notify()
 
