@@ -69,7 +69,7 @@ class _Feeder:
         def client() -> None:
             while not self.stop.is_set():
                 done = threading.Event()
-                self.queue.submit(EmbedJob(batch_ids, lambda r, e: done.set(), embeddings.pooling))
+                self.queue.submit(EmbedJob(batch_ids, lambda r, e, done=done: done.set(), embeddings.pooling))
                 done.wait()
                 with self._lock:
                     self.texts += len(batch_ids)

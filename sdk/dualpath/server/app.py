@@ -34,6 +34,7 @@ import logging
 import os
 import time
 import uuid
+from typing import Any
 
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
@@ -94,8 +95,9 @@ class Server:
 
     def __init__(self, llm, model_name: str | None = None, embedder=None):
         self.llm = llm
-        self.engine = getattr(llm, "engine", None)
-        """The chat engine; None on an embedding-only server (an encoder has none)."""
+        self.engine: Any = getattr(llm, "engine", None)
+        """The chat engine; None on an embedding-only server (an encoder has none: the
+        generation routes check ``_generating`` before they touch it)."""
         self.cfg = llm.config.server
         file_name = os.path.basename(str(llm.spec.path))
         self.model_name = model_name or self.cfg.model_name or file_name
