@@ -129,7 +129,7 @@ def cmd_bench_embed_serve(args) -> int:
         print(f"  repeat {r + 1}: decode {alone:.1f} tok/s alone, {beside:.1f} tok/s beside embeddings "
               f"({alone / beside:.2f}x slower); {texts_s:.0f} texts/s embedded meanwhile", flush=True)
     with _Feeder(embeddings, batch_ids, args.clients) as feed:
-        time.sleep(3.0)
+        time.sleep(args.embed_seconds)
     alone_texts_s = feed.texts / feed.seconds
     med = {k: statistics.median(row[k] for row in rows) for k in rows[0]}
     print(f"median: decode {med['alone_tok_s']:.1f} -> {med['beside_tok_s']:.1f} tok/s ({med['slowdown']:.2f}x "
@@ -153,6 +153,7 @@ def add_parser(bs) -> None:
     s.add_argument("--words", type=int, default=24, help="words per text")
     s.add_argument("--clients", type=int, default=2, help="embedding requests kept in flight")
     s.add_argument("--share", type=float, default=0.3, help="runtime.encoder_share")
+    s.add_argument("--embed-seconds", type=float, default=3.0, help="seconds of embedding alone (no chat)")
     s.add_argument("--ctx", type=int, default=1024)
     s.add_argument("-t", "--threads", type=int, default=2)
     s.add_argument("-r", "--repeats", type=int, default=3)
