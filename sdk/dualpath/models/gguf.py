@@ -521,6 +521,8 @@ def declared_pooling(path: str | os.PathLike) -> str | None:
     rank), or None when it declares none or is not a GGUF: how a server tells a decoder
     trained as an embedder (Qwen3-Embedding: last) from a chat model, as llama.cpp reads it."""
     path = os.fspath(path)
+    if not os.path.isfile(path):  # a Hugging Face folder: no GGUF header to read
+        return None
     with open(path, "rb") as f:
         if f.read(4) != b"GGUF":
             return None
