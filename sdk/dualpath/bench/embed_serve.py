@@ -63,30 +63,28 @@ class _Feeder:
     def __init__(self, embeddings, batch_ids: list[list[int]], clients: int):
         from ..engine.encoder_queue import EmbedJob
 
-        self.queue, self.stop, self.texts = embeddings.queue, threading.Event(), 0
-        self._lock = threading.Lock()
+        self.queue, self.stop = embeddings.queue, threading.Event()
 
         def client() -> None:
             while not self.stop.is_set():
                 done = threading.Event()
                 self.queue.submit(EmbedJob(batch_ids, lambda r, e, done=done: done.set(), embeddings.pooling))
                 done.wait()
-                with self._lock:
-                    self.texts += len(batch_ids)
 
         self.threads = [threading.Thread(target=client, daemon=True) for _ in range(clients)]
 
     def __enter__(self):
-        self.t0 = time.perf_counter()
+        self.t0, self.items0 = time.perf_counter(), self.queue.items_run
         for t in self.threads:
             t.start()
         return self
 
     def __exit__(self, *exc) -> None:
+        # Texts the encoder ran while the feeder was on (the batches in flight finish after).
+        self.texts_per_s = (self.queue.items_run - self.items0) / (time.perf_counter() - self.t0)
         self.stop.set()
         for t in self.threads:
             t.join()
-        self.seconds = time.perf_counter() - self.t0
 
 
 def cmd_bench_embed_serve(args) -> int:
@@ -123,14 +121,14 @@ def cmd_bench_embed_serve(args) -> int:
         alone = statistics.mean(_decode_rates(llm, prompt_ids, args.chats, args.tokens))
         with _Feeder(embeddings, batch_ids, args.clients) as feed:
             beside = statistics.mean(_decode_rates(llm, prompt_ids, args.chats, args.tokens))
-        texts_s = feed.texts / feed.seconds
+        texts_s = feed.texts_per_s
         rows.append({"alone_tok_s": alone, "beside_tok_s": beside, "slowdown": alone / beside,
                      "texts_per_s_beside": texts_s})
         print(f"  repeat {r + 1}: decode {alone:.1f} tok/s alone, {beside:.1f} tok/s beside embeddings "
               f"({alone / beside:.2f}x slower); {texts_s:.0f} texts/s embedded meanwhile", flush=True)
     with _Feeder(embeddings, batch_ids, args.clients) as feed:
         time.sleep(args.embed_seconds)
-    alone_texts_s = feed.texts / feed.seconds
+    alone_texts_s = feed.texts_per_s
     med = {k: statistics.median(row[k] for row in rows) for k in rows[0]}
     print(f"median: decode {med['alone_tok_s']:.1f} -> {med['beside_tok_s']:.1f} tok/s ({med['slowdown']:.2f}x "
           f"slower, bound {1 + args.share:.2f}x); embeddings {med['texts_per_s_beside']:.0f} texts/s beside chats, "
