@@ -173,6 +173,25 @@ def test_a_chat_server_answers_embeddings_only_when_asked(chat_gguf):
         srv.stop()
 
 
+def test_a_decoder_whose_file_declares_pooling_answers_embeddings_unasked(chat_gguf, tmp_path):
+    """As a Qwen3-Embedding GGUF (``pooling_type`` last): the default ``auto`` serves it."""
+    import gguf
+
+    from tests_shared import copy_gguf
+
+    path = copy_gguf(chat_gguf, tmp_path / "embedder.gguf", {"llama.pooling_type": (3, gguf.GGUFValueType.UINT32)})
+    llm = dualpath.LLM(path, dualpath.load_config(None, {"runtime.max_context_tokens": 256}))
+    srv = LiveServer(llm)
+    try:
+        got = vectors(srv, ["Once upon a time", "The sun"])
+        assert got.shape == (2, 64) and np.allclose(np.linalg.norm(got, axis=1), 1.0, atol=1e-5)
+        llama_cpp = pytest.importorskip("llama_cpp")  # the file's last-token pooling, as llama.cpp reads it
+        ref = llama_cpp.Llama(str(path), embedding=True, n_ctx=256, verbose=False)
+        assert float(np.array(ref.embed("Once upon a time", normalize=True)) @ got[0]) > 0.9999
+    finally:
+        srv.stop()
+
+
 def test_declared_pooling_reads_the_files_header(bert_file, chat_gguf):
     from dualpath.models.gguf import declared_pooling
 
