@@ -78,7 +78,7 @@ class EncoderQueue:
     def __init__(self, runner, *, share: float = 0.3, max_batch_tokens: int = 2048, max_jobs: int | None = None):
         self.runner = runner
         self.max_jobs = max_jobs
-        """Jobs waiting at most; another is refused (QueueFullError: a 429)."""
+        """Jobs waiting at most beside the one in progress; another is refused (QueueFullError: a 429)."""
         self.share = share
         """Of the time a step beside chats takes, the share the encoder may add."""
         self.max_batch_tokens = max_batch_tokens
@@ -104,7 +104,7 @@ class EncoderQueue:
         with self._mu:
             if self._stopping:
                 raise InternalError("the encoder queue has stopped")
-            if self.max_jobs is not None and len(self._jobs) >= self.max_jobs:
+            if self.max_jobs is not None and len(self._jobs) > self.max_jobs:  # the first is in progress
                 from .engine import QueueFullError  # engine.py imports this module
 
                 raise QueueFullError(len(self._jobs), self.max_jobs)

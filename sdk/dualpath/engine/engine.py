@@ -20,6 +20,10 @@ Three ways to drive it:
   background loop (a thread, started on first use) doing the steps;
 * ``engine.step()`` by hand (tests, benchmarks).
 
+An embedding model served beside the chats (``attach_encoder``) is stepped here too: after
+each step its queue (engine/encoder_queue.py) runs a slice of the texts waiting, within a
+share of that step's time; with no chat running, whole slices.
+
 ``abort(request_id)`` ends a request and frees its cache before the next step
 (at once when no step is running). A failing step never fails the engine: an error
 while one request's output is made (sampling, grammar, text) ends that request

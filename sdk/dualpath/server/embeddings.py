@@ -95,7 +95,7 @@ class Embeddings:
         if self.encoder_llm is not None:
             self.queue = EncoderQueue(self.encoder_llm.encoder, share=llm.config.runtime.encoder_share,
                                       max_batch_tokens=ENCODER_SLICE_TOKENS,
-                                      max_jobs=cfg.max_queued_requests or None)
+                                      max_jobs=cfg.max_queued_requests)
             if llm.encoder is not None:
                 self.queue.start()  # no engine: the queue steps itself
             else:
