@@ -278,6 +278,10 @@ class RuntimeConfig(_Section):
     draft_model: str = setting("", str, None, "a GGUF path ('' = none)")
     """With ``speculative: draft``: a smaller model with the same vocabulary, run in this
     process with a KV cache of its own."""
+    encoder_share: float = _float(0.3, 0.05, 4.0)
+    """Beside chats, the most time an embedding model's work may add to an engine step, as a
+    share of that step's own (0.3: chats decode about 1/1.3 as fast while embeddings run;
+    what the encoder evicts from the caches costs the chats a little more)."""
 
     def effective_max_batch_tokens(self) -> int:
         return self.max_batch_tokens or self.prefill_chunk_tokens + self.max_num_seqs
@@ -420,6 +424,19 @@ class ServerConfig(_Section):
     strict_model_name: bool = setting(False, bool, None, "true or false")
     """true: a request naming another model than model_name or the file name gets 404; false: a
     single-model server answers whatever model a client names (as llama.cpp's server does)."""
+    embedding_model: str = setting("", str, None, "a GGUF path ('' = none)")
+    """An embedding model (an encoder: BERT, nomic-bert) served beside the chat model: it answers
+    /v1/embeddings (``dualpath serve --embedding-model``)."""
+    embeddings: str = _choice("auto", str, ("auto", "on", "off"))
+    """Without ``embedding_model``, whether the chat model answers /v1/embeddings from its hidden
+    states: ``on`` (``--embeddings``, as llama-server's), ``auto`` only when its file declares a
+    pooling type (a decoder trained as an embedder), ``off`` never."""
+    embedding_dimensions: str = setting("", str, lambda v: all(p.strip().isdigit() and int(p) > 0
+                                                               for p in v.split(",")) if v.strip() else True,
+                                        "sizes joined by commas, e.g. \"512,256,128\" ('' = none)")
+    """Shorter sizes a request's ``dimensions`` may ask of the embedding model, for one trained
+    with Matryoshka representation learning (its model card says so; GGUF has no key for it):
+    the vector is cut to its first ``dimensions`` values and L2-normalised again."""
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""``dualpath bench e2e|memory|power|serve|load`` with tiny settings on stories260K: each
+"""``dualpath bench e2e|memory|power|serve|load|embed-serve`` with tiny settings on stories260K: each
 runs its measurements through the harness and prints and writes what it says. No
 figure is asserted (2 shared cores); ``bench cache`` and ``bench kernels`` have
 their own tests (tests/cache, tests/kernels), ``bench load`` its 64-client run
@@ -107,3 +107,16 @@ def test_a_bad_set_is_a_usage_error_before_anything_runs(command, item, fragment
     captured = capsys.readouterr()
     assert captured.err.startswith("dualpath: error: ") and fragment in captured.err
     assert captured.out == ""  # nothing started, nothing printed
+
+
+def test_embed_serve_measures_decode_alone_and_beside_embedding_batches(gguf_path, tmp_path, capsys):
+    from dualpath.models.synth import synth_gguf
+
+    bert = synth_gguf(tmp_path / "bert-tiny.gguf", "bert-tiny", "F32")
+    out = tmp_path / "embed.json"
+    assert main(["bench", "embed-serve", "-m", str(gguf_path), "--embedding-model", bert, "--tokens", "16",
+                 "--batch", "8", "-r", "1", "-t", "1", "--embed-seconds", "0.3", "--json", str(out)]) == 0
+    res = json.loads(out.read_text())
+    (row,) = res["rows"]
+    assert row["alone_tok_s"] > 0 and row["beside_tok_s"] > 0 and res["embed_texts_per_s_alone"] > 0
+    assert "slower, bound 1.30x" in capsys.readouterr().out

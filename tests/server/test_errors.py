@@ -34,7 +34,7 @@ CHAT = [{"role": "user", "content": "Once upon a time"}]
 def live(chat_gguf):
     cfg = dualpath.load_config(None, {"runtime.max_context_tokens": 256, "runtime.max_num_seqs": 4,
                                       "server.model_name": MODEL, "server.strict_model_name": True,
-                                      "server.max_body_bytes": 4096})
+                                      "server.max_body_bytes": 4096, "server.embeddings": "on"})
     srv = LiveServer(dualpath.LLM(chat_gguf, cfg))
     yield srv
     srv.stop()
@@ -51,7 +51,8 @@ def broken(chat_gguf, tmp_path_factory):
     reader = gguf.GGUFReader(str(path), "r+")
     next(t for t in reader.tensors if t.name == "output_norm.weight").data[:] = np.nan
     del reader  # flushes the memory map
-    srv = LiveServer(dualpath.LLM(path, dualpath.load_config(None, {"runtime.max_context_tokens": 256})))
+    srv = LiveServer(dualpath.LLM(path, dualpath.load_config(None, {"runtime.max_context_tokens": 256,
+                                                                         "server.embeddings": "on"})))
     yield srv
     srv.stop()
 

@@ -59,7 +59,7 @@ def live(hostile_gguf):
         "runtime.max_context_tokens": 256, "runtime.max_num_seqs": 4, "server.max_queued_requests": 4,
         "runtime.chat_template_timeout_s": TIMEOUT_S, "runtime.chat_template_max_chars": 1 << 20,
         "server.max_body_bytes": 2 << 20, "server.allowed_hosts": "mybox.lan",
-        "server.header_timeout_s": 2.0, "server.body_timeout_s": 2.0})
+        "server.header_timeout_s": 2.0, "server.body_timeout_s": 2.0, "server.embeddings": "on"})
     srv = LiveServer(dualpath.LLM(hostile_gguf, cfg))
     yield srv
     srv.stop()

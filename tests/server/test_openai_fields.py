@@ -23,7 +23,8 @@ PROMPT = "Once upon a time"
 @pytest.fixture(scope="module")
 def live(chat_gguf):
     cfg = dualpath.load_config(None, {"runtime.max_context_tokens": 256, "runtime.max_num_seqs": 4,
-                                      "server.api_key": KEY, "server.model_name": "tiny-stories"})
+                                      "server.api_key": KEY, "server.model_name": "tiny-stories",
+                                      "server.embeddings": "on"})
     srv = LiveServer(dualpath.LLM(chat_gguf, cfg))
     yield srv
     srv.stop()

@@ -25,9 +25,9 @@ KEY = "sk-test-key"
 
 
 class LiveServer:
-    def __init__(self, llm, **config):
+    def __init__(self, llm, embedder=None, **config):
         self.llm = llm
-        self.app = create_app(llm)
+        self.app = create_app(llm, embedder=embedder)
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             self.port = s.getsockname()[1]

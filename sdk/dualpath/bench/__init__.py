@@ -43,6 +43,7 @@ def add_bench_parser(sub) -> None:
         chat,
         classifier,
         e2e,
+        embed_serve,
         kernels,
         kv_quality,
         layers,
@@ -60,5 +61,5 @@ def add_bench_parser(sub) -> None:
     b = sub.add_parser("bench", help="benchmarks (side by side with llama.cpp where it applies)")
     bs = b.add_subparsers(dest="bench", required=True)
     for module in (e2e, memory, kernels, classifier, layers, kv_quality, quality, power, cache, serve, load, startup,
-                   chat, prefix_restart, spec, tools, arm):
+                   chat, prefix_restart, spec, tools, arm, embed_serve):
         module.add_parser(bs)

@@ -257,7 +257,8 @@ def mixed_load_test(model: str, *, clients: int, duration_s: float, max_tokens: 
     Returns the figures; RSS in MiB."""
     import httpx
 
-    cmd, base = _serve_command(model, server_args)
+    # The mix embeds with the chat model's own states: asked for, as llama-server's --embeddings.
+    cmd, base = _serve_command(model, ("--embeddings", *server_args))
     with live_server("dualpath serve", cmd, base, startup_s=STARTUP_S) as server:
         before = _greedy(base)
         c = _mixed_clients(base, clients, duration_s, max_tokens, seed, server.proc.pid)

@@ -184,4 +184,11 @@ def serve_options(sv) -> None:
                     "and [::1], joined by commas (server.allowed_hosts; a loopback bind refuses any other, "
                     "against DNS rebinding; * = any)")
     sv.add_argument("--no-webui", action="store_true", help="no chat page at / (server.webui: false)")
+    sv.add_argument("--embedding-model", metavar="FILE", help="an embedding model (bert, nomic-bert GGUF) "
+                    "answering /v1/embeddings beside the chat model (server.embedding_model)")
+    sv.add_argument("--embeddings", action="store_true", help="without --embedding-model: answer /v1/embeddings "
+                    "from the chat model's pooled hidden states (server.embeddings: on; by default only when its "
+                    "file declares a pooling type, as a decoder trained as an embedder does)")
+    sv.add_argument("--embedding-dimensions", metavar="SIZES", help="shorter sizes a request's dimensions may ask "
+                    "of a Matryoshka-trained embedding model, e.g. 512,256,128 (server.embedding_dimensions)")
     sv.set_defaults(func=cmd_serve)

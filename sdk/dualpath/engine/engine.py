@@ -20,6 +20,10 @@ Three ways to drive it:
   background loop (a thread, started on first use) doing the steps;
 * ``engine.step()`` by hand (tests, benchmarks).
 
+An embedding model served beside the chats (``attach_encoder``) is stepped here too: after
+each step its queue (engine/encoder_queue.py) runs a slice of the texts waiting, within a
+share of that step's time; with no chat running, whole slices.
+
 ``abort(request_id)`` ends a request and frees its cache before the next step
 (at once when no step is running). A failing step never fails the engine: an error
 while one request's output is made (sampling, grammar, text) ends that request
@@ -45,6 +49,7 @@ from ..sampling_params import SamplingParams
 from ..scheduler.request import Status
 from ..scheduler.step import SeqStep, StepResults
 from .async_api import AsyncAPI
+from .encoder_queue import EncoderQueue
 from .generate import check_prompt
 from .handles import Delta, RequestHandle, SyncStream
 from .metrics import EngineMetrics
@@ -97,6 +102,8 @@ class Engine(AsyncAPI):
         self._wake = threading.Condition(self._mu)
         self._thread: threading.Thread | None = None
         self._stopping = False
+        self.encoder_queue: EncoderQueue | None = None
+        """An embedding model's work, run beside the chats a slice per step (``attach_encoder``)."""
 
     # -- requests --------------------------------------------------------------
     @property
@@ -127,7 +134,7 @@ class Engine(AsyncAPI):
         check_prompt(ids, self.runner.spec.config.vocab_size, self.context_tokens)
         # Made before the lock is taken: a request's token array and text stream, one per
         # sample, grow with the prompt (a refused request's are dropped).
-        req = self._new_request(request_id or f"req-{next(self._ids)}", ids, params or SamplingParams(), sink,
+        req = _new_request(self, request_id or f"req-{next(self._ids)}", ids, params or SamplingParams(), sink,
                                 fork_sinks, pooling, prompt_logprobs, grammar)
         with self._mu:
             # Queued beyond the free sequence slots (those start at the next step).
@@ -149,30 +156,15 @@ class Engine(AsyncAPI):
             self._wake.notify()
         return req
 
-    def _new_request(self, rid: str, ids: list[int], params: SamplingParams, sink, fork_sinks: Sequence,
-                     pooling: str | None, prompt_logprobs: bool, grammar) -> EngineRequest:
-        """The request ``add_request`` queues, its forks in ``forks`` (not holding _mu)."""
-        spec = pooling is None and not prompt_logprobs and self.speculative_tokens > 0
-        req = EngineRequest(rid, ids, params, self.tokenizer, self.context_tokens, self._scratch, sink, grammar,
-                            self._proposer() if spec else None)
-        if prompt_logprobs:
-            req.prompt_logits = True
-            req.prompt_logprobs = []
-        if pooling is not None:
-            req.embedding, req.pooling = True, pooling
-            req.pooled = np.zeros(self.runner.spec.config.dim, np.float64)  # (dim,) running sum or pick
-        for i, fork_sink in enumerate(fork_sinks, 1):
-            fork_params = params if params.seed is None else dataclasses.replace(params, seed=params.seed + i)
-            fork = EngineRequest(f"{rid}.{i}", ids, fork_params, self.tokenizer, self.context_tokens,
-                                 self._scratch, fork_sink, grammar, self._proposer() if spec else None)
-            fork.fork_of = req
-            req.forks.append(fork)
-        return req
+    def attach_encoder(self, queue: EncoderQueue) -> None:
+        """Step ``queue`` (engine/encoder_queue.py) after every step, its share of the time beside chats."""
+        self.encoder_queue = queue
+        queue.wake = self._notify
 
-    def _proposer(self):
-        if self.draft is not None:
-            return DraftProposer(self.draft, self.speculative_tokens)
-        return NgramProposer(self.speculative_tokens)
+    def _notify(self) -> None:  # encoder work queued: the background loop runs it (started on first use)
+        self.start()
+        with self._mu:
+            self._wake.notify()
 
     def abort(self, request_id: str) -> bool:
         """End a request (finish_reason ``abort``); its cache is freed before the next
@@ -208,14 +200,15 @@ class Engine(AsyncAPI):
         submits and ``/metrics`` never wait for the model run or for sampling. Only this
         thread touches a running request's sampler, tokens and stream."""
         with self._step_lock:
+            t_step = time.perf_counter()
             self._apply_aborts()
             chunk_tokens = self.driver.choose_power()
             with self._mu:
                 plan = self.scheduler.schedule(chunk_tokens)
                 for req, why in plan.failed:
                     self._end(req, error=CacheFullError(why))
-            if not plan:
-                return 0
+            if not plan:  # no chat runs: the encoder, if it has work, takes a whole batch
+                return self._encoder_step(None)
             t0 = time.perf_counter()
             try:
                 logits = self.driver.run(plan)
@@ -238,7 +231,12 @@ class Engine(AsyncAPI):
             m = self.metrics
             m.peak_kv_bytes_held = max(m.peak_kv_bytes_held, self.scheduler.cache.bytes_held())
             m.on_step(now, now - t0, plan.num_tokens, results.generated)
+            self._encoder_step(time.perf_counter() - t_step)
             return len(plan.seqs)
+
+    def _encoder_step(self, beside_s: float | None) -> int:
+        q = self.encoder_queue
+        return q.step(beside_s) if q is not None and q.has_work() else 0
 
     def _make_outputs(self, seqs: list[SeqStep], logits: np.ndarray, now: float) -> StepResults[EngineRequest]:
         """Every sequence's output from its rows of the run (not holding _mu): the tokens
@@ -326,7 +324,8 @@ class Engine(AsyncAPI):
     def _loop(self) -> None:
         while True:
             with self._mu:
-                while not self._stopping and not self.scheduler.has_work() and not self._aborts:
+                while not (self._stopping or self.scheduler.has_work() or self._aborts
+                           or (self.encoder_queue is not None and self.encoder_queue.has_work())):
                     self._wake.wait()
                 if self._stopping:
                     return
@@ -352,9 +351,38 @@ class Engine(AsyncAPI):
         with self._mu:
             stats = self.scheduler.cache.stats()
             disk = self.scheduler.cache.disk
-            return self.metrics.render(waiting=len(self.scheduler.waiting), running=len(self.scheduler.running),
+            text = self.metrics.render(waiting=len(self.scheduler.waiting), running=len(self.scheduler.running),
                                        cache=stats, preemptions=self.scheduler.preemptions,
                                        profile=self.power_profile, disk=disk.stats if disk else None)
+        q = self.encoder_queue
+        return text if q is None else text + "\n".join(q.metrics_lines()) + "\n"
+
+
+def _new_request(engine: Engine, rid: str, ids: list[int], params: SamplingParams, sink, fork_sinks: Sequence,
+                 pooling: str | None, prompt_logprobs: bool, grammar) -> EngineRequest:
+    """The request ``Engine.add_request`` queues, its forks in ``forks`` (not holding _mu)."""
+    spec = pooling is None and not prompt_logprobs and engine.speculative_tokens > 0
+
+    def proposer():
+        if engine.draft is not None:
+            return DraftProposer(engine.draft, engine.speculative_tokens)
+        return NgramProposer(engine.speculative_tokens)
+
+    ctx, scratch = engine.context_tokens, engine._scratch
+    req = EngineRequest(rid, ids, params, engine.tokenizer, ctx, scratch, sink, grammar, proposer() if spec else None)
+    if prompt_logprobs:
+        req.prompt_logits = True
+        req.prompt_logprobs = []
+    if pooling is not None:
+        req.embedding, req.pooling = True, pooling
+        req.pooled = np.zeros(engine.runner.spec.config.dim, np.float64)  # (dim,) running sum or pick
+    for i, fork_sink in enumerate(fork_sinks, 1):
+        fork_params = params if params.seed is None else dataclasses.replace(params, seed=params.seed + i)
+        fork = EngineRequest(f"{rid}.{i}", ids, fork_params, engine.tokenizer, ctx, scratch, fork_sink, grammar,
+                             proposer() if spec else None)
+        fork.fork_of = req
+        req.forks.append(fork)
+    return req
 
 
 def rows_by_seq(seqs: list[SeqStep], logits: np.ndarray,

@@ -172,7 +172,7 @@ class OutputMaker:
         """Fold a chunk's hidden rows (n, dim) into an embedding request; at its last
         chunk return its end (as ``_advance`` does)."""
         pooled = req.pooled  # (dim,) updated in place
-        assert pooled is not None  # set with ``embedding`` (Engine._new_request)
+        assert pooled is not None  # set with ``embedding`` (engine.py's _new_request)
         if pos0 == 0:  # the first chunk (again, after a preemption)
             pooled[:] = 0.0
         if req.pooling == "mean":

@@ -310,3 +310,24 @@ def context_without_budget(spec, config: Config, meminfo: dict[str, int] | None 
                 "(runtime.max_context_tokens, runtime.memory_budget_mb to choose)", name, f"{want:,}",
                 f"{plan.total_full / MiB:,.0f}", f"{budget / MiB:,.0f}", f"{ctx:,}")
     return ctx
+
+
+ENCODER_TABLES = ("token_embd.weight", "position_embd.weight", "token_types.weight")
+"""An encoder's tables whose rows are gathered from the mapped file (executor/encoder.py), not held."""
+
+
+def encoder_parts(spec, slice_tokens: int) -> dict[str, int]:
+    """Resident bytes an embedding model (an encoder, ``spec`` loaded) adds to a process that
+    already runs Python and ONNX Runtime, by part: its vocabulary, its matrices as ONNX
+    Runtime holds them (graph/encoder.py: MatMulNBits packs, f32 otherwise; the embedding
+    tables are read from the file), and one slice of ``slice_tokens`` tokens in flight: per
+    token the layer's activations, and at worst (every text as long as the context) its
+    attention scores, (heads, context) f32 per token."""
+    cfg = spec.config
+    layout, merges = layout_of(spec)
+    weights = sum(_matrix_bytes(t, s, runtime_nbits8()) for name, (t, s) in layout.items()
+                  if name not in ENCODER_TABLES)
+    h, d, _ = ACTIVATION_FLOATS
+    activations = slice_tokens * 4 * (h * cfg.hidden_dim + d * cfg.dim + cfg.num_heads * cfg.context_length)
+    return {"vocabulary": cfg.vocab_size * TOKEN_BYTES + merges * MERGE_BYTES, "weights": weights,
+            "activations": activations}

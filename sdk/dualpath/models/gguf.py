@@ -572,3 +572,20 @@ def _charsmap_base64(path: str, meta: _Metadata) -> str | None:
     except TokenizerError as e:
         raise ModelLoadError(path, str(e)) from None
     return base64.b64encode(blob).decode("ascii")
+
+
+def declared_pooling(path: str | os.PathLike) -> str | None:
+    """The pooling a GGUF's header declares (``{arch}.pooling_type``: none, mean, cls, last or
+    rank), or None when it declares none or is not a GGUF: how a server tells a decoder
+    trained as an embedder (Qwen3-Embedding: last) from a chat model, as llama.cpp reads it."""
+    path = os.fspath(path)
+    if not os.path.isfile(path):  # a Hugging Face folder: no GGUF header to read
+        return None
+    with open(path, "rb") as f:
+        if f.read(4) != b"GGUF":
+            return None
+    meta = _Metadata(path, _open_reader(path))
+    arch = meta.get("general.architecture")
+    if not isinstance(arch, str) or meta.get(f"{arch}.pooling_type") is None:
+        return None
+    return _encoder_pooling(path, meta, arch)

@@ -27,7 +27,6 @@ another client. Connections: ``connections.py``.
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
 import dataclasses
 import hmac
@@ -35,8 +34,8 @@ import logging
 import os
 import time
 import uuid
+from typing import Any
 
-import numpy as np
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.requests import Request
@@ -46,16 +45,15 @@ from starlette.routing import Route
 from ..errors import ConfigError
 from ..sampling.grammar import GrammarCompiler
 from ..sampling_params import SamplingParams
+from .embeddings import Embeddings
 from .errors import APIError, api_error, bad_request, engine_call
 from .parsing import (
     CHAT_FIELDS,
     COMPLETION_FIELDS,
-    EMBEDDING_FIELDS,
     WARM_FIELDS,
     chat_ids,
     check_fields,
     check_model,
-    embedding_inputs,
     get_field,
     include_usage,
     logprobs_count,
@@ -95,9 +93,11 @@ def _usage(completions) -> dict:
 class Server:
     """State shared by the routes: the LLM, its engine, the server config."""
 
-    def __init__(self, llm, model_name: str | None = None):
+    def __init__(self, llm, model_name: str | None = None, embedder=None):
         self.llm = llm
-        self.engine = llm.engine
+        self.engine: Any = getattr(llm, "engine", None)
+        """The chat engine; None on an embedding-only server (an encoder has none: the
+        generation routes check ``_generating`` before they touch it)."""
         self.cfg = llm.config.server
         file_name = os.path.basename(str(llm.spec.path))
         self.model_name = model_name or self.cfg.model_name or file_name
@@ -108,6 +108,8 @@ class Server:
         self.tokenizer = llm.tokenizer
         self.api_key = self.cfg.api_key or _read_key_file(self.cfg.api_key_file)
         self._grammars: OpenAIGrammars | None = None  # over the grammar compiler, made on first use
+        self.embedder = Embeddings(llm, embedder)
+        """What answers /v1/embeddings (server/embeddings.py)."""
 
     # -- plumbing --------------------------------------------------------------
     def _check_auth(self, request: Request) -> None:
@@ -120,10 +122,18 @@ class Server:
             raise APIError(401, "invalid or missing API key: send 'Authorization: Bearer <key>'",
                            type_="authentication_error", code="invalid_api_key")
 
-    async def _json(self, request: Request) -> dict:
+    async def _json(self, request: Request, names: tuple[str, ...] | None = None) -> dict:
         body = await read_body(request, self.cfg.max_body_bytes)
-        check_model(body, self.model_names, self.cfg.strict_model_name)
+        check_model(body, names or self.model_names, self.cfg.strict_model_name)
         return body
+
+    def _generating(self, route: str) -> None:
+        """400 on an embedding-only server: it has no chat engine."""
+        if self.engine is None:
+            raise bad_request(f"this server's model {self.model_name} is an embedding model "
+                              f"({self.llm.spec.config.arch}): it answers /v1/embeddings, not {route}; serve a "
+                              "text-generation model (dualpath serve -m CHAT.gguf --embedding-model "
+                              f"{self.model_name})", "model", "model_not_supported")
 
     async def _submit(self, ids: list[int], params: SamplingParams, n: int = 1, prompt_logprobs: bool = False,
                       grammar=None):
@@ -131,30 +141,12 @@ class Server:
                                                       grammar=grammar), "prompt")
 
     async def embeddings(self, request: Request) -> Response:
-        """The pooled final hidden state of each input (the model's pooling type from its
-        GGUF, mean when it names none), L2-normalised, all inputs batched in one go."""
+        """The pooled vector of each input, L2-normalised (server/embeddings.py says from which model)."""
         self._check_auth(request)
-        body = await self._json(request)
-        check_fields(body, EMBEDDING_FIELDS, "/v1/embeddings")
-        prompts = await asyncio.to_thread(embedding_inputs, self.llm, body.get("input"))
-        fmt = get_field(body, "encoding_format", (str,), "float", check=lambda v: v in ("float", "base64"),
-                        allowed="'float' or 'base64'")
-        dim = self.llm.spec.config.dim
-        get_field(body, "dimensions", (int,), dim, check=lambda v: v == dim,
-                  allowed=f"{dim} (this model's embedding size; shortening is not supported)")
-        vectors = await engine_call(self.engine.embed(prompts, self.llm.spec.metadata.get("pooling", "mean")),
-                                    "input")
-        data = []
-        for i, v in enumerate(vectors):
-            value: str | list[float]
-            if fmt == "base64":
-                value = base64.b64encode(np.asarray(v, "<f4").tobytes()).decode()
-            else:
-                value = [float(x) for x in v]
-            data.append({"object": "embedding", "index": i, "embedding": value})
-        tokens = sum(len(p) for p in prompts)
-        return JSONResponse({"object": "list", "data": data, "model": self.model_name,
-                             "usage": {"prompt_tokens": tokens, "total_tokens": tokens}})
+        e = self.embedder
+        beside = e.encoder_llm is not None and e.encoder_llm is not self.llm
+        body = await self._json(request, (e.model_name,) if beside else None)
+        return JSONResponse(await e.answer(body, e.model_name if beside else self.model_name))
 
     # -- structured output ------------------------------------------------------
     def _grammar(self, body: dict, calls: ToolCalls | None = None):
@@ -205,11 +197,14 @@ class Server:
 
     # -- routes ----------------------------------------------------------------
     async def health(self, request: Request) -> Response:
-        return JSONResponse({"status": "ok", "model": self.model_name, "running": self.engine.num_running,
-                             "waiting": self.engine.num_waiting})
+        e, q = self.engine, self.embedder.queue
+        return JSONResponse({"status": "ok", "model": self.model_name, "running": e.num_running if e else 0,
+                             "waiting": e.num_waiting if e else q.num_jobs if q else 0})
 
     async def metrics(self, request: Request) -> Response:
-        return PlainTextResponse(self.engine.metrics_text(), media_type="text/plain; version=0.0.4")
+        q = self.embedder.queue
+        text = self.engine.metrics_text() if self.engine else "\n".join(q.metrics_lines() if q else []) + "\n"
+        return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
 
     async def page(self, request: Request) -> Response:
         """The chat page and its two files; nothing else is read from disk."""
@@ -228,14 +223,18 @@ class Server:
 
     async def models(self, request: Request) -> Response:
         self._check_auth(request)
-        return JSONResponse({"object": "list", "data": [
-            {"id": self.model_name, "object": "model", "created": self.created, "owned_by": "dualpath",
-             "context_length": self.engine.context_tokens}]})
+        models = [{"id": self.model_name, "object": "model", "created": self.created, "owned_by": "dualpath",
+                   "context_length": self.llm.context_tokens}]
+        e = self.embedder
+        if e.encoder_llm is not None and e.encoder_llm is not self.llm:
+            models.append(e.model_entry(self.created))
+        return JSONResponse({"object": "list", "data": models})
 
     async def completions(self, request: Request) -> Response:
         self._check_auth(request)
         body = await self._json(request)
         check_fields(body, COMPLETION_FIELDS, "/v1/completions")
+        self._generating("/v1/completions")
         ids = await asyncio.to_thread(prompt_ids, self.llm, body.get("prompt"))
         logprobs = logprobs_count(body, "logprobs")
         params = sampling_params(body, 16, self.engine.context_tokens, logprobs)
@@ -292,6 +291,7 @@ class Server:
         self._check_auth(request)
         body = await self._json(request)
         check_fields(body, WARM_FIELDS, "/v1/warm")
+        self._generating("/v1/warm")
         if ("prompt" in body) == ("messages" in body):
             raise bad_request("give either 'prompt' (text or token ids) or 'messages' (a chat)", "prompt")
         ids = await (asyncio.to_thread(chat_ids, self.llm, body["messages"]) if "messages" in body
@@ -313,6 +313,7 @@ class Server:
         body = await self._json(request)
         messages = body.get("messages")
         check_fields(body, CHAT_FIELDS, "/v1/chat/completions")
+        self._generating("/v1/chat/completions")
         want_logprobs = get_field(body, "logprobs", (bool,), False)
         top = logprobs_count(body, "top_logprobs")
         if top is not None and not want_logprobs:
@@ -448,10 +449,11 @@ _STATIC = {"index.html": "text/html; charset=utf-8", "chat.js": "text/javascript
 """The chat page's files (``static/``) and their types."""
 
 
-def create_app(llm, *, model_name: str | None = None, on_shutdown=None) -> Starlette:
-    """The ASGI app serving ``llm`` (its engine's background loop starts on the first request).
+def create_app(llm, *, model_name: str | None = None, on_shutdown=None, embedder=None) -> Starlette:
+    """The ASGI app serving ``llm`` (its engine's background loop starts on the first request),
+    and ``embedder`` (an embedding model's ``LLM``) at /v1/embeddings beside it.
     ``on_shutdown()`` is called once the engine has stopped, when the app shuts down."""
-    server = Server(llm, model_name)
+    server = Server(llm, model_name, embedder)
 
     def wrap(fn):
         async def endpoint(request: Request) -> Response:
@@ -480,7 +482,7 @@ def create_app(llm, *, model_name: str | None = None, on_shutdown=None) -> Starl
         Route("/v1/embeddings", wrap(server.embeddings), methods=["POST"]),
         Route("/v1/warm", wrap(server.warm), methods=["POST"]),
     ]
-    if server.cfg.webui:
+    if server.cfg.webui and server.engine is not None:
         routes += [Route("/", wrap(server.page), methods=["GET"]),
                    Route("/static/{name}", wrap(server.page), methods=["GET"])]
     @contextlib.asynccontextmanager
@@ -488,10 +490,12 @@ def create_app(llm, *, model_name: str | None = None, on_shutdown=None) -> Starl
         from .connections import quiet_accept_errors
 
         quiet_accept_errors(asyncio.get_running_loop())
-        if llm.spec.tokenizer.chat_template or llm.config.runtime.chat_template:
+        if server.engine is not None and (llm.spec.tokenizer.chat_template or llm.config.runtime.chat_template):
             await asyncio.to_thread(llm.template_renderer.start)  # the first chat does not wait for it
         yield
-        llm.engine.shutdown()
+        if server.engine is not None:
+            server.engine.shutdown()
+        server.embedder.shutdown()
         if on_shutdown is not None:
             on_shutdown()
 

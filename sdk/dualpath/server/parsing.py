@@ -27,7 +27,7 @@ CHAT_FIELDS = _COMMON | {"messages", "logprobs", "top_logprobs", "max_completion
                          "audio", "modalities", "prediction", "reasoning_effort", "web_search_options",
                          "functions", "function_call", "reasoning_format", "reasoning_budget",
                          "chat_template_kwargs"}
-EMBEDDING_FIELDS = {"model", "input", "encoding_format", "dimensions", "user"}
+EMBEDDING_FIELDS = {"model", "input", "encoding_format", "dimensions", "user", "truncate"}
 WARM_FIELDS = {"model", "prompt", "messages"}
 MAX_EMBEDDING_INPUTS = 2048
 """OpenAI's limit on the inputs of one embeddings request."""
