@@ -90,21 +90,29 @@ def pair_text_ids(llm: LLM, query: str, document: str) -> list[int]:
     return ids
 
 
-def pair_ids(llm: LLM, query: str, documents: Sequence[str], truncate: bool = False) -> list[list[int]]:
+def _too_long(message: str, param: str) -> PromptTooLongError:
+    e = PromptTooLongError(message)
+    e.param = param  # type: ignore[attr-defined]  # the request field the server names (server/errors.py)
+    return e
+
+
+def pair_ids(llm: LLM, query: str, documents: Sequence[str], truncate: bool = False,
+             how_to_truncate: str = "truncate=True, or --truncate on the command line,") -> list[list[int]]:
     """Every pair's token ids. A pair longer than the model's positions raises
-    PromptTooLongError naming the document, unless ``truncate``: then the document is cut
-    (its end first) until the pair fits; a query that leaves no room raises either way."""
+    PromptTooLongError naming the document (and ``how_to_truncate``), unless ``truncate``: then
+    the document is cut (its end first) until the pair fits; a query that leaves no room
+    raises either way."""
     ctx = llm.context_tokens
     frame = len(pair_text_ids(llm, query, ""))
     if frame >= ctx:
-        raise PromptTooLongError(f"query: the query makes {frame} tokens with the pair's frame, and the model "
-                                 f"takes {ctx} per (query, document) pair: no room for a document")
+        raise _too_long(f"query: the query makes {frame} tokens with the pair's frame, and the model takes {ctx} "
+                        "per (query, document) pair: no room for a document", "query")
     out = []
     for i, doc in enumerate(documents):
         ids = pair_text_ids(llm, query, doc)
         if len(ids) > ctx and not truncate:
-            raise PromptTooLongError(f"documents[{i}]: the pair has {len(ids)} tokens, more than the {ctx} "
-                                     "positions of the model (truncate=True cuts the document to fit)")
+            raise _too_long(f"documents[{i}]: the pair has {len(ids)} tokens, more than the {ctx} positions of "
+                            f"the model ({how_to_truncate} cuts the document to fit)", "documents")
         doc_ids = llm.tokenizer.encode(doc, add_bos=False, add_eos=False)
         while len(ids) > ctx and doc_ids:
             doc_ids = doc_ids[:max(0, len(doc_ids) - (len(ids) - ctx))]

@@ -1,7 +1,8 @@
 """The OpenAI-compatible HTTP server: a Starlette app over one ``LLM``'s engine.
 
 Routes: ``POST /v1/completions``, ``POST /v1/chat/completions`` (JSON, or
-server-sent events with ``"stream": true``), ``POST /v1/embeddings``, ``POST /v1/warm`` (compute a
+server-sent events with ``"stream": true``), ``POST /v1/embeddings``, ``POST /v1/rerank`` and
+``POST /rerank`` (a reranker's scores: ``rerank.py``), ``POST /v1/warm`` (compute a
 prompt's KV ahead of its requests; on disk too with the prefix cache), ``GET /v1/models``, ``GET /health``,
 ``GET /metrics`` (Prometheus text), and unless ``server.webui`` is off, the chat page at ``GET /``
 (``static/``: plain files, no build step, no external requests, served with a
@@ -65,6 +66,7 @@ from .parsing import (
     sampling_params,
 )
 from .reasoning import reasoning_request
+from .rerank import embedding_pooling, rerank_response
 from .streaming import DONE, collect, event_stream, merged, sse
 from .structured import OpenAIGrammars
 from .tool_calls import ToolCalls, ToolStream
@@ -142,8 +144,7 @@ class Server:
         dim = self.llm.spec.config.dim
         get_field(body, "dimensions", (int,), dim, check=lambda v: v == dim,
                   allowed=f"{dim} (this model's embedding size; shortening is not supported)")
-        vectors = await engine_call(self.engine.embed(prompts, self.llm.spec.metadata.get("pooling", "mean")),
-                                    "input")
+        vectors = await engine_call(self.engine.embed(prompts, embedding_pooling(self.llm)), "input")
         data = []
         for i, v in enumerate(vectors):
             value: str | list[float]
@@ -155,6 +156,11 @@ class Server:
         tokens = sum(len(p) for p in prompts)
         return JSONResponse({"object": "list", "data": data, "model": self.model_name,
                              "usage": {"prompt_tokens": tokens, "total_tokens": tokens}})
+
+    async def rerank(self, request: Request) -> Response:
+        """Documents scored against a query by a reranker (server/rerank.py)."""
+        self._check_auth(request)
+        return JSONResponse(await rerank_response(self.llm, self.model_name, await self._json(request)))
 
     # -- structured output ------------------------------------------------------
     def _grammar(self, body: dict, calls: ToolCalls | None = None):
@@ -479,6 +485,8 @@ def create_app(llm, *, model_name: str | None = None, on_shutdown=None) -> Starl
         Route("/v1/chat/completions", wrap(server.chat_completions), methods=["POST"]),
         Route("/v1/embeddings", wrap(server.embeddings), methods=["POST"]),
         Route("/v1/warm", wrap(server.warm), methods=["POST"]),
+        Route("/v1/rerank", wrap(server.rerank), methods=["POST"]),
+        Route("/rerank", wrap(server.rerank), methods=["POST"]),
     ]
     if server.cfg.webui:
         routes += [Route("/", wrap(server.page), methods=["GET"]),
