@@ -69,6 +69,12 @@ def rank_head(llm: LLM) -> RankHead:
     return head
 
 
+def max_tokens(llm: LLM) -> int:
+    """Tokens one text may have: an encoder's positions; a decoder's context but one (its
+    engine keeps room for a token after every prompt)."""
+    return llm.context_tokens - (llm.encoder is None)
+
+
 def pair_text_ids(llm: LLM, query: str, document: str) -> list[int]:
     """The token ids of one (query, document) pair, as llama.cpp's server makes them."""
     rank, tok = llm.spec.metadata["rank"], llm.tokenizer
@@ -102,7 +108,7 @@ def pair_ids(llm: LLM, query: str, documents: Sequence[str], truncate: bool = Fa
     PromptTooLongError naming the document (and ``how_to_truncate``), unless ``truncate``: then
     the document is cut (its end first) until the pair fits; a query that leaves no room
     raises either way."""
-    ctx = llm.context_tokens
+    ctx = max_tokens(llm)
     frame = len(pair_text_ids(llm, query, ""))
     if frame >= ctx:
         raise _too_long(f"query: the query makes {frame} tokens with the pair's frame, and the model takes {ctx} "
@@ -111,8 +117,8 @@ def pair_ids(llm: LLM, query: str, documents: Sequence[str], truncate: bool = Fa
     for i, doc in enumerate(documents):
         ids = pair_text_ids(llm, query, doc)
         if len(ids) > ctx and not truncate:
-            raise _too_long(f"documents[{i}]: the pair has {len(ids)} tokens, more than the {ctx} positions of "
-                            f"the model ({how_to_truncate} cuts the document to fit)", "documents")
+            raise _too_long(f"documents[{i}]: the pair has {len(ids)} tokens, more than the {ctx} the model takes "
+                            f"per pair ({how_to_truncate} cuts the document to fit)", "documents")
         doc_ids = llm.tokenizer.encode(doc, add_bos=False, add_eos=False)
         while len(ids) > ctx and doc_ids:
             doc_ids = doc_ids[:max(0, len(doc_ids) - (len(ids) - ctx))]
@@ -194,7 +200,7 @@ def embed(llm: LLM, texts, normalize: bool = True, truncate: bool = False):
     single = isinstance(texts, str)
     ids = [llm.tokenize(t) for t in ([texts] if single else texts)]
     if truncate:
-        ids = [t[:llm.context_tokens] for t in ids]
+        ids = [t[:max_tokens(llm)] for t in ids]
     if not ids:
         return np.empty((0, llm.spec.config.dim), np.float32)
     import asyncio
