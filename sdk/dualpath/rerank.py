@@ -137,8 +137,18 @@ def head_outputs(llm: LLM, ids: list[list[int]]) -> np.ndarray:
     else:
         import asyncio
 
-        pooled = np.stack(asyncio.run(llm.engine.embed(ids, "rank")))  # (B, dim): each text's last token
+        pooled = _stacked(asyncio.run(llm.engine.embed(ids, "rank")))  # (B, dim): each text's last token
     return head.outputs(pooled)
+
+
+def _stacked(vectors: list[np.ndarray | None]) -> np.ndarray:
+    """The engine's vectors of a call as one (B, dim) f32 array; a vector the engine did not
+    finish (None: it stopped) cancels the call."""
+    import asyncio
+
+    if any(v is None for v in vectors):
+        raise asyncio.CancelledError("the engine stopped before the call ended")
+    return np.stack([v for v in vectors if v is not None]).astype(np.float32)
 
 
 async def head_outputs_async(llm: LLM, ids: list[list[int]]) -> np.ndarray:
@@ -149,10 +159,7 @@ async def head_outputs_async(llm: LLM, ids: list[list[int]]) -> np.ndarray:
     head = rank_head(llm)
     if llm.encoder is not None or not ids:
         return await asyncio.to_thread(head_outputs, llm, ids)
-    vectors = await llm.engine.embed(ids, "rank")
-    if any(v is None for v in vectors):  # the engine stopped before their end
-        raise asyncio.CancelledError("the engine stopped before the reranking ended")
-    return head.outputs(np.stack(vectors))
+    return head.outputs(_stacked(await llm.engine.embed(ids, "rank")))
 
 
 def ranked(scores: np.ndarray, documents: Sequence[str], top_n: int | None) -> list[RerankResult]:
@@ -188,7 +195,7 @@ def embed(llm: LLM, texts, normalize: bool = True, truncate: bool = False):
     hidden states (the file's pooling: Qwen3-Embedding's is last) through its engine: a
     (len(texts), dim) float32 array, one (dim,) row for one string. ``normalize`` False gives
     the raw state for last pooling only (the engine normalises mean and cls)."""
-    pooling = llm.spec.metadata.get("pooling")
+    pooling = str(llm.spec.metadata.get("pooling"))
     if pooling == "rank":
         raise ModelTaskError(f"{_name(llm)} is a reranker (pooling type rank): its head gives relevance scores, "
                              "not embeddings; use LLM.rerank (dualpath rerank, POST /v1/rerank)")
@@ -205,6 +212,5 @@ def embed(llm: LLM, texts, normalize: bool = True, truncate: bool = False):
         return np.empty((0, llm.spec.config.dim), np.float32)
     import asyncio
 
-    vectors = asyncio.run(llm.engine.embed(ids, pooling if normalize else "rank"))
-    out = np.stack(vectors).astype(np.float32)
+    out = _stacked(asyncio.run(llm.engine.embed(ids, pooling if normalize else "rank")))
     return out[0] if single else out

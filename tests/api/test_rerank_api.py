@@ -140,3 +140,12 @@ def test_a_head_whose_rows_differ_from_its_labels_is_refused_at_load(files, tmp_
                      {"bert.classifier.output_labels": (["a", "b"], gguf.GGUFValueType.ARRAY)})
     with pytest.raises(ModelLoadError, match="cls.output.weight has 1 rows but the file names 2 classifier output"):
         LLM(path)
+
+
+def test_a_modernbert_style_head_is_refused_at_load(files, tmp_path):
+    from dualpath.errors import ModelLoadError
+
+    path = copy_gguf(files("bert-rerank-tiny"), tmp_path / "mean-head.gguf",
+                     {"bert.classifier.pooling_type": (1, gguf.GGUFValueType.UINT32)})
+    with pytest.raises(ModelLoadError, match="ModernBERT-style head .* not supported"):
+        LLM(path)

@@ -11,12 +11,12 @@ import pytest
 httpx = pytest.importorskip("httpx")
 pytest.importorskip("uvicorn")
 
+from test_server import LiveServer  # noqa: E402
+
 import dualpath  # noqa: E402
 from dualpath.models.synth import synth_gguf  # noqa: E402
 from dualpath.server.errors import APIError  # noqa: E402
 from dualpath.server.rerank import MAX_RERANK_DOCUMENTS, rerank_response  # noqa: E402
-
-from test_server import LiveServer  # noqa: E402
 
 QUERY = "where is the school"
 DOCUMENTS = ["The school is in the north of the city.", "hello world", "a", "the city has a river and a school"]

@@ -301,6 +301,9 @@ def _rank_metadata(path: str, meta: _Metadata, arch: str, tok: TokenizerSpec, te
     (``format_prompt_rerank``: BOS, query, EOS, SEP, document, EOS, each as the file's flags
     say; EOS falls back to SEP; WordPiece adds BOS and SEP by default)."""
     labels = meta.get_list(f"{arch}.classifier.output_labels", str) or []
+    if meta.get_int(f"{arch}.classifier.pooling_type", 0) not in (0, 2) or "cls.norm.weight" in tensors:
+        raise ModelLoadError(path, "a ModernBERT-style head (mean pooling before the classifier, or cls.norm) is "
+                                   "not supported: only [CLS] / last-token rank pooling")
     out = tensors.get("cls.output.weight")
     num_out = max(1, len(labels))
     if out is not None and int(out.shape[-1]) != num_out:
