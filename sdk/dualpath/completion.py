@@ -61,7 +61,8 @@ class Completion:
     prompt_logprobs: tuple | None = None
     """When asked for (``echo`` with logprobs): per prompt token after the first, as ``logprobs``."""
     embedding: np.ndarray | None = None
-    """For an embedding request: the pooled, L2-normalised final hidden state (dim,)."""
+    """For an embedding request: the pooled, L2-normalised final hidden state (dim,); with
+    pooling rank the last token's state as it is (a reranker's head reads it)."""
     reasoning_content: str | None = None
     """From ``LLM.chat`` with ``reasoning.format`` deepseek: the reply's thinking
     (``<think>...</think>``), ``text`` then holding the answer alone; None when the reply

@@ -12,6 +12,7 @@ import weakref
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from . import rerank
 from .completion import Completion
 from .config import REASONING_FORMATS, Config, load_config
 from .engine.engine import Engine, SyncStream
@@ -252,8 +253,12 @@ class LLM:
         return self.engine.runner.max_context_tokens
 
     def embed(self, texts: str | Sequence[str], *, normalize: bool = True, truncate: bool = False):
-        """Embeddings of ``texts`` from an embedding model (an encoder): ``EncoderRunner.embed_texts``."""
-        return _encoder_of(self).embed_texts(self.tokenizer, texts, normalize, truncate)
+        """Embeddings of ``texts``, pooled as the file says (an encoder, or a decoder embedder): ``rerank.embed``."""
+        return rerank.embed(self, texts, normalize, truncate)
+
+    def rerank(self, query: str, documents: Sequence[str], top_n: int | None = None, *, truncate: bool = False):
+        """``documents`` scored against ``query`` by a reranker, best first: ``rerank.rerank``."""
+        return rerank.rerank(self, query, documents, top_n, truncate)
 
     # -- tokens ----------------------------------------------------------------
     def tokenize(self, text: str, add_bos: bool | None = None) -> list[int]:
@@ -462,24 +467,14 @@ def _load_encoder(llm: LLM, model_path, t0: float) -> EncoderRunner:
     return runner
 
 
-def _encoder_of(llm: LLM) -> EncoderRunner:
-    """``llm``'s encoder, or ModelTaskError for a text-generation model."""
-    if llm.encoder is None:
-        from .errors import ModelTaskError
-
-        raise ModelTaskError(f"{os.path.basename(str(llm.spec.path))} is a {llm.spec.config.arch} text-generation "
-                             "model: LLM.embed needs an embedding model (an encoder such as bert or nomic-bert); "
-                             "decoder embedders are not supported by LLM.embed yet")
-    return llm.encoder
-
-
 def _no_generation(llm: LLM) -> None:
     """ModelTaskError for an embedding-only model (an encoder has no engine)."""
     if llm.encoder is not None:
         from .errors import ModelTaskError
 
         raise ModelTaskError(f"{os.path.basename(str(llm.spec.path))} is an embedding model "
-                             f"({llm.spec.config.arch}, an encoder): it cannot generate text; use LLM.embed")
+                             f"({llm.spec.config.arch}, an encoder): it cannot generate text; use LLM.embed"
+                             + (" or LLM.rerank" if llm.spec.metadata.get("pooling") == "rank" else ""))
 
 
 def _make_governor(config: Config):

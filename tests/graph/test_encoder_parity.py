@@ -121,14 +121,17 @@ def test_encoder_refuses_generation_and_long_texts(encoder_file):
 def test_a_reranker_file_is_refused_by_embed(encoder_file, tmp_path):
     path = copy_gguf(encoder_file("bert-tiny", "F32"), tmp_path / "rank.gguf",
                      {"bert.pooling_type": (4, gguf.GGUFValueType.UINT32)})
-    with pytest.raises(ModelTaskError, match="pooling type rank .* reranking is not supported yet"):
+    with pytest.raises(ModelTaskError, match="pooling type rank.* not embeddings; use LLM.rerank"):
         LLM(path).embed(["a query"])
 
 
-def test_embed_on_a_decoder_names_the_problem(encoder_file):
+def test_embed_on_a_decoder_without_a_pooling_type_is_mean_pooled(encoder_file):
+    """As /v1/embeddings embeds with it: the mean of the final hidden states, normalised."""
     llm = LLM(synth_gguf(encoder_file("bert-tiny", "F32").replace("bert-tiny-F32", "llama3-tiny"), "llama3-tiny"))
-    with pytest.raises(ModelTaskError, match="text-generation model: LLM.embed needs an embedding model"):
-        llm.embed(["hello"])
+    assert llm.spec.metadata["pooling"] == "mean"
+    vectors = llm.embed(["hello", "the school"])
+    assert vectors.shape == (2, 256)
+    np.testing.assert_allclose(np.linalg.norm(vectors, axis=1), 1.0, rtol=1e-5)
 
 
 @pytest.mark.parametrize("preset,weight_type,pooling", [("all-minilm-l6", "F16", 1), ("bge-small", "Q8_0", 2)])

@@ -112,7 +112,7 @@ def _print_model(args, d) -> None:
         f16 = kv_tile_bytes("f16", m.num_kv_heads, m.head_dim, 1) * m.num_layers
         print(f"  kv cache: {per_token:,} bytes per token, all layers, in {d.kv_dtype} "
               f"({per_token / f16:.0%} of f16)" if m.causal else
-              f"  an encoder: embeddings only (pooling {spec.metadata.get('pooling')}), no KV cache")
+              f"  an encoder: {_encoder_task(spec)}, no KV cache")
     diffs = m.differences()
     shown = ' '.join(f'{k}={v:g}' if isinstance(v, float) else f'{k}={v}' for k, v in diffs.items())
     print(f"  family differences: {shown or 'none (plain Llama)'}")
@@ -145,3 +145,12 @@ def _print_memory_plan(args, m) -> None:
             print(f"  memory budget {budget / MiB:,.0f} MiB: {fit(path, cfg, budget).describe()}")
         except ConfigError as e:
             print(f"  memory budget: {e}")
+
+
+def _encoder_task(spec) -> str:
+    """What an encoder does: embeddings, or a reranker's scores (pooling rank)."""
+    pooling = spec.metadata.get("pooling")
+    if pooling == "rank":
+        labels = spec.metadata.get("rank", {}).get("labels") or ["score"]
+        return f"a reranker (pooling rank, outputs: {', '.join(labels)})"
+    return f"embeddings only (pooling {pooling})"

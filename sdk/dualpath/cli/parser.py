@@ -10,7 +10,7 @@ from .common import memory_budget
 from .generate import cmd_chat, cmd_run
 from .info import cmd_info
 from .serve import cmd_serve
-from .tools import cmd_embed, cmd_synth, cmd_tokenize
+from .tools import cmd_embed, cmd_rerank, cmd_synth, cmd_tokenize
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -50,7 +50,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--ids-only", action="store_true", help="print a JSON list of ids")
     t.set_defaults(func=cmd_tokenize)
 
-    e = sub.add_parser("embed", help="embeddings of texts from an embedding model (BERT, nomic-bert): JSON lines")
+    e = sub.add_parser("embed", help="embeddings of texts from an embedding model (BERT, nomic-bert, "
+                       "Qwen3-Embedding): JSON lines")
     model_args(e)
     config_args(e)
     e.add_argument("text", nargs="*", help="texts to embed (default: one per line of standard input)")
@@ -58,6 +59,17 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--truncate", action="store_true",
                    help="cut a text longer than the model's positions (default: refuse it)")
     e.set_defaults(func=cmd_embed)
+
+    r = sub.add_parser("rerank", help="documents scored against a query by a reranker (a cross-encoder, "
+                       "Qwen3-Reranker): JSON lines, best first")
+    model_args(r)
+    config_args(r)
+    r.add_argument("query")
+    r.add_argument("document", nargs="*", help="documents to score (default: one per line of standard input)")
+    r.add_argument("--top-n", type=int, default=None, help="print the best N only (default: every document)")
+    r.add_argument("--truncate", action="store_true",
+                   help="cut a document whose pair is longer than the model's positions (default: refuse it)")
+    r.set_defaults(func=cmd_rerank)
 
     i = sub.add_parser("info", help="versions, CPU features, kernels, and a model's hyper-parameters")
     model_args(i)

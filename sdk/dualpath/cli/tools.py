@@ -1,4 +1,4 @@
-"""``dualpath tokenize``, ``dualpath embed`` and ``dualpath synth``."""
+"""``dualpath tokenize``, ``dualpath embed``, ``dualpath rerank`` and ``dualpath synth``."""
 
 from __future__ import annotations
 
@@ -34,6 +34,18 @@ def cmd_embed(args) -> int:
     vectors = llm.embed(texts, normalize=not args.no_normalize, truncate=args.truncate)
     for i, (text, v) in enumerate(zip(texts, vectors)):
         print(json.dumps({"index": i, "tokens": len(llm.tokenize(text)), "embedding": v.tolist()}))
+    return 0
+
+
+def cmd_rerank(args) -> int:
+    """One JSON line per document, best first: its index, relevance score and text."""
+    from ..llm import LLM
+
+    llm = LLM(model_path(args), config_from_args(args))
+    docs = args.document if args.document else [line.rstrip("\n") for line in sys.stdin]
+    for r in llm.rerank(args.query, docs, args.top_n, truncate=args.truncate):
+        print(json.dumps({"index": r.index, "relevance_score": r.relevance_score, "document": r.document},
+                         ensure_ascii=False))
     return 0
 
 

@@ -124,7 +124,8 @@ class Engine(AsyncAPI):
 
         ``pooling`` ("mean", "last" or "cls"): an embedding request instead: its prompt is
         run (batched with the others, never from the prefix cache) and its completion
-        carries the pooled, L2-normalised final hidden state; nothing is sampled.
+        carries the pooled, L2-normalised final hidden state; nothing is sampled. "rank":
+        the last token's state as it is, what a reranker's head reads (rerank.py).
         ``prompt_logprobs``: the completion also carries the log-probability of every prompt
         token after the first (``params.logprobs`` alternatives each), for ``echo``.
         ``grammar`` (sampling/grammar.py): every sample follows it (each fork its own walk), and
@@ -147,8 +148,8 @@ class Engine(AsyncAPI):
             if 1 + len(fork_sinks) > self.scheduler.max_num_seqs:
                 raise ValueError(f"{1 + len(fork_sinks)} samples of one prompt need as many sequences at once; "
                                  f"this engine runs at most {self.scheduler.max_num_seqs} (runtime.max_num_seqs)")
-            if pooling is not None and pooling not in ("mean", "last", "cls"):
-                raise ValueError(f"pooling {pooling!r} must be mean, last or cls")
+            if pooling is not None and pooling not in ("mean", "last", "cls", "rank"):
+                raise ValueError(f"pooling {pooling!r} must be mean, last, cls or rank")
             for r in [req] + req.forks:
                 self._requests[r.request_id] = r
             self.scheduler.reserve(req, len(req.forks))  # a slot for each fork, taken when it starts

@@ -60,9 +60,14 @@ def completion_of(req, finish: str, stop_reason, now: float) -> Completion:
                         req.decode_steps),
         stop_reason=stop_reason,
         logprobs=tuple(req.logprobs) if req.logprobs is not None else None,
-        embedding=_normalised(req.pooled) if req.embedding and finish == "stop" else None,
+        embedding=_pooled(req) if req.embedding and finish == "stop" else None,
         prompt_logprobs=tuple(req.prompt_logprobs) if req.prompt_logits else None,
     )
+
+
+def _pooled(req) -> np.ndarray:
+    """An embedding request's vector: L2-normalised, except a reranker's raw state (pooling rank)."""
+    return req.pooled.astype(np.float32) if req.pooling == "rank" else _normalised(req.pooled)
 
 
 def _normalised(v: np.ndarray) -> np.ndarray:

@@ -181,7 +181,7 @@ class OutputMaker:
             pooled[:] = rows[0]
         if req.computed < req.n:
             return None
-        if req.pooling == "last":
+        if req.pooling in ("last", "rank"):
             pooled[:] = rows[-1]
         elif req.pooling == "mean":
             pooled /= req.n

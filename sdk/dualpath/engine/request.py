@@ -45,7 +45,8 @@ class EngineRequest(Request):
         """With ``prompt_logits``: per prompt token after the first, (token_id, logprob,
         top alternatives), filled chunk by chunk (engine/outputs.py)."""
         self.pooling: str | None = None
-        """For an embedding (``embedding``): ``"mean"``, ``"cls"`` or ``"last"``."""
+        """For an embedding (``embedding``): ``"mean"``, ``"cls"``, ``"last"`` or ``"rank"``
+        (the last token's state, not normalised)."""
         self.pooled: np.ndarray | None = None
         """For an embedding: (dim,) f64, the running sum or pick of the final hidden states."""
 

@@ -23,7 +23,7 @@ from .ort_sessions import create_sessions
 from .runner_step import TokenEmbedding
 
 POOLINGS = ("mean", "cls", "last", "none")
-"""The poolings ``EncoderRunner.embed`` applies (``rank``, a classifier head, is not built yet)."""
+"""The poolings ``EncoderRunner.embed`` applies (``rank``, a classifier head: rerank.py over ``hidden``)."""
 
 
 def pool(hidden: np.ndarray, pooling: str) -> np.ndarray:
@@ -99,7 +99,7 @@ class EncoderRunner:
         with ``normalize``."""
         if pooling == "rank":
             raise ModelTaskError(f"{self.spec.path}: pooling type rank (a reranker's classification head) gives "
-                                 "relevance scores, not embeddings; reranking is not supported yet")
+                                 "relevance scores, not embeddings; use LLM.rerank")
         if pooling not in POOLINGS:
             raise ValueError(f"pooling {pooling!r} must be one of {', '.join(POOLINGS)}")
         vectors = [pool(h, pooling) for h in self.hidden(texts)]

@@ -180,11 +180,13 @@ def load_gguf(path: str | os.PathLike, sink=None) -> ModelSpec:
         "name": meta.get("general.name", ""),
         "file_type": _FILE_TYPES.get(file_type, str(file_type)) if file_type is not None else "",
         "tensor_types": sorted({t.tensor_type.name for t in tensors.values()}),
-        # llama.cpp's pooling types (1 mean, 2 cls, 3 last) for embeddings; mean when absent
-        "pooling": {1: "mean", 2: "cls", 3: "last"}.get(meta.get_int(f"{a}.pooling_type", 1), "mean"),
+        # llama.cpp's pooling types (1 mean, 2 cls, 3 last, 4 rank) for embeddings; mean when absent
+        "pooling": {1: "mean", 2: "cls", 3: "last", 4: "rank"}.get(meta.get_int(f"{a}.pooling_type", 1), "mean"),
     }
     if not cfg.causal:
         metadata["pooling"] = _encoder_pooling(path, meta, a)
+    if metadata["pooling"] == "rank":
+        metadata["rank"] = _rank_metadata(path, meta, a, tok, tensors)
     header_bytes = int(reader.data_offset)
     del reader, tensors, meta
     gc.collect()  # the reader's memory map is released once nothing views it
@@ -291,6 +293,39 @@ def _encoder_pooling(path: str, meta: _Metadata, arch: str) -> str:
         raise ModelLoadError(path, f"{arch}.pooling_type={value} is not a pooling type "
                                    "(0 none, 1 mean, 2 cls, 3 last, 4 rank)")
     return kinds[value]
+
+
+def _rank_metadata(path: str, meta: _Metadata, arch: str, tok: TokenizerSpec, tensors: dict) -> dict:
+    """What a reranker's scoring reads (executor/rank_head.py, rerank.py): its labels (one
+    output each; llama.cpp's ``n_cls_out``, 1 without labels), the ``rerank`` prompt template
+    when the file has one, and else how llama.cpp's server joins a query and a document
+    (``format_prompt_rerank``: BOS, query, EOS, SEP, document, EOS, each as the file's flags
+    say; EOS falls back to SEP; WordPiece adds BOS and SEP by default)."""
+    labels = meta.get_list(f"{arch}.classifier.output_labels", str) or []
+    if meta.get_int(f"{arch}.classifier.pooling_type", 0) not in (0, 2) or "cls.norm.weight" in tensors:
+        raise ModelLoadError(path, "a ModernBERT-style head (mean pooling before the classifier, or cls.norm) is "
+                                   "not supported: only [CLS] / last-token rank pooling")
+    out = tensors.get("cls.output.weight")
+    num_out = max(1, len(labels))
+    if out is not None and int(out.shape[-1]) != num_out:
+        raise ModelLoadError(path, f"cls.output.weight has {int(out.shape[-1])} rows but the file names {num_out} "
+                                   f"classifier output label(s) ({arch}.classifier.output_labels)")
+    template = meta.get("tokenizer.chat_template.rerank")
+    wpm = tok.model == "bert"
+
+    def token(key: str, fallback):
+        value = meta.get_int(key, -1) if key in meta.fields else -1
+        return value if 0 <= value < len(tok.tokens) else fallback
+
+    eos = token("tokenizer.ggml.eos_token_id", tok.eos_id)
+    return {"labels": list(labels), "num_outputs": num_out,
+            "template": template if isinstance(template, str) else None,
+            "bos_id": token("tokenizer.ggml.bos_token_id", tok.bos_id),
+            "eos_id": eos if eos is not None else token("tokenizer.ggml.seperator_token_id", tok.extra.get("sep_id")),
+            "sep_id": token("tokenizer.ggml.seperator_token_id", tok.extra.get("sep_id")),
+            "add_bos": bool(meta.get("tokenizer.ggml.add_bos_token", tok.add_bos)),
+            "add_eos": bool(meta.get("tokenizer.ggml.add_eos_token", tok.add_eos)),
+            "add_sep": bool(meta.get("tokenizer.ggml.add_sep_token", wpm))}
 
 
 def _convert_weights(path: str, reader, tensors: dict, sink, kernel_forms: bool = True) -> dict[str, Weight]:

@@ -14,6 +14,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from .synth_encoder import ALWAYS_F32, ENCODER_ARCHES, add_encoder_keys, add_encoder_vocabulary, encoder_tensor_list
+from .synth_rank import QWEN3_SPECIAL_PIECES, add_decoder_rank_keys, add_encoder_rank_keys, head_tensor_list
 
 log = logging.getLogger(__name__)
 
@@ -43,12 +44,19 @@ class Shape:
     rope_factors: bool = False
     """Phi-3 LongRoPE factors (``rope_factors_short``/``_long``), original context half the context."""
     pooling: int = 1
-    """An encoder's ``pooling_type`` (llama.cpp's: 0 none, 1 mean, 2 cls, 3 last)."""
+    """``pooling_type`` (llama.cpp's: 0 none, 1 mean, 2 cls, 3 last, 4 rank): always written for
+    an encoder, for a decoder only when not 1 (an embedder or a reranker, as the converter writes
+    Qwen3-Embedding and Qwen3-Reranker)."""
     vocab: str = ""
     """An encoder's vocabulary: "" WordPiece (BERT's), "t5" SentencePiece Unigram in XLM-R's
     layout (synth_unigram.py)."""
     token_types: int = 2
     """An encoder's ``token_type_count`` (BERT's type_vocab_size; XLM-R has 1)."""
+    classifier_labels: tuple[str, ...] = ()
+    """A reranker's ``classifier.output_labels``: one ``cls.output`` row per label."""
+    classifier_dense: bool = False
+    """A ``cls`` dense layer (then tanh) before ``cls.output`` (RoBERTa's head, as the converter
+    writes it); without it the head is the one projection (BertForSequenceClassification)."""
     init_std: float = 0.02
     """Standard deviation of the random matrices (larger in the tiny test shapes, so
     that every layer moves the output and greedy text does not repeat one token)."""
@@ -123,6 +131,35 @@ PRESETS: dict[str, Shape] = {
                                    vocab_size=250037, context_length=512, rms_eps=1e-12, arch="bert", vocab="t5"),
     "xlmr-tiny": Shape(dim=128, hidden_dim=512, num_layers=2, num_heads=4, num_kv_heads=4, vocab_size=1002,
                        context_length=128, arch="bert", vocab="t5", token_types=1, init_std=0.08),
+    # Rerankers, as llama.cpp's converter writes them: cross-encoder/ms-marco-MiniLM-L-6-v2
+    # (BertForSequenceClassification: one label, the projection alone; the converter drops
+    # the pooler), and tiny twins: that head, and RoBERTa's dense + tanh head with three labels.
+    "ms-marco-minilm-l6": Shape(dim=384, hidden_dim=1536, num_layers=6, num_heads=12, num_kv_heads=12,
+                                vocab_size=30522, context_length=512, rms_eps=1e-12, arch="bert", pooling=4,
+                                classifier_labels=("LABEL_0",)),
+    "bert-rerank-tiny": Shape(dim=128, hidden_dim=512, num_layers=2, num_heads=4, num_kv_heads=4, vocab_size=1024,
+                              context_length=128, rms_eps=1e-12, arch="bert", init_std=0.08, pooling=4,
+                              classifier_labels=("LABEL_0",)),
+    "bert-rerank-dense-tiny": Shape(dim=128, hidden_dim=512, num_layers=2, num_heads=4, num_kv_heads=4,
+                                    vocab_size=1024, context_length=128, rms_eps=1e-12, arch="bert", init_std=0.08,
+                                    pooling=4, classifier_labels=("contradiction", "entailment", "neutral"),
+                                    classifier_dense=True),
+    # Qwen3-Embedding-0.6B (last-token pooling) and Qwen3-Reranker-0.6B (rank: ``cls.output`` holds
+    # the LM head's rows of "yes" and "no", scored through the file's rerank template), tied,
+    # vocabulary 151,669; and their tiny twins (1,024 positions: a rerank prompt is ~230 tokens,
+    # and a step of pairs must stay within the RoPE table's rows).
+    "qwen3-embedding-0.6b": Shape(dim=1024, hidden_dim=3072, num_layers=28, num_heads=16, num_kv_heads=8,
+                                  head_dim=128, vocab_size=151669, context_length=32768, rope_theta=1000000.0,
+                                  rms_eps=1e-6, arch="qwen3", tied=True, pooling=3),
+    "qwen3-reranker-0.6b": Shape(dim=1024, hidden_dim=3072, num_layers=28, num_heads=16, num_kv_heads=8,
+                                 head_dim=128, vocab_size=151669, context_length=40960, rope_theta=1000000.0,
+                                 rms_eps=1e-6, arch="qwen3", tied=True, pooling=4, classifier_labels=("yes", "no")),
+    "qwen3-embedding-tiny": Shape(dim=256, hidden_dim=512, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=128,
+                                  vocab_size=2048, context_length=1024, rope_theta=1000000.0, rms_eps=1e-6,
+                                  arch="qwen3", tied=True, init_std=0.08, pooling=3),
+    "qwen3-reranker-tiny": Shape(dim=256, hidden_dim=512, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=128,
+                                 vocab_size=2048, context_length=1024, rope_theta=1000000.0, rms_eps=1e-6,
+                                 arch="qwen3", tied=True, init_std=0.08, pooling=4, classifier_labels=("yes", "no")),
     "phi3-tiny": Shape(dim=256, hidden_dim=512, num_layers=2, num_heads=4, num_kv_heads=4, vocab_size=2048,
                        context_length=512, arch="phi3", rope_factors=True, init_std=0.08),
 }
@@ -216,11 +253,14 @@ def synth_gguf(path: str | os.PathLike, preset: str = "stories15M", weight_type:
     if shape.arch in ENCODER_ARCHES:
         add_encoder_keys(w, shape, _FILE_TYPE[weight_type], ctx)
         add_encoder_vocabulary(w, shape, seed)
+        add_encoder_rank_keys(w, shape)
         tensors = encoder_tensor_list(replace(shape, context_length=ctx))
     else:
         _add_hyperparameters(w, shape, weight_type, ctx)
         _add_vocabulary(w, shape, seed)
+        add_decoder_rank_keys(w, shape)
         tensors = _tensor_list(shape)
+    tensors += head_tensor_list(shape)
     _write_tensors(w, tensors, weight_type, seed)
     w.close()
     os.replace(tmp, path)
@@ -265,6 +305,9 @@ def _add_vocabulary(w, shape: Shape, seed: int) -> None:
         from ..tokenizer.spec import TOKEN_CONTROL
 
         tokens[-2:], types[-2:] = ["<|end|>", "<|endoftext|>"], [TOKEN_CONTROL, TOKEN_CONTROL]
+    if shape.arch == "qwen3" and shape.classifier_labels:  # what the rerank template names
+        n = len(QWEN3_SPECIAL_PIECES)
+        tokens[-n:], types[-n:] = [p for p, _ in QWEN3_SPECIAL_PIECES], [t for _, t in QWEN3_SPECIAL_PIECES]
     w.add_tokenizer_model("llama")
     w.add_token_list(tokens)
     w.add_token_scores(scores)

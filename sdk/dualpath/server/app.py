@@ -1,7 +1,8 @@
 """The OpenAI-compatible HTTP server: a Starlette app over one ``LLM``'s engine.
 
 Routes: ``POST /v1/completions``, ``POST /v1/chat/completions`` (JSON, or
-server-sent events with ``"stream": true``), ``POST /v1/embeddings``, ``POST /v1/warm`` (compute a
+server-sent events with ``"stream": true``), ``POST /v1/embeddings``, ``POST /v1/rerank`` and
+``POST /rerank`` (a reranker's scores: ``rerank.py``), ``POST /v1/warm`` (compute a
 prompt's KV ahead of its requests; on disk too with the prefix cache), ``GET /v1/models``, ``GET /health``,
 ``GET /metrics`` (Prometheus text), and unless ``server.webui`` is off, the chat page at ``GET /``
 (``static/``: plain files, no build step, no external requests, served with a
@@ -63,6 +64,7 @@ from .parsing import (
     sampling_params,
 )
 from .reasoning import reasoning_request
+from .rerank import rerank_response
 from .streaming import DONE, collect, event_stream, merged, sse
 from .structured import OpenAIGrammars
 from .tool_calls import ToolCalls, ToolStream
@@ -147,6 +149,11 @@ class Server:
         beside = e.encoder_llm is not None and e.encoder_llm is not self.llm
         body = await self._json(request, (e.model_name,) if beside else None)
         return JSONResponse(await e.answer(body, e.model_name if beside else self.model_name))
+
+    async def rerank(self, request: Request) -> Response:
+        """Documents scored against a query by a reranker (server/rerank.py)."""
+        self._check_auth(request)
+        return JSONResponse(await rerank_response(self.llm, self.model_name, await self._json(request)))
 
     # -- structured output ------------------------------------------------------
     def _grammar(self, body: dict, calls: ToolCalls | None = None):
@@ -481,6 +488,8 @@ def create_app(llm, *, model_name: str | None = None, on_shutdown=None, embedder
         Route("/v1/chat/completions", wrap(server.chat_completions), methods=["POST"]),
         Route("/v1/embeddings", wrap(server.embeddings), methods=["POST"]),
         Route("/v1/warm", wrap(server.warm), methods=["POST"]),
+        Route("/v1/rerank", wrap(server.rerank), methods=["POST"]),
+        Route("/rerank", wrap(server.rerank), methods=["POST"]),
     ]
     if server.cfg.webui and server.engine is not None:
         routes += [Route("/", wrap(server.page), methods=["GET"]),
