@@ -1,6 +1,6 @@
 """``POST /v1/rerank`` and ``POST /rerank`` (server/rerank.py) live over a Qwen3 reranker
-(a decoder: its pairs run through the engine), and the same handler over a cross-encoder
-(an encoder: ``dualpath serve`` does not serve encoders yet, so it is called directly)."""
+(a decoder: its pairs run through the engine), and over a cross-encoder served alone and
+beside a chat model (an encoder: its pairs run on the server's encoder queue)."""
 
 from __future__ import annotations
 
@@ -87,12 +87,41 @@ def test_embeddings_of_a_reranker_are_refused(live):
     assert r.status_code == 400 and "use POST /v1/rerank" in r.json()["error"]["message"]
 
 
-def test_the_handler_scores_a_cross_encoder_and_refuses_an_embedder(tmp_path):
-    llm = dualpath.LLM(synth_gguf(tmp_path / "ce.gguf", "bert-rerank-tiny", "F32"))
-    body = asyncio.run(rerank_response(llm, "ce", {"query": QUERY, "documents": DOCUMENTS, "top_n": 3}))
-    expected = llm.rerank(QUERY, DOCUMENTS, top_n=3)
-    assert [d["index"] for d in body["results"]] == [e.index for e in expected]
+def _scores(body: dict) -> list[tuple[int, float]]:
+    return [(d["index"], d["relevance_score"]) for d in body["results"]]
+
+
+def test_a_cross_encoder_served_alone_and_beside_a_chat_model(tmp_path, gguf_path):
+    """``dualpath serve -m ce.gguf`` and ``--embedding-model ce.gguf`` beside a chat model: the
+    pairs run on the encoder queue (its metrics count them) and the scores are LLM.rerank's."""
+    ce = dualpath.LLM(synth_gguf(tmp_path / "ce.gguf", "bert-rerank-tiny", "F32"))
+    expected = [(e.index, e.relevance_score) for e in ce.rerank(QUERY, DOCUMENTS, top_n=3)]
+    chat = dualpath.LLM(gguf_path, dualpath.load_config(None, {"runtime.max_num_seqs": 2}))
+    for srv in (LiveServer(ce), LiveServer(chat, embedder=ce)):
+        try:
+            r = post(srv, "/v1/rerank", {"query": QUERY, "documents": DOCUMENTS, "top_n": 3})
+            assert r.status_code == 200, r.text
+            assert r.json()["model"] == "ce.gguf"
+            got = _scores(r.json())
+            assert [i for i, _ in got] == [i for i, _ in expected]
+            assert got == [(i, pytest.approx(v, abs=1e-5)) for i, v in expected]
+            metrics = httpx.get(srv.base + "/metrics", timeout=30).text
+            items = [line for line in metrics.splitlines() if line.startswith("dualpath_encoder_texts_total")]
+            assert items and float(items[0].split()[-1]) >= len(DOCUMENTS), metrics
+            r = post(srv, "/v1/embeddings", {"input": "hello"})
+            assert r.status_code == 400 and "relevance scores" in r.json()["error"]["message"]
+        finally:
+            srv.stop()
+
+
+def test_rerank_on_an_embedding_model_is_a_400_naming_it(tmp_path):
     embedder = dualpath.LLM(synth_gguf(tmp_path / "bert.gguf", "bert-tiny", "F32"))
-    with pytest.raises(Exception, match="not a reranker") as e:
+    srv = LiveServer(embedder)
+    try:
+        r = post(srv, "/v1/rerank", {"query": QUERY, "documents": DOCUMENTS})
+        assert r.status_code == 400 and "not a reranker" in r.json()["error"]["message"], r.text
+    finally:
+        srv.stop()
+    with pytest.raises(dualpath.errors.ModelTaskError, match="not a reranker") as e:
         asyncio.run(rerank_response(embedder, "bert", {"query": QUERY, "documents": DOCUMENTS}))
-    assert isinstance(e.value, dualpath.errors.ModelTaskError) and not isinstance(e.value, APIError)
+    assert not isinstance(e.value, APIError)

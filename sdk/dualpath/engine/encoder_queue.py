@@ -16,9 +16,9 @@ Two ways to drive it:
   chat running the encoder takes whole batches (``max_batch_tokens``);
 * alone (an embedding-only server): ``start()`` steps it from its own thread.
 
-Another kind of work (a reranker's scored pairs, ``/v1/rerank``) is another ``Job``
-subclass: its ``key`` keeps it out of embedding batches and its ``run`` calls the runner's
-method for its items; the queue, its budget and its metrics stay as they are.
+A reranker's pairs (``/v1/rerank``) are another kind of job (``RankJob``): its ``key`` keeps
+them out of embedding batches, its ``run`` gives each pair's first-token row; the queue, its
+budget and its metrics are shared.
 """
 
 from __future__ import annotations
@@ -70,6 +70,17 @@ class EmbedJob(Job):
 
     def run(self, runner, items):
         return runner.embed(items, self.pooling, self.normalize)
+
+
+class RankJob(Job):
+    """A reranker's (query, document) pair texts: each one's first-token row (dim,), which the
+    reranker's head (executor/rank_head.py) turns into scores."""
+
+    def key(self) -> tuple:
+        return ("rank",)
+
+    def run(self, runner, items):
+        return [h[0] for h in runner.hidden(items)]
 
 
 class EncoderQueue:

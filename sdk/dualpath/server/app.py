@@ -153,6 +153,12 @@ class Server:
     async def rerank(self, request: Request) -> Response:
         """Documents scored against a query by a reranker (server/rerank.py)."""
         self._check_auth(request)
+        e = self.embedder
+        if e.encoder_llm is not None and e.encoder_llm.spec.metadata.get("pooling") == "rank":
+            beside = e.encoder_llm is not self.llm  # a reranker beside the chat model: it answers
+            body = await self._json(request, (e.model_name,) if beside else None)
+            return JSONResponse(await rerank_response(e.encoder_llm, e.model_name if beside else self.model_name,
+                                                      body, e))
         return JSONResponse(await rerank_response(self.llm, self.model_name, await self._json(request)))
 
     # -- structured output ------------------------------------------------------

@@ -26,11 +26,12 @@ from __future__ import annotations
 import asyncio
 import base64
 import os
+from collections.abc import Callable
 
 import numpy as np
 
 from ..config import Config, with_overrides
-from ..engine.encoder_queue import EmbedJob, EncoderQueue
+from ..engine.encoder_queue import EmbedJob, EncoderQueue, Job
 from ..errors import ConfigError, DualPathError
 from ..executor.encoder import l2_normalize
 from ..models.gguf import declared_pooling
@@ -104,7 +105,10 @@ class Embeddings:
         else:
             self.source = llm
             declared = declared_pooling(llm.spec.path) if cfg.embeddings == "auto" else None
-            if cfg.embeddings == "off" or (cfg.embeddings == "auto" and declared in (None, "none", "rank")):
+            if declared == "rank":
+                self.refusal = (f"{os.path.basename(str(llm.spec.path))} is a reranker (pooling type rank): it "
+                                "gives relevance scores, not embeddings: use POST /v1/rerank")
+            elif cfg.embeddings == "off" or (cfg.embeddings == "auto" and declared in (None, "none")):
                 why = "server.embeddings is off" if cfg.embeddings == "off" else "its file declares no pooling type"
                 self.refusal = (f"this server's model {os.path.basename(str(llm.spec.path))} is a text-generation "
                                 f"model ({why}): serve an embedding model beside it with --embedding-model FILE "
@@ -133,9 +137,10 @@ class Embeddings:
         if self.refusal:
             raise bad_request(self.refusal, "input", "model_not_supported")
         if self.pooling in ("none", "rank"):
-            raise bad_request(f"{self.model_name} has pooling type {self.pooling}: it gives "
-                              f"{'a vector per token' if self.pooling == 'none' else 'relevance scores'}, "
-                              "not one embedding per input", "input", "model_not_supported")
+            what = "a vector per token" if self.pooling == "none" else "relevance scores"
+            hint = "; use POST /v1/rerank" if self.pooling == "rank" else ""
+            raise bad_request(f"{self.model_name} has pooling type {self.pooling}: it gives {what}, "
+                              f"not one embedding per input{hint}", "input", "model_not_supported")
         fmt = get_field(body, "encoding_format", (str,), "float", check=lambda v: v in ("float", "base64"),
                         allowed="'float' or 'base64'")
         size = get_field(body, "dimensions", (int,), self.dimensions[0], check=lambda v: v in self.dimensions,
@@ -170,6 +175,12 @@ class Embeddings:
     async def _vectors(self, prompts: list[list[int]]) -> list:
         if self.queue is None:  # the chat model's own hidden states, batched by its scheduler
             return await engine_call(self.llm.engine.embed(prompts, self.pooling), "input")
+        return await self.queued(lambda on_done: EmbedJob(prompts, on_done, self.pooling), "input")
+
+    async def queued(self, make_job: Callable[[Callable], Job], param: str) -> list:
+        """The results of the job ``make_job(on_done)`` on the encoder queue; its errors as
+        400s naming ``param``."""
+        assert self.queue is not None
         loop = asyncio.get_running_loop()
         done: asyncio.Future = loop.create_future()
 
@@ -177,10 +188,10 @@ class Embeddings:
             if not done.done():
                 done.set_exception(error) if error is not None else done.set_result(results)
 
-        job = EmbedJob(prompts, lambda r, e: loop.call_soon_threadsafe(settle, r, e), self.pooling)
+        job = make_job(lambda r, e: loop.call_soon_threadsafe(settle, r, e))
         self.queue.submit(job)
         try:
-            return await engine_call(done, "input")
+            return await engine_call(done, param)
         except asyncio.CancelledError:
             self.queue.cancel(job)
             raise

@@ -19,6 +19,9 @@ from __future__ import annotations
 
 import asyncio
 
+import numpy as np
+
+from ..engine.encoder_queue import RankJob
 from ..errors import ModelTaskError
 from ..rerank import head_outputs_async, pair_ids, rank_head, ranked
 from .errors import bad_request, engine_call
@@ -54,13 +57,19 @@ def rerank_request(body: dict) -> tuple[str, list[str], int | None, bool, bool]:
     return query, documents, top_n, return_documents, truncate
 
 
-async def rerank_response(llm, model_name: str, body: dict) -> dict:
-    """The response to a checked-out request ``body`` (see the module docstring)."""
+async def rerank_response(llm, model_name: str, body: dict, queue=None) -> dict:
+    """The response to a checked-out request ``body`` (see the module docstring). ``queue``:
+    the server's encoder queue (server/embeddings.py ``Embeddings``) when ``llm`` is its encoder,
+    so that pairs are batched with other clients' encoder work in the engine's steps."""
     query, documents, top_n, return_documents, truncate = rerank_request(body)
-    rank_head(llm)  # a model that is not a reranker: refused before any work
+    head = rank_head(llm)  # a model that is not a reranker: refused before any work
     # a pair too long: a 400 (context_length_exceeded) naming query or documents
     ids = await asyncio.to_thread(pair_ids, llm, query, documents, truncate, '"truncate": true')
-    scores = (await engine_call(head_outputs_async(llm, ids), "documents"))[:, 0]
+    if queue is not None and ids:
+        rows = await queue.queued(lambda on_done: RankJob(ids, on_done), "documents")
+        scores = head.outputs(np.stack(rows))[:, 0]
+    else:
+        scores = (await engine_call(head_outputs_async(llm, ids), "documents"))[:, 0]
     results = []
     for r in ranked(scores, documents, top_n):
         item: dict = {"index": r.index, "relevance_score": r.relevance_score}
