@@ -11,6 +11,8 @@ one pair per decode, its memory cleared in between; we batch them.
   ``cls.output`` projection alone, one label): the raw logit.
 - ``bert-rerank-dense-tiny``: RoBERTa's head (``cls`` dense, tanh, ``cls.output``) with
   three labels: all three outputs compared, the score is the first.
+- ``xlmr-rerank-tiny``: bge-reranker's kind (XLM-R: a SentencePiece Unigram vocabulary, the
+  pair as ``<s> query </s> </s> document </s>``, RoBERTa's head, one label).
 - ``qwen3-reranker-tiny``: the rerank template, the last token's state through the
   "yes"/"no" rows, softmax: P("yes").
 
@@ -37,7 +39,8 @@ DOCUMENTS = ["The school is in the north of the city.", "hello world", "a", "Caf
              "the city has a river and a school", "中文字 日本語", ""]
 MAX_SCORE_DIFF = 1e-3
 RERANKERS = [("bert-rerank-tiny", "F32"), ("bert-rerank-tiny", "F16"), ("bert-rerank-dense-tiny", "F32"),
-             ("bert-rerank-dense-tiny", "F16"), ("qwen3-reranker-tiny", "F32"), ("qwen3-reranker-tiny", "F16")]
+             ("bert-rerank-dense-tiny", "F16"), ("xlmr-rerank-tiny", "F32"), ("xlmr-rerank-tiny", "F16"),
+             ("qwen3-reranker-tiny", "F32"), ("qwen3-reranker-tiny", "F16")]
 
 
 @pytest.fixture(scope="module")

@@ -144,6 +144,14 @@ PRESETS: dict[str, Shape] = {
                                     vocab_size=1024, context_length=128, rms_eps=1e-12, arch="bert", init_std=0.08,
                                     pooling=4, classifier_labels=("contradiction", "entailment", "neutral"),
                                     classifier_dense=True),
+    # BAAI's bge-reranker-base (XLM-RoBERTa base with RoBERTa's dense + tanh head, one label,
+    # a SentencePiece Unigram vocabulary) and its tiny twin.
+    "bge-reranker-base": Shape(dim=768, hidden_dim=3072, num_layers=12, num_heads=12, num_kv_heads=12,
+                               vocab_size=250002, context_length=512, rms_eps=1e-5, arch="bert", vocab="t5",
+                               token_types=1, pooling=4, classifier_labels=("LABEL_0",), classifier_dense=True),
+    "xlmr-rerank-tiny": Shape(dim=128, hidden_dim=512, num_layers=2, num_heads=4, num_kv_heads=4, vocab_size=1002,
+                              context_length=128, rms_eps=1e-5, arch="bert", vocab="t5", token_types=1, init_std=0.08,
+                              pooling=4, classifier_labels=("LABEL_0",), classifier_dense=True),
     # Qwen3-Embedding-0.6B (last-token pooling) and Qwen3-Reranker-0.6B (rank: ``cls.output`` holds
     # the LM head's rows of "yes" and "no", scored through the file's rerank template), tied,
     # vocabulary 151,669; and their tiny twins (1,024 positions: a rerank prompt is ~230 tokens,
