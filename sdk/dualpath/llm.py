@@ -225,7 +225,9 @@ class LLM:
 
         rt = self.config.runtime
         chunk = min(rt.prefill_chunk_tokens, ctx)
-        batch_tokens = max(rt.effective_max_batch_tokens(), 1)
+        # at most the rows of the graph's RoPE tables (the model's context): ONNX Runtime's
+        # RotaryEmbedding refuses a step of more tokens than its tables have rows
+        batch_tokens = max(min(rt.effective_max_batch_tokens(), (spec or self.spec).config.context_length), 1)
         return build_driver(spec or self.spec, self.config, max_context_tokens=ctx,
                             max_step_tokens=max(chunk, batch_tokens), max_batch_tokens=batch_tokens,
                             kv_cache_tokens=rt.kv_cache_tokens if kv_cache_tokens is None else kv_cache_tokens,

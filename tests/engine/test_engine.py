@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
+import numpy as np
 import pytest
 
 import dualpath
@@ -506,3 +507,26 @@ def test_the_runner_never_holds_the_cache_and_no_sequence_outlives_its_work(gguf
     llm.runner.reset()
     assert not llm.cache.seqs
     llm.cache.check_invariants()
+
+
+def test_prompts_filling_more_than_the_context_in_one_step_run(tmp_path):
+    """Three 300-token prompts on a 512-position model at the default batch budget (the prefill
+    chunk, 512, plus max_num_seqs): a step never holds more tokens than the RoPE tables have
+    rows (ONNX Runtime's RotaryEmbedding refuses it), so every request ends as it does alone
+    instead of failing inside the engine."""
+    from dualpath.models.synth import synth_gguf
+
+    llm = dualpath.LLM(synth_gguf(tmp_path / "qwen3-tiny.gguf", "qwen3-tiny", "F32"))
+    assert llm.spec.config.context_length == 512
+    rng = np.random.default_rng(7)
+    prompts = [[int(t) for t in rng.integers(3, llm.spec.config.vocab_size, 300)] for _ in range(3)]
+    params = SamplingParams(temperature=0, max_tokens=6)
+    alone = [llm.generate(p, params).token_ids for p in prompts]
+    engine = llm.engine
+    reqs = [engine.add_request(p, params) for p in prompts]
+    engine.run_until_done()
+    assert [r.completion.finish_reason for r in reqs] == ["length"] * 3
+    assert [r.completion.token_ids for r in reqs] == alone
+    assert engine.metrics.retried_requests == 0  # no step failed and was recomputed
+    vectors = asyncio.run(engine.embed(prompts, "mean"))  # an embedding is not retried
+    assert all(v is not None and v.shape == (llm.spec.config.dim,) for v in vectors)
