@@ -1,10 +1,11 @@
 """Running an encoder (``ModelConfig.causal`` False): token ids of whole texts -> vectors.
 
 One ONNX Runtime session runs the encoder's one graph (graph/encoder.py) over a batch of
-texts padded to the longest; the embeddings' rows are gathered here (``TokenEmbedding``,
+texts packed without padding (only its attention pads them to the longest, through the
+``pad``/``unpad`` rows made here); the embeddings' rows are gathered here (``TokenEmbedding``,
 which reads every table type). Texts are sorted by length and cut into batches of at most
-``max_batch_tokens`` padded tokens, so that texts of similar lengths share a batch and
-little is padded. No KV cache is kept: an encoder pass is one prefill that is thrown away.
+``max_batch_tokens`` tokens, so that texts of similar lengths share a batch and attention
+pads little. No KV cache is kept: an encoder pass is one prefill that is thrown away.
 
 Pooling is llama.cpp's (``build_pooling``): ``mean`` over every token of the text ([CLS] and
 [SEP] included), ``cls`` the first token, ``last`` the last, ``none`` every token; then
