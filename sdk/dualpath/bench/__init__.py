@@ -2,6 +2,7 @@
 
 * ``e2e``: prefill and decode tokens/s, DualPath beside llama-cpp-python and onnxruntime-genai
   (``ortgenai``: that peer, run in its own environment);
+* ``embed``: texts/s of an embedding model (short texts, passages), DualPath beside llama.cpp;
 * ``memory``: where every MiB goes, measured beside the memory plan (executor/memory_plan.py);
 * ``kernels``: decode attention GB/s beside this machine's read bandwidth;
 * ``classifier``: the classifier's product in our kernels beside ONNX Runtime's MatMulNBits;
@@ -43,6 +44,7 @@ def add_bench_parser(sub) -> None:
         chat,
         classifier,
         e2e,
+        embed,
         embed_serve,
         kernels,
         kv_quality,
@@ -61,5 +63,5 @@ def add_bench_parser(sub) -> None:
     b = sub.add_parser("bench", help="benchmarks (side by side with llama.cpp where it applies)")
     bs = b.add_subparsers(dest="bench", required=True)
     for module in (e2e, memory, kernels, classifier, layers, kv_quality, quality, power, cache, serve, load, startup,
-                   chat, prefix_restart, spec, tools, arm, embed_serve):
+                   chat, prefix_restart, spec, tools, arm, embed, embed_serve):
         module.add_parser(bs)

@@ -1,4 +1,4 @@
-"""llama.cpp's side of ``dualpath bench e2e|quality|memory``, and the check of its build.
+"""llama.cpp's side of ``dualpath bench e2e|quality|memory|embed``, and the check of its build.
 
 Run by path with the interpreter of an environment that has llama-cpp-python
 (``harness.run_peer_script``): this one by default, or another with its own build of
@@ -12,6 +12,7 @@ dualpath imports it too (``llamacpp.py``), for the rule that judges a build:
 * ``vocab_size``: the model's vocabulary as llama.cpp reads it (for the prompt's ids);
 * ``measure``: one prefill + decode run, flash attention off or on;
 * ``logits``: teacher-forced logits of a text, saved as ``.npy``;
+* ``embed``: texts/s of batches of texts through ``Llama.embed``, flash attention off or on;
 * ``build_problems``: what keeps a build from being llama.cpp at its best on this CPU
   (``full``), or from being a laptop's build (``laptop``).
 
@@ -174,6 +175,29 @@ def measure(model: str, prompt: list, warm_prompt: list, warm_steps: int, decode
             "loaded_rss_mb": rss_loaded}
 
 
+def embed(model: str, texts: dict, threads: int, batch: int, inner: int, flash_attn: bool) -> dict:
+    """texts/s of each workload of ``texts`` (name -> strings): ``Llama.embed`` (L2-normalised,
+    as llama.cpp's embedding tools), the median of ``inner`` timed calls after one to warm.
+    ``batch`` is n_ctx, n_batch and n_ubatch: the texts of a call are packed as sequences of
+    passes of up to ``batch`` tokens."""
+    import llama_cpp
+
+    llm = llama_cpp.Llama(model, embedding=True, n_ctx=batch, n_batch=batch, n_ubatch=batch, n_threads=threads,
+                          n_threads_batch=threads, flash_attn=flash_attn, verbose=False)
+    out = {}
+    for name, batch_texts in texts.items():
+        llm.embed(batch_texts, normalize=True, truncate=False)
+        times = []
+        for _ in range(inner):
+            t = time.perf_counter()
+            llm.embed(batch_texts, normalize=True, truncate=False)
+            times.append(time.perf_counter() - t)
+        times.sort()
+        out[name] = len(batch_texts) / times[len(times) // 2]
+    llm.close()
+    return out
+
+
 def logits(model: str, ids: list, out: str, n_ctx: int, kv_f32: bool, threads: int, flash_attn: bool) -> dict:
     """Teacher-forced logits (len(ids) - 1, vocab) predicting ids[1:], saved to ``out``;
     ``kv_f32``: an f32 KV cache (llama.cpp's default is f16)."""
@@ -193,7 +217,7 @@ def logits(model: str, ids: list, out: str, n_ctx: int, kv_f32: bool, threads: i
 # -- the harness's child protocol (a copy of harness._child: this file cannot import dualpath) --
 
 FUNCTIONS: dict[str, Callable[..., object]] = {"probe": probe, "vocab_size": vocab_size, "measure": measure,
-                                             "logits": logits}
+                                             "logits": logits, "embed": embed}
 
 
 def _child(function: str, result_path: str) -> None:

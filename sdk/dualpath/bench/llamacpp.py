@@ -1,4 +1,4 @@
-"""llama.cpp as the peer of ``dualpath bench e2e|quality|startup|memory``, at its best.
+"""llama.cpp as the peer of ``dualpath bench e2e|quality|startup|memory|embed``, at its best.
 
 llama.cpp runs through llama-cpp-python in an environment of the user's choice:
 ``--peer-python`` names its interpreter (default ``$DUALPATH_LLAMACPP_PYTHON``, or
@@ -117,6 +117,12 @@ class LlamaCppPeer:
         return self._call("measure", {"model": model, "prompt": prompt, "warm_prompt": warm_prompt,
                                       "warm_steps": warm_steps, "decode": decode, "threads": threads,
                                       "chunk": chunk, "flash_attn": FLASH_ATTN[setting]})
+
+    def embed(self, model: str, texts: dict, threads: int, batch: int, inner: int, setting: str) -> dict:
+        """texts/s of each workload of ``texts`` (name -> strings) in a fresh process
+        (``_llamacpp_worker.embed``), one encoder pass up to ``batch`` tokens."""
+        return self._call("embed", {"model": model, "texts": texts, "threads": threads, "batch": batch,
+                                    "inner": inner, "flash_attn": FLASH_ATTN[setting]})
 
     def logits(self, model: str, ids: list[int], out: str, n_ctx: int, kv_f32: bool, threads: int,
                setting: str) -> dict:

@@ -1,10 +1,11 @@
 """Running an encoder (``ModelConfig.causal`` False): token ids of whole texts -> vectors.
 
 One ONNX Runtime session runs the encoder's one graph (graph/encoder.py) over a batch of
-texts padded to the longest; the embeddings' rows are gathered here (``TokenEmbedding``,
+texts packed without padding (only its attention pads them to the longest, through the
+``pad``/``unpad`` rows made here); the embeddings' rows are gathered here (``TokenEmbedding``,
 which reads every table type). Texts are sorted by length and cut into batches of at most
-``max_batch_tokens`` padded tokens, so that texts of similar lengths share a batch and
-little is padded. No KV cache is kept: an encoder pass is one prefill that is thrown away.
+``max_batch_tokens`` tokens, so that texts of similar lengths share a batch and attention
+pads little. No KV cache is kept: an encoder pass is one prefill that is thrown away.
 
 Pooling is llama.cpp's (``build_pooling``): ``mean`` over every token of the text ([CLS] and
 [SEP] included), ``cls`` the first token, ``last`` the last, ``none`` every token; then
@@ -16,12 +17,15 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import InvalidPromptError, ModelTaskError, PromptTooLongError
-from ..graph.encoder import MASKED, rope_angles
+from ..graph.encoder import rope_angles
 from ..graph.parts import encoder_graph
 from ..models.spec import ModelSpec
 from .ort_sessions import create_sessions
 from .runner_step import TokenEmbedding
 
+SHORT_WIDTH = 64
+"""Texts up to this many tokens share a batch whatever their lengths: attention over so few
+positions is cheap beside the matrix products, which gain from more rows."""
 POOLINGS = ("mean", "cls", "last", "none")
 """The poolings ``EncoderRunner.embed`` applies (``rank``, a classifier head: rerank.py over ``hidden``)."""
 
@@ -59,7 +63,10 @@ class EncoderRunner:
         self.max_score_bytes = max_score_bytes
         """Bound on one batch's attention scores (B, heads, T, T) f32, with ``max_batch_tokens``."""
         self._part = encoder_graph(spec, accuracy_level)
-        self._sessions = create_sessions([self._part], num_threads, spinning=False, entry=spec.entry)
+        # Spinning workers and prepacked float weights: a batch runs many products back to back,
+        # and one session set packs its copy in place of the mapped pages (create_sessions).
+        self._sessions = create_sessions([self._part], num_threads, spinning=True, entry=spec.entry,
+                                         prepack_float=True)
         self._tokens = TokenEmbedding(spec.weights["token_embd"], 1.0)
         w = spec.weights
         self._positions = TokenEmbedding(w["position_embd"], 1.0) if cfg.learned_positions else None
@@ -128,42 +135,51 @@ class EncoderRunner:
         return out[0] if single else out
 
     def _batches(self, texts: list[list[int]]) -> list[list[int]]:
-        """Indices of ``texts``, longest first, cut so that each batch's padded tokens and
-        attention scores stay within the bounds."""
+        """Indices of ``texts``, longest first, cut so that each batch's tokens and padded
+        attention scores stay within the bounds, and that no text is padded to more than
+        twice its length in attention (a short text in a batch of long ones would cost
+        attention over the longest's width)."""
         order = sorted(range(len(texts)), key=lambda i: -len(texts[i]))
         heads = self.spec.config.num_heads
         batches: list[list[int]] = []
+        tokens = 0
         for i in order:
+            n = len(texts[i])
             if batches:
                 b = batches[-1]
                 width = len(texts[b[0]])  # the batch's longest: its first
                 rows = len(b) + 1
-                if rows * width <= self.max_batch_tokens and rows * heads * width * width * 4 <= self.max_score_bytes:
+                if (tokens + n <= self.max_batch_tokens and rows * heads * width * width * 4 <= self.max_score_bytes
+                        and (2 * n >= width or width <= SHORT_WIDTH)):
                     b.append(i)
+                    tokens += n
                     continue
             batches.append([i])
+            tokens = n
         return batches
 
     def _run(self, texts: list[list[int]]) -> list[np.ndarray]:
-        """One padded batch through the graph: each text's hidden states."""
+        """One batch through the graph, packed (graph/encoder.py): each text's hidden states,
+        views into one (N, dim) array."""
         cfg = self.spec.config
-        B, T = len(texts), max(len(t) for t in texts)
-        ids = np.zeros((B, T), np.int64)
-        mask = np.full((B, T), MASKED, np.float32)   # (B, T)
-        for b, t in enumerate(texts):
-            ids[b, :len(t)] = t
-            mask[b, :len(t)] = 0.0
-        x = np.empty((B * T, cfg.dim), np.float32)   # (B * T, dim)
-        self._tokens(ids.reshape(-1), x)
+        lens = np.array([len(t) for t in texts], np.int64)          # (B,)
+        B, T = len(texts), int(lens.max())
+        starts = np.concatenate(([0], np.cumsum(lens)[:-1]))        # (B,) first row of each text
+        t = np.arange(T, dtype=np.int64)
+        inside = t[None, :] < lens[:, None]                          # (B, T)
+        pad = starts[:, None] + np.minimum(t[None, :], lens[:, None] - 1)  # (B, T): padding reads a row of its text
+        unpad = (np.arange(B, dtype=np.int64)[:, None] * T + t[None, :])[inside]  # (N,)
+        positions = np.broadcast_to(t, (B, T))[inside]               # (N,)
+        ids = np.fromiter((i for ids in texts for i in ids), np.int64, int(lens.sum()))
+        x = np.empty((len(ids), cfg.dim), np.float32)                # (N, dim)
+        self._tokens(ids, x)
         x += self._type0
-        positions = np.tile(np.arange(T, dtype=np.int64), B)  # (B * T,)
-        feeds = {"x": x, "mask": mask}
+        feeds = {"x": x, "pad": pad, "unpad": unpad, "mask": inside.astype(np.int32)}
         if self._positions is not None:
             rows = np.empty((T, cfg.dim), np.float32)
-            self._positions(positions[:T], rows)
-            x.reshape(B, T, cfg.dim)[:] += rows
+            self._positions(t, rows)
+            x += rows[positions]
         else:
             feeds["cos"], feeds["sin"] = rope_angles(self.spec, positions)
         (hidden,) = self._sessions[0].run(["hidden"], feeds)
-        hidden = hidden.reshape(B, T, cfg.dim)
-        return [hidden[b, :len(t)].copy() for b, t in enumerate(texts)]
+        return np.split(hidden, np.cumsum(lens)[:-1])

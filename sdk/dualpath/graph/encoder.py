@@ -13,9 +13,18 @@ parts). Its forward pass is llama.cpp's (``src/models/bert.cpp``)::
         f = gelu(h Wup + bup) Wdown + bdown           (silu(h Wgate) * h Wup: nomic-bert)
         h = LayerNorm(h + f)
 
-Shapes (B texts padded to T tokens; N = B * T):
+The texts are packed, without padding: every matrix product and norm runs over the N
+real tokens of the batch. Only attention needs the texts apart: q, k and v are gathered
+into a padded (B, T) layout (``pad``), attended by ONNX Runtime's fused
+``MultiHeadAttention`` with the key padding ``mask``, and gathered back (``unpad``).
+The biases ride in fused ops: ``SkipLayerNormalization`` (bias + residual + LayerNorm)
+and ``FastGelu`` (bias + the tanh GELU, llama.cpp's ``ggml_gelu``).
+
+Shapes (B texts, the longest T tokens; N real tokens in all):
     x       (N, dim) f32      the embeddings' sum, gathered by the runner (executor/encoder.py)
-    mask    (B, T) f32        0 for a token of the text, a large negative number for padding
+    pad     (B, T) int64      row of x of each text's token t (any row for padding)
+    unpad   (N,) int64        row of the (B * T) padded layout of each packed token
+    mask    (B, T) int32      1 for a token of the text, 0 for padding
     cos/sin (N, head_dim / 2) f32  RoPE angles per token (rotary encoders only)
     hidden  (N, dim) f32      the last layer's output: what pooling reads
 
@@ -32,7 +41,7 @@ from ..models.spec import ModelSpec
 from .builder import GraphPart, _Builder, weight_layout
 
 MASKED = -1e30
-"""What ``mask`` holds for padding: exp of it underflows to exactly 0 after the max is subtracted."""
+"""What attention adds for a padding key: exp of it underflows to exactly 0 after the max is subtracted."""
 
 
 class _EncoderBuilder(_Builder):
@@ -42,21 +51,27 @@ class _EncoderBuilder(_Builder):
         w = self.spec.weights.get(name)
         return y if w is None else self.node("Add", [y, self.external(f"{name}.weight", w.data)], "b")
 
+    def bias_input(self, name: str) -> list[str]:
+        """The bias ``name`` as a fused op's optional input: [] when the file has none."""
+        w = self.spec.weights.get(name)
+        return [] if w is None else [self.external(f"{name}.weight", w.data)]
+
     def dense(self, x: str, name: str) -> str:
         """x @ W^T (+ b when the file has the bias)."""
         return self.bias(self.linear(x, self.spec.weights[name]), f"{name}.bias")
 
-    def layer_norm(self, x: str, name: str) -> str:
+    def norm_inputs(self, name: str) -> list[str]:
         w, b = self.spec.weights[name], self.spec.weights[f"{name}.bias"]
-        return self.node("LayerNormalization", [x, self.external(f"{name}.weight", w.data),
-                                                self.external(f"{name}.bias.weight", b.data)],
-                         "ln", axis=-1, epsilon=float(self.cfg.rms_eps), stash_type=1)
+        return [self.external(f"{name}.weight", w.data), self.external(f"{name}.bias.weight", b.data)]
 
-    def heads(self, x: str, bt: str) -> str:
-        """(N, heads * head_dim) -> (B, heads, T, head_dim)."""
-        shape = self.node("Concat", [bt, self.const("hd", np.array([self.cfg.num_heads, self.cfg.head_dim],
-                                                                     np.int64))], "sh", axis=0)
-        return self.node("Transpose", [self.node("Reshape", [x, shape], "r")], "t", perm=[0, 2, 1, 3])
+    def layer_norm(self, x: str, name: str) -> str:
+        return self.node("LayerNormalization", [x, *self.norm_inputs(name)], "ln", axis=-1,
+                         epsilon=float(self.cfg.rms_eps), stash_type=1)
+
+    def skip_norm(self, y: str, h: str, name: str, bias: str) -> str:
+        """LayerNorm(h + y + the bias ``bias`` where the file has it), in one op."""
+        return self.node("SkipLayerNormalization", [y, h, *self.norm_inputs(name), *self.bias_input(bias)],
+                         "sln", domain="com.microsoft", epsilon=float(self.cfg.rms_eps))
 
     def rotate(self, x: str) -> str:
         """NeoX RoPE of x (N, heads * head_dim) with the per-token tables ``cos``/``sin``."""
@@ -72,7 +87,8 @@ class _EncoderBuilder(_Builder):
         y = self.node("Concat", [a, b], "rc", axis=-1)
         return self.node("Reshape", [y, self.const("flatq", np.array([-1, nh * hd], np.int64))], "r")
 
-    def attention(self, i: int, h: str, bt: str, mask: str) -> str:
+    def attention(self, i: int, h: str) -> str:
+        """a Wo of layer ``i`` over the packed h (N, dim), without Wo's bias (``skip_norm`` adds it)."""
         p, cfg = f"blk.{i}.", self.cfg
         if cfg.fused_qkv:  # a fused matrix may still come with separate biases (llama.cpp takes both)
             q, k, v = self.split(self.dense(h, p + "attn_qkv"), [cfg.q_dim, cfg.kv_dim, cfg.kv_dim], "qkv")
@@ -81,24 +97,25 @@ class _EncoderBuilder(_Builder):
             q, k, v = (self.dense(h, p + n) for n in ("attn_q", "attn_k", "attn_v"))
         if not cfg.learned_positions:
             q, k = self.rotate(q), self.rotate(k)
-        q, k, v = self.heads(q, bt), self.heads(k, bt), self.heads(v, bt)
-        kt = self.node("Transpose", [k], "kt", perm=[0, 1, 3, 2])
-        scale = self.const("scale", np.array(cfg.attention_scale, np.float32))
-        scores = self.node("Add", [self.node("Mul", [self.node("MatMul", [q, kt], "qk"), scale], "sc"), mask], "sm")
-        ctx = self.node("MatMul", [self.node("Softmax", [scores], "p", axis=-1), v], "ctx")
-        flat = self.node("Reshape", [self.node("Transpose", [ctx], "t", perm=[0, 2, 1, 3]),
-                                     self.const("flat", np.array([-1, cfg.q_dim], np.int64))], "r")
-        return self.dense(flat, p + "attn_output")
+        # (N, dim) -> (B, T, dim): each text's rows, padded to the longest
+        q, k, v = (self.node("Gather", [t, "pad"], "pad", axis=0) for t in (q, k, v))
+        ctx = self.node("MultiHeadAttention", [q, k, v, "", "mask"], "mha", domain="com.microsoft",
+                        num_heads=cfg.num_heads, scale=float(cfg.attention_scale), mask_filter_value=MASKED)
+        flat = self.node("Reshape", [ctx, self.const("flat", np.array([-1, cfg.q_dim], np.int64))], "r")
+        return self.linear(self.node("Gather", [flat, "unpad"], "unpad", axis=0), self.spec.weights[p + "attn_output"])
 
     def mlp(self, i: int, h: str) -> str:
+        """The MLP of layer ``i`` without the down projection's bias (``skip_norm`` adds it)."""
         p, cfg = f"blk.{i}.", self.cfg
-        up = self.dense(h, p + "ffn_up")
         if cfg.ffn_gated:
             gate = self.dense(h, p + "ffn_gate")
-            act = self.node("Mul", [self.activation(gate), up], "glu")
+            act = self.node("Mul", [self.activation(gate), self.dense(h, p + "ffn_up")], "glu")
+        elif cfg.ffn_act == "gelu_tanh":  # the bias and the tanh GELU in one op
+            up = self.linear(h, self.spec.weights[p + "ffn_up"])
+            act = self.node("FastGelu", [up, *self.bias_input(p + "ffn_up.bias")], "gelu", domain="com.microsoft")
         else:
-            act = self.activation(up)
-        return self.dense(act, p + "ffn_down")
+            act = self.activation(self.dense(h, p + "ffn_up"))
+        return self.linear(act, self.spec.weights[p + "ffn_down"])
 
     def activation(self, x: str) -> str:
         if self.cfg.ffn_act == "silu":
@@ -114,18 +131,17 @@ def build_encoder(spec: ModelSpec, accuracy_level: int = 4, nbits8: bool = True)
     if cfg.causal:
         raise ValueError(f"{spec.path}: {cfg.arch} is a decoder; build_encoder takes an encoder")
     b = _EncoderBuilder(spec, weight_layout(spec), accuracy_level, nbits8=nbits8)
-    F = TensorProto.FLOAT
+    F, I64 = TensorProto.FLOAT, TensorProto.INT64
     inputs = [helper.make_tensor_value_info("x", F, ["N", cfg.dim]),
-              helper.make_tensor_value_info("mask", F, ["B", "T"])]
+              helper.make_tensor_value_info("pad", I64, ["B", "T"]),
+              helper.make_tensor_value_info("unpad", I64, ["N"]),
+              helper.make_tensor_value_info("mask", TensorProto.INT32, ["B", "T"])]
     if not cfg.learned_positions:
         inputs += [helper.make_tensor_value_info(n, F, ["N", cfg.head_dim // 2]) for n in ("cos", "sin")]
-    bt = b.node("Shape", ["mask"], "bt")
-    # (B, 1, 1, T): every query row of a text sees the same keys
-    mask = b.node("Unsqueeze", ["mask", b.const("ax12", np.array([1, 2], np.int64))], "mk")
     h = b.layer_norm("x", "token_embd_norm")
     for i in range(cfg.num_layers):
-        h = b.layer_norm(b.node("Add", [h, b.attention(i, h, bt, mask)], "res"), f"blk.{i}.attn_output_norm")
-        h = b.layer_norm(b.node("Add", [h, b.mlp(i, h)], "res"), f"blk.{i}.layer_output_norm")
+        h = b.skip_norm(b.attention(i, h), h, f"blk.{i}.attn_output_norm", f"blk.{i}.attn_output.bias")
+        h = b.skip_norm(b.mlp(i, h), h, f"blk.{i}.layer_output_norm", f"blk.{i}.ffn_down.bias")
     return b.finish(0, inputs, [helper.make_tensor_value_info("hidden", F, ["N", cfg.dim])], {"hidden": h})
 
 

@@ -278,10 +278,11 @@ def _read_parts(folder: str, spec: ModelSpec) -> list[PartFile] | None:
     return parts
 
 
-ENCODER_VERSION = 2
+ENCODER_VERSION = 3
 """Bump when graph/encoder.py changes the graph: older encoder folders are then never read
 (``dualpath cache prune`` removes entries, not folders).
-2: separate q, k, v biases added to a fused ``attn_qkv``."""
+2: separate q, k, v biases added to a fused ``attn_qkv``.
+3: packed texts (no padding but in attention), fused MultiHeadAttention, SkipLayerNormalization, FastGelu."""
 
 
 def encoder_graph(spec: ModelSpec, accuracy_level: int) -> PartFile:
