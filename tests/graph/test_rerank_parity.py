@@ -106,7 +106,10 @@ def test_rerank_scores_match_llama_cpp(model_file, preset, weight_type):
     assert np.abs(ours - theirs).max() <= MAX_SCORE_DIFF, np.abs(ours - theirs).max()
     results = llm.rerank(QUERY, DOCUMENTS)
     assert [r.index for r in results] == list(np.argsort(-theirs[:, 0], kind="stable"))
-    np.testing.assert_allclose([r.relevance_score for r in results], ours[[r.index for r in results], 0])
+    # a second call of a decoder may batch the pairs otherwise and reuse the query's cached
+    # prefix pages: equal to float32 rounding, not bit for bit
+    np.testing.assert_allclose([r.relevance_score for r in results], ours[[r.index for r in results], 0],
+                               rtol=1e-5, atol=1e-6)
     if preset.startswith("qwen3"):  # softmax over yes / no: P("yes")
         np.testing.assert_allclose(ours.sum(axis=1), 1.0, rtol=1e-6)
 
