@@ -38,7 +38,7 @@ def test_embed_bench_measures_each_workload_beside_llama_cpp(bert_file, tmp_path
     assert res["model"] == "bert-tiny.gguf" and res["positions"] == 128 and res["threads"] == 2
     assert [(r["workload"], r["texts"]) for r in res["rows"]] == [("short x 1", 1), ("short x 3", 3),
                                                                   ("passage x 2", 2)]
-    assert res["rows"][2]["tokens_per_text"] <= 128 and res["rerank_ms"] is None  # not a reranker
+    assert res["rows"][2]["tokens_per_text"] <= 128 and res["rerank"] is None  # not a reranker
     for r in res["rows"]:
         assert r["dualpath_tps"] > 0
         if not peer:
@@ -46,9 +46,26 @@ def test_embed_bench_measures_each_workload_beside_llama_cpp(bert_file, tmp_path
             assert r["llama_cpp_tps"] == r["settings"][r["flash_attn"]] == max(r["settings"].values())
             assert r["ratio"] == pytest.approx(r["dualpath_tps"] / r["llama_cpp_tps"])
     text = capsys.readouterr().out
-    assert "passage x 2" in text and "rerank (1 query x 20 documents): skipped" in text
+    assert "passage x 2" in text and "rerank" not in text
     if not peer:
         assert res["peer"]["build"] and "llama.cpp peer: llama-cpp-python" in text
+
+
+def test_embed_bench_times_a_reranker_beside_llama_cpp(tmp_path, capsys):
+    """A reranker's file: one query against 20 documents, the same pairs' token ids for both
+    engines, llama.cpp's faster flash attention setting quoted."""
+    path = synth_gguf(tmp_path / "ce.gguf", "bert-rerank-tiny", "F32")
+    out = tmp_path / "rerank.json"
+    peer = [] if importlib.util.find_spec("llama_cpp") else ["--no-peer"]
+    assert main(["bench", "embed", "-m", path, "-r", "1", "--inner", "1", "--json", str(out), *peer]) == 0
+    (res,) = json.loads(out.read_text())
+    rr = res["rerank"]
+    assert res["rows"] == [] and rr["documents"] == 20 and rr["dualpath_ms"] > 0
+    assert 4 < rr["tokens_per_pair"] <= res["positions"]
+    if not peer:
+        assert set(rr["settings"]) == {"FA off", "FA on"} and rr["llama_cpp_ms"] == min(rr["settings"].values())
+        assert rr["ratio"] == pytest.approx(rr["llama_cpp_ms"] / rr["dualpath_ms"])
+    assert "rerank, 1 query x 20 documents" in capsys.readouterr().out
 
 
 def test_embed_bench_refuses_bad_sizes(capsys):

@@ -13,6 +13,7 @@ dualpath imports it too (``llamacpp.py``), for the rule that judges a build:
 * ``measure``: one prefill + decode run, flash attention off or on;
 * ``logits``: teacher-forced logits of a text, saved as ``.npy``;
 * ``embed``: texts/s of batches of texts through ``Llama.embed``, flash attention off or on;
+* ``rerank``: milliseconds to score (query, document) pairs as llama-server does;
 * ``build_problems``: what keeps a build from being llama.cpp at its best on this CPU
   (``full``), or from being a laptop's build (``laptop``).
 
@@ -198,6 +199,47 @@ def embed(model: str, texts: dict, threads: int, batch: int, inner: int, flash_a
     return out
 
 
+def rerank(model: str, pairs: list, threads: int, batch: int, inner: int, flash_attn: bool) -> dict:
+    """Milliseconds (median of ``inner`` calls after one to warm) to score ``pairs`` (each
+    pair's token ids, as llama-server's ``format_prompt_rerank`` builds them) with pooling
+    type rank: pairs packed as sequences of passes of up to ``batch`` tokens, each one's
+    ``n_cls_out`` values read, as llama-server's rerank task does. (``Llama.embed`` reads
+    ``n_embd`` values per sequence, so the low-level API.)"""
+    import llama_cpp
+
+    llm = llama_cpp.Llama(model, embedding=True, pooling_type=llama_cpp.LLAMA_POOLING_TYPE_RANK, n_ctx=batch,
+                          n_batch=batch, n_ubatch=batch, n_threads=threads, n_threads_batch=threads,
+                          flash_attn=flash_attn, verbose=False)
+    width = llama_cpp.llama_model_n_cls_out(llm.model)
+    seq_max = llm.context_params.n_seq_max
+
+    def score() -> list:
+        out: list = []
+        passes: list = [[]]
+        for ids in pairs:
+            if passes[-1] and (sum(map(len, passes[-1])) + len(ids) > batch or len(passes[-1]) >= seq_max):
+                passes.append([])
+            passes[-1].append(ids)
+        for group in passes:
+            llm._ctx.kv_cache_clear()
+            llm._batch.reset()
+            for i, ids in enumerate(group):
+                llm._batch.add_sequence(ids, i, True)
+            llm._ctx.decode(llm._batch)
+            out += [llama_cpp.llama_get_embeddings_seq(llm._ctx.ctx, i)[:width] for i in range(len(group))]
+        return out
+
+    score()
+    times = []
+    for _ in range(inner):
+        t = time.perf_counter()
+        score()
+        times.append(time.perf_counter() - t)
+    times.sort()
+    llm.close()
+    return {"rerank_ms": times[len(times) // 2] * 1e3}
+
+
 def logits(model: str, ids: list, out: str, n_ctx: int, kv_f32: bool, threads: int, flash_attn: bool) -> dict:
     """Teacher-forced logits (len(ids) - 1, vocab) predicting ids[1:], saved to ``out``;
     ``kv_f32``: an f32 KV cache (llama.cpp's default is f16)."""
@@ -217,7 +259,7 @@ def logits(model: str, ids: list, out: str, n_ctx: int, kv_f32: bool, threads: i
 # -- the harness's child protocol (a copy of harness._child: this file cannot import dualpath) --
 
 FUNCTIONS: dict[str, Callable[..., object]] = {"probe": probe, "vocab_size": vocab_size, "measure": measure,
-                                             "logits": logits, "embed": embed}
+                                             "logits": logits, "embed": embed, "rerank": rerank}
 
 
 def _child(function: str, result_path: str) -> None:

@@ -16,8 +16,10 @@ text of a call shares one encoder pass up to that many tokens (llama-cpp-python'
 packs texts as sequences of one batch), and a passage fits one pass. Larger batches were
 slower for it on short texts (its attention mask spans the whole batch).
 
-Rerank latency (one query against ``RERANK_DOCUMENTS`` documents) is measured for DualPath
-where the file is a reranker and ``LLM.rerank`` exists, else reported as skipped.
+A reranker's file (pooling type rank) is measured instead by the latency of one query against
+``RERANK_DOCUMENTS`` short documents: ``LLM.rerank`` beside llama.cpp scoring the same pairs'
+token ids (ours, which equal llama-server's: tests/graph/test_rerank_parity.py) as
+llama-server's rerank task does, packed as sequences of passes of ``RERANK_BATCH`` tokens.
 """
 
 from __future__ import annotations
@@ -37,6 +39,8 @@ SIZES = "1,16,256"
 PASSAGE_TOKENS = 512
 """Tokens of a passage, or the model's positions where it has fewer."""
 RERANK_DOCUMENTS = 20
+RERANK_BATCH = 2048
+"""llama.cpp's batch for rerank pairs (llama-server's default ``n_batch``)."""
 WORDS = ("the of and to in is was for on that with as by at from his he it an were are which this be or had not but "
          "first one their its new after who they have her she two been other when there all during into school time "
          "may years more most only over city some world would where later up such used many can state about "
@@ -77,21 +81,33 @@ def workloads(sizes: list[int], passages: int, passage: str) -> dict[str, list[s
     return out
 
 
+def rerank_texts() -> tuple[str, list[str]]:
+    """The query and the ``RERANK_DOCUMENTS`` documents of the rerank workload."""
+    return short_texts(1, seed=3)[0], short_texts(RERANK_DOCUMENTS, seed=2)
+
+
 def prepare(model: str, sizes: list[int]) -> dict:
     """The model's positions, the passage fitted to them (at most ``PASSAGE_TOKENS``), and the
-    mean tokens of a text of each workload; run in a worker: it loads the model."""
+    mean tokens of a text of each workload; for a reranker, its pairs' token ids instead. Run
+    in a worker: it loads the model."""
     from ..llm import LLM
 
     llm = LLM(model)
+    if llm.spec.metadata.get("pooling") == "rank":
+        from ..rerank import pair_ids
+
+        pairs = pair_ids(llm, *rerank_texts(), truncate=True)
+        return {"positions": llm.context_tokens, "rerank": True, "pairs": pairs,
+                "pair_tokens": float(np.mean([len(p) for p in pairs]))}
     positions = llm.encoder.context_tokens if llm.encoder is not None else 0
     if not positions:
         from ..errors import ModelTaskError
 
         raise ModelTaskError(f"{os.path.basename(model)} is a text-generation model: bench embed needs an "
-                             "embedding model (an encoder)")
+                             "embedding model (an encoder) or a reranker")
     tokens = min(positions, PASSAGE_TOKENS)
     passage = fit_passage(llm.tokenize, tokens)
-    return {"positions": positions, "passage": passage, "passage_tokens": len(llm.tokenize(passage)),
+    return {"positions": positions, "rerank": False, "passage": passage, "passage_tokens": len(llm.tokenize(passage)),
             "short_tokens": {str(n): float(np.mean([len(llm.tokenize(t)) for t in short_texts(n)])) for n in sizes}}
 
 
@@ -106,33 +122,35 @@ def time_calls(fn, inner: int) -> float:
     return float(np.median(times))
 
 
-def worker(model: str, texts: dict[str, list[str]], threads: int, inner: int) -> dict:
-    """DualPath's run: texts/s of each workload (``LLM.embed``), and the rerank latency
-    where the model is a reranker and ``LLM.rerank`` exists."""
+def worker(model: str, texts: dict[str, list[str]], threads: int, inner: int, rerank: bool = False) -> dict:
+    """DualPath's run: texts/s of each workload (``LLM.embed``), or a reranker's latency
+    (``LLM.rerank`` of ``rerank_texts``, tokenizing included)."""
     from ..config import load_config
     from ..llm import LLM
 
     llm = LLM(model, load_config(None, {"runtime.num_threads": threads}))
-    row: dict = {name: len(batch) / time_calls(lambda b=batch: llm.embed(b), inner) for name, batch in texts.items()}
-    if llm.encoder is not None and llm.encoder.pooling == "rank" and hasattr(llm, "rerank"):
-        query, docs = texts[next(iter(texts))][0], short_texts(RERANK_DOCUMENTS, seed=2)
-        row["rerank_ms"] = time_calls(lambda: llm.rerank(query, docs), inner) * 1e3
-    return row
+    if rerank:
+        query, docs = rerank_texts()
+        return {"rerank_ms": time_calls(lambda: llm.rerank(query, docs, truncate=True), inner) * 1e3}
+    return {name: len(batch) / time_calls(lambda b=batch: llm.embed(b), inner) for name, batch in texts.items()}
 
 
 def run_embed(model: str, sizes: list[int], passages: int, threads: int, repeats: int, inner: int,
               peer: llamacpp.LlamaCppPeer | None) -> dict:
     """One model's figures: DualPath's and llama.cpp's medians per workload, their ratio."""
     prep = run_worker(prepare, {"model": model, "sizes": sizes}, timeout_s=TIMEOUT_S)
-    texts = workloads(sizes, passages, prep["passage"])
+    rank = prep["rerank"]
+    texts = {} if rank else workloads(sizes, passages, prep["passage"])
     variants = ["dualpath"] + (llamacpp.variants() if peer is not None else [])
 
     def measure(variant: str) -> dict:
         setting = llamacpp.setting_of(variant)
         if setting is None:
-            return run_worker(worker, {"model": model, "texts": texts, "threads": threads, "inner": inner},
-                              timeout_s=TIMEOUT_S)
+            return run_worker(worker, {"model": model, "texts": texts, "threads": threads, "inner": inner,
+                                       "rerank": rank}, timeout_s=TIMEOUT_S)
         assert peer is not None
+        if rank:
+            return peer.rerank(model, prep["pairs"], threads, RERANK_BATCH, inner, setting)
         return peer.embed(model, texts, threads, prep["passage_tokens"], inner, setting)
 
     runs = interleaved(variants, repeats, measure)
@@ -148,10 +166,18 @@ def run_embed(model: str, sizes: list[int], passages: int, threads: int, repeats
             row.update(llama_cpp_tps=best[name], flash_attn=best["best"][name], ratio=ours / best[name],
                        settings={s: m[name] for s, m in settings.items()})
         rows.append(row)
-    rerank = [r["rerank_ms"] for r in runs["dualpath"] if "rerank_ms" in r]
+    rerank = None
+    if rank:
+        rerank = {"documents": RERANK_DOCUMENTS, "tokens_per_pair": prep["pair_tokens"],
+                  "dualpath_ms": median_of(runs["dualpath"], "rerank_ms")}
+        if peer is not None:
+            settings = {str(llamacpp.setting_of(v)): {"ms": median_of(runs[v], "rerank_ms")}
+                        for v in llamacpp.variants()}
+            best = best_of(settings, lower=("ms",))
+            rerank.update(llama_cpp_ms=best["ms"], flash_attn=best["best"]["ms"],
+                          ratio=best["ms"] / rerank["dualpath_ms"], settings={s: m["ms"] for s, m in settings.items()})
     return {"model": os.path.basename(model), "threads": threads, "repeats": repeats, "inner": inner,
-            "positions": prep["positions"], "rows": rows,
-            "rerank_ms": float(np.median(rerank)) if rerank else None,
+            "positions": prep["positions"], "rows": rows, "rerank": rerank,
             "peer": None if peer is None else {"llama_cpp_python": peer.version, "python": peer.python,
                                                "build": peer.system_info}}
 
@@ -167,10 +193,15 @@ def print_result(res: dict) -> None:
         if peer:
             line += f" {r['llama_cpp_tps']:>9.1f} {r['ratio']:>5.2f}x  {r['flash_attn']}"
         print(line)
-    rerank = res["rerank_ms"]
-    print(f"rerank (1 query x {RERANK_DOCUMENTS} documents): " +
-          (f"{rerank:.1f} ms" if rerank is not None else "skipped (not a reranker, or LLM.rerank is not available)"))
-    if peer:
+    rr = res["rerank"]
+    if rr is not None:
+        line = (f"rerank, 1 query x {rr['documents']} documents ({rr['tokens_per_pair']:.1f} tokens a pair): "
+                f"DualPath {rr['dualpath_ms']:.1f} ms")
+        if peer:
+            line += (f", llama.cpp {rr['llama_cpp_ms']:.1f} ms (FA {rr['flash_attn']}): {rr['ratio']:.2f}x "
+                     "(llama.cpp's time / ours)")
+        print(line)
+    if peer and res["rows"]:
         print("llama.cpp: the faster of flash attention off and on per workload (" + "; ".join(
             f"{r['workload']}: " + ", ".join(f"{s} {v:.1f}" for s, v in r["settings"].items()) for r in res["rows"])
             + ")")

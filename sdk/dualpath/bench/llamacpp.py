@@ -124,6 +124,12 @@ class LlamaCppPeer:
         return self._call("embed", {"model": model, "texts": texts, "threads": threads, "batch": batch,
                                     "inner": inner, "flash_attn": FLASH_ATTN[setting]})
 
+    def rerank(self, model: str, pairs: list[list[int]], threads: int, batch: int, inner: int, setting: str) -> dict:
+        """Milliseconds to score the pairs ``pairs`` (token ids) with a reranker, in a fresh
+        process (``_llamacpp_worker.rerank``): {"rerank_ms": ...}."""
+        return self._call("rerank", {"model": model, "pairs": pairs, "threads": threads, "batch": batch,
+                                     "inner": inner, "flash_attn": FLASH_ATTN[setting]})
+
     def logits(self, model: str, ids: list[int], out: str, n_ctx: int, kv_f32: bool, threads: int,
                setting: str) -> dict:
         """Teacher-forced logits of ``ids`` saved to ``out`` (``_llamacpp_worker.logits``)."""
