@@ -61,6 +61,14 @@ class CacheFullError(DualPathError, MemoryError):
     too small for the requests it is given."""
 
 
+class QueueFullError(DualPathError):
+    """A queue of waiting requests (the engine's, the encoder's) is full; retry later."""
+
+    def __init__(self, waiting: int, limit: int):
+        super().__init__(f"{waiting} requests are already waiting (limit {limit}); retry later")
+        self.waiting, self.limit = waiting, limit
+
+
 class InternalError(DualPathError, RuntimeError):
     """The engine failed for a reason of its own, not the request's (a step raised twice
     while the request was in it): the request could not be completed. The message says

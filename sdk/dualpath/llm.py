@@ -12,7 +12,6 @@ import weakref
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from . import rerank
 from .completion import Completion
 from .config import REASONING_FORMATS, Config, load_config
 from .engine.engine import Engine, SyncStream
@@ -256,10 +255,14 @@ class LLM:
 
     def embed(self, texts: str | Sequence[str], *, normalize: bool = True, truncate: bool = False):
         """Embeddings of ``texts``, pooled as the file says (an encoder, or a decoder embedder): ``rerank.embed``."""
+        from . import rerank  # here: it imports the executor (ONNX Runtime)
+
         return rerank.embed(self, texts, normalize, truncate)
 
     def rerank(self, query: str, documents: Sequence[str], top_n: int | None = None, *, truncate: bool = False):
         """``documents`` scored against ``query`` by a reranker, best first: ``rerank.rerank``."""
+        from . import rerank
+
         return rerank.rerank(self, query, documents, top_n, truncate)
 
     # -- tokens ----------------------------------------------------------------

@@ -19,15 +19,12 @@ import os
 import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Any
 
 import numpy as np
 
 from .errors import InvalidPromptError, ModelTaskError, PromptTooLongError
 from .executor.rank_head import RankHead
-
-if TYPE_CHECKING:
-    from .llm import LLM
 
 
 @dataclass(frozen=True)
@@ -45,11 +42,11 @@ _HEADS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 """LLM -> its RankHead, made on first use (the f32 copies of the head's weights)."""
 
 
-def _name(llm: LLM) -> str:
+def _name(llm: Any) -> str:
     return os.path.basename(str(llm.spec.path))
 
 
-def _kind(llm: LLM) -> str:
+def _kind(llm: Any) -> str:
     """What the model is, for errors."""
     cfg, pooling = llm.spec.config, llm.spec.metadata.get("pooling")
     if cfg.causal:
@@ -57,7 +54,7 @@ def _kind(llm: LLM) -> str:
     return f"an embedding model ({cfg.arch}, an encoder, pooling {pooling})"
 
 
-def rank_head(llm: LLM) -> RankHead:
+def rank_head(llm: Any) -> RankHead:
     """``llm``'s reranker head, or ModelTaskError naming what the model is instead."""
     if llm.spec.metadata.get("pooling") != "rank":
         raise ModelTaskError(f"{_name(llm)} is {_kind(llm)}, not a reranker: reranking needs a file with pooling "
@@ -69,13 +66,13 @@ def rank_head(llm: LLM) -> RankHead:
     return head
 
 
-def max_tokens(llm: LLM) -> int:
+def max_tokens(llm: Any) -> int:
     """Tokens one text may have: an encoder's positions; a decoder's context but one (its
     engine keeps room for a token after every prompt)."""
     return llm.context_tokens - (llm.encoder is None)
 
 
-def pair_text_ids(llm: LLM, query: str, document: str) -> list[int]:
+def pair_text_ids(llm: Any, query: str, document: str) -> list[int]:
     """The token ids of one (query, document) pair, as llama.cpp's server makes them."""
     rank, tok = llm.spec.metadata["rank"], llm.tokenizer
     if rank["template"] is not None:
@@ -102,7 +99,7 @@ def _too_long(message: str, param: str) -> PromptTooLongError:
     return e
 
 
-def pair_ids(llm: LLM, query: str, documents: Sequence[str], truncate: bool = False,
+def pair_ids(llm: Any, query: str, documents: Sequence[str], truncate: bool = False,
              how_to_truncate: str = "truncate=True, or --truncate on the command line,") -> list[list[int]]:
     """Every pair's token ids. A pair longer than the model's positions raises
     PromptTooLongError naming the document (and ``how_to_truncate``), unless ``truncate``: then
@@ -127,7 +124,7 @@ def pair_ids(llm: LLM, query: str, documents: Sequence[str], truncate: bool = Fa
     return out
 
 
-def head_outputs(llm: LLM, ids: list[list[int]]) -> np.ndarray:
+def head_outputs(llm: Any, ids: list[list[int]]) -> np.ndarray:
     """(len(ids), num_outputs) f32: the reranker head on each pair text's pooled row."""
     head = rank_head(llm)
     if not ids:
@@ -151,7 +148,7 @@ def _stacked(vectors: list[np.ndarray | None]) -> np.ndarray:
     return np.stack([v for v in vectors if v is not None]).astype(np.float32)
 
 
-async def head_outputs_async(llm: LLM, ids: list[list[int]]) -> np.ndarray:
+async def head_outputs_async(llm: Any, ids: list[list[int]]) -> np.ndarray:
     """``head_outputs`` off the event loop: an encoder in a worker thread, a decoder's texts
     through its engine, batched with other requests."""
     import asyncio
@@ -181,7 +178,7 @@ def check_request(query, documents, top_n) -> None:
         raise InvalidPromptError(f"top_n={top_n!r} must be an integer >= 1 (or None: every document)")
 
 
-def rerank(llm: LLM, query: str, documents: Sequence[str], top_n: int | None = None,
+def rerank(llm: Any, query: str, documents: Sequence[str], top_n: int | None = None,
            truncate: bool = False) -> list[RerankResult]:
     """``LLM.rerank``: ``documents`` scored against ``query``, best first, the first ``top_n``."""
     check_request(query, documents, top_n)
@@ -190,7 +187,7 @@ def rerank(llm: LLM, query: str, documents: Sequence[str], top_n: int | None = N
     return ranked(head_outputs(llm, ids)[:, 0], documents, top_n)
 
 
-def embed(llm: LLM, texts, normalize: bool = True, truncate: bool = False):
+def embed(llm: Any, texts, normalize: bool = True, truncate: bool = False):
     """``LLM.embed``: an encoder's ``EncoderRunner.embed_texts``, or a decoder's pooled final
     hidden states (the file's pooling: Qwen3-Embedding's is last) through its engine: a
     (len(texts), dim) float32 array, one (dim,) row for one string. ``normalize`` False gives

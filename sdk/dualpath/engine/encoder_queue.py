@@ -29,7 +29,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 
-from ..errors import InternalError
+from ..errors import InternalError, QueueFullError
 
 log = logging.getLogger(__name__)
 
@@ -116,8 +116,6 @@ class EncoderQueue:
             if self._stopping:
                 raise InternalError("the encoder queue has stopped")
             if self.max_jobs is not None and len(self._jobs) > self.max_jobs:  # the first is in progress
-                from .engine import QueueFullError  # engine.py imports this module
-
                 raise QueueFullError(len(self._jobs), self.max_jobs)
             if job.remaining == 0:
                 job.on_done(job.results, None)

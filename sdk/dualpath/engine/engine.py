@@ -43,7 +43,7 @@ from collections.abc import Iterator, Sequence
 
 import numpy as np
 
-from ..errors import CacheFullError, DualPathError
+from ..errors import CacheFullError, QueueFullError
 from ..sampling.sampler import SamplerScratch
 from ..sampling_params import SamplingParams
 from ..scheduler.request import Status
@@ -62,14 +62,6 @@ __all__ = ["Delta", "Engine", "EngineRequest", "QueueFullError", "RequestHandle"
 engine/request.py; they are importable from here as they always were."""
 
 log = logging.getLogger(__name__)
-
-
-class QueueFullError(DualPathError):
-    """The engine's queue of waiting requests is full; retry later."""
-
-    def __init__(self, waiting: int, limit: int):
-        super().__init__(f"{waiting} requests are already waiting (limit {limit}); retry later")
-        self.waiting, self.limit = waiting, limit
 
 
 class Engine(AsyncAPI):

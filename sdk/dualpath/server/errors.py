@@ -14,7 +14,6 @@ import logging
 from starlette.requests import ClientDisconnect
 from starlette.responses import JSONResponse
 
-from ..engine.engine import QueueFullError
 from ..errors import (
     CacheFullError,
     ChatTemplateError,
@@ -23,6 +22,7 @@ from ..errors import (
     InvalidPromptError,
     ModelTaskError,
     PromptTooLongError,
+    QueueFullError,
     SamplingParamsError,
     ToolsNotRenderedError,
 )
