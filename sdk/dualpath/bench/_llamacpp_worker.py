@@ -185,16 +185,8 @@ def embed(model: str, texts: dict, threads: int, batch: int, inner: int, flash_a
 
     llm = llama_cpp.Llama(model, embedding=True, n_ctx=batch, n_batch=batch, n_ubatch=batch, n_threads=threads,
                           n_threads_batch=threads, flash_attn=flash_attn, verbose=False)
-    out = {}
-    for name, batch_texts in texts.items():
-        llm.embed(batch_texts, normalize=True, truncate=False)
-        times = []
-        for _ in range(inner):
-            t = time.perf_counter()
-            llm.embed(batch_texts, normalize=True, truncate=False)
-            times.append(time.perf_counter() - t)
-        times.sort()
-        out[name] = len(batch_texts) / times[len(times) // 2]
+    out = {name: len(b) / _median_s(lambda b=b: llm.embed(b, normalize=True, truncate=False), inner)
+           for name, b in texts.items()}
     llm.close()
     return out
 
@@ -229,15 +221,21 @@ def rerank(model: str, pairs: list, threads: int, batch: int, inner: int, flash_
             out += [llama_cpp.llama_get_embeddings_seq(llm._ctx.ctx, i)[:width] for i in range(len(group))]
         return out
 
-    score()
+    ms = _median_s(score, inner) * 1e3
+    llm.close()
+    return {"rerank_ms": ms}
+
+
+def _median_s(fn, inner: int) -> float:
+    """Seconds of the median of ``inner`` calls of ``fn``, after one call to warm."""
+    fn()
     times = []
     for _ in range(inner):
         t = time.perf_counter()
-        score()
+        fn()
         times.append(time.perf_counter() - t)
     times.sort()
-    llm.close()
-    return {"rerank_ms": times[len(times) // 2] * 1e3}
+    return times[len(times) // 2]
 
 
 def logits(model: str, ids: list, out: str, n_ctx: int, kv_f32: bool, threads: int, flash_attn: bool) -> dict:

@@ -22,7 +22,6 @@ import asyncio
 import numpy as np
 
 from ..engine.encoder_queue import RankJob
-from ..errors import ModelTaskError
 from ..rerank import head_outputs_async, pair_ids, rank_head, ranked
 from .errors import bad_request, engine_call
 from .parsing import check_fields, get_field
@@ -80,12 +79,3 @@ async def rerank_response(llm, model_name: str, body: dict, queue=None) -> dict:
     return {"model": model_name, "object": "list", "results": results,
             "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
 
-
-def embedding_pooling(llm) -> str:
-    """The pooling ``/v1/embeddings`` uses: the file's (mean when it names none); a reranker's
-    head gives scores, not embeddings (ModelTaskError, a 400)."""
-    pooling = llm.spec.metadata.get("pooling", "mean")
-    if pooling == "rank":
-        raise ModelTaskError(f"{llm.spec.path}: a reranker (pooling type rank) gives relevance scores, not "
-                             "embeddings: use POST /v1/rerank")
-    return pooling
