@@ -1,7 +1,8 @@
 """Running an encoder (``ModelConfig.causal`` False): token ids of whole texts -> vectors.
 
-One ONNX Runtime session runs the encoder's one graph (graph/encoder.py) over a batch of
-texts packed without padding (only its attention pads them to the longest, through the
+The encoder's graph (graph/encoder.py; ONNX Runtime's sessions and, for a quantized file,
+our kernels' products between them: encoder_program.py) runs over a batch of texts packed
+without padding (only its attention pads them to the longest, through the
 ``pad``/``unpad`` rows made here); the embeddings' rows are gathered here (``TokenEmbedding``,
 which reads every table type). Texts are sorted by length and cut into batches of at most
 ``max_batch_tokens`` tokens, so that texts of similar lengths share a batch and attention
@@ -20,7 +21,7 @@ from ..errors import InvalidPromptError, ModelTaskError, PromptTooLongError
 from ..graph.encoder import rope_angles
 from ..graph.parts import encoder_graph
 from ..models.spec import ModelSpec
-from .ort_sessions import create_sessions
+from .encoder_program import EncoderProgram
 from .runner_step import TokenEmbedding
 
 SHORT_WIDTH = 64
@@ -62,11 +63,10 @@ class EncoderRunner:
         self.max_batch_tokens = max(max_batch_tokens, cfg.context_length)
         self.max_score_bytes = max_score_bytes
         """Bound on one batch's attention scores (B, heads, T, T) f32, with ``max_batch_tokens``."""
-        self._part = encoder_graph(spec, accuracy_level)
         # Spinning workers and prepacked float weights: a batch runs many products back to back,
         # and one session set packs its copy in place of the mapped pages (create_sessions).
-        self._sessions = create_sessions([self._part], num_threads, spinning=True, entry=spec.entry,
-                                         prepack_float=True)
+        self._program = EncoderProgram(spec, encoder_graph(spec, accuracy_level), num_threads,
+                                       self.max_batch_tokens, int8_act=accuracy_level == 4)
         self._tokens = TokenEmbedding(spec.weights["token_embd"], 1.0)
         w = spec.weights
         self._positions = TokenEmbedding(w["position_embd"], 1.0) if cfg.learned_positions else None
@@ -181,5 +181,5 @@ class EncoderRunner:
             x += rows[positions]
         else:
             feeds["cos"], feeds["sin"] = rope_angles(self.spec, positions)
-        (hidden,) = self._sessions[0].run(["hidden"], feeds)
+        hidden = self._program.run(feeds, len(ids))
         return np.split(hidden, np.cumsum(lens)[:-1])

@@ -1,9 +1,11 @@
 """The ONNX graph of an encoder (``ModelConfig.causal`` False: BERT, nomic-bert).
 
 An encoder reads a batch of whole texts once and keeps no KV cache: the work is a
-prefill of every token at once, large matrix products that ONNX Runtime's GEMMs do well,
-so the whole model is one graph (no cut at attention, no kernels of ours between
-parts). Its forward pass is llama.cpp's (``src/models/bert.cpp``)::
+prefill of every token at once, so the model is one graph (no cut at attention). A layer's
+matrices that have our kernels' form (Q8_0, Q4_K ...: ``Weight.kernel_form``) are products
+in our kernels, as in a decoder's parts: ``segments.split`` cuts the graph at them
+(graph/parts.py ``encoder_graph``), and float matrices stay ONNX Runtime's MatMul. Its
+forward pass is llama.cpp's (``src/models/bert.cpp``)::
 
     h = LayerNorm(x)                                  x: token + type 0 + position rows
     for each layer:
@@ -93,8 +95,10 @@ class _EncoderBuilder(_Builder):
         if cfg.fused_qkv:  # a fused matrix may still come with separate biases (llama.cpp takes both)
             q, k, v = self.split(self.dense(h, p + "attn_qkv"), [cfg.q_dim, cfg.kv_dim, cfg.kv_dim], "qkv")
             q, k, v = (self.bias(y, f"{p}{n}.bias") for y, n in ((q, "attn_q"), (k, "attn_k"), (v, "attn_v")))
-        else:
-            q, k, v = (self.dense(h, p + n) for n in ("attn_q", "attn_k", "attn_v"))
+        else:  # one product in our kernels where the matrices have their form (activations quantized once)
+            w = self.spec.weights
+            qkv = self.linears(h, [w[p + n] for n in ("attn_q", "attn_k", "attn_v")])
+            q, k, v = (self.bias(y, f"{p}{n}.bias") for y, n in zip(qkv, ("attn_q", "attn_k", "attn_v")))
         if not cfg.learned_positions:
             q, k = self.rotate(q), self.rotate(k)
         # (N, dim) -> (B, T, dim): each text's rows, padded to the longest
@@ -108,8 +112,10 @@ class _EncoderBuilder(_Builder):
         """The MLP of layer ``i`` without the down projection's bias (``skip_norm`` adds it)."""
         p, cfg = f"blk.{i}.", self.cfg
         if cfg.ffn_gated:
-            gate = self.dense(h, p + "ffn_gate")
-            act = self.node("Mul", [self.activation(gate), self.dense(h, p + "ffn_up")], "glu")
+            gate, up = (self.bias(y, f"{p}{n}.bias") for y, n in
+                        zip(self.linears(h, [self.spec.weights[p + n] for n in ("ffn_gate", "ffn_up")]),
+                            ("ffn_gate", "ffn_up")))
+            act = self.node("Mul", [self.activation(gate), up], "glu")
         elif cfg.ffn_act == "gelu_tanh":  # the bias and the tanh GELU in one op
             up = self.linear(h, self.spec.weights[p + "ffn_up"])
             act = self.node("FastGelu", [up, *self.bias_input(p + "ffn_up.bias")], "gelu", domain="com.microsoft")

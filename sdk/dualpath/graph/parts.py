@@ -278,15 +278,30 @@ def _read_parts(folder: str, spec: ModelSpec) -> list[PartFile] | None:
     return parts
 
 
-ENCODER_VERSION = 3
+ENCODER_VERSION = 4
 """Bump when graph/encoder.py changes the graph: older encoder folders are then never read
 (``dualpath cache prune`` removes entries, not folders).
 2: separate q, k, v biases added to a fused ``attn_qkv``.
-3: packed texts (no padding but in attention), fused MultiHeadAttention, SkipLayerNormalization, FastGelu."""
+3: packed texts (no padding but in attention), fused MultiHeadAttention, SkipLayerNormalization, FastGelu.
+4: cut at the products in our kernels (``encoder.json`` lists the steps)."""
 
 
-def encoder_graph(spec: ModelSpec, accuracy_level: int) -> PartFile:
-    """The one graph of an encoder (graph/encoder.py) in ``spec``'s cache entry, folder
+@dataclass
+class EncoderGraph:
+    """An encoder in its cache entry: ONNX Runtime's graphs (``PartFile``) and our products
+    (``KernelStep``) in the order they run, and the tensors crossing between them ->
+    (rows symbol, width). One graph and nothing else where no matrix has our kernels' form."""
+
+    steps: list
+    shapes: dict[str, tuple[str, int]]
+
+    @property
+    def parts(self) -> list[PartFile]:
+        return [s for s in self.steps if isinstance(s, PartFile)]
+
+
+def encoder_graph(spec: ModelSpec, accuracy_level: int) -> EncoderGraph:
+    """The graph of an encoder (graph/encoder.py) in ``spec``'s cache entry, folder
     ``encoder-v{ENCODER_VERSION}-o{OPSET}-a{accuracy}``: built (which imports onnx) when absent."""
     name = f"encoder-v{ENCODER_VERSION}-o{OPSET}-a{accuracy_level}"
     _remove_stale(spec.entry.folder)
@@ -295,18 +310,35 @@ def encoder_graph(spec: ModelSpec, accuracy_level: int) -> PartFile:
         try:
             with open(os.path.join(folder, "encoder.json"), encoding="utf-8") as f:
                 doc = json.load(f)
-            path = os.path.join(folder, "encoder.onnx")
-            if not os.path.isfile(path):
-                raise ValueError("encoder.onnx is missing")
-            weights = {}
-            for key in doc["weights"]:
-                owner, _, kind = key.rpartition(".")
-                weights[key] = spec.weights[owner].arrays()[kind]
-            return PartFile(0, path, tuple(doc["inputs"]), tuple(doc["outputs"]), weights, bool(doc["prepack"]))
+            return EncoderGraph([_encoder_step(spec, folder, s) for s in doc["steps"]],
+                                {k: (v[0], int(v[1])) for k, v in doc["shapes"].items()})
         except (OSError, ValueError, KeyError, TypeError) as e:
             log.warning("discarding cached encoder graph %s (%s); building it again", folder, e)
             shutil.rmtree(folder, ignore_errors=True)
     raise RuntimeError(f"the encoder graph in {folder} cannot be read back after writing it")
+
+
+def _encoder_step(spec: ModelSpec, folder: str, step: dict) -> PartFile | KernelStep:
+    """One step of ``encoder.json``, checked against the entry."""
+    if "products" in step:
+        k = step["products"]
+        if not all(w in spec.weights and spec.weights[w].kernel_form for w in k["weights"]):
+            raise ValueError(f"our products name weights {k['weights']} the entry does not hold in their form")
+        return KernelStep(k["input"], tuple(k["outputs"]), tuple(k["weights"]))
+    path = os.path.join(folder, step["file"])
+    if not os.path.isfile(path):
+        raise ValueError(f"{step['file']} is missing")
+    weights = {}
+    for key in step["weights"]:
+        owner, _, kind = key.rpartition(".")
+        weights[key] = spec.weights[owner].arrays()[kind]
+    return PartFile(0, path, tuple(step["inputs"]), tuple(step["outputs"]), weights, bool(step["prepack"]),
+                    matmuls=bool(step["matmuls"]))
+
+
+PARALLEL_OPS = ("MatMulNBits", "MatMul", "Gemm", "MultiHeadAttention")
+"""Ops of a graph worth ONNX Runtime's threads (``PartFile.matmuls``): products, and an
+encoder's attention."""
 
 
 def _write_encoder(spec: ModelSpec, accuracy_level: int, folder: str) -> None:
@@ -317,12 +349,24 @@ def _write_encoder(spec: ModelSpec, accuracy_level: int, folder: str) -> None:
                                         "building it needs the onnx package: pip install 'dualpath[convert]'") from e
     from .builder import PLACEHOLDER
     from .encoder import build_encoder
+    from .segments import Products, split
 
     part = build_encoder(spec, accuracy_level)
     if part.tables or part.derived:
         raise RuntimeError("an encoder graph names no tables or derived arrays")
     with open(os.path.join(folder, PLACEHOLDER), "wb") as f:
         f.truncate(part.placeholder_bytes)  # sparse: never read
-    onnx.save(part.model, os.path.join(folder, "encoder.onnx"))
-    write_json(os.path.join(folder, "encoder.json"), {"inputs": list(part.inputs), "outputs": list(part.outputs),
-                                                       "weights": list(part.weights), "prepack": part.prepack})
+    program = split(part)
+    steps: list[dict] = []
+    for step in program.steps:
+        if isinstance(step, Products):
+            steps.append({"products": {"input": step.input, "outputs": list(step.outputs),
+                                       "weights": list(step.weights)}})
+            continue
+        file = f"encoder.{len(steps)}.onnx"
+        onnx.save(step.model, os.path.join(folder, file))
+        steps.append({"file": file, "inputs": list(step.inputs), "outputs": list(step.outputs),
+                      "weights": list(step.weights), "prepack": step.prepack,
+                      "matmuls": any(n.op_type in PARALLEL_OPS for n in step.model.graph.node)})
+    write_json(os.path.join(folder, "encoder.json"), {"steps": steps,
+                                                       "shapes": {k: list(v) for k, v in program.shapes.items()}})

@@ -10,6 +10,7 @@ A node runs in the segment after the last product it depends on; a product runs 
 segment that makes its input. The tensors that cross from one step to the next are 2-D,
 (rows, width), rows being the part's tokens (T) or, in the last part, the rows whose logits
 are wanted (R): the runtime gives each a buffer of its own (``executor/runner_step.py``).
+An encoder's graph is cut the same way (rows: the batch's tokens, N; executor/encoder_program.py).
 """
 
 from __future__ import annotations
@@ -88,7 +89,8 @@ def _shapes(model: onnx.ModelProto, kernel_shapes: dict[str, tuple[int, int]]) -
     """Every tensor's type, from ONNX's shape inference over a stand-in of the graph whose
     ops it does not know are ones it does with the same output shape: our products and
     MatMulNBits as MatMul over a (K, N) initializer without data, ONNX Runtime's fused
-    norm and RoPE as Identity."""
+    norms, RoPE, GELU and attention (an encoder's) as Identity: each one's output is
+    shaped like its first input."""
     g = model.graph
     nodes, inits = [], list(g.initializer)
 
@@ -104,7 +106,8 @@ def _shapes(model: onnx.ModelProto, kernel_shapes: dict[str, tuple[int, int]]) -
         elif n.op_type == "MatMulNBits":
             a = {x.name: x.i for x in n.attribute}
             nodes.append(matmul(n.input[0], n.output[0], a["K"], a["N"], n.output[0]))
-        elif n.op_type in ("SimplifiedLayerNormalization", "RotaryEmbedding"):
+        elif n.op_type in ("SimplifiedLayerNormalization", "RotaryEmbedding", "SkipLayerNormalization", "FastGelu",
+                           "MultiHeadAttention"):
             nodes.append(helper.make_node("Identity", [n.input[0]], [n.output[0]]))
         else:
             nodes.append(n)

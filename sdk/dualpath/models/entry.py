@@ -35,7 +35,7 @@ class StoreRoot(Protocol):
     root: str
 
 
-CONVERSION_VERSION = 8
+CONVERSION_VERSION = 9
 """Bump when conversion or the graphs change meaning: older entries are then never
 matched (and the size limit removes them in time). 2: the last graph part outputs hidden.
 3: float matrices stored (in, out) for MatMul (``Weight.data_t``). 4: tokenizer.json holds
@@ -43,7 +43,8 @@ the scores and token types as base64 little-endian arrays (``ARRAY_FIELDS``). 5:
 layer's Q4_K, Q6_K, Q5_0, Q8_0 and Q4_0 matrices in our kernels' form (``Weight.kernel_form``).
 6: the classifier's (and a tied embedding's) too. 7: weights.bin written in whole 2 MiB
 pieces, its gaps zeros (the page cache then holds it in huge folios: ``EntryWriter._append``).
-8: a reranker's metadata has ``rank`` (labels, prompt format), a decoder's pooling may be rank."""
+8: a reranker's metadata has ``rank`` (labels, prompt format), a decoder's pooling may be rank.
+9: an encoder's layer matrices in our kernels' form too (graph/encoder.py cuts at them)."""
 
 
 class CorruptEntry(DualPathError):

@@ -171,7 +171,7 @@ def load_gguf(path: str | os.PathLike, sink=None) -> ModelSpec:
     tensors = {t.name: t for t in reader.tensors}
     _check_tensor_offsets(path, reader)
     cfg = _model_config(path, meta, fam, tensors)
-    weights = _convert_weights(path, reader, tensors, sink, kernel_forms=cfg.causal)
+    weights = _convert_weights(path, reader, tensors, sink, has_classifier=cfg.causal)
     check_weights(path, cfg, weights)
 
     tok = _tokenizer_spec(path, meta, cfg.vocab_size)
@@ -328,10 +328,11 @@ def _rank_metadata(path: str, meta: _Metadata, arch: str, tok: TokenizerSpec, te
             "add_sep": bool(meta.get("tokenizer.ggml.add_sep_token", wpm))}
 
 
-def _convert_weights(path: str, reader, tensors: dict, sink, kernel_forms: bool = True) -> dict[str, Weight]:
+def _convert_weights(path: str, reader, tensors: dict, sink, has_classifier: bool = True) -> dict[str, Weight]:
     """Every ``.weight``/``.bias`` tensor as a Weight, each handed to ``sink`` once converted.
-    ``kernel_forms``: a decoder's matrices of our kernels' types take their form (an
-    encoder's run in one ONNX graph, as MatMulNBits: graph/encoder.py).
+    A layer's matrices of our kernels' types take their form; so does the classifier where
+    the model ``has_classifier`` (a decoder: ``output``, or the ``token_embd`` tied to it;
+    an encoder's ``token_embd`` is only gathered).
 
     Zero copy pays when the file is mostly F32. When it is mostly converted weights
     (quantized or F16), the few F32 views (norms) would pin the whole mapping, whose
@@ -341,11 +342,11 @@ def _convert_weights(path: str, reader, tensors: dict, sink, kernel_forms: bool 
     f32_bytes = sum(int(t.n_bytes) for t in tensors.values() if t.tensor_type == gguf.GGMLQuantizationType.F32)
     keep_views = f32_bytes >= 0.05 * os.path.getsize(path)
     weights: dict[str, Weight] = {}
-    classifier = "output.weight" if "output.weight" in tensors else "token_embd.weight"
+    classifier = ("output.weight" if "output.weight" in tensors else "token_embd.weight") if has_classifier else ""
     for name, t in tensors.items():
         if name.endswith((".weight", ".bias")):  # "blk.0.attn_q.weight" -> "blk.0.attn_q"; biases keep ".bias"
             key = name.removesuffix(".weight")
-            w = _convert(path, name, t, key, name == classifier, kernel_forms)
+            w = _convert(path, name, t, key, name == classifier)
             view = not w.source_type and w.dtype == "f32"
             if view and not keep_views:
                 w.data, view = np.array(w.data), False
@@ -429,10 +430,9 @@ class _Metadata:
         return self.get_int(key, 0)
 
 
-def _convert(path: str, name: str, t, key: str, classifier: bool = False, kernel_forms: bool = True) -> Weight:
+def _convert(path: str, name: str, t, key: str, classifier: bool = False) -> Weight:
     """One GGUF tensor ``name`` -> the Weight ``key`` in ONNX Runtime's layout or our kernels'
-    form (see spec.py); ``classifier``: it is the classifier (``output``, or a tied embedding);
-    ``kernel_forms``: False keeps every matrix in ONNX Runtime's layout."""
+    form (see spec.py); ``classifier``: it is the classifier (``output``, or a tied embedding)."""
     import gguf
 
     qtype = t.tensor_type
@@ -458,7 +458,7 @@ def _convert(path: str, name: str, t, key: str, classifier: bool = False, kernel
                 raise ModelLoadError(path, f"tensor {name!r} of type {type_name} has shape {shape}; "
                                            f"rows must be a multiple of {block}")
             raw = np.asarray(raw, dtype=np.uint8)
-            if kernel_forms and quants.kernel_form(key, type_name, shape, classifier):
+            if quants.kernel_form(key, type_name, shape, classifier):
                 return Weight(key, type_name.lower(), shape, quants.to_kernel_form(raw, type_name, shape),
                               source_type=type_name, kernel_form=True)
             nb = quants.repack(raw, type_name, shape)

@@ -1,0 +1,101 @@
+"""An encoder's graph as it runs (graph/parts.py ``EncoderGraph``): ONNX Runtime's graphs over
+IOBindings and, between them, the layer products in our kernels (``LMatmul``, the file's
+blocks read in place, activations quantized per block of 32 as llama.cpp does).
+
+Every tensor that crosses between two steps has a buffer of (max_rows, width) f32, made
+once. Names are unique per layer, so buffers are shared by lifetime: a tensor takes a buffer
+of its width that no later step reads, and a 6-layer MiniLM needs 7 buffers, not 50. A batch
+of N rows uses each buffer's first N rows (the pages it never reaches stay untouched).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..graph.parts import EncoderGraph, KernelStep, PartFile
+from ..kernels import LMatmul, ThreadPool
+from ..models.spec import ModelSpec
+from .ort_sessions import can_unidle, create_sessions
+
+OUTPUT = "hidden"
+"""The graph's output: the last layer's states (N, dim)."""
+
+
+def share_buffers(graph: EncoderGraph) -> dict[str, int]:
+    """Crossing tensor -> index of its buffer: a tensor takes a free buffer of its width (one
+    whose tensor no later step reads) or a new one. A step's outputs never share with its
+    inputs (those are freed only after the step)."""
+    steps = [(s.input,) if isinstance(s, KernelStep) else s.inputs for s in graph.steps]
+    outs = [s.outputs for s in graph.steps]
+    last: dict[str, int] = {}
+    for i, names in enumerate(steps):
+        for n in names:
+            last[n] = i
+    index: dict[str, int] = {}
+    widths: list[int] = []
+    free: list[int] = []
+    for i, names in enumerate(steps):
+        for n in outs[i]:
+            if n not in graph.shapes:
+                continue  # the graph's output
+            width = graph.shapes[n][1]
+            b = next((b for b in free if widths[b] == width), None)
+            if b is None:
+                widths.append(width)
+                b = len(widths) - 1
+            else:
+                free.remove(b)
+            index[n] = b
+        free += [index[n] for n in names if n in index and last[n] == i]
+    return index
+
+
+class EncoderProgram:
+    """``run(feeds, n)``: the encoder's states (n, dim) of a batch of n packed tokens, from its
+    graph inputs ``feeds`` (graph/encoder.py: x, pad, unpad, mask, cos/sin), with
+    ``num_threads`` threads: ONNX Runtime's and our kernels' pool on the same cores, ORT's
+    spinning workers yielding to our pool's jobs where the process may make them."""
+
+    def __init__(self, spec: ModelSpec, graph: EncoderGraph, num_threads: int, max_rows: int,
+                 int8_act: bool = True, kernel: str | None = None):
+        self.graph = graph
+        self.sessions = create_sessions(graph.parts, num_threads, spinning=True, entry=spec.entry,
+                                        prepack_float=True)
+        products = [s for s in graph.steps if isinstance(s, KernelStep)]
+        self.pool = ThreadPool(num_threads) if products else None
+        if self.pool is not None and self.sessions.spinning_workers and can_unidle():
+            self.pool.set_yielders(self.sessions.spinning_workers)
+        index = share_buffers(graph)
+        widths: dict[int, int] = {b: graph.shapes[n][1] for n, b in index.items()}
+        self.buffers = [np.zeros((max_rows, widths[b]), np.float32) for b in range(len(widths))]
+        self._buf = {n: self.buffers[b] for n, b in index.items()}
+        self.dim = spec.config.dim
+        self._plan: list = []  # (session, binding, part) or an LMatmul, in order
+        sessions = iter(self.sessions)
+        for step in graph.steps:
+            if isinstance(step, KernelStep):
+                outs = [(spec.weights[w].source_type, spec.weights[w].data, self._buf[o])
+                        for w, o in zip(step.weights, step.outputs)]
+                self._plan.append(LMatmul(outs, self._buf[step.input], kernel, int8_act))
+            else:
+                session = next(sessions)
+                self._plan.append((session, session.io_binding(), step))
+
+    def run(self, feeds: dict[str, np.ndarray], n: int) -> np.ndarray:
+        hidden = np.empty((n, self.dim), np.float32)
+        for step in self._plan:
+            if isinstance(step, LMatmul):
+                step.run(n, self.pool)
+                continue
+            session, binding, part = step
+            self._bind(binding, part, feeds, n, hidden)
+            session.run_with_iobinding(binding)
+        return hidden
+
+    def _bind(self, binding, part: PartFile, feeds: dict[str, np.ndarray], n: int, hidden: np.ndarray) -> None:
+        for name in part.inputs:
+            a = self._buf[name][:n] if name in self._buf else feeds[name]
+            binding.bind_cpu_input(name, a)
+        for name in part.outputs:
+            a = hidden if name == OUTPUT else self._buf[name][:n]
+            binding.bind_output(name, "cpu", 0, np.float32, a.shape, a.ctypes.data)
