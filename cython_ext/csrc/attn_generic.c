@@ -143,4 +143,5 @@ const dp_attn_ops dp_ops_generic = {
     DP_ATTN_OPS_COMMON,
     .qrows = dp_qrows_generic,
     .lrows = dp_lrows_generic,
+    .lquant = dp_lact_quantize,
 };

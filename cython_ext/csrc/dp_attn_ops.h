@@ -72,6 +72,8 @@ typedef struct {
     dp_lrows_fn lrows;
     /* Non-zero: lrows takes activation rows in pairs and reads dp_lact.pairs when R >= 2. */
     int lact_pairs;
+    /* The activations' int8 quantization for lrows (lmatmul.h): dp_lact_quantize's bytes. */
+    dp_lquant_fn lquant;
 } dp_attn_ops;
 
 /* out (R, ldo) = x (R, K) times w transposed: N rows of K values in the 8-bit MatMulNBits

@@ -308,6 +308,37 @@ static void ltask(void *ctx, int64_t t, int worker) {
         j->fn(jb->kind, jb->w, g0, g1, &j->act, jb->out, jb->ldo);
 }
 
+/* f32 activation bytes a task of the quantization takes (whole rows, an even number so that
+ * a task also builds its rows' pairs): a pass over memory long enough to amortize the
+ * task's hand-out, short enough that a prefill chunk's 512 rows split over every thread. */
+#define LQUANT_TASK_BYTES (64 << 10)
+
+/* The activations' quantization (and pairs) over the pool, rows at a time: blocks and
+ * pairs of rows are independent, so the bytes are those of one pass on the caller. */
+typedef struct {
+    dp_lquant_fn fn;
+    const float *x;
+    int8_t *xq;
+    float *xd, *xm;
+    int32_t *xs;
+    uint8_t *pairs; /* NULL: the ISA takes no pairs */
+    int64_t R, K, rows;
+} lquant_run;
+
+static void lquant_task(void *ctx, int64_t t, int worker) {
+    (void)worker;
+    const lquant_run *q = (const lquant_run *)ctx;
+    const int64_t r0 = t * q->rows, n = r0 + q->rows < q->R ? q->rows : q->R - r0, K = q->K;
+    int8_t *xq = q->xq + r0 * K;
+    float *xd = q->xd + r0 * K / 32, *xm = q->xm + r0 * K / 32;
+    int32_t *xs = q->xs + r0 * K / 16;
+    q->fn(q->x + r0 * K, n, K, xq, xd, xs, xm);
+    if (q->pairs) {
+        const dp_lact rows = {.xq = xq, .xd = xd, .xs = xs, .R = n, .K = K, .xm = xm};
+        dp_lact_pairs(&rows, q->pairs + r0 / 2 * (K / 32) * DP_LPAIR_BYTES);
+    }
+}
+
 int dp_lmatmul(dp_pool *pool, const dp_attn_ops *ops, const dp_ljob *jobs, int njobs, const float *x, int64_t R,
                int64_t K, int int8_act) {
     if (!ops || !ops->lrows || !jobs || njobs < 1 || njobs > LMATMUL_MAX_JOBS || !x || R < 1 || K < 32 || K % 32 ||
@@ -328,6 +359,7 @@ int dp_lmatmul(dp_pool *pool, const dp_attn_ops *ops, const dp_ljob *jobs, int n
     run.per_task = run.per_task < 1 ? 1 : run.per_task > LGROUPS_PER_TASK_MAX ? LGROUPS_PER_TASK_MAX : run.per_task;
     for (int i = 0; i < njobs; i++)
         run.first[i + 1] = run.first[i] + (jobs[i].N / 16 + run.per_task - 1) / run.per_task;
+    const int on_pool = pool && (bytes >= LMATMUL_POOL_BYTES || bytes * R >= 4 * LMATMUL_POOL_BYTES);
     void *buf = NULL;
     run.act = (dp_lact){.R = R, .K = K};
     if (int8_act) {
@@ -340,16 +372,21 @@ int dp_lmatmul(dp_pool *pool, const dp_attn_ops *ops, const dp_ljob *jobs, int n
         float *xd = (float *)(pairs + pair_bytes), *xm = xd + R * K / 32;
         int32_t *xs = (int32_t *)(xm + R * K / 32);
         int8_t *xq = (int8_t *)(xs + R * K / 16);
-        dp_lact_quantize(x, R, K, xq, xd, xs, xm);
-        run.act = (dp_lact){.xq = xq, .xd = xd, .xs = xs, .R = R, .K = K, .xm = xm};
-        if (pair_bytes) {
-            dp_lact_pairs(&run.act, pairs);
-            run.act.pairs = pairs;
-        }
+        lquant_run q = {ops->lquant ? ops->lquant : dp_lact_quantize, x, xq, xd, xm, xs, pair_bytes ? pairs : NULL, R, K};
+        q.rows = LQUANT_TASK_BYTES / (4 * K);
+        q.rows = q.rows < 2 ? 2 : q.rows + q.rows % 2;
+        const int64_t qtasks = (R + q.rows - 1) / q.rows;
+        /* on the pool only when the products go there too, and in two tasks or more:
+         * decode's few rows stay on the caller */
+        if (on_pool && qtasks >= 2)
+            dp_pool_run(pool, qtasks, lquant_task, &q);
+        else
+            for (int64_t t = 0; t < qtasks; t++) lquant_task(&q, t, 0);
+        run.act = (dp_lact){.xq = xq, .xd = xd, .xs = xs, .R = R, .K = K, .pairs = q.pairs, .xm = xm};
     } else {
         run.x = x;
     }
-    if (pool && (bytes >= LMATMUL_POOL_BYTES || bytes * R >= 4 * LMATMUL_POOL_BYTES))
+    if (on_pool)
         dp_pool_run(pool, run.first[njobs], ltask, &run);
     else
         for (int64_t t = 0; t < run.first[njobs]; t++) ltask(&run, t, 0);

@@ -130,7 +130,18 @@ typedef struct {
 
 #define DP_LPAIR_BYTES 128
 
+/* x (R, K) f32 -> xq, xd, xs, xm of dp_lact, one block of 32 at a time (blocks are
+ * independent: rows [r0, r1) are the call on x + r0 K, xq + r0 K, xd + r0 K / 32, ...). The
+ * scalar reference: d = amax / 127, inv = 1 / d (0 for d = 0), q = rintf(v * inv). */
 void dp_lact_quantize(const float *x, int64_t R, int64_t K, int8_t *xq, float *xd, int32_t *xs, float *xm);
+/* An ISA's quantizer (dp_attn_ops.lquant): the same bytes as dp_lact_quantize for every
+ * input. The vector ones round with the CPU's round-to-nearest-even conversion, rintf's
+ * under the default rounding mode, where every |v * inv| < 127.5 (the finite blocks); a
+ * block with an infinity or NaN, or so tiny that 1 / d overflows, goes to the reference. */
+typedef void (*dp_lquant_fn)(const float *x, int64_t R, int64_t K, int8_t *xq, float *xd, int32_t *xs, float *xm);
+void dp_lquant_avx2(const float *, int64_t, int64_t, int8_t *, float *, int32_t *, float *);
+void dp_lquant_avx512(const float *, int64_t, int64_t, int8_t *, float *, int32_t *, float *);
+void dp_lquant_neon(const float *, int64_t, int64_t, int8_t *, float *, int32_t *, float *);
 /* The pairs records of dp_lact from its xq, xd, xs (R >= 2): out (R / 2, K / 32, 128 B). */
 void dp_lact_pairs(const dp_lact *a, uint8_t *out);
 

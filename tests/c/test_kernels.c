@@ -1022,6 +1022,89 @@ static void lform_rows_cases(void) {
     free(src), free(form), free(w);
 }
 
+/* Block b of 32 values that probe the quantizer (kind b % 12): random at random scales,
+ * exact ties (d a power of two: v * inv = k + 0.5 exactly), zeros, negative zeros, the
+ * largest floats, blocks so tiny that d is subnormal or 1 / d overflows, subnormals, and
+ * (awkward = 2) infinities and NaN. */
+static void awkward_block(float *v, int64_t b, int awkward) {
+    const int kind = (int)(b % (awkward > 1 ? 12 : 10));
+    const int e = (int)((frand() + 1.0f) * 100.0f) - 100; /* a power of two in [2^-100, 2^100) */
+    for (int i = 0; i < 32; i++) {
+        const float r = frand();
+        switch (kind) {
+        case 0: v[i] = ldexpf(r, e); break;
+        case 1: v[i] = ldexpf(r, (int)((frand() + 1.0f) * 130.0f) - 140); break; /* 2^-140 .. 2^120 */
+        case 2: v[i] = ldexpf(i ? rintf(r * 126.0f) + (r > 0 ? 0.5f : -0.5f) : 127.0f, e); break;
+        case 3: v[i] = ldexpf(i ? 2.0f * rintf(r * 126.0f) + 1.0f : -254.0f, e); break; /* d = 2: odd / 2 */
+        case 4: v[i] = i % 3 ? 0.0f : -0.0f; break;
+        case 5: v[i] = r > 0 ? 3.4028235e38f : r * 3.4028235e38f; break;
+        case 6: v[i] = r * 1e-37f; break;  /* 1 / d overflows */
+        case 7: v[i] = r * 1e-36f; break;  /* d subnormal, 1 / d finite */
+        case 8: v[i] = r * 1e-41f; break;  /* subnormal values */
+        case 9: v[i] = i == 5 ? -1.4e-45f : i % 2 ? 0.0f : -0.0f; break;
+        case 10: v[i] = i == 7 ? (r > 0 ? INFINITY : -INFINITY) : r; break;
+        default: v[i] = i == 30 ? NAN : i == 3 ? INFINITY : r * 5.0f; break;
+        }
+    }
+}
+
+/* Every ISA's quantizer (dp_attn_ops.lquant) gives dp_lact_quantize's bytes, block by block. */
+static void lquant_cases(void) {
+    const int64_t shapes[][2] = {{1, 32}, {3, 96}, {40, 384}, {5, 2048}, {2, 4096}};
+    for (int i = 0; i < dp_num_isas; i++) {
+        const dp_attn_ops *ops = dp_ops_by_name(dp_isas[i].name);
+        if (!ops) continue;
+        check(ops->lquant != NULL, "every ISA has an activations' quantizer");
+        int same = 1;
+        for (int s = 0; s < 5; s++)
+            for (int rep = 0; rep < 4; rep++) {
+                const int64_t R = shapes[s][0], K = shapes[s][1], nb = R * K / 32;
+                float *x = malloc((size_t)(R * K) * sizeof(float)), *fd[2], *fm[2];
+                int8_t *q[2];
+                int32_t *xs[2];
+                for (int64_t b = 0; b < nb; b++) awkward_block(x + 32 * b, b + rep, 2);
+                for (int k = 0; k < 2; k++) {
+                    fd[k] = malloc((size_t)nb * sizeof(float)), fm[k] = malloc((size_t)nb * sizeof(float));
+                    q[k] = malloc((size_t)(R * K)), xs[k] = malloc((size_t)(2 * nb) * sizeof(int32_t));
+                    (k ? ops->lquant : dp_lact_quantize)(x, R, K, q[k], fd[k], xs[k], fm[k]);
+                }
+                same &= !memcmp(q[0], q[1], (size_t)(R * K)) && !memcmp(fd[0], fd[1], (size_t)nb * sizeof(float)) &&
+                        !memcmp(xs[0], xs[1], (size_t)(2 * nb) * sizeof(int32_t)) &&
+                        !memcmp(fm[0], fm[1], (size_t)nb * sizeof(float));
+                for (int k = 0; k < 2; k++) free(fd[k]), free(fm[k]), free(q[k]), free(xs[k]);
+                free(x);
+            }
+        char what[160];
+        snprintf(what, sizeof what, "lquant %s: the reference's bytes on ties, zeros, -0, huge, tiny, subnormal, inf, NaN",
+                 dp_isas[i].name);
+        check(same, what);
+    }
+}
+
+/* A prefill's product with its quantization (and pairs) on the pool, in tasks of rows
+ * (an odd R: a last task of one row), equals the caller's with the scalar quantizer. */
+static void lquant_pool_case(const dp_attn_ops *ops, dp_pool *pool, int kind, int64_t N, int64_t K, int64_t R,
+                             const char *isa) {
+    int64_t src_bytes;
+    uint8_t *src = random_ggml(kind, N, K, 77 + (uint64_t)R, &src_bytes);
+    const int64_t fb = dp_lform_bytes(kind, N, K);
+    uint8_t *form = malloc((size_t)fb);
+    dp_lform_from_ggml(kind, src, src_bytes, N, K, form, fb);
+    float *x = malloc((size_t)(R * K) * sizeof(float));
+    float *got = malloc((size_t)(R * N) * sizeof(float)), *want = malloc((size_t)(R * N) * sizeof(float));
+    for (int64_t b = 0; b < R * K / 32; b++) awkward_block(x + 32 * b, b, 1);
+    dp_attn_ops scalar = *ops;
+    scalar.lquant = dp_lact_quantize;
+    const dp_ljob jg = {kind, form, fb, N, got, R * N, N}, jw = {kind, form, fb, N, want, R * N, N};
+    int ok = dp_lmatmul(pool, ops, &jg, 1, x, R, K, 1) == DP_OK && dp_lmatmul(NULL, &scalar, &jw, 1, x, R, K, 1) == DP_OK;
+    ok &= !memcmp(got, want, (size_t)(R * N) * sizeof(float));
+    char what[160];
+    snprintf(what, sizeof what, "lmatmul %s %s K %lld R %lld: quantized on the pool = the scalar pass on the caller",
+             isa, dp_lkinds[kind].name, (long long)K, (long long)R);
+    check(ok, what);
+    free(src), free(form), free(x), free(got), free(want);
+}
+
 static void lmatmul_cases(dp_pool *pool) {
     for (int i = 0; i < dp_num_isas; i++) {
         const dp_attn_ops *ops = dp_ops_by_name(dp_isas[i].name);
@@ -1040,6 +1123,9 @@ static void lmatmul_cases(dp_pool *pool) {
             lmatmul_case(ops, pool, kind, 48, sb * 2, 3, 0, dp_isas[i].name);                  /* f32 activations */
         }
         lmatmul_job_cases(ops, pool, dp_isas[i].name);
+        lquant_pool_case(ops, pool, DP_L_Q4_K, 64, 2048, 41, dp_isas[i].name);
+        lquant_pool_case(ops, pool, DP_L_Q8_0, 32, 384, 301, dp_isas[i].name);
+        lquant_pool_case(ops, pool, DP_L_Q6_K, 16, 4096, 10, dp_isas[i].name);
     }
 }
 
@@ -1122,6 +1208,7 @@ int main(void) {
     bad_slot_cases(best);
     ggml_repack_cases();
     qmatmul_cases(pool);
+    lquant_cases();
     lmatmul_cases(pool);
     lform_rows_cases();
     dp_pool_destroy(pool);

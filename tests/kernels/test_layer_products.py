@@ -56,6 +56,58 @@ def test_every_kind_and_isa_multiplies_the_file_values(type_name, rows):
             assert np.all(np.abs(out - ref) <= 2e-6 * mag + 1e-6), (kernel, int8)
 
 
+def awkward_rows(rows: int, k: int, seed: int) -> np.ndarray:
+    """(rows, k) f32 whose blocks of 32 probe the int8 quantization: random at scales from
+    2^-100 to 2^100, exact ties (d a power of two, so x / d = m + 0.5), zeros and -0, the
+    largest floats, and blocks whose d is subnormal."""
+    rng = np.random.default_rng(seed)
+    u = rng.uniform(-1, 1, (rows * k // 32, 32)).astype(np.float32)
+    scale = np.ldexp(np.float32(1), rng.integers(-100, 100, len(u))).astype(np.float32)[:, None]
+    ties = np.rint(u * 126) + np.where(u > 0, 0.5, -0.5).astype(np.float32)
+    ties[:, 0] = 127
+    signed_zeros = np.broadcast_to(np.where(np.arange(32) % 3, 0.0, -0.0).astype(np.float32), u.shape)
+    kinds = (np.arange(len(u)) % 6)[:, None]
+    choices = [u * scale, ties * scale, signed_zeros, u * np.float32(3.4e38), u * np.float32(1e-36), u]
+    b = np.select([kinds == i for i in range(6)], choices)
+    return b.reshape(rows, k).astype(np.float32)
+
+
+def test_every_isas_int8_activations_are_the_rounded_f32_values():
+    # An identity Q8_0 weight (d = 1, q = 1 on the diagonal) reads back d x q of every value:
+    # d = max|x| / 127 and q = rint(x x (1 / d)) in f32, ties to even, as the reference does.
+    rows, k = 1501, 32  # 47 KB of activations a task: quantized on the pool in 4 tasks
+    raw = np.zeros((k, 34), np.uint8)
+    raw[:, :2] = np.frombuffer(np.float16(1).tobytes(), np.uint8)
+    raw[np.arange(k), 2 + np.arange(k)] = 1
+    form = np.empty(lform_bytes("Q8_0", k, k), np.uint8)
+    lform_from_ggml(raw.reshape(-1), "Q8_0", (k, k), form)
+    x = awkward_rows(rows, k, seed=5)
+    d = np.abs(x).max(axis=1, keepdims=True) / np.float32(127)
+    inv = np.divide(np.float32(1), d, out=np.zeros_like(d), where=d > 0)
+    want = d * np.rint(x * inv)
+    pool = ThreadPool(2)
+    for kernel in available_kernels():
+        out = np.full((rows, k), -7.0, np.float32)
+        LMatmul([("Q8_0", form, out)], x, kernel).run(rows, pool)
+        np.testing.assert_array_equal(out, want, err_msg=kernel)
+
+
+@pytest.mark.parametrize("type_name", ["Q4_K", "Q8_0"])
+def test_products_quantized_on_the_pool_equal_the_callers(type_name):
+    rows, n, k = 41, 64, 2048  # 328 KB of activations: tasks of 8 rows, the last of 1
+    form = np.empty(lform_bytes(type_name, n, k), np.uint8)
+    lform_from_ggml(random_blocks(type_name, n, k, seed=9), type_name, (n, k), form)
+    x = awkward_rows(rows, k, seed=6)
+    x = np.clip(x, -1e30, 1e30)  # finite outputs: no block of 3.4e38 times a weight
+    pool = ThreadPool(2)
+    for kernel in available_kernels():
+        on_pool, on_caller = (np.full((rows, n), -7.0, np.float32) for _ in range(2))
+        LMatmul([(type_name, form, on_pool)], x, kernel).run(rows, pool)
+        LMatmul([(type_name, form, on_caller)], x, kernel).run(rows)
+        assert np.isfinite(on_pool).all()
+        np.testing.assert_array_equal(on_pool.view(np.uint32), on_caller.view(np.uint32), err_msg=kernel)
+
+
 def test_weights_of_one_input_write_their_own_outputs_and_columns_of_a_wider_array():
     k = 256
     forms = {}

@@ -186,4 +186,5 @@ const dp_attn_ops dp_ops_neon = {
     DP_ATTN_OPS_COMMON,
     .qrows = dp_qrows_neon,
     .lrows = dp_lrows_neon,
+    .lquant = dp_lquant_neon,
 };

@@ -72,11 +72,12 @@ static int64_t fma_probe(int64_t iters, float *sink) { return dp_ops_neon.fma_pr
     .kv = {[DP_KV_F16] = {scores_f16, accum_f16}, [DP_KV_F32] = {scores_f32, accum_f32}, \
            [DP_KV_Q8] = {scores_q8, accum_q8}}
 
-const dp_attn_ops dp_ops_neon_fp16 = {NEON_FP16_KV, DP_ATTN_OPS_COMMON, .qrows = dp_qrows_neon, .lrows = dp_lrows_neon};
+const dp_attn_ops dp_ops_neon_fp16 = {NEON_FP16_KV, DP_ATTN_OPS_COMMON, .qrows = dp_qrows_neon, .lrows = dp_lrows_neon,
+                                      .lquant = dp_lquant_neon};
 
 /* The cores with the dot-product extension all have FP16 arithmetic (ARMv8.2-A): their
  * ISAs share this attention and bring their own products. */
 const dp_attn_ops dp_ops_neon_dotprod = {NEON_FP16_KV, DP_ATTN_OPS_COMMON, .qrows = dp_qrows_neon_dotprod,
-                                         .lrows = dp_lrows_neon_dotprod};
+                                         .lrows = dp_lrows_neon_dotprod, .lquant = dp_lquant_neon};
 const dp_attn_ops dp_ops_neon_i8mm = {NEON_FP16_KV, DP_ATTN_OPS_COMMON, .qrows = dp_qrows_neon_i8mm,
-                                      .lrows = dp_lrows_neon_i8mm, .lact_pairs = 1};
+                                      .lrows = dp_lrows_neon_i8mm, .lact_pairs = 1, .lquant = dp_lquant_neon};

@@ -318,7 +318,8 @@ DP_DEFINE_FMA_PROBE(__m512, 12, 16, _mm512_set1_ps, _mm512_fmadd_ps, _mm512_add_
            [DP_KV_F32] = {scores_f32, accum_f32},                               \
            [DP_KV_Q8] = {scores_q8, accum_q8, scores_q8_run, accum_q8_run}}
 
-const dp_attn_ops dp_ops_avx512 = {AVX512_KV, DP_ATTN_OPS_COMMON, .qrows = dp_qrows_avx512, .lrows = dp_lrows_avx512};
+const dp_attn_ops dp_ops_avx512 = {AVX512_KV, DP_ATTN_OPS_COMMON, .qrows = dp_qrows_avx512, .lrows = dp_lrows_avx512,
+                                   .lquant = dp_lquant_avx512};
 /* AVX-512 VNNI: this attention, its products with vpdpbusd. */
 const dp_attn_ops dp_ops_avx512_vnni = {AVX512_KV, DP_ATTN_OPS_COMMON, .qrows = dp_qrows_avx512_vnni,
-                                        .lrows = dp_lrows_avx512_vnni};
+                                        .lrows = dp_lrows_avx512_vnni, .lquant = dp_lquant_avx512};

@@ -156,3 +156,49 @@ void dp_lrows_avx_vnni(int kind, const uint8_t *w, int64_t g0, int64_t g1, const
                        int64_t ldo) {
     lrows_vnni(kind, w, g0, g1, a, out, ldo);
 }
+
+/* ---- the activations' quantization (dp_lquant_fn) ---- */
+
+/* One block of 32 as lmatmul_avx512.c's: amax to a scalar, d and inv as the reference, q by
+ * cvtps (round to nearest even under the default MXCSR: rintf's) where every |v * inv| <
+ * 127.5, else the reference takes the block. */
+static inline __attribute__((always_inline)) void lquant_block(const float *v, int8_t *xq, float *xd, int32_t *xs,
+                                                               float *xm) {
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    __m256 y[4];
+    for (int i = 0; i < 4; i++) y[i] = _mm256_loadu_ps(v + 8 * i);
+    const __m256 m = _mm256_max_ps(_mm256_max_ps(_mm256_andnot_ps(sign, y[0]), _mm256_andnot_ps(sign, y[1])),
+                                   _mm256_max_ps(_mm256_andnot_ps(sign, y[2]), _mm256_andnot_ps(sign, y[3])));
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+    const float amax = _mm_cvtss_f32(m4), d = amax / 127.0f, inv = d > 0.0f ? 1.0f / d : 0.0f;
+    const __m256 vi = _mm256_set1_ps(inv), lim = _mm256_set1_ps(127.5f);
+    __m256 in = _mm256_castsi256_ps(_mm256_set1_epi32(-1));
+    for (int i = 0; i < 4; i++) {
+        y[i] = _mm256_mul_ps(y[i], vi);
+        in = _mm256_and_ps(in, _mm256_cmp_ps(_mm256_andnot_ps(sign, y[i]), lim, _CMP_LT_OQ));
+    }
+    if (__builtin_expect(_mm256_movemask_ps(in) != 0xff, 0)) {
+        dp_lact_quantize(v, 1, 32, xq, xd, xs, xm);
+        return;
+    }
+    /* packs interleave the 128-bit lanes: (a0-3 b0-3 c0-3 d0-3 | a4-7 b4-7 c4-7 d4-7) */
+    const __m256i ab = _mm256_packs_epi32(_mm256_cvtps_epi32(y[0]), _mm256_cvtps_epi32(y[1]));
+    const __m256i cd = _mm256_packs_epi32(_mm256_cvtps_epi32(y[2]), _mm256_cvtps_epi32(y[3]));
+    const __m256i q = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(ab, cd), _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+    _mm256_storeu_si256((__m256i *)xq, q);
+    /* the sums of 16 as unsigned (q + 128) byte sums: psadbw against zero, 8 bytes a lane */
+    const __m256i s = _mm256_sad_epu8(_mm256_xor_si256(q, _mm256_set1_epi8((char)0x80)), _mm256_setzero_si256());
+    const __m128i lo = _mm256_castsi256_si128(s), hi = _mm256_extracti128_si256(s, 1);
+    const __m128i t = _mm_add_epi64(_mm_unpacklo_epi64(lo, hi), _mm_unpackhi_epi64(lo, hi));
+    const int32_t a = _mm_cvtsi128_si32(t) - 2048, b = _mm_extract_epi32(t, 2) - 2048;
+    *xd = d;
+    xs[0] = a;
+    xs[1] = b;
+    *xm = d * (float)(a + b);
+}
+
+void dp_lquant_avx2(const float *x, int64_t R, int64_t K, int8_t *xq, float *xd, int32_t *xs, float *xm) {
+    for (int64_t b = 0; b < R * K / 32; b++) lquant_block(x + 32 * b, xq + 32 * b, xd + b, xs + 2 * b, xm + b);
+}

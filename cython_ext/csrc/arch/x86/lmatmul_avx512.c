@@ -149,3 +149,46 @@ void dp_lrows_avx512_vnni(int kind, const uint8_t *w, int64_t g0, int64_t g1, co
                           int64_t ldo) {
     lrows_vnni(kind, w, g0, g1, a, out, ldo);
 }
+
+/* ---- the activations' quantization (dp_lquant_fn) ---- */
+
+/* One block of 32: amax over both halves to a scalar (max is exact in any order), d and inv
+ * in scalar f32 as the reference computes them, q = cvtps (round to nearest even under the
+ * default MXCSR: rintf's) where every |v * inv| < 127.5, else the reference takes the block
+ * (an infinity or NaN, or a block so tiny that 1 / d overflows, where the reference's
+ * conversion of an out-of-range float decides the bytes). */
+static inline __attribute__((always_inline)) void lquant_block(const float *v, int8_t *xq, float *xd, int32_t *xs,
+                                                               float *xm) {
+    const __m512 v0 = _mm512_loadu_ps(v), v1 = _mm512_loadu_ps(v + 16);
+    __m512 m = _mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1));
+    __m256 m8 = _mm256_max_ps(_mm512_castps512_ps256(m), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(m), 1)));
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m8), _mm256_extractf128_ps(m8, 1));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+    const float amax = _mm_cvtss_f32(m4), d = amax / 127.0f, inv = d > 0.0f ? 1.0f / d : 0.0f;
+    const __m512 vi = _mm512_set1_ps(inv), lim = _mm512_set1_ps(127.5f);
+    const __m512 y0 = _mm512_mul_ps(v0, vi), y1 = _mm512_mul_ps(v1, vi);
+    const __mmask16 in0 = _mm512_cmp_ps_mask(_mm512_abs_ps(y0), lim, _CMP_LT_OQ);
+    const __mmask16 in1 = _mm512_cmp_ps_mask(_mm512_abs_ps(y1), lim, _CMP_LT_OQ);
+    if (__builtin_expect((in0 & in1) != 0xffff, 0)) {
+        dp_lact_quantize(v, 1, 32, xq, xd, xs, xm);
+        return;
+    }
+    const __m128i q0 = _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(y0));
+    const __m128i q1 = _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(y1));
+    _mm_storeu_si128((__m128i *)xq, q0);
+    _mm_storeu_si128((__m128i *)(xq + 16), q1);
+    /* the sums of 16 as unsigned (q + 128) byte sums: psadbw against zero */
+    const __m128i flip = _mm_set1_epi8((char)0x80), z = _mm_setzero_si128();
+    const __m128i s0 = _mm_sad_epu8(_mm_xor_si128(q0, flip), z), s1 = _mm_sad_epu8(_mm_xor_si128(q1, flip), z);
+    const __m128i s = _mm_add_epi64(_mm_unpacklo_epi64(s0, s1), _mm_unpackhi_epi64(s0, s1));
+    const int32_t a = _mm_cvtsi128_si32(s) - 2048, b = _mm_extract_epi32(s, 2) - 2048;
+    *xd = d;
+    xs[0] = a;
+    xs[1] = b;
+    *xm = d * (float)(a + b);
+}
+
+void dp_lquant_avx512(const float *x, int64_t R, int64_t K, int8_t *xq, float *xd, int32_t *xs, float *xm) {
+    for (int64_t b = 0; b < R * K / 32; b++) lquant_block(x + 32 * b, xq + 32 * b, xd + b, xs + 2 * b, xm + b);
+}
