@@ -319,13 +319,13 @@ ENCODER_TABLES = ("token_embd.weight", "position_embd.weight", "token_types.weig
 def encoder_parts(spec, slice_tokens: int) -> dict[str, int]:
     """Resident bytes an embedding model (an encoder, ``spec`` loaded) adds to a process that
     already runs Python and ONNX Runtime, by part: its vocabulary, its matrices as ONNX
-    Runtime holds them (graph/encoder.py: MatMulNBits packs, f32 otherwise; the embedding
-    tables are read from the file), and one slice of ``slice_tokens`` tokens in flight: per
+    Runtime holds them or as our kernels read them (graph/encoder.py: a layer's matrices of
+    our kernels' types in their form, f32 otherwise; the embedding tables are read from the file), and one slice of ``slice_tokens`` tokens in flight: per
     token the layer's activations, and at worst (every text as long as the context) its
     attention scores, (heads, context) f32 per token."""
     cfg = spec.config
     layout, merges = layout_of(spec)
-    weights = sum(_matrix_bytes(t, s, runtime_nbits8()) for name, (t, s) in layout.items()
+    weights = sum(_matrix_bytes(t, s, runtime_nbits8(), name=name) for name, (t, s) in layout.items()
                   if name not in ENCODER_TABLES)
     h, d, _ = ACTIVATION_FLOATS
     activations = slice_tokens * 4 * (h * cfg.hidden_dim + d * cfg.dim + cfg.num_heads * cfg.context_length)

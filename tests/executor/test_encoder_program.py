@@ -1,0 +1,72 @@
+"""An encoder cut at its products (graph/parts.py ``encoder_graph``, executor/encoder_program.py):
+a quantized file's layer matrices run in our kernels between ONNX Runtime's graphs, a float
+file stays one graph; the crossing buffers shared by lifetime never hold two live tensors."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from dualpath import LLM
+from dualpath.executor.encoder_program import share_buffers
+from dualpath.executor.memory_plan import encoder_parts
+from dualpath.graph.parts import KernelStep, encoder_graph
+from dualpath.models.synth import synth_gguf
+
+MATRICES = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_up", "ffn_down")
+
+
+@pytest.fixture(scope="module", params=["Q8_0", "F16"])
+def llm(request, tmp_path_factory):
+    path = synth_gguf(tmp_path_factory.mktemp("program") / f"bert-tiny-{request.param}.gguf", "bert-tiny",
+                      request.param)
+    return LLM(path)
+
+
+def test_a_quantized_encoder_runs_every_layer_matrix_in_our_kernels(llm):
+    graph = encoder_graph(llm.spec, 4)
+    products = [s for s in graph.steps if isinstance(s, KernelStep)]
+    named = sorted(w for s in products for w in s.weights)
+    if llm.spec.weights["blk.0.attn_q"].source_type == "Q8_0":
+        layers = llm.spec.config.num_layers
+        assert named == sorted(f"blk.{i}.{m}" for i in range(layers) for m in MATRICES)
+        assert [len(s.weights) for s in products[:1]] == [3]  # q, k, v: one product, activations quantized once
+        assert len(graph.parts) == 4 * layers + 1  # norms, attention and GELU between them
+        # counted at their form's bytes, not as ONNX Runtime's packed copies
+        form_bytes = sum(llm.spec.weights[w].data.nbytes for w in named)
+        assert form_bytes <= encoder_parts(llm.spec, 512)["weights"] < 2 * form_bytes
+    else:
+        assert named == [] and len(graph.steps) == 1
+
+
+def test_buffers_shared_by_lifetime_never_hold_two_live_tensors(llm):
+    graph = encoder_graph(llm.spec, 4)
+    index = share_buffers(graph)
+    assert set(index) == set(graph.shapes)
+    reads = [(s.input,) if isinstance(s, KernelStep) else s.inputs for s in graph.steps]
+    life: dict[str, tuple[int, int]] = {}
+    for i, s in enumerate(graph.steps):
+        for n in s.outputs:
+            life[n] = (i, i)
+    for i, names in enumerate(reads):
+        for n in names:
+            if n in life:
+                life[n] = (life[n][0], i)
+    for a in index:
+        for b in index:
+            if a < b and index[a] == index[b]:
+                (a0, a1), (b0, b1) = life[a], life[b]
+                assert a1 < b0 or b1 < a0, f"{a} and {b} share a buffer while both live"
+                assert graph.shapes[a][1] == graph.shapes[b][1]
+    if graph.shapes:
+        assert len(set(index.values())) <= 8 < len(index)
+
+
+def test_a_text_gives_the_same_vector_alone_and_in_a_batch(llm):
+    rng = np.random.default_rng(0)
+    vocab = llm.spec.config.vocab_size
+    texts = [[101] + rng.integers(200, vocab, n).tolist() + [102] for n in (3, 120, 17, 60, 1)]
+    together = llm.encoder.embed(texts, "mean")
+    for ids, v in zip(texts, together):
+        (alone,) = llm.encoder.embed([ids], "mean")
+        np.testing.assert_allclose(v, alone, atol=2e-5)
