@@ -318,11 +318,12 @@ ENCODER_TABLES = ("token_embd.weight", "position_embd.weight", "token_types.weig
 
 def encoder_parts(spec, slice_tokens: int) -> dict[str, int]:
     """Resident bytes an embedding model (an encoder, ``spec`` loaded) adds to a process that
-    already runs Python and ONNX Runtime, by part: its vocabulary, its matrices as ONNX
-    Runtime holds them or as our kernels read them (graph/encoder.py: a layer's matrices of
-    our kernels' types in their form, f32 otherwise; the embedding tables are read from the file), and one slice of ``slice_tokens`` tokens in flight: per
-    token the layer's activations, and at worst (every text as long as the context) its
-    attention scores, (heads, context) f32 per token."""
+    already runs Python and ONNX Runtime, by part: its vocabulary, its matrices as our kernels
+    read them (a layer's matrices of their types, in their form: graph/encoder.py) or as ONNX
+    Runtime holds them (f32 otherwise; the embedding tables are read from the file), and one
+    slice of ``slice_tokens`` tokens in flight: per token the layer's activations, and at
+    worst (every text as long as the context) its attention scores, (heads, context) f32
+    per token."""
     cfg = spec.config
     layout, merges = layout_of(spec)
     weights = sum(_matrix_bytes(t, s, runtime_nbits8(), name=name) for name, (t, s) in layout.items()
