@@ -24,6 +24,10 @@ from ..models.spec import ModelSpec
 from .encoder_program import EncoderProgram
 from .runner_step import TokenEmbedding
 
+BATCH_TOKENS = 1024
+"""Tokens of one batch, at most (a longer text is a batch of its own): ONNX Runtime's f32
+GEMM ran 6-7% faster over 512-1,024 rows than over 8,192 (an F16 MiniLM's 256 short texts
+and 512-token passages, docs/performance.md), and our products block their rows anyway."""
 SHORT_WIDTH = 64
 """Texts up to this many tokens share a batch whatever their lengths: attention over so few
 positions is cheap beside the matrix products, which gain from more rows."""
@@ -55,7 +59,7 @@ class EncoderRunner:
     entry) on ONNX Runtime with ``num_threads`` threads."""
 
     def __init__(self, spec: ModelSpec, num_threads: int, accuracy_level: int = 4,
-                 max_batch_tokens: int = 8192, max_score_bytes: int = 256 << 20):
+                 max_batch_tokens: int = BATCH_TOKENS, max_score_bytes: int = 256 << 20):
         cfg = spec.config
         if cfg.causal:
             raise ValueError(f"{spec.path}: {cfg.arch} is a decoder, not an encoder")

@@ -19,8 +19,8 @@ The texts are packed, without padding: every matrix product and norm runs over t
 real tokens of the batch. Only attention needs the texts apart: q, k and v are gathered
 into a padded (B, T) layout (``pad``), attended by ONNX Runtime's fused
 ``MultiHeadAttention`` with the key padding ``mask``, and gathered back (``unpad``).
-The biases ride in fused ops: ``SkipLayerNormalization`` (bias + residual + LayerNorm)
-and ``FastGelu`` (bias + the tanh GELU, llama.cpp's ``ggml_gelu``).
+The up projection's bias rides in ``FastGelu`` (bias + the tanh GELU, llama.cpp's
+``ggml_gelu``).
 
 Shapes (B texts, the longest T tokens; N real tokens in all):
     x       (N, dim) f32      the embeddings' sum, gathered by the runner (executor/encoder.py)
@@ -71,9 +71,10 @@ class _EncoderBuilder(_Builder):
                          epsilon=float(self.cfg.rms_eps), stash_type=1)
 
     def skip_norm(self, y: str, h: str, name: str, bias: str) -> str:
-        """LayerNorm(h + y + the bias ``bias`` where the file has it), in one op."""
-        return self.node("SkipLayerNormalization", [y, h, *self.norm_inputs(name), *self.bias_input(bias)],
-                         "sln", domain="com.microsoft", epsilon=float(self.cfg.rms_eps))
+        """LayerNorm(h + y + the bias ``bias`` where the file has it). Two Adds and the
+        standard LayerNormalization: ONNX Runtime's fused SkipLayerNormalization took 1.7x
+        their time (4.1 against 2.4 ms over 4,191 rows of 384, 2 threads)."""
+        return self.layer_norm(self.node("Add", [self.bias(y, bias), h], "res"), name)
 
     def rotate(self, x: str) -> str:
         """NeoX RoPE of x (N, heads * head_dim) with the per-token tables ``cos``/``sin``."""

@@ -283,7 +283,8 @@ ENCODER_VERSION = 4
 (``dualpath cache prune`` removes entries, not folders).
 2: separate q, k, v biases added to a fused ``attn_qkv``.
 3: packed texts (no padding but in attention), fused MultiHeadAttention, SkipLayerNormalization, FastGelu.
-4: cut at the products in our kernels (``encoder.json`` lists the steps)."""
+4: cut at the products in our kernels (``encoder.json`` lists the steps); Adds and
+LayerNormalization instead of SkipLayerNormalization."""
 
 
 @dataclass

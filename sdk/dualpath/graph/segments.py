@@ -89,7 +89,7 @@ def _shapes(model: onnx.ModelProto, kernel_shapes: dict[str, tuple[int, int]]) -
     """Every tensor's type, from ONNX's shape inference over a stand-in of the graph whose
     ops it does not know are ones it does with the same output shape: our products and
     MatMulNBits as MatMul over a (K, N) initializer without data, ONNX Runtime's fused
-    norms, RoPE, GELU and attention (an encoder's) as Identity: each one's output is
+    norm, RoPE, GELU and attention (an encoder's) as Identity: each one's output is
     shaped like its first input."""
     g = model.graph
     nodes, inits = [], list(g.initializer)
@@ -106,8 +106,7 @@ def _shapes(model: onnx.ModelProto, kernel_shapes: dict[str, tuple[int, int]]) -
         elif n.op_type == "MatMulNBits":
             a = {x.name: x.i for x in n.attribute}
             nodes.append(matmul(n.input[0], n.output[0], a["K"], a["N"], n.output[0]))
-        elif n.op_type in ("SimplifiedLayerNormalization", "RotaryEmbedding", "SkipLayerNormalization", "FastGelu",
-                           "MultiHeadAttention"):
+        elif n.op_type in ("SimplifiedLayerNormalization", "RotaryEmbedding", "FastGelu", "MultiHeadAttention"):
             nodes.append(helper.make_node("Identity", [n.input[0]], [n.output[0]]))
         else:
             nodes.append(n)
