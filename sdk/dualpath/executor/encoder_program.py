@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..graph.parts import EncoderGraph, KernelStep, PartFile
+from ..graph.parts import EncoderGraph, KernelStep
 from ..kernels import LMatmul, ThreadPool
 from ..models.spec import ModelSpec
 from .ort_sessions import can_unidle, create_sessions
@@ -71,6 +71,7 @@ class EncoderProgram:
         self._buf = {n: self.buffers[b] for n, b in index.items()}
         self.dim = spec.config.dim
         self._plan: list = []  # (session, binding, part) or an LMatmul, in order
+        self._rows = 0  # the rows the bindings were made for
         sessions = iter(self.sessions)
         for step in graph.steps:
             if isinstance(step, KernelStep):
@@ -83,19 +84,28 @@ class EncoderProgram:
 
     def run(self, feeds: dict[str, np.ndarray], n: int) -> np.ndarray:
         hidden = np.empty((n, self.dim), np.float32)
+        rebind = n != self._rows  # the crossing buffers never move: bound again only for another n
+        self._rows = n
         for step in self._plan:
             if isinstance(step, LMatmul):
                 step.run(n, self.pool)
                 continue
             session, binding, part = step
-            self._bind(binding, part, feeds, n, hidden)
+            for name in part.inputs:
+                if name in feeds:
+                    feeds[name] = np.ascontiguousarray(feeds[name])  # (kept alive through the run)
+                    _bind(binding.bind_input, name, feeds[name])
+                elif rebind:
+                    _bind(binding.bind_input, name, self._buf[name][:n])
+            for name in part.outputs:
+                if name == OUTPUT:
+                    _bind(binding.bind_output, name, hidden)
+                elif rebind:
+                    _bind(binding.bind_output, name, self._buf[name][:n])
             session.run_with_iobinding(binding)
         return hidden
 
-    def _bind(self, binding, part: PartFile, feeds: dict[str, np.ndarray], n: int, hidden: np.ndarray) -> None:
-        for name in part.inputs:
-            a = self._buf[name][:n] if name in self._buf else feeds[name]
-            binding.bind_cpu_input(name, a)
-        for name in part.outputs:
-            a = hidden if name == OUTPUT else self._buf[name][:n]
-            binding.bind_output(name, "cpu", 0, np.float32, a.shape, a.ctypes.data)
+
+def _bind(bind, name: str, a: np.ndarray) -> None:
+    """``a`` (C-contiguous) bound in place, by address: no OrtValue made per call."""
+    bind(name, "cpu", 0, a.dtype, a.shape, a.ctypes.data)
