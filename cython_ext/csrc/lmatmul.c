@@ -286,9 +286,8 @@ int dp_lform_rows(int kind, const uint8_t *w, int64_t w_len, int64_t N, int64_t 
 
 /* Int8 activation bytes of a block of rows that a task's groups all pass over (a prefill's
  * or a batch's rows in blocks: the block stays in L2 while its task's groups read it,
- * instead of every group streaming all R rows from farther away; 96 KB, 32 to 256 rows:
- * an encoder layer at 4,200 rows 42 -> 34 ms, better than 48 KB and no worse than 192 KB,
- * docs/performance-log.md). Rows a block takes: a multiple of 8, so that the ISAs' passes
+ * instead of every group streaming all R rows from farther away; 96 KB, 32 to 256 rows,
+ * ran faster than 48 KB and no slower than 192 KB: docs/performance-log.md). Rows a block takes: a multiple of 8, so that the ISAs' passes
  * over rows (8, 4, 2 rows; pairs) start where they start over all R rows, and each output
  * is summed as without blocks (the same bytes). */
 #define LROW_BLOCK_BYTES (96 << 10)
