@@ -287,9 +287,10 @@ int dp_lform_rows(int kind, const uint8_t *w, int64_t w_len, int64_t N, int64_t 
 /* Int8 activation bytes of a block of rows that a task's groups all pass over (a prefill's
  * or a batch's rows in blocks: the block stays in L2 while its task's groups read it,
  * instead of every group streaming all R rows from farther away; 96 KB, 32 to 256 rows,
- * ran faster than 48 KB and no slower than 192 KB: docs/performance-log.md). Rows a block takes: a multiple of 8, so that the ISAs' passes
- * over rows (8, 4, 2 rows; pairs) start where they start over all R rows, and each output
- * is summed as without blocks (the same bytes). */
+ * ran faster than 48 KB and no slower than 192 KB: docs/performance-log.md). Rows a block
+ * takes: a multiple of 8, so that the ISAs' passes over rows (8, 4, 2 rows; pairs) start
+ * where they start over all R rows, and each output is summed as without blocks (the same
+ * bytes). */
 #define LROW_BLOCK_BYTES (96 << 10)
 #define LROW_BLOCK_MIN 32
 #define LROW_BLOCK_MAX 256
@@ -401,7 +402,8 @@ int dp_lmatmul(dp_pool *pool, const dp_attn_ops *ops, const dp_ljob *jobs, int n
         float *xd = (float *)(pairs + pair_bytes), *xm = xd + R * K / 32;
         int32_t *xs = (int32_t *)(xm + R * K / 32);
         int8_t *xq = (int8_t *)(xs + R * K / 16);
-        lquant_run q = {ops->lquant ? ops->lquant : dp_lact_quantize, x, xq, xd, xm, xs, pair_bytes ? pairs : NULL, R, K};
+        lquant_run q = {ops->lquant ? ops->lquant : dp_lact_quantize, x, xq, xd, xm, xs, pair_bytes ? pairs : NULL,
+                        R, K};
         q.rows = LQUANT_TASK_BYTES / (4 * K);
         q.rows = q.rows < 2 ? 2 : q.rows + q.rows % 2;
         const int64_t qtasks = (R + q.rows - 1) / q.rows;

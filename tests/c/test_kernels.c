@@ -1075,8 +1075,8 @@ static void lquant_cases(void) {
                 free(x);
             }
         char what[160];
-        snprintf(what, sizeof what, "lquant %s: the reference's bytes on ties, zeros, -0, huge, tiny, subnormal, inf, NaN",
-                 dp_isas[i].name);
+        snprintf(what, sizeof what, "lquant %s: the reference's bytes on ties, zeros, -0, huge, tiny, subnormals, "
+                 "inf, NaN", dp_isas[i].name);
         check(same, what);
     }
 }
