@@ -87,10 +87,11 @@ int dp_qmatmul(dp_pool *pool, const dp_attn_ops *ops, const uint8_t *w, int64_t 
                int64_t out_len, int64_t ldo, int int8_act);
 
 /* A layer's product (lmatmul.h): every job's weight times x (R, K) f32, the activations
- * quantized once for all of them (int8_act; else multiplied as f32, in the scalar loop:
- * accuracy levels below 4, an exactness mode); the jobs' groups of rows are the pool's
- * tasks. At most 8 jobs; every job's form, rows and output are checked (DP_ERR_ARG /
- * DP_ERR_BOUNDS) before anything runs. */
+ * quantized once for all of them (int8_act, by ops->lquant, on the pool in tasks of rows
+ * where the product runs there; else multiplied as f32, in the scalar loop: accuracy
+ * levels below 4, an exactness mode); the jobs' groups of rows, times blocks of a prefill's
+ * activation rows, are the pool's tasks. At most 8 jobs; every job's form, rows and output
+ * are checked (DP_ERR_ARG / DP_ERR_BOUNDS) before anything runs. */
 int dp_lmatmul(dp_pool *pool, const dp_attn_ops *ops, const dp_ljob *jobs, int njobs, const float *x, int64_t R,
                int64_t K, int int8_act);
 

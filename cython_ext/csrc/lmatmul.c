@@ -284,12 +284,24 @@ int dp_lform_rows(int kind, const uint8_t *w, int64_t w_len, int64_t N, int64_t 
 #define LMATMUL_POOL_BYTES (128 << 10)
 #define LMATMUL_MAX_JOBS 8
 
+/* Int8 activation bytes of a block of rows that a task's groups all pass over (a prefill's
+ * or a batch's rows in blocks: the block stays in L2 while its task's groups read it,
+ * instead of every group streaming all R rows from farther away; 96 KB, 32 to 256 rows,
+ * ran faster than 48 KB and no slower than 192 KB: docs/performance-log.md). Rows a block
+ * takes: a multiple of 8, so that the ISAs' passes over rows (8, 4, 2 rows; pairs) start
+ * where they start over all R rows, and each output is summed as without blocks (the same
+ * bytes). */
+#define LROW_BLOCK_BYTES (96 << 10)
+#define LROW_BLOCK_MIN 32
+#define LROW_BLOCK_MAX 256
+
 typedef struct {
     dp_lrows_fn fn;
     const dp_ljob *jobs;
     int njobs;
-    int64_t first[LMATMUL_MAX_JOBS + 1]; /* a job's first task; first[njobs] = all tasks */
+    int64_t first[LMATMUL_MAX_JOBS + 1]; /* a job's first task in a block of rows; first[njobs] = all */
     int64_t per_task;                    /* groups a task takes */
+    int64_t block, blocks;               /* rows of a block of rows (the last: the rest), blocks */
     dp_lact act;
     const float *x; /* f32 activations (int8_act = 0), else NULL */
 } ljob_run;
@@ -297,15 +309,23 @@ typedef struct {
 static void ltask(void *ctx, int64_t t, int worker) {
     (void)worker;
     const ljob_run *j = (const ljob_run *)ctx;
+    const int64_t rb = t / j->first[j->njobs];
+    t -= rb * j->first[j->njobs];
     int i = 0;
     while (t >= j->first[i + 1]) i++;
     const dp_ljob *jb = &j->jobs[i];
     const int64_t g0 = (t - j->first[i]) * j->per_task, groups = jb->N / 16;
     const int64_t g1 = g0 + j->per_task < groups ? g0 + j->per_task : groups;
-    if (j->x)
+    if (j->x) {
         rows_scalar(jb->kind, jb->w, g0, g1, &j->act, j->x, jb->out, jb->ldo);
-    else
-        j->fn(jb->kind, jb->w, g0, g1, &j->act, jb->out, jb->ldo);
+        return;
+    }
+    const dp_lact *a = &j->act;
+    const int64_t r0 = rb * j->block, r1 = rb + 1 == j->blocks ? a->R : r0 + j->block, K = a->K;
+    const dp_lact rows = {.xq = a->xq + r0 * K, .xd = a->xd + r0 * K / 32, .xs = a->xs + r0 * K / 16, .R = r1 - r0,
+                          .K = K, .pairs = a->pairs ? a->pairs + r0 / 2 * (K / 32) * DP_LPAIR_BYTES : NULL,
+                          .xm = a->xm + r0 * K / 32};
+    j->fn(jb->kind, jb->w, g0, g1, &rows, jb->out + r0 * jb->ldo, jb->ldo);
 }
 
 /* f32 activation bytes a task of the quantization takes (whole rows, an even number so that
@@ -344,7 +364,7 @@ int dp_lmatmul(dp_pool *pool, const dp_attn_ops *ops, const dp_ljob *jobs, int n
     if (!ops || !ops->lrows || !jobs || njobs < 1 || njobs > LMATMUL_MAX_JOBS || !x || R < 1 || K < 32 || K % 32 ||
         R > INT64_MAX / K)
         return DP_ERR_ARG;
-    ljob_run run = {.fn = ops->lrows, .jobs = jobs, .njobs = njobs};
+    ljob_run run = {.fn = ops->lrows, .jobs = jobs, .njobs = njobs, .block = R, .blocks = 1};
     int64_t bytes = 0, groups = 0;
     for (int i = 0; i < njobs; i++) {
         const dp_ljob *jb = &jobs[i];
@@ -354,8 +374,18 @@ int dp_lmatmul(dp_pool *pool, const dp_attn_ops *ops, const dp_ljob *jobs, int n
         bytes += need;
         groups += jb->N / 16;
     }
+    if (int8_act) {
+        int64_t block = LROW_BLOCK_BYTES / K / 8 * 8;
+        block = block < LROW_BLOCK_MIN ? LROW_BLOCK_MIN : block > LROW_BLOCK_MAX ? LROW_BLOCK_MAX : block;
+        /* the last block takes the rest of the rows: never a block of one row, which would
+         * take the ISAs' decode loops (summed otherwise) */
+        if (R >= 2 * block) {
+            run.block = block;
+            run.blocks = R / block;
+        }
+    }
     const int threads = pool ? dp_pool_num_threads(pool) : 1;
-    run.per_task = groups / (4 * threads);
+    run.per_task = groups * run.blocks / (4 * threads);
     run.per_task = run.per_task < 1 ? 1 : run.per_task > LGROUPS_PER_TASK_MAX ? LGROUPS_PER_TASK_MAX : run.per_task;
     for (int i = 0; i < njobs; i++)
         run.first[i + 1] = run.first[i] + (jobs[i].N / 16 + run.per_task - 1) / run.per_task;
@@ -372,7 +402,8 @@ int dp_lmatmul(dp_pool *pool, const dp_attn_ops *ops, const dp_ljob *jobs, int n
         float *xd = (float *)(pairs + pair_bytes), *xm = xd + R * K / 32;
         int32_t *xs = (int32_t *)(xm + R * K / 32);
         int8_t *xq = (int8_t *)(xs + R * K / 16);
-        lquant_run q = {ops->lquant ? ops->lquant : dp_lact_quantize, x, xq, xd, xm, xs, pair_bytes ? pairs : NULL, R, K};
+        lquant_run q = {ops->lquant ? ops->lquant : dp_lact_quantize, x, xq, xd, xm, xs, pair_bytes ? pairs : NULL,
+                        R, K};
         q.rows = LQUANT_TASK_BYTES / (4 * K);
         q.rows = q.rows < 2 ? 2 : q.rows + q.rows % 2;
         const int64_t qtasks = (R + q.rows - 1) / q.rows;
@@ -386,10 +417,11 @@ int dp_lmatmul(dp_pool *pool, const dp_attn_ops *ops, const dp_ljob *jobs, int n
     } else {
         run.x = x;
     }
+    const int64_t tasks = run.blocks * run.first[njobs];
     if (on_pool)
-        dp_pool_run(pool, run.first[njobs], ltask, &run);
+        dp_pool_run(pool, tasks, ltask, &run);
     else
-        for (int64_t t = 0; t < run.first[njobs]; t++) ltask(&run, t, 0);
+        for (int64_t t = 0; t < tasks; t++) ltask(&run, t, 0);
     free(buf);
     return DP_OK;
 }

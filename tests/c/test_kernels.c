@@ -1075,34 +1075,44 @@ static void lquant_cases(void) {
                 free(x);
             }
         char what[160];
-        snprintf(what, sizeof what, "lquant %s: the reference's bytes on ties, zeros, -0, huge, tiny, subnormal, inf, NaN",
-                 dp_isas[i].name);
+        snprintf(what, sizeof what, "lquant %s: the reference's bytes on ties, zeros, -0, huge, tiny, subnormals, "
+                 "inf, NaN", dp_isas[i].name);
         check(same, what);
     }
 }
 
-/* A prefill's product with its quantization (and pairs) on the pool, in tasks of rows
- * (an odd R: a last task of one row), equals the caller's with the scalar quantizer. */
+/* A prefill's product with its quantization (and pairs) on the pool in tasks of rows (an
+ * odd R: a last task of one row), and its groups in blocks of rows (the last one R % block
+ * rows longer, 1 for the first R below), equals the ISA's rows over all R rows at once with
+ * the scalar quantizer's activations, byte for byte. */
 static void lquant_pool_case(const dp_attn_ops *ops, dp_pool *pool, int kind, int64_t N, int64_t K, int64_t R,
                              const char *isa) {
     int64_t src_bytes;
     uint8_t *src = random_ggml(kind, N, K, 77 + (uint64_t)R, &src_bytes);
-    const int64_t fb = dp_lform_bytes(kind, N, K);
-    uint8_t *form = malloc((size_t)fb);
+    const int64_t fb = dp_lform_bytes(kind, N, K), nb = R * K / 32;
+    uint8_t *form = malloc((size_t)fb), *pairs = malloc((size_t)(R / 2 * (K / 32)) * DP_LPAIR_BYTES + 1);
     dp_lform_from_ggml(kind, src, src_bytes, N, K, form, fb);
-    float *x = malloc((size_t)(R * K) * sizeof(float));
+    float *x = malloc((size_t)(R * K) * sizeof(float)), *xd = malloc((size_t)nb * sizeof(float));
+    float *xm = malloc((size_t)nb * sizeof(float));
+    int8_t *xq = malloc((size_t)(R * K));
+    int32_t *xs = malloc((size_t)(2 * nb) * sizeof(int32_t));
     float *got = malloc((size_t)(R * N) * sizeof(float)), *want = malloc((size_t)(R * N) * sizeof(float));
-    for (int64_t b = 0; b < R * K / 32; b++) awkward_block(x + 32 * b, b, 1);
-    dp_attn_ops scalar = *ops;
-    scalar.lquant = dp_lact_quantize;
-    const dp_ljob jg = {kind, form, fb, N, got, R * N, N}, jw = {kind, form, fb, N, want, R * N, N};
-    int ok = dp_lmatmul(pool, ops, &jg, 1, x, R, K, 1) == DP_OK && dp_lmatmul(NULL, &scalar, &jw, 1, x, R, K, 1) == DP_OK;
+    for (int64_t b = 0; b < nb; b++) awkward_block(x + 32 * b, b, 1);
+    dp_lact_quantize(x, R, K, xq, xd, xs, xm);
+    dp_lact act = {.xq = xq, .xd = xd, .xs = xs, .R = R, .K = K, .xm = xm};
+    if (ops->lact_pairs) {
+        dp_lact_pairs(&act, pairs);
+        act.pairs = pairs;
+    }
+    ops->lrows(kind, form, 0, N / 16, &act, want, N);
+    const dp_ljob job = {kind, form, fb, N, got, R * N, N};
+    int ok = dp_lmatmul(pool, ops, &job, 1, x, R, K, 1) == DP_OK;
     ok &= !memcmp(got, want, (size_t)(R * N) * sizeof(float));
     char what[160];
-    snprintf(what, sizeof what, "lmatmul %s %s K %lld R %lld: quantized on the pool = the scalar pass on the caller",
+    snprintf(what, sizeof what, "lmatmul %s %s K %lld R %lld: quantized on the pool, in blocks of rows = one pass",
              isa, dp_lkinds[kind].name, (long long)K, (long long)R);
     check(ok, what);
-    free(src), free(form), free(x), free(got), free(want);
+    free(src), free(form), free(pairs), free(x), free(xd), free(xm), free(xq), free(xs), free(got), free(want);
 }
 
 static void lmatmul_cases(dp_pool *pool) {
@@ -1123,9 +1133,11 @@ static void lmatmul_cases(dp_pool *pool) {
             lmatmul_case(ops, pool, kind, 48, sb * 2, 3, 0, dp_isas[i].name);                  /* f32 activations */
         }
         lmatmul_job_cases(ops, pool, dp_isas[i].name);
-        lquant_pool_case(ops, pool, DP_L_Q4_K, 64, 2048, 41, dp_isas[i].name);
-        lquant_pool_case(ops, pool, DP_L_Q8_0, 32, 384, 301, dp_isas[i].name);
-        lquant_pool_case(ops, pool, DP_L_Q6_K, 16, 4096, 10, dp_isas[i].name);
+        lquant_pool_case(ops, pool, DP_L_Q4_K, 64, 2048, 41, dp_isas[i].name);  /* one block of rows */
+        lquant_pool_case(ops, pool, DP_L_Q4_K, 64, 2048, 97, dp_isas[i].name);  /* 48 + 49 rows */
+        lquant_pool_case(ops, pool, DP_L_Q8_0, 48, 384, 605, dp_isas[i].name);  /* 256 + 349 */
+        lquant_pool_case(ops, NULL, DP_L_Q5_0, 32, 384, 517, dp_isas[i].name);
+        lquant_pool_case(ops, pool, DP_L_Q6_K, 16, 4096, 70, dp_isas[i].name);  /* 32 + 38 */
     }
 }
 

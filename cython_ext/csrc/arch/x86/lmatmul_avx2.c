@@ -186,7 +186,8 @@ static inline __attribute__((always_inline)) void lquant_block(const float *v, i
     /* packs interleave the 128-bit lanes: (a0-3 b0-3 c0-3 d0-3 | a4-7 b4-7 c4-7 d4-7) */
     const __m256i ab = _mm256_packs_epi32(_mm256_cvtps_epi32(y[0]), _mm256_cvtps_epi32(y[1]));
     const __m256i cd = _mm256_packs_epi32(_mm256_cvtps_epi32(y[2]), _mm256_cvtps_epi32(y[3]));
-    const __m256i q = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(ab, cd), _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+    const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    const __m256i q = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(ab, cd), order);
     _mm256_storeu_si256((__m256i *)xq, q);
     /* the sums of 16 as unsigned (q + 128) byte sums: psadbw against zero, 8 bytes a lane */
     const __m256i s = _mm256_sad_epu8(_mm256_xor_si256(q, _mm256_set1_epi8((char)0x80)), _mm256_setzero_si256());
