@@ -26,8 +26,8 @@ from .runner_step import TokenEmbedding
 
 BATCH_TOKENS = 1024
 """Tokens of one batch, at most (a longer text is a batch of its own): ONNX Runtime's f32
-GEMM ran 6-7% faster over 512-1,024 rows than over 8,192 (an F16 MiniLM's 256 short texts
-and 512-token passages, docs/performance.md), and our products block their rows anyway."""
+GEMM runs faster over about a thousand rows than over several thousand (docs/performance.md),
+and our products block their rows anyway."""
 SHORT_WIDTH = 64
 """Texts up to this many tokens share a batch whatever their lengths: attention over so few
 positions is cheap beside the matrix products, which gain from more rows."""
