@@ -27,7 +27,7 @@ Shapes (B texts, the longest T tokens; N real tokens in all):
     pad     (B, T) int64      row of x of each text's token t (any row for padding)
     unpad   (N,) int64        row of the (B * T) padded layout of each packed token
     mask    (B, T) int32      1 for a token of the text, 0 for padding
-    cos/sin (N, head_dim / 2) f32  RoPE angles per token (rotary encoders only)
+    cos/sin (N, 1, head_dim / 2) f32  RoPE angles per token, one row for every head (rotary encoders only)
     hidden  (N, dim) f32      the last layer's output: what pooling reads
 
 Weights are external initializers as in ``builder.py`` (``_Builder.linear`` handles every
@@ -83,10 +83,8 @@ class _EncoderBuilder(_Builder):
         x1, x2 = self.tmp("half"), self.tmp("half")
         self.nodes.append(helper.make_node("Split", [x3, self.const("halves", np.array([hd // 2] * 2, np.int64))],
                                            [x1, x2], axis=-1))
-        cos = self.node("Unsqueeze", ["cos", self.const("ax1", np.array([1], np.int64))], "c")
-        sin = self.node("Unsqueeze", ["sin", self.const("ax1", np.array([1], np.int64))], "s")
-        a = self.node("Sub", [self.node("Mul", [x1, cos], "m"), self.node("Mul", [x2, sin], "m")], "ra")
-        b = self.node("Add", [self.node("Mul", [x2, cos], "m"), self.node("Mul", [x1, sin], "m")], "rb")
+        a = self.node("Sub", [self.node("Mul", [x1, "cos"], "m"), self.node("Mul", [x2, "sin"], "m")], "ra")
+        b = self.node("Add", [self.node("Mul", [x2, "cos"], "m"), self.node("Mul", [x1, "sin"], "m")], "rb")
         y = self.node("Concat", [a, b], "rc", axis=-1)
         return self.node("Reshape", [y, self.const("flatq", np.array([-1, nh * hd], np.int64))], "r")
 
@@ -144,7 +142,7 @@ def build_encoder(spec: ModelSpec, accuracy_level: int = 4, nbits8: bool = True)
               helper.make_tensor_value_info("unpad", I64, ["N"]),
               helper.make_tensor_value_info("mask", TensorProto.INT32, ["B", "T"])]
     if not cfg.learned_positions:
-        inputs += [helper.make_tensor_value_info(n, F, ["N", cfg.head_dim // 2]) for n in ("cos", "sin")]
+        inputs += [helper.make_tensor_value_info(n, F, ["N", 1, cfg.head_dim // 2]) for n in ("cos", "sin")]
     h = b.layer_norm("x", "token_embd_norm")
     for i in range(cfg.num_layers):
         h = b.skip_norm(b.attention(i, h), h, f"blk.{i}.attn_output_norm", f"blk.{i}.attn_output.bias")
@@ -153,9 +151,9 @@ def build_encoder(spec: ModelSpec, accuracy_level: int = 4, nbits8: bool = True)
 
 
 def rope_angles(spec: ModelSpec, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """cos and sin (N, head_dim / 2) f32 of ``positions`` (N,) for a rotary encoder."""
+    """cos and sin (N, 1, head_dim / 2) f32 of ``positions`` (N,) for a rotary encoder."""
     cfg = spec.config
     half = cfg.head_dim // 2
     inv_freq = (1.0 / cfg.rope_theta ** (np.arange(half, dtype=np.float32) * 2 / cfg.head_dim)).astype(np.float32)
-    angles = positions.astype(np.float32)[:, None] * inv_freq[None, :]
+    angles = positions.astype(np.float32)[:, None, None] * inv_freq[None, None, :]
     return np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
