@@ -70,3 +70,19 @@ def test_a_text_gives_the_same_vector_alone_and_in_a_batch(llm):
     for ids, v in zip(texts, together):
         (alone,) = llm.encoder.embed([ids], "mean")
         np.testing.assert_allclose(v, alone, atol=2e-5)
+
+
+def test_threads_embedding_at_once_take_turns(llm):
+    """The program's buffers are shared by every batch: calls from several threads must not
+    mix their rows (each gets what it gets alone)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    rng = np.random.default_rng(1)
+    vocab = llm.spec.config.vocab_size
+    batches = [[[101] + rng.integers(200, vocab, n).tolist() + [102] for n in rng.integers(1, 100, 6)]
+               for _ in range(8)]
+    alone = [np.stack(llm.encoder.embed(b, "mean")) for b in batches]
+    with ThreadPoolExecutor(4) as ex:
+        together = list(ex.map(lambda b: np.stack(llm.encoder.embed(b, "mean")), batches))
+    for a, t in zip(alone, together):
+        np.testing.assert_array_equal(a, t)

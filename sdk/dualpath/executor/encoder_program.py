@@ -10,6 +10,8 @@ of N rows uses each buffer's first N rows (the pages it never reaches stay untou
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 
 from ..graph.parts import EncoderGraph, KernelStep
@@ -54,7 +56,8 @@ class EncoderProgram:
     """``run(feeds, n)``: the encoder's states (n, dim) of a batch of n packed tokens, from its
     graph inputs ``feeds`` (graph/encoder.py: x, pad, unpad, mask, cos/sin), with
     ``num_threads`` threads: ONNX Runtime's and our kernels' pool on the same cores, ORT's
-    spinning workers yielding to our pool's jobs where the process may make them."""
+    spinning workers yielding to our pool's jobs where the process may make them. Threads
+that call it at once take turns."""
 
     def __init__(self, spec: ModelSpec, graph: EncoderGraph, num_threads: int, max_rows: int,
                  int8_act: bool = True, kernel: str | None = None):
@@ -72,6 +75,7 @@ class EncoderProgram:
         self.dim = spec.config.dim
         self._plan: list = []  # (session, binding, part) or an LMatmul, in order
         self._rows = 0  # the rows the bindings were made for
+        self._lock = threading.Lock()  # one batch at a time: every batch runs through the same buffers
         sessions = iter(self.sessions)
         for step in graph.steps:
             if isinstance(step, KernelStep):
@@ -83,6 +87,10 @@ class EncoderProgram:
                 self._plan.append((session, session.io_binding(), step))
 
     def run(self, feeds: dict[str, np.ndarray], n: int) -> np.ndarray:
+        with self._lock:
+            return self._run(feeds, n)
+
+    def _run(self, feeds: dict[str, np.ndarray], n: int) -> np.ndarray:
         hidden = np.empty((n, self.dim), np.float32)
         rebind = n != self._rows  # the crossing buffers never move: bound again only for another n
         self._rows = n
