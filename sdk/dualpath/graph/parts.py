@@ -239,6 +239,19 @@ def _map_tables(path: str, index: dict) -> dict[str, np.ndarray]:
     return out
 
 
+def _graph_file(spec: ModelSpec, folder: str, listed: dict) -> tuple[str, dict[str, np.ndarray]]:
+    """A listed graph's path in ``folder`` (ValueError when missing) and the spec's arrays its
+    ``weights`` initializers name (``blk.0.attn_q.weight`` -> that weight's ``weight`` array)."""
+    path = os.path.join(folder, listed["file"])
+    if not os.path.isfile(path):
+        raise ValueError(f"{listed['file']} is missing")
+    weights = {}
+    for name in listed["weights"]:
+        key, _, kind = name.rpartition(".")
+        weights[name] = spec.weights[key].arrays()[kind]
+    return path, weights
+
+
 def _read_parts(folder: str, spec: ModelSpec) -> list[PartFile] | None:
     """The parts in ``folder``, or None (logged) when anything is missing or unreadable."""
     try:
@@ -248,13 +261,7 @@ def _read_parts(folder: str, spec: ModelSpec) -> list[PartFile] | None:
         tables = _map_tables(os.path.join(folder, TABLES), doc["tables"])
         parts = []
         for p in listing:
-            path = os.path.join(folder, p["file"])
-            if not os.path.isfile(path):
-                raise ValueError(f"{p['file']} is missing")
-            weights = {}
-            for name in p["weights"]:
-                key, _, kind = name.rpartition(".")
-                weights[name] = spec.weights[key].arrays()[kind]
+            path, weights = _graph_file(spec, folder, p)
             for name in p["tables"]:
                 weights[name] = tables[name]
             if p["derived"]:
@@ -326,13 +333,7 @@ def _encoder_step(spec: ModelSpec, folder: str, step: dict) -> PartFile | Kernel
         if not all(w in spec.weights and spec.weights[w].kernel_form for w in k["weights"]):
             raise ValueError(f"our products name weights {k['weights']} the entry does not hold in their form")
         return KernelStep(k["input"], tuple(k["outputs"]), tuple(k["weights"]))
-    path = os.path.join(folder, step["file"])
-    if not os.path.isfile(path):
-        raise ValueError(f"{step['file']} is missing")
-    weights = {}
-    for key in step["weights"]:
-        owner, _, kind = key.rpartition(".")
-        weights[key] = spec.weights[owner].arrays()[kind]
+    path, weights = _graph_file(spec, folder, step)
     return PartFile(0, path, tuple(step["inputs"]), tuple(step["outputs"]), weights, bool(step["prepack"]),
                     matmuls=bool(step["matmuls"]))
 
