@@ -35,7 +35,7 @@ else:
     ISA_LIBS = []
 
 BASE_SOURCES = [f"{CSRC}/kv_arena.c", f"{CSRC}/kv_attn.c", f"{CSRC}/attn_generic.c", f"{CSRC}/cpu_features.c", f"{CSRC}/dp_pool.c",
-                f"{CSRC}/qmatmul.c", f"{CSRC}/lmatmul.c"]
+                f"{CSRC}/qmatmul.c", f"{CSRC}/lmatmul.c", f"{CSRC}/enc_attn.c"]
 
 
 def ext(name, sources, libraries=()):

@@ -718,3 +718,59 @@ cdef class LMatmul:
         if st != DP_OK:
             _check(st, f"layer product ({R} x {self.K} by {', '.join(str(w[2].shape[1]) for w in self.weights)})",
                    "the weights")
+
+
+cdef class EncAttention:
+    """An encoder's attention over packed texts (csrc/enc_attn.h), in our kernels: for each
+    text of a batch and each head, ``out = softmax(scale * q k^T) v`` over the text's own
+    tokens.
+
+    q, k, v: (max_rows, num_heads * head_dim) f32 with one row stride (rows strided, values
+             contiguous), out: the same shape, writeable (its own row stride)
+
+    ``run(starts, pool)``: ``starts`` (B + 1,) int64 the texts' first rows, ``starts[0] = 0``,
+    non-decreasing, ``starts[-1]`` the batch's rows (at most max_rows); on ``pool`` (a task per
+    head of a text) or, with None, on the calling thread.
+    """
+    cdef readonly object q, k, v, out
+    cdef const dp_attn_ops *ops
+    cdef int64_t nh, hd, ld, ldo, max_rows
+    cdef float scale
+
+    def __init__(self, q, k, v, out, int64_t num_heads, float scale, str kernel=None):
+        for a, name in ((q, "q"), (k, "k"), (v, "v"), (out, "out")):
+            if not isinstance(a, np.ndarray) or a.ndim != 2 or a.dtype != np.float32 or a.strides[1] != 4 or \
+                    a.strides[0] % 4 or a.shape != q.shape:
+                raise ValueError(f"{name} must be a 2-d float32 array of contiguous rows shaped like q {q.shape}, "
+                                 f"got {getattr(a, 'shape', type(a).__name__)}")
+        if not (k.strides[0] == v.strides[0] == q.strides[0]):
+            raise ValueError(f"q, k and v must share a row stride, got {q.strides[0]}, {k.strides[0]}, {v.strides[0]}")
+        if not out.flags.writeable:
+            raise ValueError("out must be writeable")
+        if num_heads < 1 or q.shape[1] % num_heads:
+            raise ValueError(f"{q.shape[1]} columns are not {num_heads} heads")
+        self.q, self.k, self.v, self.out = q, k, v, out
+        self.nh, self.hd, self.max_rows = num_heads, q.shape[1] // num_heads, q.shape[0]
+        self.ld, self.ldo, self.scale = q.strides[0] // 4, out.strides[0] // 4, scale
+        self.ops = _ops_for(kernel)
+
+    def run(self, starts, ThreadPool pool=None):
+        _require(starts, "starts", 1, np.int64)
+        cdef int64_t B = starts.shape[0] - 1
+        if B < 1:
+            raise ValueError("starts must hold at least one text (B + 1 >= 2 values)")
+        cdef int64_t rows = starts[B]
+        if not 1 <= rows <= self.max_rows:
+            raise ValueError(f"{rows} rows outside 1..{self.max_rows}")
+        cdef dp_pool *pp = pool.pool if pool is not None else NULL
+        cdef const int64_t *sp = <const int64_t *>cnp.PyArray_DATA(<cnp.ndarray>starts)
+        cdef const float *qp = <const float *>cnp.PyArray_DATA(<cnp.ndarray>self.q)
+        cdef const float *kp = <const float *>cnp.PyArray_DATA(<cnp.ndarray>self.k)
+        cdef const float *vp = <const float *>cnp.PyArray_DATA(<cnp.ndarray>self.v)
+        cdef float *op = <float *>cnp.PyArray_DATA(<cnp.ndarray>self.out)
+        cdef int st
+        with nogil:
+            st = dp_enc_attention(pp, self.ops, qp, kp, vp, self.ld, rows, sp, B, self.nh, self.hd, self.scale,
+                                  op, self.ldo)
+        _check(st, f"encoder attention ({B} texts, {rows} rows, {self.nh} heads of {self.hd})",
+               "the texts' rows (starts must begin at 0, never decrease and end at the batch's rows)")

@@ -100,6 +100,11 @@ cdef extern from "csrc/dp_attn_ops.h" nogil:
                    int64_t scales_len, int64_t bs, int64_t N, int64_t K, const float *x, int64_t R, float *out,
                    int64_t out_len, int64_t ldo, int int8_act)
 
+cdef extern from "csrc/enc_attn.h" nogil:
+    int dp_enc_attention(dp_pool *pool, const dp_attn_ops *ops, const float *q, const float *k, const float *v,
+                         int64_t ld, int64_t rows, const int64_t *starts, int64_t B, int64_t nh, int64_t hd,
+                         float scale, float *out, int64_t ldo)
+
 cdef extern from "csrc/kv_arena.h" nogil:
     ctypedef struct dp_kv_type:
         const char *name

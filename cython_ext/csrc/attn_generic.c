@@ -137,6 +137,26 @@ static inline float scalar_fma(float x, float m, float c) { return x * m + c; }
 static inline float scalar_add(float a, float b) { return a + b; }
 DP_DEFINE_FMA_PROBE(float, 8, 1, scalar_set, scalar_fma, scalar_add, scalar_set)
 
+/* An encoder's attention (enc_attn.h), one query row at a time: the reference of the
+ * ISAs' enc_rows, and the one for a head_dim that is not a multiple of 16. */
+static void enc_rows(const float *q, int64_t ldq, int64_t m, int64_t hd, const float *kt, int64_t n, const float *v,
+                     int64_t ldv, float scale, float *s, float *out, int64_t ldo) {
+    for (int64_t i = 0; i < m; i++) {
+        for (int64_t r = 0; r < n; r++) {
+            const float *kb = kt + (r / 16) * hd * 16 + r % 16;
+            float d = 0.0f;
+            for (int64_t e = 0; e < hd; e++) d += q[i * ldq + e] * kb[e * 16];
+            s[r] = d * scale;
+        }
+        const float inv = 1.0f / exp_sum(s, n, max_of(s, n));
+        float *o = out + i * ldo;
+        for (int64_t e = 0; e < hd; e++) o[e] = 0.0f;
+        for (int64_t r = 0; r < n; r++)
+            for (int64_t e = 0; e < hd; e++) o[e] += s[r] * v[r * ldv + e];
+        for (int64_t e = 0; e < hd; e++) o[e] *= inv;
+    }
+}
+
 const dp_attn_ops dp_ops_generic = {
     .kv = {[DP_KV_F16] = {scores_f16, accum_f16}, [DP_KV_F32] = {scores_f32, accum_f32},
            [DP_KV_Q8] = {scores_q8, accum_q8}},

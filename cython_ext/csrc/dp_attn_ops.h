@@ -52,6 +52,17 @@ typedef struct {
                       int64_t ns, float *o);
 } dp_kv_kernels;
 
+/* The most query rows an enc_rows holds at once (its scratch s has this many rows). */
+#define DP_ENC_ROWS 8
+
+/* An encoder's attention (enc_attn.h) of m query rows of one head over the n keys of its
+ * text, every row seeing every key: out[i] = softmax(scale * q_i . k_r for r < n) . V.
+ * q, v, out: rows at strides ldq, ldv, ldo; kt: K^T in blocks of 16 tokens, zero past n
+ * (enc_attn.h); s: scratch of DP_ENC_ROWS rows of (n rounded up to 16) + 16 f32. The ISAs'
+ * take a head_dim that is a multiple of 16, the generic one any. */
+typedef void (*dp_enc_rows_fn)(const float *q, int64_t ldq, int64_t m, int64_t hd, const float *kt, int64_t n,
+                               const float *v, int64_t ldv, float scale, float *s, float *out, int64_t ldo);
+
 /* An ISA's building blocks: a traits table indexed by KV dtype (every entry's scores
  * and accum set), and the dtype-free ops. Its name and CPU feature are in dp_isas. */
 typedef struct {
@@ -74,6 +85,8 @@ typedef struct {
     int lact_pairs;
     /* The activations' int8 quantization for lrows (lmatmul.h): dp_lact_quantize's bytes. */
     dp_lquant_fn lquant;
+    /* An encoder's attention, a few query rows at a time (enc_attn.h). */
+    dp_enc_rows_fn enc_rows;
 } dp_attn_ops;
 
 /* out (R, ldo) = x (R, K) times w transposed: N rows of K values in the 8-bit MatMulNBits
@@ -147,9 +160,10 @@ int dp_lmatmul(dp_pool *pool, const dp_attn_ops *ops, const dp_ljob *jobs, int n
     }
 
 /* The dtype-free entries, which every ISA file names the same way (f32_to_f16, exp_sum,
- * max_of, fma_probe). Inside a designated initializer:
+ * max_of, fma_probe, enc_rows). Inside a designated initializer:
  *   const dp_attn_ops dp_ops_x = {.kv = {[DP_KV_F16] = {scores_f16, accum_f16}, ...}, DP_ATTN_OPS_COMMON}; */
-#define DP_ATTN_OPS_COMMON .f32_to_f16 = f32_to_f16, .exp_sum = exp_sum, .max_of = max_of, .fma_probe = fma_probe
+#define DP_ATTN_OPS_COMMON \
+    .f32_to_f16 = f32_to_f16, .exp_sum = exp_sum, .max_of = max_of, .fma_probe = fma_probe, .enc_rows = enc_rows
 
 /* The rest of a scores block past its last full vector of rows (r0 < n), in scalar
  * f32 (TAIL widens one K element; ks: the q8 token scales, NULL otherwise), and the

@@ -10,7 +10,7 @@ cd "$(dirname "$0")/../.."
 S=cython_ext/csrc
 OUT=${TMPDIR:-/tmp}/dualpath-ctest
 mkdir -p "$OUT"
-BASE="$S/kv_arena.c $S/kv_attn.c $S/attn_generic.c $S/cpu_features.c $S/dp_pool.c $S/qmatmul.c $S/lmatmul.c $S/ggml_repack.c tests/c/test_kernels.c"
+BASE="$S/kv_arena.c $S/kv_attn.c $S/attn_generic.c $S/cpu_features.c $S/dp_pool.c $S/qmatmul.c $S/lmatmul.c $S/enc_attn.c $S/ggml_repack.c tests/c/test_kernels.c"
 build() { # $1 = compiler, $2 = output, $3... = extra flags for the base files
     local cc=$1 out=$2; shift 2
     local objs=()

@@ -19,6 +19,7 @@
 
 #include "../../cython_ext/csrc/dp_attn_ops.h"
 #include "../../cython_ext/csrc/dp_pool.h"
+#include "../../cython_ext/csrc/enc_attn.h"
 #include "../../cython_ext/csrc/ggml_repack.h"
 #include "../../cython_ext/csrc/kv_arena.h"
 #include "../../cython_ext/csrc/kv_attn.h"
@@ -1141,6 +1142,95 @@ static void lmatmul_cases(dp_pool *pool) {
     }
 }
 
+/* An encoder's attention (enc_attn.h) against a double-precision reference: texts of
+ * every length class (empty, one token, under and over a block of 16, across the scores
+ * tiles, many query passes), packed with a row stride wider than the heads (q, k, v as
+ * views of a wider tensor), head_dims of the ISAs' paths and of the generic fallback. */
+static void enc_attn_case(const dp_attn_ops *ops, dp_pool *pool, const int64_t *lens, int64_t B, int64_t nh,
+                          int64_t hd, const char *isa) {
+    int64_t starts[16], rows = 0;
+    starts[0] = 0;
+    for (int64_t b = 0; b < B; b++) starts[b + 1] = rows += lens[b];
+    const int64_t ld = nh * hd + 8, ldo = nh * hd + 4;
+    float *q = malloc(sizeof(float) * rows * ld), *k = malloc(sizeof(float) * rows * ld);
+    float *v = malloc(sizeof(float) * rows * ld), *out = malloc(sizeof(float) * rows * ldo);
+    float *ref = malloc(sizeof(float) * rows * ldo), *got = malloc(sizeof(float) * rows * nh * hd);
+    float *want = malloc(sizeof(float) * rows * nh * hd);
+    double *sc = malloc(sizeof(double) * rows);
+    for (int64_t i = 0; i < rows * ld; i++) q[i] = 2.0f * frand(), k[i] = 2.0f * frand(), v[i] = frand();
+    for (int64_t i = 0; i < rows * ldo; i++) out[i] = ref[i] = 7.0f; /* the gaps between heads stay 7 */
+    const float scale = 1.0f / sqrtf((float)hd);
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t h = 0; h < nh; h++)
+            for (int64_t i = starts[b]; i < starts[b + 1]; i++) {
+                double mx = -1e300, sum = 0;
+                for (int64_t j = starts[b]; j < starts[b + 1]; j++) {
+                    double d = 0;
+                    for (int64_t e = 0; e < hd; e++) d += (double)q[i * ld + h * hd + e] * k[j * ld + h * hd + e];
+                    sc[j] = d * scale;
+                    mx = sc[j] > mx ? sc[j] : mx;
+                }
+                for (int64_t j = starts[b]; j < starts[b + 1]; j++) sum += sc[j] = exp(sc[j] - mx);
+                for (int64_t e = 0; e < hd; e++) {
+                    double a = 0;
+                    for (int64_t j = starts[b]; j < starts[b + 1]; j++) a += sc[j] * v[j * ld + h * hd + e];
+                    ref[i * ldo + h * hd + e] = (float)(a / sum);
+                }
+            }
+    const int st = dp_enc_attention(pool, ops, q, k, v, ld, rows, starts, B, nh, hd, scale, out, ldo);
+    int gaps = 1;
+    for (int64_t i = 0; i < rows; i++) {
+        for (int64_t c = 0; c < nh * hd; c++) got[i * nh * hd + c] = out[i * ldo + c], want[i * nh * hd + c] = ref[i * ldo + c];
+        for (int64_t c = nh * hd; c < ldo; c++) gaps &= out[i * ldo + c] == 7.0f;
+    }
+    const double err = worst_rel_err(want, got, rows * nh * hd);
+    char what[200];
+    snprintf(what, sizeof what, "%s enc attention B=%ld nh=%ld hd=%ld rows=%ld %s: status %d, rel err %.2e", isa,
+             (long)B, (long)nh, (long)hd, (long)rows, pool ? "pool" : "caller", st, err);
+    check(st == DP_OK && err < 2e-6 && gaps, what);
+    free(q), free(k), free(v), free(out), free(ref), free(got), free(want), free(sc);
+}
+
+static void enc_attn_cases(dp_pool *pool) {
+    const int64_t mixed[] = {5, 0, 1, 16, 17, 33, 47, 130}, one[] = {300}, shorts[] = {3, 9, 12, 15, 7, 2};
+    const int64_t hds[] = {16, 32, 48, 64, 8, 50};
+    for (int i = 0; i < dp_num_isas; i++) {
+        const dp_attn_ops *ops = dp_ops_by_name(dp_isas[i].name);
+        if (!ops) continue;
+        check(ops->enc_rows != NULL, dp_isas[i].name);
+        for (int a = 0; a < 6; a++) {
+            enc_attn_case(ops, a % 2 ? pool : NULL, mixed, 8, 3, hds[a], dp_isas[i].name);
+            enc_attn_case(ops, a % 2 ? NULL : pool, one, 1, 2, hds[a], dp_isas[i].name); /* split into query pieces */
+            enc_attn_case(ops, pool, shorts, 6, 12, hds[a], dp_isas[i].name);
+        }
+    }
+    /* Bad arguments are refused before anything is written; a failed allocation says so. */
+    const dp_attn_ops *ops = dp_ops_by_name("generic");
+    float x[64 * 4] = {0}, o[64 * 4];
+    for (int i = 0; i < 64 * 4; i++) o[i] = 3.0f;
+    const int64_t good[] = {0, 2, 4}, gap[] = {0, 3, 4}, down[] = {0, 3, 2}, late[] = {1, 2, 4};
+    check(dp_enc_attention(pool, ops, x, x, x, 64, 4, good, 2, 2, 32, 1.0f, o, 64) == DP_OK, "enc attention ok");
+    for (int i = 0; i < 64 * 4; i++) o[i] = 3.0f;
+    check(dp_enc_attention(pool, ops, x, x, x, 64, 4, gap, 2, 2, 32, 1.0f, o, 64) == DP_OK, "enc attention uneven");
+    for (int i = 0; i < 64 * 4; i++) o[i] = 3.0f;
+    int st[8];
+    st[0] = dp_enc_attention(pool, ops, x, x, x, 64, 4, down, 2, 2, 32, 1.0f, o, 64);
+    st[1] = dp_enc_attention(pool, ops, x, x, x, 64, 4, late, 2, 2, 32, 1.0f, o, 64);
+    st[2] = dp_enc_attention(pool, ops, x, x, x, 64, 5, good, 2, 2, 32, 1.0f, o, 64);  /* starts[B] != rows */
+    st[3] = dp_enc_attention(pool, ops, x, x, x, 63, 4, good, 2, 2, 32, 1.0f, o, 64);  /* ld < nh * hd */
+    st[4] = dp_enc_attention(pool, ops, x, x, x, 64, 4, good, 2, 2, 32, 1.0f, o, 32);  /* ldo < nh * hd */
+    st[5] = dp_enc_attention(pool, ops, x, x, x, 2048, 4, good, 2, 2, DP_MAX_HEAD_DIM + 1, 1.0f, o, 2048);
+    st[6] = dp_enc_attention(pool, NULL, x, x, x, 64, 4, good, 2, 2, 32, 1.0f, o, 64);
+    dp_test_fail_alloc_after(0);
+    st[7] = dp_enc_attention(pool, ops, x, x, x, 64, 4, good, 2, 2, 32, 1.0f, o, 64);
+    dp_test_fail_alloc_after(-1);
+    int untouched = 1;
+    for (int i = 0; i < 64 * 4; i++) untouched &= o[i] == 3.0f;
+    check(st[0] == DP_ERR_BOUNDS && st[1] == DP_ERR_BOUNDS && st[2] == DP_ERR_BOUNDS && st[3] == DP_ERR_ARG &&
+              st[4] == DP_ERR_ARG && st[5] == DP_ERR_ARG && st[6] == DP_ERR_ARG && st[7] == DP_ERR_NOMEM && untouched,
+          "enc attention refuses bad starts, strides, head_dim, ops; NOMEM writes nothing");
+}
+
 int main(void) {
     verbose = getenv("DP_TEST_VERBOSE") != NULL;
     unsigned disabled = 0;
@@ -1223,6 +1313,7 @@ int main(void) {
     lquant_cases();
     lmatmul_cases(pool);
     lform_rows_cases();
+    enc_attn_cases(pool);
     dp_pool_destroy(pool);
     printf("%d passed, %d failed\n", passed, failed);
     return failed ? 1 : 0;

@@ -1,6 +1,7 @@
 """The encoder's packed batches (graph/encoder.py, executor/encoder.py): texts run without
-padding but in attention, cut into batches by tokens, attention scores and padding; every
-text's vector must not depend on the batch it ran in (each alone is the reference)."""
+padding, cut into batches by tokens (and, where attention is ONNX Runtime's over padded
+texts, by attention scores and padding); every text's vector must not depend on the batch
+it ran in (each alone is the reference)."""
 
 from __future__ import annotations
 
@@ -10,11 +11,17 @@ import pytest
 from dualpath import LLM
 from dualpath.executor.encoder import SHORT_WIDTH, EncoderRunner
 from dualpath.models.synth import synth_gguf
+from tests_shared import synth_bert_head_dim_24
 
 
-@pytest.fixture(scope="module")
-def llm(tmp_path_factory):
-    return LLM(synth_gguf(tmp_path_factory.mktemp("packing") / "bert-tiny.gguf", "bert-tiny", "F32"))
+@pytest.fixture(scope="module", params=["ours", "padded"])
+def llm(request, tmp_path_factory):
+    """bert-tiny (our attention over the packed texts) and a head_dim-24 twin (ONNX Runtime's
+    attention over padded texts)."""
+    root = tmp_path_factory.mktemp("packing")
+    if request.param == "padded":
+        return LLM(synth_bert_head_dim_24(root / "bert-hd24.gguf"))
+    return LLM(synth_gguf(root / "bert-tiny.gguf", "bert-tiny", "F32"))
 
 
 def texts_of(llm, lengths: list[int]) -> list[list[int]]:
@@ -29,8 +36,12 @@ def test_batches_bound_tokens_and_keep_short_texts_apart_from_long_ones(llm):
     batches = runner._batches(texts_of(llm, lengths))
     assert sorted(i for b in batches for i in b) == list(range(len(lengths)))
     for b in batches:
-        width = lengths[b[0]]
         assert sum(lengths[i] for i in b) <= 200 or len(b) == 1
+    if not runner._program.padded:  # tokens are the only bound: 128 | 100 45 40 | 30 20 20 10 5
+        assert [[lengths[i] for i in b] for b in batches] == [[128], [100, 45, 40], [30, 20, 20, 10, 5]]
+        return
+    for b in batches:
+        width = lengths[b[0]]
         assert all(2 * lengths[i] >= width or width <= SHORT_WIDTH for i in b)  # little padding in attention
     # 128 | 100: more than 200 tokens together; 100 | 45: padded to over twice its length
     assert [lengths[b[0]] for b in batches] == [128, 100, 45]

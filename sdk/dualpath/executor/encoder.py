@@ -1,12 +1,13 @@
 """Running an encoder (``ModelConfig.causal`` False): token ids of whole texts -> vectors.
 
-The encoder's graph (graph/encoder.py; ONNX Runtime's sessions and, for a quantized file,
-our kernels' products between them: encoder_program.py) runs over a batch of texts packed
-without padding (only its attention pads them to the longest, through the
-``pad``/``unpad`` rows made here); the embeddings' rows are gathered here (``TokenEmbedding``,
-which reads every table type). Texts are sorted by length and cut into batches of at most
-``max_batch_tokens`` tokens, so that texts of similar lengths share a batch and attention
-pads little. No KV cache is kept: an encoder pass is one prefill that is thrown away.
+The encoder's graph (graph/encoder.py; ONNX Runtime's sessions and, between them, our
+kernels' attention and, for a quantized file, products: encoder_program.py) runs over a
+batch of texts packed without padding (our attention reads each text's rows through
+``starts``; ONNX Runtime's, for a head_dim ours does not take, pads them to the longest
+through the ``pad``/``unpad`` rows made here); the embeddings' rows are gathered here
+(``TokenEmbedding``, which reads every table type). Texts are sorted by length and cut into
+batches of at most ``max_batch_tokens`` tokens (where attention pads, also so that texts of
+similar lengths share a batch). No KV cache is kept: an encoder pass is one prefill that is thrown away.
 
 Pooling is llama.cpp's (``build_pooling``): ``mean`` over every token of the text ([CLS] and
 [SEP] included), ``cls`` the first token, ``last`` the last, ``none`` every token; then
@@ -96,14 +97,21 @@ class EncoderRunner:
             raise InvalidPromptError(f"text {index} holds token id {bad}, outside the vocabulary [0, {vocab})")
 
     def hidden(self, texts: list[list[int]]) -> list[np.ndarray]:
-        """The last hidden states (T_i, dim) of each text's token ids, in the order given."""
+        """The last hidden states (T_i, dim) of each text's token ids, in the order given. A text
+        given twice runs once (the same document twice in a rerank, say)."""
         for i, ids in enumerate(texts):
             self.check(ids, i)
-        out: list[np.ndarray] = [np.empty(0)] * len(texts)
-        for batch in self._batches(texts):
-            for i, h in zip(batch, self._run([texts[i] for i in batch])):
+        first: dict[tuple[int, ...], int] = {}  # a text's ids -> its index in unique
+        unique: list[list[int]] = []
+        for ids in texts:
+            if first.setdefault(tuple(ids), len(unique)) == len(unique):
+                unique.append(ids)
+        which = [first[tuple(ids)] for ids in texts]
+        out: list[np.ndarray] = [np.empty(0)] * len(unique)
+        for batch in self._batches(unique):
+            for i, h in zip(batch, self._run([unique[i] for i in batch])):
                 out[i] = h
-        return out
+        return [out[j] for j in which]
 
     def embed(self, texts: list[list[int]], pooling: str, normalize: bool = True) -> list[np.ndarray]:
         """Each text's pooled vector (dim,), or its (T, dim) states for ``none``; L2-normalised
@@ -144,7 +152,7 @@ class EncoderRunner:
         twice its length in attention (a short text in a batch of long ones would cost
         attention over the longest's width)."""
         order = sorted(range(len(texts)), key=lambda i: -len(texts[i]))
-        heads = self.spec.config.num_heads
+        heads, padded = self.spec.config.num_heads, self._program.padded
         batches: list[list[int]] = []
         tokens = 0
         for i in order:
@@ -153,8 +161,9 @@ class EncoderRunner:
                 b = batches[-1]
                 width = len(texts[b[0]])  # the batch's longest: its first
                 rows = len(b) + 1
-                if (tokens + n <= self.max_batch_tokens and rows * heads * width * width * 4 <= self.max_score_bytes
-                        and (2 * n >= width or width <= SHORT_WIDTH)):
+                if tokens + n <= self.max_batch_tokens and (not padded or (
+                        rows * heads * width * width * 4 <= self.max_score_bytes
+                        and (2 * n >= width or width <= SHORT_WIDTH))):
                     b.append(i)
                     tokens += n
                     continue
@@ -168,17 +177,20 @@ class EncoderRunner:
         cfg = self.spec.config
         lens = np.array([len(t) for t in texts], np.int64)          # (B,)
         B, T = len(texts), int(lens.max())
-        starts = np.concatenate(([0], np.cumsum(lens)[:-1]))        # (B,) first row of each text
+        ends = np.cumsum(lens)
+        starts = ends - lens                                         # (B,) first row of each text
         t = np.arange(T, dtype=np.int64)
         inside = t[None, :] < lens[:, None]                          # (B, T)
-        pad = starts[:, None] + np.minimum(t[None, :], lens[:, None] - 1)  # (B, T): padding reads a row of its text
-        unpad = (np.arange(B, dtype=np.int64)[:, None] * T + t[None, :])[inside]  # (N,)
         positions = np.broadcast_to(t, (B, T))[inside]               # (N,)
         ids = np.fromiter((i for ids in texts for i in ids), np.int64, int(lens.sum()))
         x = np.empty((len(ids), cfg.dim), np.float32)                # (N, dim)
         self._tokens(ids, x)
         x += self._type0
-        feeds = {"x": x, "pad": pad, "unpad": unpad, "mask": inside.astype(np.int32)}
+        feeds = {"x": x, "starts": np.concatenate(([0], ends))}    # (B + 1,): our attention's texts
+        if self._program.padded:
+            feeds["pad"] = starts[:, None] + np.minimum(t[None, :], lens[:, None] - 1)  # (B, T): padding reads its text
+            feeds["unpad"] = (np.arange(B, dtype=np.int64)[:, None] * T + t[None, :])[inside]  # (N,)
+            feeds["mask"] = inside.astype(np.int32)
         if self._positions is not None:
             rows = np.empty((T, cfg.dim), np.float32)
             self._positions(t, rows)
@@ -186,4 +198,4 @@ class EncoderRunner:
         else:
             feeds["cos"], feeds["sin"] = rope_angles(self.spec, positions)
         hidden = self._program.run(feeds, len(ids))
-        return np.split(hidden, np.cumsum(lens)[:-1])
+        return np.split(hidden, ends[:-1])

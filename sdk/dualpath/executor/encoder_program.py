@@ -1,6 +1,7 @@
 """An encoder's graph as it runs (graph/parts.py ``EncoderGraph``): ONNX Runtime's graphs over
 IOBindings and, between them, the layer products in our kernels (``LMatmul``, the file's
-blocks read in place, activations quantized per block of 32 as llama.cpp does).
+blocks read in place, activations quantized per block of 32 as llama.cpp does) and the
+attention in our kernels (``EncAttention``, over the packed texts).
 
 Every tensor that crosses between two steps has a buffer of (max_rows, width) f32, made
 once. Names are unique per layer, so buffers are shared by lifetime: a tensor takes a buffer
@@ -14,8 +15,8 @@ import threading
 
 import numpy as np
 
-from ..graph.parts import EncoderGraph, KernelStep
-from ..kernels import LMatmul, ThreadPool
+from ..graph.parts import AttentionStep, EncoderGraph, KernelStep
+from ..kernels import EncAttention, LMatmul, ThreadPool
 from ..models.spec import ModelSpec
 from .ort_sessions import can_unidle, create_sessions
 
@@ -54,7 +55,8 @@ def share_buffers(graph: EncoderGraph) -> dict[str, int]:
 
 class EncoderProgram:
     """``run(feeds, n)``: the encoder's states (n, dim) of a batch of n packed tokens, from its
-    graph inputs ``feeds`` (graph/encoder.py: x, pad, unpad, mask, cos/sin), with
+    graph inputs ``feeds`` (graph/encoder.py: x, pad, unpad, mask, cos/sin; ``starts``, the
+    texts' first rows and n, (B + 1,) int64, for our attention), with
     ``num_threads`` threads: ONNX Runtime's and our kernels' pool on the same cores, ORT's
     spinning workers yielding to our pool's jobs where the process may make them. Threads
 that call it at once take turns."""
@@ -64,8 +66,8 @@ that call it at once take turns."""
         self.graph = graph
         self.sessions = create_sessions(graph.parts, num_threads, spinning=True, entry=spec.entry,
                                         prepack_float=True)
-        products = [s for s in graph.steps if isinstance(s, KernelStep)]
-        self.pool = ThreadPool(num_threads) if products else None
+        ours = [s for s in graph.steps if isinstance(s, (KernelStep, AttentionStep))]
+        self.pool = ThreadPool(num_threads) if ours else None
         if self.pool is not None and self.sessions.spinning_workers and can_unidle():
             self.pool.set_yielders(self.sessions.spinning_workers)
         index = share_buffers(graph)
@@ -73,7 +75,10 @@ that call it at once take turns."""
         self.buffers = [np.zeros((max_rows, widths[b]), np.float32) for b in range(len(widths))]
         self._buf = {n: self.buffers[b] for n, b in index.items()}
         self.dim = spec.config.dim
-        self._plan: list = []  # (session, binding, part) or an LMatmul, in order
+        self.padded = any("pad" in p.inputs for p in graph.parts)
+        """Whether attention is ONNX Runtime's over texts padded to the longest (feeds pad, unpad
+        and mask), not ours over the packed texts (feed ``starts``)."""
+        self._plan: list = []  # (session, binding, part), an LMatmul or an EncAttention, in order
         self._rows = 0  # the rows the bindings were made for
         self._lock = threading.Lock()  # one batch at a time: every batch runs through the same buffers
         sessions = iter(self.sessions)
@@ -82,6 +87,10 @@ that call it at once take turns."""
                 outs = [(spec.weights[w].source_type, spec.weights[w].data, self._buf[o])
                         for w, o in zip(step.weights, step.outputs)]
                 self._plan.append(LMatmul(outs, self._buf[step.input], kernel, int8_act))
+            elif isinstance(step, AttentionStep):
+                q, k, v = (self._buf[n] for n in step.inputs)
+                self._plan.append(EncAttention(q, k, v, self._buf[step.outputs[0]], step.num_heads, step.scale,
+                                               kernel))
             else:
                 session = next(sessions)
                 self._plan.append((session, session.io_binding(), step))
@@ -97,6 +106,9 @@ that call it at once take turns."""
         for step in self._plan:
             if isinstance(step, LMatmul):
                 step.run(n, self.pool)
+                continue
+            if isinstance(step, EncAttention):
+                step.run(feeds["starts"], self.pool)
                 continue
             session, binding, part = step
             for name in part.inputs:

@@ -45,12 +45,12 @@ class RankHead:
         returns them (``llama_get_embeddings_seq``: the first ``n_cls_out`` values)."""
         y = pooled.astype(np.float32)
         if self.dense is not None:
-            y = y @ self.dense.T
+            y = _products(y, self.dense)
             if self.dense_bias is not None:
                 y = y + self.dense_bias
             y = np.tanh(y)
         if self.out is not None:
-            y = y @ self.out.T
+            y = _products(y, self.out)
             if self.out_bias is not None:
                 y = y + self.out_bias
         if self.softmax:
@@ -62,3 +62,10 @@ class RankHead:
         """The relevance score (B,) of each pooled row: the first output, as llama.cpp's server
         reports it (a raw logit for a one-label cross-encoder, P("yes") for Qwen3)."""
         return self.outputs(pooled)[:, 0]
+
+
+def _products(x: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """x (B, K) @ w (N, K)^T, each row on its own: BLAS's GEMM takes a batch's last rows through
+    other kernels than its first, and equal documents must get equal scores (a tie keeps the
+    documents' order)."""
+    return np.einsum("bk,nk->bn", x, w)

@@ -41,6 +41,10 @@ KERNEL_OP, KERNEL_DOMAIN = "KernelMatMul", "dualpath"
 """A node no runtime executes: x @ W^T for each weight it names (attribute ``weights``), one
 output per weight, which our kernels compute (``Weight.kernel_form``). ``segments.split``
 cuts a part's graph at these nodes into the graphs ONNX Runtime runs between them."""
+ATTENTION_OP = "KernelAttention"
+"""Another such node (domain ``KERNEL_DOMAIN``): an encoder's attention over its packed texts,
+inputs q, k, v (N, heads * head_dim), output the heads' values (N, heads * head_dim), computed
+by our kernels (csrc/enc_attn.h; attributes ``num_heads``, ``scale``)."""
 
 
 @dataclass

@@ -16,17 +16,20 @@ forward pass is llama.cpp's (``src/models/bert.cpp``)::
         h = LayerNorm(h + f)
 
 The texts are packed, without padding: every matrix product and norm runs over the N
-real tokens of the batch. Only attention needs the texts apart: q, k and v are gathered
-into a padded (B, T) layout (``pad``), attended by ONNX Runtime's fused
-``MultiHeadAttention`` with the key padding ``mask``, and gathered back (``unpad``).
+real tokens of the batch. Only attention needs the texts apart. Where head_dim is a
+multiple of 16 (the ISAs' kernels), attention is ours (``builder.ATTENTION_OP``,
+csrc/enc_attn.h), over the packed rows and the texts' first rows (``starts``, which the
+program hands to the kernel: no graph input). Otherwise q, k and v are gathered into a
+padded (B, T) layout (``pad``), attended by ONNX Runtime's fused ``MultiHeadAttention``
+with the key padding ``mask``, and gathered back (``unpad``).
 The up projection's bias rides in ``FastGelu`` (bias + the tanh GELU, llama.cpp's
 ``ggml_gelu``).
 
 Shapes (B texts, the longest T tokens; N real tokens in all):
     x       (N, dim) f32      the embeddings' sum, gathered by the runner (executor/encoder.py)
-    pad     (B, T) int64      row of x of each text's token t (any row for padding)
-    unpad   (N,) int64        row of the (B * T) padded layout of each packed token
-    mask    (B, T) int32      1 for a token of the text, 0 for padding
+    pad     (B, T) int64      row of x of each text's token t (any row for padding)   } ONNX Runtime's
+    unpad   (N,) int64        row of the (B * T) padded layout of each packed token   } attention
+    mask    (B, T) int32      1 for a token of the text, 0 for padding                } only
     cos/sin (N, 1, head_dim / 2) f32  RoPE angles per token, one row for every head (rotary encoders only)
     hidden  (N, dim) f32      the last layer's output: what pooling reads
 
@@ -40,10 +43,15 @@ import numpy as np
 from onnx import TensorProto, helper
 
 from ..models.spec import ModelSpec
-from .builder import GraphPart, _Builder, weight_layout
+from .builder import ATTENTION_OP, KERNEL_DOMAIN, GraphPart, _Builder, weight_layout
 
 MASKED = -1e30
 """What attention adds for a padding key: exp of it underflows to exactly 0 after the max is subtracted."""
+
+
+def own_attention(spec: ModelSpec) -> bool:
+    """Whether the encoder's attention runs in our kernels (the ISAs' take head_dim in 16s)."""
+    return spec.config.head_dim % 16 == 0
 
 
 class _EncoderBuilder(_Builder):
@@ -100,6 +108,11 @@ class _EncoderBuilder(_Builder):
             q, k, v = (self.bias(y, f"{p}{n}.bias") for y, n in zip(qkv, ("attn_q", "attn_k", "attn_v")))
         if not cfg.learned_positions:
             q, k = self.rotate(q), self.rotate(k)
+        if own_attention(self.spec):
+            ctx = self.tmp("attn")
+            self.nodes.append(helper.make_node(ATTENTION_OP, [q, k, v], [ctx], domain=KERNEL_DOMAIN,
+                                               num_heads=cfg.num_heads, scale=float(cfg.attention_scale)))
+            return self.linear(ctx, self.spec.weights[p + "attn_output"])
         # (N, dim) -> (B, T, dim): each text's rows, padded to the longest
         q, k, v = (self.node("Gather", [t, "pad"], "pad", axis=0) for t in (q, k, v))
         ctx = self.node("MultiHeadAttention", [q, k, v, "", "mask"], "mha", domain="com.microsoft",
@@ -137,10 +150,11 @@ def build_encoder(spec: ModelSpec, accuracy_level: int = 4, nbits8: bool = True)
         raise ValueError(f"{spec.path}: {cfg.arch} is a decoder; build_encoder takes an encoder")
     b = _EncoderBuilder(spec, weight_layout(spec), accuracy_level, nbits8=nbits8)
     F, I64 = TensorProto.FLOAT, TensorProto.INT64
-    inputs = [helper.make_tensor_value_info("x", F, ["N", cfg.dim]),
-              helper.make_tensor_value_info("pad", I64, ["B", "T"]),
-              helper.make_tensor_value_info("unpad", I64, ["N"]),
-              helper.make_tensor_value_info("mask", TensorProto.INT32, ["B", "T"])]
+    inputs = [helper.make_tensor_value_info("x", F, ["N", cfg.dim])]
+    if not own_attention(spec):
+        inputs += [helper.make_tensor_value_info("pad", I64, ["B", "T"]),
+                   helper.make_tensor_value_info("unpad", I64, ["N"]),
+                   helper.make_tensor_value_info("mask", TensorProto.INT32, ["B", "T"])]
     if not cfg.learned_positions:
         inputs += [helper.make_tensor_value_info(n, F, ["N", 1, cfg.head_dim // 2]) for n in ("cos", "sin")]
     h = b.layer_norm("x", "token_embd_norm")

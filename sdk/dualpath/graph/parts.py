@@ -285,20 +285,33 @@ def _read_parts(folder: str, spec: ModelSpec) -> list[PartFile] | None:
     return parts
 
 
-ENCODER_VERSION = 4
+ENCODER_VERSION = 5
 """Bump when graph/encoder.py changes the graph: older encoder folders are then never read
 (``dualpath cache prune`` removes entries, not folders).
 2: separate q, k, v biases added to a fused ``attn_qkv``.
 3: packed texts (no padding but in attention), fused MultiHeadAttention, SkipLayerNormalization, FastGelu.
 4: cut at the products in our kernels (``encoder.json`` lists the steps); Adds and
-LayerNormalization instead of SkipLayerNormalization."""
+LayerNormalization instead of SkipLayerNormalization.
+5: attention in our kernels over the packed texts where head_dim is a multiple of 16."""
+
+
+@dataclass(frozen=True)
+class AttentionStep:
+    """An encoder's attention in our kernels (``segments.Attention``): q, k, v (``inputs``)
+    into the heads' values (``outputs``, one tensor), every text of the batch on its own."""
+
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    num_heads: int
+    scale: float
 
 
 @dataclass
 class EncoderGraph:
-    """An encoder in its cache entry: ONNX Runtime's graphs (``PartFile``) and our products
-    (``KernelStep``) in the order they run, and the tensors crossing between them ->
-    (rows symbol, width). One graph and nothing else where no matrix has our kernels' form."""
+    """An encoder in its cache entry: ONNX Runtime's graphs (``PartFile``), our products
+    (``KernelStep``) and our attention (``AttentionStep``) in the order they run, and the
+    tensors crossing between them -> (rows symbol, width). One graph and nothing else where
+    nothing runs in our kernels."""
 
     steps: list
     shapes: dict[str, tuple[str, int]]
@@ -326,8 +339,13 @@ def encoder_graph(spec: ModelSpec, accuracy_level: int) -> EncoderGraph:
     raise RuntimeError(f"the encoder graph in {folder} cannot be read back after writing it")
 
 
-def _encoder_step(spec: ModelSpec, folder: str, step: dict) -> PartFile | KernelStep:
+def _encoder_step(spec: ModelSpec, folder: str, step: dict) -> PartFile | KernelStep | AttentionStep:
     """One step of ``encoder.json``, checked against the entry."""
+    if "attention" in step:
+        a = step["attention"]
+        if len(a["inputs"]) != 3 or len(a["outputs"]) != 1 or int(a["num_heads"]) != spec.config.num_heads:
+            raise ValueError(f"attention step {a} is not q, k, v of the model's {spec.config.num_heads} heads")
+        return AttentionStep(tuple(a["inputs"]), tuple(a["outputs"]), int(a["num_heads"]), float(a["scale"]))
     if "products" in step:
         k = step["products"]
         if not all(w in spec.weights and spec.weights[w].kernel_form for w in k["weights"]):
@@ -351,7 +369,7 @@ def _write_encoder(spec: ModelSpec, accuracy_level: int, folder: str) -> None:
                                         "building it needs the onnx package: pip install 'dualpath[convert]'") from e
     from .builder import PLACEHOLDER
     from .encoder import build_encoder
-    from .segments import Products, split
+    from .segments import Attention, Products, split
 
     part = build_encoder(spec, accuracy_level)
     if part.tables or part.derived:
@@ -361,6 +379,10 @@ def _write_encoder(spec: ModelSpec, accuracy_level: int, folder: str) -> None:
     program = split(part)
     steps: list[dict] = []
     for step in program.steps:
+        if isinstance(step, Attention):
+            steps.append({"attention": {"inputs": list(step.inputs), "outputs": list(step.outputs),
+                                        "num_heads": step.num_heads, "scale": step.scale}})
+            continue
         if isinstance(step, Products):
             steps.append({"products": {"input": step.input, "outputs": list(step.outputs),
                                        "weights": list(step.weights)}})

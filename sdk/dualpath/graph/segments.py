@@ -1,4 +1,5 @@
-"""A part's graph cut at the products our kernels compute (``builder.KERNEL_OP``).
+"""A part's graph cut at the products our kernels compute (``builder.KERNEL_OP``) and at an
+encoder's attention in our kernels (``builder.ATTENTION_OP``).
 
 A layer's matrices of the types our kernels take (``Weight.kernel_form``) are multiplied
 in our kernels, over the file's blocks read in place, not by ONNX Runtime's MatMulNBits
@@ -20,7 +21,7 @@ from dataclasses import dataclass, field, replace
 import onnx
 from onnx import helper, shape_inference
 
-from .builder import KERNEL_DOMAIN, KERNEL_OP, GraphPart
+from .builder import ATTENTION_OP, KERNEL_DOMAIN, KERNEL_OP, GraphPart
 
 
 @dataclass(frozen=True)
@@ -30,6 +31,17 @@ class Products:
     input: str
     outputs: tuple[str, ...]
     weights: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Attention:
+    """An encoder's attention in our kernels (``builder.ATTENTION_OP``): ``inputs`` q, k, v
+    into ``outputs`` (one tensor)."""
+
+    inputs: tuple[str, str, str]
+    outputs: tuple[str]
+    num_heads: int
+    scale: float
 
 
 @dataclass
@@ -45,7 +57,7 @@ def split(part: GraphPart) -> Program:
     """``part`` cut at its ``KERNEL_OP`` nodes (a part without any is one step, itself)."""
     graph = part.model.graph
     nodes = list(graph.node)
-    if not any(n.op_type == KERNEL_OP and n.domain == KERNEL_DOMAIN for n in nodes):
+    if not any(_is_kernel(n) for n in nodes):
         return Program([part])
     shapes = _shapes(part.model, part.kernel_shapes)
     producer: dict[str, tuple[int, bool]] = {}  # tensor -> (level of its producer, made by a product)
@@ -58,7 +70,7 @@ def split(part: GraphPart) -> Program:
                 lv, by_kernel = producer[name]
                 level = max(level, lv + 1 if by_kernel else lv)
         levels.append(level)
-        kernel = n.op_type == KERNEL_OP and n.domain == KERNEL_DOMAIN
+        kernel = _is_kernel(n)
         for name in n.output:
             producer[name] = (level, kernel)
     graph_outputs = [o.name for o in graph.output]
@@ -74,15 +86,20 @@ def split(part: GraphPart) -> Program:
             program.steps.append(_segment(part, nodes, ort_nodes, inits, consumers, graph_outputs, shapes, program))
         for i, n in enumerate(nodes):
             if levels[i] == level and _is_kernel(n):
-                program.steps.append(Products(n.input[0], tuple(n.output), tuple(_weights_of(n))))
-                for name in (n.input[0], *n.output):
+                if n.op_type == ATTENTION_OP:
+                    a = {x.name: x for x in n.attribute}
+                    program.steps.append(Attention((n.input[0], n.input[1], n.input[2]), (n.output[0],),
+                                                   a["num_heads"].i, a["scale"].f))
+                else:
+                    program.steps.append(Products(n.input[0], tuple(n.output), tuple(_weights_of(n))))
+                for name in (*n.input, *n.output):
                     if name not in (i.name for i in graph.input) and name not in graph_outputs:
                         program.shapes[name] = _rows_width(shapes, name)
     return program
 
 
 def _is_kernel(n: onnx.NodeProto) -> bool:
-    return n.op_type == KERNEL_OP and n.domain == KERNEL_DOMAIN
+    return n.op_type in (KERNEL_OP, ATTENTION_OP) and n.domain == KERNEL_DOMAIN
 
 
 def _shapes(model: onnx.ModelProto, kernel_shapes: dict[str, tuple[int, int]]) -> dict[str, onnx.TypeProto]:
@@ -100,7 +117,9 @@ def _shapes(model: onnx.ModelProto, kernel_shapes: dict[str, tuple[int, int]]) -
         return helper.make_node("MatMul", [x, w.name], [y])
 
     for n in g.node:
-        if _is_kernel(n):
+        if n.op_type == ATTENTION_OP and n.domain == KERNEL_DOMAIN:
+            nodes.append(helper.make_node("Identity", [n.input[0]], [n.output[0]]))
+        elif _is_kernel(n):
             for out, name in zip(n.output, _weights_of(n)):
                 nodes.append(matmul(n.input[0], out, kernel_shapes[name][1], kernel_shapes[name][0], out))
         elif n.op_type == "MatMulNBits":

@@ -4,7 +4,8 @@ Two extension modules sit underneath (built by setup.py from cython_ext/):
 
 * ``_kvarena``: the KV arena (one allocation cut into blocks), the per-step
   attention stepper, the classifier's product (``QMatmul``), a layer's products over GGML
-  blocks (``LMatmul``, ``lform_from_ggml``), the kernels' thread pool,
+  blocks (``LMatmul``, ``lform_from_ggml``), an encoder's attention (``EncAttention``), the
+  kernels' thread pool,
   and the run-time ISA dispatch;
   with the names of the C tables, the one list of each: ``KV_DTYPES`` (and
   ``KV_DTYPE_DOCS``, ``KV_HEAD_DIM_MULTIPLE``), ``KERNEL_ISAS`` and ``KERNEL_FEATURES`` (the ISAs that
@@ -29,6 +30,7 @@ from .._kvarena import (
                         KV_HEAD_DIM_MULTIPLE,
                         LFORM_TYPES,
                         ArenaStepper,
+                        EncAttention,
                         KVArena,
                         LMatmul,
                         QMatmul,
@@ -43,6 +45,6 @@ from .._kvarena import (
 )
 
 __all__ = ["GGML_TYPES", "KERNEL_FEATURES", "KERNEL_ISAS", "KV_DTYPE_DOCS", "KV_DTYPES", "KV_HEAD_DIM_MULTIPLE",
-           "LFORM_TYPES", "ArenaStepper", "KVArena", "LMatmul", "QMatmul", "ThreadPool", "available_kernels",
-           "cpu_features", "default_kernel", "embed", "ggml_layout", "kv_tile_bytes", "lform_bytes",
-           "lform_from_ggml", "lform_rows", "read_rows", "repack_ggml"]
+           "LFORM_TYPES", "ArenaStepper", "EncAttention", "KVArena", "LMatmul", "QMatmul", "ThreadPool",
+           "available_kernels", "cpu_features", "default_kernel", "embed", "ggml_layout", "kv_tile_bytes",
+           "lform_bytes", "lform_from_ggml", "lform_rows", "read_rows", "repack_ggml"]

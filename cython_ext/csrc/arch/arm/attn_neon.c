@@ -180,6 +180,21 @@ static float max_of(const float *x, int64_t n) {
 static inline float32x4_t neon_fma(float32x4_t x, float32x4_t m, float32x4_t c) { return vfmaq_f32(c, x, m); }
 DP_DEFINE_FMA_PROBE(float32x4_t, 16, 4, vdupq_n_f32, neon_fma, vaddq_f32, vaddvq_f32)
 
+/* An encoder's attention: 6 query rows x 16 tokens of scores, 6 rows x 16 dims of V
+ * (24 accumulators of the 32 registers). */
+#define EA_VT float32x4_t
+#define EA_VL 4
+#define EA_LOAD vld1q_f32
+#define EA_STORE vst1q_f32
+#define EA_SET1 vdupq_n_f32
+#define EA_ZERO() vdupq_n_f32(0.0f)
+#define EA_MUL vmulq_f32
+#define EA_FMA fma4
+#define EA_ROWS 6
+#define EA_KB 1
+#define EA_DV 4
+#include "../../enc_attn_body.h"
+
 const dp_attn_ops dp_ops_neon = {
     .kv = {[DP_KV_F16] = {scores_f16, accum_f16}, [DP_KV_F32] = {scores_f32, accum_f32},
            [DP_KV_Q8] = {scores_q8, accum_q8}},

@@ -68,6 +68,11 @@ static float max_of(const float *x, int64_t n) { return dp_ops_neon.max_of(x, n)
 
 static int64_t fma_probe(int64_t iters, float *sink) { return dp_ops_neon.fma_probe(iters, sink); }
 
+static void enc_rows(const float *q, int64_t ldq, int64_t m, int64_t hd, const float *kt, int64_t n, const float *v,
+                     int64_t ldv, float scale, float *s, float *out, int64_t ldo) {
+    dp_ops_neon.enc_rows(q, ldq, m, hd, kt, n, v, ldv, scale, s, out, ldo);
+}
+
 #define NEON_FP16_KV                                                                     \
     .kv = {[DP_KV_F16] = {scores_f16, accum_f16}, [DP_KV_F32] = {scores_f32, accum_f32}, \
            [DP_KV_Q8] = {scores_q8, accum_q8}}

@@ -194,6 +194,21 @@ static float exp_sum(float *x, int64_t n, float max) {
 /* 12 independent chains: enough to cover the FMA latency on two FMA units. */
 DP_DEFINE_FMA_PROBE(__m256, 12, 8, _mm256_set1_ps, _mm256_fmadd_ps, _mm256_add_ps, hsum)
 
+/* An encoder's attention: 6 query rows x 16 tokens of scores, 6 rows x 16 dims of V
+ * (12 accumulators of the 16 registers). */
+#define EA_VT __m256
+#define EA_VL 8
+#define EA_LOAD _mm256_loadu_ps
+#define EA_STORE _mm256_storeu_ps
+#define EA_SET1 _mm256_set1_ps
+#define EA_ZERO _mm256_setzero_ps
+#define EA_MUL _mm256_mul_ps
+#define EA_FMA _mm256_fmadd_ps
+#define EA_ROWS 6
+#define EA_KB 1
+#define EA_DV 2
+#include "../../enc_attn_body.h"
+
 #define AVX2_KV                                                                          \
     .kv = {[DP_KV_F16] = {scores_f16, accum_f16}, [DP_KV_F32] = {scores_f32, accum_f32}, \
            [DP_KV_Q8] = {scores_q8, accum_q8}}

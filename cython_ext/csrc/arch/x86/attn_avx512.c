@@ -312,6 +312,20 @@ static float exp_sum(float *x, int64_t n, float max) {
 /* 12 independent chains: enough to cover the FMA latency on two FMA units. */
 DP_DEFINE_FMA_PROBE(__m512, 12, 16, _mm512_set1_ps, _mm512_fmadd_ps, _mm512_add_ps, _mm512_reduce_add_ps)
 
+/* An encoder's attention: 8 query rows x 32 tokens of scores, 8 rows x 32 dims of V. */
+#define EA_VT __m512
+#define EA_VL 16
+#define EA_LOAD _mm512_loadu_ps
+#define EA_STORE _mm512_storeu_ps
+#define EA_SET1 _mm512_set1_ps
+#define EA_ZERO _mm512_setzero_ps
+#define EA_MUL _mm512_mul_ps
+#define EA_FMA _mm512_fmadd_ps
+#define EA_ROWS 8
+#define EA_KB 2
+#define EA_DV 2
+#include "../../enc_attn_body.h"
+
 /* f32 runs go piece by piece (no run ops), as before run ops existed for f16 and q8. */
 #define AVX512_KV                                                                \
     .kv = {[DP_KV_F16] = {scores_f16, accum_f16, scores_f16_run, accum_f16_run}, \
