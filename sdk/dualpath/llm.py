@@ -465,7 +465,8 @@ def _load_encoder(llm: LLM, model_path, t0: float) -> EncoderRunner:
     rt = llm.config.runtime
     llm.governor = None
     llm.prefix_store = None
-    runner = EncoderRunner(llm.spec, rt.effective_num_threads(), rt.quantized_matmul_accuracy)
+    runner = EncoderRunner(llm.spec, rt.effective_num_threads(), rt.quantized_matmul_accuracy,
+                           kernel=None if rt.kernel_isa == "auto" else rt.kernel_isa)
     llm.load_stats["rss_mb"]["sessions"] = resident_mb()
     llm.load_stats["total_s"] = time.perf_counter() - t0
     log.info("loaded encoder %s (%s) in %.2fs", model_path, llm.spec.config.arch, llm.load_stats["total_s"])

@@ -146,7 +146,8 @@ def test_info_names_the_configured_kernel_and_prints_the_cache_config_once(tmp_p
                          "--set", "power.low_power_seq_path_threshold=16384"], tmp_path)
     assert proc.returncode == 0, proc.stderr.decode()
     out = proc.stdout.decode()
-    assert "attention=generic kv_write=generic layer_products=generic classifier=generic" in out
+    assert "attention=generic kv_write=generic layer_products=generic classifier=generic " \
+           "encoder_attention=generic" in out
     assert "runtime.kernel_isa=generic" in out
     assert out.count("block_bytes=") == 1 and out.count("kv_dtype=") == 1
     # The path line is the low_power profile's policy, the one the cache applies.

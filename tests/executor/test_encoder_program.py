@@ -90,3 +90,25 @@ def test_threads_embedding_at_once_take_turns(llm):
         together = list(ex.map(lambda b: np.stack(llm.encoder.embed(b, "mean")), batches))
     for a, t in zip(alone, together):
         np.testing.assert_array_equal(a, t)
+
+
+def test_every_kernel_isa_gives_the_same_vectors(llm):
+    """runtime.kernel_isa reaches the encoder's attention and products: each ISA the machine
+    runs (the generic reference among them) embeds as the default does: to f32 rounding with
+    float products; with int8 activations a rounding that moves a value across a step of
+    the quantizer shows, so there the vectors' cosine is the measure."""
+    from dualpath.config import load_config, with_overrides
+    from dualpath.kernels import available_kernels
+
+    rng = np.random.default_rng(2)
+    vocab = llm.spec.config.vocab_size
+    texts = [[101] + rng.integers(200, vocab, n).tolist() + [102] for n in (1, 14, 15, 40, 126)]
+    want = np.stack(llm.encoder.embed(texts, "mean"))
+    for isa in available_kernels():
+        other = LLM(llm.spec.path, with_overrides(load_config(None), {"runtime.kernel_isa": isa}))
+        assert other.encoder._program._plan and any(
+            type(s).__name__ == "EncAttention" for s in other.encoder._program._plan)
+        got = np.stack(other.encoder.embed(texts, "mean"))
+        if llm.spec.weights["blk.0.attn_q"].source_type == "F16":
+            np.testing.assert_allclose(got, want, atol=3e-5, err_msg=isa)
+        assert np.sum(got * want, axis=1).min() >= 0.99999, isa  # unit vectors

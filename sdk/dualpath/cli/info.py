@@ -28,7 +28,8 @@ def cmd_info(args) -> int:
     available = available_kernels()
     kernel = default_kernel() if asked == "auto" else asked
     note = "" if kernel in available else " NOT AVAILABLE on this CPU/build: loading a model fails"
-    print(f"kernels: attention={kernel} kv_write={kernel} layer_products={kernel} classifier={kernel} embed=generic  "
+    print(f"kernels: attention={kernel} kv_write={kernel} layer_products={kernel} classifier={kernel} "
+          f"encoder_attention={kernel} embed=generic  "
           f"(runtime.kernel_isa={asked}{note}; available: {', '.join(available)}; usable ISA features: "
           f"{', '.join(kernel_features()) or 'none'}"
           f"{'; disabled by DUALPATH_DISABLE_CPU_FEATURES=' + disabled if disabled else ''})")

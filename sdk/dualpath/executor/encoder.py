@@ -57,10 +57,11 @@ def l2_normalize(v: np.ndarray) -> np.ndarray:
 
 class EncoderRunner:
     """The encoder ``spec`` (loaded through the converted-model cache: its graph lives in the
-    entry) on ONNX Runtime with ``num_threads`` threads."""
+    entry) on ONNX Runtime and our kernels (``kernel``: an ISA's name, None the best) with
+    ``num_threads`` threads."""
 
     def __init__(self, spec: ModelSpec, num_threads: int, accuracy_level: int = 4,
-                 max_batch_tokens: int = BATCH_TOKENS, max_score_bytes: int = 256 << 20):
+                 max_batch_tokens: int = BATCH_TOKENS, max_score_bytes: int = 256 << 20, kernel: str | None = None):
         cfg = spec.config
         if cfg.causal:
             raise ValueError(f"{spec.path}: {cfg.arch} is a decoder, not an encoder")
@@ -71,7 +72,7 @@ class EncoderRunner:
         # Spinning workers and prepacked float weights: a batch runs many products back to back,
         # and one session set packs its copy in place of the mapped pages (create_sessions).
         self._program = EncoderProgram(spec, encoder_graph(spec, accuracy_level), num_threads,
-                                       self.max_batch_tokens, int8_act=accuracy_level == 4)
+                                       self.max_batch_tokens, int8_act=accuracy_level == 4, kernel=kernel)
         self._tokens = TokenEmbedding(spec.weights["token_embd"], 1.0)
         w = spec.weights
         self._positions = TokenEmbedding(w["position_embd"], 1.0) if cfg.learned_positions else None
