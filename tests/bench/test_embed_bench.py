@@ -10,7 +10,7 @@ import json
 import pytest
 
 from dualpath import LLM
-from dualpath.bench.embed import fit_passage, short_texts
+from dualpath.bench.embed import fit_passage, prepare, short_texts
 from dualpath.cli import main
 from dualpath.models.synth import synth_gguf
 
@@ -27,6 +27,8 @@ def test_texts_are_short_sentences_and_a_passage_of_the_positions(bert_file):
     assert short_texts(5) == short_texts(5) and short_texts(5) != short_texts(5, seed=1)
     passage = fit_passage(llm.tokenize, 128)
     assert 120 <= len(llm.tokenize(passage)) <= 128  # as close to the positions as whole words allow
+    passages = prepare(bert_file, [1], 3)["passages"]  # each its own words, as a real batch's are
+    assert len(set(passages)) == 3 and all(120 <= len(llm.tokenize(p)) <= 128 for p in passages)
 
 
 def test_embed_bench_measures_each_workload_beside_llama_cpp(bert_file, tmp_path, capsys):

@@ -73,11 +73,11 @@ def fit_passage(tokenize, tokens: int, seed: int = 1) -> str:
     return " ".join(words[:lo])
 
 
-def workloads(sizes: list[int], passages: int, passage: str) -> dict[str, list[str]]:
+def workloads(sizes: list[int], passages: list[str]) -> dict[str, list[str]]:
     """Workload name -> its texts: ``short x N`` per size, ``passage x P``."""
     out = {f"short x {n}": short_texts(n) for n in sizes}
     if passages:
-        out[f"passage x {passages}"] = [passage] * passages
+        out[f"passage x {len(passages)}"] = passages
     return out
 
 
@@ -86,10 +86,11 @@ def rerank_texts() -> tuple[str, list[str]]:
     return short_texts(1, seed=3)[0], short_texts(RERANK_DOCUMENTS, seed=2)
 
 
-def prepare(model: str, sizes: list[int]) -> dict:
-    """The model's positions, the passage fitted to them (at most ``PASSAGE_TOKENS``), and the
-    mean tokens of a text of each workload; for a reranker, its pairs' token ids instead. Run
-    in a worker: it loads the model."""
+def prepare(model: str, sizes: list[int], passages: int) -> dict:
+    """The model's positions, ``passages`` passages fitted to them (at most ``PASSAGE_TOKENS``;
+    each its own words, as a real batch's are), and the mean tokens of a text of each
+    workload; for a reranker, its pairs' token ids instead. Run in a worker: it loads the
+    model."""
     from ..llm import LLM
 
     llm = LLM(model)
@@ -106,8 +107,9 @@ def prepare(model: str, sizes: list[int]) -> dict:
         raise ModelTaskError(f"{os.path.basename(model)} is a text-generation model: bench embed needs an "
                              "embedding model (an encoder) or a reranker")
     tokens = min(positions, PASSAGE_TOKENS)
-    passage = fit_passage(llm.tokenize, tokens)
-    return {"positions": positions, "rerank": False, "passage": passage, "passage_tokens": len(llm.tokenize(passage)),
+    texts = [fit_passage(llm.tokenize, tokens, seed=1 + i) for i in range(passages)]
+    return {"positions": positions, "rerank": False, "passages": texts,
+            "passage_tokens": max((len(llm.tokenize(t)) for t in texts), default=tokens),
             "short_tokens": {str(n): float(np.mean([len(llm.tokenize(t)) for t in short_texts(n)])) for n in sizes}}
 
 
@@ -138,9 +140,9 @@ def worker(model: str, texts: dict[str, list[str]], threads: int, inner: int, re
 def run_embed(model: str, sizes: list[int], passages: int, threads: int, repeats: int, inner: int,
               peer: llamacpp.LlamaCppPeer | None) -> dict:
     """One model's figures: DualPath's and llama.cpp's medians per workload, their ratio."""
-    prep = run_worker(prepare, {"model": model, "sizes": sizes}, timeout_s=TIMEOUT_S)
+    prep = run_worker(prepare, {"model": model, "sizes": sizes, "passages": passages}, timeout_s=TIMEOUT_S)
     rank = prep["rerank"]
-    texts = {} if rank else workloads(sizes, passages, prep["passage"])
+    texts = {} if rank else workloads(sizes, prep["passages"])
     variants = ["dualpath"] + (llamacpp.variants() if peer is not None else [])
 
     def measure(variant: str) -> dict:

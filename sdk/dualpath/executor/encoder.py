@@ -98,21 +98,14 @@ class EncoderRunner:
             raise InvalidPromptError(f"text {index} holds token id {bad}, outside the vocabulary [0, {vocab})")
 
     def hidden(self, texts: list[list[int]]) -> list[np.ndarray]:
-        """The last hidden states (T_i, dim) of each text's token ids, in the order given. A text
-        given twice runs once (the same document twice in a rerank, say)."""
+        """The last hidden states (T_i, dim) of each text's token ids, in the order given."""
         for i, ids in enumerate(texts):
             self.check(ids, i)
-        first: dict[tuple[int, ...], int] = {}  # a text's ids -> its index in unique
-        unique: list[list[int]] = []
-        for ids in texts:
-            if first.setdefault(tuple(ids), len(unique)) == len(unique):
-                unique.append(ids)
-        which = [first[tuple(ids)] for ids in texts]
-        out: list[np.ndarray] = [np.empty(0)] * len(unique)
-        for batch in self._batches(unique):
-            for i, h in zip(batch, self._run([unique[i] for i in batch])):
+        out: list[np.ndarray] = [np.empty(0)] * len(texts)
+        for batch in self._batches(texts):
+            for i, h in zip(batch, self._run([texts[i] for i in batch])):
                 out[i] = h
-        return [out[j] for j in which]
+        return out
 
     def embed(self, texts: list[list[int]], pooling: str, normalize: bool = True) -> list[np.ndarray]:
         """Each text's pooled vector (dim,), or its (T, dim) states for ``none``; L2-normalised
