@@ -10,7 +10,7 @@ import pytest
 
 from dualpath import LLM
 from dualpath.executor.encoder_program import share_buffers
-from dualpath.executor.memory_plan import encoder_parts
+from dualpath.executor.memory_plan import ACTIVATION_FLOATS, encoder_parts
 from dualpath.graph.parts import AttentionStep, KernelStep, encoder_graph
 from dualpath.models.synth import synth_gguf
 
@@ -32,6 +32,9 @@ def test_a_quantized_encoder_runs_every_layer_matrix_in_our_kernels(llm):
     attention = [s for s in graph.steps if isinstance(s, AttentionStep)]
     assert len(attention) == layers and all(s.num_heads == llm.spec.config.num_heads for s in attention)
     assert all("pad" not in p.inputs and "mask" not in p.inputs for p in graph.parts)  # no padding anywhere
+    h, d, _ = ACTIVATION_FLOATS  # and no (heads, context) scores per token in the plan
+    cfg = llm.spec.config
+    assert encoder_parts(llm.spec, 512)["activations"] == 512 * 4 * (h * cfg.hidden_dim + d * cfg.dim)
     if llm.spec.weights["blk.0.attn_q"].source_type == "Q8_0":
         assert named == sorted(f"blk.{i}.{m}" for i in range(layers) for m in MATRICES)
         assert [len(s.weights) for s in products[:1]] == [3]  # q, k, v: one product, activations quantized once

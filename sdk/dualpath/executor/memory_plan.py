@@ -33,6 +33,7 @@ from dataclasses import dataclass, replace
 from ..cache.geometry import KVGeometry, cache_tokens, head_dim_fits, model_kv_geometry
 from ..config import Config, KVCacheConfig
 from ..errors import ConfigError
+from ..graph.parts import own_attention
 from ..kernels import ggml_layout, lform_bytes
 from ..models import read_layout
 from ..models.quants import kernel_form
@@ -321,14 +322,16 @@ def encoder_parts(spec, slice_tokens: int) -> dict[str, int]:
     already runs Python and ONNX Runtime, by part: its vocabulary, its matrices as our kernels
     read them (a layer's matrices of their types, in their form: graph/encoder.py) or as ONNX
     Runtime holds them (f32 otherwise; the embedding tables are read from the file), and one
-    slice of ``slice_tokens`` tokens in flight: per token the layer's activations, and at
-    worst (every text as long as the context) its attention scores, (heads, context) f32
-    per token."""
+    slice of ``slice_tokens`` tokens in flight: per token the layer's activations, and, where
+    attention is ONNX Runtime's over padded texts, at worst (every text as long as the
+    context) its attention scores, (heads, context) f32 per token (ours keeps a few rows of
+    scores per thread: nothing to count)."""
     cfg = spec.config
     layout, merges = layout_of(spec)
     weights = sum(_matrix_bytes(t, s, runtime_nbits8(), name=name) for name, (t, s) in layout.items()
                   if name not in ENCODER_TABLES)
     h, d, _ = ACTIVATION_FLOATS
-    activations = slice_tokens * 4 * (h * cfg.hidden_dim + d * cfg.dim + cfg.num_heads * cfg.context_length)
+    scores = 0 if own_attention(spec) else cfg.num_heads * cfg.context_length
+    activations = slice_tokens * 4 * (h * cfg.hidden_dim + d * cfg.dim + scores)
     return {"vocabulary": cfg.vocab_size * TOKEN_BYTES + merges * MERGE_BYTES, "weights": weights,
             "activations": activations}

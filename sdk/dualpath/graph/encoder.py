@@ -44,14 +44,10 @@ from onnx import TensorProto, helper
 
 from ..models.spec import ModelSpec
 from .builder import ATTENTION_OP, KERNEL_DOMAIN, GraphPart, _Builder, weight_layout
+from .parts import own_attention
 
 MASKED = -1e30
 """What attention adds for a padding key: exp of it underflows to exactly 0 after the max is subtracted."""
-
-
-def own_attention(spec: ModelSpec) -> bool:
-    """Whether the encoder's attention runs in our kernels (the ISAs' take head_dim in 16s)."""
-    return spec.config.head_dim % 16 == 0
 
 
 class _EncoderBuilder(_Builder):
