@@ -33,7 +33,7 @@ from dataclasses import dataclass, replace
 from ..cache.geometry import KVGeometry, cache_tokens, head_dim_fits, model_kv_geometry
 from ..config import Config, KVCacheConfig
 from ..errors import ConfigError
-from ..graph.parts import own_attention
+from ..graph import own_attention
 from ..kernels import ggml_layout, lform_bytes
 from ..models import read_layout
 from ..models.quants import kernel_form

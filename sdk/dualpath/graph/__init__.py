@@ -5,3 +5,9 @@ OPSET = 21
 RMSNorm is ONNX Runtime's SimplifiedLayerNormalization, registered in the ONNX domain in
 every version we support (newer versions run opset 23's RMSNormalization with the same
 kernel)."""
+
+
+def own_attention(spec) -> bool:
+    """Whether an encoder's attention runs in our kernels (graph/encoder.py): their ISAs take a
+    head_dim in whole 16s, every real encoder's (32 or 64)."""
+    return spec.config.head_dim % 16 == 0

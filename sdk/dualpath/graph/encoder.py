@@ -43,8 +43,8 @@ import numpy as np
 from onnx import TensorProto, helper
 
 from ..models.spec import ModelSpec
+from . import own_attention
 from .builder import ATTENTION_OP, KERNEL_DOMAIN, GraphPart, _Builder, weight_layout
-from .parts import own_attention
 
 MASKED = -1e30
 """What attention adds for a padding key: exp of it underflows to exactly 0 after the max is subtracted."""

@@ -295,12 +295,6 @@ LayerNormalization instead of SkipLayerNormalization.
 5: attention in our kernels over the packed texts where head_dim is a multiple of 16."""
 
 
-def own_attention(spec: ModelSpec) -> bool:
-    """Whether an encoder's attention runs in our kernels (graph/encoder.py): the ISAs' take a
-    head_dim in whole 16s, every real encoder's (32 or 64)."""
-    return spec.config.head_dim % 16 == 0
-
-
 @dataclass(frozen=True)
 class AttentionStep:
     """An encoder's attention in our kernels (``segments.Attention``): q, k, v (``inputs``)
