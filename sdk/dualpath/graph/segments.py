@@ -54,7 +54,8 @@ class Program:
 
 
 def split(part: GraphPart) -> Program:
-    """``part`` cut at its ``KERNEL_OP`` nodes (a part without any is one step, itself)."""
+    """``part`` cut at its ``KERNEL_OP`` and ``ATTENTION_OP`` nodes (a part without any is one
+    step, itself)."""
     graph = part.model.graph
     nodes = list(graph.node)
     if not any(_is_kernel(n) for n in nodes):
