@@ -4,7 +4,8 @@
 
 #include <stdlib.h>
 
-void dp_enc_pack_kt(const float *k, int64_t ld, int64_t n, int64_t hd, float *kt) {
+/* K^T of one head: n rows of k (stride ld, hd values each) into kt in blocks of 16. */
+static void pack_kt(const float *k, int64_t ld, int64_t n, int64_t hd, float *kt) {
     const int64_t np = (n + 15) & ~(int64_t)15;
     for (int64_t r0 = 0; r0 < np; r0 += 16) {
         float *blk = kt + r0 * hd; /* block r0 / 16 starts at (r0 / 16) * hd * 16 */
@@ -43,7 +44,7 @@ static void enc_task_fn(void *ctx, int64_t t, int worker) {
     const int64_t s0 = r->starts[task->b], n = r->starts[task->b + 1] - s0, hd = r->hd, off = task->h * hd;
     float *kt = r->scratch + (int64_t)worker * r->worker_floats;
     float *s = kt + ((n + 15) & ~(int64_t)15) * hd;
-    dp_enc_pack_kt(r->k + s0 * r->ld + off, r->ld, n, hd, kt);
+    pack_kt(r->k + s0 * r->ld + off, r->ld, n, hd, kt);
     r->fn(r->q + (s0 + task->q0) * r->ld + off, r->ld, task->q1 - task->q0, hd, kt, n, r->v + s0 * r->ld + off,
           r->ld, r->scale, s, r->out + (s0 + task->q0) * r->ldo + off, r->ldo);
 }
@@ -53,6 +54,13 @@ static void enc_task_fn(void *ctx, int64_t t, int worker) {
 /* The fewest query rows a task takes when a text's heads are split into pieces: below
  * this the task's packing of K^T (every piece packs its own) costs more than it spreads. */
 #define MIN_TASK_ROWS 64
+
+/* The pieces a text of n tokens is cut into: at most `pieces`, and one per MIN_TASK_ROWS
+ * tokens begun. */
+static int64_t text_pieces(int64_t n, int64_t pieces) {
+    const int64_t p = (n + MIN_TASK_ROWS - 1) / MIN_TASK_ROWS;
+    return p < pieces ? p : pieces;
+}
 
 int dp_enc_attention(dp_pool *pool, const dp_attn_ops *ops, const float *q, const float *k, const float *v,
                      int64_t ld, int64_t rows, const int64_t *starts, int64_t B, int64_t nh, int64_t hd,
@@ -77,9 +85,7 @@ int dp_enc_attention(dp_pool *pool, const dp_attn_ops *ops, const float *q, cons
     int64_t ntasks = 0;
     for (int64_t b = 0; b < B; b++) {
         const int64_t n = starts[b + 1] - starts[b];
-        if (n == 0) continue;
-        int64_t p = (n + MIN_TASK_ROWS - 1) / MIN_TASK_ROWS;
-        ntasks += nh * (p < pieces ? p : pieces);
+        if (n > 0) ntasks += nh * text_pieces(n, pieces);
     }
     enc_task *tasks = (enc_task *)dp_malloc((size_t)ntasks * sizeof(enc_task));
     const int64_t worker_floats = (dp_enc_scratch_floats(longest, hd) + 15) & ~(int64_t)15;
@@ -92,8 +98,7 @@ int dp_enc_attention(dp_pool *pool, const dp_attn_ops *ops, const float *q, cons
     for (int64_t b = 0; b < B; b++) {
         const int64_t n = starts[b + 1] - starts[b];
         if (n == 0) continue;
-        int64_t p = (n + MIN_TASK_ROWS - 1) / MIN_TASK_ROWS;
-        p = p < pieces ? p : pieces;
+        const int64_t p = text_pieces(n, pieces);
         /* pieces of whole DP_ENC_ROWS rows, as even as that allows */
         const int64_t per = ((n + p - 1) / p + DP_ENC_ROWS - 1) / DP_ENC_ROWS * DP_ENC_ROWS;
         for (int64_t h = 0; h < nh; h++)

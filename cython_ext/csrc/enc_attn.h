@@ -26,9 +26,6 @@ static inline int64_t dp_enc_scratch_floats(int64_t n, int64_t hd) {
     return np * hd + DP_ENC_ROWS * (np + 16);
 }
 
-/* K^T of one head: n rows of k (stride ld, hd values each) into kt in blocks of 16. */
-void dp_enc_pack_kt(const float *k, int64_t ld, int64_t n, int64_t hd, float *kt);
-
 /* out = softmax(scale * q k^T) v per head of every text, on `pool` (NULL: the calling
  * thread), with ops->enc_rows (the generic one where hd is not a multiple of 16).
  * DP_ERR_ARG for a size below 1, a head_dim above DP_MAX_HEAD_DIM or strides narrower
