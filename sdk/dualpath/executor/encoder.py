@@ -68,7 +68,8 @@ class EncoderRunner:
         self.spec = spec
         self.max_batch_tokens = max(max_batch_tokens, cfg.context_length)
         self.max_score_bytes = max_score_bytes
-        """Bound on one batch's attention scores (B, heads, T, T) f32, with ``max_batch_tokens``."""
+        """Bound on one batch's attention scores (B, heads, T, T) f32 where attention pads
+        (ONNX Runtime's), with ``max_batch_tokens``."""
         # Spinning workers and prepacked float weights: a batch runs many products back to back,
         # and one session set packs its copy in place of the mapped pages (create_sessions).
         self._program = EncoderProgram(spec, encoder_graph(spec, accuracy_level), num_threads,
@@ -141,10 +142,11 @@ class EncoderRunner:
         return out[0] if single else out
 
     def _batches(self, texts: list[list[int]]) -> list[list[int]]:
-        """Indices of ``texts``, longest first, cut so that each batch's tokens and padded
-        attention scores stay within the bounds, and that no text is padded to more than
-        twice its length in attention (a short text in a batch of long ones would cost
-        attention over the longest's width)."""
+        """Indices of ``texts``, longest first, cut so that each batch's tokens stay within
+        ``max_batch_tokens``; where attention is ONNX Runtime's over padded texts, also its
+        padded scores within ``max_score_bytes``, and no text padded to more than twice its
+        length (a short text in a batch of long ones would cost attention over the longest's
+        width)."""
         order = sorted(range(len(texts)), key=lambda i: -len(texts[i]))
         heads, padded = self.spec.config.num_heads, self._program.padded
         batches: list[list[int]] = []
