@@ -7,9 +7,11 @@
 #include "kv_tile.h"
 
 #define DP_GSLICE 16  /* query heads of one KV head scored in one call */
-/* Fewest positions of a flash-decoding chunk: a decode over 1,024 positions is split in
- * two, over 4,096 in eight (a chunk's merge costs num_heads * (head_dim + 2) floats). */
-#define DP_MIN_CHUNK 512
+/* Positions per flash-decoding chunk, at least (but any context of DP_MIN_CHUNK or more
+ * is split in two): a decode over 256 positions is split in two, over 1,024 in four, over
+ * 2,048 or more in eight, 4 chunks per thread. A chunk's merge costs num_heads *
+ * (head_dim + 2) floats; a context left whole runs on one thread while the others wait. */
+#define DP_MIN_CHUNK 256
 /* Positions per softmax pass, at most; a run may cover several tiles (buffers and the
  * scores' stride are sized for DP_RUN). A decode task (one query token) gathers runs of
  * DP_RUN_DECODE: small runs keep a run's K and V in L1 between the scores and the
@@ -366,9 +368,10 @@ static int64_t attn_plan(attn_job *J, const dp_arena *a, const dp_attn_ops *ops,
     const int64_t n_seen = n_ctx - J->ctx_lo;
     J->num_chunks = 1;
     J->chunk = n_seen;
-    if (!params.decode_on_caller && num_tokens < 4 * threads && threads > 1 && n_seen >= 2 * DP_MIN_CHUNK) {
+    if (!params.decode_on_caller && num_tokens < 4 * threads && threads > 1 && n_seen >= DP_MIN_CHUNK) {
         int64_t chunks = (4 * threads + num_tokens - 1) / num_tokens;
-        if (chunks > n_seen / DP_MIN_CHUNK) chunks = n_seen / DP_MIN_CHUNK;
+        const int64_t most = n_seen / DP_MIN_CHUNK > 2 ? n_seen / DP_MIN_CHUNK : 2;
+        if (chunks > most) chunks = most;
         if (chunks > 1) {
             J->num_chunks = chunks;
             J->chunk = (n_seen + chunks - 1) / chunks;
