@@ -166,10 +166,14 @@ def add_cache_parser(sub) -> None:
 
 def add_synth_parser(sub) -> None:
     from ..models.synth import LLAMA_CPP_TYPES, PRESETS, TYPES
+    from ..models.synth_vision import VISION_PRESETS
 
     s = sub.add_parser("synth", help="write a GGUF with random weights and real shapes (for benchmarks)")
     s.add_argument("--preset", choices=list(PRESETS),
                    help="a shape (default: stories15M, or the --arch family's tiny test shape)")
+    s.add_argument("--vision", choices=list(VISION_PRESETS),
+                   help="write a projector file (llama.cpp's --mmproj) of this vision model instead, "
+                        "F32, F16 or Q8_0; its text model is a --preset of the width it projects to")
     s.add_argument("--arch", choices=sorted({p.arch for p in PRESETS.values()}),
                    help="model family (GGUF general.architecture)")
     s.add_argument("--type", default="F32", type=str.upper, choices=list(TYPES + LLAMA_CPP_TYPES),

@@ -53,6 +53,8 @@ def cmd_synth(args) -> int:
     from ..models.synth import preset_for, synth_gguf
 
     t0 = time.perf_counter()
+    if args.vision:
+        return _synth_vision(args, t0)
     try:
         preset = preset_for(args.arch, args.preset)
     except ValueError as e:
@@ -65,4 +67,22 @@ def cmd_synth(args) -> int:
         return 1
     print(f"wrote {path} ({os.path.getsize(path) / 2**20:.1f} MiB, {preset}, {args.type.upper()}, "
           f"seed {args.seed}) in {time.perf_counter() - t0:.1f}s — random weights: its text is noise")
+    return 0
+
+
+def _synth_vision(args, t0: float) -> int:
+    from ..models.synth_vision import VISION_PRESETS, synth_mmproj
+
+    if args.preset or args.arch or args.ctx:
+        print("dualpath synth: --vision writes a projector file alone; write its text model with --preset "
+              f"{VISION_PRESETS[args.vision].text_preset} in another run", file=sys.stderr)
+        return 2
+    try:
+        path = synth_mmproj(args.out, args.vision, args.type, seed=args.seed)
+    except ValueError as e:
+        print(f"dualpath synth: {e}", file=sys.stderr)
+        return 2
+    print(f"wrote {path} ({os.path.getsize(path) / 2**20:.1f} MiB, {args.vision} projector, {args.type.upper()}, "
+          f"seed {args.seed}) in {time.perf_counter() - t0:.1f}s; its text model: dualpath synth --preset "
+          f"{VISION_PRESETS[args.vision].text_preset}")
     return 0

@@ -1,0 +1,196 @@
+"""Projector files: llama.cpp's ``--mmproj`` GGUF (``general.architecture`` ``clip``), read and
+checked before anything is built from them.
+
+A vision model on the Hub is two files: the text model, and a projector file that holds the
+image encoder (a ViT: a patch embedding, learned positions, pre-norm blocks, a final norm) and
+the projector that maps the encoder's output into the text model's embedding space.
+llama.cpp's converter writes the projector file (``convert_hf_to_gguf.py --mmproj``) with
+``clip.*`` keys; they are read here as llama.cpp's ``tools/mtmd/clip.cpp`` reads them,
+defaults included. ``PROJECTORS`` lists the kinds whose tensors are known here; any other
+kind, and any tensor a known kind does not have, is refused by name rather than ignored, so
+that nothing in a file is silently left out of the image's embeddings.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+from ..errors import ModelLoadError
+
+PROJECTORS = {
+    "idefics3": "SmolVLM and Idefics3: SigLIP, then a pixel shuffle by the scale factor and one matrix",
+    "gemma3": "Gemma 3: SigLIP, then an average pool by the scale factor, an RMS norm and one matrix",
+}
+"""Projector kinds (``clip.projector_type``) and what follows their encoder."""
+
+DEFAULT_MERGE = {"idefics3": 1, "gemma3": 4}
+"""``clip.vision.projector.scale_factor`` when the file has none, as llama.cpp defaults it."""
+
+WEIGHT_TYPES = ("F32", "F16", "Q8_0")
+"""Matrix types a projector file may hold."""
+
+
+@dataclass(frozen=True)
+class VisionSpec:
+    """A projector file's encoder and projector, as checked by ``read_mmproj``."""
+
+    path: str
+    projector: str
+    """A key of ``PROJECTORS``."""
+    image_size: int
+    """Side of the square the encoder sees, in pixels."""
+    patch_size: int
+    dim: int
+    """The encoder's width (``clip.vision.embedding_length``)."""
+    ffn_dim: int
+    num_layers: int
+    num_heads: int
+    eps: float
+    """LayerNorm epsilon of the encoder's norms (and the RMS norm of Gemma 3's projector)."""
+    image_mean: tuple[float, float, float]
+    image_std: tuple[float, float, float]
+    merge: int
+    """Patches merged per side: the pixel shuffle's or the pool's factor."""
+    text_dim: int
+    """Width of the embeddings it makes (``clip.vision.projection_dim``): the text model's."""
+    activation: str
+    """The MLP's: ``gelu`` (tanh approximation, as ggml's), ``silu`` or ``gelu_quick``."""
+    longest_edge: int
+    """Idefics3's preprocessing: an image is resized so that its longest side is at most this
+    (``clip.vision.preproc_image_size``), then cut into tiles of ``image_size``."""
+    tensors: dict[str, tuple[tuple[int, ...], str]] = field(repr=False)
+    """name -> (shape, outermost dimension first, as NumPy's; GGML type name)."""
+
+    @property
+    def patches_per_side(self) -> int:
+        return self.image_size // self.patch_size
+
+    @property
+    def num_patches(self) -> int:
+        return self.patches_per_side ** 2
+
+    @property
+    def tokens_per_image(self) -> int:
+        """Embeddings one ``image_size`` square becomes."""
+        return (self.patches_per_side // self.merge) ** 2
+
+
+def expected_tensors(spec: VisionSpec) -> dict[str, tuple[int, ...]]:
+    """Every tensor ``spec``'s kind has, with its shape (outermost first); llama.cpp's names."""
+    d, f, p = spec.dim, spec.ffn_dim, spec.patch_size
+    out: dict[str, tuple[int, ...]] = {
+        "v.patch_embd.weight": (d, 3, p, p), "v.patch_embd.bias": (d,),
+        "v.position_embd.weight": (spec.num_patches, d),
+        "v.post_ln.weight": (d,), "v.post_ln.bias": (d,),
+    }
+    for i in range(spec.num_layers):
+        b = f"v.blk.{i}"
+        for name in ("attn_q", "attn_k", "attn_v", "attn_out"):
+            out[f"{b}.{name}.weight"], out[f"{b}.{name}.bias"] = (d, d), (d,)
+        for name in ("ln1", "ln2"):
+            out[f"{b}.{name}.weight"], out[f"{b}.{name}.bias"] = (d,), (d,)
+        out[f"{b}.ffn_up.weight"], out[f"{b}.ffn_up.bias"] = (f, d), (f,)
+        out[f"{b}.ffn_down.weight"], out[f"{b}.ffn_down.bias"] = (d, f), (d,)
+    if spec.projector == "idefics3":
+        out["mm.model.fc.weight"] = (spec.text_dim, d * spec.merge ** 2)
+    else:  # gemma3: its matrix is stored (in, out)
+        out["mm.soft_emb_norm.weight"] = (d,)
+        out["mm.input_projection.weight"] = (d, spec.text_dim)
+    return out
+
+
+def read_mmproj(path: str | os.PathLike) -> VisionSpec:
+    """The checked ``VisionSpec`` of the projector file ``path``; a ``ModelLoadError`` naming
+    the file and the key, tensor or value otherwise."""
+    import gguf
+
+    path = os.fspath(path)
+    try:
+        reader = gguf.GGUFReader(path)
+    except (OSError, ValueError, KeyError, IndexError) as e:
+        raise ModelLoadError(path, f"not a readable GGUF projector file ({e})") from e
+    fields = {k: f.contents() for k, f in reader.fields.items() if not k.startswith("GGUF.")}
+    arch = fields.get("general.architecture")
+    if arch != "clip":
+        raise ModelLoadError(path, f"not a projector file: general.architecture is {arch!r}, a projector "
+                             "file's is 'clip' (llama.cpp's convert_hf_to_gguf.py --mmproj writes them)")
+    if not fields.get("clip.has_vision_encoder"):
+        raise ModelLoadError(path, "no vision encoder (clip.has_vision_encoder): only image projector files "
+                             "are supported")
+    kind = fields.get("clip.vision.projector_type", fields.get("clip.projector_type"))
+    if kind not in PROJECTORS:
+        raise ModelLoadError(path, f"projector type {kind!r} is not supported; supported: "
+                             f"{', '.join(sorted(PROJECTORS))}")
+
+    def num(key: str, lo: float, hi: float, default=None, kind=int):
+        value = fields.get(key, default)
+        if value is None:
+            raise ModelLoadError(path, f"{key} is missing")
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or (kind is int and value != int(value)) \
+                or not lo <= value <= hi:
+            raise ModelLoadError(path, f"{key}={value!r} must be a{'n integer' if kind is int else ' number'} "
+                                 f"from {lo:g} to {hi:g}")
+        return kind(value)
+
+    def triple(key: str, positive: bool) -> tuple[float, float, float]:
+        value = fields.get(key)
+        if not isinstance(value, list) or len(value) < 3 or not all(
+                isinstance(v, (int, float)) and -1e3 < v < 1e3 and (v > 0 or not positive) for v in value[:3]):
+            raise ModelLoadError(path, f"{key} must be 3 numbers{' above 0' if positive else ''}, got {value!r}")
+        return float(value[0]), float(value[1]), float(value[2])
+
+    image_size = num("clip.vision.image_size", 1, 8192)
+    patch_size = num("clip.vision.patch_size", 1, image_size)
+    if image_size % patch_size:
+        raise ModelLoadError(path, f"clip.vision.image_size={image_size} is not a multiple of "
+                             f"clip.vision.patch_size={patch_size}")
+    dim = num("clip.vision.embedding_length", 1, 1 << 16)
+    heads = num("clip.vision.attention.head_count", 1, dim)
+    if dim % heads:
+        raise ModelLoadError(path, f"clip.vision.embedding_length={dim} is not a multiple of "
+                             f"clip.vision.attention.head_count={heads}")
+    merge = num("clip.vision.projector.scale_factor", 1, image_size // patch_size, DEFAULT_MERGE[kind])
+    if (image_size // patch_size) % merge:
+        raise ModelLoadError(path, f"{image_size // patch_size} patches a side do not merge by "
+                             f"clip.vision.projector.scale_factor={merge}")
+    gelu, silu = bool(fields.get("clip.use_gelu")), bool(fields.get("clip.use_silu"))
+    if gelu and silu:
+        raise ModelLoadError(path, "clip.use_gelu and clip.use_silu are both set")
+    spec = VisionSpec(
+        path=path, projector=kind, image_size=image_size, patch_size=patch_size, dim=dim,
+        ffn_dim=num("clip.vision.feed_forward_length", 1, 1 << 18),
+        num_layers=num("clip.vision.block_count", 1, 512), num_heads=heads,
+        eps=num("clip.vision.attention.layer_norm_epsilon", 1e-30, 1.0, 1e-6, float),
+        image_mean=triple("clip.vision.image_mean", False), image_std=triple("clip.vision.image_std", True),
+        merge=merge, text_dim=num("clip.vision.projection_dim", 1, 1 << 17),
+        activation="gelu" if gelu else "silu" if silu else "gelu_quick",
+        longest_edge=num("clip.vision.preproc_image_size", image_size, 1 << 15, image_size),
+        tensors={t.name: (tuple(int(n) for n in reversed(t.shape.tolist())), t.tensor_type.name)
+                 for t in reader.tensors})
+    _check_tensors(spec)
+    return spec
+
+
+def _check_tensors(spec: VisionSpec) -> None:
+    want = expected_tensors(spec)
+    extra = sorted(set(spec.tensors) - set(want))
+    if extra:
+        shown = ", ".join(extra[:4]) + (f" and {len(extra) - 4} more" if len(extra) > 4 else "")
+        raise ModelLoadError(spec.path, f"tensors a {spec.projector} projector does not use here: {shown}")
+    for tensor, shape in want.items():
+        if tensor not in spec.tensors:
+            raise ModelLoadError(spec.path, f"tensor {tensor} is missing")
+        got, ggml_type = spec.tensors[tensor]
+        if got != shape:
+            raise ModelLoadError(spec.path, f"tensor {tensor} has shape {got}, expected {shape} from the file's keys")
+        if ggml_type not in WEIGHT_TYPES:
+            raise ModelLoadError(spec.path, f"tensor {tensor} is {ggml_type}; projector weights may be "
+                                 f"{', '.join(WEIGHT_TYPES)}")
+
+
+def check_text_model(spec: VisionSpec, text_dim: int, text_name: str) -> None:
+    """A ``ModelLoadError`` unless the projector's embeddings have the text model's width."""
+    if spec.text_dim != text_dim:
+        raise ModelLoadError(spec.path, f"the projector makes embeddings of {spec.text_dim} values, but {text_name} "
+                                        f"takes {text_dim}: the projector file belongs to another text model")

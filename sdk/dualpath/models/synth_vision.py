@@ -1,0 +1,115 @@
+"""Synthetic projector files (``dualpath synth --vision``): random weights in the shapes of real
+vision models' ``--mmproj`` GGUF, written with the keys and tensor names llama.cpp's
+converter writes (``conversion/smolvlm.py``, ``conversion/gemma.py``), so that llama.cpp's
+``mtmd`` loads the very file. Pair one with a text model of the width it projects to
+(``VisionShape.text_preset``)."""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+
+import numpy as np
+
+from .mmproj import WEIGHT_TYPES, VisionSpec, expected_tensors
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class VisionShape:
+    projector: str
+    image_size: int
+    patch_size: int
+    dim: int
+    ffn_dim: int
+    num_layers: int
+    num_heads: int
+    merge: int
+    text_dim: int
+    text_preset: str
+    """The ``dualpath synth --preset`` whose width the projector's embeddings have."""
+    eps: float = 1e-6
+    longest_edge: int = 0
+    """Idefics3's ``preproc_image_size`` (0: the image size)."""
+    init_std: float = 0.02
+
+
+VISION_PRESETS = {
+    # SmolVLM-256M-Instruct: SigLIP-B/16 at 512 px, pixel shuffle by 4 into SmolLM2-135M's width.
+    "smolvlm-256m": VisionShape("idefics3", 512, 16, 768, 3072, 12, 12, 4, 576, "smollm2-135m", longest_edge=2048),
+    # Gemma 3 4B: SigLIP-So400m/14 at 896 px, pooled 4 x 4 into 256 embeddings of Gemma 3 4B's width.
+    "gemma3-4b": VisionShape("gemma3", 896, 14, 1152, 4304, 27, 16, 4, 2560, "gemma3-4b"),
+    # Tiny twins for the tests, paired with the tiny text shapes.
+    "smolvlm-tiny": VisionShape("idefics3", 64, 16, 64, 128, 2, 4, 2, 256, "llama3-tiny", longest_edge=128,
+                                init_std=0.08),
+    "gemma3-vision-tiny": VisionShape("gemma3", 64, 8, 64, 128, 2, 4, 4, 256, "gemma3-tiny", init_std=0.08),
+}
+
+
+def synth_mmproj(path: str | os.PathLike, preset: str, weight_type: str = "F16", seed: int = 0) -> str:
+    """Write the projector file of ``preset`` (``VISION_PRESETS``) with random weights in
+    ``weight_type`` (matrices; norms, biases and the embeddings stay F32, as llama.cpp's
+    converter keeps them); returns the path."""
+    import gguf
+
+    if preset not in VISION_PRESETS:
+        raise ValueError(f"unknown vision preset {preset!r}; choose one of {', '.join(VISION_PRESETS)}")
+    weight_type = weight_type.upper()
+    if weight_type not in WEIGHT_TYPES:
+        raise ValueError(f"a projector file's weights are {', '.join(WEIGHT_TYPES)}, not {weight_type!r}")
+    s = VISION_PRESETS[preset]
+    path = os.fspath(path)
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    tmp = path + ".part"
+    w = gguf.GGUFWriter(tmp, "clip")
+    w.add_name(f"dualpath-synth-{preset}-mmproj-{weight_type}-seed{seed}")
+    w.add_description("random weights with real shapes, written by `dualpath synth --vision`")
+    w.add_file_type({"F32": 0, "F16": 1, "Q8_0": 7}[weight_type])
+    # Written as plain keys: the gguf package's named helpers for them vary across its versions.
+    w.add_bool("clip.has_vision_encoder", True)
+    w.add_string("clip.projector_type", s.projector)
+    w.add_uint32("clip.vision.projection_dim", s.text_dim)
+    w.add_uint32("clip.vision.image_size", s.image_size)
+    w.add_uint32("clip.vision.patch_size", s.patch_size)
+    w.add_uint32("clip.vision.embedding_length", s.dim)
+    w.add_uint32("clip.vision.feed_forward_length", s.ffn_dim)
+    w.add_uint32("clip.vision.block_count", s.num_layers)
+    w.add_uint32("clip.vision.attention.head_count", s.num_heads)
+    w.add_float32("clip.vision.attention.layer_norm_epsilon", s.eps)
+    w.add_array("clip.vision.image_mean", [0.5, 0.5, 0.5])
+    w.add_array("clip.vision.image_std", [0.5, 0.5, 0.5])
+    w.add_bool("clip.use_gelu", True)
+    w.add_uint32("clip.vision.projector.scale_factor", s.merge)
+    if s.projector == "idefics3":
+        w.add_uint32("clip.vision.preproc_image_size", s.longest_edge or s.image_size)
+    spec = VisionSpec(path, s.projector, s.image_size, s.patch_size, s.dim, s.ffn_dim, s.num_layers, s.num_heads,
+                      s.eps, (0.5,) * 3, (0.5,) * 3, s.merge, s.text_dim, "gelu", s.longest_edge or s.image_size, {})
+    rng = np.random.default_rng(seed)
+    qtype = getattr(gguf.GGMLQuantizationType, weight_type)
+    for name, shape in expected_tensors(spec).items():
+        if name.endswith(("ln1.weight", "ln2.weight", "post_ln.weight", "soft_emb_norm.weight")):
+            data = (1.0 + 0.1 * rng.standard_normal(shape, dtype=np.float32)).astype(np.float32)
+        else:
+            data = rng.standard_normal(shape, dtype=np.float32) * np.float32(s.init_std)
+        # As the converter stores them: the patch embedding (a convolution) in F16 in an F16
+        # file and F32 otherwise; the positions, norms and biases in F32.
+        kind = weight_type if len(shape) == 2 and "position_embd" not in name else "F32"
+        if name == "v.patch_embd.weight" and weight_type == "F16":
+            kind = "F16"
+        if kind == "Q8_0" and shape[-1] % 32:  # rows that are not whole blocks: F16, as the converter falls back
+            kind = "F16"
+        if kind == "F32":
+            w.add_tensor(name, data)
+        elif kind == "F16":
+            w.add_tensor(name, data.astype(np.float16))
+        else:
+            w.add_tensor(name, gguf.quants.quantize(data, qtype), raw_dtype=qtype)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    os.replace(tmp, path)
+    log.info("wrote %s (%s projector, %s)", path, preset, weight_type)
+    return path

@@ -1,0 +1,214 @@
+"""Projector files (``--mmproj``): ``dualpath synth --vision`` writes them as llama.cpp's
+converter does (llama.cpp's ``mtmd`` loads them and encodes an image), ``read_mmproj`` reads
+the hyper-parameters back, and a file that is not one, or lies about itself, is refused
+with the key or tensor named."""
+
+import ctypes
+
+import gguf
+import numpy as np
+import pytest
+
+from dualpath.errors import ModelLoadError
+from dualpath.models.mmproj import PROJECTORS, check_text_model, expected_tensors, read_mmproj
+from dualpath.models.synth import PRESETS, synth_gguf
+from dualpath.models.synth_vision import VISION_PRESETS, synth_mmproj
+from tests_shared import copy_gguf
+
+TINY = ("smolvlm-tiny", "gemma3-vision-tiny")
+
+
+@pytest.fixture(scope="module")
+def tiny_files(tmp_path_factory):
+    """(preset, weight type) -> projector file, every tiny preset in every weight type."""
+    d = tmp_path_factory.mktemp("mmproj")
+    return {(p, t): synth_mmproj(d / f"{p}-{t}.gguf", p, t) for p in TINY for t in ("F32", "F16", "Q8_0")}
+
+
+def test_every_vision_preset_projects_to_the_width_of_its_text_preset():
+    for name, shape in VISION_PRESETS.items():
+        assert shape.projector in PROJECTORS, name
+        assert PRESETS[shape.text_preset].dim == shape.text_dim, name
+
+
+@pytest.mark.parametrize("preset", TINY)
+@pytest.mark.parametrize("weight_type", ["F32", "F16", "Q8_0"])
+def test_a_synthetic_projector_reads_back_as_its_preset(tiny_files, preset, weight_type):
+    spec = read_mmproj(tiny_files[preset, weight_type])
+    s = VISION_PRESETS[preset]
+    assert (spec.projector, spec.image_size, spec.patch_size, spec.dim, spec.ffn_dim, spec.num_layers,
+            spec.num_heads, spec.merge, spec.text_dim) == (s.projector, s.image_size, s.patch_size, s.dim, s.ffn_dim,
+                                                           s.num_layers, s.num_heads, s.merge, s.text_dim)
+    assert spec.activation == "gelu" and spec.image_mean == spec.image_std == (0.5, 0.5, 0.5)
+    assert spec.tokens_per_image == (s.image_size // s.patch_size // s.merge) ** 2
+    assert spec.tensors["v.blk.0.attn_q.weight"] == ((s.dim, s.dim), weight_type)
+    assert spec.tensors["v.position_embd.weight"][1] == "F32"  # positions stay F32, as the converter keeps them
+    assert set(spec.tensors) == set(expected_tensors(spec))
+
+
+def _mtmd_image_embeddings(text_path, mmproj_path, size: int) -> list[np.ndarray]:
+    """llama.cpp's ``mtmd``: the embeddings of each image chunk of a prompt with one random
+    ``size`` x ``size`` RGB image."""
+    llama_cpp = pytest.importorskip("llama_cpp")
+    from llama_cpp import mtmd_cpp as m
+
+    llm = llama_cpp.Llama(str(text_path), n_ctx=1024, n_threads=2, verbose=False)
+    params = m.mtmd_context_params_default()
+    params.use_gpu, params.n_threads, params.print_timings, params.warmup = False, 2, False, False
+    ctx = m.mtmd_init_from_file(str(mmproj_path).encode(), llm.model, params)
+    assert ctx, f"llama.cpp's mtmd refused {mmproj_path}"
+    rgb = np.random.default_rng(0).integers(0, 256, (size, size, 3), dtype=np.uint8)
+    bitmap = m.mtmd_bitmap_init(size, size, (ctypes.c_uint8 * rgb.size).from_buffer_copy(rgb.tobytes()))
+    chunks = m.mtmd_input_chunks_init()
+    text = m.mtmd_input_text()
+    prompt = ("describe " + m.mtmd_default_marker().decode()).encode()
+    text.text, text.text_len, text.add_special, text.parse_special = prompt, len(prompt), True, True
+    out = []
+    try:
+        assert m.mtmd_tokenize(ctx, chunks, ctypes.byref(text), (m.mtmd_bitmap_p_ctypes * 1)(bitmap), 1) == 0
+        for i in range(m.mtmd_input_chunks_size(chunks)):
+            chunk = m.mtmd_input_chunks_get(chunks, i)
+            if m.mtmd_input_chunk_get_type(chunk) != m.MTMD_INPUT_CHUNK_TYPE_IMAGE:
+                continue
+            n = m.mtmd_input_chunk_get_n_tokens(chunk)
+            assert m.mtmd_encode_chunk(ctx, chunk) == 0
+            out.append(np.ctypeslib.as_array(m.mtmd_get_output_embd(ctx), shape=(n * llm.n_embd(),))
+                       .reshape(n, -1).copy())
+    finally:
+        m.mtmd_input_chunks_free(chunks)
+        m.mtmd_bitmap_free(bitmap)
+        m.mtmd_free(ctx)
+    return out
+
+
+@pytest.mark.parametrize("preset", TINY)
+def test_llama_cpp_encodes_an_image_with_a_synthetic_pair(tiny_files, tmp_path, preset):
+    spec = read_mmproj(tiny_files[preset, "F16"])
+    text = synth_gguf(tmp_path / "text.gguf", VISION_PRESETS[preset].text_preset)
+    chunks = _mtmd_image_embeddings(text, spec.path, spec.image_size)
+    assert chunks, "no image chunk"
+    for e in chunks:  # each tile (Idefics3 adds a downscaled whole image) is one square's embeddings
+        assert e.shape == (spec.tokens_per_image, spec.text_dim)
+        assert np.isfinite(e).all() and np.abs(e).max() > 0
+
+
+def _variant(tmp_path, src, **kw):
+    return str(copy_gguf(src, tmp_path / "variant.gguf", **kw))
+
+
+def test_a_text_model_is_not_a_projector(tmp_path):
+    text = synth_gguf(tmp_path / "text.gguf", "llama3-tiny")
+    with pytest.raises(ModelLoadError, match="not a projector file: general.architecture is 'llama'"):
+        read_mmproj(text)
+
+
+def test_an_unknown_projector_type_is_refused_by_name(tmp_path, tiny_files):
+    bad = _variant(tmp_path, tiny_files["smolvlm-tiny", "F16"],
+                   fields={"clip.projector_type": ("pixtral", gguf.GGUFValueType.STRING)})
+    with pytest.raises(ModelLoadError, match="projector type 'pixtral' is not supported; supported: gemma3, idefics3"):
+        read_mmproj(bad)
+
+
+def test_an_audio_only_file_is_refused(tmp_path, tiny_files):
+    bad = _variant(tmp_path, tiny_files["smolvlm-tiny", "F16"],
+                   fields={"clip.has_vision_encoder": (False, gguf.GGUFValueType.BOOL)})
+    with pytest.raises(ModelLoadError, match="no vision encoder"):
+        read_mmproj(bad)
+
+
+@pytest.mark.parametrize("key, value, vtype, message", [
+    ("clip.vision.patch_size", 24, gguf.GGUFValueType.UINT32, "image_size=64 is not a multiple of"),
+    ("clip.vision.attention.head_count", 5, gguf.GGUFValueType.UINT32, "embedding_length=64 is not a multiple"),
+    ("clip.vision.projector.scale_factor", 3, gguf.GGUFValueType.UINT32, "patches a side do not merge"),
+    ("clip.vision.block_count", 0, gguf.GGUFValueType.UINT32, "block_count=0 must be an integer from 1"),
+    ("clip.vision.image_std", [0.5, 0.0, 0.5], gguf.GGUFValueType.ARRAY, "image_std must be 3 numbers above 0"),
+    ("clip.vision.attention.layer_norm_epsilon", 5.0, gguf.GGUFValueType.FLOAT32, "must be a number from"),
+])
+def test_a_lying_key_is_refused_by_name(tmp_path, tiny_files, key, value, vtype, message):
+    src = tiny_files["smolvlm-tiny", "F16"]
+    if vtype == gguf.GGUFValueType.ARRAY:  # copy_gguf's fields take scalars
+        bad = _rewrite(src, tmp_path / "array.gguf", array=(key, value))
+    else:
+        bad = _variant(tmp_path, src, fields={key: (value, vtype)})
+    with pytest.raises(ModelLoadError, match=message):
+        read_mmproj(bad)
+
+
+def _rewrite(src, dst, array: tuple | None = None, raw: tuple | None = None) -> str:
+    """``src`` copied to ``dst`` with one array key set (key, values) or one raw tensor
+    added (name, bytes, GGML type), which ``copy_gguf`` does not write."""
+    reader = gguf.GGUFReader(str(src))
+    writer = gguf.GGUFWriter(str(dst), "clip")
+    for k, f in reader.fields.items():
+        if not k.startswith("GGUF.") and k != "general.architecture" and (array is None or k != array[0]):
+            writer.add_key_value(k, f.contents(), f.types[0],
+                                 sub_type=f.types[-1] if f.types[0] == gguf.GGUFValueType.ARRAY else None)
+    if array is not None:
+        writer.add_array(*array)
+    for t in reader.tensors:
+        writer.add_tensor(t.name, t.data, raw_dtype=t.tensor_type)
+    if raw is not None:
+        writer.add_tensor(raw[0], raw[1], raw_dtype=raw[2])
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return str(dst)
+
+
+def test_a_missing_key_is_named(tmp_path, tiny_files):
+    bad = _variant(tmp_path, tiny_files["gemma3-vision-tiny", "F16"], drop=frozenset({"clip.vision.image_size"}))
+    with pytest.raises(ModelLoadError, match="clip.vision.image_size is missing"):
+        read_mmproj(bad)
+
+
+def test_a_missing_tensor_is_named(tmp_path, tiny_files):
+    bad = _variant(tmp_path, tiny_files["gemma3-vision-tiny", "F16"], drop=frozenset({"v.blk.1.ffn_down.bias"}))
+    with pytest.raises(ModelLoadError, match="tensor v.blk.1.ffn_down.bias is missing"):
+        read_mmproj(bad)
+
+
+def test_a_tensor_nothing_here_uses_is_refused_by_name(tmp_path, tiny_files):
+    # A q/k norm would change the encoder's output: ignoring it would give wrong embeddings.
+    bad = _variant(tmp_path, tiny_files["smolvlm-tiny", "F16"],
+                   tensors={"v.blk.0.attn_q_norm.weight": np.ones(64, np.float32)})
+    with pytest.raises(ModelLoadError, match="does not use here: v.blk.0.attn_q_norm.weight"):
+        read_mmproj(bad)
+
+
+def test_a_tensor_of_the_wrong_shape_is_named(tmp_path, tiny_files):
+    src = tiny_files["smolvlm-tiny", "F32"]
+    bad = _variant(tmp_path, src, drop=frozenset({"v.post_ln.bias"}),
+                   tensors={"v.post_ln.bias": np.zeros(32, np.float32)})
+    with pytest.raises(ModelLoadError, match=r"v.post_ln.bias has shape \(32,\), expected \(64,\)"):
+        read_mmproj(bad)
+
+
+def test_a_weight_type_projectors_do_not_use_is_refused(tmp_path, tiny_files):
+    src = tiny_files["smolvlm-tiny", "F32"]
+    w = np.random.default_rng(0).standard_normal((64, 64)).astype(np.float32)
+    q = gguf.quants.quantize(w, gguf.GGMLQuantizationType.Q4_0)
+    dropped = copy_gguf(src, tmp_path / "dropped.gguf", drop=frozenset({"v.blk.0.attn_k.weight"}))
+    bad = _rewrite(dropped, tmp_path / "q4.gguf", raw=("v.blk.0.attn_k.weight", q, gguf.GGMLQuantizationType.Q4_0))
+    with pytest.raises(ModelLoadError, match="v.blk.0.attn_k.weight is Q4_0; projector weights may be F32, F16, Q8_0"):
+        read_mmproj(bad)
+
+
+def test_a_truncated_file_is_refused(tmp_path, tiny_files):
+    data = open(tiny_files["smolvlm-tiny", "F16"], "rb").read()
+    bad = tmp_path / "cut.gguf"
+    bad.write_bytes(data[: len(data) // 3])
+    with pytest.raises(ModelLoadError, match="not a readable GGUF projector file"):
+        read_mmproj(bad)
+
+
+def test_a_projector_of_another_text_model_is_refused(tiny_files):
+    spec = read_mmproj(tiny_files["gemma3-vision-tiny", "F16"])
+    check_text_model(spec, 256, "gemma3-tiny.gguf")
+    with pytest.raises(ModelLoadError, match="makes embeddings of 256 values, but other.gguf takes 576"):
+        check_text_model(spec, 576, "other.gguf")
+
+
+def test_synth_refuses_a_weight_type_projectors_do_not_use(tmp_path):
+    with pytest.raises(ValueError, match="F32, F16, Q8_0, not 'Q4_0'"):
+        synth_mmproj(tmp_path / "x.gguf", "smolvlm-tiny", "Q4_0")
