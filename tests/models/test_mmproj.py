@@ -8,6 +8,7 @@ import ctypes
 import gguf
 import numpy as np
 import pytest
+import vision_reference
 
 from dualpath.errors import ModelLoadError
 from dualpath.models.mmproj import PROJECTORS, check_text_model, expected_tensors, read_mmproj
@@ -46,9 +47,9 @@ def test_a_synthetic_projector_reads_back_as_its_preset(tiny_files, preset, weig
     assert set(spec.tensors) == set(expected_tensors(spec))
 
 
-def _mtmd_image_embeddings(text_path, mmproj_path, size: int) -> list[np.ndarray]:
-    """llama.cpp's ``mtmd``: the embeddings of each image chunk of a prompt with one random
-    ``size`` x ``size`` RGB image."""
+def _mtmd_image_embeddings(text_path, mmproj_path, rgb: np.ndarray) -> list[np.ndarray]:
+    """llama.cpp's ``mtmd``: the embeddings of each image chunk of a prompt with the image
+    ``rgb`` (height, width, 3) uint8."""
     llama_cpp = pytest.importorskip("llama_cpp")
     from llama_cpp import mtmd_cpp as m
 
@@ -57,8 +58,7 @@ def _mtmd_image_embeddings(text_path, mmproj_path, size: int) -> list[np.ndarray
     params.use_gpu, params.n_threads, params.print_timings, params.warmup = False, 2, False, False
     ctx = m.mtmd_init_from_file(str(mmproj_path).encode(), llm.model, params)
     assert ctx, f"llama.cpp's mtmd refused {mmproj_path}"
-    rgb = np.random.default_rng(0).integers(0, 256, (size, size, 3), dtype=np.uint8)
-    bitmap = m.mtmd_bitmap_init(size, size, (ctypes.c_uint8 * rgb.size).from_buffer_copy(rgb.tobytes()))
+    bitmap = m.mtmd_bitmap_init(rgb.shape[1], rgb.shape[0], (ctypes.c_uint8 * rgb.size).from_buffer_copy(rgb.tobytes()))
     chunks = m.mtmd_input_chunks_init()
     text = m.mtmd_input_text()
     prompt = ("describe " + m.mtmd_default_marker().decode()).encode()
@@ -82,14 +82,26 @@ def _mtmd_image_embeddings(text_path, mmproj_path, size: int) -> list[np.ndarray
 
 
 @pytest.mark.parametrize("preset", TINY)
-def test_llama_cpp_encodes_an_image_with_a_synthetic_pair(tiny_files, tmp_path, preset):
-    spec = read_mmproj(tiny_files[preset, "F16"])
+@pytest.mark.parametrize("weight_type", ["F32", "F16", "Q8_0"])
+def test_llama_cpp_encodes_an_image_as_the_reference_does(tiny_files, tmp_path, preset, weight_type):
+    """llama.cpp's ``mtmd`` loads each synthetic pair, and its embeddings of an image of the
+    encoder's own size (no resize in play) are the NumPy reference's (vision_reference.py).
+    Idefics3's file is given a longest edge of one tile: an overview and one tile, both the
+    image itself."""
+    path = tiny_files[preset, weight_type]
+    if preset == "smolvlm-tiny":
+        path = _variant(tmp_path, path, fields={"clip.vision.preproc_image_size": (64, gguf.GGUFValueType.UINT32)})
+    spec = read_mmproj(path)
     text = synth_gguf(tmp_path / "text.gguf", VISION_PRESETS[preset].text_preset)
-    chunks = _mtmd_image_embeddings(text, spec.path, spec.image_size)
-    assert chunks, "no image chunk"
-    for e in chunks:  # each tile (Idefics3 adds a downscaled whole image) is one square's embeddings
-        assert e.shape == (spec.tokens_per_image, spec.text_dim)
-        assert np.isfinite(e).all() and np.abs(e).max() > 0
+    image = np.random.default_rng(0).integers(0, 256, (spec.image_size, spec.image_size, 3), dtype=np.uint8)
+    chunks = _mtmd_image_embeddings(text, spec.path, image)
+    want = vision_reference.encode(spec, vision_reference.load_weights(spec), image)
+    assert len(chunks) == (2 if preset == "smolvlm-tiny" else 1)
+    for got in chunks:
+        assert got.shape == want.shape == (spec.tokens_per_image, spec.text_dim)
+        cos = (got * want).sum(-1) / np.linalg.norm(got, axis=-1) / np.linalg.norm(want, axis=-1)
+        # Q8_0: llama.cpp quantizes the activations to 8 bits as well
+        assert cos.min() >= (0.999 if weight_type == "Q8_0" else 0.9999), cos
 
 
 def _variant(tmp_path, src, **kw):

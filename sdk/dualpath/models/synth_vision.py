@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .mmproj import WEIGHT_TYPES, VisionSpec, expected_tensors
+from .mmproj import DEFAULT_MERGE, WEIGHT_TYPES, VisionSpec, expected_tensors
 
 log = logging.getLogger(__name__)
 
@@ -81,7 +81,8 @@ def synth_mmproj(path: str | os.PathLike, preset: str, weight_type: str = "F16",
     w.add_array("clip.vision.image_mean", [0.5, 0.5, 0.5])
     w.add_array("clip.vision.image_std", [0.5, 0.5, 0.5])
     w.add_bool("clip.use_gelu", True)
-    w.add_uint32("clip.vision.projector.scale_factor", s.merge)
+    if s.projector == "idefics3" or s.merge != DEFAULT_MERGE[s.projector]:  # the converter writes Gemma 3's
+        w.add_uint32("clip.vision.projector.scale_factor", s.merge)         # only when not its default
     if s.projector == "idefics3":
         w.add_uint32("clip.vision.preproc_image_size", s.longest_edge or s.image_size)
     spec = VisionSpec(path, s.projector, s.image_size, s.patch_size, s.dim, s.ffn_dim, s.num_layers, s.num_heads,
@@ -99,6 +100,8 @@ def synth_mmproj(path: str | os.PathLike, preset: str, weight_type: str = "F16",
         if name == "v.patch_embd.weight" and weight_type == "F16":
             kind = "F16"
         if kind == "Q8_0" and shape[-1] % 32:  # rows that are not whole blocks: F16, as the converter falls back
+            kind = "F16"
+        if name == "mm.input_projection.weight":  # Gemma 3's, always F16 (llama.cpp transposes it)
             kind = "F16"
         if kind == "F32":
             w.add_tensor(name, data)

@@ -1,0 +1,73 @@
+"""A NumPy reference of a projector file's image encoder, in float64, written from llama.cpp's
+``tools/mtmd`` graphs (``clip_graph::build_inp``, ``build_vit``, ``models/siglip.cpp``,
+``build_patch_merge_permute``): the yardstick the encoder's ONNX and kernel path is checked
+against, itself checked against llama.cpp's ``mtmd`` (tests/models/test_mmproj.py).
+
+Shapes: an image (S, S, 3) uint8 of exactly the encoder's size S (so that no resize is in
+play); P = S / patch_size patches a side, N = P * P in raster order (row by row); E the
+encoder's width; the result (tokens, text_dim)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from dualpath.models.mmproj import VisionSpec
+
+
+def load_weights(spec: VisionSpec) -> dict[str, np.ndarray]:
+    """Every tensor of the file as float64, in the shapes ``expected_tensors`` gives."""
+    import gguf
+
+    out = {}
+    for t in gguf.GGUFReader(spec.path).tensors:
+        shape = spec.tensors[t.name][0]
+        data = gguf.quants.dequantize(t.data, t.tensor_type)
+        out[t.name] = np.asarray(data, np.float64).reshape(shape)
+    return out
+
+
+def _layer_norm(x: np.ndarray, w: np.ndarray, b: np.ndarray, eps: float) -> np.ndarray:
+    mu = x.mean(-1, keepdims=True)
+    var = ((x - mu) ** 2).mean(-1, keepdims=True)
+    return (x - mu) / np.sqrt(var + eps) * w + b
+
+
+def _gelu_tanh(x: np.ndarray) -> np.ndarray:  # ggml_gelu
+    return 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x ** 3)))
+
+
+def encode(spec: VisionSpec, w: dict[str, np.ndarray], image: np.ndarray) -> np.ndarray:
+    """The embeddings (tokens, text_dim) of ``image`` (S, S, 3) uint8."""
+    S, p, E, H = spec.image_size, spec.patch_size, spec.dim, spec.num_heads
+    assert image.shape == (S, S, 3), image.shape
+    P = S // p
+    x = (image.astype(np.float64) / 255.0 - np.array(spec.image_mean)) / np.array(spec.image_std)
+    # the patch embedding, a convolution of stride p: (P, P, 3 * p * p) patches times the kernel
+    patches = x.reshape(P, p, P, p, 3).transpose(0, 2, 4, 1, 3).reshape(P * P, 3 * p * p)
+    h = patches @ w["v.patch_embd.weight"].reshape(E, 3 * p * p).T + w["v.patch_embd.bias"]
+    h = h + w["v.position_embd.weight"]
+    hd = E // H
+    for i in range(spec.num_layers):
+        b = f"v.blk.{i}."
+        a = _layer_norm(h, w[b + "ln1.weight"], w[b + "ln1.bias"], spec.eps)
+        q, k, v = ((a @ w[b + n + ".weight"].T + w[b + n + ".bias"]).reshape(-1, H, hd).transpose(1, 0, 2)
+                   for n in ("attn_q", "attn_k", "attn_v"))
+        s = q @ k.transpose(0, 2, 1) / math.sqrt(hd)
+        s = np.exp(s - s.max(-1, keepdims=True))
+        ctx = (s / s.sum(-1, keepdims=True)) @ v                       # (H, N, hd)
+        h = h + ctx.transpose(1, 0, 2).reshape(-1, E) @ w[b + "attn_out.weight"].T + w[b + "attn_out.bias"]
+        a = _layer_norm(h, w[b + "ln2.weight"], w[b + "ln2.bias"], spec.eps)
+        f = _gelu_tanh(a @ w[b + "ffn_up.weight"].T + w[b + "ffn_up.bias"])
+        h = h + f @ w[b + "ffn_down.weight"].T + w[b + "ffn_down.bias"]
+    h = _layer_norm(h, w["v.post_ln.weight"], w["v.post_ln.bias"], spec.eps)
+    m = spec.merge
+    if spec.projector == "idefics3":
+        # pixel shuffle: token (y, x) of the (P / m)^2 takes patches (m y + i, m x + j), i-major
+        g = h.reshape(P // m, m, P // m, m, E).transpose(0, 2, 1, 3, 4).reshape(-1, m * m * E)
+        return g @ w["mm.model.fc.weight"].T
+    # gemma3: the m x m average of each block of patches, then an RMS norm and the (in, out) matrix
+    g = h.reshape(P // m, m, P // m, m, E).mean(axis=(1, 3)).reshape(-1, E)
+    g = g / np.sqrt((g ** 2).mean(-1, keepdims=True) + spec.eps) * w["mm.soft_emb_norm.weight"]
+    return g @ w["mm.input_projection.weight"]
