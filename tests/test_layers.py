@@ -22,7 +22,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "sdk" / "dualpath"
 
 LAYERS = [
     ("errors", "kernels", "config", "versions", "sampling_params", "completion"),
-    ("models", "tokenizer", "platform"),
+    ("models", "tokenizer", "platform", "vision"),
     ("graph", "cache"),
     ("scheduler",),
     ("executor", "sampling"),  # running the model (ONNX Runtime, our kernels); sampling and grammars

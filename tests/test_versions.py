@@ -26,7 +26,7 @@ def test_the_oldest_versions_leg_pins_exactly_the_declared_bounds():
     tomllib = pytest.importorskip("tomllib")
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     declared = declared_minimums(project["dependencies"])
-    for extra in ("server", "structured", "hub"):
+    for extra in ("server", "structured", "hub", "vision"):
         declared.update(declared_minimums(project["optional-dependencies"][extra]))
     pins = _pins(ROOT / ".ci" / "oldest-constraints.txt")
     # every declared bound is pinned at its value (1.26 is 1.26.0), and nothing else is

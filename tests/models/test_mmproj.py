@@ -3,13 +3,11 @@ converter does (llama.cpp's ``mtmd`` loads them and encodes an image), ``read_mm
 the hyper-parameters back, and a file that is not one, or lies about itself, is refused
 with the key or tensor named."""
 
-import ctypes
-
 import gguf
 import numpy as np
 import pytest
-import vision_reference
 
+import vision_reference
 from dualpath.errors import ModelLoadError
 from dualpath.models.mmproj import PROJECTORS, check_text_model, expected_tensors, read_mmproj
 from dualpath.models.synth import PRESETS, synth_gguf
@@ -47,40 +45,6 @@ def test_a_synthetic_projector_reads_back_as_its_preset(tiny_files, preset, weig
     assert set(spec.tensors) == set(expected_tensors(spec))
 
 
-def _mtmd_image_embeddings(text_path, mmproj_path, rgb: np.ndarray) -> list[np.ndarray]:
-    """llama.cpp's ``mtmd``: the embeddings of each image chunk of a prompt with the image
-    ``rgb`` (height, width, 3) uint8."""
-    llama_cpp = pytest.importorskip("llama_cpp")
-    from llama_cpp import mtmd_cpp as m
-
-    llm = llama_cpp.Llama(str(text_path), n_ctx=1024, n_threads=2, verbose=False)
-    params = m.mtmd_context_params_default()
-    params.use_gpu, params.n_threads, params.print_timings, params.warmup = False, 2, False, False
-    ctx = m.mtmd_init_from_file(str(mmproj_path).encode(), llm.model, params)
-    assert ctx, f"llama.cpp's mtmd refused {mmproj_path}"
-    bitmap = m.mtmd_bitmap_init(rgb.shape[1], rgb.shape[0], (ctypes.c_uint8 * rgb.size).from_buffer_copy(rgb.tobytes()))
-    chunks = m.mtmd_input_chunks_init()
-    text = m.mtmd_input_text()
-    prompt = ("describe " + m.mtmd_default_marker().decode()).encode()
-    text.text, text.text_len, text.add_special, text.parse_special = prompt, len(prompt), True, True
-    out = []
-    try:
-        assert m.mtmd_tokenize(ctx, chunks, ctypes.byref(text), (m.mtmd_bitmap_p_ctypes * 1)(bitmap), 1) == 0
-        for i in range(m.mtmd_input_chunks_size(chunks)):
-            chunk = m.mtmd_input_chunks_get(chunks, i)
-            if m.mtmd_input_chunk_get_type(chunk) != m.MTMD_INPUT_CHUNK_TYPE_IMAGE:
-                continue
-            n = m.mtmd_input_chunk_get_n_tokens(chunk)
-            assert m.mtmd_encode_chunk(ctx, chunk) == 0
-            out.append(np.ctypeslib.as_array(m.mtmd_get_output_embd(ctx), shape=(n * llm.n_embd(),))
-                       .reshape(n, -1).copy())
-    finally:
-        m.mtmd_input_chunks_free(chunks)
-        m.mtmd_bitmap_free(bitmap)
-        m.mtmd_free(ctx)
-    return out
-
-
 @pytest.mark.parametrize("preset", TINY)
 @pytest.mark.parametrize("weight_type", ["F32", "F16", "Q8_0"])
 def test_llama_cpp_encodes_an_image_as_the_reference_does(tiny_files, tmp_path, preset, weight_type):
@@ -94,7 +58,7 @@ def test_llama_cpp_encodes_an_image_as_the_reference_does(tiny_files, tmp_path, 
     spec = read_mmproj(path)
     text = synth_gguf(tmp_path / "text.gguf", VISION_PRESETS[preset].text_preset)
     image = np.random.default_rng(0).integers(0, 256, (spec.image_size, spec.image_size, 3), dtype=np.uint8)
-    chunks = _mtmd_image_embeddings(text, spec.path, image)
+    chunks = vision_reference.mtmd_image_embeddings(text, spec.path, image)
     want = vision_reference.encode(spec, vision_reference.load_weights(spec), image)
     assert len(chunks) == (2 if preset == "smolvlm-tiny" else 1)
     for got in chunks:

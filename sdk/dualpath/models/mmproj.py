@@ -57,8 +57,9 @@ class VisionSpec:
     activation: str
     """The MLP's: ``gelu`` (tanh approximation, as ggml's), ``silu`` or ``gelu_quick``."""
     longest_edge: int
-    """Idefics3's preprocessing: an image is resized so that its longest side is at most this
-    (``clip.vision.preproc_image_size``), then cut into tiles of ``image_size``."""
+    """Idefics3's preprocessing: an image is resized so that its longer side is this
+    (``clip.vision.preproc_image_size``), then cut into tiles of ``image_size``; 0 when the
+    file does not say (older conversions)."""
     tensors: dict[str, tuple[tuple[int, ...], str]] = field(repr=False)
     """name -> (shape, outermost dimension first, as NumPy's; GGML type name)."""
 
@@ -165,7 +166,8 @@ def read_mmproj(path: str | os.PathLike) -> VisionSpec:
         image_mean=triple("clip.vision.image_mean", False), image_std=triple("clip.vision.image_std", True),
         merge=merge, text_dim=num("clip.vision.projection_dim", 1, 1 << 17),
         activation="gelu" if gelu else "silu" if silu else "gelu_quick",
-        longest_edge=num("clip.vision.preproc_image_size", image_size, 1 << 15, image_size),
+        longest_edge=num("clip.vision.preproc_image_size", image_size, 1 << 15, 0)
+        if "clip.vision.preproc_image_size" in fields else 0,
         tensors={t.name: (tuple(int(n) for n in reversed(t.shape.tolist())), t.tensor_type.name)
                  for t in reader.tensors})
     _check_tensors(spec)

@@ -86,7 +86,7 @@ def synth_mmproj(path: str | os.PathLike, preset: str, weight_type: str = "F16",
     if s.projector == "idefics3":
         w.add_uint32("clip.vision.preproc_image_size", s.longest_edge or s.image_size)
     spec = VisionSpec(path, s.projector, s.image_size, s.patch_size, s.dim, s.ffn_dim, s.num_layers, s.num_heads,
-                      s.eps, (0.5,) * 3, (0.5,) * 3, s.merge, s.text_dim, "gelu", s.longest_edge or s.image_size, {})
+                      s.eps, (0.5,) * 3, (0.5,) * 3, s.merge, s.text_dim, "gelu", 0, {})
     rng = np.random.default_rng(seed)
     qtype = getattr(gguf.GGMLQuantizationType, weight_type)
     for name, shape in expected_tensors(spec).items():

@@ -1,7 +1,7 @@
 """A NumPy reference of a projector file's image encoder, in float64, written from llama.cpp's
 ``tools/mtmd`` graphs (``clip_graph::build_inp``, ``build_vit``, ``models/siglip.cpp``,
 ``build_patch_merge_permute``): the yardstick the encoder's ONNX and kernel path is checked
-against, itself checked against llama.cpp's ``mtmd`` (tests/models/test_mmproj.py).
+against, itself checked against llama.cpp's ``mtmd`` (tests/models/test_mmproj.py, tests/vision/).
 
 Shapes: an image (S, S, 3) uint8 of exactly the encoder's size S (so that no resize is in
 play); P = S / patch_size patches a side, N = P * P in raster order (row by row); E the
@@ -9,6 +9,7 @@ encoder's width; the result (tokens, text_dim)."""
 
 from __future__ import annotations
 
+import ctypes
 import math
 
 import numpy as np
@@ -71,3 +72,39 @@ def encode(spec: VisionSpec, w: dict[str, np.ndarray], image: np.ndarray) -> np.
     g = h.reshape(P // m, m, P // m, m, E).mean(axis=(1, 3)).reshape(-1, E)
     g = g / np.sqrt((g ** 2).mean(-1, keepdims=True) + spec.eps) * w["mm.soft_emb_norm.weight"]
     return g @ w["mm.input_projection.weight"]
+
+
+def mtmd_image_embeddings(text_path, mmproj_path, rgb: np.ndarray) -> list[np.ndarray]:
+    """llama.cpp's ``mtmd``: the embeddings of each image chunk of a prompt with the image
+    ``rgb`` (height, width, 3) uint8."""
+    import pytest
+
+    llama_cpp = pytest.importorskip("llama_cpp")
+    from llama_cpp import mtmd_cpp as m
+
+    llm = llama_cpp.Llama(str(text_path), n_ctx=1024, n_threads=2, verbose=False)
+    params = m.mtmd_context_params_default()
+    params.use_gpu, params.n_threads, params.print_timings, params.warmup = False, 2, False, False
+    ctx = m.mtmd_init_from_file(str(mmproj_path).encode(), llm.model, params)
+    assert ctx, f"llama.cpp's mtmd refused {mmproj_path}"
+    bitmap = m.mtmd_bitmap_init(rgb.shape[1], rgb.shape[0], (ctypes.c_uint8 * rgb.size).from_buffer_copy(rgb.tobytes()))
+    chunks = m.mtmd_input_chunks_init()
+    text = m.mtmd_input_text()
+    prompt = ("describe " + m.mtmd_default_marker().decode()).encode()
+    text.text, text.text_len, text.add_special, text.parse_special = prompt, len(prompt), True, True
+    out = []
+    try:
+        assert m.mtmd_tokenize(ctx, chunks, ctypes.byref(text), (m.mtmd_bitmap_p_ctypes * 1)(bitmap), 1) == 0
+        for i in range(m.mtmd_input_chunks_size(chunks)):
+            chunk = m.mtmd_input_chunks_get(chunks, i)
+            if m.mtmd_input_chunk_get_type(chunk) != m.MTMD_INPUT_CHUNK_TYPE_IMAGE:
+                continue
+            n = m.mtmd_input_chunk_get_n_tokens(chunk)
+            assert m.mtmd_encode_chunk(ctx, chunk) == 0
+            out.append(np.ctypeslib.as_array(m.mtmd_get_output_embd(ctx), shape=(n * llm.n_embd(),))
+                       .reshape(n, -1).copy())
+    finally:
+        m.mtmd_input_chunks_free(chunks)
+        m.mtmd_bitmap_free(bitmap)
+        m.mtmd_free(ctx)
+    return out
