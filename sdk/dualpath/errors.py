@@ -55,6 +55,11 @@ class ToolsNotRenderedError(ChatTemplateError):
     """The chat template was given tools and wrote none of them into the prompt."""
 
 
+class ImageError(DualPathError, ValueError):
+    """An image cannot be used: not PNG or JPEG, broken, too large, or where it may not come
+    from (a remote URL); names the problem."""
+
+
 class CacheFullError(DualPathError, MemoryError):
     """The KV cache has no room for a request even with nothing else in it, or (the
     single-sequence runner, sized for twice the context) for the step: a cache sized

@@ -1,2 +1,2 @@
-"""Images for vision models: what a picture becomes before a projector file's encoder reads
-it (``preprocess``)."""
+"""Images for vision models: bytes to pixels (``decode``), pixels to the squares a projector
+file's encoder reads (``preprocess``)."""
