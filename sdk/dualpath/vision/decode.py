@@ -30,7 +30,7 @@ FORMATS = ("PNG", "JPEG")
 MAX_IMAGE_BYTES = 20 << 20
 """Largest encoded image taken, by default."""
 MAX_IMAGE_PIXELS = 40_000_000
-"""Largest image (width x height) decoded, by default: about 120 MB of RGB."""
+"""Largest image (width x height) decoded, by default: three bytes a pixel once decoded."""
 
 _DATA_URL = re.compile(r"data:(?P<type>[\w.+-]+/[\w.+-]+)?(?P<params>(;[\w.+-]+=[\w.+-]+)*)(?P<b64>;base64)?,",
                        re.ASCII)
