@@ -26,15 +26,15 @@ def tiny_files(tmp_path_factory):
 
 def test_every_vision_preset_projects_to_the_width_of_its_text_preset():
     for name, shape in VISION_PRESETS.items():
-        assert shape.projector in PROJECTORS, name
-        assert PRESETS[shape.text_preset].dim == shape.text_dim, name
+        assert shape.spec.projector in PROJECTORS, name
+        assert PRESETS[shape.text_preset].dim == shape.spec.text_dim, name
 
 
 @pytest.mark.parametrize("preset", TINY)
 @pytest.mark.parametrize("weight_type", ["F32", "F16", "Q8_0"])
 def test_a_synthetic_projector_reads_back_as_its_preset(tiny_files, preset, weight_type):
     spec = read_mmproj(tiny_files[preset, weight_type])
-    s = VISION_PRESETS[preset]
+    s = VISION_PRESETS[preset].spec
     assert (spec.projector, spec.image_size, spec.patch_size, spec.dim, spec.ffn_dim, spec.num_layers,
             spec.num_heads, spec.merge, spec.text_dim) == (s.projector, s.image_size, s.patch_size, s.dim, s.ffn_dim,
                                                            s.num_layers, s.num_heads, s.merge, s.text_dim)

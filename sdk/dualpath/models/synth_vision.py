@@ -17,34 +17,29 @@ from .mmproj import DEFAULT_MERGE, WEIGHT_TYPES, VisionSpec, expected_tensors
 log = logging.getLogger(__name__)
 
 
+def _spec(projector: str, image_size: int, patch_size: int, dim: int, ffn_dim: int, num_layers: int, num_heads: int,
+          merge: int, text_dim: int, longest_edge: int = 0) -> VisionSpec:
+    """A preset's hyper-parameters (SigLIP's epsilon, mean and std, the tanh GELU)."""
+    return VisionSpec("", projector, image_size, patch_size, dim, ffn_dim, num_layers, num_heads, 1e-6, (0.5,) * 3,
+                      (0.5,) * 3, merge, text_dim, "gelu", longest_edge, {})
+
+
 @dataclass(frozen=True)
 class VisionShape:
-    projector: str
-    image_size: int
-    patch_size: int
-    dim: int
-    ffn_dim: int
-    num_layers: int
-    num_heads: int
-    merge: int
-    text_dim: int
+    spec: VisionSpec
     text_preset: str
     """The ``dualpath synth --preset`` whose width the projector's embeddings have."""
-    eps: float = 1e-6
-    longest_edge: int = 0
-    """Idefics3's ``preproc_image_size`` (0: the image size)."""
     init_std: float = 0.02
 
 
 VISION_PRESETS = {
     # SmolVLM-256M-Instruct: SigLIP-B/16 at 512 px, pixel shuffle by 4 into SmolLM2-135M's width.
-    "smolvlm-256m": VisionShape("idefics3", 512, 16, 768, 3072, 12, 12, 4, 576, "smollm2-135m", longest_edge=2048),
+    "smolvlm-256m": VisionShape(_spec("idefics3", 512, 16, 768, 3072, 12, 12, 4, 576, 2048), "smollm2-135m"),
     # Gemma 3 4B: SigLIP-So400m/14 at 896 px, pooled 4 x 4 into 256 embeddings of Gemma 3 4B's width.
-    "gemma3-4b": VisionShape("gemma3", 896, 14, 1152, 4304, 27, 16, 4, 2560, "gemma3-4b"),
+    "gemma3-4b": VisionShape(_spec("gemma3", 896, 14, 1152, 4304, 27, 16, 4, 2560), "gemma3-4b"),
     # Tiny twins for the tests, paired with the tiny text shapes.
-    "smolvlm-tiny": VisionShape("idefics3", 64, 16, 64, 128, 2, 4, 2, 256, "llama3-tiny", longest_edge=128,
-                                init_std=0.08),
-    "gemma3-vision-tiny": VisionShape("gemma3", 64, 8, 64, 128, 2, 4, 4, 256, "gemma3-tiny", init_std=0.08),
+    "smolvlm-tiny": VisionShape(_spec("idefics3", 64, 16, 64, 128, 2, 4, 2, 256, 128), "llama3-tiny", 0.08),
+    "gemma3-vision-tiny": VisionShape(_spec("gemma3", 64, 8, 64, 128, 2, 4, 4, 256), "gemma3-tiny", 0.08),
 }
 
 
@@ -59,7 +54,7 @@ def synth_mmproj(path: str | os.PathLike, preset: str, weight_type: str = "F16",
     weight_type = weight_type.upper()
     if weight_type not in WEIGHT_TYPES:
         raise ValueError(f"a projector file's weights are {', '.join(WEIGHT_TYPES)}, not {weight_type!r}")
-    s = VISION_PRESETS[preset]
+    s = VISION_PRESETS[preset].spec
     path = os.fspath(path)
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     tmp = path + ".part"
@@ -78,22 +73,20 @@ def synth_mmproj(path: str | os.PathLike, preset: str, weight_type: str = "F16",
     w.add_uint32("clip.vision.block_count", s.num_layers)
     w.add_uint32("clip.vision.attention.head_count", s.num_heads)
     w.add_float32("clip.vision.attention.layer_norm_epsilon", s.eps)
-    w.add_array("clip.vision.image_mean", [0.5, 0.5, 0.5])
-    w.add_array("clip.vision.image_std", [0.5, 0.5, 0.5])
+    w.add_array("clip.vision.image_mean", list(s.image_mean))
+    w.add_array("clip.vision.image_std", list(s.image_std))
     w.add_bool("clip.use_gelu", True)
     if s.projector == "idefics3" or s.merge != DEFAULT_MERGE[s.projector]:  # the converter writes Gemma 3's
         w.add_uint32("clip.vision.projector.scale_factor", s.merge)         # only when not its default
     if s.projector == "idefics3":
         w.add_uint32("clip.vision.preproc_image_size", s.longest_edge or s.image_size)
-    spec = VisionSpec(path, s.projector, s.image_size, s.patch_size, s.dim, s.ffn_dim, s.num_layers, s.num_heads,
-                      s.eps, (0.5,) * 3, (0.5,) * 3, s.merge, s.text_dim, "gelu", 0, {})
     rng = np.random.default_rng(seed)
     qtype = getattr(gguf.GGMLQuantizationType, weight_type)
-    for name, shape in expected_tensors(spec).items():
+    for name, shape in expected_tensors(s).items():
         if name.endswith(("ln1.weight", "ln2.weight", "post_ln.weight", "soft_emb_norm.weight")):
             data = (1.0 + 0.1 * rng.standard_normal(shape, dtype=np.float32)).astype(np.float32)
         else:
-            data = rng.standard_normal(shape, dtype=np.float32) * np.float32(s.init_std)
+            data = rng.standard_normal(shape, dtype=np.float32) * np.float32(VISION_PRESETS[preset].init_std)
         # As the converter stores them: the patch embedding (a convolution) in F16 in an F16
         # file and F32 otherwise; the positions, norms and biases in F32.
         kind = weight_type if len(shape) == 2 and "position_embd" not in name else "F32"
