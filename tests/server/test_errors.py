@@ -102,7 +102,8 @@ def test_every_dualpath_error_is_mapped_to_a_deliberate_status():
     assert set(found) == refused | SERVER_SIDE | {"InternalError"}, "a new DualPathError needs a status here"
     expected = {"QueueFullError": 429, "CacheFullError": 503, "PromptTooLongError": 400,
                 "InvalidPromptError": 400, "SamplingParamsError": 400, "StructuredOutputError": 400,
-                "ChatTemplateError": 400, "ToolsNotRenderedError": 400, "ModelTaskError": 400}
+                "ChatTemplateError": 400, "ToolsNotRenderedError": 400, "ModelTaskError": 400,
+                "ImageError": 400}
     for name, cls in found.items():
         exc = MAKE.get(name, lambda c, m: c(m))(cls, f"secret detail of {name}")
         err = api_error(exc, "prompt")

@@ -158,6 +158,19 @@ def test_a_chat_field_not_honoured_is_400_naming_it(live, field, value):
     assert f"'{field}'" in info.value.message and info.value.body["param"] == field
 
 
+@pytest.mark.parametrize("part, message", [
+    ({"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}},
+     "messages[0].content[1] is an image: this model takes text only"),
+    ({"type": "input_audio", "input_audio": {"data": "AAAA", "format": "wav"}},
+     "messages[0].content[1]: only text parts are supported"),
+    ("just a string", "messages[0].content[1]: only text parts are supported")])
+def test_a_content_part_that_is_not_text_is_400_naming_it(live, part, message):
+    with pytest.raises(openai.BadRequestError) as info:
+        live.client().chat.completions.create(
+            model="x", max_tokens=2, messages=[{"role": "user", "content": [{"type": "text", "text": "Hi"}, part]}])
+    assert message in info.value.message and info.value.body["param"] == "messages"
+
+
 def test_echo_with_logprobs_scores_the_prompt_streamed_and_not(live, reference):
     client = live.client()
     c = client.completions.create(model="x", prompt=PROMPT, max_tokens=3, echo=True, logprobs=2, temperature=0)

@@ -18,6 +18,7 @@ from ..errors import (
     CacheFullError,
     ChatTemplateError,
     DualPathError,
+    ImageError,
     InternalError,
     InvalidPromptError,
     ModelTaskError,
@@ -74,6 +75,7 @@ REFUSALS: tuple[tuple[type, int, str, str | None], ...] = (
     (ToolsNotRenderedError, 400, "invalid_request_error", "chat_template"),
     (ChatTemplateError, 400, "invalid_request_error", "chat_template"),
     (ModelTaskError, 400, "invalid_request_error", "model_not_supported"),
+    (ImageError, 400, "invalid_request_error", "invalid_image"),
 )
 """DualPath's errors that are answers, not failures: (class, status, type, code), a subclass
 before its base. Their messages are written for the user and are sent as they are. Every

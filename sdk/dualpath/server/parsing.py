@@ -211,9 +211,13 @@ def embedding_inputs(llm, raw) -> list[list[int]]:
 def _text_content(i: int, content, nullable: bool) -> str | None:
     if isinstance(content, list):  # content parts: text only
         texts = []
-        for part in content:
-            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
-                raise bad_request(f"messages[{i}].content: only text parts are supported", "messages")
+        for j, part in enumerate(content):
+            kind = part.get("type") if isinstance(part, dict) else None
+            if kind == "image_url":  # nothing here encodes images yet: said, not dropped
+                raise bad_request(f"messages[{i}].content[{j}] is an image: this model takes text only",
+                                  "messages")
+            if kind != "text" or not isinstance(part.get("text"), str):
+                raise bad_request(f"messages[{i}].content[{j}]: only text parts are supported", "messages")
             texts.append(part["text"])
         return "".join(texts)
     if content is None:
