@@ -23,9 +23,10 @@ def require_file(path: Path) -> Path:
 def copy_gguf(src: Path, dst: Path, fields: dict | None = None, drop: frozenset[str] = frozenset(),
               tensors: dict | None = None) -> Path:
     """Copy GGUF ``src`` to ``dst`` field by field and tensor by tensor; ``fields`` maps a
-    key to (value, GGUFValueType), replacing the key's value where ``src`` has it, else
-    added after the others; the keys and tensors named in ``drop`` are left out; ``tensors``
-    (name -> f32 array) are added after the others."""
+    key to (value, GGUFValueType), or (values, ARRAY, the items' GGUFValueType), replacing
+    the key's value where ``src`` has it, else added after the others; the keys and tensors
+    named in ``drop`` are left out; ``tensors`` (name -> f32 array, or (raw blocks, its
+    GGMLQuantizationType)) are added after the others."""
     import gguf
 
     fields = dict(fields or {})
@@ -35,20 +36,20 @@ def copy_gguf(src: Path, dst: Path, fields: dict | None = None, drop: frozenset[
         if key.startswith("GGUF.") or key == "general.architecture" or key in drop:
             continue  # GGUFWriter writes the first two itself
         if key in fields:
-            value, vtype = fields.pop(key)
-            writer.add_key_value(key, value, vtype)
+            writer.add_key_value(key, *fields.pop(key))
             continue
         vtype = field.types[0]
         sub_type = field.types[-1] if vtype == gguf.GGUFValueType.ARRAY else None
         writer.add_key_value(key, field.contents(), vtype, sub_type=sub_type)
-    for key, (value, vtype) in fields.items():
-        writer.add_key_value(key, value, vtype)
+    for key, value in fields.items():
+        writer.add_key_value(key, *value)
     for t in reader.tensors:  # t.data is (ne1, ne0) row-major, as GGUFWriter wants it
         if t.name in drop:
             continue
         writer.add_tensor(t.name, t.data, raw_dtype=t.tensor_type)
     for name, array in (tensors or {}).items():
-        writer.add_tensor(name, array)
+        data, raw_dtype = array if isinstance(array, tuple) else (array, None)
+        writer.add_tensor(name, data, raw_dtype=raw_dtype)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

@@ -102,34 +102,10 @@ def test_an_audio_only_file_is_refused(tmp_path, tiny_files):
 ])
 def test_a_lying_key_is_refused_by_name(tmp_path, tiny_files, key, value, vtype, message):
     src = tiny_files["smolvlm-tiny", "F16"]
-    if vtype == gguf.GGUFValueType.ARRAY:  # copy_gguf's fields take scalars
-        bad = _rewrite(src, tmp_path / "array.gguf", array=(key, value))
-    else:
-        bad = _variant(tmp_path, src, fields={key: (value, vtype)})
+    items = (gguf.GGUFValueType.FLOAT32,) if vtype == gguf.GGUFValueType.ARRAY else ()
+    bad = _variant(tmp_path, src, fields={key: (value, vtype, *items)})
     with pytest.raises(ModelLoadError, match=message):
         read_mmproj(bad)
-
-
-def _rewrite(src, dst, array: tuple | None = None, raw: tuple | None = None) -> str:
-    """``src`` copied to ``dst`` with one array key set (key, values) or one raw tensor
-    added (name, bytes, GGML type), which ``copy_gguf`` does not write."""
-    reader = gguf.GGUFReader(str(src))
-    writer = gguf.GGUFWriter(str(dst), "clip")
-    for k, f in reader.fields.items():
-        if not k.startswith("GGUF.") and k != "general.architecture" and (array is None or k != array[0]):
-            writer.add_key_value(k, f.contents(), f.types[0],
-                                 sub_type=f.types[-1] if f.types[0] == gguf.GGUFValueType.ARRAY else None)
-    if array is not None:
-        writer.add_array(*array)
-    for t in reader.tensors:
-        writer.add_tensor(t.name, t.data, raw_dtype=t.tensor_type)
-    if raw is not None:
-        writer.add_tensor(raw[0], raw[1], raw_dtype=raw[2])
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return str(dst)
 
 
 def test_a_missing_key_is_named(tmp_path, tiny_files):
@@ -164,8 +140,8 @@ def test_a_weight_type_projectors_do_not_use_is_refused(tmp_path, tiny_files):
     src = tiny_files["smolvlm-tiny", "F32"]
     w = np.random.default_rng(0).standard_normal((64, 64)).astype(np.float32)
     q = gguf.quants.quantize(w, gguf.GGMLQuantizationType.Q4_0)
-    dropped = copy_gguf(src, tmp_path / "dropped.gguf", drop=frozenset({"v.blk.0.attn_k.weight"}))
-    bad = _rewrite(dropped, tmp_path / "q4.gguf", raw=("v.blk.0.attn_k.weight", q, gguf.GGMLQuantizationType.Q4_0))
+    bad = _variant(tmp_path, src, drop=frozenset({"v.blk.0.attn_k.weight"}),
+                   tensors={"v.blk.0.attn_k.weight": (q, gguf.GGMLQuantizationType.Q4_0)})
     with pytest.raises(ModelLoadError, match="v.blk.0.attn_k.weight is Q4_0; projector weights may be F32, F16, Q8_0"):
         read_mmproj(bad)
 
