@@ -166,7 +166,7 @@ def read_mmproj(path: str | os.PathLike) -> VisionSpec:
         image_mean=triple("clip.vision.image_mean", False), image_std=triple("clip.vision.image_std", True),
         merge=merge, text_dim=num("clip.vision.projection_dim", 1, 1 << 17),
         activation="gelu" if gelu else "silu" if silu else "gelu_quick",
-        longest_edge=num("clip.vision.preproc_image_size", image_size, 1 << 15, 0)
+        longest_edge=num("clip.vision.preproc_image_size", image_size, 1 << 15)
         if "clip.vision.preproc_image_size" in fields else 0,
         tensors={t.name: (tuple(int(n) for n in reversed(t.shape.tolist())), t.tensor_type.name)
                  for t in reader.tensors})

@@ -84,6 +84,5 @@ def _resize(image: np.ndarray, width: int, height: int, algo: str) -> np.ndarray
         return image.copy()
     from PIL import Image  # the [vision] extra
 
-    resample = {"bilinear": Image.Resampling.BILINEAR, "lanczos": Image.Resampling.LANCZOS,
-                "bicubic": Image.Resampling.BICUBIC}[algo]
+    resample = {"bilinear": Image.Resampling.BILINEAR, "lanczos": Image.Resampling.LANCZOS}[algo]
     return np.asarray(Image.fromarray(image, "RGB").resize((width, height), resample, reducing_gap=None))
