@@ -245,12 +245,12 @@ def test_row_length_not_a_multiple_of_the_block_names_tensor_and_shape(type_name
     import gguf
 
     from dualpath.errors import ModelLoadError
-    from dualpath.models.gguf import _convert
+    from dualpath.models.gguf import convert_tensor
 
     qtype = getattr(gguf.GGMLQuantizationType, type_name)
     t = SimpleNamespace(tensor_type=qtype, shape=np.array([cols, 4]), data=np.zeros(64, np.uint8))
     with pytest.raises(ModelLoadError) as e:
-        _convert("m.gguf", "blk.0.ffn_up.weight", t, "blk.0.ffn_up")
+        convert_tensor("m.gguf", "blk.0.ffn_up.weight", t, "blk.0.ffn_up")
     msg = str(e.value)
     assert "'blk.0.ffn_up.weight'" in msg and type_name in msg and f"(4, {cols})" in msg
     assert f"multiple of {gguf.constants.GGML_QUANT_SIZES[qtype][0]}" in msg

@@ -409,9 +409,9 @@ def test_real_weights_stored_as_f16_or_bf16_load_as_their_rounded_values(stories
 # --- metadata ----------------------------------------------------------------------------------
 
 def _metadata_of(path):
-    from dualpath.models.gguf import _Metadata, _open_reader
+    from dualpath.models.gguf import _Metadata, open_reader
 
-    return _Metadata(str(path), _open_reader(str(path)))
+    return _Metadata(str(path), open_reader(str(path)))
 
 
 def test_metadata_arrays_read_in_one_part_equal_gguf_py_field_by_field(gguf_path, tmp_path):

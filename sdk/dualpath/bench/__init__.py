@@ -58,10 +58,11 @@ def add_bench_parser(sub) -> None:
         spec,
         startup,
         tools,
+        vision,
     )
 
     b = sub.add_parser("bench", help="benchmarks (side by side with llama.cpp where it applies)")
     bs = b.add_subparsers(dest="bench", required=True)
     for module in (e2e, memory, kernels, classifier, layers, kv_quality, quality, power, cache, serve, load, startup,
-                   chat, prefix_restart, spec, tools, arm, embed, embed_serve):
+                   chat, prefix_restart, spec, tools, arm, embed, embed_serve, vision):
         module.add_parser(bs)

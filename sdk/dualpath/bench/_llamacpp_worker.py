@@ -14,6 +14,7 @@ dualpath imports it too (``llamacpp.py``), for the rule that judges a build:
 * ``logits``: teacher-forced logits of a text, saved as ``.npy``;
 * ``embed``: texts/s of batches of texts through ``Llama.embed``, flash attention off or on;
 * ``rerank``: milliseconds to score (query, document) pairs as llama-server does;
+* ``encode_image``: milliseconds to encode an image with ``mtmd`` (a projector file);
 * ``build_problems``: what keeps a build from being llama.cpp at its best on this CPU
   (``full``), or from being a laptop's build (``laptop``).
 
@@ -226,6 +227,50 @@ def rerank(model: str, pairs: list, threads: int, batch: int, inner: int, flash_
     return {"rerank_ms": ms}
 
 
+def encode_image(model: str, mmproj: str, image: str, threads: int, inner: int, flash_attn: bool) -> dict:
+    """Milliseconds to encode one image (``image``: a .npy of (height, width, 3) uint8 RGB)
+    with llama.cpp's ``mtmd``: every image chunk of a prompt holding it, ``mtmd_encode_chunk``
+    each, the median of ``inner`` calls after one to warm; and the chunks' shape."""
+    import ctypes
+
+    import llama_cpp
+    import numpy as np
+    from llama_cpp import mtmd_cpp as m
+
+    rgb = np.load(image)
+    llm = llama_cpp.Llama(model, n_ctx=4096, n_threads=threads, n_threads_batch=threads, verbose=False)
+    params = m.mtmd_context_params_default()
+    params.use_gpu, params.n_threads, params.print_timings, params.warmup = False, threads, False, False
+    params.flash_attn_type = 1 if flash_attn else 0
+    ctx = m.mtmd_init_from_file(mmproj.encode(), llm.model, params)
+    if not ctx:
+        raise RuntimeError(f"llama.cpp's mtmd refused {mmproj}")
+    bitmap = m.mtmd_bitmap_init(rgb.shape[1], rgb.shape[0], (ctypes.c_uint8 * rgb.size).from_buffer_copy(rgb.tobytes()))
+    chunks = m.mtmd_input_chunks_init()
+    text = m.mtmd_input_text()
+    prompt = ("describe " + m.mtmd_default_marker().decode()).encode()
+    text.text, text.text_len, text.add_special, text.parse_special = prompt, len(prompt), True, True
+    try:
+        if m.mtmd_tokenize(ctx, chunks, ctypes.byref(text), (m.mtmd_bitmap_p_ctypes * 1)(bitmap), 1) != 0:
+            raise RuntimeError("mtmd_tokenize failed")
+        images = [m.mtmd_input_chunks_get(chunks, i) for i in range(m.mtmd_input_chunks_size(chunks))]
+        images = [c for c in images if m.mtmd_input_chunk_get_type(c) == m.MTMD_INPUT_CHUNK_TYPE_IMAGE]
+
+        def encode() -> None:
+            for c in images:
+                if m.mtmd_encode_chunk(ctx, c) != 0:
+                    raise RuntimeError("mtmd_encode_chunk failed")
+
+        ms = _median_s(encode, inner) * 1e3
+        tokens = [int(m.mtmd_input_chunk_get_n_tokens(c)) for c in images]
+    finally:
+        m.mtmd_input_chunks_free(chunks)
+        m.mtmd_bitmap_free(bitmap)
+        m.mtmd_free(ctx)
+    llm.close()
+    return {"encode_ms": ms, "chunks": len(tokens), "tokens": sum(tokens), "peak_rss_mb": _peak_rss_mb()}
+
+
 def _median_s(fn, inner: int) -> float:
     """Seconds of the median of ``inner`` calls of ``fn``, after one call to warm."""
     fn()
@@ -257,7 +302,8 @@ def logits(model: str, ids: list, out: str, n_ctx: int, kv_f32: bool, threads: i
 # -- the harness's child protocol (a copy of harness._child: this file cannot import dualpath) --
 
 FUNCTIONS: dict[str, Callable[..., object]] = {"probe": probe, "vocab_size": vocab_size, "measure": measure,
-                                             "logits": logits, "embed": embed, "rerank": rerank}
+                                             "logits": logits, "embed": embed, "rerank": rerank,
+                                             "encode_image": encode_image}
 
 
 def _child(function: str, result_path: str) -> None:

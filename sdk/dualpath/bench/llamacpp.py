@@ -130,6 +130,12 @@ class LlamaCppPeer:
         return self._call("rerank", {"model": model, "pairs": pairs, "threads": threads, "batch": batch,
                                      "inner": inner, "flash_attn": FLASH_ATTN[setting]})
 
+    def encode_image(self, model: str, mmproj: str, image: str, threads: int, inner: int, setting: str) -> dict:
+        """Milliseconds to encode the image saved in ``image`` (.npy) with ``mtmd``, in a fresh
+        process (``_llamacpp_worker.encode_image``): encode_ms, chunks, tokens, peak_rss_mb."""
+        return self._call("encode_image", {"model": model, "mmproj": mmproj, "image": image, "threads": threads,
+                                           "inner": inner, "flash_attn": FLASH_ATTN[setting]})
+
     def logits(self, model: str, ids: list[int], out: str, n_ctx: int, kv_f32: bool, threads: int,
                setting: str) -> dict:
         """Teacher-forced logits of ``ids`` saved to ``out`` (``_llamacpp_worker.logits``)."""

@@ -59,10 +59,11 @@ class EncoderProgram:
     texts' first rows and n, (B + 1,) int64, for our attention), with
     ``num_threads`` threads: ONNX Runtime's and our kernels' pool on the same cores, ORT's
     spinning workers yielding to our pool's jobs where the process may make them. Threads
-that call it at once take turns."""
+that call it at once take turns. An image encoder's output (graph/vision.py) is ``out_rows``
+rows of ``out_width``, not the n rows of the model's width."""
 
     def __init__(self, spec: ModelSpec, graph: EncoderGraph, num_threads: int, max_rows: int,
-                 int8_act: bool = True, kernel: str | None = None):
+                 int8_act: bool = True, kernel: str | None = None, out_width: int | None = None):
         self.graph = graph
         self.sessions = create_sessions(graph.parts, num_threads, spinning=True, entry=spec.entry,
                                         prepack_float=True)
@@ -74,7 +75,7 @@ that call it at once take turns."""
         widths: dict[int, int] = {b: graph.shapes[n][1] for n, b in index.items()}
         self.buffers = [np.zeros((max_rows, widths[b]), np.float32) for b in range(len(widths))]
         self._buf = {n: self.buffers[b] for n, b in index.items()}
-        self.dim = spec.config.dim
+        self.dim = out_width or spec.config.dim
         self.padded = any("pad" in p.inputs for p in graph.parts)
         """Whether attention is ONNX Runtime's over texts padded to the longest (feeds pad, unpad
         and mask), not ours over the packed texts (feed ``starts``)."""
@@ -95,12 +96,12 @@ that call it at once take turns."""
                 session = next(sessions)
                 self._plan.append((session, session.io_binding(), step))
 
-    def run(self, feeds: dict[str, np.ndarray], n: int) -> np.ndarray:
+    def run(self, feeds: dict[str, np.ndarray], n: int, out_rows: int | None = None) -> np.ndarray:
         with self._lock:
-            return self._run(feeds, n)
+            return self._run(feeds, n, n if out_rows is None else out_rows)
 
-    def _run(self, feeds: dict[str, np.ndarray], n: int) -> np.ndarray:
-        hidden = np.empty((n, self.dim), np.float32)
+    def _run(self, feeds: dict[str, np.ndarray], n: int, out_rows: int) -> np.ndarray:
+        hidden = np.empty((out_rows, self.dim), np.float32)
         rebind = n != self._rows  # the crossing buffers never move: bound again only for another n
         self._rows = n
         for step in self._plan:

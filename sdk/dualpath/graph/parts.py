@@ -370,8 +370,9 @@ def _write_encoder(spec: ModelSpec, accuracy_level: int, folder: str) -> None:
     from .builder import PLACEHOLDER
     from .encoder import build_encoder
     from .segments import Attention, Products, split
+    from .vision import build_vision
 
-    part = build_encoder(spec, accuracy_level)
+    part = (build_vision if spec.config.arch == "clip" else build_encoder)(spec, accuracy_level)
     if part.tables or part.derived:
         raise RuntimeError("an encoder graph names no tables or derived arrays")
     with open(os.path.join(folder, PLACEHOLDER), "wb") as f:

@@ -52,15 +52,19 @@ def resolve_model(name: str | os.PathLike | None, hf_repo: str | None = None) ->
 
 
 def load_model(path: str | os.PathLike, tokenizer_path: str | os.PathLike | None = None,
-               sink: Callable[[Weight, int], Weight] | None = None) -> ModelSpec:
+               sink: Callable[[Weight, int], Weight] | None = None, projector: bool = False) -> ModelSpec:
     """Load a GGUF file or a llama2.c checkpoint (chosen by content, not by name),
-    converting in memory. ``sink(weight, source_bytes)`` (the converted-model cache's
+    converting in memory; with ``projector``, an image projector file (models/mmproj.py).
+    ``sink(weight, source_bytes)`` (the converted-model cache's
     writer) receives each weight as soon as it is converted and returns what the spec
     keeps in its place. ``ModelStore.load`` is the cached way to load."""
     from .gguf import load_gguf
     from .llama2c import load_llama2c
+    from .mmproj import load_projector
 
     path = os.fspath(path)
+    if projector:
+        return load_projector(path, sink)
     if check_model_file(path) == GGUF_MAGIC:
         return load_gguf(path, sink)
     return load_llama2c(path, tokenizer_path, sink)

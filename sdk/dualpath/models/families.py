@@ -212,6 +212,9 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (Family(), Qwen2(), Qwen3(), G
 def family(path, arch) -> Family:
     """The family of ``arch``, or ModelLoadError listing the supported ones."""
     f = FAMILIES.get(arch) if isinstance(arch, str) else None
+    if f is None and arch == "clip":
+        raise ModelLoadError(path, "an image projector file (general.architecture 'clip'), not a text model: "
+                                   "load the text model and pass this file as its mmproj (--mmproj FILE)")
     if f is None:
         raise ModelLoadError(path, f"unsupported architecture {arch!r} in general.architecture "
                                    f"(supported: {', '.join(FAMILIES)})")

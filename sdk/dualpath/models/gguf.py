@@ -164,7 +164,7 @@ def load_gguf(path: str | os.PathLike, sink=None) -> ModelSpec:
     ``sink``: see ``load_model``."""
     path = os.fspath(path)
     check_gguf_file(path)
-    reader = _open_reader(path)
+    reader = open_reader(path)
     meta = _Metadata(path, reader)
     fam = family(path, meta.get("general.architecture"))
     a = fam.name  # GGUF keys are prefixed with the architecture
@@ -207,7 +207,7 @@ def read_layout(path: str | os.PathLike) -> tuple[ModelConfig, dict[str, tuple[s
     and the number of BPE merges."""
     path = os.fspath(path)
     check_gguf_file(path)
-    reader = _open_reader(path)
+    reader = open_reader(path)
     meta = _Metadata(path, reader)
     fam = family(path, meta.get("general.architecture"))
     tensors = {t.name: t for t in reader.tensors}
@@ -225,11 +225,11 @@ def read_tokenizer(path: str | os.PathLike) -> TokenizerSpec:
     ``models/ggml-vocab-*.gguf``) has no tensors or hyper-parameters to load."""
     path = os.fspath(path)
     check_gguf_file(path)
-    meta = _Metadata(path, _open_reader(path))
+    meta = _Metadata(path, open_reader(path))
     return _tokenizer_spec(path, meta, len(meta.get_list("tokenizer.ggml.tokens", str) or ()))
 
 
-def _open_reader(path: str):
+def open_reader(path: str):
     """The checked ``gguf.GGUFReader`` of ``path``; whatever the reader raises becomes a ModelLoadError."""
     _Reader = _reader_class()
     try:
@@ -346,7 +346,7 @@ def _convert_weights(path: str, reader, tensors: dict, sink, has_classifier: boo
     for name, t in tensors.items():
         if name.endswith((".weight", ".bias")):  # "blk.0.attn_q.weight" -> "blk.0.attn_q"; biases keep ".bias"
             key = name.removesuffix(".weight")
-            w = _convert(path, name, t, key, name == classifier)
+            w = convert_tensor(path, name, t, key, name == classifier)
             view = not w.source_type and w.dtype == "f32"
             if view and not keep_views:
                 w.data, view = np.array(w.data), False
@@ -430,7 +430,7 @@ class _Metadata:
         return self.get_int(key, 0)
 
 
-def _convert(path: str, name: str, t, key: str, classifier: bool = False) -> Weight:
+def convert_tensor(path: str, name: str, t, key: str, classifier: bool = False) -> Weight:
     """One GGUF tensor ``name`` -> the Weight ``key`` in ONNX Runtime's layout or our kernels'
     form (see spec.py); ``classifier``: it is the classifier (``output``, or a tied embedding)."""
     import gguf
@@ -619,7 +619,7 @@ def declared_pooling(path: str | os.PathLike) -> str | None:
     with open(path, "rb") as f:
         if f.read(4) != b"GGUF":
             return None
-    meta = _Metadata(path, _open_reader(path))
+    meta = _Metadata(path, open_reader(path))
     arch = meta.get("general.architecture")
     if not isinstance(arch, str) or meta.get(f"{arch}.pooling_type") is None:
         return None

@@ -17,6 +17,7 @@ import os
 from dataclasses import dataclass, field
 
 from ..errors import ModelLoadError
+from .spec import ModelConfig, ModelSpec, Weight
 
 PROJECTORS = {
     "idefics3": "SmolVLM and Idefics3: SigLIP, then a pixel shuffle by the scale factor and one matrix",
@@ -196,3 +197,84 @@ def check_text_model(spec: VisionSpec, text_dim: int, text_name: str) -> None:
     if spec.text_dim != text_dim:
         raise ModelLoadError(spec.path, f"the projector makes embeddings of {spec.text_dim} values, but {text_name} "
                                         f"takes {text_dim}: the projector file belongs to another text model")
+
+
+VISION_FIELDS = ("projector", "image_size", "patch_size", "dim", "ffn_dim", "num_layers", "num_heads", "eps",
+                 "image_mean", "image_std", "merge", "text_dim", "activation", "longest_edge")
+"""The ``VisionSpec`` fields a converted projector keeps in its metadata (``vision``)."""
+
+_LAYER_NAMES = {"ln1": "attn_norm", "ln2": "ffn_norm", "attn_q": "attn_q", "attn_k": "attn_k", "attn_v": "attn_v",
+                "attn_out": "attn_output", "ffn_up": "ffn_up", "ffn_down": "ffn_down"}
+"""A block's tensors in the projector file -> the names an encoder's layer has here."""
+
+_NAMES = {"v.position_embd": "position_embd", "v.post_ln": "output_norm", "mm.model.fc": "mm.fc",
+          "mm.soft_emb_norm": "mm.norm", "mm.input_projection": "mm.proj"}
+
+
+def weight_key(tensor: str) -> str:
+    """The ``ModelSpec`` key of the projector file's ``tensor``: ``v.blk.3.ln1.bias`` ->
+    ``blk.3.attn_norm.bias``, so that the encoder's matrices are named as a text model's
+    layers (whose Q8_0 ones our kernels multiply in place)."""
+    stem, suffix = tensor.rsplit(".", 1)
+    bias = ".bias" if suffix == "bias" else ""
+    parts = stem.split(".")
+    if parts[:2] == ["v", "blk"] and len(parts) == 4:
+        return f"blk.{parts[2]}.{_LAYER_NAMES[parts[3]]}{bias}"
+    if stem == "v.patch_embd":
+        return "patch_embd" + bias
+    return _NAMES[stem] + bias
+
+
+def vision_config(spec: VisionSpec) -> ModelConfig:
+    """The encoder's hyper-parameters as a ``ModelConfig`` (``arch`` ``clip``): pre-norm
+    LayerNorm blocks over learned positions, every patch of a square seeing every other."""
+    act = {"gelu": "gelu_tanh", "silu": "silu", "gelu_quick": "gelu_quick"}[spec.activation]
+    return ModelConfig(arch="clip", dim=spec.dim, hidden_dim=spec.ffn_dim, num_layers=spec.num_layers,
+                       num_heads=spec.num_heads, num_kv_heads=spec.num_heads, head_dim=spec.dim // spec.num_heads,
+                       vocab_size=1, context_length=spec.num_patches, rms_eps=spec.eps, causal=False,
+                       norm_type="layer", learned_positions=True, ffn_gated=False, ffn_act=act)
+
+
+def vision_spec(model: ModelSpec) -> VisionSpec:
+    """The ``VisionSpec`` of a converted projector (``load_projector``), from its metadata."""
+    v = dict(model.metadata["vision"])
+    for name in ("image_mean", "image_std"):
+        v[name] = tuple(v[name])
+    return VisionSpec(path=model.path, tensors={}, **v)
+
+
+def load_projector(path: str | os.PathLike, sink=None) -> ModelSpec:
+    """The projector file ``path`` (checked by ``read_mmproj``) as a ``ModelSpec``: its weights
+    under ``weight_key``'s names in the layouts the graphs read, the ``VisionSpec`` in its
+    metadata. The patch embedding becomes a (dim, 3 * patch * patch) f32 matrix and Gemma 3's
+    projection, stored (in, out), an (out, in) one. ``sink``: as ``load_model``'s."""
+    import gguf
+    import numpy as np
+
+    from ..tokenizer.spec import TokenizerSpec
+    from .gguf import convert_tensor, open_reader
+
+    spec = read_mmproj(path)
+    path = spec.path
+    reader = open_reader(path)
+    weights: dict[str, Weight] = {}
+    for t in reader.tensors:
+        key = weight_key(t.name)
+        if key in ("patch_embd", "mm.proj"):
+            shape = spec.tensors[t.name][0]
+            data = np.asarray(gguf.quants.dequantize(t.data, t.tensor_type), np.float32).reshape(shape)
+            data = data.reshape(spec.dim, -1) if key == "patch_embd" else np.ascontiguousarray(data.T)
+            w = Weight(key, "f32", data.shape, data, source_type=t.tensor_type.name)
+        else:
+            w = convert_tensor(path, t.name, t, key)
+        if sink is not None:
+            w = sink(w, int(t.n_bytes))
+        weights[key] = w
+    metadata = {"name": str(reader.fields["general.name"].contents()) if "general.name" in reader.fields else "",
+                "file_type": "", "tensor_types": sorted({t.tensor_type.name for t in reader.tensors}),
+                "vision": {name: getattr(spec, name) for name in VISION_FIELDS}}
+    header_bytes = int(reader.data_offset)
+    del reader
+    return ModelSpec(path=path, format="gguf", config=vision_config(spec),
+                     tokenizer=TokenizerSpec(model="none", tokens=(), add_bos=False, add_space_prefix=False),
+                     weights=weights, metadata=metadata, header_bytes=header_bytes)

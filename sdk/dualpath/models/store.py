@@ -97,8 +97,9 @@ class ModelStore:
         return hashlib.blake2b(json.dumps(ident, sort_keys=True).encode(), digest_size=12).hexdigest()
 
     def load(self, path: str | os.PathLike, tokenizer_path: str | os.PathLike | None = None,
-             progress: Progress | None = None, stats: dict | None = None) -> ModelSpec:
-        """The ModelSpec of ``path``, from its entry (made now on a first load). ``stats``
+             progress: Progress | None = None, stats: dict | None = None, projector: bool = False) -> ModelSpec:
+        """The ModelSpec of ``path``, from its entry (made now on a first load); with
+        ``projector``, of an image projector file (``load_model``). ``stats``
         receives ``cache`` ("hit" / "miss") and the seconds of each stage."""
         from . import check_model_file, load_model
 
@@ -117,6 +118,8 @@ class ModelStore:
                                        "removed (remove it yourself, or set model_cache.dir)")
         spec = self._open(folder, path)
         if spec is not None:
+            if (spec.config.arch == "clip") != projector:  # the entry of the other kind of file
+                load_model(path, tokenizer_path, projector=projector)  # raises the loader's error
             stats.update(cache="hit", open_s=time.perf_counter() - t0)
             return spec
         try:
@@ -129,7 +132,7 @@ class ModelStore:
                                        "or model_cache.enabled: false)") from e
         writer = EntryWriter(tmp, path, progress, os.path.getsize(path))
         try:
-            loaded = load_model(path, tokenizer_path, sink=writer.put)
+            loaded = load_model(path, tokenizer_path, sink=writer.put, projector=projector)
             writer.finish(loaded, file_identity(path), contents)
         except OSError as e:
             writer.abort()

@@ -39,7 +39,7 @@ VISION_PRESETS = {
     "gemma3-4b": VisionShape(_spec("gemma3", 896, 14, 1152, 4304, 27, 16, 4, 2560), "gemma3-4b"),
     # Tiny twins for the tests, paired with the tiny text shapes.
     "smolvlm-tiny": VisionShape(_spec("idefics3", 64, 16, 64, 128, 2, 4, 2, 256, 128), "llama3-tiny", 0.08),
-    "gemma3-vision-tiny": VisionShape(_spec("gemma3", 64, 8, 64, 128, 2, 4, 4, 256), "gemma3-tiny", 0.08),
+    "gemma3-vision-tiny": VisionShape(_spec("gemma3", 64, 8, 96, 192, 2, 4, 4, 256), "gemma3-tiny", 0.08),
 }
 
 

@@ -1,0 +1,148 @@
+"""``dualpath bench vision``: the time to encode one image, DualPath beside llama.cpp's ``mtmd``
+on the same text model and projector file.
+
+The image is ``--image`` (PNG or JPEG) or a seeded noise image of ``--size`` (the encoder's
+cost does not depend on what the pixels show); both engines cut it into the same squares
+(vision/preprocess.py follows llama.cpp's preprocessing; tests/vision check that the
+embeddings agree). Each engine runs in a fresh process per repeat (``harness.run_worker``;
+llama.cpp in its own environment, ``_llamacpp_worker.encode_image``), loads the files,
+encodes once to warm, then times ``--inner`` encodes of the whole image; its figure is the
+median. The engines take turns repeat by repeat (``common.interleaved``) and the table quotes
+medians of the repeats; llama.cpp runs flash attention off and on as two variants and the
+faster is quoted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+
+import numpy as np
+
+from . import llamacpp
+from .common import best_of, interleaved, median_of, write_json
+from .embed import time_calls
+from .harness import run_worker
+
+TIMEOUT_S = 3600.0
+SIZE = "1024x768"
+
+
+def worker(mmproj: str, image: str, threads: int, inner: int) -> dict:
+    """DualPath's run: milliseconds to cut ``image`` (.npy) into squares and encode them."""
+    from ..executor.vision import VisionEncoder
+    from ..models.store import ModelStore
+    from ..vision.preprocess import squares
+
+    rgb = np.load(image)
+    encoder = VisionEncoder(ModelStore().load(mmproj, projector=True), threads)
+    cut = squares(rgb, encoder.spec)
+    ms = time_calls(lambda: encoder.encode(squares(rgb, encoder.spec).images), inner) * 1e3
+    import resource
+
+    return {"encode_ms": ms, "chunks": len(cut.images), "tokens": len(cut.images) * encoder.tokens_per_square,
+            "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+
+
+def load_image(path: str | None, size: tuple[int, int]) -> np.ndarray:
+    """``path`` decoded to (height, width, 3) uint8 RGB, or a seeded noise image of ``size`` (width, height)."""
+    if path is None:
+        return np.random.default_rng(0).integers(0, 256, (size[1], size[0], 3), dtype=np.uint8)
+    from ..vision.decode import decode_image
+
+    with open(path, "rb") as f:
+        return decode_image(f.read())
+
+
+def run_vision(model: str, mmproj: str, rgb: np.ndarray, threads: int, repeats: int, inner: int,
+               peer: llamacpp.LlamaCppPeer | None) -> dict:
+    variants = ["dualpath"] + (llamacpp.variants() if peer is not None else [])
+    with tempfile.TemporaryDirectory(prefix="dualpath-bench-vision-") as tmp:
+        image = os.path.join(tmp, "image.npy")
+        np.save(image, rgb)
+
+        def measure(variant: str) -> dict:
+            setting = llamacpp.setting_of(variant)
+            if setting is None:
+                return run_worker(worker, {"mmproj": mmproj, "image": image, "threads": threads, "inner": inner},
+                                  timeout_s=TIMEOUT_S)
+            assert peer is not None
+            return peer.encode_image(model, mmproj, image, threads, inner, setting)
+
+        runs = interleaved(variants, repeats, measure)
+    ours = runs["dualpath"][0]
+    out = {"model": os.path.basename(model), "mmproj": os.path.basename(mmproj), "image": list(rgb.shape[:2]),
+           "threads": threads, "repeats": repeats, "inner": inner, "chunks": ours["chunks"], "tokens": ours["tokens"],
+           "dualpath_ms": median_of(runs["dualpath"], "encode_ms"),
+           "dualpath_rss_mb": median_of(runs["dualpath"], "peak_rss_mb"), "peer": None}
+    if peer is not None:
+        settings = {str(llamacpp.setting_of(v)): {"ms": median_of(runs[v], "encode_ms")} for v in llamacpp.variants()}
+        best = best_of(settings, lower=("ms",))
+        theirs = runs[llamacpp.variants()[0]][0]
+        out.update(llama_cpp_ms=best["ms"], flash_attn=best["best"]["ms"], ratio=out["dualpath_ms"] / best["ms"],
+                   llama_cpp_chunks=theirs["chunks"], llama_cpp_tokens=theirs["tokens"],
+                   settings={s: m["ms"] for s, m in settings.items()},
+                   peer={"llama_cpp_python": peer.version, "python": peer.python, "build": peer.system_info})
+    return out
+
+
+def print_result(res: dict) -> None:
+    h, w = res["image"]
+    print(f"{res['mmproj']} (text model {res['model']}): one {w}x{h} image, {res['threads']} threads, "
+          f"medians of {res['repeats']} runs ({res['inner']} timed encodes each)")
+    print(f"DualPath:  {res['dualpath_ms']:9.1f} ms  {res['chunks']} squares, {res['tokens']} embeddings")
+    if res["peer"] is not None:
+        print(f"llama.cpp: {res['llama_cpp_ms']:9.1f} ms  {res['llama_cpp_chunks']} chunks, "
+              f"{res['llama_cpp_tokens']} embeddings (FA {res['flash_attn']}; "
+              + ", ".join(f"{s} {v:.1f}" for s, v in res["settings"].items()) + ")")
+        print(f"time ratio (DualPath / llama.cpp): {res['ratio']:.2f}")
+
+
+def cmd_bench_vision(args) -> int:
+    peer = None
+    if not args.no_peer:
+        python = args.peer_python or llamacpp.default_python()
+        try:
+            peer = llamacpp.probe(python)
+        except llamacpp.Unavailable as e:
+            if args.peer_python:
+                raise llamacpp.PeerError(f"the llama.cpp peer: {e}") from None
+            print(f"dualpath bench: llama.cpp skipped: {e}", file=sys.stderr)
+        else:
+            llamacpp.print_build(peer, sys.stderr)
+    res = run_vision(args.model, args.mmproj, load_image(args.image, args.size), args.threads, args.repeats,
+                     args.inner, peer)
+    print_result(res)
+    if peer is not None:
+        llamacpp.print_build(peer)
+    write_json(args.json, [res])
+    return 0
+
+
+def _size(text: str) -> tuple[int, int]:
+    try:
+        w, h = (int(v) for v in text.lower().split("x"))
+    except ValueError:
+        w = h = 0
+    if not (1 <= w <= 8192 and 1 <= h <= 8192):
+        raise argparse.ArgumentTypeError(f"{text!r}: WIDTHxHEIGHT in pixels, each from 1 to 8192")
+    return w, h
+
+
+def add_parser(bs) -> None:
+    v = bs.add_parser("vision", help="time to encode one image, DualPath beside llama.cpp's mtmd, same files")
+    v.add_argument("-m", "--model", required=True, help="the text model's GGUF file (llama.cpp needs it)")
+    v.add_argument("--mmproj", required=True, help="the projector GGUF file (llama.cpp's --mmproj)")
+    v.add_argument("--image", help="a PNG or JPEG file (default: a seeded noise image of --size)")
+    v.add_argument("--size", type=_size, default=_size(SIZE), help=f"WIDTHxHEIGHT of the noise image (default {SIZE})")
+    v.add_argument("-t", "--threads", type=int, default=2)
+    v.add_argument("-r", "--repeats", type=int, default=3, help="processes per engine, interleaved (default 3)")
+    v.add_argument("--inner", type=int, default=3, help="timed encodes in each process (default 3)")
+    v.add_argument("--no-peer", action="store_true", help="measure DualPath only")
+    v.add_argument("--peer-python", metavar="PATH",
+                   help="interpreter of an environment whose llama-cpp-python is the llama.cpp to compare with "
+                        f"(default: ${llamacpp.PYTHON_ENV}, else this one); {llamacpp.SETUP_SCRIPT} full builds one")
+    v.add_argument("--json", help="also write the figures as JSON here")
+    v.set_defaults(func=cmd_bench_vision)
