@@ -108,3 +108,74 @@ def mtmd_image_embeddings(text_path, mmproj_path, rgb: np.ndarray) -> list[np.nd
         m.mtmd_bitmap_free(bitmap)
         m.mtmd_free(ctx)
     return out
+
+
+def mtmd_greedy(text_path, mmproj_path, rgb: np.ndarray, prompt: str, num: int):
+    """llama.cpp's ``mtmd`` over ``prompt`` (its media marker where the image ``rgb`` goes),
+    then ``num`` greedy steps: the prompt's layout as mtmd cut it (("text", ids) and
+    ("image", embeddings) chunks in order), the logits at the prompt's last position and
+    after each greedy token but the last (num, vocab), and the greedy tokens."""
+    import pytest
+
+    llama_cpp = pytest.importorskip("llama_cpp")
+    from llama_cpp import mtmd_cpp as m
+
+    llm = llama_cpp.Llama(str(text_path), n_ctx=1024, n_batch=512, n_threads=2, verbose=False)
+    params = m.mtmd_context_params_default()
+    params.use_gpu, params.n_threads, params.print_timings, params.warmup = False, 2, False, False
+    ctx = m.mtmd_init_from_file(str(mmproj_path).encode(), llm.model, params)
+    assert ctx, f"llama.cpp's mtmd refused {mmproj_path}"
+    bitmap = m.mtmd_bitmap_init(rgb.shape[1], rgb.shape[0], (ctypes.c_uint8 * rgb.size).from_buffer_copy(rgb.tobytes()))
+    chunks = m.mtmd_input_chunks_init()
+    text = m.mtmd_input_text()
+    data = prompt.replace("<image>", m.mtmd_default_marker().decode()).encode()
+    text.text, text.text_len, text.add_special, text.parse_special = data, len(data), True, True
+    layout, rows, tokens = [], [], []
+    try:
+        assert m.mtmd_tokenize(ctx, chunks, ctypes.byref(text), (m.mtmd_bitmap_p_ctypes * 1)(bitmap), 1) == 0
+        past = 0  # chunk by chunk as mtmd_helper_eval_chunks would (which aborts on this build's text batches)
+        for i in range(m.mtmd_input_chunks_size(chunks)):
+            chunk = m.mtmd_input_chunks_get(chunks, i)
+            if m.mtmd_input_chunk_get_type(chunk) == m.MTMD_INPUT_CHUNK_TYPE_IMAGE:
+                n = m.mtmd_input_chunk_get_n_tokens(chunk)
+                assert m.mtmd_encode_chunk(ctx, chunk) == 0
+                out = m.mtmd_get_output_embd(ctx)
+                layout.append(("image", np.ctypeslib.as_array(out, shape=(n * llm.n_embd(),)).reshape(n, -1).copy()))
+                new_past = llama_cpp.llama_pos(0)
+                no_callback = m.mtmd_helper_post_decode_callback()
+                assert m.mtmd_helper_decode_image_chunk(ctx, llm.ctx, chunk, out, past, 0, 512, ctypes.byref(new_past),
+                                                        no_callback, None) == 0
+                past = new_past.value
+            else:
+                count = ctypes.c_size_t()
+                ids = m.mtmd_input_chunk_get_tokens_text(chunk, ctypes.byref(count))
+                layout.append(("text", [int(ids[j]) for j in range(count.value)]))
+                _decode_tokens(llama_cpp, llm.ctx, layout[-1][1], past)
+                past += count.value
+        assert layout[-1][0] == "text"  # the logits below are the prompt's last token's
+        vocab = llm.n_vocab()
+        for _ in range(num):
+            logits = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(llm.ctx, -1), shape=(vocab,)).copy()
+            rows.append(logits)
+            tokens.append(int(logits.argmax()))
+            _decode_tokens(llama_cpp, llm.ctx, tokens[-1:], past)
+            past += 1
+    finally:
+        m.mtmd_input_chunks_free(chunks)
+        m.mtmd_bitmap_free(bitmap)
+        m.mtmd_free(ctx)
+        llm.close()
+    return layout, np.stack(rows), tokens
+
+
+def _decode_tokens(llama_cpp, ctx, ids: list, pos0: int) -> None:
+    """llama.cpp decodes ``ids`` of sequence 0 at positions pos0.., the last one's logits kept."""
+    batch = llama_cpp.llama_batch_init(len(ids), 0, 1)
+    try:
+        for j, t in enumerate(ids):
+            batch.token[j], batch.pos[j], batch.n_seq_id[j], batch.logits[j] = t, pos0 + j, 1, j == len(ids) - 1
+            batch.seq_id[j][0] = 0
+        batch.n_tokens = len(ids)
+        assert llama_cpp.llama_decode(ctx, batch) == 0
+    finally:
+        llama_cpp.llama_batch_free(batch)

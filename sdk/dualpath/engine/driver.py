@@ -71,10 +71,12 @@ class Driver:
         return self.runner.run(plan, session_spec=session_spec)
 
     # -- one sequence ------------------------------------------------------------------
-    def step(self, seq_id: int, token_ids: list[int], all_rows: bool = False) -> np.ndarray | NoRoom:
-        """Run ``token_ids`` after the sequence's: logits (R, vocab), or NoRoom."""
+    def step(self, seq_id: int, token_ids: list[int], all_rows: bool = False,
+             embeds: tuple = ()) -> np.ndarray | NoRoom:
+        """Run ``token_ids`` after the sequence's (``embeds``: ``SeqStep.embeds``): logits (R,
+        vocab), or NoRoom."""
         self.choose_power()
-        plan = self.scheduler.plan_sequence(seq_id, token_ids, all_rows)
+        plan = self.scheduler.plan_sequence(seq_id, token_ids, all_rows, embeds)
         if isinstance(plan, NoRoom):
             return plan
         logits = self.run(plan)
@@ -134,10 +136,11 @@ class Driver:
         self.seq_id, cached = self.open(prompt_ids)
         return cached
 
-    def forward(self, token_ids, all_logits: bool = False) -> np.ndarray:
+    def forward(self, token_ids, all_logits: bool = False, embeds: tuple = ()) -> np.ndarray:
         """Append ``token_ids`` (at most max_step_tokens) at the end of the sequence (a new
         one when none is open) and return logits (R, vocab): the last position only, or
-        every position."""
+        every position. ``embeds``: ((offset, rows), ...), tokens whose embeddings are
+        ``rows`` (an image's: ``SeqStep.embeds``)."""
         n = len(token_ids)
         if not 1 <= n <= self.runner.max_step_tokens:
             raise ValueError(f"a step takes 1..{self.runner.max_step_tokens} tokens, got {n}")
@@ -147,7 +150,7 @@ class Driver:
         if self.seq_id is None:
             self.begin([])
         assert self.seq_id is not None  # begin opened one
-        out = self.step(self.seq_id, list(token_ids), all_logits)
+        out = self.step(self.seq_id, list(token_ids), all_logits, embeds)
         if isinstance(out, NoRoom):
             raise CacheFullError(f"KV cache full: {out.needed_pages} more pages needed, {out.free_pages} free")
         return out

@@ -183,8 +183,8 @@ class ModelRunner:
             raise ValueError(f"a step takes 1..{self.max_num_seqs} sequences, got {S}")
         if plan.layout is None:
             raise ValueError("the plan is not laid out (StepArrays.fill)")
-        T, R, prefill, num_seqs, num_spans = plan.layout
-        logits = self._execute(T, max(R, 1), prefill, num_seqs, num_spans, session_spec)
+        T, R, prefill, num_seqs, num_spans, embeds = plan.layout
+        logits = self._execute(T, max(R, 1), prefill, num_seqs, num_spans, session_spec, embeds)
         return logits[:R]
 
     def _binding(self, T: int, R: int, sessions, pool) -> StepBinding:
@@ -197,7 +197,8 @@ class ModelRunner:
         b.resize(T, R)
         return b
 
-    def _execute(self, T: int, R: int, prefill: bool, num_seqs: int, num_spans: int, sp=None) -> np.ndarray:
+    def _execute(self, T: int, R: int, prefill: bool, num_seqs: int, num_spans: int, sp=None,
+                 embeds: tuple = ()) -> np.ndarray:
         kv_stepper, sessions = self.kv, self.sessions
         plan = self.power_plan
         if sp is None and plan is not None:
@@ -209,6 +210,8 @@ class ModelRunner:
             sessions, kv_stepper = self._profiles.select(sp)
         binding = self._binding(T, R, sessions, kv_stepper.pool)
         self._embed(binding.ids, binding.h0)
+        for row, rows in embeds:  # an image's rows: the text model reads them as they are (no embed_scale)
+            binding.h0[row:row + len(rows)] = rows
         kv_step = kv_stepper.step_batch
         for run, b, layer in binding.plan:
             run(b)

@@ -234,8 +234,10 @@ def synth_vocab(vocab_size: int, seed: int = 0) -> tuple[list[str], list[float],
 
 
 def synth_gguf(path: str | os.PathLike, preset: str = "stories15M", weight_type: str = "F32",
-               seed: int = 0, context_length: int | None = None) -> str:
-    """Write a GGUF with random weights in ``preset``'s shapes; returns the path."""
+               seed: int = 0, context_length: int | None = None, extra_tokens: tuple = ()) -> str:
+    """Write a GGUF with random weights in ``preset``'s shapes; returns the path.
+    ``extra_tokens``: (piece, token type) pairs that end the vocabulary (a vision model's
+    markers, which llama.cpp's ``mtmd`` looks up by their text)."""
     import gguf
 
     if preset not in PRESETS:
@@ -243,7 +245,7 @@ def synth_gguf(path: str | os.PathLike, preset: str = "stories15M", weight_type:
     weight_type = weight_type.upper()
     if weight_type in LLAMA_CPP_TYPES:
         path = os.fspath(path)
-        src = synth_gguf(path + ".f32.part", preset, "F32", seed, context_length)
+        src = synth_gguf(path + ".f32.part", preset, "F32", seed, context_length, extra_tokens)
         try:
             quantize_gguf(src, path + ".part", weight_type)
         finally:
@@ -268,7 +270,7 @@ def synth_gguf(path: str | os.PathLike, preset: str = "stories15M", weight_type:
         tensors = encoder_tensor_list(replace(shape, context_length=ctx))
     else:
         _add_hyperparameters(w, shape, weight_type, ctx)
-        _add_vocabulary(w, shape, seed)
+        _add_vocabulary(w, shape, seed, extra_tokens)
         add_decoder_rank_keys(w, shape)
         tensors = _tensor_list(shape)
     tensors += head_tensor_list(shape)
@@ -309,9 +311,13 @@ def _add_hyperparameters(w, shape: Shape, weight_type: str, ctx: int) -> None:
         w.add_float32(f"{arch}.rope.scaling.attn_factor", 1.19)
 
 
-def _add_vocabulary(w, shape: Shape, seed: int) -> None:
-    """A ``synth_vocab`` SentencePiece vocabulary of ``shape.vocab_size`` tokens."""
+def _add_vocabulary(w, shape: Shape, seed: int, extra_tokens: tuple = ()) -> None:
+    """A ``synth_vocab`` SentencePiece vocabulary of ``shape.vocab_size`` tokens, ending in
+    ``extra_tokens`` ((piece, type) pairs)."""
     tokens, scores, types = synth_vocab(shape.vocab_size, seed)
+    if extra_tokens:
+        n = len(extra_tokens)
+        tokens[-n:], types[-n:] = [p for p, _ in extra_tokens], [t for _, t in extra_tokens]
     if shape.arch == "phi3":  # llama.cpp looks these up by name in a Phi-3 vocabulary
         from ..tokenizer.spec import TOKEN_CONTROL
 

@@ -110,3 +110,24 @@ def synth_mmproj(path: str | os.PathLike, preset: str, weight_type: str = "F16",
     os.replace(tmp, path)
     log.info("wrote %s (%s projector, %s)", path, preset, weight_type)
     return path
+
+
+def vision_tokens(projector: str) -> tuple:
+    """(piece, token type) of the markers llama.cpp's ``mtmd`` puts around a ``projector``
+    kind's images, which a text model of the pair has as tokens (``synth_text``)."""
+    from ..tokenizer.spec import TOKEN_NORMAL, TOKEN_USER_DEFINED
+
+    if projector == "idefics3":  # Idefics3's processor: a tile's row and column, the overview's start
+        marks = ["<fake_token_around_image>", "<global-img>"]
+        marks += [f"<row_{r}_col_{c}>" for r in range(1, 7) for c in range(1, 7)]
+        return (("\n\n", TOKEN_NORMAL),) + tuple((m, TOKEN_USER_DEFINED) for m in marks)
+    return (("<start_of_image>", TOKEN_USER_DEFINED), ("<end_of_image>", TOKEN_USER_DEFINED))
+
+
+def synth_text(path: str | os.PathLike, preset: str, weight_type: str = "F32", seed: int = 0) -> str:
+    """The text model of the vision ``preset``'s pair (``VisionShape.text_preset``), its
+    vocabulary ending in the projector's markers (``vision_tokens``); returns the path."""
+    from .synth import synth_gguf
+
+    shape = VISION_PRESETS[preset]
+    return synth_gguf(path, shape.text_preset, weight_type, seed, extra_tokens=vision_tokens(shape.spec.projector))

@@ -48,13 +48,15 @@ class SequenceSteps:
         seq_id = self.cache.new_seq_id()
         return seq_id, self.cache.start(seq_id, list(prompt_ids))
 
-    def plan_sequence(self, seq_id: int, token_ids: list[int], all_rows: bool = False) -> StepPlan | NoRoom:
+    def plan_sequence(self, seq_id: int, token_ids: list[int], all_rows: bool = False,
+                      embeds: tuple = ()) -> StepPlan | NoRoom:
         """A step of ``token_ids`` appended to the sequence, laid out (its last row's logits,
-        or every row's with ``all_rows``), or NoRoom when the cache cannot hold them."""
+        or every row's with ``all_rows``; ``embeds``: ``SeqStep.embeds``), or NoRoom when the
+        cache cannot hold them."""
         alloc = self.cache.allocate(seq_id, token_ids)
         if isinstance(alloc, NoRoom):
             return alloc
-        plan = StepPlan([SeqStep(None, seq_id, token_ids, alloc, True)])
+        plan = StepPlan([SeqStep(None, seq_id, token_ids, alloc, True, embeds=embeds)])
         if self.arrays is not None:  # None: plans are not laid out (see __init__)
             self.arrays.fill(plan, self.cache, all_rows)
         return plan

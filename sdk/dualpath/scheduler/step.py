@@ -33,10 +33,10 @@ __all__ = ["SeqStep", "StepArrays", "StepLayout", "StepPlan", "StepResults"]
 class SeqStep:
     """One sequence's part of a step: what the runner needs to run it."""
 
-    __slots__ = ("request", "seq_id", "token_ids", "alloc", "logits", "hidden", "draft")
+    __slots__ = ("request", "seq_id", "token_ids", "alloc", "logits", "hidden", "draft", "embeds")
 
     def __init__(self, request: Request | None, seq_id: int, token_ids: list[int], alloc: Allocation,
-                 logits: bool, hidden: bool = False, draft: int = 0):
+                 logits: bool, hidden: bool = False, draft: int = 0, embeds: tuple = ()):
         self.request = request     # None for a sequence driven on its own (warm-up, forward, a draft model)
         self.seq_id = seq_id
         self.token_ids = token_ids
@@ -44,6 +44,8 @@ class SeqStep:
         self.logits = logits       # the chunk ends the known tokens: sample after it
         self.hidden = hidden       # every token's final hidden state is wanted (an embedding)
         self.draft = draft         # the last `draft` tokens are proposals: a row each to verify them
+        self.embeds = embeds       # ((offset, rows (k, dim) f32), ...): tokens that take these rows as
+        #                            their embeddings (an image's), not their ids' rows
 
     @property
     def num_tokens(self) -> int:
@@ -70,6 +72,9 @@ class StepLayout(NamedTuple):
     """Kernel entries (a sequence, or a row of a sequence with proposals)."""
     num_spans: int
     """Kernel-view spans of every sequence together."""
+    embeds: tuple = ()
+    """((row, rows (k, dim) f32), ...): the step's tokens from ``row`` on whose first
+    residual is ``rows`` (an image's embeddings) instead of their ids' embeddings."""
 
 
 @dataclass
@@ -131,6 +136,7 @@ class StepArrays:
         ``SeqStep.num_rows``) and record it in ``plan.layout``."""
         row = R = span = E = 0
         prefill = False
+        embeds: list = []
         a = self.arange
         for e in plan.seqs:
             n = len(e.token_ids)
@@ -141,6 +147,10 @@ class StepArrays:
             if pos0 + n > self.max_context_tokens:
                 raise ValueError(f"positions {pos0}..{pos0 + n - 1} exceed the context of {self.max_context_tokens}")
             self.ids[row:row + n] = e.token_ids
+            for offset, rows in e.embeds:
+                if not (0 <= offset and offset + len(rows) <= n):
+                    raise ValueError(f"embedding rows {offset}..{offset + len(rows) - 1} lie outside the chunk's {n}")
+                embeds.append((row + offset, rows))
             self.slots[row:row + n] = alloc.slots
             np.add(a[:n], pos0, out=self.positions[row:row + n])
             ns = len(cache.spans(e.seq_id, out=self.spans[span:]))
@@ -169,5 +179,5 @@ class StepArrays:
             self.rows[:R] = a[:R]
         elif R == 0:  # no entry samples: lm_head still runs on one row, make it a valid one
             self.rows[0] = 0
-        plan.layout = StepLayout(row, R, prefill, E, span)
+        plan.layout = StepLayout(row, R, prefill, E, span, tuple(embeds))
         return plan.layout
