@@ -27,7 +27,7 @@ LAYERS = [
     ("scheduler",),
     ("executor", "sampling"),  # running the model (ONNX Runtime, our kernels); sampling and grammars
     ("engine",),  # requests, outputs, speculative decoding: the engine steps the scheduler and the executor
-    ("llm", "chat", "rerank", ""),  # "" = the package's own __init__ (the public API: it imports llm)
+    ("llm", "chat", "rerank", "images", ""),  # "" = the package's own __init__ (the public API: it imports llm)
     ("server",),
     ("bench",),
     ("cli",),

@@ -60,7 +60,7 @@ class LLM:
     def __init__(self, model_path: str | os.PathLike, config: Config | str | os.PathLike | None = None,
                  *, tokenizer_path: str | os.PathLike | None = None, governor=None,
                  progress: Progress | None = None, prefix_cache: bool | str | os.PathLike | None = None,
-                 memory_budget: int | str | None = None):
+                 memory_budget: int | str | None = None, mmproj: str | os.PathLike | None = None):
         t0 = time.perf_counter()
         check_versions()  # a dependency older than we declare is refused before any file is read
         if config is None or isinstance(config, (str, os.PathLike)):
@@ -78,8 +78,16 @@ class LLM:
             store = ModelStore(mc.dir or None, int(mc.max_size_gb * (1 << 30)))
         else:  # convert into a temporary entry, removed once loaded (the mappings keep the files)
             store = ModelStore(tempfile.mkdtemp(prefix="dualpath-model-"))
+        self.images = None
+        """The image input (images.py) of a model loaded with its projector file ``mmproj``, else None."""
         try:
             self._load(store, model_path, tokenizer_path, progress, governor, prefix_cache, t0)
+            if mmproj is not None:
+                from .images import ImageInput
+
+                rt = config.runtime
+                self.images = ImageInput(store.load(mmproj, projector=True), self.spec, self.tokenizer,
+                                         rt.effective_num_threads(), rt.quantized_matmul_accuracy)
         finally:
             if not mc.enabled:
                 shutil.rmtree(store.root, ignore_errors=True)
@@ -273,15 +281,29 @@ class LLM:
         return self.tokenizer.decode(ids)
 
     # -- generation ------------------------------------------------------------
-    def stream(self, prompt: str | Sequence[int], params: SamplingParams | None = None) -> Generation:
+    def stream(self, prompt: str | Sequence[int], params: SamplingParams | None = None, *,
+               images: Sequence | None = None) -> Generation:
         """Text deltas as they are generated; the returned object's ``completion``
-        holds the full result once iteration ends."""
+        holds the full result once iteration ends. ``images`` (PNG or JPEG bytes, paths, or
+        (height, width, 3) uint8 arrays; a model loaded with ``mmproj``): each goes where the
+        prompt's text has the marker ``<__media__>``, or all of them before the text."""
         _no_generation(self)
+        if images:
+            if self.images is None:
+                from .errors import ImageError
+
+                raise ImageError(f"{os.path.basename(str(self.spec.path))} takes text only: load it with its "
+                                 "projector file to give it images (LLM(path, mmproj=...), --mmproj)")
+            if not isinstance(prompt, str):
+                raise TypeError("a prompt with images is text (the images go at its <__media__> markers)")
+            ids, embeds = self.images.prompt(prompt, images)
+            return Generation(self.engine, ids, params or SamplingParams(), embeds)
         ids = self.tokenize(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
         return Generation(self.engine, ids, params or SamplingParams())
 
-    def generate(self, prompt: str | Sequence[int], params: SamplingParams | None = None) -> Completion:
-        gen = self.stream(prompt, params)
+    def generate(self, prompt: str | Sequence[int], params: SamplingParams | None = None, *,
+                 images: Sequence | None = None) -> Completion:
+        gen = self.stream(prompt, params, images=images)
         for _ in gen:
             pass
         assert gen.completion is not None  # the last delta carries it (a failed request raised)
@@ -403,8 +425,8 @@ class Generation:
     """Text deltas of one request, as they are generated; ``completion`` is set once
     it ends. Iterating again continues the same generation, never restarts it."""
 
-    def __init__(self, engine: Engine, prompt_ids: list[int], params: SamplingParams):
-        self._stream = SyncStream(engine, prompt_ids, params)
+    def __init__(self, engine: Engine, prompt_ids: list[int], params: SamplingParams, embeds: tuple = ()):
+        self._stream = SyncStream(engine, prompt_ids, params, embeds=embeds)
         self.completion: Completion | None = None
         self.request = self._stream.request
         """The engine's Request (its ``seq_id`` names its KV cache sequence while it runs)."""

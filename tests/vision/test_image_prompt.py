@@ -55,3 +55,102 @@ def test_the_next_tokens_after_an_image_are_llama_cpps(tmp_path, weight_type):
     llm.runner.reset()
     again = llm.runner.forward(ids, embeds=tuple(embeds))[0]
     assert np.abs(again - theirs[0]).max() <= 1e-2 * scale < np.abs(plain - theirs[0]).max()
+
+
+def _their_ids(layout) -> tuple[list, list]:
+    """mtmd's text ids per text chunk, and its image chunks' lengths."""
+    return [x for k, x in layout if k == "text"], [len(x) for k, x in layout if k == "image"]
+
+
+@pytest.mark.parametrize("preset", ["smolvlm-tiny", "gemma3-vision-tiny"])
+def test_an_image_prompt_is_laid_out_as_mtmd_lays_it_out(tmp_path, preset):
+    """``LLM(text, mmproj=...)``: the prompt's text pieces and markers become mtmd's token
+    ids, chunk by chunk, and each square's rows stand where mtmd's image chunks are."""
+    from dualpath.vision.prompt import MARKER
+
+    mmproj = synth_mmproj(tmp_path / "mmproj.gguf", preset, "F32")
+    text = synth_text(tmp_path / "text.gguf", preset, "F32")
+    image = np.random.default_rng(5).integers(0, 256, (90, 150, 3), dtype=np.uint8)
+    layout, _, _ = vision_reference.mtmd_greedy(text, mmproj, image, PROMPT, 1)
+    llm = LLM(text, load_config(None, {"runtime.num_threads": 2}), mmproj=mmproj)
+    ids, embeds = llm.images.prompt(PROMPT.replace("<image>", MARKER), [image])
+    texts, lengths = _their_ids(layout)
+    assert [len(rows) for _, rows in embeds] == lengths
+    cuts = [0] + [c for pos, rows in embeds for c in (pos, pos + len(rows))] + [len(ids)]
+    assert [ids[a:b] for a, b in zip(cuts[::2], cuts[1::2])] == texts
+    for (_, rows), (_, theirs) in zip(embeds, [c for c in layout if c[0] == "image"]):
+        assert np.abs(rows - theirs).max() <= 1e-3 * np.abs(theirs).max()
+
+
+def test_generate_with_an_image_gives_llama_cpps_tokens(tmp_path):
+    """Greedy text after an image, SmolVLM's tiny pair: llama.cpp's tokens (its image rows
+    attend causally, as ours do; Gemma 3's attend to each other in llama.cpp, which this
+    engine does not yet do)."""
+    from dualpath import SamplingParams
+
+    mmproj = synth_mmproj(tmp_path / "mmproj.gguf", "smolvlm-tiny", "F32")
+    text = synth_text(tmp_path / "text.gguf", "smolvlm-tiny", "F32")
+    image = np.random.default_rng(6).integers(0, 256, (120, 100, 3), dtype=np.uint8)
+    _, theirs, their_tokens = vision_reference.mtmd_greedy(text, mmproj, image, PROMPT, 8)
+    llm = LLM(text, load_config(None, {"runtime.num_threads": 2, "runtime.quantized_matmul_accuracy": 0}),
+              mmproj=mmproj)
+    params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
+    out = llm.generate(PROMPT.replace("<image>", "<__media__>"), params, images=[image])
+    top2 = np.sort(theirs, axis=1)[:, -2:]
+    first_tie = next((i for i, (a, b) in enumerate(top2) if b - a < 1e-3 * abs(b)), len(their_tokens))
+    assert list(out.token_ids[:first_tie]) == their_tokens[:first_tie]
+    assert llm.images.stats == {"images": 1, "encoded": 1, "encode_s": llm.images.stats["encode_s"]}
+    again = llm.generate(PROMPT.replace("<image>", "<__media__>"), params, images=[image])
+    assert again.token_ids == out.token_ids and llm.images.stats["encoded"] == 1  # the cache's embeddings
+    assert again.usage.cached_prompt_tokens > 0  # and the prefix cache's pages, image rows included
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    d = tmp_path_factory.mktemp("pair")
+    mmproj = synth_mmproj(d / "mmproj.gguf", "smolvlm-tiny", "F16")
+    text = synth_text(d / "text.gguf", "smolvlm-tiny", "F16")
+    return text, mmproj, LLM(text, load_config(None, {"runtime.num_threads": 2}), mmproj=mmproj)
+
+
+def test_another_image_is_another_prefix(pair):
+    """The image rows' ids come from the image's digest: the prefix cache reuses the text
+    before another image, never the first image's rows."""
+    from dualpath import SamplingParams
+
+    _, _, llm = pair
+    params = SamplingParams(max_tokens=1, temperature=0.0)
+    rng = np.random.default_rng(9)
+    a, b = (rng.integers(0, 256, (64, 64, 3), dtype=np.uint8) for _ in range(2))
+    prompt = "A long enough caption to fill a page of the cache before the image: " * 2 + "<__media__> and?"
+    ids_a, embeds_a = llm.images.prompt(prompt, [a])
+    ids_b, embeds_b = llm.images.prompt(prompt, [b])
+    first = embeds_a[0][0]
+    assert ids_a[:first] == ids_b[:first] and ids_a[first:] != ids_b[first:]
+    llm.generate(prompt, params, images=[a])
+    out = llm.generate(prompt, params, images=[b])
+    assert 0 < out.usage.cached_prompt_tokens <= first
+
+
+def test_images_are_refused_where_they_cannot_go(pair, tmp_path):
+    from dualpath.errors import ImageError, ModelLoadError
+
+    text, mmproj, llm = pair
+    image = np.zeros((8, 8, 3), np.uint8)
+    with pytest.raises(ImageError, match="2 image markers .* for 1 images"):
+        llm.generate("<__media__><__media__>", images=[image])
+    with pytest.raises(ImageError, match="not PNG or JPEG"):
+        llm.generate("what is it?", images=[b"GIF89a......"])
+    with pytest.raises(ImageError, match=r"\(height, width, 3\) uint8"):
+        llm.generate("what is it?", images=[np.zeros((8, 8), np.uint8)])
+    plain = LLM(text, load_config(None, {"runtime.num_threads": 2}))
+    with pytest.raises(ImageError, match="takes text only.*mmproj"):
+        plain.generate("what is it?", images=[image])
+    from dualpath.models.synth import synth_gguf
+
+    narrow = synth_gguf(tmp_path / "narrow.gguf", "stories15M")  # 288 wide: the projector makes rows of 256
+    with pytest.raises(ModelLoadError, match="belongs to another text model"):
+        LLM(narrow, load_config(None, {"runtime.num_threads": 2}), mmproj=mmproj)
+    bare = synth_gguf(tmp_path / "bare.gguf", "llama3-tiny")  # no Idefics3 markers in its vocabulary
+    with pytest.raises(ModelLoadError, match="idefics3 images need the token"):
+        LLM(bare, load_config(None, {"runtime.num_threads": 2}), mmproj=mmproj)

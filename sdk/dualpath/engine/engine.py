@@ -50,7 +50,7 @@ from ..scheduler.request import Status
 from ..scheduler.step import SeqStep, StepResults
 from .async_api import AsyncAPI
 from .encoder_queue import EncoderQueue
-from .generate import check_prompt
+from .generate import check_embeds, check_prompt
 from .handles import Delta, RequestHandle, SyncStream
 from .metrics import EngineMetrics
 from .outputs import OutputMaker
@@ -105,7 +105,7 @@ class Engine(AsyncAPI):
     def add_request(self, prompt_ids: Sequence[int], params: SamplingParams | None = None, *,
                     request_id: str | None = None, sink=None, fork_sinks: Sequence = (),
                     pooling: str | None = None, prompt_logprobs: bool = False, grammar=None,
-                    check_queue: bool = True) -> EngineRequest:
+                    check_queue: bool = True, embeds: Sequence = ()) -> EngineRequest:
         """Queue a request; ``sink(delta: Delta | None, error: BaseException | None)`` gets
         its output from the stepping thread. Raises for a prompt no request can run,
         and QueueFullError when ``max_queued_requests`` are already waiting.
@@ -122,13 +122,18 @@ class Engine(AsyncAPI):
         token after the first (``params.logprobs`` alternatives each), for ``echo``.
         ``grammar`` (sampling/grammar.py): every sample follows it (each fork its own walk), and
         the request ends when the grammar is complete. ``check_queue`` False: part of a
-        request already admitted (``embed``), never refused for a full queue."""
+        request already admitted (``embed``), never refused for a full queue. ``embeds``:
+        ((prompt position, rows (k, dim)), ...), prompt tokens whose embeddings are given (an
+        image's: ``Request.embeds``)."""
         ids = [int(t) for t in prompt_ids]
         check_prompt(ids, self.runner.spec.config.vocab_size, self.context_tokens)
+        embeds = check_embeds(embeds, len(ids), self.runner.spec.config.dim)
         # Made before the lock is taken: a request's token array and text stream, one per
         # sample, grow with the prompt (a refused request's are dropped).
         req = _new_request(self, request_id or f"req-{next(self._ids)}", ids, params or SamplingParams(), sink,
                                 fork_sinks, pooling, prompt_logprobs, grammar)
+        for r in (req, *req.forks):
+            r.embeds = embeds
         with self._mu:
             # Queued beyond the free sequence slots (those start at the next step).
             sch = self.scheduler

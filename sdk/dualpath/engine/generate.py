@@ -11,7 +11,7 @@ from ..completion import Completion, Timings, Usage
 from ..errors import InvalidPromptError, PromptTooLongError
 from ..sampling_params import SamplingParams
 
-__all__ = ["Completion", "TextStream", "Timings", "Usage", "check_prompt"]
+__all__ = ["Completion", "TextStream", "Timings", "Usage", "check_embeds", "check_prompt"]
 
 
 def check_prompt(prompt_ids: list[int], vocab_size: int, context_tokens: int) -> None:
@@ -25,6 +25,25 @@ def check_prompt(prompt_ids: list[int], vocab_size: int, context_tokens: int) ->
         raise PromptTooLongError(
             f"prompt has {len(prompt_ids)} tokens; the context window holds {context_tokens} "
             f"and needs room for at least one generated token")
+
+
+def check_embeds(embeds, num_tokens: int, dim: int) -> tuple:
+    """``embeds`` ((prompt position, rows), ...) as ``Request.embeds`` holds them: rows
+    (k, dim) float32, in order within the prompt's ``num_tokens``, none overlapping; an
+    InvalidPromptError naming the first that is not."""
+    import numpy as np
+
+    out, end = [], 0
+    for i, (pos, rows) in enumerate(embeds):
+        rows = np.asarray(rows)
+        if rows.ndim != 2 or rows.shape[1] != dim or not len(rows):
+            raise InvalidPromptError(f"embeddings {i} are {rows.shape}; the model takes rows of {dim} values")
+        if not (isinstance(pos, int) and end <= pos and pos + len(rows) <= num_tokens):
+            raise InvalidPromptError(f"embeddings {i} ({len(rows)} rows at position {pos}) lie outside the prompt's "
+                                     f"{num_tokens} tokens or overlap the ones before")
+        out.append((pos, np.ascontiguousarray(rows, np.float32)))
+        end = pos + len(rows)
+    return tuple(out)
 
 
 class TextStream:

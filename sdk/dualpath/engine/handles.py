@@ -135,10 +135,11 @@ class SyncStream(_Consumer):
     """Deltas of one request for a synchronous caller: steps the engine itself unless
     the background loop runs."""
 
-    def __init__(self, engine, prompt_ids: Sequence[int], params: SamplingParams, grammar=None):
+    def __init__(self, engine, prompt_ids: Sequence[int], params: SamplingParams, grammar=None, embeds=()):
         self.engine = engine
         self._q: queue.SimpleQueue = queue.SimpleQueue()
-        self.request = engine.add_request(prompt_ids, params, sink=lambda d, e: self._q.put((d, e)), grammar=grammar)
+        self.request = engine.add_request(prompt_ids, params, sink=lambda d, e: self._q.put((d, e)), grammar=grammar,
+                                          embeds=embeds)
 
     def next_delta(self) -> Delta | None:
         """The next delta; None once the request has ended."""

@@ -157,9 +157,11 @@ class BatchScheduler(SequenceSteps):
     def _add(self, step: _Step, req: Request, alloc: Allocation, tokens: list[int], draft: int = 0) -> None:
         """The request's ``tokens`` (the last ``draft`` of them proposals) join the step."""
         every_row = req.embedding or (req.prompt_logits and req.computed < len(req.prompt_ids))
+        start = req.computed
         req.computed += len(tokens) - draft  # proposals are not known tokens (yet)
+        embeds = req.chunk_embeds(start, req.computed) if req.embeds and start < len(req.prompt_ids) else ()
         step.plan.seqs.append(SeqStep(req, req.running_seq, tokens, alloc, req.computed == req.n and not req.embedding,
-                                      every_row, draft))
+                                      every_row, draft, embeds))
         step.taken.add(id(req))
 
     def _schedule_decodes(self, step: _Step) -> None:

@@ -71,6 +71,21 @@ class Request:
         """Proposed next tokens (speculative decoding): the next decode step runs them after
         the last known token, each with its logits row; the engine keeps those its samples
         agree with and the cache rolls back the rest."""
+        self.embeds: tuple = ()
+        """((prompt position, rows (k, dim) f32), ...), in order, not overlapping: prompt
+        tokens whose first residual is given (an image's embeddings), not their ids' rows.
+        Every chunk that computes them takes its part (``chunk_embeds``), a recompute after
+        preemption included."""
+
+    def chunk_embeds(self, start: int, end: int) -> tuple:
+        """``SeqStep.embeds`` of a chunk of known tokens [start, end): the parts of
+        ``embeds`` inside it, at their offsets from ``start``."""
+        out = []
+        for pos, rows in self.embeds:
+            lo, hi = max(pos, start), min(pos + len(rows), end)
+            if lo < hi:
+                out.append((lo - start, rows[lo - pos:hi - pos]))
+        return tuple(out)
 
     @property
     def running_seq(self) -> int:

@@ -1,0 +1,109 @@
+"""Images in a prompt (``LLM(path, mmproj=...)``): each image decoded, cut into squares,
+encoded by the projector (executor/vision.py) and laid out among the prompt's tokens as
+llama.cpp's ``mtmd`` lays it out (vision/prompt.py).
+
+An image's embeddings are kept by digest (its pixels and the projector's converted entry),
+the most recently used first, up to ``cache_bytes``: a second question about the same image
+skips the encoder.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import threading
+import time
+from collections import OrderedDict
+
+import numpy as np
+
+from .errors import ImageError, ModelLoadError
+from .executor.vision import VisionEncoder
+from .models.mmproj import check_text_model
+from .vision import prompt as layout
+from .vision.decode import decode_image
+
+CACHE_BYTES = 256 << 20
+"""Embeddings kept for images seen before, at most."""
+
+
+class ImageInput:
+    """The projector ``model`` (a converted projector: ``ModelStore.load(path,
+    projector=True)``) of the text model ``text`` (its ModelSpec) with ``tokenizer``."""
+
+    def __init__(self, model, text, tokenizer, num_threads: int, accuracy_level: int = 4,
+                 cache_bytes: int = CACHE_BYTES):
+        self.encoder = VisionEncoder(model, num_threads, accuracy_level)
+        self.spec = self.encoder.spec
+        check_text_model(self.spec, text.config.dim, os.path.basename(str(text.path)))
+        for piece in layout.lookups(self.spec.projector):
+            if layout.find_token(tokenizer, piece) is None:
+                raise ModelLoadError(self.spec.path, f"{self.spec.projector} images need the token {piece!r}, which "
+                                                     f"{os.path.basename(str(text.path))} does not have")
+        self.tokenizer = tokenizer
+        entry = getattr(model, "entry", None)
+        self._identity = (os.path.basename(entry.folder) if entry is not None else str(model.path)).encode()
+        self.cache_bytes = cache_bytes
+        self._cache: OrderedDict[bytes, tuple] = OrderedDict()  # digest -> (grid, embeddings)
+        self._cached_bytes = 0
+        self._lock = threading.Lock()
+        self.stats = {"images": 0, "encoded": 0, "encode_s": 0.0}
+        """Images asked for, images encoded (not found in the cache) and their seconds."""
+
+    def pixels(self, image) -> np.ndarray:
+        """(height, width, 3) uint8 RGB of ``image``: PNG or JPEG bytes, a path to such a
+        file, or the pixels themselves; an ImageError otherwise."""
+        if isinstance(image, np.ndarray):
+            if image.ndim != 3 or image.shape[2] != 3 or image.dtype != np.uint8 or 0 in image.shape[:2]:
+                raise ImageError(f"an image array is (height, width, 3) uint8 RGB, got {image.shape} {image.dtype}")
+            return image
+        if isinstance(image, (str, os.PathLike)):
+            try:
+                with open(image, "rb") as f:
+                    image = f.read()
+            except OSError as e:
+                raise ImageError(f"cannot read the image {os.fspath(image)}: {e.strerror or e}") from e
+        if isinstance(image, (bytes, bytearray, memoryview)):
+            return decode_image(bytes(image))
+        raise ImageError(f"an image is PNG or JPEG bytes, a file's path or an RGB array, not {type(image).__name__}")
+
+    def embeddings(self, image) -> tuple[tuple[int, int], np.ndarray, bytes]:
+        """(grid, embeddings (squares, tokens, text_dim), digest) of ``image`` (``pixels``),
+        from the cache when it was encoded before."""
+        from .vision.preprocess import squares
+
+        rgb = self.pixels(image)
+        digest = hashlib.blake2b(self._identity + np.array(rgb.shape, np.int64).tobytes() + rgb.tobytes(),
+                                 digest_size=16).digest()
+        with self._lock:
+            self.stats["images"] += 1
+            hit = self._cache.get(digest)
+            if hit is not None:
+                self._cache.move_to_end(digest)
+                return hit[0], hit[1], digest
+        t0 = time.perf_counter()
+        cut = squares(rgb, self.spec)
+        rows = self.encoder.encode(cut.images)
+        with self._lock:
+            self.stats["encoded"] += 1
+            self.stats["encode_s"] += time.perf_counter() - t0
+            if rows.nbytes <= self.cache_bytes and digest not in self._cache:
+                self._cache[digest] = (cut.grid, rows)
+                self._cached_bytes += rows.nbytes
+                while self._cached_bytes > self.cache_bytes:
+                    _, (_, old) = self._cache.popitem(last=False)
+                    self._cached_bytes -= old.nbytes
+        return cut.grid, rows, digest
+
+    def prompt(self, text: str, images) -> tuple[list[int], tuple]:
+        """(token ids, ``Request.embeds``) of ``text`` with ``images`` at its markers
+        (``vision.prompt.MARKER``); with no marker, the images go first, ahead of the text, as
+        llama.cpp's mtmd-cli puts them."""
+        images = list(images)
+        if layout.MARKER not in text:
+            text = layout.MARKER * len(images) + text
+        try:
+            return layout.build(self.tokenizer, text, [self.embeddings(i) for i in images], self.spec.projector,
+                                add_bos=bool(self.tokenizer.spec.add_bos))
+        except ValueError as e:
+            raise ImageError(str(e)) from None
