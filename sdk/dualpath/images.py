@@ -95,7 +95,7 @@ class ImageInput:
                     self._cached_bytes -= old.nbytes
         return cut.grid, rows, digest
 
-    def prompt(self, text: str, images) -> tuple[list[int], tuple]:
+    def prompt(self, text: str, images, add_bos: bool | None = None) -> tuple[list[int], tuple]:
         """(token ids, ``Request.embeds``) of ``text`` with ``images`` at its markers
         (``vision.prompt.MARKER``); with no marker, the images go first, ahead of the text, as
         llama.cpp's mtmd-cli puts them."""
@@ -104,6 +104,43 @@ class ImageInput:
             text = layout.MARKER * len(images) + text
         try:
             return layout.build(self.tokenizer, text, [self.embeddings(i) for i in images], self.spec.projector,
-                                add_bos=bool(self.tokenizer.spec.add_bos))
+                                add_bos=bool(self.tokenizer.spec.add_bos) if add_bos is None else add_bos)
         except ValueError as e:
             raise ImageError(str(e)) from None
+
+
+def message_images(messages) -> tuple[list[dict], list]:
+    """``messages`` with each content list's image parts replaced by ``vision.prompt.MARKER``
+    in its text (as llama.cpp's server does before the chat template runs), and the images
+    in order: an ``image_url`` part's ``data:`` URL as bytes (any other URL is an
+    ImageError), an ``image`` part's value (bytes, a path or an RGB array) as it is."""
+    from .vision.decode import image_url_bytes
+
+    out, images = [], []
+    for i, m in enumerate(messages):
+        content = m.get("content") if isinstance(m, dict) else None
+        if not isinstance(content, list):
+            out.append(m)
+            continue
+        texts = []
+        for j, part in enumerate(content):
+            kind = part.get("type") if isinstance(part, dict) else None
+            if kind == "image_url":
+                url = part.get("image_url")
+                url = url.get("url") if isinstance(url, dict) else url
+                if not isinstance(url, str):
+                    raise ImageError(f"messages[{i}].content[{j}].image_url must hold a 'url' string")
+                images.append(image_url_bytes(url))
+                texts.append(layout.MARKER)
+            elif kind == "image":
+                images.append(part.get("image"))
+                texts.append(layout.MARKER)
+            elif kind == "text" and isinstance(part.get("text"), str):
+                texts.append(part["text"])
+            else:  # left for the caller's checks of a message
+                texts.append(part)
+        if all(isinstance(t, str) for t in texts):
+            out.append({**m, "content": "".join(texts)})
+        else:
+            out.append({**m, "content": [{"type": "text", "text": t} if isinstance(t, str) else t for t in texts]})
+    return out, images

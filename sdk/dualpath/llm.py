@@ -289,14 +289,9 @@ class LLM:
         prompt's text has the marker ``<__media__>``, or all of them before the text."""
         _no_generation(self)
         if images:
-            if self.images is None:
-                from .errors import ImageError
-
-                raise ImageError(f"{os.path.basename(str(self.spec.path))} takes text only: load it with its "
-                                 "projector file to give it images (LLM(path, mmproj=...), --mmproj)")
             if not isinstance(prompt, str):
                 raise TypeError("a prompt with images is text (the images go at its <__media__> markers)")
-            ids, embeds = self.images.prompt(prompt, images)
+            ids, embeds = self._image_input().prompt(prompt, images)
             return Generation(self.engine, ids, params or SamplingParams(), embeds)
         ids = self.tokenize(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
         return Generation(self.engine, ids, params or SamplingParams())
@@ -341,14 +336,44 @@ class LLM:
         """How this model writes tool calls, from its chat template (tokenizer/tool_formats.py)."""
         return detect_format(_template_source(self))
 
+    def _image_input(self):
+        """``images``, or an ImageError for a model loaded without a projector."""
+        if self.images is None:
+            from .errors import ImageError
+
+            raise ImageError(f"{os.path.basename(str(self.spec.path))} takes text only: load it with its "
+                             "projector file to give it images (LLM(path, mmproj=...), --mmproj)")
+        return self.images
+
     def chat_prompt_ids(self, messages: Sequence[dict], *, tools=None,
                         chat_template_kwargs: dict | None = None) -> list[int]:
-        """The prompt token ids of ``messages`` rendered by the chat template."""
+        """The prompt token ids of ``messages`` rendered by the chat template (text only:
+        ``chat_prompt`` takes images)."""
+        ids, embeds = self.chat_prompt(messages, tools=tools, chat_template_kwargs=chat_template_kwargs)
+        if embeds:
+            raise TypeError("the messages hold images: their prompt is ids and embeddings (chat_prompt)")
+        return ids
+
+    def chat_prompt(self, messages: Sequence[dict], *, tools=None, chat_template_kwargs: dict | None = None,
+                    images: Sequence | None = None) -> tuple[list[int], tuple]:
+        """The prompt of ``messages`` rendered by the chat template: its token ids, and the
+        rows of its images (``Request.embeds``; content parts ``image_url`` with a ``data:``
+        URL, or ``image`` with bytes, a path or an RGB array, for a model loaded with
+        ``mmproj``), each where the part was. ``images``: the messages' images taken out
+        already, their parts replaced by the marker (``images.message_images``)."""
+        from .images import message_images
+
+        if images is None:
+            messages, images = message_images(messages)
+        if images:
+            self._image_input()
         text = self.apply_chat_template(messages, tools=tools, chat_template_kwargs=chat_template_kwargs)
         bos = self.tokenizer.spec.tokens[self.tokenizer.bos_id] if self.tokenizer.bos_id is not None else None
         # Templates usually write the BOS text themselves: do not add a second one.
         add_bos = not (bos and text.startswith(bos))
-        return self.tokenizer.encode(text, add_bos=add_bos, parse_special=True)
+        if images:
+            return self._image_input().prompt(text, images, add_bos)
+        return self.tokenizer.encode(text, add_bos=add_bos, parse_special=True), ()
 
     def chat(self, messages: Sequence[dict], params: SamplingParams | None = None, *,
              chat_template_kwargs: dict | None = None, reasoning_format: str | None = None) -> Completion:
@@ -374,8 +399,12 @@ def _chat(llm: LLM, messages: Sequence[dict], params: SamplingParams, chat_templ
     if budget != params.reasoning_budget:
         params = dataclasses.replace(params, reasoning_budget=budget)
     kwargs = thinking_kwargs(llm.chat_template(), chat_template_kwargs, budget)
-    ids = llm.chat_prompt_ids(messages, chat_template_kwargs=kwargs)
-    c = llm.generate(ids, params)
+    ids, embeds = llm.chat_prompt(messages, chat_template_kwargs=kwargs)
+    gen = Generation(llm.engine, ids, params, embeds)
+    for _ in gen:
+        pass
+    c = gen.completion
+    assert c is not None  # the last delta carries it (a failed request raised)
     if reasoning_format == "none":
         return c
     reasoning, content = split_reasoning(c.text, prompt_opens_thinking(llm.tokenizer, ids))

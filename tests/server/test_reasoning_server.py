@@ -121,7 +121,7 @@ def test_an_earlier_replys_thinking_reaches_the_template(live):
 
     messages = THINK_PROMPT + [{"role": "assistant", "content": "Hi.", "reasoning_content": "greet"},
                                {"role": "user", "content": "Again"}]
-    ids = chat_ids(live.llm, messages)
+    ids, _ = chat_ids(live.llm, messages)
     assert "<think>greet</think>Hi." in live.llm.detokenize(ids)
     r = httpx.post(live.base + "/v1/chat/completions", headers={"Authorization": f"Bearer {KEY}"},
                    json={"model": MODEL, "max_tokens": 4, "temperature": 0, "messages": messages})

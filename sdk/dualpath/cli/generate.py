@@ -12,16 +12,20 @@ from .common import ProgressBar, config_from_args, load_report, model_path, samp
 def cmd_run(args) -> int:
     from ..llm import LLM
 
-    llm = LLM(model_path(args), config_from_args(args), tokenizer_path=args.tokenizer, progress=ProgressBar())
+    llm = LLM(model_path(args), config_from_args(args), tokenizer_path=args.tokenizer, progress=ProgressBar(),
+              mmproj=args.mmproj)
     if args.load_report:
         print(load_report(llm.load_stats), file=sys.stderr)
     prompt = args.prompt if args.prompt is not None else ""
-    ids = llm.tokenize(prompt)
-    params = sampling_from_args(args, len(ids))
-    gen = llm.stream(ids, params)  # checks the prompt fits before anything is printed
+    if args.image:  # the images' rows count as prompt tokens (--steps); encoded here, then from its cache
+        ids = llm.images.prompt(prompt, args.image)[0] if llm.images is not None else []
+        gen = llm.stream(prompt, sampling_from_args(args, len(ids)), images=args.image)
+    else:
+        ids = llm.tokenize(prompt)
+        gen = llm.stream(ids, sampling_from_args(args, len(ids)))  # checks the prompt fits before anything is printed
     out = sys.stdout
     if args.echo:
-        out.write(llm.detokenize(ids))
+        out.write(prompt if args.image else llm.detokenize(ids))
         out.flush()
     for delta in gen:
         out.write(delta)
@@ -98,7 +102,8 @@ def cmd_chat(args) -> int:
             import readline  # noqa: F401  (line editing and history for input(), where Python has it)
         except ImportError:  # Termux's Python may lack it: a plain prompt then
             pass
-    llm = LLM(model_path(args), config_from_args(args), tokenizer_path=args.tokenizer, progress=ProgressBar())
+    llm = LLM(model_path(args), config_from_args(args), tokenizer_path=args.tokenizer, progress=ProgressBar(),
+              mmproj=args.mmproj)
     params = sampling_from_args(args, 0)
     chat = Chat(llm, args.system, params, reply_tokens=args.max_tokens)
     out, err = sys.stdout, sys.stderr

@@ -22,6 +22,10 @@ def build_parser() -> argparse.ArgumentParser:
     model_args(r)
     config_args(r)
     r.add_argument("prompt", nargs="?", help="the prompt (default: empty, i.e. start from BOS)")
+    vision_args(r)
+    r.add_argument("--image", action="append", metavar="FILE",
+                   help="a PNG or JPEG for a model given --mmproj, at the prompt's <__media__> marker, or before "
+                        "the prompt (repeatable)")
     r.add_argument("-n", "--max-tokens", type=int, help="tokens to generate (default: up to --steps)")
     r.add_argument("--steps", type=int, default=256,
                    help="stop when prompt + generated reach this many positions, as llama2.c's -n (default 256)")
@@ -36,6 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
     ch = sub.add_parser("chat", help="an interactive conversation in the terminal (piped: one reply per line)")
     model_args(ch)
     config_args(ch)
+    vision_args(ch)
     ch.add_argument("--system", help="a system prompt")
     ch.add_argument("-n", "--max-tokens", type=int, default=512, help="tokens a reply may take (default 512)")
     sampling_args(ch, temperature=0.7)
@@ -80,6 +85,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     sv = sub.add_parser("serve", help="an OpenAI-compatible HTTP server (needs the [server] extra)")
     model_args(sv)
+    vision_args(sv)
     config_args(sv)
     serve_options(sv)
 
@@ -135,6 +141,12 @@ def model_args(sp) -> None:
     sp.add_argument("--tokenizer", help="tokenizer for a llama2.c checkpoint (default: tok<vocab>.bin beside it)")
 
 
+def vision_args(sp) -> None:
+    """A text model's image projector (llama.cpp's ``--mmproj``)."""
+    sp.add_argument("--mmproj", metavar="FILE", help="the model's image projector GGUF (as llama.cpp's --mmproj): "
+                    "the model then takes images (needs the [vision] extra)")
+
+
 def sampling_args(sp, temperature: float) -> None:
     """The sampling options of ``run`` and ``chat`` (``SamplingParams``, built by ``sampling_from_args``)."""
     sp.add_argument("--temperature", type=float, default=temperature)
@@ -173,7 +185,11 @@ def add_synth_parser(sub) -> None:
                    help="a shape (default: stories15M, or the --arch family's tiny test shape)")
     s.add_argument("--vision", choices=list(VISION_PRESETS),
                    help="write a projector file (llama.cpp's --mmproj) of this vision model instead, "
-                        "F32, F16 or Q8_0; its text model is a --preset of the width it projects to")
+                        "F32, F16 or Q8_0; --text writes its text model beside it")
+    s.add_argument("--text", metavar="FILE", help="with --vision: also write the pair's text model here (the "
+                   "preset of the width it projects to, with the markers its images need)")
+    s.add_argument("--text-type", default="Q8_0", type=str.upper, choices=list(TYPES + LLAMA_CPP_TYPES),
+                   help="the --text model's weight type (default Q8_0)")
     s.add_argument("--arch", choices=sorted({p.arch for p in PRESETS.values()}),
                    help="model family (GGUF general.architecture)")
     s.add_argument("--type", default="F32", type=str.upper, choices=list(TYPES + LLAMA_CPP_TYPES),

@@ -43,7 +43,7 @@ def cmd_serve(args) -> int:
     # The server is the long-lived process an app restarts: its prompt pages go to disk
     # unless the config or --no-prefix-cache says never.
     llm = LLM(model_path(args), chat_config(cfg, embedder), tokenizer_path=args.tokenizer,
-              prefix_cache=cfg.prefix_cache.use != "never")
+              prefix_cache=cfg.prefix_cache.use != "never", mmproj=args.mmproj)
     if llm.encoder is not None and embedder is not None:
         from ..errors import ConfigError
 

@@ -71,11 +71,11 @@ def cmd_synth(args) -> int:
 
 
 def _synth_vision(args, t0: float) -> int:
-    from ..models.synth_vision import VISION_PRESETS, synth_mmproj
+    from ..models.synth_vision import VISION_PRESETS, synth_mmproj, synth_text
 
     if args.preset or args.arch or args.ctx:
-        print("dualpath synth: --vision writes a projector file alone; write its text model with --preset "
-              f"{VISION_PRESETS[args.vision].text_preset} in another run", file=sys.stderr)
+        print("dualpath synth: --vision writes a projector file, and with --text its text model (preset "
+              f"{VISION_PRESETS[args.vision].text_preset}); --preset, --arch and --ctx do not apply", file=sys.stderr)
         return 2
     try:
         path = synth_mmproj(args.out, args.vision, args.type, seed=args.seed)
@@ -83,6 +83,15 @@ def _synth_vision(args, t0: float) -> int:
         print(f"dualpath synth: {e}", file=sys.stderr)
         return 2
     print(f"wrote {path} ({os.path.getsize(path) / 2**20:.1f} MiB, {args.vision} projector, {args.type.upper()}, "
-          f"seed {args.seed}) in {time.perf_counter() - t0:.1f}s; its text model: dualpath synth --preset "
-          f"{VISION_PRESETS[args.vision].text_preset}")
+          f"seed {args.seed}) in {time.perf_counter() - t0:.1f}s")
+    if args.text:
+        try:
+            text = synth_text(args.text, args.vision, args.text_type, seed=args.seed)
+        except RuntimeError as e:  # llama-cpp-python quantizes the K-quant types
+            print(f"dualpath synth: {e}", file=sys.stderr)
+            return 1
+        print(f"wrote {text} ({os.path.getsize(text) / 2**20:.1f} MiB, {VISION_PRESETS[args.vision].text_preset}, "
+              f"{args.text_type}): the text model; run both with -m {text} --mmproj {path}")
+    else:
+        print(f"its text model: --text FILE (preset {VISION_PRESETS[args.vision].text_preset}, with its image markers)")
     return 0

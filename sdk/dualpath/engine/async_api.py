@@ -38,13 +38,13 @@ class EngineCore(Protocol):
                     request_id: str | None = None, sink: Callable[..., Any] | None = None,
                     fork_sinks: Sequence[Callable[..., Any]] = (), pooling: str | None = None,
                     prompt_logprobs: bool = False, grammar: Any = None,
-                    check_queue: bool = True) -> EngineRequest: ...
+                    check_queue: bool = True, embeds: Sequence = ()) -> EngineRequest: ...
 
     def start(self) -> None: ...
 
     async def submit_n(self, prompt: str | Sequence[int], params: SamplingParams | None = None, n: int = 1, *,
                        request_id: str | None = None, prompt_logprobs: bool = False,
-                       grammar: Any = None) -> list[RequestHandle]: ...
+                       grammar: Any = None, embeds: Sequence = ()) -> list[RequestHandle]: ...
 
 
 class AsyncAPI:
@@ -92,10 +92,10 @@ class AsyncAPI:
     async def submit_n(self: EngineCore, prompt: str | Sequence[int], params: SamplingParams | None = None,
                        n: int = 1, *,
                        request_id: str | None = None, prompt_logprobs: bool = False,
-                       grammar: Any = None) -> list[RequestHandle]:
+                       grammar: Any = None, embeds: Sequence = ()) -> list[RequestHandle]:
         """Queue ``n`` samples of one prompt: the prompt is computed once and the other
         samples run on forks of its cache sequence (``add_request``'s ``fork_sinks``).
-        One handle per sample."""
+        One handle per sample. ``embeds``: as ``add_request``'s (an image's rows)."""
         import asyncio  # here: see embed
 
         ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
@@ -103,7 +103,7 @@ class AsyncAPI:
         handles = [RequestHandle(self, loop) for _ in range(n)]
         req = self.add_request(ids, params, request_id=request_id, sink=handles[0].sink,
                                fork_sinks=[h.sink for h in handles[1:]], prompt_logprobs=prompt_logprobs,
-                               grammar=grammar)
+                               grammar=grammar, embeds=embeds)
         for h, r in zip(handles, [req] + req.forks):
             h.request = r
         self.start()

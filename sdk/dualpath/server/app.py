@@ -138,9 +138,9 @@ class Server:
                               f"{self.model_name})", "model", "model_not_supported")
 
     async def _submit(self, ids: list[int], params: SamplingParams, n: int = 1, prompt_logprobs: bool = False,
-                      grammar=None):
+                      grammar=None, embeds=()):
         return await engine_call(self.engine.submit_n(ids, params, n, prompt_logprobs=prompt_logprobs,
-                                                      grammar=grammar), "prompt")
+                                                      grammar=grammar, embeds=embeds), "prompt")
 
     async def embeddings(self, request: Request) -> Response:
         """The pooled vector of each input, L2-normalised (server/embeddings.py says from which model)."""
@@ -307,10 +307,12 @@ class Server:
         self._generating("/v1/warm")
         if ("prompt" in body) == ("messages" in body):
             raise bad_request("give either 'prompt' (text or token ids) or 'messages' (a chat)", "prompt")
-        ids = await (asyncio.to_thread(chat_ids, self.llm, body["messages"]) if "messages" in body
-                     else asyncio.to_thread(prompt_ids, self.llm, body["prompt"]))
+        if "messages" in body:  # its images too: a later question about one reuses the pages
+            ids, embeds = await asyncio.to_thread(chat_ids, self.llm, body["messages"])
+        else:
+            ids, embeds = await asyncio.to_thread(prompt_ids, self.llm, body["prompt"]), ()
         params = SamplingParams(max_tokens=1, temperature=0.0)
-        handles = await self._submit(ids, params)
+        handles = await self._submit(ids, params, embeds=embeds)
         (c,) = await collect(request, handles)
         store = self.llm.prefix_store
         if store is not None:
@@ -335,14 +337,14 @@ class Server:
         thinking = reasoning_request(body, self.llm.config.reasoning, self.llm)
         stream, with_usage = get_field(body, "stream", (bool,), False), include_usage(body)
         calls = ToolCalls(body, self.llm.tool_format)
-        ids = await asyncio.to_thread(chat_ids, self.llm, messages, calls.tools,  # the template and the tokenizer:
-                                      thinking.template_kwargs)                    # off the loop
+        # the template, the tokenizer and the images: off the loop
+        ids, embeds = await asyncio.to_thread(chat_ids, self.llm, messages, calls.tools, thinking.template_kwargs)
         n = num_choices(body, self.engine.scheduler.max_num_seqs)
         grammar = self._grammar(body, calls)
         thinking = thinking.under(grammar)
         params = dataclasses.replace(params, reasoning_budget=thinking.budget_tokens)
         split = thinking.splitters(n, self.tokenizer, ids)
-        handles = await self._submit(ids, params, n, grammar=grammar)
+        handles = await self._submit(ids, params, n, grammar=grammar, embeds=embeds)
         rid = f"chatcmpl-{uuid.uuid4().hex}"
         created = int(time.time())
 

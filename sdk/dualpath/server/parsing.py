@@ -278,14 +278,21 @@ def chat_messages(messages) -> list[dict]:
     return clean
 
 
-def chat_ids(llm, messages, tools=None, chat_template_kwargs=None) -> list[int]:
-    """The prompt token ids of a chat's ``messages`` (with ``tools`` and
-    ``chat_template_kwargs``), rendered by the chat template."""
+def chat_ids(llm, messages, tools=None, chat_template_kwargs=None) -> tuple[list[int], tuple]:
+    """The prompt of a chat's ``messages`` (with ``tools`` and ``chat_template_kwargs``),
+    rendered by the chat template: token ids, and its images' rows (``Request.embeds``) where
+    the model takes images (``image_url`` parts with ``data:`` URLs; an ImageError, a 400,
+    for a bad one). Run off the event loop: it decodes and encodes the images."""
+    images: list = []
+    if llm.images is not None and isinstance(messages, list):  # else an image part is refused by name below
+        from ..images import message_images
+
+        messages, images = message_images(messages)
     clean = chat_messages(messages)
     if chat_template_kwargs is not None and not isinstance(chat_template_kwargs, dict):
         raise bad_request("'chat_template_kwargs' must be an object", "chat_template_kwargs")
     try:
-        return llm.chat_prompt_ids(clean, tools=tools, chat_template_kwargs=chat_template_kwargs)
+        return llm.chat_prompt(clean, tools=tools, chat_template_kwargs=chat_template_kwargs, images=images)
     except ToolsNotRenderedError as e:
         raise bad_request(str(e), "tools", "chat_template") from None
     except ChatTemplateError as e:
