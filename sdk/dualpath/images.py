@@ -3,8 +3,9 @@ encoded by the projector (executor/vision.py) and laid out among the prompt's to
 llama.cpp's ``mtmd`` lays it out (vision/prompt.py).
 
 An image's embeddings are kept by digest (its pixels and the projector's converted entry),
-the most recently used first, up to ``cache_bytes``: a second question about the same image
-skips the encoder.
+the most recently used first, up to ``cache_bytes``, and with the prefix cache on disk, in
+files beside its pages (cache/disk.py ``EmbeddingStore``): a second question about the same
+image, in this process or after a restart, skips the encoder.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from collections import OrderedDict
 
 import numpy as np
 
+from .cache.disk import EmbeddingStore
 from .errors import ImageError, ModelLoadError
 from .executor.vision import VisionEncoder
 from .models.mmproj import check_text_model
@@ -32,7 +34,7 @@ class ImageInput:
     projector=True)``) of the text model ``text`` (its ModelSpec) with ``tokenizer``."""
 
     def __init__(self, model, text, tokenizer, num_threads: int, accuracy_level: int = 4,
-                 cache_bytes: int = CACHE_BYTES):
+                 cache_bytes: int = CACHE_BYTES, disk_root: str | None = None, disk_bytes: int = 0):
         self.encoder = VisionEncoder(model, num_threads, accuracy_level)
         self.spec = self.encoder.spec
         check_text_model(self.spec, text.config.dim, os.path.basename(str(text.path)))
@@ -42,13 +44,16 @@ class ImageInput:
                                                      f"{os.path.basename(str(text.path))} does not have")
         self.tokenizer = tokenizer
         entry = getattr(model, "entry", None)
-        self._identity = (os.path.basename(entry.folder) if entry is not None else str(model.path)).encode()
+        identity = os.path.basename(entry.folder) if entry is not None else str(model.path)
+        self._identity = identity.encode()
+        self.disk = EmbeddingStore(disk_root, identity, disk_bytes) if disk_root else None
+        """The embeddings on disk, beside the prefix cache's pages (cache/disk.py), or None."""
         self.cache_bytes = cache_bytes
         self._cache: OrderedDict[bytes, tuple] = OrderedDict()  # digest -> (grid, embeddings)
         self._cached_bytes = 0
         self._lock = threading.Lock()
-        self.stats = {"images": 0, "encoded": 0, "encode_s": 0.0}
-        """Images asked for, images encoded (not found in the cache) and their seconds."""
+        self.stats = {"images": 0, "encoded": 0, "encode_s": 0.0, "from_disk": 0}
+        """Images asked for, images encoded (in no cache) and their seconds, images read from disk."""
 
     def pixels(self, image) -> np.ndarray:
         """(height, width, 3) uint8 RGB of ``image``: PNG or JPEG bytes, a path to such a
@@ -81,19 +86,28 @@ class ImageInput:
             if hit is not None:
                 self._cache.move_to_end(digest)
                 return hit[0], hit[1], digest
-        t0 = time.perf_counter()
-        cut = squares(rgb, self.spec)
-        rows = self.encoder.encode(cut.images)
+        found = self.disk.get(digest, self.encoder.tokens_per_square, self.spec.text_dim) if self.disk else None
+        if found is not None:
+            grid, rows = found
+            with self._lock:
+                self.stats["from_disk"] += 1
+        else:
+            t0 = time.perf_counter()
+            cut = squares(rgb, self.spec)
+            grid, rows = cut.grid, self.encoder.encode(cut.images)
+            with self._lock:
+                self.stats["encoded"] += 1
+                self.stats["encode_s"] += time.perf_counter() - t0
+            if self.disk is not None:
+                self.disk.put(digest, grid, rows)
         with self._lock:
-            self.stats["encoded"] += 1
-            self.stats["encode_s"] += time.perf_counter() - t0
             if rows.nbytes <= self.cache_bytes and digest not in self._cache:
-                self._cache[digest] = (cut.grid, rows)
+                self._cache[digest] = (grid, rows)
                 self._cached_bytes += rows.nbytes
                 while self._cached_bytes > self.cache_bytes:
                     _, (_, old) = self._cache.popitem(last=False)
                     self._cached_bytes -= old.nbytes
-        return cut.grid, rows, digest
+        return grid, rows, digest
 
     def prompt(self, text: str, images, add_bos: bool | None = None) -> tuple[list[int], tuple]:
         """(token ids, ``Request.embeds``) of ``text`` with ``images`` at its markers

@@ -86,8 +86,11 @@ class LLM:
                 from .images import ImageInput
 
                 rt = config.runtime
+                disk = self.prefix_store
                 self.images = ImageInput(store.load(mmproj, projector=True), self.spec, self.tokenizer,
-                                         rt.effective_num_threads(), rt.quantized_matmul_accuracy)
+                                         rt.effective_num_threads(), rt.quantized_matmul_accuracy,
+                                         disk_root=disk.root if disk is not None else None,
+                                         disk_bytes=disk.max_bytes if disk is not None else 0)
         finally:
             if not mc.enabled:
                 shutil.rmtree(store.root, ignore_errors=True)

@@ -99,7 +99,7 @@ def test_generate_with_an_image_gives_llama_cpps_tokens(tmp_path):
     top2 = np.sort(theirs, axis=1)[:, -2:]
     first_tie = next((i for i, (a, b) in enumerate(top2) if b - a < 1e-3 * abs(b)), len(their_tokens))
     assert list(out.token_ids[:first_tie]) == their_tokens[:first_tie]
-    assert llm.images.stats == {"images": 1, "encoded": 1, "encode_s": llm.images.stats["encode_s"]}
+    assert llm.images.stats == {"images": 1, "encoded": 1, "encode_s": llm.images.stats["encode_s"], "from_disk": 0}
     again = llm.generate(PROMPT.replace("<image>", "<__media__>"), params, images=[image])
     assert again.token_ids == out.token_ids and llm.images.stats["encoded"] == 1  # the cache's embeddings
     assert again.usage.cached_prompt_tokens > 0  # and the prefix cache's pages, image rows included
@@ -154,3 +154,36 @@ def test_images_are_refused_where_they_cannot_go(pair, tmp_path):
     bare = synth_gguf(tmp_path / "bare.gguf", "llama3-tiny")  # no Idefics3 markers in its vocabulary
     with pytest.raises(ModelLoadError, match="idefics3 images need the token"):
         LLM(bare, load_config(None, {"runtime.num_threads": 2}), mmproj=mmproj)
+
+
+def test_an_image_is_encoded_once_across_a_restart(pair, tmp_path, caplog):
+    """With the prefix cache on disk, a restarted process reads an image's embeddings and its
+    prompt's pages back, and answers as before without the encoder; a damaged file is
+    encoded again; ``dualpath cache`` lists the embeddings beside the pages."""
+    from dualpath import SamplingParams
+    from dualpath.cache.disk import list_stores
+
+    text, mmproj, _ = pair
+    cfg = load_config(None, {"runtime.num_threads": 2})
+    params = SamplingParams(max_tokens=4, temperature=0.0)
+    image = np.random.default_rng(11).integers(0, 256, (64, 100, 3), dtype=np.uint8)
+    prompt = "Look at this: <__media__> What do you see?"
+    llm = LLM(text, cfg, mmproj=mmproj, prefix_cache=tmp_path / "prefix")
+    first = llm.generate(prompt, params, images=[image])
+    llm.prefix_store.flush()
+    first_row = llm.images.prompt(prompt, [image])[1][0][0]
+    del llm
+    again = LLM(text, cfg, mmproj=mmproj, prefix_cache=tmp_path / "prefix")
+    second = again.generate(prompt, params, images=[image])
+    assert second.token_ids == first.token_ids
+    assert (again.images.stats["encoded"], again.images.stats["from_disk"]) == (0, 1)
+    assert second.usage.cached_prompt_tokens > first_row
+    (store,) = [s for s in list_stores(str(tmp_path / "prefix")) if s.namespace.get("kind") == "image-embeddings"]
+    assert store.pages == 1
+    path = store.files[0][2]
+    with open(path, "r+b") as f:
+        f.seek(100)
+        f.write(b"\xff\xff\xff\xff")
+    third = LLM(text, cfg, mmproj=mmproj, prefix_cache=tmp_path / "prefix")
+    assert third.generate(prompt, params, images=[image]).token_ids == first.token_ids
+    assert third.images.stats["encoded"] == 1 and "damaged" in caplog.text

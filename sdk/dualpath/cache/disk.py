@@ -428,3 +428,87 @@ def _remove_if_orphan(path: str) -> None:
     elif pid == os.getpid():
         return
     _unlink(path)
+
+
+EMBED_MAGIC = b"DPIMGEMB"
+_EMBED_HEAD = struct.Struct("<8s16sIIIII")  # magic, digest, grid columns, grid rows, squares, tokens, width
+
+
+class EmbeddingStore:
+    """Images' embeddings under a prefix-cache ``root``, so that a restarted process skips the
+    encoder for an image it has seen: a namespace folder of their own (``kind``
+    image-embeddings, the projector ``identity``), one ``<digest>.kv`` file per image, so the
+    root's listing, size limit and removal (``list_stores``, ``prune``, ``dualpath cache``)
+    count them with the pages. A file is a header, the rows (squares, tokens, width) f32 and a
+    CRC-32 of both, written under a temporary name and renamed; a damaged one is dropped and
+    the image encoded again."""
+
+    def __init__(self, root: str, identity: str, max_bytes: int):
+        self.root = os.fspath(root)
+        self.namespace = {"kind": "image-embeddings", "format": 1, "projector": identity}
+        self.folder = os.path.join(self.root, namespace_digest(self.namespace).hex())
+        self.max_bytes = max_bytes
+        self._lock = threading.Lock()
+        self._warned = False
+
+    def _path(self, digest: bytes) -> str:
+        return os.path.join(self.folder, digest.hex() + SUFFIX)
+
+    def get(self, digest: bytes, tokens: int, width: int) -> tuple[tuple[int, int], np.ndarray] | None:
+        """(grid, rows (squares, tokens, width)) of the image ``digest``, or None."""
+        path = self._path(digest)
+        if private.untrusted(self.folder):
+            return None
+        try:
+            with open(path, "rb") as f:
+                buf = f.read()
+        except OSError:
+            return None
+        try:
+            magic, got, cols, rows, squares, t, w = _EMBED_HEAD.unpack_from(buf)
+            n = squares * t * w * 4
+            if (magic, got, t, w) != (EMBED_MAGIC, digest, tokens, width) or len(buf) != _EMBED_HEAD.size + n + 4:
+                raise ValueError("not this image's embeddings")
+            (crc,) = _CRC.unpack_from(buf, _EMBED_HEAD.size + n)
+            if crc != zlib.crc32(memoryview(buf)[:_EMBED_HEAD.size + n]):
+                raise ValueError("checksum mismatch")
+        except (struct.error, ValueError) as e:
+            log.warning("image embeddings %s are damaged (%s): dropped, the image is encoded again", path, e)
+            _unlink(path)
+            return None
+        try:
+            os.utime(path)  # last use, for the size limit
+        except OSError:
+            pass
+        data = np.frombuffer(buf, np.float32, squares * t * w, _EMBED_HEAD.size).reshape(squares, t, w)
+        return (cols, rows), data
+
+    def put(self, digest: bytes, grid: tuple[int, int], rows: np.ndarray) -> None:
+        """Keep the rows (squares, tokens, width) of the image ``digest``; a failure is logged
+        once and never raised (the image is encoded again next time)."""
+        rows = np.ascontiguousarray(rows, np.float32)
+        head = _EMBED_HEAD.pack(EMBED_MAGIC, digest, grid[0], grid[1], *rows.shape)
+        body = head + rows.tobytes()
+        tmp = None
+        try:
+            with self._lock:
+                private.private_folder(self.folder)
+                meta = os.path.join(self.folder, NAMESPACE_FILE)
+                if not os.path.exists(meta):
+                    tmp, f = private.temporary(self.folder, f".ns.{os.getpid()}.", TMP_SUFFIX, "w")
+                    with f:
+                        json.dump(self.namespace, f, indent=1, sort_keys=True)
+                    os.replace(tmp, meta)
+                tmp, f = private.temporary(self.folder, f".img.{os.getpid()}.", TMP_SUFFIX)
+                with f:
+                    f.write(body + _CRC.pack(zlib.crc32(body)))
+                os.replace(tmp, self._path(digest))
+                tmp = None
+                prune(self.root, self.max_bytes)
+        except OSError as e:
+            if tmp is not None:
+                _unlink(tmp)
+            if not self._warned:
+                self._warned = True
+                log.warning("image embeddings: cannot write %s: %s; images are encoded again after a restart",
+                            self.folder, e.strerror or e)
