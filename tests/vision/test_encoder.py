@@ -117,7 +117,12 @@ def test_squares_of_another_size_are_refused(files, store):
 
 
 def test_bench_vision_times_an_image_beside_llama_cpp(files, tmp_path, capsys):
-    text = synth_gguf(tmp_path / "text.gguf", "llama3-tiny")
+    """The encode, beside llama.cpp's; the first token of a question after the image; a second
+    question in the same process and after a restart (the image's pages from the prefix
+    cache, its embeddings from disk: nothing encoded)."""
+    from dualpath.models.synth_vision import synth_text
+
+    text = synth_text(tmp_path / "text.gguf", "smolvlm-tiny")
     out = tmp_path / "vision.json"
     peer = [] if importlib.util.find_spec("llama_cpp") else ["--no-peer"]
     assert main(["bench", "vision", "-m", str(text), "--mmproj", files["smolvlm-tiny", "Q8_0"], "--size", "150x70",
@@ -128,4 +133,11 @@ def test_bench_vision_times_an_image_beside_llama_cpp(files, tmp_path, capsys):
         assert (res["llama_cpp_chunks"], res["llama_cpp_tokens"]) == (3, 12)
         assert set(res["settings"]) == {"FA off", "FA on"} and res["llama_cpp_ms"] == min(res["settings"].values())
         assert res["ratio"] == pytest.approx(res["dualpath_ms"] / res["llama_cpp_ms"])
-    assert ("time ratio (DualPath / llama.cpp)" in capsys.readouterr().out) == (not peer)
+    t = res["ttft"]
+    assert t["first_ms"] > 0 and t["second_ms"] > 0 and t["restart_ms"] > 0
+    assert t["second_cached"] >= 16 and t["restart_cached"] >= 16 and t["restart_encoded"] == 0
+    if not peer:
+        assert t["llama_cpp_positions"] == t["positions"] and t["llama_cpp_first_ms"] > 0
+    text_out = capsys.readouterr().out
+    assert ("time ratio (DualPath / llama.cpp)" in text_out) == (not peer)
+    assert "the second question after a restart" in text_out

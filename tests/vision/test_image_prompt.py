@@ -75,32 +75,48 @@ def test_an_image_prompt_is_laid_out_as_mtmd_lays_it_out(tmp_path, preset):
     llm = LLM(text, load_config(None, {"runtime.num_threads": 2}), mmproj=mmproj)
     ids, embeds = llm.images.prompt(PROMPT.replace("<image>", MARKER), [image])
     texts, lengths = _their_ids(layout)
-    assert [len(rows) for _, rows in embeds] == lengths
-    cuts = [0] + [c for pos, rows in embeds for c in (pos, pos + len(rows))] + [len(ids)]
+    assert [len(rows) for _, rows, _ in embeds] == lengths
+    assert all(mutual == (preset == "gemma3-vision-tiny") for _, _, mutual in embeds)
+    cuts = [0] + [c for pos, rows, _ in embeds for c in (pos, pos + len(rows))] + [len(ids)]
     assert [ids[a:b] for a, b in zip(cuts[::2], cuts[1::2])] == texts
-    for (_, rows), (_, theirs) in zip(embeds, [c for c in layout if c[0] == "image"]):
+    for (_, rows, _), (_, theirs) in zip(embeds, [c for c in layout if c[0] == "image"]):
         assert np.abs(rows - theirs).max() <= 1e-3 * np.abs(theirs).max()
 
 
-def test_generate_with_an_image_gives_llama_cpps_tokens(tmp_path):
-    """Greedy text after an image, SmolVLM's tiny pair: llama.cpp's tokens (its image rows
-    attend causally, as ours do; Gemma 3's attend to each other in llama.cpp, which this
-    engine does not yet do)."""
+@pytest.mark.parametrize("preset", ["smolvlm-tiny", "gemma3-vision-tiny"])
+def test_generate_with_an_image_gives_llama_cpps_tokens(tmp_path, preset):
+    """Greedy text after an image: llama.cpp's tokens. SmolVLM's image rows attend causally;
+    Gemma 3's attend to each other (``Request.mutual``), as llama.cpp decodes them."""
     from dualpath import SamplingParams
 
-    mmproj = synth_mmproj(tmp_path / "mmproj.gguf", "smolvlm-tiny", "F32")
-    text = synth_text(tmp_path / "text.gguf", "smolvlm-tiny", "F32")
+    mmproj = synth_mmproj(tmp_path / "mmproj.gguf", preset, "F32")
+    text = synth_text(tmp_path / "text.gguf", preset, "F32")
     image = np.random.default_rng(6).integers(0, 256, (120, 100, 3), dtype=np.uint8)
-    _, theirs, their_tokens = vision_reference.mtmd_greedy(text, mmproj, image, PROMPT, 8)
-    llm = LLM(text, load_config(None, {"runtime.num_threads": 2, "runtime.quantized_matmul_accuracy": 0}),
-              mmproj=mmproj)
-    params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
-    out = llm.generate(PROMPT.replace("<image>", "<__media__>"), params, images=[image])
+    # The image first: Gemma 3's tiny text model has a sliding window of 10 tokens, and an image
+    # row's window reaches as far back as llama.cpp's only within it (Request.mutual).
+    first = "<image> Describe this picture. What is in it?"
+    _, theirs, their_tokens = vision_reference.mtmd_greedy(text, mmproj, image, first, 8)
+    config = load_config(None, {"runtime.num_threads": 2, "runtime.quantized_matmul_accuracy": 0})
+    llm = LLM(text, config, mmproj=mmproj)
+    params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True, logprobs=1)
+    prompt = first.replace("<image>", "<__media__>")
+    out = llm.generate(prompt, params, images=[image])
     top2 = np.sort(theirs, axis=1)[:, -2:]
     first_tie = next((i for i, (a, b) in enumerate(top2) if b - a < 1e-3 * abs(b)), len(their_tokens))
     assert list(out.token_ids[:first_tie]) == their_tokens[:first_tie]
+    want = theirs[0] - np.log(np.exp(theirs[0] - theirs[0].max()).sum()) - theirs[0].max()  # log-softmax
+    assert abs(out.logprobs[0][1] - want[their_tokens[0]]) < 1e-3
+    if preset == "gemma3-vision-tiny":  # its image rows attending causally: another text
+        from dualpath.llm import Generation
+
+        fresh = LLM(text, config, mmproj=mmproj)  # (not the first's pages from the prefix cache)
+        ids, embeds = fresh.images.prompt(prompt, [image])
+        causal = Generation(fresh.engine, ids, params, tuple((p, r) for p, r, _ in embeds))
+        for _ in causal:
+            pass
+        assert abs(causal.completion.logprobs[0][1] - want[their_tokens[0]]) > 1e-2
     assert llm.images.stats == {"images": 1, "encoded": 1, "encode_s": llm.images.stats["encode_s"], "from_disk": 0}
-    again = llm.generate(PROMPT.replace("<image>", "<__media__>"), params, images=[image])
+    again = llm.generate(prompt, params, images=[image])
     assert again.token_ids == out.token_ids and llm.images.stats["encoded"] == 1  # the cache's embeddings
     assert again.usage.cached_prompt_tokens > 0  # and the prefix cache's pages, image rows included
 

@@ -15,6 +15,7 @@ dualpath imports it too (``llamacpp.py``), for the rule that judges a build:
 * ``embed``: texts/s of batches of texts through ``Llama.embed``, flash attention off or on;
 * ``rerank``: milliseconds to score (query, document) pairs as llama-server does;
 * ``encode_image``: milliseconds to encode an image with ``mtmd`` (a projector file);
+* ``image_ttft``: milliseconds from a prompt with an image to its first token, with ``mtmd``;
 * ``build_problems``: what keeps a build from being llama.cpp at its best on this CPU
   (``full``), or from being a laptop's build (``laptop``).
 
@@ -271,6 +272,71 @@ def encode_image(model: str, mmproj: str, image: str, threads: int, inner: int, 
     return {"encode_ms": ms, "chunks": len(tokens), "tokens": sum(tokens), "peak_rss_mb": _peak_rss_mb()}
 
 
+def image_ttft(model: str, mmproj: str, image: str, threads: int, prompt: str, flash_attn: bool) -> dict:
+    """Milliseconds from a prompt with an image (``image``: a .npy of (height, width, 3) uint8;
+    ``prompt``: text with mtmd's marker) to its first token, as llama.cpp's ``mtmd`` makes it
+    (the files loaded before the clock starts): tokenize, encode and decode each chunk in order,
+    then the greedy token. Also the prompt's positions."""
+    import ctypes
+
+    import llama_cpp
+    import numpy as np
+    from llama_cpp import mtmd_cpp as m
+
+    rgb = np.load(image)
+    llm = llama_cpp.Llama(model, n_ctx=8192, n_batch=2048, n_ubatch=512, n_threads=threads, n_threads_batch=threads,
+                          flash_attn=flash_attn, verbose=False)
+    params = m.mtmd_context_params_default()
+    params.use_gpu, params.n_threads, params.print_timings, params.warmup = False, threads, False, False
+    params.flash_attn_type = 1 if flash_attn else 0
+    ctx = m.mtmd_init_from_file(mmproj.encode(), llm.model, params)
+    if not ctx:
+        raise RuntimeError(f"llama.cpp's mtmd refused {mmproj}")
+    bitmap = m.mtmd_bitmap_init(rgb.shape[1], rgb.shape[0], (ctypes.c_uint8 * rgb.size).from_buffer_copy(rgb.tobytes()))
+    chunks = m.mtmd_input_chunks_init()
+    text = m.mtmd_input_text()
+    data = prompt.encode()
+    text.text, text.text_len, text.add_special, text.parse_special = data, len(data), True, True
+    t0 = time.perf_counter()
+    try:
+        if m.mtmd_tokenize(ctx, chunks, ctypes.byref(text), (m.mtmd_bitmap_p_ctypes * 1)(bitmap), 1) != 0:
+            raise RuntimeError("mtmd_tokenize failed")
+        past = 0
+        for i in range(m.mtmd_input_chunks_size(chunks)):
+            chunk = m.mtmd_input_chunks_get(chunks, i)
+            if m.mtmd_input_chunk_get_type(chunk) == m.MTMD_INPUT_CHUNK_TYPE_IMAGE:
+                if m.mtmd_encode_chunk(ctx, chunk) != 0:
+                    raise RuntimeError("mtmd_encode_chunk failed")
+                new_past = llama_cpp.llama_pos(0)
+                if m.mtmd_helper_decode_image_chunk(ctx, llm.ctx, chunk, m.mtmd_get_output_embd(ctx), past, 0, 2048,
+                                                    ctypes.byref(new_past), m.mtmd_helper_post_decode_callback(),
+                                                    None) != 0:
+                    raise RuntimeError("mtmd_helper_decode_image_chunk failed")
+                past = new_past.value
+            else:
+                count = ctypes.c_size_t()
+                ids = m.mtmd_input_chunk_get_tokens_text(chunk, ctypes.byref(count))
+                batch = llama_cpp.llama_batch_init(count.value, 0, 1)
+                for j in range(count.value):
+                    batch.token[j], batch.pos[j], batch.n_seq_id[j] = ids[j], past + j, 1
+                    batch.seq_id[j][0], batch.logits[j] = 0, j == count.value - 1
+                batch.n_tokens = count.value
+                ret = llama_cpp.llama_decode(llm.ctx, batch)
+                llama_cpp.llama_batch_free(batch)
+                if ret != 0:
+                    raise RuntimeError(f"llama_decode returned {ret}")
+                past += count.value
+        logits = llama_cpp.llama_get_logits_ith(llm.ctx, -1)
+        int(np.argmax(np.ctypeslib.as_array(logits, shape=(llm.n_vocab(),))))
+        ms = (time.perf_counter() - t0) * 1e3
+    finally:
+        m.mtmd_input_chunks_free(chunks)
+        m.mtmd_bitmap_free(bitmap)
+        m.mtmd_free(ctx)
+    llm.close()
+    return {"ttft_ms": ms, "positions": past}
+
+
 def _median_s(fn, inner: int) -> float:
     """Seconds of the median of ``inner`` calls of ``fn``, after one call to warm."""
     fn()
@@ -303,7 +369,7 @@ def logits(model: str, ids: list, out: str, n_ctx: int, kv_f32: bool, threads: i
 
 FUNCTIONS: dict[str, Callable[..., object]] = {"probe": probe, "vocab_size": vocab_size, "measure": measure,
                                              "logits": logits, "embed": embed, "rerank": rerank,
-                                             "encode_image": encode_image}
+                                             "encode_image": encode_image, "image_ttft": image_ttft}
 
 
 def _child(function: str, result_path: str) -> None:

@@ -136,6 +136,12 @@ class LlamaCppPeer:
         return self._call("encode_image", {"model": model, "mmproj": mmproj, "image": image, "threads": threads,
                                            "inner": inner, "flash_attn": FLASH_ATTN[setting]})
 
+    def image_ttft(self, model: str, mmproj: str, image: str, threads: int, prompt: str, setting: str) -> dict:
+        """Milliseconds from a prompt with the image saved in ``image`` (.npy) to its first
+        token with ``mtmd``, in a fresh process (``_llamacpp_worker.image_ttft``)."""
+        return self._call("image_ttft", {"model": model, "mmproj": mmproj, "image": image, "threads": threads,
+                                         "prompt": prompt, "flash_attn": FLASH_ATTN[setting]})
+
     def logits(self, model: str, ids: list[int], out: str, n_ctx: int, kv_f32: bool, threads: int,
                setting: str) -> dict:
         """Teacher-forced logits of ``ids`` saved to ``out`` (``_llamacpp_worker.logits``)."""

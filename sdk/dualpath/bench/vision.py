@@ -1,5 +1,7 @@
-"""``dualpath bench vision``: the time to encode one image, DualPath beside llama.cpp's ``mtmd``
-on the same text model and projector file.
+"""``dualpath bench vision``: the time to encode one image, and to the first token of a question
+about it, DualPath beside llama.cpp's ``mtmd`` on the same text model and projector file; and
+DualPath's first token for a second question on the same image, in the same process and after
+a restart (the prefix cache on disk: the image's embeddings and pages).
 
 The image is ``--image`` (PNG or JPEG) or a seeded noise image of ``--size`` (the encoder's
 cost does not depend on what the pixels show); both engines cut it into the same squares
@@ -18,6 +20,7 @@ import argparse
 import os
 import sys
 import tempfile
+import time
 
 import numpy as np
 
@@ -28,6 +31,36 @@ from .harness import run_worker
 
 TIMEOUT_S = 3600.0
 SIZE = "1024x768"
+
+
+QUESTIONS = (" What is in this picture?", " Which colours does it have?")
+"""The first and the second question about the image (after it, as a chat puts them)."""
+
+
+def ttft_worker(model: str, mmproj: str, image: str, threads: int, prefix: str, questions: list[str]) -> dict:
+    """DualPath's run: milliseconds from each question about ``image`` (.npy) to its first
+    token, in order, with the prefix cache on disk in ``prefix`` (the image's embeddings and
+    pages: a later process finds them)."""
+    from ..config import load_config
+    from ..llm import LLM
+    from ..sampling_params import SamplingParams
+    from ..vision.prompt import MARKER
+
+    rgb = np.load(image)
+    llm = LLM(model, load_config(None, {"runtime.num_threads": threads}), mmproj=mmproj, prefix_cache=prefix)
+    assert llm.images is not None  # loaded with mmproj
+    params = SamplingParams(max_tokens=1, temperature=0.0)
+    times, cached, positions = [], [], []
+    for q in questions:
+        t0 = time.perf_counter()
+        c = llm.generate(MARKER + q, params, images=[rgb])
+        times.append((time.perf_counter() - t0) * 1e3)
+        cached.append(c.usage.cached_prompt_tokens)
+        positions.append(c.usage.prompt_tokens)
+    assert llm.prefix_store is not None
+    llm.prefix_store.flush()
+    return {"ttft_ms": times, "cached_tokens": cached, "positions": positions,
+            "encoded": llm.images.stats["encoded"], "from_disk": llm.images.stats["from_disk"]}
 
 
 def worker(mmproj: str, image: str, threads: int, inner: int) -> dict:
@@ -57,19 +90,36 @@ def load_image(path: str | None, size: tuple[int, int]) -> np.ndarray:
 
 
 def run_vision(model: str, mmproj: str, rgb: np.ndarray, threads: int, repeats: int, inner: int,
-               peer: llamacpp.LlamaCppPeer | None) -> dict:
+               peer: llamacpp.LlamaCppPeer | None, ttft: bool = True) -> dict:
     variants = ["dualpath"] + (llamacpp.variants() if peer is not None else [])
     with tempfile.TemporaryDirectory(prefix="dualpath-bench-vision-") as tmp:
         image = os.path.join(tmp, "image.npy")
         np.save(image, rgb)
+        count = iter(range(1 << 30))
 
         def measure(variant: str) -> dict:
             setting = llamacpp.setting_of(variant)
             if setting is None:
-                return run_worker(worker, {"mmproj": mmproj, "image": image, "threads": threads, "inner": inner},
-                                  timeout_s=TIMEOUT_S)
+                out = run_worker(worker, {"mmproj": mmproj, "image": image, "threads": threads, "inner": inner},
+                                 timeout_s=TIMEOUT_S)
+                if ttft:  # a fresh prefix cache: two questions, then a restarted process asks the second again
+                    prefix = os.path.join(tmp, f"prefix{next(count)}")
+                    kw = {"model": model, "mmproj": mmproj, "image": image, "threads": threads, "prefix": prefix}
+                    first = run_worker(ttft_worker, {**kw, "questions": list(QUESTIONS)}, timeout_s=TIMEOUT_S)
+                    restart = run_worker(ttft_worker, {**kw, "questions": [QUESTIONS[1]]}, timeout_s=TIMEOUT_S)
+                    out.update(first_ms=first["ttft_ms"][0], second_ms=first["ttft_ms"][1],
+                               restart_ms=restart["ttft_ms"][0], positions=first["positions"][0],
+                               second_cached=first["cached_tokens"][1], restart_cached=restart["cached_tokens"][0],
+                               restart_encoded=restart["encoded"])
+                return out
             assert peer is not None
-            return peer.encode_image(model, mmproj, image, threads, inner, setting)
+            out = peer.encode_image(model, mmproj, image, threads, inner, setting)
+            if ttft:
+                from ..vision.prompt import MARKER
+
+                first = peer.image_ttft(model, mmproj, image, threads, MARKER + QUESTIONS[0], setting)
+                out.update(first_ms=first["ttft_ms"], positions=first["positions"])
+            return out
 
         runs = interleaved(variants, repeats, measure)
     ours = runs["dualpath"][0]
@@ -85,6 +135,17 @@ def run_vision(model: str, mmproj: str, rgb: np.ndarray, threads: int, repeats: 
                    llama_cpp_chunks=theirs["chunks"], llama_cpp_tokens=theirs["tokens"],
                    settings={s: m["ms"] for s, m in settings.items()},
                    peer={"llama_cpp_python": peer.version, "python": peer.python, "build": peer.system_info})
+    if ttft:
+        t = {k: median_of(runs["dualpath"], k) for k in ("first_ms", "second_ms", "restart_ms")}
+        t.update(positions=ours["positions"], second_cached=ours["second_cached"],
+                 restart_cached=ours["restart_cached"], restart_encoded=ours["restart_encoded"])
+        if peer is not None:
+            settings = {str(llamacpp.setting_of(v)): {"ms": median_of(runs[v], "first_ms")}
+                        for v in llamacpp.variants()}
+            best = best_of(settings, lower=("ms",))
+            t.update(llama_cpp_first_ms=best["ms"], llama_cpp_flash_attn=best["best"]["ms"],
+                     llama_cpp_positions=runs[llamacpp.variants()[0]][0]["positions"])
+        out["ttft"] = t
     return out
 
 
@@ -98,6 +159,17 @@ def print_result(res: dict) -> None:
               f"{res['llama_cpp_tokens']} embeddings (FA {res['flash_attn']}; "
               + ", ".join(f"{s} {v:.1f}" for s, v in res["settings"].items()) + ")")
         print(f"time ratio (DualPath / llama.cpp): {res['ratio']:.2f}")
+    t = res.get("ttft")
+    if t:
+        print(f"time to first token, a question after the image ({t['positions']} positions): "
+              f"DualPath {t['first_ms']:.1f} ms"
+              + (f", llama.cpp {t['llama_cpp_first_ms']:.1f} ms ({t['llama_cpp_positions']} positions, "
+                 f"FA {t['llama_cpp_flash_attn']})" if "llama_cpp_first_ms" in t else ""))
+        print(f"a second question on the same image: {t['second_ms']:.1f} ms ({t['second_ms'] / t['first_ms']:.3f} "
+              f"of the first; {t['second_cached']} positions from the prefix cache)")
+        print(f"the second question after a restart: {t['restart_ms']:.1f} ms "
+              f"({t['restart_ms'] / t['first_ms']:.3f} of the first; {t['restart_cached']} positions from disk, "
+              f"{t['restart_encoded']} images encoded)")
 
 
 def cmd_bench_vision(args) -> int:
@@ -113,7 +185,7 @@ def cmd_bench_vision(args) -> int:
         else:
             llamacpp.print_build(peer, sys.stderr)
     res = run_vision(args.model, args.mmproj, load_image(args.image, args.size), args.threads, args.repeats,
-                     args.inner, peer)
+                     args.inner, peer, ttft=not args.no_ttft)
     print_result(res)
     if peer is not None:
         llamacpp.print_build(peer)
@@ -141,6 +213,8 @@ def add_parser(bs) -> None:
     v.add_argument("-r", "--repeats", type=int, default=3, help="processes per engine, interleaved (default 3)")
     v.add_argument("--inner", type=int, default=3, help="timed encodes in each process (default 3)")
     v.add_argument("--no-peer", action="store_true", help="measure DualPath only")
+    v.add_argument("--no-ttft", action="store_true",
+                   help="time the encode only, not the first token of questions about the image")
     v.add_argument("--peer-python", metavar="PATH",
                    help="interpreter of an environment whose llama-cpp-python is the llama.cpp to compare with "
                         f"(default: ${llamacpp.PYTHON_ENV}, else this one); {llamacpp.SETUP_SCRIPT} full builds one")

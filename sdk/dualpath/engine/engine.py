@@ -123,17 +123,17 @@ class Engine(AsyncAPI):
         ``grammar`` (sampling/grammar.py): every sample follows it (each fork its own walk), and
         the request ends when the grammar is complete. ``check_queue`` False: part of a
         request already admitted (``embed``), never refused for a full queue. ``embeds``:
-        ((prompt position, rows (k, dim)), ...), prompt tokens whose embeddings are given (an
-        image's: ``Request.embeds``)."""
+        ((prompt position, rows (k, dim)[, mutual]), ...), prompt tokens whose embeddings are
+        given (an image's: ``Request.embeds``; with ``mutual``, they attend to each other)."""
         ids = [int(t) for t in prompt_ids]
         check_prompt(ids, self.runner.spec.config.vocab_size, self.context_tokens)
-        embeds = check_embeds(embeds, len(ids), self.runner.spec.config.dim)
+        embeds, mutual = check_embeds(embeds, len(ids), self.runner.spec.config.dim)
         # Made before the lock is taken: a request's token array and text stream, one per
         # sample, grow with the prompt (a refused request's are dropped).
         req = _new_request(self, request_id or f"req-{next(self._ids)}", ids, params or SamplingParams(), sink,
                                 fork_sinks, pooling, prompt_logprobs, grammar)
         for r in (req, *req.forks):
-            r.embeds = embeds
+            r.embeds, r.mutual = embeds, mutual
         with self._mu:
             # Queued beyond the free sequence slots (those start at the next step).
             sch = self.scheduler

@@ -27,14 +27,16 @@ def check_prompt(prompt_ids: list[int], vocab_size: int, context_tokens: int) ->
             f"and needs room for at least one generated token")
 
 
-def check_embeds(embeds, num_tokens: int, dim: int) -> tuple:
-    """``embeds`` ((prompt position, rows), ...) as ``Request.embeds`` holds them: rows
-    (k, dim) float32, in order within the prompt's ``num_tokens``, none overlapping; an
-    InvalidPromptError naming the first that is not."""
+def check_embeds(embeds, num_tokens: int, dim: int) -> tuple[tuple, tuple]:
+    """``embeds`` ((prompt position, rows[, mutual]), ...) as ``Request.embeds`` and
+    ``Request.mutual`` hold them: rows (k, dim) float32, in order within the prompt's
+    ``num_tokens``, none overlapping; with ``mutual`` true, the rows' tokens attend to each
+    other (Gemma 3's image). An InvalidPromptError names the first that is not so."""
     import numpy as np
 
-    out, end = [], 0
-    for i, (pos, rows) in enumerate(embeds):
+    out, mutual, end = [], [], 0
+    for i, item in enumerate(embeds):
+        pos, rows = item[0], item[1]
         rows = np.asarray(rows)
         if rows.ndim != 2 or rows.shape[1] != dim or not len(rows):
             raise InvalidPromptError(f"embeddings {i} are {rows.shape}; the model takes rows of {dim} values")
@@ -43,7 +45,9 @@ def check_embeds(embeds, num_tokens: int, dim: int) -> tuple:
                                      f"{num_tokens} tokens or overlap the ones before")
         out.append((pos, np.ascontiguousarray(rows, np.float32)))
         end = pos + len(rows)
-    return tuple(out)
+        if len(item) > 2 and item[2]:
+            mutual.append((pos, end))
+    return tuple(out), tuple(mutual)
 
 
 class TextStream:

@@ -159,9 +159,11 @@ class BatchScheduler(SequenceSteps):
         every_row = req.embedding or (req.prompt_logits and req.computed < len(req.prompt_ids))
         start = req.computed
         req.computed += len(tokens) - draft  # proposals are not known tokens (yet)
-        embeds = req.chunk_embeds(start, req.computed) if req.embeds and start < len(req.prompt_ids) else ()
+        prompt = start < len(req.prompt_ids)
+        embeds = req.chunk_embeds(start, req.computed) if req.embeds and prompt else ()
+        mutual = req.chunk_mutual(start, req.computed) if req.mutual and prompt else ()
         step.plan.seqs.append(SeqStep(req, req.running_seq, tokens, alloc, req.computed == req.n and not req.embedding,
-                                      every_row, draft, embeds))
+                                      every_row, draft, embeds, mutual))
         step.taken.add(id(req))
 
     def _schedule_decodes(self, step: _Step) -> None:
@@ -227,6 +229,8 @@ class BatchScheduler(SequenceSteps):
         n, cost = self._chunk(req.computed, min(todo, step.chunk), step.budget, step.weighted)
         if n < min(todo, step.chunk, _MIN_CHUNK):  # only a sliver of budget left
             return
+        if req.mutual and req.chunk_tokens(req.computed, n) < n:  # a span of mutual attention starts the next
+            n, cost = self._chunk(req.computed, req.chunk_tokens(req.computed, n), step.budget, step.weighted)
         alloc, tokens = self._allocate(step, req, n, False)
         if isinstance(alloc, NoRoom):
             return
@@ -256,6 +260,8 @@ class BatchScheduler(SequenceSteps):
         if n < min(todo, step.chunk, _MIN_CHUNK):
             cache.free(seq_id)
             return False
+        if req.mutual and req.chunk_tokens(cached, n) < n:  # a span of mutual attention starts the next
+            n, cost = self._chunk(cached, req.chunk_tokens(cached, n), step.budget, step.weighted)
         req.seq_id, req.computed = seq_id, cached
         alloc, tokens = self._allocate(step, req, n, False)
         if isinstance(alloc, NoRoom):

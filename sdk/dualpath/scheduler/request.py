@@ -76,6 +76,26 @@ class Request:
         tokens whose first residual is given (an image's embeddings), not their ids' rows.
         Every chunk that computes them takes its part (``chunk_embeds``), a recompute after
         preemption included."""
+        self.mutual: tuple = ()
+        """((start, end), ...) prompt positions whose tokens attend to each other, not only to
+        those before them (Gemma 3's image rows, as llama.cpp decodes an image's batch with
+        causal attention off): each token of a span sees the span's last position. Its
+        sliding window ends there too, where llama.cpp's ends at the token itself: the same
+        keys unless more than (window - span length) tokens precede the span."""
+
+    def chunk_tokens(self, start: int, n: int) -> int:
+        """``n``, or fewer, so that a chunk from ``start`` does not end inside a ``mutual``
+        span that begins after it (the span then starts the next chunk, whole)."""
+        for lo, hi in self.mutual:
+            if start < lo < start + n < hi:
+                return lo - start
+        return n
+
+    def chunk_mutual(self, start: int, end: int) -> tuple:
+        """``SeqStep.mutual`` of a chunk of known tokens [start, end): the ``mutual`` spans'
+        parts inside it, as offsets from ``start``."""
+        return tuple((max(lo, start) - start, min(hi, end) - start) for lo, hi in self.mutual
+                     if max(lo, start) < min(hi, end))
 
     def chunk_embeds(self, start: int, end: int) -> tuple:
         """``SeqStep.embeds`` of a chunk of known tokens [start, end): the parts of

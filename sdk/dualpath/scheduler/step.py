@@ -33,10 +33,10 @@ __all__ = ["SeqStep", "StepArrays", "StepLayout", "StepPlan", "StepResults"]
 class SeqStep:
     """One sequence's part of a step: what the runner needs to run it."""
 
-    __slots__ = ("request", "seq_id", "token_ids", "alloc", "logits", "hidden", "draft", "embeds")
+    __slots__ = ("request", "seq_id", "token_ids", "alloc", "logits", "hidden", "draft", "embeds", "mutual")
 
     def __init__(self, request: Request | None, seq_id: int, token_ids: list[int], alloc: Allocation,
-                 logits: bool, hidden: bool = False, draft: int = 0, embeds: tuple = ()):
+                 logits: bool, hidden: bool = False, draft: int = 0, embeds: tuple = (), mutual: tuple = ()):
         self.request = request     # None for a sequence driven on its own (warm-up, forward, a draft model)
         self.seq_id = seq_id
         self.token_ids = token_ids
@@ -46,6 +46,8 @@ class SeqStep:
         self.draft = draft         # the last `draft` tokens are proposals: a row each to verify them
         self.embeds = embeds       # ((offset, rows (k, dim) f32), ...): tokens that take these rows as
         #                            their embeddings (an image's), not their ids' rows
+        self.mutual = mutual       # ((lo, hi), ...) offsets: tokens lo..hi-1 each see token hi-1
+        #                            (``Request.mutual``)
 
     @property
     def num_tokens(self) -> int:
@@ -163,6 +165,8 @@ class StepArrays:
                 self.seqs[E:E + n, 2] = a[:n] + pos0
                 self.seqs[E:E + n, 3:] = (span, ns)
                 E += n
+            elif e.mutual:
+                E = self._mutual_entries(E, e.mutual, row, n, pos0, span, ns)
             else:
                 self.seqs[E] = (row, n, pos0, span, ns)
                 E += 1
@@ -181,3 +185,22 @@ class StepArrays:
             self.rows[0] = 0
         plan.layout = StepLayout(row, R, prefill, E, span, tuple(embeds))
         return plan.layout
+
+    def _mutual_entries(self, E: int, mutual: tuple, row: int, n: int, pos0: int, span: int, ns: int) -> int:
+        """The entries of a chunk with spans of mutual attention (``SeqStep.mutual``): the rows
+        between spans as one entry each; a span's rows each an entry of its own that attends
+        as a one-row step at the span's last position would, so that it sees the whole span
+        (whose KV the step writes before any attention reads it). Returns the next entry."""
+        at = 0
+        for lo, hi in (*mutual, (n, n)):
+            if lo > at:
+                self.seqs[E] = (row + at, lo - at, pos0 + at, span, ns)
+                E += 1
+            k = hi - lo
+            self.seqs[E:E + k, 0] = self.arange[:k] + row + lo
+            self.seqs[E:E + k, 1] = 1
+            self.seqs[E:E + k, 2] = pos0 + hi - 1
+            self.seqs[E:E + k, 3:] = (span, ns)
+            E += k
+            at = hi
+        return E

@@ -27,6 +27,9 @@ import numpy as np
 
 MARKER = "<__media__>"
 """Where an image goes in a prompt's text (``mtmd_default_marker``)."""
+MUTUAL = ("gemma3",)
+"""Projector kinds whose image rows attend to each other in the text model, not only to the
+rows before them (llama.cpp's ``mtmd_decode_use_non_causal``)."""
 
 
 @dataclass(frozen=True)
@@ -79,7 +82,8 @@ def placeholder_ids(digest: bytes, count: int, vocab_size: int) -> list[int]:
 
 
 def build(tokenizer, text: str, images: list, projector: str, add_bos: bool = True) -> tuple[list[int], tuple]:
-    """(token ids, ``Request.embeds``) of ``text`` with ``images`` at its markers: each image
+    """(token ids, embeds: ((position, rows, mutual), ...) as ``Engine.add_request`` takes
+    them) of ``text`` with ``images`` at its markers: each image
     (grid, embeddings (squares, tokens, dim), digest) as ``layout`` places it. A ValueError
     when the markers and the images are not as many, or a looked-up token is missing."""
     parts = text.split(MARKER)
@@ -98,7 +102,7 @@ def build(tokenizer, text: str, images: list, projector: str, add_bos: bool = Tr
         fill = iter(placeholder_ids(digest, rows.shape[0] * rows.shape[1], tokenizer.vocab_size))
         for item in layout(projector, grid, len(rows)):
             if isinstance(item, int):
-                embeds.append((len(ids), rows[item]))
+                embeds.append((len(ids), rows[item], projector in MUTUAL))
                 ids += [next(fill) for _ in range(len(rows[item]))]
             elif isinstance(item, Lookup):
                 if item.text not in found:
