@@ -282,6 +282,10 @@ class RuntimeConfig(_Section):
     """Beside chats, the most time an embedding model's work may add to an engine step, as a
     share of that step's own (0.3: chats decode about 1/1.3 as fast while embeddings run;
     what the encoder evicts from the caches costs the chats a little more)."""
+    image_encoder_share: float = _float(1.0, 0.05, 4.0)
+    """The same for encoding images (a model given ``mmproj``), a piece of an encode at a
+    time: 1.0, chats decode at least half as fast while an image is encoded, and the image
+    takes twice its time."""
 
     def effective_max_batch_tokens(self) -> int:
         return self.max_batch_tokens or self.prefill_chunk_tokens + self.max_num_seqs

@@ -53,7 +53,44 @@ class ImageInput:
         self._cached_bytes = 0
         self._lock = threading.Lock()
         self.stats = {"images": 0, "encoded": 0, "encode_s": 0.0, "from_disk": 0}
-        """Images asked for, images encoded (in no cache) and their seconds, images read from disk."""
+        """Images asked for, images encoded (in no cache) and the seconds until their embeddings
+        (waiting beside chats included), images read from disk."""
+        self.queue = None
+        """The engine's queue the encodes run on (``attach``), or None: in the caller's thread."""
+
+    def attach(self, engine, share: float) -> None:
+        """Encode on ``engine``'s stepping thread from now on, a piece at a time beside its
+        chats (engine/encoder_queue.py, ``share`` of each step's time), not in the caller's."""
+        from .engine.encoder_queue import EncoderQueue
+
+        self.queue = EncoderQueue(self.encoder, share=share, metric_prefix="dualpath_image_encoder",
+                                  what=("images", "Images"))
+        engine.attach_encoder(self.queue)
+
+    def _encode(self, squares: list) -> np.ndarray:
+        """The embeddings of ``squares``: on the engine's thread when attached (waiting for
+        them here), else now."""
+        if self.queue is None:
+            return self.encoder.encode(squares)
+        from .engine.encoder_queue import ImageJob
+
+        done = threading.Event()
+        out: list = []
+
+        def on_done(results, error) -> None:
+            out.append((results, error))
+            done.set()
+
+        job = self.queue.submit(ImageJob(squares, on_done))
+        try:
+            done.wait()
+        finally:
+            if not done.is_set():  # interrupted: nobody will read it
+                self.queue.cancel(job)
+        results, error = out[0]
+        if error is not None:
+            raise error
+        return results[0]
 
     def pixels(self, image) -> np.ndarray:
         """(height, width, 3) uint8 RGB of ``image``: PNG or JPEG bytes, a path to such a
@@ -94,7 +131,7 @@ class ImageInput:
         else:
             t0 = time.perf_counter()
             cut = squares(rgb, self.spec)
-            grid, rows = cut.grid, self.encoder.encode(cut.images)
+            grid, rows = cut.grid, self._encode(cut.images)
             with self._lock:
                 self.stats["encoded"] += 1
                 self.stats["encode_s"] += time.perf_counter() - t0

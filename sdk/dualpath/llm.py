@@ -91,6 +91,7 @@ class LLM:
                                          rt.effective_num_threads(), rt.quantized_matmul_accuracy,
                                          disk_root=disk.root if disk is not None else None,
                                          disk_bytes=disk.max_bytes if disk is not None else 0)
+                self.images.attach(self.engine, rt.image_encoder_share)
         finally:
             if not mc.enabled:
                 shutil.rmtree(store.root, ignore_errors=True)

@@ -203,3 +203,71 @@ def test_an_image_is_encoded_once_across_a_restart(pair, tmp_path, caplog):
     third = LLM(text, cfg, mmproj=mmproj, prefix_cache=tmp_path / "prefix")
     assert third.generate(prompt, params, images=[image]).token_ids == first.token_ids
     assert third.images.stats["encoded"] == 1 and "damaged" in caplog.text
+
+
+def test_an_image_is_encoded_a_piece_at_a_time(pair):
+    """An encode in pieces (products, attention, graphs: several a square) gives the encoder's
+    embeddings; on a queue it runs a slice of pieces per engine step until done."""
+    from dualpath.engine.encoder_queue import EncoderQueue, ImageJob
+    from dualpath.vision.preprocess import squares
+
+    _, _, llm = pair
+    encoder = llm.images.encoder
+    cut = squares(np.random.default_rng(12).integers(0, 256, (64, 130, 3), dtype=np.uint8), encoder.spec).images
+    whole = encoder.encode(cut)
+    pieces, count = encoder.pieces(cut), 0
+    while True:
+        try:
+            next(pieces)
+            count += 1
+        except StopIteration as done:
+            assert np.array_equal(done.value, whole)
+            break
+    assert count > 4 * len(cut)
+    queue = EncoderQueue(encoder, metric_prefix="dualpath_image_encoder", what=("images", "Images"))
+    got = []
+    queue.submit(ImageJob(cut, lambda results, error: got.append((results, error))))
+    while not got:
+        queue.step()
+    (results, error), = got
+    assert error is None and np.array_equal(results[0], whole)
+    assert not queue.has_work() and "dualpath_image_encoder_images_total 1" in queue.metrics_lines()
+
+
+def test_a_chat_decodes_while_an_image_is_encoded(pair):
+    """A request with four images waits for them on the engine's queue, which runs beside a
+    request already decoding: that one's tokens keep coming, and both texts are what each
+    gives alone."""
+    import threading
+    import time
+
+    from dualpath import SamplingParams
+
+    text, mmproj, _ = pair
+    llm = LLM(text, load_config(None, {"runtime.num_threads": 2}), mmproj=mmproj)
+    params = SamplingParams(max_tokens=300, temperature=0.0, ignore_eos=True)
+    alone = llm.generate("Once upon a time", params).token_ids
+    rng = np.random.default_rng(13)
+    images = [rng.integers(0, 256, (64, 130, 3), dtype=np.uint8) for _ in range(4)]
+    gen = llm.stream("Once upon a time", params)
+    counts: list[int] = []
+    tokens: list[str] = []
+
+    def decode() -> None:
+        for delta in gen:
+            tokens.append(delta)
+
+    thread = threading.Thread(target=decode)
+    thread.start()
+    while not tokens and thread.is_alive():
+        time.sleep(0.001)
+    counts.append(len(tokens))
+    out = llm.generate("What are these? " + "<__media__>" * 4, SamplingParams(max_tokens=4, temperature=0.0),
+                       images=images)
+    counts.append(len(tokens))
+    thread.join()
+    assert gen.completion.token_ids == alone
+    assert counts[1] > counts[0]  # it decoded while the four images were encoded
+    assert llm.images.stats["encoded"] == 4 and out.usage.prompt_tokens > 4 * 3 * 4
+    metrics = llm.engine.metrics_text()
+    assert "dualpath_image_encoder_images_total 4" in metrics and "dualpath_image_encoder_seconds_total" in metrics

@@ -57,6 +57,11 @@ class Job:
     def tokens(self, i: int) -> int:
         return len(self.items[i])
 
+    def pieces(self, runner):
+        """A generator that runs every item a piece at a time, yielding between pieces, and
+        returns the results; None for a job whose items run whole (``run``)."""
+        return None
+
 
 class EmbedJob(Job):
     """Texts to embed: ``EncoderRunner.embed(items, pooling, normalize)``, a vector (dim,) each."""
@@ -83,11 +88,48 @@ class RankJob(Job):
         return [h[0] for h in runner.hidden(items)]
 
 
+class ImageJob(Job):
+    """An image's squares (S, S, 3) uint8 for a ``VisionEncoder``: one result, the embeddings
+    (squares, tokens, width), made a piece at a time (``VisionEncoder.pieces``), so that no
+    chat waits longer than the queue's slice for a square's whole encode."""
+
+    def __init__(self, squares, on_done):
+        super().__init__([[0]], on_done)
+        self.squares = squares
+
+    def key(self) -> tuple:
+        return ("image",)
+
+    def tokens(self, i: int) -> int:
+        return len(self.squares)
+
+    def pieces(self, runner):
+        return _listed(runner.pieces(self.squares))
+
+
+def _listed(pieces):
+    return [(yield from pieces)]
+
+
+def _cancelled():
+    """A piecewise job's generator once the job is cancelled: it ends at once."""
+    return None
+    yield
+
+
+IDLE_SLICE_S = 0.05
+"""With no chat running, the longest a piecewise job runs before the engine looks for new
+requests (a request that arrives then starts within this)."""
+
+
 class EncoderQueue:
     """Jobs waiting for ``runner`` and the slices that run them (see the module docstring)."""
 
-    def __init__(self, runner, *, share: float = 0.3, max_batch_tokens: int = 2048, max_jobs: int | None = None):
+    def __init__(self, runner, *, share: float = 0.3, max_batch_tokens: int = 2048, max_jobs: int | None = None,
+                 metric_prefix: str = "dualpath_encoder", what: tuple[str, str] = ("texts", "Texts")):
         self.runner = runner
+        self.metric_prefix, self.what = metric_prefix, what
+        """Its /metrics names' prefix, and what an item is (plural, and capitalised)."""
         self.max_jobs = max_jobs
         """Jobs waiting at most beside the one in progress; another is refused (QueueFullError: a 429)."""
         self.share = share
@@ -101,6 +143,7 @@ class EncoderQueue:
         self._credit_s = 0.0   # encoder time allowed beside chats; negative: a slice overran it
         self._rate = 0.0       # tokens per second of recent slices (0: none measured yet)
         self._thread: threading.Thread | None = None
+        self._piecewise: tuple | None = None  # (job, its generator): the job run a piece at a time
         self._cv = threading.Condition(self._mu)
         self._stopping = False
         # Counters for /metrics.
@@ -132,9 +175,11 @@ class EncoderQueue:
             job.cancelled = True
             if job in self._jobs:
                 self._jobs.remove(job)
+            if self._piecewise is not None and self._piecewise[0] is job:  # (the stepping thread closes it)
+                self._piecewise = (job, _cancelled())
 
     def has_work(self) -> bool:
-        return bool(self._jobs)
+        return bool(self._jobs) or self._piecewise is not None
 
     @property
     def num_jobs(self) -> int:
@@ -154,6 +199,15 @@ class EncoderQueue:
             if self._credit_s <= 0:
                 return 0
             budget = int(self._credit_s * self._rate) if self._rate else 1
+        if self._piecewise is None:
+            with self._mu:
+                job = self._jobs[0] if self._jobs else None
+                pieces = job.pieces(self.runner) if job is not None else None
+                if pieces is not None:
+                    self._jobs.popleft()
+                    self._piecewise = (job, pieces)
+        if self._piecewise is not None:
+            return self._step_pieces(IDLE_SLICE_S if beside_s is None else self._credit_s, beside_s is not None)
         taken = self._take(max(1, min(budget, self.max_batch_tokens)))
         if not taken:
             return 0
@@ -174,6 +228,40 @@ class EncoderQueue:
             self.shared_batches += jobs > 1
             self.most_jobs_in_batch = max(self.most_jobs_in_batch, jobs)
         return len(taken)
+
+    def _step_pieces(self, seconds: float, beside: bool) -> int:
+        """Pieces of the piecewise job for ``seconds`` (at least one); 1 when it ended."""
+        job, pieces = self._piecewise
+        t0 = time.perf_counter()
+        done, error, results = False, None, None
+        try:
+            while True:
+                next(pieces)
+                if time.perf_counter() - t0 >= seconds:
+                    break
+        except StopIteration as end:
+            done, results = True, end.value
+        except Exception as e:  # this job fails; the queue goes on
+            log.exception("encoder job failed")
+            done, error = True, e
+        took = time.perf_counter() - t0
+        if beside:
+            self._credit_s -= took
+        with self._mu:
+            self.busy_s += took
+            if done:
+                self._piecewise = None
+                self.batches += 1
+                self.items_run += len(job.items)
+                self.tokens_run += sum(job.tokens(i) for i in range(len(job.items)))
+        if not done:
+            return 0
+        if error is not None:
+            self._fail(job, error)
+        elif not job.cancelled:
+            job.results, job.remaining = results, 0
+            job.on_done(results, None)
+        return len(job.items)
 
     def _take(self, budget: int) -> list[tuple[Job, int]]:
         """(job, item index) pairs from the oldest jobs on, while their tokens fit ``budget``
@@ -247,6 +335,9 @@ class EncoderQueue:
             self._stopping = True
             left = list(self._jobs)
             self._cv.notify_all()
+        if self._piecewise is not None:
+            left.append(self._piecewise[0])
+            self._piecewise = None
         for job in left:
             self._fail(job, InternalError("the server is stopping; these embeddings were not computed"))
         if self._thread is not None:
@@ -256,23 +347,23 @@ class EncoderQueue:
     # -- metrics -------------------------------------------------------------------------
     def metrics_lines(self) -> list[str]:
         """Prometheus lines of the queue's counters."""
+        few, many = self.what
         with self._mu:
             rows = [
-                ("dualpath_encoder_batches_total", "counter", "Encoder runs (one slice of queued texts each).",
-                 self.batches),
-                ("dualpath_encoder_shared_batches_total", "counter",
-                 "Encoder runs that held texts of two requests or more.", self.shared_batches),
-                ("dualpath_encoder_most_requests_per_batch", "gauge",
-                 "The most requests whose texts one encoder run held.", self.most_jobs_in_batch),
-                ("dualpath_encoder_texts_total", "counter", "Texts the encoder ran.", self.items_run),
-                ("dualpath_encoder_tokens_total", "counter", "Tokens the encoder ran.", self.tokens_run),
-                ("dualpath_encoder_seconds_total", "counter", "Seconds the encoder ran.", f"{self.busy_s:.6f}"),
-                ("dualpath_encoder_failed_requests_total", "counter", "Encoder requests that failed.",
-                 self.failed_jobs),
-                ("dualpath_encoder_queue_depth", "gauge", "Encoder requests waiting or in progress.",
-                 len(self._jobs)),
+                ("batches_total", "counter", f"Encoder runs (one slice of queued {few} each).", self.batches),
+                ("shared_batches_total", "counter",
+                 f"Encoder runs that held {few} of two requests or more.", self.shared_batches),
+                ("most_requests_per_batch", "gauge",
+                 f"The most requests whose {few} one encoder run held.", self.most_jobs_in_batch),
+                (f"{few}_total", "counter", f"{many} the encoder ran.", self.items_run),
+                ("tokens_total", "counter", "Tokens the encoder ran.", self.tokens_run),
+                ("seconds_total", "counter", "Seconds the encoder ran.", f"{self.busy_s:.6f}"),
+                ("failed_requests_total", "counter", "Encoder requests that failed.", self.failed_jobs),
+                ("queue_depth", "gauge", "Encoder requests waiting or in progress.",
+                 len(self._jobs) + (self._piecewise is not None)),
             ]
         out = []
         for name, kind, help_text, value in rows:
+            name = f"{self.metric_prefix}_{name}"
             out += [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}", f"{name} {value}"]
         return out

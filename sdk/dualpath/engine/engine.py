@@ -94,8 +94,9 @@ class Engine(AsyncAPI):
         self._wake = threading.Condition(self._mu)
         self._thread: threading.Thread | None = None
         self._stopping = False
-        self.encoder_queue: EncoderQueue | None = None
-        """An embedding model's work, run beside the chats a slice per step (``attach_encoder``)."""
+        self.encoder_queues: list[EncoderQueue] = []
+        """Encoder work (an embedding model's texts, a projector's images), run beside the
+        chats a slice per step (``attach_encoder``)."""
 
     # -- requests --------------------------------------------------------------
     @property
@@ -156,7 +157,7 @@ class Engine(AsyncAPI):
 
     def attach_encoder(self, queue: EncoderQueue) -> None:
         """Step ``queue`` (engine/encoder_queue.py) after every step, its share of the time beside chats."""
-        self.encoder_queue = queue
+        self.encoder_queues.append(queue)
         queue.wake = self._notify
 
     def _notify(self) -> None:  # encoder work queued: the background loop runs it (started on first use)
@@ -233,8 +234,7 @@ class Engine(AsyncAPI):
             return len(plan.seqs)
 
     def _encoder_step(self, beside_s: float | None) -> int:
-        q = self.encoder_queue
-        return q.step(beside_s) if q is not None and q.has_work() else 0
+        return sum(q.step(beside_s) for q in self.encoder_queues if q.has_work())
 
     def _make_outputs(self, seqs: list[SeqStep], logits: np.ndarray, now: float) -> StepResults[EngineRequest]:
         """Every sequence's output from its rows of the run (not holding _mu): the tokens
@@ -323,7 +323,7 @@ class Engine(AsyncAPI):
         while True:
             with self._mu:
                 while not (self._stopping or self.scheduler.has_work() or self._aborts
-                           or (self.encoder_queue is not None and self.encoder_queue.has_work())):
+                           or any(q.has_work() for q in self.encoder_queues)):
                     self._wake.wait()
                 if self._stopping:
                     return
@@ -352,8 +352,7 @@ class Engine(AsyncAPI):
             text = self.metrics.render(waiting=len(self.scheduler.waiting), running=len(self.scheduler.running),
                                        cache=stats, preemptions=self.scheduler.preemptions,
                                        profile=self.power_profile, disk=disk.stats if disk else None)
-        q = self.encoder_queue
-        return text if q is None else text + "\n".join(q.metrics_lines()) + "\n"
+        return text + "".join("\n".join(q.metrics_lines()) + "\n" for q in self.encoder_queues)
 
 
 def _new_request(engine: Engine, rid: str, ids: list[int], params: SamplingParams, sink, fork_sinks: Sequence,

@@ -97,19 +97,27 @@ rows of ``out_width``, not the n rows of the model's width."""
                 self._plan.append((session, session.io_binding(), step))
 
     def run(self, feeds: dict[str, np.ndarray], n: int, out_rows: int | None = None) -> np.ndarray:
-        with self._lock:
-            return self._run(feeds, n, n if out_rows is None else out_rows)
+        return run_pieces(self.pieces(feeds, n, out_rows))
 
-    def _run(self, feeds: dict[str, np.ndarray], n: int, out_rows: int) -> np.ndarray:
+    def pieces(self, feeds: dict[str, np.ndarray], n: int, out_rows: int | None = None):
+        """``run`` a piece at a time: a generator that yields after each of the plan's steps
+        (a graph, a product, an attention) and returns the states. It holds the program from
+        its first piece until it ends or is closed (another batch's pieces wait)."""
+        with self._lock:
+            return (yield from self._pieces(feeds, n, n if out_rows is None else out_rows))
+
+    def _pieces(self, feeds: dict[str, np.ndarray], n: int, out_rows: int):
         hidden = np.empty((out_rows, self.dim), np.float32)
         rebind = n != self._rows  # the crossing buffers never move: bound again only for another n
         self._rows = n
         for step in self._plan:
             if isinstance(step, LMatmul):
                 step.run(n, self.pool)
+                yield
                 continue
             if isinstance(step, EncAttention):
                 step.run(feeds["starts"], self.pool)
+                yield
                 continue
             session, binding, part = step
             for name in part.inputs:
@@ -124,7 +132,17 @@ rows of ``out_width``, not the n rows of the model's width."""
                 elif rebind:
                     _bind(binding.bind_output, name, self._buf[name][:n])
             session.run_with_iobinding(binding)
+            yield
         return hidden
+
+
+def run_pieces(pieces):
+    """Run a generator of pieces (``EncoderProgram.pieces``) to its end: what it returns."""
+    while True:
+        try:
+            next(pieces)
+        except StopIteration as done:
+            return done.value
 
 
 def _bind(bind, name: str, a: np.ndarray) -> None:

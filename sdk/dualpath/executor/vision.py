@@ -20,7 +20,7 @@ import numpy as np
 from ..graph.parts import encoder_graph
 from ..models.mmproj import VisionSpec, vision_spec
 from ..models.spec import ModelSpec
-from .encoder_program import EncoderProgram
+from .encoder_program import EncoderProgram, run_pieces
 
 
 class VisionEncoder:
@@ -62,16 +62,23 @@ class VisionEncoder:
     def encode(self, squares) -> np.ndarray:
         """The embeddings (B, tokens_per_square, text_dim) f32 of ``squares``, a sequence of
         (S, S, 3) uint8 images, ``batch`` squares a run."""
+        return run_pieces(self.pieces(squares))
+
+    def pieces(self, squares):
+        """``encode`` a piece at a time (``EncoderProgram.pieces``): a generator that yields
+        between the pieces and returns the embeddings, for a caller that runs other work
+        between them (the engine's steps: engine/encoder_queue.py)."""
         squares = np.asarray(squares)
         if squares.ndim == 3:
             squares = squares[None]
         out = np.empty((len(squares), self.tokens_per_square, self.spec.text_dim), np.float32)
         for i in range(0, len(squares), self.batch):
             part = squares[i:i + self.batch]
-            out[i:i + len(part)] = self._run(part).reshape(len(part), self.tokens_per_square, -1)
+            rows = yield from self._pieces(part)
+            out[i:i + len(part)] = rows.reshape(len(part), self.tokens_per_square, -1)
         return out
 
-    def _run(self, squares: np.ndarray) -> np.ndarray:
+    def _pieces(self, squares: np.ndarray):
         B, P = len(squares), self.spec.num_patches
         n = B * P
         rows = np.arange(n, dtype=np.int64)
@@ -79,4 +86,4 @@ class VisionEncoder:
         if self._program.padded:  # ONNX Runtime's attention: every square is whole, nothing is padded
             feeds["pad"], feeds["unpad"] = rows.reshape(B, P), rows
             feeds["mask"] = np.ones((B, P), np.int32)
-        return self._program.run(feeds, n, B * self.tokens_per_square)
+        return (yield from self._program.pieces(feeds, n, B * self.tokens_per_square))
