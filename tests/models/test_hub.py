@@ -354,6 +354,40 @@ def test_cli_run_hf_generates_what_the_file_generates(stories_repo):
     assert f"dualpath: {REPO}: stories260K-Q8_0.gguf (quant Q8_0, listed from the local HF cache)" in err
 
 
+def test_select_mmproj_prefers_f16_then_q8_0_then_f32():
+    from dualpath.models.hub import select_mmproj
+
+    files = ["m-Q4_K_M.gguf", "mmproj-model-f32.gguf", "mmproj-model-Q8_0.gguf", "mmproj-model-f16.gguf"]
+    assert select_mmproj(files) == "mmproj-model-f16.gguf"
+    assert select_mmproj(files[:3]) == "mmproj-model-Q8_0.gguf"
+    assert select_mmproj(["x/mmproj-SmolVLM-256M-F32.gguf", "a.gguf"]) == "x/mmproj-SmolVLM-256M-F32.gguf"
+    assert select_mmproj(["a.gguf", "README.md"]) is None
+
+
+def test_cli_hf_finds_the_projector_beside_a_vision_model(hf_cache, tmp_path):
+    """``run -hf REPO --image FILE``: the repository's projector file is loaded with the model,
+    as llama.cpp's ``-hf`` does; ``--no-mmproj`` leaves it out (the image is then refused)."""
+    pytest.importorskip("PIL", reason="the [vision] extra (Pillow) decodes images")
+    import numpy as np
+    from PIL import Image
+
+    from dualpath.models.synth_vision import synth_mmproj, synth_text
+
+    text = synth_text(tmp_path / "text.gguf", "smolvlm-tiny", "F16")
+    mmproj = synth_mmproj(tmp_path / "mmproj.gguf", "smolvlm-tiny", "F16")
+    write_hf_snapshot(hf_cache.hub, "owner/tiny-vlm", {"tiny-vlm-F16.gguf": Path(text).read_bytes(),
+                                                       "mmproj-tiny-vlm-f16.gguf": Path(mmproj).read_bytes()})
+    picture = tmp_path / "pic.png"
+    Image.fromarray(np.random.default_rng(0).integers(0, 256, (40, 60, 3), dtype=np.uint8)).save(picture)
+    args = ["run", "-hf", "owner/tiny-vlm:F16", "--image", picture, "-n", "4", "-t", "1", "What is it?"]
+    proc = run_cli(args, hf_cache.env)
+    err = proc.stderr.decode()
+    assert proc.returncode == 0, err
+    assert "its image projector: owner/tiny-vlm: mmproj-tiny-vlm-f16.gguf" in err
+    proc = run_cli(args + ["--no-mmproj"], hf_cache.env)
+    assert proc.returncode != 0 and "takes text only" in proc.stderr.decode()
+
+
 def test_cli_info_hf_and_long_option(stories_repo):
     proc = run_cli(["info", "--hf-repo", f"{REPO}:F32"], stories_repo.env)
     out = proc.stdout.decode()

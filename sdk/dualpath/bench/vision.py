@@ -1,7 +1,8 @@
 """``dualpath bench vision``: the time to encode one image, and to the first token of a question
 about it, DualPath beside llama.cpp's ``mtmd`` on the same text model and projector file; and
 DualPath's first token for a second question on the same image, in the same process and after
-a restart (the prefix cache on disk: the image's embeddings and pages).
+a restart (the prefix cache on disk: the image's embeddings and pages). With ``--concurrent N``,
+a chat's decode rate alone and while a request with N images is encoded beside it.
 
 The image is ``--image`` (PNG or JPEG) or a seeded noise image of ``--size`` (the encoder's
 cost does not depend on what the pixels show); both engines cut it into the same squares
@@ -79,6 +80,53 @@ def worker(mmproj: str, image: str, threads: int, inner: int) -> dict:
             "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
 
 
+def concurrent_worker(model: str, mmproj: str, image: str, threads: int, images: int, alone_s: float) -> dict:
+    """DualPath's run: a chat decodes alone for ``alone_s``, then a request with ``images``
+    copies of ``image`` (each shifted a little: every one is encoded) arrives; the chat's
+    token times give its decode rate alone and while the images are encoded, and its longest
+    wait between two tokens."""
+    import threading
+
+    from ..config import load_config
+    from ..llm import LLM
+    from ..sampling_params import SamplingParams
+    from ..vision.prompt import MARKER
+
+    rgb = np.load(image)
+    llm = LLM(model, load_config(None, {"runtime.num_threads": threads}), mmproj=mmproj)
+    assert llm.images is not None  # loaded with mmproj
+    chat = llm.stream("Once upon a time", SamplingParams(max_tokens=llm.context_tokens - 16, temperature=0.0,
+                                                          ignore_eos=True))
+    times: list[float] = []
+
+    def decode() -> None:
+        for _ in chat:
+            times.append(time.perf_counter())
+
+    thread = threading.Thread(target=decode, daemon=True)
+    thread.start()
+    while len(times) < 8:  # past the prompt
+        time.sleep(0.01)
+    t0 = time.perf_counter()
+    time.sleep(alone_s)
+    t1 = time.perf_counter()
+    pictures = [np.roll(rgb, i, axis=1) for i in range(images)]
+    llm.generate(MARKER * images + " What are these?", SamplingParams(max_tokens=1, temperature=0.0), images=pictures)
+    t2 = time.perf_counter()
+    chat.close()
+    thread.join()
+
+    def rate(a: float, b: float) -> float:
+        return sum(a <= t < b for t in times) / (b - a)
+
+    during = [t for t in times if t1 <= t < t2]
+    gaps = np.diff([t1] + during + [t2])
+    alone_gaps = np.diff([t for t in times if t0 <= t < t1])
+    return {"alone_tps": rate(t0, t1), "during_tps": rate(t1, t2), "encode_s": t2 - t1,
+            "max_gap_ms": float(gaps.max()) * 1e3, "alone_step_ms": float(np.median(alone_gaps)) * 1e3,
+            "encoded": llm.images.stats["encoded"]}
+
+
 def load_image(path: str | None, size: tuple[int, int]) -> np.ndarray:
     """``path`` decoded to (height, width, 3) uint8 RGB, or a seeded noise image of ``size`` (width, height)."""
     if path is None:
@@ -149,6 +197,14 @@ def run_vision(model: str, mmproj: str, rgb: np.ndarray, threads: int, repeats: 
     return out
 
 
+def run_concurrent(model: str, mmproj: str, rgb: np.ndarray, threads: int, images: int) -> dict:
+    with tempfile.TemporaryDirectory(prefix="dualpath-bench-vision-") as tmp:
+        image = os.path.join(tmp, "image.npy")
+        np.save(image, rgb)
+        return run_worker(concurrent_worker, {"model": model, "mmproj": mmproj, "image": image, "threads": threads,
+                                              "images": images, "alone_s": 5.0}, timeout_s=TIMEOUT_S)
+
+
 def print_result(res: dict) -> None:
     h, w = res["image"]
     print(f"{res['mmproj']} (text model {res['model']}): one {w}x{h} image, {res['threads']} threads, "
@@ -159,6 +215,12 @@ def print_result(res: dict) -> None:
               f"{res['llama_cpp_tokens']} embeddings (FA {res['flash_attn']}; "
               + ", ".join(f"{s} {v:.1f}" for s, v in res["settings"].items()) + ")")
         print(f"time ratio (DualPath / llama.cpp): {res['ratio']:.2f}")
+    c = res.get("concurrent")
+    if c:
+        print(f"a chat decoding while a request's {c['images']} images are encoded ({c['encode_s']:.1f} s until its "
+              f"first token): {c['during_tps']:.1f} tokens/s, alone {c['alone_tps']:.1f} "
+              f"({c['alone_tps'] / max(c['during_tps'], 1e-9):.2f}x slower); its longest wait between tokens "
+              f"{c['max_gap_ms']:.0f} ms, a step alone {c['alone_step_ms']:.1f} ms")
     t = res.get("ttft")
     if t:
         print(f"time to first token, a question after the image ({t['positions']} positions): "
@@ -184,8 +246,11 @@ def cmd_bench_vision(args) -> int:
             print(f"dualpath bench: llama.cpp skipped: {e}", file=sys.stderr)
         else:
             llamacpp.print_build(peer, sys.stderr)
-    res = run_vision(args.model, args.mmproj, load_image(args.image, args.size), args.threads, args.repeats,
-                     args.inner, peer, ttft=not args.no_ttft)
+    rgb = load_image(args.image, args.size)
+    res = run_vision(args.model, args.mmproj, rgb, args.threads, args.repeats, args.inner, peer, ttft=not args.no_ttft)
+    if args.concurrent:
+        res["concurrent"] = {"images": args.concurrent,
+                             **run_concurrent(args.model, args.mmproj, rgb, args.threads, args.concurrent)}
     print_result(res)
     if peer is not None:
         llamacpp.print_build(peer)
@@ -213,6 +278,8 @@ def add_parser(bs) -> None:
     v.add_argument("-r", "--repeats", type=int, default=3, help="processes per engine, interleaved (default 3)")
     v.add_argument("--inner", type=int, default=3, help="timed encodes in each process (default 3)")
     v.add_argument("--no-peer", action="store_true", help="measure DualPath only")
+    v.add_argument("--concurrent", type=int, default=0, metavar="IMAGES",
+                   help="also time a chat's decode while a request with this many images is encoded (default 0: not)")
     v.add_argument("--no-ttft", action="store_true",
                    help="time the encode only, not the first token of questions about the image")
     v.add_argument("--peer-python", metavar="PATH",

@@ -65,6 +65,20 @@ def model_path(args) -> str:
     return path
 
 
+def mmproj_path(args, wanted: bool = True) -> str | None:
+    """The image projector of a run: ``--mmproj``, or with ``-hf`` the one beside the model
+    (as llama.cpp's ``-hf`` finds it) where images may come (``wanted``) and ``--no-mmproj``
+    is not given."""
+    if args.mmproj or not (wanted and getattr(args, "hf_repo", None) and not args.no_mmproj):
+        return args.mmproj
+    from ..models.hub import resolve_hf_mmproj
+
+    found = resolve_hf_mmproj(args.hf_repo)
+    if found is not None:
+        print(f"dualpath: its image projector: {found.describe()} (--no-mmproj leaves it out)", file=sys.stderr)
+    return found.path if found is not None else None
+
+
 def sampling_from_args(args, prompt_tokens: int):
     from ..sampling_params import SamplingParams
 

@@ -6,14 +6,14 @@ import contextlib
 import os
 import sys
 
-from .common import ProgressBar, config_from_args, load_report, model_path, sampling_from_args
+from .common import ProgressBar, config_from_args, load_report, mmproj_path, model_path, sampling_from_args
 
 
 def cmd_run(args) -> int:
     from ..llm import LLM
 
     llm = LLM(model_path(args), config_from_args(args), tokenizer_path=args.tokenizer, progress=ProgressBar(),
-              mmproj=args.mmproj)
+              mmproj=mmproj_path(args, bool(args.image)))
     if args.load_report:
         print(load_report(llm.load_stats), file=sys.stderr)
     prompt = args.prompt if args.prompt is not None else ""
@@ -103,7 +103,7 @@ def cmd_chat(args) -> int:
         except ImportError:  # Termux's Python may lack it: a plain prompt then
             pass
     llm = LLM(model_path(args), config_from_args(args), tokenizer_path=args.tokenizer, progress=ProgressBar(),
-              mmproj=args.mmproj)
+              mmproj=mmproj_path(args))
     params = sampling_from_args(args, 0)
     chat = Chat(llm, args.system, params, reply_tokens=args.max_tokens)
     out, err = sys.stdout, sys.stderr

@@ -144,7 +144,8 @@ def model_args(sp) -> None:
 def vision_args(sp) -> None:
     """A text model's image projector (llama.cpp's ``--mmproj``)."""
     sp.add_argument("--mmproj", metavar="FILE", help="the model's image projector GGUF (as llama.cpp's --mmproj): "
-                    "the model then takes images (needs the [vision] extra)")
+                    "the model then takes images (needs the [vision] extra); with -hf, the repository's is found")
+    sp.add_argument("--no-mmproj", action="store_true", help="with -hf: leave the repository's projector file out")
 
 
 def sampling_args(sp, temperature: float) -> None:

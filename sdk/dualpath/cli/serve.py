@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from .common import model_path, overrides_from_args
+from .common import mmproj_path, model_path, overrides_from_args
 
 
 def cmd_serve(args) -> int:
@@ -43,7 +43,7 @@ def cmd_serve(args) -> int:
     # The server is the long-lived process an app restarts: its prompt pages go to disk
     # unless the config or --no-prefix-cache says never.
     llm = LLM(model_path(args), chat_config(cfg, embedder), tokenizer_path=args.tokenizer,
-              prefix_cache=cfg.prefix_cache.use != "never", mmproj=args.mmproj)
+              prefix_cache=cfg.prefix_cache.use != "never", mmproj=mmproj_path(args))
     if llm.encoder is not None and embedder is not None:
         from ..errors import ConfigError
 

@@ -138,6 +138,45 @@ def resolve_hf_model(repo: str, quant: str | None = None, filename: str | None =
     return found
 
 
+MMPROJ_PREFERENCE = ("f16", "q8_0", "f32")
+"""A projector file's weight type, in the order one beside a model is chosen (the types
+projector files may have: models/mmproj.py)."""
+
+
+def select_mmproj(files: list[str]) -> str | None:
+    """The projector file (``mmproj*.gguf``) among a repository's ``files``, as llama.cpp's
+    ``-hf`` finds one beside the model: F16 before Q8_0 before F32; None when there is none."""
+    found = sorted(f for f in files if os.path.basename(f).lower().startswith("mmproj") and f.endswith(".gguf"))
+    for kind in MMPROJ_PREFERENCE:
+        for f in found:
+            if re.search(rf"(^|[-_.]){kind}[-_.]", os.path.basename(f).lower()):
+                return f
+    return found[0] if found else None
+
+
+def resolve_hf_mmproj(repo: str, *, revision: str | None = None, cache_dir: str | os.PathLike | None = None,
+                      offline: bool | None = None) -> HubFile | None:
+    """The projector file beside the model ``repo`` names (``select_mmproj``), downloaded or
+    found in the cache; None when the repository has none. Errors as ``resolve_hf_model``'s."""
+    repo_id, quant, _ = parse_hf_repo(repo)
+    try:
+        import huggingface_hub  # noqa: F401
+    except ImportError:
+        raise HubModelError(repo_id, quant, "loading from the Hugging Face Hub needs huggingface_hub: "
+                                            "pip install 'dualpath[hub]'") from None
+    from huggingface_hub import constants
+
+    offline = _offline() if offline is None else offline
+    cache_dir = os.fspath(cache_dir) if cache_dir is not None else constants.HF_HUB_CACHE
+    files, commit, listed_from = _list_files(repo_id, quant, revision, cache_dir, offline)
+    chosen = select_mmproj(files)
+    if chosen is None:
+        return None
+    path = _download(repo_id, quant, chosen, commit if listed_from == "cache" else revision, cache_dir,
+                     local_only=offline or listed_from == "cache", offline=offline)
+    return HubFile(repo_id=repo_id, filename=chosen, path=path, quant=None, listed_from=listed_from)
+
+
 def select_gguf(repo_id: str, files: list[str], quant: str | None = None, filename: str | None = None,
                 listed_from: str = "hub") -> tuple[str, str | None]:
     """The model file to load among ``files`` (paths inside the repository), and the quant
@@ -337,4 +376,5 @@ def _download(repo_id: str, quant: str | None, filename: str, revision: str | No
         raise _hub_error(repo_id, quant, e, f"downloading {filename}") from e
 
 
-__all__ = ["DEFAULT_QUANTS", "HubFile", "HubModelError", "parse_hf_repo", "resolve_hf_model", "select_gguf"]
+__all__ = ["DEFAULT_QUANTS", "HubFile", "HubModelError", "parse_hf_repo", "resolve_hf_mmproj", "resolve_hf_model",
+           "select_gguf", "select_mmproj"]
