@@ -143,6 +143,10 @@ def test_another_image_is_another_prefix(pair):
     ids_b, embeds_b = llm.images.prompt(prompt, [b])
     first = embeds_a[0][0]
     assert ids_a[:first] == ids_b[:first] and ids_a[first:] != ids_b[first:]
+    from dualpath.tokenizer.spec import TOKEN_NORMAL
+
+    types = llm.tokenizer.spec.token_types
+    assert all(types[ids_a[p + i]] == TOKEN_NORMAL for p, rows, _ in embeds_a for i in range(len(rows)))
     llm.generate(prompt, params, images=[a])
     out = llm.generate(prompt, params, images=[b])
     assert 0 < out.usage.cached_prompt_tokens <= first

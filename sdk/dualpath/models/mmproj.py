@@ -247,7 +247,10 @@ def load_projector(path: str | os.PathLike, sink=None) -> ModelSpec:
     """The projector file ``path`` (checked by ``read_mmproj``) as a ``ModelSpec``: its weights
     under ``weight_key``'s names in the layouts the graphs read, the ``VisionSpec`` in its
     metadata. The patch embedding becomes a (dim, 3 * patch * patch) f32 matrix and Gemma 3's
-    projection, stored (in, out), an (out, in) one. ``sink``: as ``load_model``'s."""
+    projection, stored (in, out), an (out, in) one. Idefics3's projection runs after the pixel
+    shuffle, on a quarter of the rows, where our kernels' products do not: a Q8_0 one is f32
+    too (ONNX Runtime's 8-bit MatMulNBits needs 1.22; the matrix is small). ``sink``: as
+    ``load_model``'s."""
     import gguf
     import numpy as np
 
@@ -260,10 +263,13 @@ def load_projector(path: str | os.PathLike, sink=None) -> ModelSpec:
     weights: dict[str, Weight] = {}
     for t in reader.tensors:
         key = weight_key(t.name)
-        if key in ("patch_embd", "mm.proj"):
+        if key in ("patch_embd", "mm.proj") or (key == "mm.fc" and t.tensor_type.name == "Q8_0"):
             shape = spec.tensors[t.name][0]
             data = np.asarray(gguf.quants.dequantize(t.data, t.tensor_type), np.float32).reshape(shape)
-            data = data.reshape(spec.dim, -1) if key == "patch_embd" else np.ascontiguousarray(data.T)
+            if key == "patch_embd":
+                data = data.reshape(spec.dim, -1)
+            elif key == "mm.proj":  # stored (in, out)
+                data = np.ascontiguousarray(data.T)
             w = Weight(key, "f32", data.shape, data, source_type=t.tensor_type.name)
         else:
             w = convert_tensor(path, t.name, t, key)

@@ -13,7 +13,7 @@ token by their text (``Lookup``: mtmd's ``lookup_token``). Per projector kind:
   ``<fake_token_around_image>``, ``<global-img>``, the overview's rows and
   ``<fake_token_around_image>``.
 
-An image's rows stand in the ids as tokens derived from the image's digest (``placeholder_ids``):
+An image's rows stand in the ids as normal tokens drawn from the image's digest (``placeholder_ids``):
 every hash over a prompt's ids (the prefix cache's page chain, in memory and on disk) then
 tells two images apart, and the same image in the same place is the same prefix.
 """
@@ -74,11 +74,22 @@ def find_token(tokenizer, text: str) -> int | None:
     return next((i for i in range(len(table)) if table[i] == want), None)
 
 
-def placeholder_ids(digest: bytes, count: int, vocab_size: int) -> list[int]:
-    """``count`` token ids drawn from ``digest`` (the image's and projector's): what an
-    image's rows are in the ids (module docstring)."""
+def placeholder_ids(digest: bytes, count: int, vocab: np.ndarray) -> list[int]:
+    """``count`` token ids drawn from ``digest`` (the image's and projector's) among ``vocab``
+    (``plain_ids``): what an image's rows are in the ids (module docstring)."""
     seed = int.from_bytes(hashlib.blake2b(digest, digest_size=16).digest(), "little")
-    return np.random.default_rng(seed).integers(0, vocab_size, count).tolist()
+    return vocab[np.random.default_rng(seed).integers(0, len(vocab), count)].tolist()
+
+
+def plain_ids(tokenizer) -> np.ndarray:
+    """The ids of the vocabulary's normal tokens (all ids where it has no types): no control
+    token (BOS, ``<think>``, an end of turn) ever stands for an image's row, so nothing that
+    looks for one in a prompt finds it there."""
+    from ..tokenizer.spec import TOKEN_NORMAL
+
+    types = tokenizer.spec.token_types
+    normal = np.flatnonzero(np.asarray(types) == TOKEN_NORMAL) if types is not None else np.empty(0, np.int64)
+    return normal if len(normal) else np.arange(tokenizer.vocab_size)
 
 
 def build(tokenizer, text: str, images: list, projector: str, add_bos: bool = True) -> tuple[list[int], tuple]:
@@ -94,12 +105,13 @@ def build(tokenizer, text: str, images: list, projector: str, add_bos: bool = Tr
         ids.append(tokenizer.bos_id)
     embeds = []
     found: dict[str, int | None] = {}
+    vocab = plain_ids(tokenizer)
     for i, part in enumerate(parts):
         ids += tokenizer.encode(part, add_bos=False, parse_special=True) if part else []
         if i == len(images):
             break
         grid, rows, digest = images[i]
-        fill = iter(placeholder_ids(digest, rows.shape[0] * rows.shape[1], tokenizer.vocab_size))
+        fill = iter(placeholder_ids(digest, rows.shape[0] * rows.shape[1], vocab))
         for item in layout(projector, grid, len(rows)):
             if isinstance(item, int):
                 embeds.append((len(ids), rows[item], projector in MUTUAL))
