@@ -19,6 +19,7 @@ from collections import OrderedDict
 import numpy as np
 
 from .cache.disk import EmbeddingStore
+from .engine.encoder_queue import EncoderQueue, ImageJob
 from .errors import ImageError, ModelLoadError
 from .executor.vision import VisionEncoder
 from .models.mmproj import check_text_model
@@ -55,14 +56,12 @@ class ImageInput:
         self.stats = {"images": 0, "encoded": 0, "encode_s": 0.0, "from_disk": 0}
         """Images asked for, images encoded (in no cache) and the seconds until their embeddings
         (waiting beside chats included), images read from disk."""
-        self.queue = None
+        self.queue: EncoderQueue | None = None
         """The engine's queue the encodes run on (``attach``), or None: in the caller's thread."""
 
     def attach(self, engine, share: float) -> None:
         """Encode on ``engine``'s stepping thread from now on, a piece at a time beside its
         chats (engine/encoder_queue.py, ``share`` of each step's time), not in the caller's."""
-        from .engine.encoder_queue import EncoderQueue
-
         self.queue = EncoderQueue(self.encoder, share=share, metric_prefix="dualpath_image_encoder",
                                   what=("images", "Images"))
         engine.attach_encoder(self.queue)
@@ -72,8 +71,6 @@ class ImageInput:
         them here), else now."""
         if self.queue is None:
             return self.encoder.encode(squares)
-        from .engine.encoder_queue import ImageJob
-
         done = threading.Event()
         out: list = []
 

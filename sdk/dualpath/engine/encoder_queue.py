@@ -231,6 +231,7 @@ class EncoderQueue:
 
     def _step_pieces(self, seconds: float, beside: bool) -> int:
         """Pieces of the piecewise job for ``seconds`` (at least one); 1 when it ended."""
+        assert self._piecewise is not None  # step() set it
         job, pieces = self._piecewise
         t0 = time.perf_counter()
         done, error, results = False, None, None

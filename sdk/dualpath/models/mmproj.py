@@ -265,7 +265,7 @@ def load_projector(path: str | os.PathLike, sink=None) -> ModelSpec:
         key = weight_key(t.name)
         if key in ("patch_embd", "mm.proj") or (key == "mm.fc" and t.tensor_type.name == "Q8_0"):
             shape = spec.tensors[t.name][0]
-            data = np.asarray(gguf.quants.dequantize(t.data, t.tensor_type), np.float32).reshape(shape)
+            data: np.ndarray = np.asarray(gguf.quants.dequantize(t.data, t.tensor_type), np.float32).reshape(shape)
             if key == "patch_embd":
                 data = data.reshape(spec.dim, -1)
             elif key == "mm.proj":  # stored (in, out)

@@ -71,12 +71,12 @@ class Request:
         """Proposed next tokens (speculative decoding): the next decode step runs them after
         the last known token, each with its logits row; the engine keeps those its samples
         agree with and the cache rolls back the rest."""
-        self.embeds: tuple = ()
+        self.embeds: tuple[tuple[int, np.ndarray], ...] = ()
         """((prompt position, rows (k, dim) f32), ...), in order, not overlapping: prompt
         tokens whose first residual is given (an image's embeddings), not their ids' rows.
         Every chunk that computes them takes its part (``chunk_embeds``), a recompute after
         preemption included."""
-        self.mutual: tuple = ()
+        self.mutual: tuple[tuple[int, int], ...] = ()
         """((start, end), ...) prompt positions whose tokens attend to each other, not only to
         those before them (Gemma 3's image rows, as llama.cpp decodes an image's batch with
         causal attention off): each token of a span sees the span's last position. Its
@@ -88,16 +88,16 @@ class Request:
         span that begins after it (the span then starts the next chunk, whole)."""
         for lo, hi in self.mutual:
             if start < lo < start + n < hi:
-                return lo - start
+                return int(lo - start)
         return n
 
-    def chunk_mutual(self, start: int, end: int) -> tuple:
+    def chunk_mutual(self, start: int, end: int) -> tuple[tuple[int, int], ...]:
         """``SeqStep.mutual`` of a chunk of known tokens [start, end): the ``mutual`` spans'
         parts inside it, as offsets from ``start``."""
         return tuple((max(lo, start) - start, min(hi, end) - start) for lo, hi in self.mutual
                      if max(lo, start) < min(hi, end))
 
-    def chunk_embeds(self, start: int, end: int) -> tuple:
+    def chunk_embeds(self, start: int, end: int) -> tuple[tuple[int, np.ndarray], ...]:
         """``SeqStep.embeds`` of a chunk of known tokens [start, end): the parts of
         ``embeds`` inside it, at their offsets from ``start``."""
         out = []

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+import numpy as np
+
 from ..cache.manager import KVCacheManager, NoRoom
 from ..cache.policy import PathPolicy
 from .step import SeqStep, StepArrays, StepPlan
@@ -49,7 +51,7 @@ class SequenceSteps:
         return seq_id, self.cache.start(seq_id, list(prompt_ids))
 
     def plan_sequence(self, seq_id: int, token_ids: list[int], all_rows: bool = False,
-                      embeds: tuple = ()) -> StepPlan | NoRoom:
+                      embeds: tuple[tuple[int, np.ndarray], ...] = ()) -> StepPlan | NoRoom:
         """A step of ``token_ids`` appended to the sequence, laid out (its last row's logits,
         or every row's with ``all_rows``; ``embeds``: ``SeqStep.embeds``), or NoRoom when the
         cache cannot hold them."""

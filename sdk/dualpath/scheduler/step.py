@@ -36,7 +36,8 @@ class SeqStep:
     __slots__ = ("request", "seq_id", "token_ids", "alloc", "logits", "hidden", "draft", "embeds", "mutual")
 
     def __init__(self, request: Request | None, seq_id: int, token_ids: list[int], alloc: Allocation,
-                 logits: bool, hidden: bool = False, draft: int = 0, embeds: tuple = (), mutual: tuple = ()):
+                 logits: bool, hidden: bool = False, draft: int = 0,
+                 embeds: tuple[tuple[int, np.ndarray], ...] = (), mutual: tuple[tuple[int, int], ...] = ()):
         self.request = request     # None for a sequence driven on its own (warm-up, forward, a draft model)
         self.seq_id = seq_id
         self.token_ids = token_ids
@@ -74,7 +75,7 @@ class StepLayout(NamedTuple):
     """Kernel entries (a sequence, or a row of a sequence with proposals)."""
     num_spans: int
     """Kernel-view spans of every sequence together."""
-    embeds: tuple = ()
+    embeds: tuple[tuple[int, np.ndarray], ...] = ()
     """((row, rows (k, dim) f32), ...): the step's tokens from ``row`` on whose first
     residual is ``rows`` (an image's embeddings) instead of their ids' embeddings."""
 
@@ -138,7 +139,7 @@ class StepArrays:
         ``SeqStep.num_rows``) and record it in ``plan.layout``."""
         row = R = span = E = 0
         prefill = False
-        embeds: list = []
+        embeds: list[tuple[int, np.ndarray]] = []
         a = self.arange
         for e in plan.seqs:
             n = len(e.token_ids)
@@ -186,7 +187,8 @@ class StepArrays:
         plan.layout = StepLayout(row, R, prefill, E, span, tuple(embeds))
         return plan.layout
 
-    def _mutual_entries(self, E: int, mutual: tuple, row: int, n: int, pos0: int, span: int, ns: int) -> int:
+    def _mutual_entries(self, E: int, mutual: tuple[tuple[int, int], ...], row: int, n: int, pos0: int, span: int,
+                        ns: int) -> int:
         """The entries of a chunk with spans of mutual attention (``SeqStep.mutual``): the rows
         between spans as one entry each; a span's rows each an entry of its own that attends
         as a one-row step at the span's last position would, so that it sees the whole span
