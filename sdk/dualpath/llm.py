@@ -83,15 +83,7 @@ class LLM:
         try:
             self._load(store, model_path, tokenizer_path, progress, governor, prefix_cache, t0)
             if mmproj is not None:
-                from .images import ImageInput
-
-                rt = config.runtime
-                disk = self.prefix_store
-                self.images = ImageInput(store.load(mmproj, projector=True), self.spec, self.tokenizer,
-                                         rt.effective_num_threads(), rt.quantized_matmul_accuracy,
-                                         disk_root=disk.root if disk is not None else None,
-                                         disk_bytes=disk.max_bytes if disk is not None else 0)
-                self.images.attach(self.engine, rt.image_encoder_share)
+                self.images = _load_images(self, store, mmproj)
         finally:
             if not mc.enabled:
                 shutil.rmtree(store.root, ignore_errors=True)
@@ -103,34 +95,6 @@ class LLM:
                                                   f"{os.path.basename(str(self.spec.path))}: the chat template")
         """Renders the chat template in a worker process (started on first use, ended with the LLM)."""
         weakref.finalize(self, self.template_renderer.close)
-
-    def _open_prefix_store(self, prefix_cache, geometry):
-        """The prefix cache on disk (cache/disk.PrefixStore) for a KV cache of ``geometry``,
-        or None; the engine's cache is built with it."""
-        import onnxruntime
-
-        from .cache.disk import PrefixStore, default_root
-        from .executor.session import nbits8_graphs, prefix_salt
-        from .kernels import default_kernel
-
-        pc, rt = self.config.prefix_cache, self.config.runtime
-        if prefix_cache is None:
-            prefix_cache = pc.use == "always"
-        if prefix_cache is False:
-            return None
-        root = pc.dir or default_root() if prefix_cache is True else os.fspath(prefix_cache)
-        g = geometry
-        # Everything that decides a page's bytes: a store made under any other value is never read.
-        namespace = {"model": prefix_salt(self.spec).decode(), "source": os.path.basename(str(self.spec.path)),
-                     "kv_dtype": g.kv_dtype, "page_tokens": g.page_tokens,
-                     "num_layers": g.num_layers, "num_kv_heads": g.num_kv_heads, "head_dim": g.head_dim,
-                     "onnxruntime": onnxruntime.__version__, "accuracy_level": rt.quantized_matmul_accuracy,
-                     "nbits8_graphs": nbits8_graphs(self.spec),
-                     "kernel": default_kernel() if rt.kernel_isa == "auto" else rt.kernel_isa}
-        store = PrefixStore(root, namespace, page_tokens=g.page_tokens, num_layers=g.num_layers,
-                            tile_bytes=g.page_bytes, max_bytes=int(pc.max_size_gb * (1 << 30)))
-        weakref.finalize(self, store.close)  # pages still queued are written before the process exits
-        return store
 
     def _load(self, store: ModelStore, model_path, tokenizer_path, progress, governor, prefix_cache,
               t0: float) -> None:
@@ -158,8 +122,8 @@ class LLM:
         ctx = self._context()
         self.governor = governor if governor is not None else _make_governor(config)
         """The power-aware governor (platform.Governor), or None on uniform cores."""
-        self.prefix_store = self._open_prefix_store(
-            prefix_cache, model_kv_geometry(config.kv_cache, self.spec.config, ctx, rt.kv_cache_tokens))
+        self.prefix_store = _open_prefix_store(
+            self, prefix_cache, model_kv_geometry(config.kv_cache, self.spec.config, ctx, rt.kv_cache_tokens))
         """The prefix cache on disk (cache/disk.PrefixStore), or None."""
         try:
             try:
@@ -293,9 +257,7 @@ class LLM:
         prompt's text has the marker ``<__media__>``, or all of them before the text."""
         _no_generation(self)
         if images:
-            if not isinstance(prompt, str):
-                raise TypeError("a prompt with images is text (the images go at its <__media__> markers)")
-            ids, embeds = self._image_input().prompt(prompt, images)
+            ids, embeds = _image_prompt(self, prompt, images)
             return Generation(self.engine, ids, params or SamplingParams(), embeds)
         ids = self.tokenize(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
         return Generation(self.engine, ids, params or SamplingParams())
@@ -340,15 +302,6 @@ class LLM:
         """How this model writes tool calls, from its chat template (tokenizer/tool_formats.py)."""
         return detect_format(_template_source(self))
 
-    def _image_input(self):
-        """``images``, or an ImageError for a model loaded without a projector."""
-        if self.images is None:
-            from .errors import ImageError
-
-            raise ImageError(f"{os.path.basename(str(self.spec.path))} takes text only: load it with its "
-                             "projector file to give it images (LLM(path, mmproj=...), --mmproj)")
-        return self.images
-
     def chat_prompt_ids(self, messages: Sequence[dict], *, tools=None,
                         chat_template_kwargs: dict | None = None) -> list[int]:
         """The prompt token ids of ``messages`` rendered by the chat template (text only:
@@ -365,19 +318,7 @@ class LLM:
         URL, or ``image`` with bytes, a path or an RGB array, for a model loaded with
         ``mmproj``), each where the part was. ``images``: the messages' images taken out
         already, their parts replaced by the marker (``images.message_images``)."""
-        from .images import message_images
-
-        if images is None:
-            messages, images = message_images(messages)
-        if images:
-            self._image_input()
-        text = self.apply_chat_template(messages, tools=tools, chat_template_kwargs=chat_template_kwargs)
-        bos = self.tokenizer.spec.tokens[self.tokenizer.bos_id] if self.tokenizer.bos_id is not None else None
-        # Templates usually write the BOS text themselves: do not add a second one.
-        add_bos = not (bos and text.startswith(bos))
-        if images:
-            return self._image_input().prompt(text, images, add_bos)
-        return self.tokenizer.encode(text, add_bos=add_bos, parse_special=True), ()
+        return _chat_prompt(self, messages, tools, chat_template_kwargs, images)
 
     def chat(self, messages: Sequence[dict], params: SamplingParams | None = None, *,
              chat_template_kwargs: dict | None = None, reasoning_format: str | None = None) -> Completion:
@@ -389,6 +330,83 @@ class LLM:
         _no_generation(self)
         return _chat(self, messages, params or SamplingParams(), chat_template_kwargs,
                      reasoning_format or self.config.reasoning.format)
+
+
+def _open_prefix_store(llm: LLM, prefix_cache, geometry):
+    """The prefix cache on disk (cache/disk.PrefixStore) for a KV cache of ``geometry``,
+    or None; the engine's cache is built with it."""
+    import onnxruntime
+
+    from .cache.disk import PrefixStore, default_root
+    from .executor.session import nbits8_graphs, prefix_salt
+    from .kernels import default_kernel
+
+    pc, rt = llm.config.prefix_cache, llm.config.runtime
+    if prefix_cache is None:
+        prefix_cache = pc.use == "always"
+    if prefix_cache is False:
+        return None
+    root = pc.dir or default_root() if prefix_cache is True else os.fspath(prefix_cache)
+    g = geometry
+    # Everything that decides a page's bytes: a store made under any other value is never read.
+    namespace = {"model": prefix_salt(llm.spec).decode(), "source": os.path.basename(str(llm.spec.path)),
+                 "kv_dtype": g.kv_dtype, "page_tokens": g.page_tokens,
+                 "num_layers": g.num_layers, "num_kv_heads": g.num_kv_heads, "head_dim": g.head_dim,
+                 "onnxruntime": onnxruntime.__version__, "accuracy_level": rt.quantized_matmul_accuracy,
+                 "nbits8_graphs": nbits8_graphs(llm.spec),
+                 "kernel": default_kernel() if rt.kernel_isa == "auto" else rt.kernel_isa}
+    store = PrefixStore(root, namespace, page_tokens=g.page_tokens, num_layers=g.num_layers,
+                        tile_bytes=g.page_bytes, max_bytes=int(pc.max_size_gb * (1 << 30)))
+    weakref.finalize(llm, store.close)  # pages still queued are written before the process exits
+    return store
+
+
+def _image_input(llm: LLM):
+    """``llm.images``, or an ImageError for a model loaded without a projector."""
+    if llm.images is None:
+        from .errors import ImageError
+
+        raise ImageError(f"{os.path.basename(str(llm.spec.path))} takes text only: load it with its "
+                         "projector file to give it images (LLM(path, mmproj=...), --mmproj)")
+    return llm.images
+
+
+def _load_images(llm: LLM, store: ModelStore, mmproj):
+    """The image input of ``llm`` with the projector file ``mmproj``: its embeddings kept beside
+    the prefix cache's pages on disk where those are, its encodes on the engine's thread."""
+    from .images import ImageInput
+
+    rt, disk = llm.config.runtime, llm.prefix_store
+    images = ImageInput(store.load(mmproj, projector=True), llm.spec, llm.tokenizer, rt.effective_num_threads(),
+                        rt.quantized_matmul_accuracy, disk_root=disk.root if disk is not None else None,
+                        disk_bytes=disk.max_bytes if disk is not None else 0)
+    images.attach(llm.engine, rt.image_encoder_share)
+    return images
+
+
+def _image_prompt(llm: LLM, prompt, images) -> tuple[list[int], tuple]:
+    """``LLM.stream``'s prompt with images: token ids and ``Request.embeds``."""
+    if not isinstance(prompt, str):
+        raise TypeError("a prompt with images is text (the images go at its <__media__> markers)")
+    return _image_input(llm).prompt(prompt, images)
+
+
+def _chat_prompt(llm: LLM, messages: Sequence[dict], tools, chat_template_kwargs: dict | None,
+                 images: Sequence | None) -> tuple[list[int], tuple]:
+    """``LLM.chat_prompt``."""
+    from .images import message_images
+
+    if images is None:
+        messages, images = message_images(messages)
+    if images:
+        _image_input(llm)
+    text = llm.apply_chat_template(messages, tools=tools, chat_template_kwargs=chat_template_kwargs)
+    bos = llm.tokenizer.spec.tokens[llm.tokenizer.bos_id] if llm.tokenizer.bos_id is not None else None
+    # Templates usually write the BOS text themselves: do not add a second one.
+    add_bos = not (bos and text.startswith(bos))
+    if images:
+        return _image_input(llm).prompt(text, images, add_bos)
+    return llm.tokenizer.encode(text, add_bos=add_bos, parse_special=True), ()
 
 
 def _chat(llm: LLM, messages: Sequence[dict], params: SamplingParams, chat_template_kwargs: dict | None,
