@@ -25,7 +25,6 @@ llama-server's rerank task does, packed as sequences of passes of ``RERANK_BATCH
 from __future__ import annotations
 
 import os
-import sys
 import time
 
 import numpy as np
@@ -210,17 +209,7 @@ def print_result(res: dict) -> None:
 
 
 def cmd_bench_embed(args) -> int:
-    peer = None
-    if not args.no_peer:
-        python = args.peer_python or llamacpp.default_python()
-        try:
-            peer = llamacpp.probe(python)
-        except llamacpp.Unavailable as e:
-            if args.peer_python:
-                raise llamacpp.PeerError(f"the llama.cpp peer: {e}") from None
-            print(f"dualpath bench: llama.cpp skipped: {e}", file=sys.stderr)
-        else:
-            llamacpp.print_build(peer, sys.stderr)
+    peer = None if args.no_peer else llamacpp.peer_from_args(args.peer_python)
     results = [run_embed(m, args.sizes, args.passages, args.threads, args.repeats, args.inner, peer)
                for m in args.model]
     for res in results:

@@ -175,6 +175,21 @@ def require_laptop_build(peer: LlamaCppPeer) -> None:
                         f"ENV/bin/python (or set {LAPTOP_PYTHON_ENV})")
 
 
+def peer_from_args(peer_python: str | None) -> LlamaCppPeer | None:
+    """The peer of a bench's ``--peer-python`` (None: the default interpreter), its build
+    printed to stderr; without one given, a peer that is not there is skipped with a line
+    saying why (None), a named one that is not there is a PeerError."""
+    try:
+        peer = probe(peer_python or default_python())
+    except Unavailable as e:
+        if peer_python:
+            raise PeerError(f"the llama.cpp peer: {e}") from None
+        print(f"dualpath bench: llama.cpp skipped: {e}", file=sys.stderr)
+        return None
+    print_build(peer, sys.stderr)
+    return peer
+
+
 def print_build(peer: LlamaCppPeer, file=None) -> None:
     """The peer's build line, then a WARNING line per problem of the build."""
     file = file or sys.stdout

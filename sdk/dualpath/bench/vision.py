@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 import tempfile
 import time
 
@@ -235,17 +234,7 @@ def print_result(res: dict) -> None:
 
 
 def cmd_bench_vision(args) -> int:
-    peer = None
-    if not args.no_peer:
-        python = args.peer_python or llamacpp.default_python()
-        try:
-            peer = llamacpp.probe(python)
-        except llamacpp.Unavailable as e:
-            if args.peer_python:
-                raise llamacpp.PeerError(f"the llama.cpp peer: {e}") from None
-            print(f"dualpath bench: llama.cpp skipped: {e}", file=sys.stderr)
-        else:
-            llamacpp.print_build(peer, sys.stderr)
+    peer = None if args.no_peer else llamacpp.peer_from_args(args.peer_python)
     rgb = load_image(args.image, args.size)
     res = run_vision(args.model, args.mmproj, rgb, args.threads, args.repeats, args.inner, peer, ttft=not args.no_ttft)
     if args.concurrent:
