@@ -118,17 +118,7 @@ def resolve_hf_model(repo: str, quant: str | None = None, filename: str | None =
     filename = filename or spec_file or None
     if quant and filename:
         raise HubModelError(repo_id, quant, f"give a quant or a file name ({filename}), not both")
-    try:
-        import huggingface_hub  # noqa: F401
-    except ImportError:
-        raise HubModelError(repo_id, quant, "loading from the Hugging Face Hub needs huggingface_hub: "
-                                            "pip install 'dualpath[hub]'") from None
-    from huggingface_hub import constants
-
-    offline = _offline() if offline is None else offline
-    cache_dir = os.fspath(cache_dir) if cache_dir is not None else constants.HF_HUB_CACHE
-
-    files, commit, listed_from = _list_files(repo_id, quant, revision, cache_dir, offline)
+    files, commit, listed_from, cache_dir, offline = _listing(repo_id, quant, revision, cache_dir, offline)
     chosen, chosen_by = select_gguf(repo_id, files, quant=quant, filename=filename, listed_from=listed_from)
     # Offline or unreachable: pin the cached snapshot the listing came from.
     path = _download(repo_id, chosen_by or quant, chosen, commit if listed_from == "cache" else revision,
@@ -159,16 +149,7 @@ def resolve_hf_mmproj(repo: str, *, revision: str | None = None, cache_dir: str 
     """The projector file beside the model ``repo`` names (``select_mmproj``), downloaded or
     found in the cache; None when the repository has none. Errors as ``resolve_hf_model``'s."""
     repo_id, quant, _ = parse_hf_repo(repo)
-    try:
-        import huggingface_hub  # noqa: F401
-    except ImportError:
-        raise HubModelError(repo_id, quant, "loading from the Hugging Face Hub needs huggingface_hub: "
-                                            "pip install 'dualpath[hub]'") from None
-    from huggingface_hub import constants
-
-    offline = _offline() if offline is None else offline
-    cache_dir = os.fspath(cache_dir) if cache_dir is not None else constants.HF_HUB_CACHE
-    files, commit, listed_from = _list_files(repo_id, quant, revision, cache_dir, offline)
+    files, commit, listed_from, cache_dir, offline = _listing(repo_id, quant, revision, cache_dir, offline)
     chosen = select_mmproj(files)
     if chosen is None:
         return None
@@ -295,6 +276,22 @@ def _hub_error(repo_id: str, quant: str | None, e: Exception, doing: str) -> Hub
     else:
         problem = _one_line(e)
     return HubModelError(repo_id, quant, f"{problem} (while {doing})")
+
+
+def _listing(repo_id: str, quant: str | None, revision: str | None, cache_dir: str | os.PathLike | None,
+             offline: bool | None) -> tuple[list[str], str | None, str, str, bool]:
+    """``_list_files`` with huggingface_hub's defaults filled in: (files, cached commit or None,
+    "hub" | "cache", the cache folder, offline); a HubModelError without huggingface_hub."""
+    try:
+        import huggingface_hub  # noqa: F401
+    except ImportError:
+        raise HubModelError(repo_id, quant, "loading from the Hugging Face Hub needs huggingface_hub: "
+                                            "pip install 'dualpath[hub]'") from None
+    from huggingface_hub import constants
+
+    offline = _offline() if offline is None else offline
+    folder = os.fspath(cache_dir) if cache_dir is not None else constants.HF_HUB_CACHE
+    return (*_list_files(repo_id, quant, revision, folder, offline), folder, offline)
 
 
 def _list_files(repo_id: str, quant: str | None, revision: str | None, cache_dir: str,
