@@ -240,17 +240,8 @@ def encode_image(model: str, mmproj: str, image: str, threads: int, inner: int, 
 
     rgb = np.load(image)
     llm = llama_cpp.Llama(model, n_ctx=4096, n_threads=threads, n_threads_batch=threads, verbose=False)
-    params = m.mtmd_context_params_default()
-    params.use_gpu, params.n_threads, params.print_timings, params.warmup = False, threads, False, False
-    params.flash_attn_type = 1 if flash_attn else 0
-    ctx = m.mtmd_init_from_file(mmproj.encode(), llm.model, params)
-    if not ctx:
-        raise RuntimeError(f"llama.cpp's mtmd refused {mmproj}")
-    bitmap = m.mtmd_bitmap_init(rgb.shape[1], rgb.shape[0], (ctypes.c_uint8 * rgb.size).from_buffer_copy(rgb.tobytes()))
-    chunks = m.mtmd_input_chunks_init()
-    text = m.mtmd_input_text()
-    prompt = ("describe " + m.mtmd_default_marker().decode()).encode()
-    text.text, text.text_len, text.add_special, text.parse_special = prompt, len(prompt), True, True
+    ctx, bitmap, chunks, text = _mtmd_open(llm, mmproj, threads, flash_attn, rgb,
+                                           "describe " + m.mtmd_default_marker().decode())
     try:
         if m.mtmd_tokenize(ctx, chunks, ctypes.byref(text), (m.mtmd_bitmap_p_ctypes * 1)(bitmap), 1) != 0:
             raise RuntimeError("mtmd_tokenize failed")
@@ -286,17 +277,7 @@ def image_ttft(model: str, mmproj: str, image: str, threads: int, prompt: str, f
     rgb = np.load(image)
     llm = llama_cpp.Llama(model, n_ctx=8192, n_batch=2048, n_ubatch=512, n_threads=threads, n_threads_batch=threads,
                           flash_attn=flash_attn, verbose=False)
-    params = m.mtmd_context_params_default()
-    params.use_gpu, params.n_threads, params.print_timings, params.warmup = False, threads, False, False
-    params.flash_attn_type = 1 if flash_attn else 0
-    ctx = m.mtmd_init_from_file(mmproj.encode(), llm.model, params)
-    if not ctx:
-        raise RuntimeError(f"llama.cpp's mtmd refused {mmproj}")
-    bitmap = m.mtmd_bitmap_init(rgb.shape[1], rgb.shape[0], (ctypes.c_uint8 * rgb.size).from_buffer_copy(rgb.tobytes()))
-    chunks = m.mtmd_input_chunks_init()
-    text = m.mtmd_input_text()
-    data = prompt.encode()
-    text.text, text.text_len, text.add_special, text.parse_special = data, len(data), True, True
+    ctx, bitmap, chunks, text = _mtmd_open(llm, mmproj, threads, flash_attn, rgb, prompt)
     t0 = time.perf_counter()
     try:
         if m.mtmd_tokenize(ctx, chunks, ctypes.byref(text), (m.mtmd_bitmap_p_ctypes * 1)(bitmap), 1) != 0:
@@ -335,6 +316,27 @@ def image_ttft(model: str, mmproj: str, image: str, threads: int, prompt: str, f
         m.mtmd_free(ctx)
     llm.close()
     return {"ttft_ms": ms, "positions": past}
+
+
+def _mtmd_open(llm, mmproj: str, threads: int, flash_attn: bool, rgb, prompt: str):
+    """llama.cpp's ``mtmd`` context of the projector ``mmproj`` beside ``llm``, the image ``rgb``
+    as its bitmap, an empty chunk list and ``prompt`` as its input text (kept: the C side
+    points into it): (ctx, bitmap, chunks, text), the first three for the caller to free."""
+    import ctypes
+
+    from llama_cpp import mtmd_cpp as m
+
+    params = m.mtmd_context_params_default()
+    params.use_gpu, params.n_threads, params.print_timings, params.warmup = False, threads, False, False
+    params.flash_attn_type = 1 if flash_attn else 0
+    ctx = m.mtmd_init_from_file(mmproj.encode(), llm.model, params)
+    if not ctx:
+        raise RuntimeError(f"llama.cpp's mtmd refused {mmproj}")
+    bitmap = m.mtmd_bitmap_init(rgb.shape[1], rgb.shape[0], (ctypes.c_uint8 * rgb.size).from_buffer_copy(rgb.tobytes()))
+    text = m.mtmd_input_text()
+    data = prompt.encode()
+    text.text, text.text_len, text.add_special, text.parse_special = data, len(data), True, True
+    return ctx, bitmap, m.mtmd_input_chunks_init(), text
 
 
 def _median_s(fn, inner: int) -> float:
