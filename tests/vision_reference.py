@@ -83,15 +83,7 @@ def mtmd_image_embeddings(text_path, mmproj_path, rgb: np.ndarray) -> list[np.nd
     from llama_cpp import mtmd_cpp as m
 
     llm = llama_cpp.Llama(str(text_path), n_ctx=1024, n_threads=2, verbose=False)
-    params = m.mtmd_context_params_default()
-    params.use_gpu, params.n_threads, params.print_timings, params.warmup = False, 2, False, False
-    ctx = m.mtmd_init_from_file(str(mmproj_path).encode(), llm.model, params)
-    assert ctx, f"llama.cpp's mtmd refused {mmproj_path}"
-    bitmap = m.mtmd_bitmap_init(rgb.shape[1], rgb.shape[0], (ctypes.c_uint8 * rgb.size).from_buffer_copy(rgb.tobytes()))
-    chunks = m.mtmd_input_chunks_init()
-    text = m.mtmd_input_text()
-    prompt = ("describe " + m.mtmd_default_marker().decode()).encode()
-    text.text, text.text_len, text.add_special, text.parse_special = prompt, len(prompt), True, True
+    ctx, bitmap, chunks, text = _mtmd_open(m, llm, mmproj_path, rgb, "describe " + m.mtmd_default_marker().decode())
     out = []
     try:
         assert m.mtmd_tokenize(ctx, chunks, ctypes.byref(text), (m.mtmd_bitmap_p_ctypes * 1)(bitmap), 1) == 0
@@ -121,15 +113,8 @@ def mtmd_greedy(text_path, mmproj_path, rgb: np.ndarray, prompt: str, num: int):
     from llama_cpp import mtmd_cpp as m
 
     llm = llama_cpp.Llama(str(text_path), n_ctx=1024, n_batch=512, n_threads=2, verbose=False)
-    params = m.mtmd_context_params_default()
-    params.use_gpu, params.n_threads, params.print_timings, params.warmup = False, 2, False, False
-    ctx = m.mtmd_init_from_file(str(mmproj_path).encode(), llm.model, params)
-    assert ctx, f"llama.cpp's mtmd refused {mmproj_path}"
-    bitmap = m.mtmd_bitmap_init(rgb.shape[1], rgb.shape[0], (ctypes.c_uint8 * rgb.size).from_buffer_copy(rgb.tobytes()))
-    chunks = m.mtmd_input_chunks_init()
-    text = m.mtmd_input_text()
-    data = prompt.replace("<image>", m.mtmd_default_marker().decode()).encode()
-    text.text, text.text_len, text.add_special, text.parse_special = data, len(data), True, True
+    ctx, bitmap, chunks, text = _mtmd_open(m, llm, mmproj_path, rgb,
+                                           prompt.replace("<image>", m.mtmd_default_marker().decode()))
     layout, rows, tokens = [], [], []
     try:
         assert m.mtmd_tokenize(ctx, chunks, ctypes.byref(text), (m.mtmd_bitmap_p_ctypes * 1)(bitmap), 1) == 0
@@ -179,3 +164,17 @@ def _decode_tokens(llama_cpp, ctx, ids: list, pos0: int) -> None:
         assert llama_cpp.llama_decode(ctx, batch) == 0
     finally:
         llama_cpp.llama_batch_free(batch)
+
+
+def _mtmd_open(m, llm, mmproj_path, rgb: np.ndarray, prompt: str):
+    """``mtmd`` (the module ``m``) beside ``llm`` at 2 threads: (context, the bitmap of ``rgb``,
+    an empty chunk list, ``prompt`` as its input text), the first three for the caller to free."""
+    params = m.mtmd_context_params_default()
+    params.use_gpu, params.n_threads, params.print_timings, params.warmup = False, 2, False, False
+    ctx = m.mtmd_init_from_file(str(mmproj_path).encode(), llm.model, params)
+    assert ctx, f"llama.cpp's mtmd refused {mmproj_path}"
+    bitmap = m.mtmd_bitmap_init(rgb.shape[1], rgb.shape[0], (ctypes.c_uint8 * rgb.size).from_buffer_copy(rgb.tobytes()))
+    text = m.mtmd_input_text()
+    data = prompt.encode()
+    text.text, text.text_len, text.add_special, text.parse_special = data, len(data), True, True
+    return ctx, bitmap, m.mtmd_input_chunks_init(), text
