@@ -39,8 +39,10 @@ class ImageInput:
         self.encoder = VisionEncoder(model, num_threads, accuracy_level)
         self.spec = self.encoder.spec
         check_text_model(self.spec, text.config.dim, os.path.basename(str(text.path)))
-        for piece in layout.lookups(self.spec.projector):
-            if layout.find_token(tokenizer, piece) is None:
+        self._tokens = {piece: layout.find_token(tokenizer, piece) for piece in layout.lookups(self.spec.projector)}
+        self._vocab = layout.plain_ids(tokenizer)  # (both looked up once, not per prompt)
+        for piece, token in self._tokens.items():
+            if token is None:
                 raise ModelLoadError(self.spec.path, f"{self.spec.projector} images need the token {piece!r}, which "
                                                      f"{os.path.basename(str(text.path))} does not have")
         self.tokenizer = tokenizer
@@ -152,7 +154,8 @@ class ImageInput:
             text = layout.MARKER * len(images) + text
         try:
             return layout.build(self.tokenizer, text, [self.embeddings(i) for i in images], self.spec.projector,
-                                add_bos=bool(self.tokenizer.spec.add_bos) if add_bos is None else add_bos)
+                                bool(self.tokenizer.spec.add_bos) if add_bos is None else add_bos,
+                                dict(self._tokens), self._vocab)
         except ValueError as e:
             raise ImageError(str(e)) from None
 

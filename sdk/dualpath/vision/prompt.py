@@ -92,11 +92,14 @@ def plain_ids(tokenizer) -> np.ndarray:
     return normal if len(normal) else np.arange(tokenizer.vocab_size)
 
 
-def build(tokenizer, text: str, images: list, projector: str, add_bos: bool = True) -> tuple[list[int], tuple]:
+def build(tokenizer, text: str, images: list, projector: str, add_bos: bool = True,
+          found: dict[str, int | None] | None = None, vocab: np.ndarray | None = None) -> tuple[list[int], tuple]:
     """(token ids, embeds: ((position, rows, mutual), ...) as ``Engine.add_request`` takes
     them) of ``text`` with ``images`` at its markers: each image
     (grid, embeddings (squares, tokens, dim), digest) as ``layout`` places it. A ValueError
-    when the markers and the images are not as many, or a looked-up token is missing."""
+    when the markers and the images are not as many, or a looked-up token is missing.
+    ``found`` (text -> ``find_token``'s id) and ``vocab`` (``plain_ids``): the tokenizer's,
+    looked up once by a caller that builds many prompts; else looked up now."""
     parts = text.split(MARKER)
     if len(parts) - 1 != len(images):
         raise ValueError(f"the prompt has {len(parts) - 1} image markers ({MARKER}) for {len(images)} images")
@@ -104,8 +107,8 @@ def build(tokenizer, text: str, images: list, projector: str, add_bos: bool = Tr
     if add_bos and tokenizer.bos_id is not None:  # mtmd: at the start of the first text chunk
         ids.append(tokenizer.bos_id)
     embeds = []
-    found: dict[str, int | None] = {}
-    vocab = plain_ids(tokenizer)
+    found = {} if found is None else found
+    vocab = plain_ids(tokenizer) if vocab is None else vocab
     for i, part in enumerate(parts):
         ids += tokenizer.encode(part, add_bos=False, parse_special=True) if part else []
         if i == len(images):
