@@ -125,13 +125,13 @@ def assert_golden_ids(got: list[int], want: list[int], prompt_ids: list[int], kv
     assert top2[0] == want[m] and got[m] == top2[1] and gap < NEAR_TIE, (name, m, gap)
 
 
-def synth_bert_head_dim_24(path: Path) -> str:
-    """bert-tiny's twin with head_dim 24 (dim 96, 4 heads), F32: its attention is ONNX Runtime's
-    over padded texts, since ours takes a head_dim in whole 16s (graph/encoder.py)."""
+def synth_bert_head_dim_20(path: Path) -> str:
+    """bert-tiny's twin with head_dim 20 (dim 80, 4 heads), F32: its attention is ONNX Runtime's
+    over padded texts, since ours takes a head_dim in whole 8s (graph/encoder.py)."""
     from dataclasses import replace
 
     from dualpath.models.synth import PRESETS, synth_gguf
 
     with pytest.MonkeyPatch.context() as mp:
-        mp.setitem(PRESETS, "bert-hd24-tiny", replace(PRESETS["bert-tiny"], dim=96, hidden_dim=384))
-        return synth_gguf(path, "bert-hd24-tiny", "F32")
+        mp.setitem(PRESETS, "bert-hd20-tiny", replace(PRESETS["bert-tiny"], dim=80, hidden_dim=320))
+        return synth_gguf(path, "bert-hd20-tiny", "F32")

@@ -138,7 +138,7 @@ static inline float scalar_add(float a, float b) { return a + b; }
 DP_DEFINE_FMA_PROBE(float, 8, 1, scalar_set, scalar_fma, scalar_add, scalar_set)
 
 /* An encoder's attention (enc_attn.h), one query row at a time: the reference of the
- * ISAs' enc_rows, and the one for a head_dim that is not a multiple of 16. */
+ * ISAs' enc_rows, and the one for a head_dim that is not a multiple of 8. */
 static void enc_rows(const float *q, int64_t ldq, int64_t m, int64_t hd, const float *kt, int64_t n, const float *v,
                      int64_t ldv, float scale, float *s, float *out, int64_t ldo) {
     for (int64_t i = 0; i < m; i++) {

@@ -59,7 +59,7 @@ typedef struct {
  * text, every row seeing every key: out[i] = softmax(scale * q_i . k_r for r < n) . V.
  * q, v, out: rows at strides ldq, ldv, ldo; kt: K^T in blocks of 16 tokens, zero past n
  * (enc_attn.h); s: scratch of DP_ENC_ROWS rows of (n rounded up to 16) + 16 f32. The ISAs'
- * take a head_dim that is a multiple of 16, the generic one any. */
+ * take a head_dim that is a multiple of 8, the generic one any. */
 typedef void (*dp_enc_rows_fn)(const float *q, int64_t ldq, int64_t m, int64_t hd, const float *kt, int64_t n,
                                const float *v, int64_t ldv, float scale, float *s, float *out, int64_t ldo);
 

@@ -76,7 +76,7 @@ int dp_enc_attention(dp_pool *pool, const dp_attn_ops *ops, const float *q, cons
         if (n > longest) longest = n;
         texts += n > 0;
     }
-    const dp_enc_rows_fn fn = hd % 16 == 0 && ops->enc_rows ? ops->enc_rows : dp_ops_generic.enc_rows;
+    const dp_enc_rows_fn fn = hd % 8 == 0 && ops->enc_rows ? ops->enc_rows : dp_ops_generic.enc_rows;
     const int threads = pool ? dp_pool_num_threads(pool) : 1;
     /* one task per head of a text, unless there are too few of them for the threads: then
      * each is cut into pieces of its query rows */

@@ -27,7 +27,7 @@ static inline int64_t dp_enc_scratch_floats(int64_t n, int64_t hd) {
 }
 
 /* out = softmax(scale * q k^T) v per head of every text, on `pool` (NULL: the calling
- * thread), with ops->enc_rows (the generic one where hd is not a multiple of 16).
+ * thread), with ops->enc_rows (the generic one where hd is not a multiple of 8).
  * DP_ERR_ARG for a size below 1, a head_dim above DP_MAX_HEAD_DIM or strides narrower
  * than nh * hd; DP_ERR_BOUNDS for starts that are not as above; DP_ERR_NOMEM. Nothing
  * is written before the arguments are checked. */

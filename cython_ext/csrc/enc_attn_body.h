@@ -7,6 +7,9 @@
  *   EA_KB             blocks of 16 tokens a scores tile takes (1 or 2)
  *   EA_DV             vectors of head dims a pass over V takes (head_dim % (EA_DV * EA_VL)
  *                     is done a vector at a time)
+ *   EA_LOAD_PART(p, w), EA_STORE_PART(p, x, w)
+ *                     the first w lanes only; needed where EA_VL is over 8, since
+ *                     enc_rows takes any head_dim in whole 8s (Gemma 3's SigLIP: 72)
  *
  * A pass: EA_ROWS query rows (scaled, copied to qp; rows past m are zero), their scores
  * tile by tile (EA_ROWS x EA_KB * 16 accumulators: each K^T vector is loaded once for
@@ -50,6 +53,21 @@ static inline __attribute__((always_inline)) void ea_pv(const float *s, int64_t 
         for (int j = 0; j < dv; j++) EA_STORE(out + i * ldo + j * EA_VL, EA_MUL(acc[i * dv + j], EA_SET1(inv[i])));
 }
 
+#ifdef EA_LOAD_PART
+/* The rows times the last w (< EA_VL) dims of V: never reading or writing past the head. */
+static inline __attribute__((always_inline)) void ea_pv_part(const float *s, int64_t ss, int64_t n, const float *v,
+                                                             int64_t ldv, int w, const float *inv, int64_t m,
+                                                             float *out, int64_t ldo) {
+    EA_VT acc[EA_ROWS];
+    for (int i = 0; i < EA_ROWS; i++) acc[i] = EA_ZERO();
+    for (int64_t r = 0; r < n; r++) {
+        const EA_VT x = EA_LOAD_PART(v + r * ldv, w);
+        for (int i = 0; i < EA_ROWS; i++) acc[i] = EA_FMA(EA_SET1(s[i * ss + r]), x, acc[i]);
+    }
+    for (int64_t i = 0; i < m; i++) EA_STORE_PART(out + i * ldo, EA_MUL(acc[i], EA_SET1(inv[i])), w);
+}
+#endif
+
 static void enc_rows(const float *q, int64_t ldq, int64_t m, int64_t hd, const float *kt, int64_t n, const float *v,
                      int64_t ldv, float scale, float *s, float *out, int64_t ldo) {
     const int64_t nb = (n + 15) / 16, ss = nb * 16 + 16;
@@ -66,6 +84,9 @@ static void enc_rows(const float *q, int64_t ldq, int64_t m, int64_t hd, const f
         int64_t c = 0;
         for (; c + EA_DV * EA_VL <= hd; c += EA_DV * EA_VL)
             ea_pv(s, ss, n, v + c, ldv, EA_DV, inv, rm, out + i0 * ldo + c, ldo);
-        for (; c < hd; c += EA_VL) ea_pv(s, ss, n, v + c, ldv, 1, inv, rm, out + i0 * ldo + c, ldo);
+        for (; c + EA_VL <= hd; c += EA_VL) ea_pv(s, ss, n, v + c, ldv, 1, inv, rm, out + i0 * ldo + c, ldo);
+#ifdef EA_LOAD_PART
+        if (c < hd) ea_pv_part(s, ss, n, v + c, ldv, (int)(hd - c), inv, rm, out + i0 * ldo + c, ldo);
+#endif
     }
 }

@@ -1193,12 +1193,12 @@ static void enc_attn_case(const dp_attn_ops *ops, dp_pool *pool, const int64_t *
 
 static void enc_attn_cases(dp_pool *pool) {
     const int64_t mixed[] = {5, 0, 1, 16, 17, 33, 47, 130}, one[] = {300}, shorts[] = {3, 9, 12, 15, 7, 2};
-    const int64_t hds[] = {16, 32, 48, 64, 8, 50};
+    const int64_t hds[] = {16, 32, 48, 64, 8, 50, 24, 72};
     for (int i = 0; i < dp_num_isas; i++) {
         const dp_attn_ops *ops = dp_ops_by_name(dp_isas[i].name);
         if (!ops) continue;
         check(ops->enc_rows != NULL, dp_isas[i].name);
-        for (int a = 0; a < 6; a++) {
+        for (int a = 0; a < 8; a++) {
             enc_attn_case(ops, a % 2 ? pool : NULL, mixed, 8, 3, hds[a], dp_isas[i].name);
             enc_attn_case(ops, a % 2 ? NULL : pool, one, 1, 2, hds[a], dp_isas[i].name); /* split into query pieces */
             enc_attn_case(ops, pool, shorts, 6, 12, hds[a], dp_isas[i].name);

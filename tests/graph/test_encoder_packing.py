@@ -11,16 +11,16 @@ import pytest
 from dualpath import LLM
 from dualpath.executor.encoder import SHORT_WIDTH, EncoderRunner
 from dualpath.models.synth import synth_gguf
-from tests_shared import synth_bert_head_dim_24
+from tests_shared import synth_bert_head_dim_20
 
 
 @pytest.fixture(scope="module", params=["ours", "padded"])
 def llm(request, tmp_path_factory):
-    """bert-tiny (our attention over the packed texts) and a head_dim-24 twin (ONNX Runtime's
+    """bert-tiny (our attention over the packed texts) and a head_dim-20 twin (ONNX Runtime's
     attention over padded texts)."""
     root = tmp_path_factory.mktemp("packing")
     if request.param == "padded":
-        return LLM(synth_bert_head_dim_24(root / "bert-hd24.gguf"))
+        return LLM(synth_bert_head_dim_20(root / "bert-hd20.gguf"))
     return LLM(synth_gguf(root / "bert-tiny.gguf", "bert-tiny", "F32"))
 
 

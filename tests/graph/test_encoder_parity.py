@@ -23,7 +23,7 @@ import pytest
 from dualpath import LLM
 from dualpath.errors import ModelTaskError, PromptTooLongError
 from dualpath.models.synth import synth_gguf
-from tests_shared import copy_gguf, synth_bert_head_dim_24
+from tests_shared import copy_gguf, synth_bert_head_dim_20
 
 llama_cpp = pytest.importorskip("llama_cpp", reason="llama-cpp-python is the peer these tests compare against")
 
@@ -77,10 +77,10 @@ def test_encoder_embeddings_match_llama_cpp(encoder_file, preset, weight_type):
 
 
 def test_a_head_dim_our_attention_does_not_take_runs_onnx_runtimes(tmp_path):
-    """head_dim 24: attention is ONNX Runtime's over padded texts, and agrees with llama.cpp."""
+    """head_dim 20: attention is ONNX Runtime's over padded texts, and agrees with llama.cpp."""
     from dualpath.graph.parts import AttentionStep, encoder_graph
 
-    path = synth_bert_head_dim_24(tmp_path / "bert-hd24.gguf")
+    path = synth_bert_head_dim_20(tmp_path / "bert-hd20.gguf")
     llm = LLM(path)
     graph = encoder_graph(llm.spec, 4)
     assert not any(isinstance(s, AttentionStep) for s in graph.steps) and "pad" in graph.parts[0].inputs

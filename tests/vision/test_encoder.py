@@ -3,6 +3,7 @@ through the model cache encodes squares as the NumPy reference does, and an imag
 llama.cpp's ``mtmd`` does, chunk by chunk; a projector and a text model are never taken for
 each other."""
 
+import dataclasses
 import importlib.util
 import json
 
@@ -19,6 +20,8 @@ from dualpath.models.synth import synth_gguf
 from dualpath.models.synth_vision import VISION_PRESETS, synth_mmproj
 
 TINY = ("smolvlm-tiny", "gemma3-vision-tiny")
+HD20 = "gemma3-vision-hd20"
+"""Gemma 3's tiny twin with a head_dim of 20, not in whole 8s: ONNX Runtime's attention."""
 TYPES = ("F32", "F16", "Q8_0")
 
 
@@ -26,7 +29,11 @@ TYPES = ("F32", "F16", "Q8_0")
 def files(tmp_path_factory):
     """(preset, weight type) -> projector file."""
     d = tmp_path_factory.mktemp("encoder")
-    return {(p, t): synth_mmproj(d / f"{p}-{t}.gguf", p, t) for p in TINY for t in TYPES}
+    with pytest.MonkeyPatch.context() as mp:
+        shape = VISION_PRESETS["gemma3-vision-tiny"]
+        mp.setitem(VISION_PRESETS, HD20, dataclasses.replace(shape, spec=dataclasses.replace(shape.spec, dim=80,
+                                                                                             ffn_dim=160)))
+        return {(p, t): synth_mmproj(d / f"{p}-{t}.gguf", p, t) for p in TINY + (HD20,) for t in TYPES}
 
 
 @pytest.fixture(scope="module")
@@ -42,16 +49,16 @@ def _floor(weight_type: str) -> float:
     return 0.999 if weight_type == "Q8_0" else 0.9999  # Q8_0: the products quantize activations, as llama.cpp's
 
 
-@pytest.mark.parametrize("preset", TINY)
+@pytest.mark.parametrize("preset", TINY + (HD20,))
 @pytest.mark.parametrize("weight_type", TYPES)
 def test_squares_encode_as_the_reference_does(files, store, preset, weight_type):
     """Three squares in batches of two (a whole batch and a partial one): each square's
-    embeddings are the reference's. Gemma 3's tiny twin has a head_dim of 24 (the real one's
-    is 72), so its attention is ONNX Runtime's; SmolVLM's is ours."""
+    embeddings are the reference's. Attention is ours (head_dims 64 and 24; the real Gemma 3's
+    is 72), and ONNX Runtime's for a head_dim of 20."""
     spec = read_mmproj(files[preset, weight_type])
     encoder = VisionEncoder(store.load(spec.path, projector=True), 2, batch=2)
     assert encoder.spec == vision_spec(encoder.model) and encoder.spec.projector == spec.projector
-    assert encoder._program.padded == (preset == "gemma3-vision-tiny")
+    assert encoder._program.padded == (preset == HD20)
     S = spec.image_size
     images = np.random.default_rng(1).integers(0, 256, (3, S, S, 3), dtype=np.uint8)
     got = encoder.encode(images)

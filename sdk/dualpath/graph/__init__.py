@@ -9,5 +9,5 @@ kernel)."""
 
 def own_attention(spec) -> bool:
     """Whether an encoder's attention runs in our kernels (graph/encoder.py): their ISAs take a
-    head_dim in whole 16s, every real encoder's (32 or 64)."""
-    return spec.config.head_dim % 16 == 0
+    head_dim in whole 8s, every real encoder's (32, 64; SigLIP's 72)."""
+    return spec.config.head_dim % 8 == 0

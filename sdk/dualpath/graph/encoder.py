@@ -17,7 +17,7 @@ forward pass is llama.cpp's (``src/models/bert.cpp``)::
 
 The texts are packed, without padding: every matrix product and norm runs over the N
 real tokens of the batch. Only attention needs the texts apart. Where head_dim is a
-multiple of 16 (the ISAs' kernels), attention is ours (``builder.ATTENTION_OP``,
+multiple of 8 (the ISAs' kernels), attention is ours (``builder.ATTENTION_OP``,
 csrc/enc_attn.h), over the packed rows and the texts' first rows (``starts``, which the
 program hands to the kernel: no graph input). Otherwise q, k and v are gathered into a
 padded (B, T) layout (``pad``), attended by ONNX Runtime's fused ``MultiHeadAttention``

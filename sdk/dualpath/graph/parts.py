@@ -285,14 +285,15 @@ def _read_parts(folder: str, spec: ModelSpec) -> list[PartFile] | None:
     return parts
 
 
-ENCODER_VERSION = 5
+ENCODER_VERSION = 6
 """Bump when graph/encoder.py changes the graph: older encoder folders are then never read
 (``dualpath cache prune`` removes entries, not folders).
 2: separate q, k, v biases added to a fused ``attn_qkv``.
 3: packed texts (no padding but in attention), fused MultiHeadAttention, SkipLayerNormalization, FastGelu.
 4: cut at the products in our kernels (``encoder.json`` lists the steps); Adds and
 LayerNormalization instead of SkipLayerNormalization.
-5: attention in our kernels over the packed texts where head_dim is a multiple of 16."""
+5: attention in our kernels over the packed texts where head_dim is a multiple of 16.
+6: ... and of 8 (SigLIP's 72)."""
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@
 
 The squares of a batch are packed as an encoder's texts (graph/encoder.py), each of the same
 P patches: the layers are ``_EncoderBuilder``'s, products in our kernels where a matrix has
-their form (Q8_0), attention ours where head_dim is a multiple of 16 (the runner's ``starts``
+their form (Q8_0), attention ours where head_dim is a multiple of 8 (the runner's ``starts``
 every P rows) or ONNX Runtime's over the (B, P) layout (``pad``, ``unpad``, ``mask`` all
 trivial, since no square is shorter). The patch product stays ONNX Runtime's f32 GEMM.
 

@@ -37,8 +37,8 @@ VISION_PRESETS = {
     "smolvlm-256m": VisionShape(_spec("idefics3", 512, 16, 768, 3072, 12, 12, 4, 576, 2048), "smollm2-135m"),
     # Gemma 3 4B: SigLIP-So400m/14 at 896 px, pooled 4 x 4 into 256 embeddings of Gemma 3 4B's width.
     "gemma3-4b": VisionShape(_spec("gemma3", 896, 14, 1152, 4304, 27, 16, 4, 2560), "gemma3-4b"),
-    # Tiny twins for the tests, paired with the tiny text shapes; Gemma 3's has a head_dim that is no
-    # multiple of 16, as the real one's (72) is not.
+    # Tiny twins for the tests, paired with the tiny text shapes; Gemma 3's has a head_dim of 24, which
+    # like the real one's (72) is in whole 8s but not 16s.
     "smolvlm-tiny": VisionShape(_spec("idefics3", 64, 16, 64, 128, 2, 4, 2, 256, 128), "llama3-tiny", 0.08),
     "gemma3-vision-tiny": VisionShape(_spec("gemma3", 64, 8, 96, 192, 2, 4, 4, 256), "gemma3-tiny", 0.08),
 }

@@ -324,6 +324,8 @@ DP_DEFINE_FMA_PROBE(__m512, 12, 16, _mm512_set1_ps, _mm512_fmadd_ps, _mm512_add_
 #define EA_ROWS 8
 #define EA_KB 2
 #define EA_DV 2
+#define EA_LOAD_PART(p, w) _mm512_maskz_loadu_ps(tail_mask(w), p)
+#define EA_STORE_PART(p, x, w) _mm512_mask_storeu_ps(p, tail_mask(w), x)
 #include "../../enc_attn_body.h"
 
 /* f32 runs go piece by piece (no run ops), as before run ops existed for f16 and q8. */
