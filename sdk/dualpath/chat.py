@@ -11,6 +11,12 @@ Where the rendering does not extend the last one (a template that trims a reply'
 whitespace, a system prompt changed), the whole conversation is tokenized again and
 the prefix cache still serves the pages up to the first different token.
 
+A message can carry images (a model loaded with its projector, ``LLM(path, mmproj=...)``):
+its content is then a list of parts (``{"type": "image", "image": ...}`` and ``{"type":
+"text", "text": ...}``). A conversation with images is rendered and tokenized whole every
+turn, since an image's rows are laid out with its tokens (images.py); its embeddings come
+from the image cache and its pages from the prefix cache, so only what is new is computed.
+
 When a turn would not fit the context (with room for ``reply_tokens`` more), the
 oldest turns are dropped (the system message stays) and ``dropped_turns`` says how
 many: the caller tells the user. A conversation that cannot fit even with one turn
@@ -19,11 +25,12 @@ raises ``PromptTooLongError``.
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import json
 import os
 import time
-from collections.abc import Generator
+from collections.abc import Generator, Sequence
 from dataclasses import dataclass
 
 from .errors import DualPathError, PromptTooLongError
@@ -50,6 +57,8 @@ class TurnStats:
     ttft_ms: float = 0.0
     """Time to the first token of the reply."""
     decode_tokens_per_s: float = 0.0
+    image_ms: float = 0.0
+    """Making the conversation's images ready (encoding new ones), before the prompt went in."""
     finish_reason: str = ""
     dropped_turns: int = 0
     """Oldest turns dropped before this one to make it fit the context."""
@@ -66,7 +75,8 @@ class Chat:
         """Room kept free in the context for the reply."""
         self.system = system
         self.messages: list[dict] = []
-        """The turns, ``{"role": "user" | "assistant", "content": str}``, oldest first."""
+        """The turns, ``{"role": "user" | "assistant", "content": str}``, oldest first (a user
+        turn with images: content parts, as the module says)."""
         self.ids: list[int] = []
         """What the model saw and wrote, in order (empty: nothing yet, or to be rendered again)."""
         self.text = ""
@@ -107,14 +117,18 @@ class Chat:
         self.ids, self.text = [], ""
 
     def save(self, path: str | os.PathLike) -> None:
-        """The conversation as JSON messages (OpenAI's shape), system message first."""
+        """The conversation as JSON messages (OpenAI's shape), system message first; images
+        as ``image_url`` parts with ``data:`` URLs."""
+        messages = [{**m, "content": [_saved_part(p) for p in m["content"]]} if isinstance(m["content"], list) else m
+                    for m in self._all(self.messages)]
         with open(path, "w", encoding="utf-8") as f:
-            json.dump(self._all(self.messages), f, ensure_ascii=False, indent=1)
+            json.dump(messages, f, ensure_ascii=False, indent=1)
             f.write("\n")
 
     def load(self, path: str | os.PathLike) -> None:
         """Replace the conversation with the messages of a file written by ``save`` (or any
-        list of ``{"role", "content"}`` objects); a leading system message becomes ``system``."""
+        list of ``{"role", "content"}`` objects, a content a string or a list of ``text`` and
+        ``image_url`` parts); a leading system message becomes ``system``."""
         try:
             with open(path, encoding="utf-8") as f:
                 doc = json.load(f)
@@ -122,36 +136,44 @@ class Chat:
             raise DualPathError(f"{path}: cannot read a conversation ({e})") from None
         if not isinstance(doc, list) or not all(
                 isinstance(m, dict) and m.get("role") in ("system", "user", "assistant")
-                and isinstance(m.get("content"), str) for m in doc):
-            raise DualPathError(f"{path}: a conversation is a JSON list of {{\"role\": "
-                                f"\"system\" | \"user\" | \"assistant\", \"content\": string}} objects")
+                and (isinstance(m.get("content"), str) or m.get("role") == "user" and _parts(m.get("content")))
+                for m in doc):
+            raise DualPathError(f"{path}: a conversation is a JSON list of {{\"role\": \"system\" | \"user\" | "
+                                f"\"assistant\", \"content\": string}} objects (a user's content may be a list "
+                                f"of \"text\" and \"image_url\" parts)")
         system = doc[0]["content"] if doc and doc[0]["role"] == "system" else None
         self.set_system(system)
         self.messages = [{"role": m["role"], "content": m["content"]} for m in doc[1 if system is not None else 0:]]
 
     # -- one turn -------------------------------------------------------------------
-    def _prompt(self, messages: list[dict]) -> tuple[list[int], str]:
-        """Prompt ids and text of ``messages`` and a generation prompt, extending ``ids``
-        where the rendering extends ``text``."""
+    def _prompt(self, messages: list[dict]) -> tuple[list[int], str, tuple]:
+        """Prompt ids, text and image rows (``Request.embeds``) of ``messages`` and a
+        generation prompt, extending ``ids`` where the rendering extends ``text``."""
+        from .images import message_images
+
         llm = self.llm
         kwargs = self._thinking()[1]
-        full = llm.apply_chat_template(self._all(messages), chat_template_kwargs=kwargs)
+        plain, images = message_images(self._all(messages))
+        full = llm.apply_chat_template(plain, chat_template_kwargs=kwargs)
+        if images:
+            ids, embeds = llm.chat_prompt(plain, chat_template_kwargs=kwargs, images=images)
+            return ids, full, embeds
         if self.ids and full.startswith(self.text):
             new = llm.tokenizer.encode(full[len(self.text):], add_bos=False, parse_special=True)
-            return self.ids + new, full
-        return llm.chat_prompt_ids(self._all(messages), chat_template_kwargs=kwargs), full
+            return self.ids + new, full, ()
+        return llm.chat_prompt_ids(plain, chat_template_kwargs=kwargs), full, ()
 
-    def _fit(self, user: dict) -> tuple[list[int], str, int]:
+    def _fit(self, user: dict) -> tuple[list[int], str, int, tuple]:
         """The prompt of the next turn, dropping the oldest turns until it leaves room for
         the reply (the conversation is changed only once it fits)."""
         limit = self.llm.context_tokens - self.reply_tokens
         messages, dropped = self.messages, 0
         while True:
-            ids, text = self._prompt(messages + [user])
+            ids, text, embeds = self._prompt(messages + [user])
             if len(ids) <= limit:
                 if dropped:
                     self.messages = messages
-                return ids, text, dropped
+                return ids, text, dropped, embeds
             if not messages:
                 raise PromptTooLongError(f"the message and the system prompt take {len(ids)} tokens; with "
                                          f"{self.reply_tokens} for the reply that is over the context of "
@@ -162,20 +184,32 @@ class Chat:
             self.ids, self.text = [], ""
             dropped += 1
 
-    def send(self, message: str) -> Generator[str, None, None]:
+    def send(self, message: str, images: Sequence = ()) -> Generator[str, None, None]:
         """Stream the reply to ``message``; the turn is in the conversation once the reply
         ends, or is cut short (the iterator closed early, or Ctrl-C while it streams):
         then the reply so far is kept, as the model wrote it. The prompt is rendered and
         tokenized before this returns, so a caller can let Ctrl-C interrupt that part
-        (nothing is in the engine yet) and keep it from the engine's steps."""
-        user = {"role": "user", "content": message}
-        ids, text, dropped = self._fit(user)
-        return self._reply(user, ids, text, dropped)
+        (nothing is in the engine yet) and keep it from the engine's steps. ``images``
+        (PNG or JPEG bytes, paths, or RGB arrays; ``LLM.stream`` says where they go) are
+        encoded then too."""
+        from .llm import _image_input, _ms_since
 
-    def _reply(self, user: dict, ids: list[int], text: str, dropped: int) -> Generator[str, None, None]:
+        if images:
+            _image_input(self.llm)  # a model without a projector: refused before anything else
+        user = {"role": "user", "content": _with_images(message, images) if images else message}
+        t0 = time.perf_counter()
+        ids, text, dropped, embeds = self._fit(user)
+        return self._reply(user, ids, text, dropped, embeds, _ms_since(t0) if embeds else 0.0)
+
+    def _reply(self, user: dict, ids: list[int], text: str, dropped: int, embeds: tuple,
+               image_ms: float) -> Generator[str, None, None]:
+        from .llm import Generation
         from .tokenizer.reasoning import ReasoningSplitter, prompt_opens_thinking
 
-        gen = self.llm.stream(ids, self._thinking()[0])
+        params = self._thinking()[0]
+        gen = (Generation(self.llm.engine, ids, params, embeds, image_ms=image_ms) if embeds
+               else self.llm.stream(ids, params))
+
         t0 = time.perf_counter()
         first = None
         parts: list[str] = []
@@ -207,7 +241,7 @@ class Chat:
             decode_s = now - first if first is not None else 0.0
             self.last = TurnStats(len(ids), cached, len(generated), ((first or now) - t0) * 1e3,
                                   (len(generated) - 1) / decode_s if decode_s > 0 and len(generated) > 1 else 0.0,
-                                  c.finish_reason if c is not None else "interrupted", dropped)
+                                  image_ms, c.finish_reason if c is not None else "interrupted", dropped)
 
     @property
     def turns(self) -> int:
@@ -219,3 +253,49 @@ class Chat:
         """Tokens of the conversation held for the next turn."""
         return len(self.ids)
 
+
+
+def _with_images(message: str, images: Sequence) -> list[dict]:
+    """A user message's content parts: each image at a ``<__media__>`` marker of ``message``
+    where it has one per image, else all of them before its text (as ``LLM.stream``)."""
+    from .vision.prompt import MARKER
+
+    texts = message.split(MARKER) if message.count(MARKER) == len(images) else [""] * len(images) + [message]
+    parts: list[dict] = []
+    for i, t in enumerate(texts):
+        if t:
+            parts.append({"type": "text", "text": t})
+        if i < len(images):
+            parts.append({"type": "image", "image": images[i]})
+    return parts
+
+
+def _parts(content) -> bool:
+    """Whether ``content`` is a list of ``text`` and ``image_url`` parts (a saved message with images)."""
+    return isinstance(content, list) and all(
+        isinstance(p, dict) and (p.get("type") == "text" and isinstance(p.get("text"), str)
+                                 or p.get("type") == "image_url" and isinstance(p.get("image_url"), dict)
+                                 and isinstance(p["image_url"].get("url"), str)) for p in content)
+
+
+def _saved_part(part: dict) -> dict:
+    """An ``image`` part as an ``image_url`` part with a ``data:`` URL (PNG or JPEG bytes as
+    they are; a file's bytes; an RGB array as PNG); other parts as they are."""
+    if part.get("type") != "image":
+        return part
+    image = part["image"]
+    if isinstance(image, (str, os.PathLike)):
+        with open(image, "rb") as f:
+            image = f.read()
+    if isinstance(image, (bytes, bytearray, memoryview)):
+        data = bytes(image)
+        kind = "png" if data.startswith(b"\x89PNG") else "jpeg"
+    else:
+        import io
+
+        from PIL import Image
+
+        buf = io.BytesIO()
+        Image.fromarray(image).save(buf, format="PNG")
+        data, kind = buf.getvalue(), "png"
+    return {"type": "image_url", "image_url": {"url": f"data:image/{kind};base64,{base64.b64encode(data).decode()}"}}

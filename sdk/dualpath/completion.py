@@ -29,6 +29,9 @@ class Timings:
     decode_ms: float
     prefill_tokens: int
     decode_tokens: int
+    image_ms: float = 0.0
+    """Making the prompt's images ready before it was submitted (decoding them, and encoding
+    them or finding their embeddings in the cache); not part of ``prefill_ms``."""
 
     @property
     def prefill_tokens_per_s(self) -> float:

@@ -417,8 +417,11 @@ class ServerConfig(_Section):
     body_timeout_s: float = _float(60.0, 0.1, 3600.0)
     """A request's body must arrive within this many seconds of its headers; a slower client
     is disconnected (a body trickled a byte at a time would otherwise hold its connection)."""
-    max_body_bytes: int = _int(1 << 20, 1024, 1 << 30)
-    """Largest request body accepted (413 above it)."""
+    max_body_bytes: int = setting(0, int, lambda v: v == 0 or 1024 <= v <= 1 << 30,
+                                  "0 (automatic) or an integer between 1024 and 1073741824")
+    """Largest request body accepted (413 above it); 0: ``1 << 20``, or server/app.py's
+    ``IMAGE_BODY_BYTES`` where the model takes images (a photo's ``data:`` URL is its bytes
+    and a third more)."""
     max_queued_requests: int = _int(64, 0, 1 << 20)
     """Requests waiting for a slot beyond the running ones; more get 429 with Retry-After."""
     model_name: str = setting("", str, None, "a string ('' = the model file's name)")

@@ -257,8 +257,9 @@ class LLM:
         prompt's text has the marker ``<__media__>``, or all of them before the text."""
         _no_generation(self)
         if images:
+            t0 = time.perf_counter()
             ids, embeds = _image_prompt(self, prompt, images)
-            return Generation(self.engine, ids, params or SamplingParams(), embeds)
+            return Generation(self.engine, ids, params or SamplingParams(), embeds, image_ms=_ms_since(t0))
         ids = self.tokenize(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
         return Generation(self.engine, ids, params or SamplingParams())
 
@@ -384,6 +385,10 @@ def _load_images(llm: LLM, store: ModelStore, mmproj):
     return images
 
 
+def _ms_since(t0: float) -> float:
+    return (time.perf_counter() - t0) * 1e3
+
+
 def _image_prompt(llm: LLM, prompt, images) -> tuple[list[int], tuple]:
     """``LLM.stream``'s prompt with images: token ids and ``Request.embeds``."""
     if not isinstance(prompt, str):
@@ -421,8 +426,9 @@ def _chat(llm: LLM, messages: Sequence[dict], params: SamplingParams, chat_templ
     if budget != params.reasoning_budget:
         params = dataclasses.replace(params, reasoning_budget=budget)
     kwargs = thinking_kwargs(llm.chat_template(), chat_template_kwargs, budget)
+    t0 = time.perf_counter()
     ids, embeds = llm.chat_prompt(messages, chat_template_kwargs=kwargs)
-    gen = Generation(llm.engine, ids, params, embeds)
+    gen = Generation(llm.engine, ids, params, embeds, image_ms=_ms_since(t0) if embeds else 0.0)
     for _ in gen:
         pass
     c = gen.completion
@@ -476,8 +482,11 @@ class Generation:
     """Text deltas of one request, as they are generated; ``completion`` is set once
     it ends. Iterating again continues the same generation, never restarts it."""
 
-    def __init__(self, engine: Engine, prompt_ids: list[int], params: SamplingParams, embeds: tuple = ()):
+    def __init__(self, engine: Engine, prompt_ids: list[int], params: SamplingParams, embeds: tuple = (),
+                 image_ms: float = 0.0):
         self._stream = SyncStream(engine, prompt_ids, params, embeds=embeds)
+        self._image_ms = image_ms
+        """The completion's ``timings.image_ms``: the caller made the images ready."""
         self.completion: Completion | None = None
         self.request = self._stream.request
         """The engine's Request (its ``seq_id`` names its KV cache sequence while it runs)."""
@@ -492,9 +501,14 @@ class Generation:
             if delta is None:
                 raise StopIteration
             if delta.completion is not None:
-                self.completion = delta.completion
+                self._complete(delta.completion)
             if delta.text:
                 return delta.text
+
+    def _complete(self, c: Completion) -> None:
+        if self._image_ms:
+            c = dataclasses.replace(c, timings=dataclasses.replace(c.timings, image_ms=self._image_ms))
+        self.completion = c
 
     def __del__(self) -> None:
         stream = getattr(self, "_stream", None)
@@ -508,7 +522,7 @@ class Generation:
             self._stream.engine.abort(self.request_id)
             while (delta := self._stream.next_delta()) is not None:
                 if delta.completion is not None:
-                    self.completion = delta.completion
+                    self._complete(delta.completion)
 
 
 def _draft(llm: LLM, store: ModelStore, ctx: int):

@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 
+import numpy as np
 import pytest
 
 import dualpath
@@ -193,5 +194,39 @@ def test_chat_in_a_terminal_on_gemma_streams_stops_on_ctrl_c_and_saves_and_loads
                 break
         else:
             raise AssertionError("Ctrl-D did not end the session")
+    finally:
+        term.close()
+
+
+def test_chat_in_a_terminal_takes_an_image_for_the_next_message(tmp_path):
+    """/image FILE in the REPL: checked at once (a broken file is named, nothing is kept), then
+    sent with the next message; /stats says when its images were ready."""
+    pytest.importorskip("PIL", reason="the [vision] extra (Pillow) decodes images")
+    from PIL import Image
+
+    from dualpath.models.synth_vision import synth_mmproj, synth_text
+
+    text = synth_text(tmp_path / "text.gguf", "smolvlm-tiny", "F16")
+    mmproj = synth_mmproj(tmp_path / "mmproj.gguf", "smolvlm-tiny", "F16")
+    Image.fromarray(np.random.default_rng(1).integers(0, 256, (48, 80, 3), dtype=np.uint8)).save(tmp_path / "a.png")
+    (tmp_path / "broken.png").write_bytes(b"\x89PNG\r\n\x1a\n" + b"\x00" * 40)
+    term = Terminal([sys.executable, "-m", "dualpath.cli", "chat", "-m", str(text), "--mmproj", str(mmproj),
+                     "--chat-template", "chatml", "-n", "4", "--seed", "1", "-t", "2"])
+    try:
+        at = term.expect(">>> ")
+        term.send(f"/image {tmp_path / 'broken.png'}\r")
+        at = term.expect("(cannot use", 30, at)
+        term.send(f"/image {tmp_path / 'a.png'}\r")
+        at = term.expect("80x48, goes with your next message)", 30, at)
+        term.send("What is it?\r")
+        at = term.expect(">>> ", 120, at)
+        term.send("/stats\r")
+        at = term.expect("its images ready after", 30, at)
+        term.send(f"/save {tmp_path / 'conv.json'}\r")
+        at = term.expect("(saved 2 messages", 30, at)
+        saved = json.loads((tmp_path / "conv.json").read_text())
+        assert [p["type"] for p in saved[0]["content"]] == ["image_url", "text"]
+        term.send("/image\r")
+        at = term.expect("(no image to drop)", 30, at)  # it went with the message
     finally:
         term.close()

@@ -84,3 +84,17 @@ def test_a_bad_image_is_a_400_that_names_it(live, url, message):
     ok = live.client().chat.completions.create(model=MODEL, max_tokens=2,
                                                messages=[{"role": "user", "content": "Still there?"}])
     assert ok.choices[0].finish_reason in ("length", "stop")
+
+
+def test_the_model_says_it_takes_images_and_a_photo_sized_body_is_taken(live):
+    """/v1/models lists the vision modality (the chat page shows its Image button by it), and the
+    automatic body limit takes a photo's data: URL, over the 1 MiB of a text-only server."""
+    listed = httpx.get(live.base + "/v1/models", headers={"Authorization": f"Bearer {KEY}"}).json()["data"][0]
+    assert listed["modalities"] == {"vision": True}
+    photo = _png(7, (700, 800))  # noise does not compress: about 1.7 MB, 2.2 MB as base64
+    assert len(_url(photo)) > 2 << 20
+    r = live.client().chat.completions.create(model=MODEL, messages=_messages(_url(photo)), max_tokens=2)
+    assert r.choices[0].finish_reason in ("length", "stop") and r.usage.prompt_tokens > 20
+    r = httpx.post(live.base + "/v1/chat/completions", content=b'{"messages": "' + b"x" * (33 << 20) + b'"}',
+                   headers={"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"})
+    assert r.status_code == 413 and str(32 << 20) in r.json()["error"]["message"]

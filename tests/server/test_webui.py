@@ -83,6 +83,7 @@ def test_the_page_streams_a_reply_stops_one_and_shows_the_speed(browser, tmp_pat
         _wait(browser, lambda: "stories15M" in browser.find_element(By.ID, "model").text or
               "synth" in browser.find_element(By.ID, "model").text)
         assert not browser.find_element(By.ID, "key-form").is_displayed()  # no API key on this server
+        assert not browser.find_element(By.ID, "attach").is_displayed()  # the model takes no images
         browser.find_element(By.ID, "input").send_keys("Tell me a long story")
         browser.find_element(By.ID, "send").click()
         first = _wait(browser, lambda: _reply(browser))
@@ -176,3 +177,39 @@ def test_a_replys_thinking_shows_in_a_block_that_folds_once_the_answer_starts(br
         # the conversation sent back holds the answer alone
         sent = browser.execute_script("return messages.map(m => m.content)")
         assert sent[0] == "Once upon a time" and sent[1].strip() == answer.strip() and len(sent) == 2
+
+
+def test_an_image_attached_in_the_page_goes_with_the_message(browser, tmp_path):
+    """On a server with a projector (--mmproj) the page offers Image: the picked file shows as a
+    thumbnail, goes with the next message as an ``image_url`` part, and is encoded."""
+    pytest.importorskip("PIL", reason="the [vision] extra (Pillow) decodes images")
+    import numpy as np
+    from PIL import Image
+    from selenium.webdriver.common.by import By
+
+    from dualpath.bench.common import free_port, live_server
+    from dualpath.models.synth_vision import synth_mmproj, synth_text
+
+    text = synth_text(tmp_path / "text.gguf", "smolvlm-tiny", "F16")
+    mmproj = synth_mmproj(tmp_path / "mmproj.gguf", "smolvlm-tiny", "F16")
+    Image.fromarray(np.random.default_rng(2).integers(0, 256, (60, 90, 3), dtype=np.uint8)).save(tmp_path / "a.png")
+    port = free_port()
+    cmd = [sys.executable, "-m", "dualpath.cli", "serve", "--model", str(text), "--mmproj", str(mmproj),
+           "--port", str(port), "--ctx-size", "512", "--chat-template", "chatml", "-t", "2"]
+    with live_server("dualpath serve", cmd, f"http://127.0.0.1:{port}", startup_s=240) as server:
+        browser.get(server.base + "/")
+        _wait(browser, lambda: browser.find_element(By.ID, "attach").is_displayed())
+        browser.find_element(By.ID, "image-file").send_keys(str(tmp_path / "a.png"))
+        _wait(browser, lambda: browser.find_elements(By.CSS_SELECTOR, "#attached img.thumb"))
+        browser.find_element(By.ID, "input").send_keys("What is in this picture?")
+        browser.find_element(By.ID, "send").click()
+        _wait(browser, lambda: "tokens" in browser.find_element(By.ID, "status").text)
+        assert browser.find_elements(By.CSS_SELECTOR, ".msg.user img.thumb")
+        assert browser.find_elements(By.CSS_SELECTOR, "#attached img.thumb") == []  # it went with the message
+        content = browser.execute_script("return messages[0].content")
+        assert [p["type"] for p in content] == ["image_url", "text"]
+        assert content[0]["image_url"]["url"].startswith("data:image/png;base64,")
+        assert browser.execute_script("return messages[1].role") == "assistant"
+        metrics = httpx.get(server.base + "/metrics").text
+        seconds = next(line for line in metrics.splitlines() if line.startswith("dualpath_image_encoder_seconds_total"))
+        assert float(seconds.split()[1]) > 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+import time
 
 from .common import ProgressBar, config_from_args, load_report, mmproj_path, model_path, sampling_from_args
 
@@ -17,8 +18,11 @@ def cmd_run(args) -> int:
     if args.load_report:
         print(load_report(llm.load_stats), file=sys.stderr)
     prompt = args.prompt if args.prompt is not None else ""
+    image_ms = 0.0
     if args.image:  # the images' rows count as prompt tokens (--steps); encoded here, then from its cache
+        t0 = time.perf_counter()
         ids = llm.images.prompt(prompt, args.image)[0] if llm.images is not None else []
+        image_ms = (time.perf_counter() - t0) * 1e3
         gen = llm.stream(prompt, sampling_from_args(args, len(ids)), images=args.image)
     else:
         ids = llm.tokenize(prompt)
@@ -37,13 +41,15 @@ def cmd_run(args) -> int:
     t = c.timings
     print(f"dualpath: {c.usage.prompt_tokens} prompt tokens at {t.prefill_tokens_per_s:.1f} tok/s, "
           f"{c.usage.completion_tokens} generated at {t.decode_tokens_per_s:.1f} tok/s "
-          f"(finish: {c.finish_reason}, threads: {llm.config.runtime.effective_num_threads()})", file=sys.stderr)
+          + (f"(images ready in {image_ms:.0f} ms) " if args.image else "")
+          + f"(finish: {c.finish_reason}, threads: {llm.config.runtime.effective_num_threads()})", file=sys.stderr)
     return 0
 
 
 CHAT_HELP = """commands: /clear (forget the conversation), /system TEXT (a new system prompt), /save FILE,
 /load FILE (the conversation as JSON messages), /stats (tokens, speed, cache reuse), /think on|off
-(let a thinking model think, shown dimmed), /help; Ctrl-C stops a reply, Ctrl-D (or /exit) leaves"""
+(let a thinking model think, shown dimmed), /image FILE (a PNG or JPEG for your next message, with
+--mmproj; /image alone drops it), /help; Ctrl-C stops a reply, Ctrl-D (or /exit) leaves"""
 DIM, PLAIN = "\x1b[2m", "\x1b[0m"
 """Terminal attributes of a reply's thinking, and back."""
 
@@ -112,6 +118,7 @@ def cmd_chat(args) -> int:
               f"{CHAT_HELP}", file=err)
     stop = threading.Event()
     failed = False  # piped: the exit status says whether every line got its reply
+    images: list[str] = []  # /image: for the next message
 
     def on_sigint(signum, frame):  # while a reply streams: stop it, never interrupt the engine mid-step
         stop.set()
@@ -130,12 +137,13 @@ def cmd_chat(args) -> int:
         if not line:
             continue
         if interactive and line.startswith("/"):
-            if _chat_command(chat, line, out, err):
+            if _chat_command(chat, line, out, err, images):
                 return 0
             continue
-        try:  # the template and the tokenizer: Ctrl-C interrupts them (the engine has nothing yet)
+        try:  # the template, the tokenizer, the images: Ctrl-C interrupts them (the engine has nothing yet)
             with _sigint(signal.default_int_handler):
-                reply = chat.send(line)
+                reply = chat.send(line, images)
+            images.clear()
         except KeyboardInterrupt:
             print("\n(stopped)", file=err)
             continue
@@ -163,8 +171,9 @@ def cmd_chat(args) -> int:
             print("(stopped)", file=err)
 
 
-def _chat_command(chat, line: str, out, err) -> bool:
-    """One REPL command; True when the session should end."""
+def _chat_command(chat, line: str, out, err, images: list[str]) -> bool:
+    """One REPL command; True when the session should end. ``images``: /image's files, for
+    the next message."""
     from ..errors import DualPathError
 
     name, _, arg = line.partition(" ")
@@ -188,11 +197,34 @@ def _chat_command(chat, line: str, out, err) -> bool:
     elif name == "/think" and arg in ("on", "off"):
         chat.think(arg == "on")
         print(f"(thinking {arg})", file=err)
+    elif name == "/image":
+        _attach_image(chat, arg, err, images)
     elif name == "/stats":
         st = chat.last
         print(f"turns {chat.turns}, context {chat.context_used}/{chat.llm.context_tokens} tokens; last turn: prompt "
               f"{st.prompt_tokens} tokens ({st.cached_tokens} from the cache), reply {st.completion_tokens} "
-              f"tokens, first token after {st.ttft_ms:.0f} ms, {st.decode_tokens_per_s:.1f} tok/s", file=err)
+              f"tokens, first token after {st.ttft_ms:.0f} ms, {st.decode_tokens_per_s:.1f} tok/s"
+              + (f", its images ready after {st.image_ms:.0f} ms" if st.image_ms else ""), file=err)
     else:
         print(CHAT_HELP, file=err)
     return False
+
+
+def _attach_image(chat, path: str, err, images: list[str]) -> None:
+    """/image FILE: the file checked (decoded) now and kept for the next message; /image alone
+    drops what was kept."""
+    from ..errors import ImageError
+
+    if not path:
+        print(f"({len(images)} image(s) dropped)" if images else "(no image to drop)", file=err)
+        images.clear()
+    elif chat.llm.images is None:
+        print("(this model takes no images: load it with its projector file, --mmproj FILE)", file=err)
+    else:
+        try:
+            h, w = chat.llm.images.pixels(path).shape[:2]
+        except ImageError as e:
+            print(f"(cannot use {path}: {e})", file=err)
+            return
+        images.append(path)
+        print(f"({path}, {w}x{h}, goes with your next message)", file=err)

@@ -92,6 +92,11 @@ def _usage(completions) -> dict:
             "prompt_tokens_details": {"cached_tokens": first.cached_prompt_tokens}}
 
 
+IMAGE_BODY_BYTES = 32 << 20
+"""The automatic body limit where the model takes images: the largest image vision/decode.py
+takes (``MAX_IMAGE_BYTES``) as a base64 ``data:`` URL, and room for the rest of the request."""
+
+
 class Server:
     """State shared by the routes: the LLM, its engine, the server config."""
 
@@ -112,6 +117,9 @@ class Server:
         self._grammars: OpenAIGrammars | None = None  # over the grammar compiler, made on first use
         self.embedder = Embeddings(llm, embedder)
         """What answers /v1/embeddings (server/embeddings.py)."""
+        self.max_body_bytes = self.cfg.max_body_bytes or (
+            IMAGE_BODY_BYTES if getattr(llm, "images", None) is not None else 1 << 20)
+        """server.max_body_bytes, or its automatic value (config.py)."""
 
     # -- plumbing --------------------------------------------------------------
     def _check_auth(self, request: Request) -> None:
@@ -125,7 +133,7 @@ class Server:
                            type_="authentication_error", code="invalid_api_key")
 
     async def _json(self, request: Request, names: tuple[str, ...] | None = None) -> dict:
-        body = await read_body(request, self.cfg.max_body_bytes)
+        body = await read_body(request, self.max_body_bytes)
         check_model(body, names or self.model_names, self.cfg.strict_model_name)
         return body
 
@@ -230,14 +238,15 @@ class Server:
             body = f.read()
         return Response(body, media_type=kind, headers={
             "Content-Security-Policy": "default-src 'none'; script-src 'self'; style-src 'self'; "
-                                       "connect-src 'self'; img-src 'self'; base-uri 'none'; form-action 'none'; "
+                                       "connect-src 'self'; img-src 'self' data:; base-uri 'none'; form-action 'none'; "
                                        "frame-ancestors 'none'",
             "X-Frame-Options": "DENY", "X-Content-Type-Options": "nosniff", "Cache-Control": "no-cache"})
 
     async def models(self, request: Request) -> Response:
         self._check_auth(request)
         models = [{"id": self.model_name, "object": "model", "created": self.created, "owned_by": "dualpath",
-                   "context_length": self.llm.context_tokens}]
+                   "context_length": self.llm.context_tokens,
+                   "modalities": {"vision": getattr(self.llm, "images", None) is not None}}]
         e = self.embedder
         if e.encoder_llm is not None and e.encoder_llm is not self.llm:
             models.append(e.model_entry(self.created))

@@ -9,6 +9,7 @@ let controller = null;        // the AbortController of the reply being streamed
 let conversation = 0;         // bumped by New chat: a reply of an older one changes nothing
 let modelName = null;
 let replyTokens = 512;        // a reply's limit: a quarter of the context, at most 1024
+const attached = [];          // data: URLs of the images for the next message (a model that takes images)
 
 function apiKey() { return sessionStorage.getItem("dualpath-api-key") || ""; }
 
@@ -18,10 +19,19 @@ function headers() {
   return h;
 }
 
-function add(role, text) {
+function thumbnail(url) {
+  const img = document.createElement("img");
+  img.className = "thumb";
+  img.alt = "an attached image";
+  img.src = url;
+  return img;
+}
+
+function add(role, text, images) {
   const div = document.createElement("div");
   div.className = "msg " + role;
   div.textContent = text;
+  for (const url of (images || []).slice().reverse()) div.prepend(thumbnail(url));
   $("log").appendChild(div);
   $("log").scrollTop = $("log").scrollHeight;
   return div;
@@ -63,13 +73,32 @@ async function connect() {
   replyTokens = Math.max(16, Math.min(1024, Math.floor(body.data[0].context_length / 4)));
   $("key-form").hidden = true;
   $("model").textContent = modelName + " · context " + body.data[0].context_length + " tokens";
+  $("attach").hidden = !(body.data[0].modalities && body.data[0].modalities.vision);
   $("input").focus();
+}
+
+// The images picked for the next message, read as data: URLs (the server takes no other).
+function attach(files) {
+  for (const file of files) {
+    const reader = new FileReader();
+    reader.onload = () => {
+      attached.push(reader.result);
+      $("attached").appendChild(thumbnail(reader.result));
+    };
+    reader.onerror = () => status("cannot read " + file.name);
+    reader.readAsDataURL(file);
+  }
 }
 
 async function send(text) {
   const mine = conversation;
-  messages.push({ role: "user", content: text });
-  add("user", text);
+  const images = attached.splice(0);
+  $("attached").textContent = "";
+  // With images, the content is OpenAI's parts: the images first, then the text.
+  const content = images.length ? images.map((url) => ({ type: "image_url", image_url: { url } }))
+    .concat(text ? [{ type: "text", text }] : []) : text;
+  messages.push({ role: "user", content });
+  add("user", text, images);
   const out = add("assistant", "");
   const answer = document.createElement("span");  // the answer's text, after any thinking block
   out.appendChild(answer);
@@ -169,7 +198,7 @@ document.addEventListener("DOMContentLoaded", () => {
   $("ask").addEventListener("submit", (ev) => {
     ev.preventDefault();
     const text = $("input").value.trim();
-    if (!text || controller) return;
+    if ((!text && !attached.length) || controller) return;
     $("input").value = "";
     send(text);
   });
@@ -180,10 +209,17 @@ document.addEventListener("DOMContentLoaded", () => {
     }
   });
   $("stop").addEventListener("click", () => { if (controller) controller.abort(); });
+  $("attach").addEventListener("click", () => $("image-file").click());
+  $("image-file").addEventListener("change", () => {
+    attach($("image-file").files);
+    $("image-file").value = "";
+  });
   $("new").addEventListener("click", () => {
     conversation += 1;
     if (controller) controller.abort();
     messages.length = 0;
+    attached.length = 0;
+    $("attached").textContent = "";
     $("log").textContent = "";
     $("speed").textContent = "";
     status("new conversation");
