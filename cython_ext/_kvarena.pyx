@@ -130,6 +130,19 @@ cdef class ThreadPool:
     def num_threads(self):
         return dp_pool_num_threads(self.pool)
 
+    @property
+    def active(self) -> int:
+        """Threads a job runs on (the caller's included): the first ``active`` of the pool's."""
+        return dp_pool_active(self.pool)
+
+    @active.setter
+    def active(self, int n):
+        """From the next job on, only the first ``n`` threads take part (the others sleep): the
+        pool's cores shared with other work. ValueError outside [1, num_threads]."""
+        if n < 1 or n > dp_pool_num_threads(self.pool):
+            raise ValueError(f"active threads must be between 1 and {dp_pool_num_threads(self.pool)}, got {n}")
+        _check(dp_pool_set_active(self.pool, n), f"active = {n}", "the pool")
+
     def set_affinity(self, cpus):
         """cpus[i] = the CPU of thread i (0 = the caller's slot, pinned by the caller);
         an empty list unpins; -1 leaves a thread unpinned. Workers re-pin before their

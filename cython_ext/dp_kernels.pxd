@@ -62,6 +62,8 @@ cdef extern from "csrc/dp_pool.h" nogil:
     int dp_pool_create(int num_threads, dp_pool **out)
     void dp_pool_destroy(dp_pool *pool)
     int dp_pool_num_threads(const dp_pool *pool)
+    int dp_pool_set_active(dp_pool *pool, int n)
+    int dp_pool_active(const dp_pool *pool)
     int dp_pool_set_affinity(dp_pool *pool, const int *cpus, int num_cpus)
     int dp_pool_worker_tids(const dp_pool *pool, int64_t *tids, int max)
     int dp_pool_set_yielders(dp_pool *pool, const int64_t *tids, int n)

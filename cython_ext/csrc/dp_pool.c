@@ -54,6 +54,8 @@ typedef struct { dp_pool *pool; int idx; } worker_arg;
 
 struct dp_pool {
     int num_threads;
+    atomic_int active;         /* dp_pool_set_active: threads [0, active) take plain jobs */
+    int job_active;            /* the current job's, guarded by lock */
     pthread_t threads[DP_POOL_MAX_THREADS];
     worker_arg args[DP_POOL_MAX_THREADS];
     int64_t tids[DP_POOL_MAX_THREADS]; /* workers': written before create returns */
@@ -126,13 +128,14 @@ static void *worker_main(void *arg) {
     const worker_arg wa = *(const worker_arg *)arg;
     dp_pool *p = wa.pool;
     uint64_t seen = 0;
+    int spin = 0; /* after a job it worked on: the next one is likely soon */
     pthread_mutex_lock(&p->lock);
     p->tids[wa.idx] = (int64_t)syscall(SYS_gettid);
     p->started++;
     pthread_cond_broadcast(&p->done);
     pthread_mutex_unlock(&p->lock);
     for (;;) {
-        if (seen) spin_for_job(p, seen);
+        if (spin) spin_for_job(p, seen);
         pthread_mutex_lock(&p->lock);
         while (p->job == seen && !p->stop) pthread_cond_wait(&p->wake, &p->lock);
         if (p->stop) {
@@ -140,8 +143,10 @@ static void *worker_main(void *arg) {
             return NULL;
         }
         seen = p->job;
-        const int all = p->all;
+        const int all = p->all, skip = wa.idx >= p->job_active;
         pthread_mutex_unlock(&p->lock);
+        spin = !skip;
+        if (skip) continue; /* not among the job's threads: asleep until the next job */
         apply_affinity(p, wa.idx);
         if (all) { /* awake and pinned for job `seen`: counted under the lock, and only while
                     * that job is still the current one (a late worker counts for the job it
@@ -172,6 +177,7 @@ int dp_pool_create(int num_threads, dp_pool **out) {
     dp_pool *p = (dp_pool *)dp_calloc(1, sizeof *p);
     if (!p) return DP_ERR_NOMEM;
     for (int i = 0; i < DP_POOL_MAX_THREADS; i++) p->cpus[i] = p->applied_gen[i] = -1;
+    atomic_store(&p->active, num_threads);
     pthread_mutex_init(&p->run_lock, NULL);
     pthread_mutex_init(&p->lock, NULL);
     pthread_cond_init(&p->wake, NULL);
@@ -268,7 +274,7 @@ int dp_can_unidle(void) {
 
 static void pool_run(dp_pool *p, int64_t num_tasks, dp_task_fn fn, void *ctx, int all) {
     if (num_tasks <= 0) return;
-    if (!p || p->num_threads == 1 || (num_tasks == 1 && !all)) {
+    if (!p || p->num_threads == 1 || (!all && (num_tasks == 1 || atomic_load(&p->active) == 1))) {
         for (int64_t t = 0; t < num_tasks; t++) fn(ctx, t, 0);
         return;
     }
@@ -283,6 +289,7 @@ static void pool_run(dp_pool *p, int64_t num_tasks, dp_task_fn fn, void *ctx, in
     atomic_store(&p->joined, 0); /* open: the previous job closed with no worker inside */
     atomic_store(&p->arrived, 0);
     p->all = all;
+    p->job_active = all ? p->num_threads : atomic_load(&p->active);
     p->job++;
     atomic_store_explicit(&p->job_seen, p->job, memory_order_release);
     pthread_cond_broadcast(&p->wake);
@@ -306,6 +313,14 @@ static void pool_run(dp_pool *p, int64_t num_tasks, dp_task_fn fn, void *ctx, in
 }
 
 void dp_pool_run(dp_pool *p, int64_t num_tasks, dp_task_fn fn, void *ctx) { pool_run(p, num_tasks, fn, ctx, 0); }
+
+int dp_pool_set_active(dp_pool *p, int n) {
+    if (!p || n < 1 || n > p->num_threads) return DP_ERR_ARG;
+    atomic_store(&p->active, n);
+    return DP_OK;
+}
+
+int dp_pool_active(const dp_pool *p) { return p ? atomic_load(&((dp_pool *)p)->active) : 1; }
 
 void dp_pool_run_all(dp_pool *p, int64_t num_tasks, dp_task_fn fn, void *ctx) { pool_run(p, num_tasks, fn, ctx, 1); }
 

@@ -30,6 +30,13 @@ int dp_pool_num_threads(const dp_pool *pool);
  * -1 = unpinned; num_cpus = 0 unpins all. DP_ERR_ARG (and nothing changed) for a cpu
  * outside [-1, DP_POOL_MAX_CPUS). */
 int dp_pool_set_affinity(dp_pool *pool, const int *cpus, int num_cpus);
+/* Threads a job runs on from now on, the caller included: the first n of the pool's, the
+ * others asleep until it is raised again (a pool sharing its cores with other work: a
+ * chat's decode beside an image's encode). n = num_threads (the default): all of them.
+ * DP_ERR_ARG for n outside [1, num_threads] (nothing changed). Takes effect at the next
+ * job; never while one runs. */
+int dp_pool_set_active(dp_pool *pool, int n);
+int dp_pool_active(const dp_pool *pool);
 /* Linux thread ids of the workers (tids[0] is the caller's slot, 0 until it runs). */
 int dp_pool_worker_tids(const dp_pool *pool, int64_t *tids, int max);
 /* Runs fn(ctx, t, worker) for every t in [0, num_tasks), the caller included, and

@@ -284,8 +284,14 @@ class RuntimeConfig(_Section):
     what the encoder evicts from the caches costs the chats a little more)."""
     image_encoder_share: float = _float(1.0, 0.05, 4.0)
     """The same for encoding images (a model given ``mmproj``), a piece of an encode at a
-    time: 1.0, chats decode at least half as fast while an image is encoded, and the image
-    takes twice its time."""
+    time, where the encode runs between the engine's steps (``image_encoder_threads``): 1.0,
+    chats get about half of the time while an image is encoded, and the image twice its own."""
+    image_encoder_threads: int = _int(0, 0, 1024)
+    """Beside chats, an image's encode runs on a thread of its own with this many of the
+    ``num_threads`` threads, and the chats' kernels on the others while it lasts (each side
+    takes them all when the other has nothing to do). 0: half of them, at least one. With one
+    thread, a value that leaves the chats none, or a projector whose products are ONNX
+    Runtime's (its threads cannot be lent), the encode runs between the engine's steps."""
 
     def effective_max_batch_tokens(self) -> int:
         return self.max_batch_tokens or self.prefill_chunk_tokens + self.max_num_seqs

@@ -19,7 +19,7 @@ from collections import OrderedDict
 import numpy as np
 
 from .cache.disk import EmbeddingStore
-from .engine.encoder_queue import EncoderQueue, ImageJob
+from .engine.encoder_queue import CoreSplit, EncoderQueue, ImageJob
 from .errors import ImageError, ModelLoadError
 from .executor.vision import VisionEncoder
 from .models.mmproj import check_text_model
@@ -35,8 +35,9 @@ class ImageInput:
     projector=True)``) of the text model ``text`` (its ModelSpec) with ``tokenizer``."""
 
     def __init__(self, model, text, tokenizer, num_threads: int, accuracy_level: int = 4,
-                 cache_bytes: int = CACHE_BYTES, disk_root: str | None = None, disk_bytes: int = 0):
-        self.encoder = VisionEncoder(model, num_threads, accuracy_level)
+                 cache_bytes: int = CACHE_BYTES, disk_root: str | None = None, disk_bytes: int = 0,
+                 lend: bool = False):
+        self.encoder = VisionEncoder(model, num_threads, accuracy_level, lend=lend)
         self.spec = self.encoder.spec
         check_text_model(self.spec, text.config.dim, os.path.basename(str(text.path)))
         self._tokens = {piece: layout.find_token(tokenizer, piece) for piece in layout.lookups(self.spec.projector)}
@@ -61,11 +62,18 @@ class ImageInput:
         self.queue: EncoderQueue | None = None
         """The engine's queue the encodes run on (``attach``), or None: in the caller's thread."""
 
-    def attach(self, engine, share: float) -> None:
-        """Encode on ``engine``'s stepping thread from now on, a piece at a time beside its
-        chats (engine/encoder_queue.py, ``share`` of each step's time), not in the caller's."""
+    def attach(self, engine, share: float, threads: int = 0) -> None:
+        """Encode beside ``engine``'s chats from now on, not in the caller's thread: on a thread
+        of its own with ``threads`` of the threads while chats run (``CoreSplit``; 0: half), or,
+        where the threads cannot be split, on the engine's thread a piece at a time, ``share``
+        of each step's time (engine/encoder_queue.py; config.py ``image_encoder_threads``)."""
         self.queue = EncoderQueue(self.encoder, share=share, metric_prefix="dualpath_image_encoder",
                                   what=("images", "Images"))
+        pool = self.encoder.pool
+        chat_threads = min(p.num_threads for p in engine.runner.pools())
+        threads = min(threads or max(1, chat_threads // 2), pool.num_threads if pool is not None else 0)
+        if self.encoder.lends_threads and 0 < threads < chat_threads:
+            self.queue.cores = CoreSplit(engine, pool, threads)
         engine.attach_encoder(self.queue)
 
     def _encode(self, squares: list) -> np.ndarray:

@@ -374,14 +374,17 @@ def _image_input(llm: LLM):
 
 def _load_images(llm: LLM, store: ModelStore, mmproj):
     """The image input of ``llm`` with the projector file ``mmproj``: its embeddings kept beside
-    the prefix cache's pages on disk where those are, its encodes on the engine's thread."""
+    the prefix cache's pages on disk where those are, its encodes beside the engine's chats
+    (``ImageInput.attach``)."""
     from .images import ImageInput
 
     rt, disk = llm.config.runtime, llm.prefix_store
-    images = ImageInput(store.load(mmproj, projector=True), llm.spec, llm.tokenizer, rt.effective_num_threads(),
+    threads = rt.effective_num_threads()
+    images = ImageInput(store.load(mmproj, projector=True), llm.spec, llm.tokenizer, threads,
                         rt.quantized_matmul_accuracy, disk_root=disk.root if disk is not None else None,
-                        disk_bytes=disk.max_bytes if disk is not None else 0)
-    images.attach(llm.engine, rt.image_encoder_share)
+                        disk_bytes=disk.max_bytes if disk is not None else 0,
+                        lend=(rt.image_encoder_threads or 1) < threads)
+    images.attach(llm.engine, rt.image_encoder_share, rt.image_encoder_threads)
     return images
 
 

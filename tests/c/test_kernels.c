@@ -584,6 +584,46 @@ static void pool_protocol_cases(void) {
     dp_pool_destroy(p);
 }
 
+/* Active threads: the first n take a plain job's tasks (the others sleep through it), a
+ * run_all job still has all of them, and out-of-range counts are refused. */
+typedef struct { atomic_int runs[64]; atomic_int by_worker[4]; int64_t num_tasks; } active_job;
+
+static void active_task(void *ctx, int64_t task, int worker) {
+    active_job *J = (active_job *)ctx;
+    if (task >= 0 && task < J->num_tasks) atomic_fetch_add(&J->runs[task], 1);
+    if (worker >= 0 && worker < 4) atomic_fetch_add(&J->by_worker[worker], 1);
+}
+
+static int active_round(dp_pool *p, int64_t num_tasks, int all, int most_workers) {
+    active_job J;
+    J.num_tasks = num_tasks;
+    for (int t = 0; t < 64; t++) atomic_store(&J.runs[t], 0);
+    for (int w = 0; w < 4; w++) atomic_store(&J.by_worker[w], 0);
+    if (all) dp_pool_run_all(p, num_tasks, active_task, &J);
+    else dp_pool_run(p, num_tasks, active_task, &J);
+    int ok = 1;
+    for (int t = 0; t < 64; t++) ok &= atomic_load(&J.runs[t]) == (t < num_tasks);
+    for (int w = most_workers; w < 4; w++) ok &= atomic_load(&J.by_worker[w]) == 0;
+    return ok;
+}
+
+static void pool_active_cases(void) {
+    dp_pool *p = NULL;
+    check(dp_pool_create(4, &p) == DP_OK, "pool of 4 for the active cases");
+    check(dp_pool_active(p) == 4, "active: all threads at first");
+    check(dp_pool_set_active(p, 0) == DP_ERR_ARG && dp_pool_set_active(p, 5) == DP_ERR_ARG &&
+              dp_pool_set_active(NULL, 1) == DP_ERR_ARG && dp_pool_active(p) == 4,
+          "active: 0, 5 and no pool refused, nothing changed");
+    int ok = 1;
+    for (int n = 1; n <= 4 && ok; n++) {
+        check(dp_pool_set_active(p, n) == DP_OK && dp_pool_active(p) == n, "active: set");
+        for (int it = 0; it < 300 && ok; it++) ok &= active_round(p, 1 + it % 64, 0, n);
+        ok &= active_round(p, 64, 1, 4); /* a run_all job: every thread */
+    }
+    check(ok, "active: 1..4 threads, 300 jobs each, every task once and on the first n threads only");
+    dp_pool_destroy(p);
+}
+
 /* Yielders: a thread blocked on a pipe is under SCHED_IDLE while a job of several tasks
  * runs (every task sees it so), back under SCHED_OTHER after; one task runs on the
  * caller and leaves it alone; an exited thread is skipped. */
@@ -1307,6 +1347,7 @@ int main(void) {
     pool_failure_cases();
     pool_protocol_cases();
     pool_yielder_cases();
+    pool_active_cases();
     bad_slot_cases(best);
     ggml_repack_cases();
     qmatmul_cases(pool);

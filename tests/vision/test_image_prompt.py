@@ -238,17 +238,24 @@ def test_an_image_is_encoded_a_piece_at_a_time(pair):
     assert not queue.has_work() and "dualpath_image_encoder_images_total 1" in queue.metrics_lines()
 
 
-def test_a_chat_decodes_while_an_image_is_encoded(pair):
-    """A request with four images waits for them on the engine's queue, which runs beside a
+@pytest.mark.parametrize("weight_type", ["F16", "Q8_0"])
+def test_a_chat_decodes_while_an_image_is_encoded(pair, tmp_path, weight_type):
+    """A request with four images waits for them on the encoder's queue, which runs beside a
     request already decoding: that one's tokens keep coming, and both texts are what each
-    gives alone."""
+    gives alone. F16: ONNX Runtime's products, between the engine's steps; Q8_0: our kernels',
+    on a thread of its own with one of the two threads while the chat decodes on the other."""
     import threading
     import time
 
     from dualpath import SamplingParams
 
     text, mmproj, _ = pair
+    if weight_type == "Q8_0":
+        mmproj = synth_mmproj(tmp_path / "mmproj-q8.gguf", "smolvlm-tiny", "Q8_0")
     llm = LLM(text, load_config(None, {"runtime.num_threads": 2}), mmproj=mmproj)
+    split = llm.images.queue.cores
+    assert (split is not None) == (weight_type == "Q8_0")
+    chat_pool = llm.runner.pools()[0]
     params = SamplingParams(max_tokens=300, temperature=0.0, ignore_eos=True)
     alone = llm.generate("Once upon a time", params).token_ids
     rng = np.random.default_rng(13)
@@ -256,10 +263,12 @@ def test_a_chat_decodes_while_an_image_is_encoded(pair):
     gen = llm.stream("Once upon a time", params)
     counts: list[int] = []
     tokens: list[str] = []
+    active: set[int] = set()  # the chat pool's threads, seen after each token
 
     def decode() -> None:
         for delta in gen:
             tokens.append(delta)
+            active.add(chat_pool.active)
 
     thread = threading.Thread(target=decode)
     thread.start()
@@ -272,6 +281,7 @@ def test_a_chat_decodes_while_an_image_is_encoded(pair):
     thread.join()
     assert gen.completion.token_ids == alone
     assert counts[1] > counts[0]  # it decoded while the four images were encoded
+    assert active == ({1, 2} if split is not None else {2}) and chat_pool.active == 2
     assert llm.images.stats["encoded"] == 4 and out.usage.prompt_tokens > 4 * 3 * 4
     metrics = llm.engine.metrics_text()
     assert "dualpath_image_encoder_images_total 4" in metrics and "dualpath_image_encoder_seconds_total" in metrics

@@ -2,7 +2,8 @@
 about it, DualPath beside llama.cpp's ``mtmd`` on the same text model and projector file; and
 DualPath's first token for a second question on the same image, in the same process and after
 a restart (the prefix cache on disk: the image's embeddings and pages). With ``--concurrent N``,
-a chat's decode rate alone and while a request with N images is encoded beside it.
+a chat's decode rate alone, while a request with N images is encoded beside it, and while that
+request's prompt is computed.
 
 The image is ``--image`` (PNG or JPEG) or a seeded noise image of ``--size`` (the encoder's
 cost does not depend on what the pixels show); both engines cut it into the same squares
@@ -79,11 +80,18 @@ def worker(mmproj: str, image: str, threads: int, inner: int) -> dict:
             "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
 
 
+CHAT_TURN_TOKENS = 128
+"""A reply of the chat beside the images: turn after turn of this many tokens, so that its
+context, and with it a step's cost, stays the same from the first window to the last."""
+
+
 def concurrent_worker(model: str, mmproj: str, image: str, threads: int, images: int, alone_s: float) -> dict:
-    """DualPath's run: a chat decodes alone for ``alone_s``, then a request with ``images``
-    copies of ``image`` (each shifted a little: every one is encoded) arrives; the chat's
-    token times give its decode rate alone and while the images are encoded, and its longest
-    wait between two tokens."""
+    """DualPath's run: a chat decodes alone for ``alone_s`` (replies of ``CHAT_TURN_TOKENS``,
+    one after another), then a request with ``images`` copies of ``image`` (each shifted a
+    little: every one is encoded) arrives; the chat's token times give its decode rate alone,
+    while the images are encoded, and while the request's prompt (the images' rows) is
+    computed, and its longest wait between two tokens in each phase; then it decodes alone
+    again for ``alone_s``, and "alone" is the mean of the two."""
     import threading
 
     from ..config import load_config
@@ -94,15 +102,16 @@ def concurrent_worker(model: str, mmproj: str, image: str, threads: int, images:
     rgb = np.load(image)
     llm = LLM(model, load_config(None, {"runtime.num_threads": threads}), mmproj=mmproj)
     assert llm.images is not None  # loaded with mmproj
-    chat = llm.stream("Once upon a time", SamplingParams(max_tokens=llm.context_tokens - 16, temperature=0.0,
-                                                          ignore_eos=True))
     times: list[float] = []
+    stop = threading.Event()
 
-    def decode() -> None:
-        for _ in chat:
-            times.append(time.perf_counter())
+    def chat() -> None:
+        params = SamplingParams(max_tokens=CHAT_TURN_TOKENS, temperature=0.0, ignore_eos=True)
+        while not stop.is_set():
+            for _ in llm.stream("Once upon a time", params):
+                times.append(time.perf_counter())
 
-    thread = threading.Thread(target=decode, daemon=True)
+    thread = threading.Thread(target=chat, daemon=True)
     thread.start()
     while len(times) < 8:  # past the prompt
         time.sleep(0.01)
@@ -110,20 +119,29 @@ def concurrent_worker(model: str, mmproj: str, image: str, threads: int, images:
     time.sleep(alone_s)
     t1 = time.perf_counter()
     pictures = [np.roll(rgb, i, axis=1) for i in range(images)]
-    llm.generate(MARKER * images + " What are these?", SamplingParams(max_tokens=1, temperature=0.0), images=pictures)
+    ids, embeds = llm.images.prompt(MARKER * images + " What are these?", pictures)
     t2 = time.perf_counter()
-    llm.engine.abort(chat.request_id)  # its thread reads the stream to its end
+    from ..llm import Generation
+
+    for _ in Generation(llm.engine, ids, SamplingParams(max_tokens=1, temperature=0.0), embeds):
+        pass
+    t3 = time.perf_counter()
+    time.sleep(alone_s)
+    t4 = time.perf_counter()
+    stop.set()
     thread.join()
 
     def rate(a: float, b: float) -> float:
         return sum(a <= t < b for t in times) / (b - a)
 
-    during = [t for t in times if t1 <= t < t2]
-    gaps = np.diff([t1] + during + [t2])
+    def longest_gap(a: float, b: float) -> float:
+        return float(np.diff([a] + [t for t in times if a <= t < b] + [b]).max()) * 1e3
+
     alone_gaps = np.diff([t for t in times if t0 <= t < t1])
-    return {"alone_tps": rate(t0, t1), "during_tps": rate(t1, t2), "encode_s": t2 - t1,
-            "max_gap_ms": float(gaps.max()) * 1e3, "alone_step_ms": float(np.median(alone_gaps)) * 1e3,
-            "encoded": llm.images.stats["encoded"]}
+    return {"alone_tps": (rate(t0, t1) + rate(t3, t4)) / 2, "during_tps": rate(t1, t2), "encode_s": t2 - t1,
+            "max_gap_ms": longest_gap(t1, t2), "prefill_tps": rate(t2, t3), "prefill_s": t3 - t2,
+            "prefill_max_gap_ms": longest_gap(t2, t3), "alone_step_ms": float(np.median(alone_gaps)) * 1e3,
+            "encoded": llm.images.stats["encoded"], "split": llm.images.queue.cores is not None}
 
 
 def load_image(path: str | None, size: tuple[int, int]) -> np.ndarray:
@@ -216,10 +234,13 @@ def print_result(res: dict) -> None:
         print(f"time ratio (DualPath / llama.cpp): {res['ratio']:.2f}")
     c = res.get("concurrent")
     if c:
-        print(f"a chat decoding while a request's {c['images']} images are encoded ({c['encode_s']:.1f} s until its "
-              f"first token): {c['during_tps']:.1f} tokens/s, alone {c['alone_tps']:.1f} "
+        how = "on threads of its own" if c["split"] else "between the engine's steps"
+        print(f"a chat decoding while a request's {c['images']} images are encoded ({c['encode_s']:.1f} s, {how}): "
+              f"{c['during_tps']:.1f} tokens/s, alone {c['alone_tps']:.1f} "
               f"({c['alone_tps'] / max(c['during_tps'], 1e-9):.2f}x slower); its longest wait between tokens "
               f"{c['max_gap_ms']:.0f} ms, a step alone {c['alone_step_ms']:.1f} ms")
+        print(f"  then while the request's prompt is computed ({c['prefill_s']:.1f} s): {c['prefill_tps']:.1f} "
+              f"tokens/s, its longest wait {c['prefill_max_gap_ms']:.0f} ms")
     t = res.get("ttft")
     if t:
         print(f"time to first token, a question after the image ({t['positions']} positions): "

@@ -14,7 +14,9 @@ Two ways to drive it:
   second), and a batch that overran it is paid back by the next steps. Chats then decode
   at least ``1 / (1 + share)`` as fast as alone, however much embedding work waits; with no
   chat running the encoder takes whole batches (``max_batch_tokens``);
-* alone (an embedding-only server): ``start()`` steps it from its own thread.
+* alone (an embedding-only server): ``start()`` steps it from its own thread;
+* beside a chat model on cores of its own (``CoreSplit``, images): from its own thread too,
+  with some of the threads while chats run, the chats' kernels on the others.
 
 A reranker's pairs (``/v1/rerank``) are another kind of job (``RankJob``): its ``key`` keeps
 them out of embedding batches, its ``run`` gives each pair's first-token row; the queue, its
@@ -146,6 +148,9 @@ class EncoderQueue:
         self._piecewise: tuple | None = None  # (job, its generator): the job run a piece at a time
         self._cv = threading.Condition(self._mu)
         self._stopping = False
+        self.cores: CoreSplit | None = None
+        """Where the queue runs on its own thread beside an engine's chats: how the two share
+        the threads (set before ``start``)."""
         # Counters for /metrics.
         self.batches = self.items_run = self.tokens_run = 0
         self.shared_batches = 0   # slices holding items of two requests or more
@@ -324,11 +329,15 @@ class EncoderQueue:
     def _loop(self) -> None:
         while True:
             with self._mu:
-                while not self._stopping and not self._jobs:
+                while not self._stopping and not self.has_work():
                     self._cv.wait()
                 if self._stopping:
                     return
+            if self.cores is not None:
+                self.cores.slice()
             self.step()
+            if self.cores is not None and not self.has_work():
+                self.cores.release()
 
     def shutdown(self) -> None:
         """Stop taking jobs; the jobs still queued fail, our thread (if any) ends."""
@@ -368,3 +377,27 @@ class EncoderQueue:
             name = f"{self.metric_prefix}_{name}"
             out += [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}", f"{name} {value}"]
         return out
+
+
+class CoreSplit:
+    """An encoder on its own thread beside ``engine``'s chats, sharing the cores by threads
+    rather than by time: while it has work, the chats' kernels run on all but ``threads`` of
+    their pools' threads; while chats run, the encoder's pool runs on ``threads``; either
+    takes all of its pool when the other has nothing to do. An interleaved encode slows a
+    chat's step beyond its share of the time (each evicts the other's data from the caches,
+    and every step waits for a piece to end); side by side, the chat keeps its cores."""
+
+    def __init__(self, engine, pool, threads: int):
+        self.engine, self.pool, self.threads = engine, pool, threads
+
+    def slice(self) -> None:
+        """Before a slice of encoder work."""
+        for p in self.engine.runner.pools():
+            p.active = max(1, p.num_threads - self.threads)
+        s = self.engine.scheduler
+        self.pool.active = self.threads if s.running or s.waiting else self.pool.num_threads
+
+    def release(self) -> None:
+        """The encoder has nothing left: the chats take every thread again."""
+        for p in self.engine.runner.pools():
+            p.active = p.num_threads

@@ -156,9 +156,13 @@ class Engine(AsyncAPI):
         return req
 
     def attach_encoder(self, queue: EncoderQueue) -> None:
-        """Step ``queue`` (engine/encoder_queue.py) after every step, its share of the time beside chats."""
+        """Step ``queue`` (engine/encoder_queue.py) after every step, its share of the time beside
+        chats; one that shares the cores by threads (``queue.cores``) runs on its own thread."""
         self.encoder_queues.append(queue)
-        queue.wake = self._notify
+        if queue.cores is not None:
+            queue.start()
+        else:
+            queue.wake = self._notify
 
     def _notify(self) -> None:  # encoder work queued: the background loop runs it (started on first use)
         self.start()
@@ -234,7 +238,11 @@ class Engine(AsyncAPI):
             return len(plan.seqs)
 
     def _encoder_step(self, beside_s: float | None) -> int:
-        return sum(q.step(beside_s) for q in self.encoder_queues if q.has_work())
+        return sum(q.step(beside_s) for q in self._stepped_queues() if q.has_work())
+
+    def _stepped_queues(self) -> list[EncoderQueue]:
+        """The encoder queues this engine steps (not those on threads of their own)."""
+        return [q for q in self.encoder_queues if q.cores is None]
 
     def _make_outputs(self, seqs: list[SeqStep], logits: np.ndarray, now: float) -> StepResults[EngineRequest]:
         """Every sequence's output from its rows of the run (not holding _mu): the tokens
@@ -316,6 +324,9 @@ class Engine(AsyncAPI):
         if self._thread is not None:
             self._thread.join()
             self._thread = None
+        for q in self.encoder_queues:
+            if q.cores is not None:  # (its own thread ends)
+                q.shutdown()
         with self._step_lock:
             self._apply_aborts()
 
@@ -323,7 +334,7 @@ class Engine(AsyncAPI):
         while True:
             with self._mu:
                 while not (self._stopping or self.scheduler.has_work() or self._aborts
-                           or any(q.has_work() for q in self.encoder_queues)):
+                           or any(q.has_work() for q in self._stepped_queues())):
                     self._wake.wait()
                 if self._stopping:
                     return

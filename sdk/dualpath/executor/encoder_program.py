@@ -18,7 +18,7 @@ import numpy as np
 from ..graph.parts import AttentionStep, EncoderGraph, KernelStep
 from ..kernels import EncAttention, LMatmul, ThreadPool
 from ..models.spec import ModelSpec
-from .ort_sessions import can_unidle, create_sessions
+from .ort_sessions import can_unidle, create_sessions, global_pool_exists
 
 OUTPUT = "hidden"
 """The graph's output: the last layer's states (N, dim)."""
@@ -63,11 +63,21 @@ that call it at once take turns. An image encoder's output (graph/vision.py) is 
 rows of ``out_width``, not the n rows of the model's width."""
 
     def __init__(self, spec: ModelSpec, graph: EncoderGraph, num_threads: int, max_rows: int,
-                 int8_act: bool = True, kernel: str | None = None, out_width: int | None = None):
+                 int8_act: bool = True, kernel: str | None = None, out_width: int | None = None,
+                 lend: bool = False):
         self.graph = graph
-        self.sessions = create_sessions(graph.parts, num_threads, spinning=True, entry=spec.entry,
-                                        prepack_float=True)
         ours = [s for s in graph.steps if isinstance(s, (KernelStep, AttentionStep))]
+        self.lends_threads = lend and num_threads > 1 and any(isinstance(s, KernelStep) for s in ours)
+        """Whether the encoder can lend threads to other work (``ThreadPool.active``): asked for
+        (``lend``), and its products are ours. ONNX Runtime's parts (norms, activations, the patch
+        product) then run on the calling thread alone, in pools of their own that never spin,
+        unless ORT's global pool exists already (an earlier model's): they share that one."""
+        if self.lends_threads and not global_pool_exists():
+            self.sessions = create_sessions(graph.parts, 1, spinning=False, per_session_pools=True,
+                                            entry=spec.entry, prepack_float=True)
+        else:
+            self.sessions = create_sessions(graph.parts, num_threads, spinning=True, entry=spec.entry,
+                                            prepack_float=True)
         self.pool = ThreadPool(num_threads) if ours else None
         if self.pool is not None and self.sessions.spinning_workers and can_unidle():
             self.pool.set_yielders(self.sessions.spinning_workers)

@@ -120,6 +120,12 @@ def _thread_ids() -> set[int]:
         return set()
 
 
+def global_pool_exists() -> bool:
+    """Whether ONNX Runtime's global pool exists in this process (sessions then share it:
+    none may have a pool of its own)."""
+    return bool(_global_pool_threads)
+
+
 def use_global_pool(num_threads: int) -> bool:
     """Share one ONNX Runtime thread pool between all parts of a model (``create_sessions``
     says when).

@@ -151,6 +151,10 @@ class ModelRunner:
         # SessionSpec -> (SessionSet, kernel stepper); empty without a governor
         return self._profiles.sets if self._profiles is not None else {}
 
+    def pools(self) -> list:
+        """Our kernels' pools: the default session set's, or one per governed session set."""
+        return [stepper.pool for _, stepper in self._sets.values()] or [self.kv.pool]
+
     @property
     def hidden(self) -> np.ndarray:
         """(R, dim) the final-normed hidden states of the last step's rows (``run``)."""

@@ -28,7 +28,7 @@ class VisionEncoder:
     projector=True)``) on ``num_threads`` threads, ``batch`` squares a run at most."""
 
     def __init__(self, model: ModelSpec, num_threads: int, accuracy_level: int = 4, batch: int = 1,
-                 kernel: str | None = None):
+                 kernel: str | None = None, lend: bool = False):
         if model.config.arch != "clip":
             raise ValueError(f"{model.path}: {model.config.arch} is not an image projector")
         self.model = model
@@ -37,7 +37,7 @@ class VisionEncoder:
         patches = self.spec.num_patches
         self._program = EncoderProgram(model, encoder_graph(model, accuracy_level), num_threads,
                                        patches * self.batch, int8_act=accuracy_level == 4, kernel=kernel,
-                                       out_width=self.spec.text_dim)
+                                       out_width=self.spec.text_dim, lend=lend)
         # the position rows of a batch's patches: the table once per square, made once
         self._pos = np.tile(np.asarray(model.weights["position_embd"].data, np.float32), (self.batch, 1))
         self._mean = np.array(self.spec.image_mean, np.float32)
@@ -46,6 +46,17 @@ class VisionEncoder:
     @property
     def tokens_per_square(self) -> int:
         return self.spec.tokens_per_image
+
+    @property
+    def pool(self):
+        """Our kernels' pool (None: every step is ONNX Runtime's)."""
+        return self._program.pool
+
+    @property
+    def lends_threads(self) -> bool:
+        """``EncoderProgram.lends_threads``: asked for (``lend``), and the layers' products are
+        ours (Q8_0 projectors; F16 ones are ONNX Runtime's GEMM, on threads of its own)."""
+        return self._program.lends_threads
 
     def patches(self, squares: np.ndarray) -> np.ndarray:
         """``squares`` (B, S, S, 3) uint8 -> (B * P, 3 * p * p) f32: each patch normalised, in the
