@@ -383,9 +383,9 @@ class CoreSplit:
     """An encoder on its own thread beside ``engine``'s chats, sharing the cores by threads
     rather than by time: while it has work, the chats' kernels run on all but ``threads`` of
     their pools' threads; while chats run, the encoder's pool runs on ``threads``; either
-    takes all of its pool when the other has nothing to do. An interleaved encode slows a
-    chat's step beyond its share of the time (each evicts the other's data from the caches,
-    and every step waits for a piece to end); side by side, the chat keeps its cores."""
+    takes all of its pool when the other has nothing to do. Interleaved with an encode's
+    pieces, a chat waits for a piece to end at every step, and its own step ran about twice
+    as long after one (docs/performance.md); side by side, the chat keeps its cores."""
 
     def __init__(self, engine, pool, threads: int):
         self.engine, self.pool, self.threads = engine, pool, threads
