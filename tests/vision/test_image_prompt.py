@@ -263,25 +263,38 @@ def test_a_chat_decodes_while_an_image_is_encoded(pair, tmp_path, weight_type):
     gen = llm.stream("Once upon a time", params)
     counts: list[int] = []
     tokens: list[str] = []
-    active: set[int] = set()  # the chat pool's threads, seen after each token
 
     def decode() -> None:
         for delta in gen:
             tokens.append(delta)
-            active.add(chat_pool.active)
 
     thread = threading.Thread(target=decode)
     thread.start()
     while not tokens and thread.is_alive():
         time.sleep(0.001)
     counts.append(len(tokens))
+    if split is not None:  # a job's end, on the encoder's thread: each side had one of the two threads
+        from dualpath.engine.encoder_queue import ImageJob
+        from dualpath.vision.preprocess import squares
+
+        seen: list = []
+        done = threading.Event()
+
+        def on_done(results, error) -> None:
+            seen.append((chat_pool.active, split.pool.active, error))
+            done.set()
+
+        llm.images.queue.submit(ImageJob(squares(images[0], llm.images.spec).images, on_done))
+        assert done.wait(60) and seen == [(1, 1, None)]
     out = llm.generate("What are these? " + "<__media__>" * 4, SamplingParams(max_tokens=4, temperature=0.0),
                        images=images)
     counts.append(len(tokens))
     thread.join()
     assert gen.completion.token_ids == alone
     assert counts[1] > counts[0]  # it decoded while the four images were encoded
-    assert active == ({1, 2} if split is not None else {2}) and chat_pool.active == 2
+    assert chat_pool.active == 2  # the encoder is done: the chat has every thread again
     assert llm.images.stats["encoded"] == 4 and out.usage.prompt_tokens > 4 * 3 * 4
     metrics = llm.engine.metrics_text()
-    assert "dualpath_image_encoder_images_total 4" in metrics and "dualpath_image_encoder_seconds_total" in metrics
+    jobs = 4 + (split is not None)  # (the job above too)
+    assert f"dualpath_image_encoder_images_total {jobs}" in metrics
+    assert "dualpath_image_encoder_seconds_total" in metrics
