@@ -150,18 +150,17 @@ class Chat:
         """Prompt ids, text and image rows (``Request.embeds``) of ``messages`` and a
         generation prompt, extending ``ids`` where the rendering extends ``text``."""
         from .images import message_images
+        from .llm import _rendered_prompt
 
         llm = self.llm
         kwargs = self._thinking()[1]
         plain, images = message_images(self._all(messages))
         full = llm.apply_chat_template(plain, chat_template_kwargs=kwargs)
-        if images:
-            ids, embeds = llm.chat_prompt(plain, chat_template_kwargs=kwargs, images=images)
-            return ids, full, embeds
-        if self.ids and full.startswith(self.text):
+        if self.ids and full.startswith(self.text) and not images:
             new = llm.tokenizer.encode(full[len(self.text):], add_bos=False, parse_special=True)
             return self.ids + new, full, ()
-        return llm.chat_prompt_ids(plain, chat_template_kwargs=kwargs), full, ()
+        ids, embeds = _rendered_prompt(llm, full, images)  # (the template rendered once)
+        return ids, full, embeds
 
     def _fit(self, user: dict) -> tuple[list[int], str, int, tuple]:
         """The prompt of the next turn, dropping the oldest turns until it leaves room for

@@ -62,18 +62,17 @@ class ImageInput:
         self.queue: EncoderQueue | None = None
         """The engine's queue the encodes run on (``attach``), or None: in the caller's thread."""
 
-    def attach(self, engine, share: float, threads: int = 0) -> None:
+    def attach(self, engine, share: float, threads: int) -> None:
         """Encode beside ``engine``'s chats from now on, not in the caller's thread: on a thread
-        of its own with ``threads`` of the threads while chats run (``CoreSplit``; 0: half), or,
-        where the threads cannot be split, on the engine's thread a piece at a time, ``share``
-        of each step's time (engine/encoder_queue.py; config.py ``image_encoder_threads``)."""
+        of its own with ``threads`` of the threads while chats run (``CoreSplit``), where the
+        encoder lends threads (``lend``) and that leaves the chats some; otherwise on the
+        engine's thread a piece at a time, ``share`` of each step's time
+        (engine/encoder_queue.py; config.py ``image_encoder_threads``)."""
         self.queue = EncoderQueue(self.encoder, share=share, metric_prefix="dualpath_image_encoder",
                                   what=("images", "Images"))
-        pool = self.encoder.pool
         chat_threads = min(p.num_threads for p in engine.runner.pools())
-        threads = min(threads or max(1, chat_threads // 2), pool.num_threads if pool is not None else 0)
         if self.encoder.lends_threads and 0 < threads < chat_threads:
-            self.queue.cores = CoreSplit(engine, pool, threads)
+            self.queue.cores = CoreSplit(engine, self.encoder.pool, threads)
         engine.attach_encoder(self.queue)
 
     def _encode(self, squares: list) -> np.ndarray:

@@ -9,7 +9,7 @@ import shutil
 import tempfile
 import time
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from .completion import Completion
@@ -257,9 +257,7 @@ class LLM:
         prompt's text has the marker ``<__media__>``, or all of them before the text."""
         _no_generation(self)
         if images:
-            t0 = time.perf_counter()
-            ids, embeds = _image_prompt(self, prompt, images)
-            return Generation(self.engine, ids, params or SamplingParams(), embeds, image_ms=_ms_since(t0))
+            return _image_stream(self, prompt, images, lambda _: params or SamplingParams())
         ids = self.tokenize(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
         return Generation(self.engine, ids, params or SamplingParams())
 
@@ -380,11 +378,11 @@ def _load_images(llm: LLM, store: ModelStore, mmproj):
 
     rt, disk = llm.config.runtime, llm.prefix_store
     threads = rt.effective_num_threads()
+    split = rt.image_encoder_threads or max(1, threads // 2)  # the encode's threads beside chats
     images = ImageInput(store.load(mmproj, projector=True), llm.spec, llm.tokenizer, threads,
                         rt.quantized_matmul_accuracy, disk_root=disk.root if disk is not None else None,
-                        disk_bytes=disk.max_bytes if disk is not None else 0,
-                        lend=(rt.image_encoder_threads or 1) < threads)
-    images.attach(llm.engine, rt.image_encoder_share, rt.image_encoder_threads)
+                        disk_bytes=disk.max_bytes if disk is not None else 0, lend=split < threads)
+    images.attach(llm.engine, rt.image_encoder_share, split)
     return images
 
 
@@ -392,11 +390,14 @@ def _ms_since(t0: float) -> float:
     return (time.perf_counter() - t0) * 1e3
 
 
-def _image_prompt(llm: LLM, prompt, images) -> tuple[list[int], tuple]:
-    """``LLM.stream``'s prompt with images: token ids and ``Request.embeds``."""
+def _image_stream(llm: LLM, prompt, images, params_for: Callable[[int], SamplingParams]) -> Generation:
+    """``LLM.stream`` of a prompt with images, ``params_for(prompt tokens)`` its params (``dualpath
+    run`` counts the images' rows against ``--steps``); ``timings.image_ms`` the prompt's making."""
     if not isinstance(prompt, str):
         raise TypeError("a prompt with images is text (the images go at its <__media__> markers)")
-    return _image_input(llm).prompt(prompt, images)
+    t0 = time.perf_counter()
+    ids, embeds = _image_input(llm).prompt(prompt, images)
+    return Generation(llm.engine, ids, params_for(len(ids)), embeds, image_ms=_ms_since(t0))
 
 
 def _chat_prompt(llm: LLM, messages: Sequence[dict], tools, chat_template_kwargs: dict | None,
@@ -409,6 +410,11 @@ def _chat_prompt(llm: LLM, messages: Sequence[dict], tools, chat_template_kwargs
     if images:
         _image_input(llm)
     text = llm.apply_chat_template(messages, tools=tools, chat_template_kwargs=chat_template_kwargs)
+    return _rendered_prompt(llm, text, images)
+
+
+def _rendered_prompt(llm: LLM, text: str, images: Sequence) -> tuple[list[int], tuple]:
+    """Token ids and ``Request.embeds`` of a chat template's ``text`` with ``images`` at its markers."""
     bos = llm.tokenizer.spec.tokens[llm.tokenizer.bos_id] if llm.tokenizer.bos_id is not None else None
     # Templates usually write the BOS text themselves: do not add a second one.
     add_bos = not (bos and text.startswith(bos))

@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
-import time
 
 from .common import ProgressBar, config_from_args, load_report, mmproj_path, model_path, sampling_from_args
 
@@ -18,12 +17,11 @@ def cmd_run(args) -> int:
     if args.load_report:
         print(load_report(llm.load_stats), file=sys.stderr)
     prompt = args.prompt if args.prompt is not None else ""
-    image_ms = 0.0
-    if args.image:  # the images' rows count as prompt tokens (--steps); encoded here, then from its cache
-        t0 = time.perf_counter()
-        ids = llm.images.prompt(prompt, args.image)[0] if llm.images is not None else []
-        image_ms = (time.perf_counter() - t0) * 1e3
-        gen = llm.stream(prompt, sampling_from_args(args, len(ids)), images=args.image)
+    if args.image:  # the images' rows count as prompt tokens (--steps)
+        from ..llm import _image_stream, _no_generation
+
+        _no_generation(llm)
+        gen = _image_stream(llm, prompt, args.image, lambda n: sampling_from_args(args, n))
     else:
         ids = llm.tokenize(prompt)
         gen = llm.stream(ids, sampling_from_args(args, len(ids)))  # checks the prompt fits before anything is printed
@@ -41,7 +39,7 @@ def cmd_run(args) -> int:
     t = c.timings
     print(f"dualpath: {c.usage.prompt_tokens} prompt tokens at {t.prefill_tokens_per_s:.1f} tok/s, "
           f"{c.usage.completion_tokens} generated at {t.decode_tokens_per_s:.1f} tok/s "
-          + (f"(images ready in {image_ms:.0f} ms) " if args.image else "")
+          + (f"(images ready in {t.image_ms:.0f} ms) " if args.image else "")
           + f"(finish: {c.finish_reason}, threads: {llm.config.runtime.effective_num_threads()})", file=sys.stderr)
     return 0
 
