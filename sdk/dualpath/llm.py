@@ -489,17 +489,24 @@ def _chat_variables(tok, messages, add_generation_prompt: bool, tools, kwargs) -
 
 class Generation:
     """Text deltas of one request, as they are generated; ``completion`` is set once
-    it ends. Iterating again continues the same generation, never restarts it."""
+    it ends. Iterating again continues the same generation, never restarts it. One
+    thread may iterate while another calls ``close``."""
 
     def __init__(self, engine: Engine, prompt_ids: list[int], params: SamplingParams, embeds: tuple = (),
                  image_ms: float = 0.0):
         self._stream = SyncStream(engine, prompt_ids, params, embeds=embeds)
         self._image_ms = image_ms
         """The completion's ``timings.image_ms``: the caller made the images ready."""
-        self.completion: Completion | None = None
         self.request = self._stream.request
         """The engine's Request (its ``seq_id`` names its KV cache sequence while it runs)."""
         self.request_id = self.request.request_id
+
+    @property
+    def completion(self) -> Completion | None:
+        c = self._stream.completion
+        if c is None or not self._image_ms:
+            return c
+        return dataclasses.replace(c, timings=dataclasses.replace(c.timings, image_ms=self._image_ms))
 
     def __iter__(self):
         return self
@@ -509,15 +516,8 @@ class Generation:
             delta = self._stream.next_delta()
             if delta is None:
                 raise StopIteration
-            if delta.completion is not None:
-                self._complete(delta.completion)
             if delta.text:
                 return delta.text
-
-    def _complete(self, c: Completion) -> None:
-        if self._image_ms:
-            c = dataclasses.replace(c, timings=dataclasses.replace(c.timings, image_ms=self._image_ms))
-        self.completion = c
 
     def __del__(self) -> None:
         stream = getattr(self, "_stream", None)
@@ -529,9 +529,8 @@ class Generation:
         its full prompt pages stay in the prefix cache."""
         if not self._stream.done:
             self._stream.engine.abort(self.request_id)
-            while (delta := self._stream.next_delta()) is not None:
-                if delta.completion is not None:
-                    self._complete(delta.completion)
+            while self._stream.next_delta() is not None:
+                pass
 
 
 def _draft(llm: LLM, store: ModelStore, ctx: int):

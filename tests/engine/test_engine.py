@@ -124,6 +124,46 @@ def test_generation_close_aborts_the_request(gguf_path):
     assert not llm.engine.has_work()
 
 
+@pytest.mark.parametrize("background", [True, False])
+def test_generation_closed_from_another_thread_ends_both(gguf_path, background):
+    """One thread iterates while another closes: each returns, and both see the abort (a
+    close that drained the deltas itself left the iterating thread waiting for good)."""
+    import threading
+    import time
+
+    llm = make_llm(gguf_path)
+    run = llm.engine.driver.run
+
+    def slow_run(plan):  # each step takes long enough that the request is still running at close
+        time.sleep(0.02)
+        return run(plan)
+
+    llm.engine.driver.run = slow_run
+    if background:
+        llm.engine.start()
+    gen = llm.stream(PROMPTS[0], SamplingParams(temperature=0, max_tokens=200, ignore_eos=True))
+    first, texts = threading.Event(), []
+
+    def reader():
+        for text in gen:
+            texts.append(text)
+            first.set()
+
+    t = threading.Thread(target=reader, daemon=True)
+    t.start()
+    assert first.wait(60)
+    closer = threading.Thread(target=gen.close, daemon=True)
+    closer.start()
+    closer.join(60)
+    t.join(60)
+    assert not closer.is_alive() and not t.is_alive()
+    c = gen.completion
+    assert c is not None and c.finish_reason == "abort"
+    assert 0 < len(c.token_ids) < 200 and "".join(texts) == c.text
+    assert not llm.engine.has_work()
+    llm.engine.shutdown()
+
+
 def test_async_submit_streams_deltas_that_add_up(gguf_path, solo):
     llm = make_llm(gguf_path, **{"runtime.max_num_seqs": 4})
     params = SamplingParams(temperature=0, max_tokens=64, ignore_eos=True)

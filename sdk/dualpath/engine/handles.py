@@ -11,6 +11,7 @@ background loop runs).
 from __future__ import annotations
 
 import queue
+import threading
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -133,27 +134,36 @@ class RequestHandle(_Consumer):
 
 class SyncStream(_Consumer):
     """Deltas of one request for a synchronous caller: steps the engine itself unless
-    the background loop runs."""
+    the background loop runs. Several threads may read one stream (one iterates while
+    another closes it): each delta goes to one of them, and once the last has been read
+    every reader sees the end, and ``completion``."""
 
     def __init__(self, engine, prompt_ids: Sequence[int], params: SamplingParams, grammar=None, embeds=()):
         self.engine = engine
+        self.completion: Completion | None = None
+        """Set with the last delta, before any reader sees the end."""
         self._q: queue.SimpleQueue = queue.SimpleQueue()
+        self._reading = threading.Lock()  # one reader waits on the queue; the others wait here
         self.request = engine.add_request(prompt_ids, params, sink=lambda d, e: self._q.put((d, e)), grammar=grammar,
                                           embeds=embeds)
 
     def next_delta(self) -> Delta | None:
         """The next delta; None once the request has ended."""
-        if self.done:
-            return None
-        while True:
-            try:
-                delta, error = self._q.get_nowait()
-                break
-            except queue.Empty:
-                pass
-            if self.engine.running_in_background:
-                delta, error = self._q.get()
-                break
-            if not self.engine.step() and self._q.empty():
-                raise DualPathError(f"request {self.request.request_id} made no progress")
-        return self._receive(delta, error)
+        with self._reading:
+            if self.done:
+                return None
+            while True:
+                try:
+                    delta, error = self._q.get_nowait()
+                    break
+                except queue.Empty:
+                    pass
+                if self.engine.running_in_background:
+                    delta, error = self._q.get()
+                    break
+                if not self.engine.step() and self._q.empty():
+                    raise DualPathError(f"request {self.request.request_id} made no progress")
+            out = self._receive(delta, error)
+            if out.completion is not None:
+                self.completion = out.completion
+            return out
