@@ -39,16 +39,34 @@ def _gelu_tanh(x: np.ndarray) -> np.ndarray:  # ggml_gelu
     return 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x ** 3)))
 
 
+def _activation(spec: VisionSpec, x: np.ndarray) -> np.ndarray:
+    if spec.activation == "gelu_quick":  # CLIP's quick_gelu
+        return x / (1.0 + np.exp(-1.702 * x))
+    if spec.activation == "silu":
+        return x / (1.0 + np.exp(-x))
+    return _gelu_tanh(x)
+
+
+def _gelu_erf(x: np.ndarray) -> np.ndarray:  # torch's nn.GELU(), LLaVA's projector
+    return 0.5 * x * (1.0 + np.vectorize(math.erf)(x / math.sqrt(2.0)))
+
+
 def encode(spec: VisionSpec, w: dict[str, np.ndarray], image: np.ndarray) -> np.ndarray:
-    """The embeddings (tokens, text_dim) of ``image`` (S, S, 3) uint8."""
+    """The embeddings (tokens, text_dim) of ``image`` (S, S, 3) uint8. LLaVA's (``mlp``) as
+    Hugging Face's CLIP computes them: the class row first, at position 0, every stored layer."""
     S, p, E, H = spec.image_size, spec.patch_size, spec.dim, spec.num_heads
     assert image.shape == (S, S, 3), image.shape
     P = S // p
     x = (image.astype(np.float64) / 255.0 - np.array(spec.image_mean)) / np.array(spec.image_std)
     # the patch embedding, a convolution of stride p: (P, P, 3 * p * p) patches times the kernel
     patches = x.reshape(P, p, P, p, 3).transpose(0, 2, 4, 1, 3).reshape(P * P, 3 * p * p)
-    h = patches @ w["v.patch_embd.weight"].reshape(E, 3 * p * p).T + w["v.patch_embd.bias"]
+    h = patches @ w["v.patch_embd.weight"].reshape(E, 3 * p * p).T + w.get("v.patch_embd.bias", 0.0)
+    if spec.class_token:
+        h = np.concatenate([w["v.class_embd"][None], h])
     h = h + w["v.position_embd.weight"]
+    if spec.pre_norm:
+        h = _layer_norm(h, w["v.pre_ln.weight"], w["v.pre_ln.bias"], spec.eps)
+    up, down = ("ffn_down", "ffn_up") if spec.ffn_swapped else ("ffn_up", "ffn_down")
     hd = E // H
     for i in range(spec.num_layers):
         b = f"v.blk.{i}."
@@ -60,9 +78,13 @@ def encode(spec: VisionSpec, w: dict[str, np.ndarray], image: np.ndarray) -> np.
         ctx = (s / s.sum(-1, keepdims=True)) @ v                       # (H, N, hd)
         h = h + ctx.transpose(1, 0, 2).reshape(-1, E) @ w[b + "attn_out.weight"].T + w[b + "attn_out.bias"]
         a = _layer_norm(h, w[b + "ln2.weight"], w[b + "ln2.bias"], spec.eps)
-        f = _gelu_tanh(a @ w[b + "ffn_up.weight"].T + w[b + "ffn_up.bias"])
-        h = h + f @ w[b + "ffn_down.weight"].T + w[b + "ffn_down.bias"]
-    h = _layer_norm(h, w["v.post_ln.weight"], w["v.post_ln.bias"], spec.eps)
+        f = _activation(spec, a @ w[b + up + ".weight"].T + w[b + up + ".bias"])
+        h = h + f @ w[b + down + ".weight"].T + w[b + down + ".bias"]
+    if spec.post_norm:
+        h = _layer_norm(h, w["v.post_ln.weight"], w["v.post_ln.bias"], spec.eps)
+    if spec.projector == "mlp":
+        h = h[1:] if spec.class_token else h
+        return _gelu_erf(h @ w["mm.0.weight"].T + w["mm.0.bias"]) @ w["mm.2.weight"].T + w["mm.2.bias"]
     m = spec.merge
     if spec.projector == "idefics3":
         # pixel shuffle: token (y, x) of the (P / m)^2 takes patches (m y + i, m x + j), i-major

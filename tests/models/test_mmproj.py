@@ -14,7 +14,7 @@ from dualpath.models.synth import PRESETS, synth_gguf
 from dualpath.models.synth_vision import VISION_PRESETS, synth_mmproj
 from tests_shared import copy_gguf
 
-TINY = ("smolvlm-tiny", "gemma3-vision-tiny")
+TINY = ("smolvlm-tiny", "gemma3-vision-tiny", "llava-tiny")
 
 
 @pytest.fixture(scope="module")
@@ -38,20 +38,25 @@ def test_a_synthetic_projector_reads_back_as_its_preset(tiny_files, preset, weig
     assert (spec.projector, spec.image_size, spec.patch_size, spec.dim, spec.ffn_dim, spec.num_layers,
             spec.num_heads, spec.merge, spec.text_dim) == (s.projector, s.image_size, s.patch_size, s.dim, s.ffn_dim,
                                                            s.num_layers, s.num_heads, s.merge, s.text_dim)
-    assert spec.activation == "gelu" and spec.image_mean == spec.image_std == (0.5, 0.5, 0.5)
+    assert spec.activation == s.activation and spec.eps == pytest.approx(s.eps)
+    assert spec.image_mean == pytest.approx(s.image_mean) and spec.image_std == pytest.approx(s.image_std)
     assert spec.tokens_per_image == (s.image_size // s.patch_size // s.merge) ** 2
     assert spec.tensors["v.blk.0.attn_q.weight"] == ((s.dim, s.dim), weight_type)
-    assert spec.tensors["v.position_embd.weight"][1] == "F32"  # positions stay F32, as the converter keeps them
+    # positions stay F32, as the new converter keeps them; LLaVA's legacy one makes them F16 in an F16 file
+    llava_f16 = preset == "llava-tiny" and weight_type == "F16"
+    assert spec.tensors["v.position_embd.weight"][1] == ("F16" if llava_f16 else "F32")
     assert set(spec.tensors) == set(expected_tensors(spec))
+    assert (spec.class_token, spec.pre_norm, spec.post_norm, spec.patch_bias, spec.ffn_swapped) == (
+        s.class_token, s.pre_norm, s.post_norm, s.patch_bias, s.ffn_swapped)
 
 
-@pytest.mark.parametrize("preset", TINY)
+@pytest.mark.parametrize("preset", TINY[:2])
 @pytest.mark.parametrize("weight_type", ["F32", "F16", "Q8_0"])
 def test_llama_cpp_encodes_an_image_as_the_reference_does(tiny_files, tmp_path, preset, weight_type):
     """llama.cpp's ``mtmd`` loads each synthetic pair, and its embeddings of an image of the
     encoder's own size (no resize in play) are the NumPy reference's (vision_reference.py).
     Idefics3's file is given a longest edge of one tile: an overview and one tile, both the
-    image itself."""
+    image itself. (LLaVA's are not llama.cpp's: tests/vision/test_encoder.py shows where.)"""
     path = tiny_files[preset, weight_type]
     if preset == "smolvlm-tiny":
         path = _variant(tmp_path, path, fields={"clip.vision.preproc_image_size": (64, gguf.GGUFValueType.UINT32)})
@@ -81,8 +86,26 @@ def test_a_text_model_is_not_a_projector(tmp_path):
 def test_an_unknown_projector_type_is_refused_by_name(tmp_path, tiny_files):
     bad = _variant(tmp_path, tiny_files["smolvlm-tiny", "F16"],
                    fields={"clip.projector_type": ("pixtral", gguf.GGUFValueType.STRING)})
-    with pytest.raises(ModelLoadError, match="projector type 'pixtral' is not supported; supported: gemma3, idefics3"):
+    with pytest.raises(ModelLoadError, match="type 'pixtral' is not supported; supported: gemma3, idefics3, mlp"):
         read_mmproj(bad)
+
+
+@pytest.mark.parametrize("key, value, vtype, message", [
+    ("clip.vision.image_grid_pinpoints", [336, 672, 672, 336], gguf.GGUFValueType.ARRAY, "LLaVA 1.6's tiling"),
+    ("clip.vision.feature_layer", [1, 2], gguf.GGUFValueType.ARRAY, "not a stack of several layers' outputs"),
+])
+def test_llava_kinds_not_supported_are_refused_by_name(tmp_path, tiny_files, key, value, vtype, message):
+    bad = _variant(tmp_path, tiny_files["llava-tiny", "F16"], fields={key: (value, vtype, gguf.GGUFValueType.INT32)})
+    with pytest.raises(ModelLoadError, match=message):
+        read_mmproj(bad)
+
+
+def test_llava_with_the_feature_layer_of_its_last_layer_is_read(tmp_path, tiny_files):
+    """The legacy converter writes ``clip.vision.feature_layer`` where LLaVA's config names one;
+    it has then kept the layers up to it, so it is the last stored one."""
+    path = _variant(tmp_path, tiny_files["llava-tiny", "F16"],
+                    fields={"clip.vision.feature_layer": ([2], gguf.GGUFValueType.ARRAY, gguf.GGUFValueType.INT32)})
+    assert read_mmproj(path).num_layers == 2
 
 
 def test_an_audio_only_file_is_refused(tmp_path, tiny_files):

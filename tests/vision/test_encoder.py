@@ -19,7 +19,7 @@ from dualpath.models.store import ModelStore
 from dualpath.models.synth import synth_gguf
 from dualpath.models.synth_vision import VISION_PRESETS, synth_mmproj
 
-TINY = ("smolvlm-tiny", "gemma3-vision-tiny")
+TINY = ("smolvlm-tiny", "gemma3-vision-tiny", "llava-tiny")
 HD20 = "gemma3-vision-hd20"
 """Gemma 3's tiny twin with a head_dim of 20, not in whole 8s: ONNX Runtime's attention."""
 TYPES = ("F32", "F16", "Q8_0")
@@ -75,7 +75,7 @@ def test_q8_0_matrices_are_our_kernels_products(files, store):
     assert model.weights["patch_embd"].dtype == "f32" and model.weights["patch_embd"].shape == (64, 3 * 16 * 16)
 
 
-@pytest.mark.parametrize("preset", TINY)
+@pytest.mark.parametrize("preset", TINY[:2])
 def test_an_image_encodes_to_llama_cpps_chunks(files, store, tmp_path, preset):
     """A wide image of no tile's size, cut by vision/preprocess.py and encoded by us: the
     embeddings of every chunk llama.cpp's ``mtmd`` makes of it, in order."""
@@ -91,6 +91,38 @@ def test_an_image_encodes_to_llama_cpps_chunks(files, store, tmp_path, preset):
     assert len(theirs) == len(ours) == (1 if preset == "gemma3-vision-tiny" else 3)  # 2 tiles and the overview
     for got, want in zip(ours, theirs):
         assert _cosines(got, want).min() >= 0.9999
+
+
+def test_llava_encodes_as_llama_cpp_where_its_two_slips_cannot_show(files, store, tmp_path):
+    """llama.cpp's LLaVA graph puts the class row after the patches (each patch then takes the
+    position row of the one before it, the first patch is dropped and the class row is
+    projected instead) and runs one layer fewer than the file holds (its issues 25814 and
+    25817). On a copy whose position rows are all alike and whose last layer adds nothing,
+    neither shows but in which rows come out: ours are the patches 0 .. P - 1, llama.cpp's the
+    patches 1 .. P - 1 and the class row. Everything else (a wide image fitted and padded,
+    CLIP's normalisation, the layers, the projector) must agree."""
+    pytest.importorskip("PIL", reason="the [vision] extra (Pillow) resizes images")
+    from dualpath.vision.preprocess import squares
+    from tests_shared import copy_gguf
+
+    src = files["llava-tiny", "F32"]
+    spec = read_mmproj(src)
+    w = vision_reference.load_weights(spec)
+    last = f"v.blk.{spec.num_layers - 1}."
+    down = last + ("ffn_up" if spec.ffn_swapped else "ffn_down")
+    changed = {"v.position_embd.weight": np.repeat(w["v.position_embd.weight"][:1], spec.rows_per_square, 0)}
+    changed |= {n: np.zeros_like(w[n]) for n in (last + "attn_out.weight", last + "attn_out.bias",
+                                                   down + ".weight", down + ".bias")}
+    path = copy_gguf(src, tmp_path / "llava-even.gguf", drop=frozenset(changed),
+                     tensors={n: a.astype(np.float32) for n, a in changed.items()})
+    encoder = VisionEncoder(store.load(path, projector=True), 2)
+    image = np.random.default_rng(7).integers(0, 256, (70, 150, 3), dtype=np.uint8)
+    (ours,) = encoder.encode(squares(image, encoder.spec).images)
+    text = synth_gguf(tmp_path / "text.gguf", VISION_PRESETS["llava-tiny"].text_preset)
+    (theirs,) = vision_reference.mtmd_image_embeddings(text, path, image)
+    assert ours.shape == theirs.shape == (spec.num_patches, spec.text_dim)
+    assert _cosines(ours[1:], theirs[:-1]).min() >= 0.9999  # (llama.cpp's projector GELU is tanh's, ours erf's)
+    assert _cosines(ours[:1], theirs[-1:]).max() < 0.99  # its last row is the class row's
 
 
 def test_a_projector_is_cached_like_a_model(files, tmp_path):

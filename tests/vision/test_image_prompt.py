@@ -9,6 +9,7 @@ import pytest
 import vision_reference
 from dualpath import LLM, load_config
 from dualpath.executor.vision import VisionEncoder
+from dualpath.models.mmproj import read_mmproj
 from dualpath.models.store import ModelStore
 from dualpath.models.synth_vision import synth_mmproj, synth_text
 
@@ -62,10 +63,11 @@ def _their_ids(layout) -> tuple[list, list]:
     return [x for k, x in layout if k == "text"], [len(x) for k, x in layout if k == "image"]
 
 
-@pytest.mark.parametrize("preset", ["smolvlm-tiny", "gemma3-vision-tiny"])
+@pytest.mark.parametrize("preset", ["smolvlm-tiny", "gemma3-vision-tiny", "llava-tiny"])
 def test_an_image_prompt_is_laid_out_as_mtmd_lays_it_out(tmp_path, preset):
     """``LLM(text, mmproj=...)``: the prompt's text pieces and markers become mtmd's token
-    ids, chunk by chunk, and each square's rows stand where mtmd's image chunks are."""
+    ids, chunk by chunk, and each square's rows stand where mtmd's image chunks are (LLaVA's
+    rows are the reference's: llama.cpp computes them otherwise, tests/vision/test_encoder.py)."""
     from dualpath.vision.prompt import MARKER
 
     mmproj = synth_mmproj(tmp_path / "mmproj.gguf", preset, "F32")
@@ -80,6 +82,11 @@ def test_an_image_prompt_is_laid_out_as_mtmd_lays_it_out(tmp_path, preset):
     cuts = [0] + [c for pos, rows, _ in embeds for c in (pos, pos + len(rows))] + [len(ids)]
     assert [ids[a:b] for a, b in zip(cuts[::2], cuts[1::2])] == texts
     for (_, rows, _), (_, theirs) in zip(embeds, [c for c in layout if c[0] == "image"]):
+        if preset == "llava-tiny":
+            from dualpath.vision.preprocess import squares
+
+            spec = read_mmproj(mmproj)
+            theirs = vision_reference.encode(spec, vision_reference.load_weights(spec), squares(image, spec).images[0])
         assert np.abs(rows - theirs).max() <= 1e-3 * np.abs(theirs).max()
 
 
@@ -119,6 +126,35 @@ def test_generate_with_an_image_gives_llama_cpps_tokens(tmp_path, preset):
     again = llm.generate(prompt, params, images=[image])
     assert again.token_ids == out.token_ids and llm.images.stats["encoded"] == 1  # the cache's embeddings
     assert again.usage.cached_prompt_tokens > 0  # and the prefix cache's pages, image rows included
+
+
+def test_llava_generates_after_the_reference_rows(tmp_path):
+    """LLaVA end to end: greedy text after an image is the text model's after the reference's
+    rows of it (Hugging Face's CLIP; not llama.cpp's, which computes them otherwise), and a
+    second question reads the rows from the cache."""
+    from dualpath import SamplingParams
+    from dualpath.vision.preprocess import squares
+
+    mmproj = synth_mmproj(tmp_path / "mmproj.gguf", "llava-tiny", "F32")
+    text = synth_text(tmp_path / "text.gguf", "llava-tiny", "F32")
+    image = np.random.default_rng(8).integers(0, 256, (90, 60, 3), dtype=np.uint8)
+    config = load_config(None, {"runtime.num_threads": 2, "runtime.quantized_matmul_accuracy": 0})
+    llm = LLM(text, config, mmproj=mmproj)
+    prompt = "USER: <__media__>\nWhat is in it? ASSISTANT:"
+    params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True, logprobs=1)
+    out = llm.generate(prompt, params, images=[image])
+    ids, embeds = llm.images.prompt(prompt, [image])
+    ((pos, rows, mutual),) = embeds
+    spec = read_mmproj(mmproj)
+    want = vision_reference.encode(spec, vision_reference.load_weights(spec), squares(image, spec).images[0])
+    assert not mutual and rows.shape == want.shape == (16, 256)
+    assert np.abs(rows - want).max() <= 1e-3 * np.abs(want).max()
+    ref = LLM(text, config)  # the text model alone, the reference's rows in the same place
+    logits = ref.runner.forward(ids + list(out.token_ids[:-1]), all_logits=True,
+                                embeds=((pos, want.astype(np.float32)),))[len(ids) - 1:]
+    assert list(logits.argmax(axis=1)) == list(out.token_ids)
+    again = llm.generate(prompt, params, images=[image])
+    assert again.token_ids == out.token_ids and llm.images.stats["encoded"] == 1
 
 
 @pytest.fixture(scope="module")

@@ -229,7 +229,7 @@ def print_result(res: dict) -> None:
     print(f"DualPath:  {res['dualpath_ms']:9.1f} ms  {res['chunks']} squares, {res['tokens']} embeddings")
     if res["peer"] is not None:
         print(f"llama.cpp: {res['llama_cpp_ms']:9.1f} ms  {res['llama_cpp_chunks']} chunks, "
-              f"{res['llama_cpp_tokens']} embeddings (FA {res['flash_attn']}; "
+              f"{res['llama_cpp_tokens']} embeddings ({res['flash_attn']}; "
               + ", ".join(f"{s} {v:.1f}" for s, v in res["settings"].items()) + ")")
         print(f"time ratio (DualPath / llama.cpp): {res['ratio']:.2f}")
     c = res.get("concurrent")
@@ -246,7 +246,7 @@ def print_result(res: dict) -> None:
         print(f"time to first token, a question after the image ({t['positions']} positions): "
               f"DualPath {t['first_ms']:.1f} ms"
               + (f", llama.cpp {t['llama_cpp_first_ms']:.1f} ms ({t['llama_cpp_positions']} positions, "
-                 f"FA {t['llama_cpp_flash_attn']})" if "llama_cpp_first_ms" in t else ""))
+                 f"{t['llama_cpp_flash_attn']})" if "llama_cpp_first_ms" in t else ""))
         print(f"a second question on the same image: {t['second_ms']:.1f} ms ({t['second_ms'] / t['first_ms']:.3f} "
               f"of the first; {t['second_cached']} positions from the prefix cache)")
         print(f"the second question after a restart: {t['restart_ms']:.1f} ms "

@@ -4,9 +4,10 @@ model reads in their place.
 The projector file is converted through the model cache like any model (models/mmproj.py
 ``load_projector``) and its graph (graph/vision.py) runs as an encoder's does
 (``EncoderProgram``: ONNX Runtime's graphs, our kernels' products and attention). A square is
-one of the encoder's texts: every square has the encoder's P patches, so a batch of B squares
-is B * P rows, attention sees each square alone (``starts`` every P rows) and the projector
-makes ``tokens_per_image`` rows of each.
+one of the encoder's texts: every square has the encoder's R rows (its P patches, and a class
+row first where the encoder has one), so a batch of B squares is B * R rows, attention sees
+each square alone (``starts`` every R rows) and the projector makes ``tokens_per_image`` rows
+of each.
 
 Pixels are normalised as llama.cpp's ``normalize_image_u8_to_f32`` does ((v / 255 - mean) /
 std per channel, in f32) and cut into patches in the patch convolution's order (channel,
@@ -34,12 +35,13 @@ class VisionEncoder:
         self.model = model
         self.spec: VisionSpec = vision_spec(model)
         self.batch = max(1, batch)
-        patches = self.spec.num_patches
         self._program = EncoderProgram(model, encoder_graph(model, accuracy_level), num_threads,
-                                       patches * self.batch, int8_act=accuracy_level == 4, kernel=kernel,
-                                       out_width=self.spec.text_dim, lend=lend)
-        # the position rows of a batch's patches: the table once per square, made once
+                                       self.spec.rows_per_square * self.batch, int8_act=accuracy_level == 4,
+                                       kernel=kernel, out_width=self.spec.text_dim, lend=lend)
+        # the position rows of a batch's rows: the table once per square, made once
         self._pos = np.tile(np.asarray(model.weights["position_embd"].data, np.float32), (self.batch, 1))
+        self._cls = np.zeros((self.spec.rows_per_square * self.batch, 1), bool)
+        self._cls[::self.spec.rows_per_square] = self.spec.class_token
         self._mean = np.array(self.spec.image_mean, np.float32)
         self._std = np.array(self.spec.image_std, np.float32)
 
@@ -59,16 +61,19 @@ class VisionEncoder:
         return self._program.lends_threads
 
     def patches(self, squares: np.ndarray) -> np.ndarray:
-        """``squares`` (B, S, S, 3) uint8 -> (B * P, 3 * p * p) f32: each patch normalised, in the
-        patch convolution's order."""
+        """``squares`` (B, S, S, 3) uint8 -> (B * R, 3 * p * p) f32: each patch normalised, in the
+        patch convolution's order (a class row, where the encoder has one, is zeros: the graph
+        puts the class embedding there)."""
         B, S = len(squares), self.spec.image_size
         p = self.spec.patch_size
         side = S // p
         if squares.shape[1:] != (S, S, 3) or squares.dtype != np.uint8:
             raise ValueError(f"squares are (B, {S}, {S}, 3) uint8, got {squares.shape} {squares.dtype}")
         x = (squares.astype(np.float32) / np.float32(255) - self._mean) / self._std
-        return np.ascontiguousarray(x.reshape(B, side, p, side, p, 3).transpose(0, 1, 3, 5, 2, 4)
-                                    .reshape(B * side * side, 3 * p * p))
+        x = x.reshape(B, side, p, side, p, 3).transpose(0, 1, 3, 5, 2, 4).reshape(B, side * side, 3 * p * p)
+        if self.spec.class_token:
+            x = np.concatenate([np.zeros((B, 1, 3 * p * p), np.float32), x], axis=1)
+        return np.ascontiguousarray(x.reshape(B * self.spec.rows_per_square, 3 * p * p))
 
     def encode(self, squares) -> np.ndarray:
         """The embeddings (B, tokens_per_square, text_dim) f32 of ``squares``, a sequence of
@@ -90,10 +95,12 @@ class VisionEncoder:
         return out
 
     def _pieces(self, squares: np.ndarray):
-        B, P = len(squares), self.spec.num_patches
+        B, P = len(squares), self.spec.rows_per_square
         n = B * P
         rows = np.arange(n, dtype=np.int64)
         feeds = {"x": self.patches(squares), "pos": self._pos[:n], "starts": np.arange(0, n + 1, P, dtype=np.int64)}
+        if self.spec.class_token:
+            feeds["cls"] = self._cls[:n]
         if self._program.padded:  # ONNX Runtime's attention: every square is whole, nothing is padded
             feeds["pad"], feeds["unpad"] = rows.reshape(B, P), rows
             feeds["mask"] = np.ones((B, P), np.int32)

@@ -6,6 +6,8 @@ filters and fixed-point rounding), so Pillow does them here. Per projector kind:
 
 - ``gemma3``: one square of the encoder's size: the image scaled to fit it (bilinear; each
   side rounded up), centred on black.
+- ``mlp`` (LLaVA 1.5): the same with bicubic scaling, centred on LLaVA's grey (122, 116, 104:
+  CLIP's mean colour).
 - ``idefics3``: the image scaled (Lanczos) so that its longer side is the file's longest edge
   (the other side truncated, then made even), then stretched to whole tiles of the encoder's
   size: the tiles row by row, then the whole of it shrunk to one tile (the overview), in the
@@ -43,19 +45,26 @@ def squares(image: np.ndarray, spec: VisionSpec) -> Squares:
     """The squares of ``image`` (height, width, 3) uint8 for ``spec``'s encoder."""
     if image.ndim != 3 or image.shape[2] != 3 or image.dtype != np.uint8 or 0 in image.shape[:2]:
         raise ValueError(f"an image is (height, width, 3) uint8 RGB, got {image.shape} {image.dtype}")
-    S = spec.image_size
     if spec.projector == "gemma3":
-        h, w = image.shape[:2]
-        f32 = np.float32
-        scale = min(f32(S) / f32(w), f32(S) / f32(h))  # in float, as llama.cpp computes the fit
-        nw, nh = min(int(np.ceil(f32(w) * scale)), S), min(int(np.ceil(f32(h) * scale)), S)
-        out = np.zeros((S, S, 3), np.uint8)
-        oy, ox = (S - nh) // 2, (S - nw) // 2
-        out[oy:oy + nh, ox:ox + nw] = _resize(image, nw, nh, "bilinear")
-        return Squares([out])
+        return Squares([_fit(image, spec.image_size, "bilinear", (0, 0, 0))])
+    if spec.projector == "mlp":
+        return Squares([_fit(image, spec.image_size, "bicubic", (122, 116, 104))])
     if spec.projector == "idefics3":
         return _idefics3(image, spec)
     raise ValueError(f"no preprocessing for projector type {spec.projector!r}")
+
+
+def _fit(image: np.ndarray, S: int, algo: str, pad: tuple[int, int, int]) -> np.ndarray:
+    """``image`` scaled to fit an S x S square (each side rounded up), centred on ``pad``."""
+    h, w = image.shape[:2]
+    f32 = np.float32
+    scale = min(f32(S) / f32(w), f32(S) / f32(h))  # in float, as llama.cpp computes the fit
+    nw, nh = min(int(np.ceil(f32(w) * scale)), S), min(int(np.ceil(f32(h) * scale)), S)
+    out = np.empty((S, S, 3), np.uint8)
+    out[:] = pad
+    oy, ox = (S - nh) // 2, (S - nw) // 2
+    out[oy:oy + nh, ox:ox + nw] = _resize(image, nw, nh, algo)
+    return out
 
 
 def _idefics3(image: np.ndarray, spec: VisionSpec) -> Squares:
@@ -84,5 +93,6 @@ def _resize(image: np.ndarray, width: int, height: int, algo: str) -> np.ndarray
         return image.copy()
     from PIL import Image  # the [vision] extra
 
-    resample = {"bilinear": Image.Resampling.BILINEAR, "lanczos": Image.Resampling.LANCZOS}[algo]
+    resample = {"bilinear": Image.Resampling.BILINEAR, "bicubic": Image.Resampling.BICUBIC,
+                "lanczos": Image.Resampling.LANCZOS}[algo]
     return np.asarray(Image.fromarray(image, "RGB").resize((width, height), resample, reducing_gap=None))

@@ -8,6 +8,7 @@ Text is tokenized piece by piece as mtmd does: each piece of the user's text on 
 token by their text (``Lookup``: mtmd's ``lookup_token``). Per projector kind:
 
 - ``gemma3``: ``<start_of_image>``, the square's rows, ``<end_of_image>``;
+- ``mlp``: the square's rows alone;
 - ``idefics3``: each tile as ``<fake_token_around_image><row_R_col_C>`` and its rows, a
   ``\\n`` token after every row of tiles but the last; then the tokens ``\\n\\n``,
   ``<fake_token_around_image>``, ``<global-img>``, the overview's rows and
@@ -44,6 +45,8 @@ def layout(projector: str, grid: tuple[int, int], squares: int) -> list:
     indices (int: that square's rows), in order. ``grid``: (columns, rows) of Idefics3's tiles."""
     if projector == "gemma3":
         return ["<start_of_image>", 0, "<end_of_image>"]
+    if projector == "mlp":
+        return [0]
     if projector == "idefics3":
         cols, rows = grid
         if cols * rows + 1 != squares:
