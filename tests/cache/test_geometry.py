@@ -9,6 +9,7 @@ from dualpath.cache.geometry import (
     DEFAULT_SPARE_BLOCKS,
     cache_tokens,
     check_head_dim,
+    fitted_page_tokens,
     head_dim_fits,
     kv_geometry,
     model_kv_geometry,
@@ -46,12 +47,26 @@ def test_q8_kv_needs_an_even_head_dim():
 def test_a_page_must_fit_a_block():
     """The one check and message of this rule."""
     cfg = KVCacheConfig(block_bytes=4096, page_tokens=16)
-    assert pages_per_block(cfg, 1024) == 4
-    assert pages_per_block(cfg, 4096) == 1
+    assert pages_per_block(cfg, 1024, 16) == 4
+    assert pages_per_block(cfg, 4096, 16) == 1
     with pytest.raises(ConfigError) as info:
-        pages_per_block(cfg, 4097)
-    assert str(info.value) == ("kv_cache.block_bytes=4096 cannot hold one page of page_tokens=16 tokens of "
-                               "this model (4097 bytes); raise block_bytes or lower page_tokens")
+        pages_per_block(cfg, 4097, 1)
+    assert str(info.value) == ("kv_cache.block_bytes=4096 cannot hold one page of page_tokens=1 tokens of "
+                               "this model (4097 bytes); raise block_bytes")
+
+
+@pytest.mark.parametrize("kv_dtype, want", [("f16", 8), ("f32", 4), ("q8", 16)])
+def test_pages_of_wide_kv_heads_take_fewer_tokens(kv_dtype, want):
+    """Phi-3-mini's 32 KV heads of 96 take 12 KiB a token in f16: 16 tokens are more than a
+    128 KiB block, so its pages hold 8 (f32: 4; q8, about half of f16: 16 fit)."""
+    dp = KVCacheConfig(kv_dtype=kv_dtype)
+    g = kv_geometry(dp, num_layers=32, num_kv_heads=32, head_dim=96, num_blocks=1)
+    assert fitted_page_tokens(dp, 32, 96) == g.page_tokens == want
+    assert g.page_bytes == kv_tile_bytes(kv_dtype, 32, 96, want) <= dp.block_bytes
+    assert want == dp.page_tokens or kv_tile_bytes(kv_dtype, 32, 96, 2 * want) > dp.block_bytes  # the most that fit
+    assert fitted_page_tokens(KVCacheConfig(block_bytes=4096), 2, 64) == 8
+    with pytest.raises(ConfigError, match="cannot hold one page of page_tokens=1 tokens"):
+        kv_geometry(KVCacheConfig(block_bytes=4096), num_layers=1, num_kv_heads=32, head_dim=96, num_blocks=1)
 
 
 def test_zero_cache_tokens_means_twice_the_context_plus_spare_blocks(tmp_path):

@@ -67,6 +67,17 @@ def test_chunked_prefill_in_a_mixed_batch_matches_solo(gguf_path, solo):
         assert c.token_ids == solo[p], p
 
 
+def test_pages_too_large_for_a_block_hold_fewer_tokens(gguf_path, solo):
+    """A page of 64 tokens of this model is 8 KiB, more than a block of 4 KiB: pages of 32
+    are made instead (as for a model with wide KV heads at the default block), and the
+    greedy text is what pages of 16 gave."""
+    llm = make_llm(gguf_path, **{"kv_cache.block_bytes": 4096, "kv_cache.page_tokens": 64})
+    assert llm.cache.page_tokens == 32 and llm.cache.page_bytes <= 4096
+    params = SamplingParams(temperature=0, max_tokens=64, ignore_eos=True)
+    for prompt in PROMPTS[:2]:
+        assert llm.generate(prompt, params).token_ids == solo[prompt]
+
+
 def test_preemption_under_a_cache_for_about_three_requests(gguf_path, solo):
     # 4 KiB blocks = 32 tokens of stories260K (f16 KV); 384 tokens = 12 blocks: about
     # three requests of 5 + 64 tokens with their partly filled pages, and 12 at once.

@@ -48,13 +48,24 @@ def cache_tokens(kv_cache_tokens: int, max_context_tokens: int) -> int:
     return kv_cache_tokens or 2 * max_context_tokens
 
 
-def pages_per_block(dp: KVCacheConfig, page_bytes: int) -> int:
+def fitted_page_tokens(dp: KVCacheConfig, num_kv_heads: int, head_dim: int) -> int:
+    """Tokens per page for a model: ``kv_cache.page_tokens``, halved while one layer's page of
+    them does not fit a block (a model whose KV heads are wide: Phi-3-mini's 32 x 96 in f16
+    take 12 KiB a token, so 16 tokens are more than a default block); ``page_tokens`` itself
+    when not even one token fits (``pages_per_block`` then says so)."""
+    p = dp.page_tokens
+    while p > 1 and kv_tile_bytes(dp.kv_dtype, num_kv_heads, head_dim, p) > dp.block_bytes:
+        p //= 2
+    return p
+
+
+def pages_per_block(dp: KVCacheConfig, page_bytes: int, page_tokens: int) -> int:
     """KV pages of ``page_bytes`` (one layer's K and V of ``page_tokens`` tokens) in a block;
     ConfigError when not even one fits, since a page never straddles two blocks."""
     if page_bytes > dp.block_bytes:
         raise ConfigError(f"kv_cache.block_bytes={dp.block_bytes} cannot hold one page of "
-                          f"page_tokens={dp.page_tokens} tokens of this model ({page_bytes} bytes); "
-                          "raise block_bytes or lower page_tokens")
+                          f"page_tokens={page_tokens} tokens of this model ({page_bytes} bytes); "
+                          "raise block_bytes")
     return dp.block_bytes // page_bytes
 
 
@@ -75,7 +86,7 @@ class KVGeometry:
     num_kv_heads: int
     head_dim: int
     page_tokens: int
-    """Tokens per page (the attention kernel's tile)."""
+    """Tokens per page (the attention kernel's tile): ``fitted_page_tokens``."""
     block_bytes: int
     """Bytes per arena block, per layer (``kv_cache.block_bytes``)."""
     page_bytes: int
@@ -122,11 +133,12 @@ class KVGeometry:
 def kv_geometry(dp: KVCacheConfig, *, num_layers: int, num_kv_heads: int, head_dim: int,
                 num_blocks: int, windows: Sequence[int] = ()) -> KVGeometry:
     """The geometry of an arena of ``num_blocks`` blocks under ``dp`` (ConfigError when the
-    KV dtype cannot hold the heads, or a page does not fit a block)."""
+    KV dtype cannot hold the heads, or not even a page of one token fits a block)."""
     check_head_dim(dp.kv_dtype, head_dim)
-    page_bytes = kv_tile_bytes(dp.kv_dtype, num_kv_heads, head_dim, dp.page_tokens)
-    return KVGeometry(dp.kv_dtype, num_layers, num_kv_heads, head_dim, dp.page_tokens, dp.block_bytes, page_bytes,
-                      pages_per_block(dp, page_bytes), num_blocks, tuple(windows or ()))
+    page_tokens = fitted_page_tokens(dp, num_kv_heads, head_dim)
+    page_bytes = kv_tile_bytes(dp.kv_dtype, num_kv_heads, head_dim, page_tokens)
+    return KVGeometry(dp.kv_dtype, num_layers, num_kv_heads, head_dim, page_tokens, dp.block_bytes, page_bytes,
+                      pages_per_block(dp, page_bytes, page_tokens), num_blocks, tuple(windows or ()))
 
 
 def model_kv_geometry(dp: KVCacheConfig, cfg: ModelConfig, max_context_tokens: int,

@@ -111,8 +111,9 @@ def _print_model(args, d) -> None:
     else:
         per_token = g.token_bytes * m.num_layers
         f16 = kv_tile_bytes("f16", m.num_kv_heads, m.head_dim, 1) * m.num_layers
+        fitted = f"; pages of {g.page_tokens} tokens, a block holding no more" if g.page_tokens < d.page_tokens else ""
         print(f"  kv cache: {per_token:,} bytes per token, all layers, in {d.kv_dtype} "
-              f"({per_token / f16:.0%} of f16)" if m.causal else
+              f"({per_token / f16:.0%} of f16){fitted}" if m.causal else
               f"  an encoder: {_encoder_task(spec)}, no KV cache")
     diffs = m.differences()
     shown = ' '.join(f'{k}={v:g}' if isinstance(v, float) else f'{k}={v}' for k, v in diffs.items())

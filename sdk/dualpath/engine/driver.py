@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..cache.geometry import fitted_page_tokens
 from ..cache.manager import KVCacheManager, NoRoom
 from ..cache.policy import PathPolicy
 from ..config import Config
@@ -179,7 +180,9 @@ def build_driver(spec: ModelSpec, config: Config, *, max_context_tokens: int, ma
     num_seqs = max(1, rt.max_num_seqs)
     # What grows with the context first: a context memory cannot hold fails here,
     # before its graphs are built and written into the converted-model cache.
-    arrays = StepArrays(max_step_tokens, num_seqs, max_context_tokens, dp.page_tokens)
+    m = spec.config
+    arrays = StepArrays(max_step_tokens, num_seqs, max_context_tokens,
+                        fitted_page_tokens(dp, m.num_kv_heads, m.head_dim))
     cache = KVCacheManager.for_model(dp, spec.config, max_context_tokens=max_context_tokens,
                                      kv_cache_tokens=kv_cache_tokens, salt=prefix_salt(spec), disk=disk)
     scheduler = BatchScheduler(cache, max_num_seqs=num_seqs, max_batch_tokens=min(max_batch_tokens, max_step_tokens),
