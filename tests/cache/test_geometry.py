@@ -99,3 +99,22 @@ def test_the_memory_plan_and_the_cache_agree_by_construction(tmp_path, overrides
 def test_kv_geometry_checks_the_head_dim_before_anything_is_allocated():
     with pytest.raises(ConfigError, match="needs an even head_dim"):
         kv_geometry(KVCacheConfig(kv_dtype="q8"), num_layers=1, num_kv_heads=1, head_dim=63, num_blocks=1)
+
+
+@pytest.mark.parametrize("kv_dtype", KV_DTYPES)
+def test_every_decoder_preset_gets_a_kv_cache_at_the_default_block(kv_dtype):
+    """The real shapes ``dualpath synth`` knows (Phi-3-mini's wide heads among them) have a
+    geometry in every KV dtype without touching ``block_bytes``."""
+    from dualpath.models.synth import PRESETS
+    from dualpath.models.synth_encoder import ENCODER_ARCHES
+
+    dp = KVCacheConfig(kv_dtype=kv_dtype)
+    for name, shape in PRESETS.items():
+        if shape.arch in ENCODER_ARCHES:
+            continue
+        head_dim = shape.head_dim or shape.dim // shape.num_heads
+        if not head_dim_fits(kv_dtype, head_dim):
+            continue
+        g = kv_geometry(dp, num_layers=shape.num_layers, num_kv_heads=shape.num_kv_heads, head_dim=head_dim,
+                        num_blocks=1)
+        assert g.pages_per_block >= 1 and g.page_tokens >= 1, name
