@@ -1,5 +1,6 @@
 """Fuzzing the GGUF loader with a K-quant file: whatever the bytes, ``load_model`` either
-returns a ModelSpec or raises ``ModelLoadError``; it never crashes the process.
+returns a ModelSpec or raises ``ModelLoadError``; it never crashes the process. Projector
+files (``--mmproj``, ``load_projector``) get a smaller set of the same kinds of cases.
 
 The file is llama.cpp's own Q4_K_M quantization of the ``kquant-tiny`` preset (made once
 per module by ``synth_gguf``, through llama-cpp-python's quantizer). Every case is a copy
@@ -463,6 +464,9 @@ def _worker_main(spec_path: str) -> None:
         pass
     from dualpath.errors import ModelLoadError
     from dualpath.models import load_model
+    from dualpath.models.mmproj import load_projector
+
+    load = load_projector if spec.get("loader") == "projector" else load_model
 
     bases = {name: Path(p).read_bytes() for name, p in spec["files"].items()}
     scratch = Path(spec["scratch"])
@@ -486,7 +490,7 @@ def _worker_main(spec_path: str) -> None:
                 ctypes.string_at(0)
             elif case["selftest"] == "huge_alloc":
                 np.empty(8 << 30, np.uint8)  # 8 GiB of address space: over the cap
-            model = load_model(path)
+            model = load(path)
             outcome, detail = "loaded", f"dim={model.config.dim} vocab={model.config.vocab_size}"
             del model
         except ModelLoadError as e:
@@ -519,9 +523,10 @@ def _pump(stream, lines: queue.Queue) -> None:
 
 
 def run_cases(cases: list[Case], files: dict[str, Path], scratch: Path, *, timeout_s: float = CASE_TIMEOUT_S,
-              memory_limit_bytes: int = MEMORY_LIMIT_BYTES) -> tuple[list[Result], list[str]]:
+              memory_limit_bytes: int = MEMORY_LIMIT_BYTES, loader: str = "model") -> tuple[list[Result], list[str]]:
     """Run ``cases`` in a child process, restarting it after a crash or a hang.
-    Returns one Result per case, and the abnormal exits not pinned to a case."""
+    Returns one Result per case, and the abnormal exits not pinned to a case. ``loader``:
+    ``model`` (``load_model``) or ``projector`` (``load_projector``, an ``--mmproj`` file)."""
     scratch.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1",
                PYTHONFAULTHANDLER="1")
@@ -532,7 +537,7 @@ def run_cases(cases: list[Case], files: dict[str, Path], scratch: Path, *, timeo
         spec_path = scratch / f"spec{launch}.json"
         spec_path.write_text(json.dumps({
             "files": {k: str(v) for k, v in files.items()}, "cases": [c.to_json() for c in cases],
-            "start": start, "scratch": str(scratch), "memory_limit_bytes": memory_limit_bytes}))
+            "start": start, "scratch": str(scratch), "memory_limit_bytes": memory_limit_bytes, "loader": loader}))
         stderr_path = scratch / f"stderr{launch}.txt"
         launch += 1
         with open(stderr_path, "wb") as stderr:
@@ -656,6 +661,35 @@ def test_nightly_mutated_and_truncated_kquant_file_loads_or_raises_model_load_er
     cases = fuzz_cases(layouts, kquant_files, nightly=True)
     assert len(cases) >= 10_000
     results, stray = run_cases_parallel(cases, kquant_files, tmp_path / "scratch", max(1, os.cpu_count() or 1))
+    check_results(results, stray)
+
+
+@pytest.fixture(scope="module")
+def projector_files(tmp_path_factory) -> dict[str, Path]:
+    """Projector files (``--mmproj``) of two kinds: LLaVA's (F16, as its legacy converter writes
+    them) and SmolVLM's (Q8_0, as the current one does)."""
+    from dualpath.models.synth_vision import synth_mmproj
+
+    folder = tmp_path_factory.mktemp("fuzz_mmproj")
+    return {"llava-f16": Path(synth_mmproj(folder / "llava.gguf", "llava-tiny", "F16")),
+            "smolvlm-q8": Path(synth_mmproj(folder / "smolvlm.gguf", "smolvlm-tiny", "Q8_0"))}
+
+
+def test_mutated_and_truncated_projector_file_loads_or_raises_model_load_error(projector_files, tmp_path):
+    """The projector reader (``read_mmproj``, then ``load_projector``) under the same kinds of
+    cases as the text loader: truncations, hurtful values in every field, overwrites."""
+    cases = []
+    for base, path in projector_files.items():
+        layout = read_layout(base, path)
+        rng = np.random.default_rng([SEED, sum(map(ord, base))])
+        data = path.read_bytes()
+        cases.append(Case(f"{base} unmodified", base, "control"))
+        cases += truncation_cases(layout, rng, num_random=10)
+        cases += slot_cases(layout, rng, per_slot=1)
+        cases += overwrite_cases(layout, data, rng, 40, metadata_regions(layout), "overwrite")
+        cases += overwrite_cases(layout, data, rng, 10, data_regions(layout), "data")
+    assert len(cases) >= 300
+    results, stray = run_cases(cases, projector_files, tmp_path / "scratch", loader="projector")
     check_results(results, stray)
 
 

@@ -134,14 +134,16 @@ def expected_tensors(spec: VisionSpec) -> dict[str, tuple[int, ...]]:
 def read_mmproj(path: str | os.PathLike) -> VisionSpec:
     """The checked ``VisionSpec`` of the projector file ``path``; a ``ModelLoadError`` naming
     the file and the key, tensor or value otherwise."""
-    import gguf
+    from .gguf import open_reader
 
     path = os.fspath(path)
     try:
-        reader = gguf.GGUFReader(path)
-    except (OSError, ValueError, KeyError, IndexError) as e:
-        raise ModelLoadError(path, f"not a readable GGUF projector file ({e})") from e
-    fields = {k: f.contents() for k, f in reader.fields.items() if not k.startswith("GGUF.")}
+        reader = open_reader(path)  # (the loader's reader: it refuses lengths that run past the file)
+        fields = {k: f.contents() for k, f in reader.fields.items() if not k.startswith("GGUF.")}
+    except ModelLoadError as e:
+        raise ModelLoadError(path, f"not a readable GGUF projector file ({e.problem})") from e
+    except (ValueError, MemoryError) as e:  # a value's bytes that do not decode (UTF-8)
+        raise ModelLoadError(path, f"not a readable GGUF projector file ({type(e).__name__}: {e})") from e
     arch = fields.get("general.architecture")
     if arch != "clip":
         raise ModelLoadError(path, f"not a projector file: general.architecture is {arch!r}, a projector "
