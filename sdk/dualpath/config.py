@@ -206,7 +206,7 @@ ORT_THREAD_POOLS = ("shared", "per_part")
 """``runtime.ort_thread_pools`` choices: see RuntimeConfig."""
 SPECULATIVE_MODES = ("off", "ngram", "draft")
 """``runtime.speculative`` choices: see RuntimeConfig."""
-CHAT_TEMPLATES = ("chatml", "llama3", "gemma", "phi3")
+CHAT_TEMPLATES = ("chatml", "llama3", "gemma", "vicuna", "phi3")
 """The built-in chat templates' names (``runtime.chat_template``, ``--chat-template``), in
 the order messages list them. Their Jinja sources are tokenizer/chat_templates.py's
 ``BUILTIN``, keyed by these names; the list lives here because the config, the lowest

@@ -22,6 +22,7 @@ EXPECTED = {
                "<|start_header_id|>assistant<|end_header_id|>\n\n"),
     "gemma": ("<s><start_of_turn>user\nBe brief.\n\nHi there<end_of_turn>\n<start_of_turn>model\nHello!<end_of_turn>\n"
               "<start_of_turn>user\nTell a story<end_of_turn>\n<start_of_turn>model\n"),
+    "vicuna": "Be brief.\n\nUSER: Hi there\nASSISTANT: Hello!</s>\nUSER: Tell a story\nASSISTANT:",
     "phi3": ("<|system|>\nBe brief.<|end|>\n<|user|>\nHi there<|end|>\n<|assistant|>\nHello!<|end|>\n"
              "<|user|>\nTell a story<|end|>\n<|assistant|>\n"),
 }
@@ -31,8 +32,8 @@ def test_the_config_names_exactly_the_built_in_templates():
     assert tuple(BUILTIN) == CHAT_TEMPLATES  # the one list of names, in the same order
     for name in BUILTIN:
         assert RuntimeConfig(chat_template=name).chat_template == name
-    with pytest.raises(ConfigError, match="chatml, llama3, gemma, phi3"):
-        RuntimeConfig(chat_template="vicuna")
+    with pytest.raises(ConfigError, match="chatml, llama3, gemma, vicuna, phi3"):
+        RuntimeConfig(chat_template="alpaca")
     assert set(EXPECTED) == set(BUILTIN)
 
 
@@ -42,7 +43,7 @@ def test_the_cli_offers_exactly_the_built_in_templates(capsys):
     for name in CHAT_TEMPLATES:
         assert build_parser().parse_args(["run", "--chat-template", name]).chat_template == name
     with pytest.raises(SystemExit):
-        build_parser().parse_args(["run", "--chat-template", "vicuna"])
+        build_parser().parse_args(["run", "--chat-template", "alpaca"])
     err = capsys.readouterr().err
     assert "invalid choice" in err and all(name in err for name in CHAT_TEMPLATES)
 

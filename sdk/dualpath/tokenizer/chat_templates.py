@@ -43,6 +43,12 @@ BUILTIN = {
         "{% if m['role'] == 'user' %}{{ ns.system }}{% set ns.system = '' %}{% endif %}"
         "{{ m['content'] | trim }}<end_of_turn>\n{% endif %}{% endfor %}"
         "{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}"),
+    # Vicuna 1.1 (LLaVA 1.5's text models, whose files carry no template), as llama.cpp's "vicuna"
+    "vicuna": (
+        "{% for m in messages %}{% if m['role'] == 'system' %}{{ m['content'] }}\n\n"
+        "{% elif m['role'] == 'user' %}USER: {{ m['content'] }}\n"
+        "{% elif m['role'] == 'assistant' %}ASSISTANT: {{ m['content'] }}</s>\n{% endif %}{% endfor %}"
+        "{% if add_generation_prompt %}ASSISTANT:{% endif %}"),
     # Phi-3 / Phi-3.5
     "phi3": (
         "{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}<|end|>\n{% endfor %}"
