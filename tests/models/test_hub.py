@@ -362,6 +362,8 @@ def test_select_mmproj_prefers_f16_then_q8_0_then_f32():
     assert select_mmproj(files[:3]) == "mmproj-model-Q8_0.gguf"
     assert select_mmproj(["x/mmproj-SmolVLM-256M-F32.gguf", "a.gguf"]) == "x/mmproj-SmolVLM-256M-F32.gguf"
     assert select_mmproj(["a.gguf", "README.md"]) is None
+    llava = ["llava-v1.5-7b-Q4_K_M.gguf", "llava-v1.5-7b-mmproj-model-f16.gguf"]  # second-state's names
+    assert select_mmproj(llava) == "llava-v1.5-7b-mmproj-model-f16.gguf"
 
 
 def test_cli_hf_finds_the_projector_beside_a_vision_model(hf_cache, tmp_path):

@@ -134,9 +134,11 @@ projector files may have: models/mmproj.py)."""
 
 
 def select_mmproj(files: list[str]) -> str | None:
-    """The projector file (``mmproj*.gguf``) among a repository's ``files``, as llama.cpp's
-    ``-hf`` finds one beside the model: F16 before Q8_0 before F32; None when there is none."""
-    found = sorted(f for f in files if os.path.basename(f).lower().startswith("mmproj") and f.endswith(".gguf"))
+    """The projector file (a ``.gguf`` whose name has ``mmproj``: ``mmproj-model-f16.gguf``, and
+    LLaVA repositories' ``llava-v1.5-7b-mmproj-model-f16.gguf``) among a repository's ``files``,
+    as llama.cpp's ``-hf`` finds one beside the model: F16 before Q8_0 before F32; None when
+    there is none."""
+    found = sorted(f for f in files if "mmproj" in os.path.basename(f).lower() and f.lower().endswith(".gguf"))
     for kind in MMPROJ_PREFERENCE:
         for f in found:
             if re.search(rf"(^|[-_.]){kind}[-_.]", os.path.basename(f).lower()):
