@@ -720,6 +720,12 @@ cdef class LMatmul:
         self.weights, self.x = list(weights), x
         self.int8_act = int8_act
 
+    def per_256(self, int64_t R):
+        """Whether ``run(R)`` quantizes the activations with one scale per 256 values, not per
+        32 (csrc/dp_attn_ops.h ``dp_lmatmul_sb256``: a prefill of Q4_K weights on an ISA that
+        folds their scales)."""
+        return self.int8_act and dp_lmatmul_sb256(self.ops, self.jobs, self.njobs, R, self.K) != 0
+
     def run(self, int64_t R, ThreadPool pool=None):
         if not 1 <= R <= self.max_rows:
             raise ValueError(f"R={R} outside 1..{self.max_rows}")

@@ -98,6 +98,7 @@ cdef extern from "csrc/lmatmul.h" nogil:
 cdef extern from "csrc/dp_attn_ops.h" nogil:
     int dp_lmatmul(dp_pool *pool, const dp_attn_ops *ops, const dp_ljob *jobs, int njobs, const float *x,
                    int64_t R, int64_t K, int int8_act)
+    int dp_lmatmul_sb256(const dp_attn_ops *ops, const dp_ljob *jobs, int njobs, int64_t R, int64_t K)
     int dp_qmatmul(dp_pool *pool, const dp_attn_ops *ops, const uint8_t *w, int64_t w_len, const float *scales,
                    int64_t scales_len, int64_t bs, int64_t N, int64_t K, const float *x, int64_t R, float *out,
                    int64_t out_len, int64_t ldo, int int8_act)

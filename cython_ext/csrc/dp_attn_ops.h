@@ -85,6 +85,10 @@ typedef struct {
     int lact_pairs;
     /* The activations' int8 quantization for lrows (lmatmul.h): dp_lact_quantize's bytes. */
     dp_lquant_fn lquant;
+    /* Non-NULL: lrows folds Q4_K's scales into its integer sums where the activations have
+     * one scale per 256 values (dp_lact.sb256), and this quantizer makes them
+     * (dp_lact_quantize256's bytes); dp_lmatmul_sb256 says when a product takes them. */
+    dp_lquant_fn lquant256;
     /* An encoder's attention, a few query rows at a time (enc_attn.h). */
     dp_enc_rows_fn enc_rows;
 } dp_attn_ops;
@@ -107,6 +111,12 @@ int dp_qmatmul(dp_pool *pool, const dp_attn_ops *ops, const uint8_t *w, int64_t 
  * are checked (DP_ERR_ARG / DP_ERR_BOUNDS) before anything runs. */
 int dp_lmatmul(dp_pool *pool, const dp_attn_ops *ops, const dp_ljob *jobs, int njobs, const float *x, int64_t R,
                int64_t K, int int8_act);
+
+/* Whether dp_lmatmul quantizes the activations of these jobs with one scale per 256 values
+ * (ops->lquant256): a prefill's rows (R >= 2) of Q4_K weights only, on an ISA that folds
+ * their scales. Decode (one row) keeps a scale per 32: it reads the weights once, and its
+ * time is the memory's, not the arithmetic's. */
+int dp_lmatmul_sb256(const dp_attn_ops *ops, const dp_ljob *jobs, int njobs, int64_t R, int64_t K);
 
 /* The fma_probe of an ISA file, from its vector type and operations: CHAINS
  * independent chains x = x * m + c of LANES-wide vectors, summed into *sink at the

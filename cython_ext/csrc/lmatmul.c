@@ -126,6 +126,21 @@ int dp_lform_from_ggml(int kind, const uint8_t *src, int64_t src_bytes, int64_t 
 
 /* ---- activations ---- */
 
+/* One block of 32 at d (inv = 1 / d, 0 for d = 0), as dp_lact_quantize takes it. */
+static void lact_block(const float *v, float d, float inv, int8_t *xq, float *xd, int32_t *xs, float *xm) {
+    int32_t s0 = 0, s1 = 0;
+    for (int i = 0; i < 32; i++) {
+        const int8_t q = (int8_t)rintf(v[i] * inv);
+        xq[i] = q;
+        if (i < 16) s0 += q;
+        else s1 += q;
+    }
+    *xd = d;
+    xs[0] = s0;
+    xs[1] = s1;
+    *xm = d * (float)(s0 + s1);
+}
+
 void dp_lact_quantize(const float *x, int64_t R, int64_t K, int8_t *xq, float *xd, int32_t *xs, float *xm) {
     for (int64_t b = 0; b < R * K / 32; b++) {
         const float *v = x + b * 32;
@@ -135,17 +150,20 @@ void dp_lact_quantize(const float *x, int64_t R, int64_t K, int8_t *xq, float *x
             amax = m > amax ? m : amax;
         }
         const float d = amax / 127.0f, inv = d > 0.0f ? 1.0f / d : 0.0f;
-        xd[b] = d;
-        int32_t s0 = 0, s1 = 0;
-        for (int i = 0; i < 32; i++) {
-            const int8_t q = (int8_t)rintf(v[i] * inv);
-            xq[b * 32 + i] = q;
-            if (i < 16) s0 += q;
-            else s1 += q;
+        lact_block(v, d, inv, xq + b * 32, xd + b, xs + 2 * b, xm + b);
+    }
+}
+
+void dp_lact_quantize256(const float *x, int64_t R, int64_t K, int8_t *xq, float *xd, int32_t *xs, float *xm) {
+    for (int64_t c = 0; c < R * K / 256; c++) {
+        const float *v = x + c * 256;
+        float amax = 0.0f;
+        for (int i = 0; i < 256; i++) {
+            const float m = fabsf(v[i]);
+            amax = m > amax ? m : amax;
         }
-        xs[2 * b] = s0;
-        xs[2 * b + 1] = s1;
-        xm[b] = d * (float)(s0 + s1);
+        const float d = amax / 127.0f, inv = d > 0.0f ? 1.0f / d : 0.0f;
+        for (int64_t b = 8 * c; b < 8 * c + 8; b++) lact_block(x + 32 * b, d, inv, xq + 32 * b, xd + b, xs + 2 * b, xm + b);
     }
 }
 
@@ -324,7 +342,7 @@ static void ltask(void *ctx, int64_t t, int worker) {
     const int64_t r0 = rb * j->block, r1 = rb + 1 == j->blocks ? a->R : r0 + j->block, K = a->K;
     const dp_lact rows = {.xq = a->xq + r0 * K, .xd = a->xd + r0 * K / 32, .xs = a->xs + r0 * K / 16, .R = r1 - r0,
                           .K = K, .pairs = a->pairs ? a->pairs + r0 / 2 * (K / 32) * DP_LPAIR_BYTES : NULL,
-                          .xm = a->xm + r0 * K / 32};
+                          .xm = a->xm + r0 * K / 32, .sb256 = a->sb256};
     j->fn(jb->kind, jb->w, g0, g1, &rows, jb->out + r0 * jb->ldo, jb->ldo);
 }
 
@@ -357,6 +375,13 @@ static void lquant_task(void *ctx, int64_t t, int worker) {
         const dp_lact rows = {.xq = xq, .xd = xd, .xs = xs, .R = n, .K = K, .xm = xm};
         dp_lact_pairs(&rows, q->pairs + r0 / 2 * (K / 32) * DP_LPAIR_BYTES);
     }
+}
+
+int dp_lmatmul_sb256(const dp_attn_ops *ops, const dp_ljob *jobs, int njobs, int64_t R, int64_t K) {
+    if (!ops || !ops->lquant256 || ops->lact_pairs || R < 2 || K % 256 || njobs < 1) return 0;
+    for (int i = 0; i < njobs; i++)
+        if (jobs[i].kind != DP_L_Q4_K) return 0;
+    return 1;
 }
 
 int dp_lmatmul(dp_pool *pool, const dp_attn_ops *ops, const dp_ljob *jobs, int njobs, const float *x, int64_t R,
@@ -402,8 +427,9 @@ int dp_lmatmul(dp_pool *pool, const dp_attn_ops *ops, const dp_ljob *jobs, int n
         float *xd = (float *)(pairs + pair_bytes), *xm = xd + R * K / 32;
         int32_t *xs = (int32_t *)(xm + R * K / 32);
         int8_t *xq = (int8_t *)(xs + R * K / 16);
-        lquant_run q = {ops->lquant ? ops->lquant : dp_lact_quantize, x, xq, xd, xm, xs, pair_bytes ? pairs : NULL,
-                        R, K};
+        const int sb256 = dp_lmatmul_sb256(ops, jobs, njobs, R, K);
+        lquant_run q = {sb256 ? ops->lquant256 : ops->lquant ? ops->lquant : dp_lact_quantize, x, xq, xd, xm, xs,
+                        pair_bytes ? pairs : NULL, R, K};
         q.rows = LQUANT_TASK_BYTES / (4 * K);
         q.rows = q.rows < 2 ? 2 : q.rows + q.rows % 2;
         const int64_t qtasks = (R + q.rows - 1) / q.rows;
@@ -413,7 +439,7 @@ int dp_lmatmul(dp_pool *pool, const dp_attn_ops *ops, const dp_ljob *jobs, int n
             dp_pool_run(pool, qtasks, lquant_task, &q);
         else
             for (int64_t t = 0; t < qtasks; t++) lquant_task(&q, t, 0);
-        run.act = (dp_lact){.xq = xq, .xd = xd, .xs = xs, .R = R, .K = K, .pairs = q.pairs, .xm = xm};
+        run.act = (dp_lact){.xq = xq, .xd = xd, .xs = xs, .R = R, .K = K, .pairs = q.pairs, .xm = xm, .sb256 = sb256};
     } else {
         run.x = x;
     }

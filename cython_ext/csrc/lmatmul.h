@@ -34,8 +34,10 @@
  *   Q5_0  s = d, z = 16                 Q8_0  s = d, z = 128        Q4_0  s = d, z = 8
  *
  * Activations are quantized per block of 32 to int8, d = max|x| / 127 (as llama.cpp's
- * Q8_0 and MatMulNBits at accuracy level 4 do); the offsets z and the mins take the
- * activations' sums per 16, so that the inner products run on the unsigned values. */
+ * Q8_0 and MatMulNBits at accuracy level 4 do), or per 256 for a prefill of Q4_K weights on
+ * an ISA that folds their scales (dp_lact.sb256; llama.cpp's Q8_K); the offsets z and the
+ * mins take the activations' sums per 16, so that the inner products run on the unsigned
+ * values. */
 #ifndef DP_LMATMUL_H
 #define DP_LMATMUL_H
 
@@ -118,7 +120,12 @@ int dp_lform_rows(int kind, const uint8_t *w, int64_t w_len, int64_t N, int64_t 
  *   f32   dx[4]     the block's scales
  *   f32   t[4]      dx x the block's sum (Q4_K's mins take it)
  * Made once per product, so that a pass over weights reads them instead of rebuilding them
- * for every group and quarter. NULL otherwise. */
+ * for every group and quarter. NULL otherwise.
+ * sb256: the activations were quantized with one scale per 256 values (dp_lact_quantize256),
+ * repeated in xd over the superblock's 8 blocks, so that every kernel reads them as it reads
+ * the others; an ISA with dp_attn_ops.lquant256 then sums a Q4_K superblock's products in
+ * int32 with the weights' block scales folded in, and scales once per superblock instead of
+ * once per block of 32 (llama.cpp's Q8_K activations do the same). */
 typedef struct {
     const int8_t *xq;
     const float *xd;
@@ -126,6 +133,7 @@ typedef struct {
     int64_t R, K;
     const uint8_t *pairs;
     const float *xm;
+    int sb256;
 } dp_lact;
 
 #define DP_LPAIR_BYTES 128
@@ -134,6 +142,9 @@ typedef struct {
  * independent: rows [r0, r1) are the call on x + r0 K, xq + r0 K, xd + r0 K / 32, ...). The
  * scalar reference: d = amax / 127, inv = 1 / d (0 for d = 0), q = rintf(v * inv). */
 void dp_lact_quantize(const float *x, int64_t R, int64_t K, int8_t *xq, float *xd, int32_t *xs, float *xm);
+/* The same with one scale per 256 values (K a multiple of 256): d = amax / 127 over the 256,
+ * written to each of their 8 blocks' xd; q, xs and xm per block of 32 as above. */
+void dp_lact_quantize256(const float *x, int64_t R, int64_t K, int8_t *xq, float *xd, int32_t *xs, float *xm);
 /* An ISA's quantizer (dp_attn_ops.lquant): the same bytes as dp_lact_quantize for every
  * input. The vector ones round with the CPU's round-to-nearest-even conversion, rintf's
  * under the default rounding mode, where every |v * inv| < 127.5 (the finite blocks); a
@@ -142,6 +153,7 @@ typedef void (*dp_lquant_fn)(const float *x, int64_t R, int64_t K, int8_t *xq, f
 void dp_lquant_avx2(const float *, int64_t, int64_t, int8_t *, float *, int32_t *, float *);
 void dp_lquant_avx512(const float *, int64_t, int64_t, int8_t *, float *, int32_t *, float *);
 void dp_lquant_neon(const float *, int64_t, int64_t, int8_t *, float *, int32_t *, float *);
+void dp_lquant256_avx2(const float *, int64_t, int64_t, int8_t *, float *, int32_t *, float *);
 /* The pairs records of dp_lact from its xq, xd, xs (R >= 2): out (R / 2, K / 32, 128 B). */
 void dp_lact_pairs(const dp_lact *a, uint8_t *out);
 

@@ -971,9 +971,10 @@ static void lmatmul_case(const dp_attn_ops *ops, dp_pool *pool, int kind, int64_
     float *got = malloc((size_t)(R * ldo) * sizeof(float));
     for (int64_t i = 0; i < R * K; i++) x[i] = frand() * 3.0f;
     for (int64_t i = 0; i < R * ldo; i++) got[i] = -7.0f;
-    dp_lact_quantize(x, R, K, xq, xd, xs, xm);
     int ok = dp_lform_from_ggml(kind, src, src_bytes, N, K, form, fb) == DP_OK;
     const dp_ljob job = {kind, form, fb, N, got, R * ldo, ldo};
+    const int sb256 = dp_lmatmul_sb256(ops, &job, 1, R, K); /* the activations the product takes */
+    (sb256 ? dp_lact_quantize256 : dp_lact_quantize)(x, R, K, xq, xd, xs, xm);
     ok &= dp_lmatmul(pool, ops, &job, 1, x, R, K, int8_act) == DP_OK;
     double worst = 0; /* |error| relative to the sum of the terms' magnitudes */
     for (int64_t r = 0; r < R; r++)
@@ -989,13 +990,35 @@ static void lmatmul_case(const dp_attn_ops *ops, dp_pool *pool, int kind, int64_
         }
     for (int64_t r = 0; r < R; r++) ok &= got[r * ldo + N] == -7.0f;
     char what[160];
-    snprintf(what, sizeof what, "lmatmul %s %s N %lld K %lld R %lld %s %s (worst %.1e)", isa, dp_lkinds[kind].name,
-             (long long)N, (long long)K, (long long)R, int8_act ? "int8" : "f32", pool ? "pool" : "caller", worst);
+    snprintf(what, sizeof what, "lmatmul %s %s N %lld K %lld R %lld %s%s %s (worst %.1e)", isa, dp_lkinds[kind].name,
+             (long long)N, (long long)K, (long long)R, int8_act ? "int8" : "f32", int8_act && sb256 ? " per 256" : "",
+             pool ? "pool" : "caller", worst);
     check(ok && worst < 2e-6, what);
     free(src), free(form), free(w), free(x), free(xd), free(xm), free(xq), free(xs), free(got);
 }
 
 /* Two jobs of different kinds into adjacent columns of one output, and the argument checks. */
+/* Two jobs of kinds k0 and k1 at once equal each alone (where the kinds take the same
+ * activations: a Q4_K job alone may take one scale per 256, dp_lmatmul_sb256). */
+static int two_jobs_case(const dp_attn_ops *ops, dp_pool *pool, int k0, int k1) {
+    const int64_t K = 256, R = 3, N0 = 32, N1 = 16, ldo = N0 + N1;
+    int64_t b0, b1;
+    uint8_t *s0 = random_ggml(k0, N0, K, 11, &b0), *s1 = random_ggml(k1, N1, K, 12, &b1);
+    const int64_t f0 = dp_lform_bytes(k0, N0, K), f1 = dp_lform_bytes(k1, N1, K);
+    uint8_t *w0 = malloc((size_t)f0), *w1 = malloc((size_t)f1);
+    dp_lform_from_ggml(k0, s0, b0, N0, K, w0, f0);
+    dp_lform_from_ggml(k1, s1, b1, N1, K, w1, f1);
+    float x[3 * 256], both[3 * 48], one[3 * 48];
+    for (int i = 0; i < R * K; i++) x[i] = frand();
+    dp_ljob jobs[2] = {{k0, w0, f0, N0, both, R * ldo, ldo}, {k1, w1, f1, N1, both + N0, R * ldo - N0, ldo}};
+    int ok = dp_lmatmul(pool, ops, jobs, 2, x, R, K, 1) == DP_OK;
+    dp_ljob a = {k0, w0, f0, N0, one, R * ldo, ldo}, b = {k1, w1, f1, N1, one + N0, R * ldo - N0, ldo};
+    ok &= dp_lmatmul(pool, ops, &a, 1, x, R, K, 1) == DP_OK && dp_lmatmul(pool, ops, &b, 1, x, R, K, 1) == DP_OK;
+    ok &= !memcmp(both, one, sizeof both);
+    free(s0), free(s1), free(w0), free(w1);
+    return ok;
+}
+
 static void lmatmul_job_cases(const dp_attn_ops *ops, dp_pool *pool, const char *isa) {
     const int64_t K = 256, R = 3, N0 = 32, N1 = 16, ldo = N0 + N1;
     int64_t b0, b1;
@@ -1004,15 +1027,15 @@ static void lmatmul_job_cases(const dp_attn_ops *ops, dp_pool *pool, const char 
     uint8_t *w0 = malloc((size_t)f0), *w1 = malloc((size_t)f1);
     dp_lform_from_ggml(DP_L_Q4_K, s0, b0, N0, K, w0, f0);
     dp_lform_from_ggml(DP_L_Q8_0, s1, b1, N1, K, w1, f1);
-    float x[3 * 256], both[3 * 48], one[3 * 48];
+    float x[3 * 256], one[3 * 48];
     for (int i = 0; i < R * K; i++) x[i] = frand();
-    dp_ljob jobs[2] = {{DP_L_Q4_K, w0, f0, N0, both, R * ldo, ldo}, {DP_L_Q8_0, w1, f1, N1, both + N0, R * ldo - N0, ldo}};
-    int ok = dp_lmatmul(pool, ops, jobs, 2, x, R, K, 1) == DP_OK;
-    dp_ljob a = {DP_L_Q4_K, w0, f0, N0, one, R * ldo, ldo}, b = {DP_L_Q8_0, w1, f1, N1, one + N0, R * ldo - N0, ldo};
-    ok &= dp_lmatmul(pool, ops, &a, 1, x, R, K, 1) == DP_OK && dp_lmatmul(pool, ops, &b, 1, x, R, K, 1) == DP_OK;
-    ok &= !memcmp(both, one, sizeof both);
+    int ok = two_jobs_case(ops, pool, DP_L_Q6_K, DP_L_Q8_0) && two_jobs_case(ops, pool, DP_L_Q4_K, DP_L_Q4_K);
+    const dp_ljob a = {DP_L_Q4_K, w0, f0, N0, one, R * ldo, ldo};
+    const dp_ljob q4 = a, mixed[2] = {a, {DP_L_Q8_0, w1, f1, N1, one + N0, R * ldo - N0, ldo}};
+    ok &= dp_lmatmul_sb256(ops, mixed, 2, R, K) == 0 && dp_lmatmul_sb256(ops, &q4, 1, 1, K) == 0; /* decode: 32s */
+    ok &= dp_lmatmul_sb256(ops, &q4, 1, R, K) == (ops->lquant256 != NULL);
     char what[120];
-    snprintf(what, sizeof what, "lmatmul %s: two jobs at once equal each alone", isa);
+    snprintf(what, sizeof what, "lmatmul %s: two jobs at once equal each alone; per 256 for prefills of Q4_K only", isa);
     check(ok, what);
     dp_ljob bad = a;
     int refused = 1;
@@ -1119,6 +1142,31 @@ static void lquant_cases(void) {
         snprintf(what, sizeof what, "lquant %s: the reference's bytes on ties, zeros, -0, huge, tiny, subnormals, "
                  "inf, NaN", dp_isas[i].name);
         check(same, what);
+        if (!ops->lquant256) continue;
+        same = 1;
+        for (int s = 3; s < 5; s++) /* (whole 256s) */
+            for (int rep = 0; rep < 8; rep++) {
+                const int64_t R = shapes[s][0], K = shapes[s][1], nb = R * K / 32;
+                float *x = malloc((size_t)(R * K) * sizeof(float)), *fd[2], *fm[2];
+                int8_t *q[2];
+                int32_t *xs[2];
+                /* an awkward block in every fourth, beside plain ones: a 256 with an odd one falls
+                 * back to the reference whole, one without it stays on the vector path */
+                for (int64_t b = 0; b < nb; b++) awkward_block(x + 32 * b, (b + rep) % 4 ? 0 : b + rep, 2);
+                for (int k = 0; k < 2; k++) {
+                    fd[k] = malloc((size_t)nb * sizeof(float)), fm[k] = malloc((size_t)nb * sizeof(float));
+                    q[k] = malloc((size_t)(R * K)), xs[k] = malloc((size_t)(2 * nb) * sizeof(int32_t));
+                    (k ? ops->lquant256 : dp_lact_quantize256)(x, R, K, q[k], fd[k], xs[k], fm[k]);
+                }
+                same &= !memcmp(q[0], q[1], (size_t)(R * K)) && !memcmp(fd[0], fd[1], (size_t)nb * sizeof(float)) &&
+                        !memcmp(xs[0], xs[1], (size_t)(2 * nb) * sizeof(int32_t)) &&
+                        !memcmp(fm[0], fm[1], (size_t)nb * sizeof(float));
+                for (int64_t b = 0; b < nb; b++) same &= fd[0][b] == fd[0][b / 8 * 8]; /* one d a 256 */
+                for (int k = 0; k < 2; k++) free(fd[k]), free(fm[k]), free(q[k]), free(xs[k]);
+                free(x);
+            }
+        snprintf(what, sizeof what, "lquant256 %s: the reference's bytes, one scale per 256", dp_isas[i].name);
+        check(same, what);
     }
 }
 
@@ -1139,14 +1187,15 @@ static void lquant_pool_case(const dp_attn_ops *ops, dp_pool *pool, int kind, in
     int32_t *xs = malloc((size_t)(2 * nb) * sizeof(int32_t));
     float *got = malloc((size_t)(R * N) * sizeof(float)), *want = malloc((size_t)(R * N) * sizeof(float));
     for (int64_t b = 0; b < nb; b++) awkward_block(x + 32 * b, b, 1);
-    dp_lact_quantize(x, R, K, xq, xd, xs, xm);
-    dp_lact act = {.xq = xq, .xd = xd, .xs = xs, .R = R, .K = K, .xm = xm};
+    const dp_ljob job = {kind, form, fb, N, got, R * N, N};
+    const int sb256 = dp_lmatmul_sb256(ops, &job, 1, R, K);
+    (sb256 ? dp_lact_quantize256 : dp_lact_quantize)(x, R, K, xq, xd, xs, xm);
+    dp_lact act = {.xq = xq, .xd = xd, .xs = xs, .R = R, .K = K, .xm = xm, .sb256 = sb256};
     if (ops->lact_pairs) {
         dp_lact_pairs(&act, pairs);
         act.pairs = pairs;
     }
     ops->lrows(kind, form, 0, N / 16, &act, want, N);
-    const dp_ljob job = {kind, form, fb, N, got, R * N, N};
     int ok = dp_lmatmul(pool, ops, &job, 1, x, R, K, 1) == DP_OK;
     ok &= !memcmp(got, want, (size_t)(R * N) * sizeof(float));
     char what[160];

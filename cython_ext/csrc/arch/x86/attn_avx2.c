@@ -214,7 +214,9 @@ DP_DEFINE_FMA_PROBE(__m256, 12, 8, _mm256_set1_ps, _mm256_fmadd_ps, _mm256_add_p
            [DP_KV_Q8] = {scores_q8, accum_q8}}
 
 const dp_attn_ops dp_ops_avx2 = {AVX2_KV, DP_ATTN_OPS_COMMON, .qrows = dp_qrows_avx2, .lrows = dp_lrows_avx2,
-                                 .lquant = dp_lquant_avx2};
+                                 .lquant = dp_lquant_avx2, .lquant256 = dp_lquant256_avx2};
 /* AVX-VNNI (hybrid laptops: AVX2 and VEX dpbusd, no AVX-512): this attention, its products. */
 const dp_attn_ops dp_ops_avx_vnni = {AVX2_KV, DP_ATTN_OPS_COMMON, .qrows = dp_qrows_avx_vnni,
                                      .lrows = dp_lrows_avx_vnni, .lquant = dp_lquant_avx2};
+/* (no lquant256 yet: its folded sums are written, lmatmul_avx2.c, but have not run on a CPU
+ * with AVX-VNNI; the machines here so far have had none) */

@@ -83,8 +83,12 @@ static inline __m256 f16_ps(const uint8_t *p) { return _mm256_cvtph_ps(_mm_loadu
                                             _mm256_maddubs_epi16(v1, _mm256_set1_epi32(x##i[2 * c + 1]))); \
         s16_##i = (c - c0) % fit ? _mm256_add_epi16(s16_##i, pr) : pr;                                  \
         LM2_KEEP(s16_##i);                                                                               \
-        if ((c - c0) % fit == fit - 1) t##i = _mm256_add_epi32(t##i, _mm256_madd_epi16(s16_##i, one));  \
+        if ((c - c0) % fit == fit - 1) t##i = _mm256_add_epi32(t##i, _mm256_madd_epi16(s16_##i, w16));  \
     }
+/* The madd that widens the int16 sums to int32 multiplies them by w16, in scope: ones, or
+ * where a Q4_K superblock's sums are folded (dp_lact.sb256) the rows' block scales, each row's
+ * in both halves of its lane (LM2_FOLD_W), so that the scale costs no instruction of its own:
+ * 63 x 2 x 30,480 a unit, 8 units a superblock, stay within an int32. */
 #define LM2_SUMS_PLAIN(kind, u, hf, p)                                                                   \
     do {                                                                                                 \
         const __m256i one = _mm256_set1_epi16(1);                                                        \
@@ -107,15 +111,29 @@ static inline __m256 f16_ps(const uint8_t *p) { return _mm256_cvtph_ps(_mm_loadu
         }                                                                                                \
     } while (0)
 
+/* A superblock's folded sums: the scales of unit b's 8 rows (u8 at p) as the vector the sums
+ * take them in (LM2_FOLD_W), and a unit's sums t with them (LM2_FOLD). */
+static inline __m256i sc_epi32(const uint8_t *p) { return _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p)); }
+static inline __m256i sc_pairs(const uint8_t *p) { /* each row's scale in both int16 halves of its lane */
+    const __m256i s = sc_epi32(p);
+    return _mm256_or_si256(s, _mm256_slli_epi32(s, 16));
+}
+
 #define LM2_ATTR
 #define LM2_SUFFIX(n) n##_plain
 #define LM2_SUMS(kind, u, hf, p) LM2_SUMS_PLAIN(kind, u, hf, p)
 #define LM2_Q8_ZERO 0
+#define LM2_FOLD_W(p) sc_pairs(p)
+#define LM2_FOLD(t, w) (t)
+#define LM2_FOLD_IN_SUMS 1
 #include "lmatmul_avx2_body.h"
 #undef LM2_ATTR
 #undef LM2_SUFFIX
 #undef LM2_SUMS
 #undef LM2_Q8_ZERO
+#undef LM2_FOLD_W
+#undef LM2_FOLD
+#undef LM2_FOLD_IN_SUMS
 
 /* AVX-VNNI (VEX dpbusd: Intel's hybrid laptops from Alder Lake on, AMD from Zen 5), only
  * for this loop (a target attribute): uint8 by int8 straight into int32 lanes, Q8_0's
@@ -146,6 +164,9 @@ static inline __m256 f16_ps(const uint8_t *p) { return _mm256_cvtph_ps(_mm_loadu
     } while (0)
 #define LM2_SUMS(kind, u, hf, p) LM2_SUMS_VNNI(kind, u, hf, p)
 #define LM2_Q8_ZERO 128
+#define LM2_FOLD_W(p) sc_epi32(p)
+#define LM2_FOLD(t, w) _mm256_mullo_epi32(t, w) /* dpbusd's sums are int32 already: one multiply */
+#define LM2_FOLD_IN_SUMS 0
 #include "lmatmul_avx2_body.h"
 
 void dp_lrows_avx2(int kind, const uint8_t *w, int64_t g0, int64_t g1, const dp_lact *a, float *out, int64_t ldo) {
@@ -159,30 +180,30 @@ void dp_lrows_avx_vnni(int kind, const uint8_t *w, int64_t g0, int64_t g1, const
 
 /* ---- the activations' quantization (dp_lquant_fn) ---- */
 
-/* One block of 32 as lmatmul_avx512.c's: amax to a scalar, d and inv as the reference, q by
- * cvtps (round to nearest even under the default MXCSR: rintf's) where every |v * inv| <
- * 127.5, else the reference takes the block. */
-static inline __attribute__((always_inline)) void lquant_block(const float *v, int8_t *xq, float *xd, int32_t *xs,
-                                                               float *xm) {
+/* The largest |v| of n floats (n a multiple of 32), as the reference's loop finds it. */
+static inline __attribute__((always_inline)) float lquant_amax(const float *v, int n) {
     const __m256 sign = _mm256_set1_ps(-0.0f);
-    __m256 y[4];
-    for (int i = 0; i < 4; i++) y[i] = _mm256_loadu_ps(v + 8 * i);
-    const __m256 m = _mm256_max_ps(_mm256_max_ps(_mm256_andnot_ps(sign, y[0]), _mm256_andnot_ps(sign, y[1])),
-                                   _mm256_max_ps(_mm256_andnot_ps(sign, y[2]), _mm256_andnot_ps(sign, y[3])));
+    __m256 m = _mm256_setzero_ps();
+    for (int i = 0; i < n; i += 8) m = _mm256_max_ps(m, _mm256_andnot_ps(sign, _mm256_loadu_ps(v + i)));
     __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
     m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
     m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
-    const float amax = _mm_cvtss_f32(m4), d = amax / 127.0f, inv = d > 0.0f ? 1.0f / d : 0.0f;
-    const __m256 vi = _mm256_set1_ps(inv), lim = _mm256_set1_ps(127.5f);
+    return _mm_cvtss_f32(m4);
+}
+
+/* One block of 32 at d (inv = 1 / d), as the reference: q by cvtps (round to nearest even
+ * under the default MXCSR: rintf's) where every |v * inv| < 127.5 (the finite blocks), else
+ * 0 and nothing written, for the caller to hand the block to the reference. */
+static inline __attribute__((always_inline)) int lquant_at(const float *v, float d, float inv, int8_t *xq, float *xd,
+                                                           int32_t *xs, float *xm) {
+    const __m256 sign = _mm256_set1_ps(-0.0f), vi = _mm256_set1_ps(inv), lim = _mm256_set1_ps(127.5f);
+    __m256 y[4];
     __m256 in = _mm256_castsi256_ps(_mm256_set1_epi32(-1));
     for (int i = 0; i < 4; i++) {
-        y[i] = _mm256_mul_ps(y[i], vi);
+        y[i] = _mm256_mul_ps(_mm256_loadu_ps(v + 8 * i), vi);
         in = _mm256_and_ps(in, _mm256_cmp_ps(_mm256_andnot_ps(sign, y[i]), lim, _CMP_LT_OQ));
     }
-    if (__builtin_expect(_mm256_movemask_ps(in) != 0xff, 0)) {
-        dp_lact_quantize(v, 1, 32, xq, xd, xs, xm);
-        return;
-    }
+    if (__builtin_expect(_mm256_movemask_ps(in) != 0xff, 0)) return 0;
     /* packs interleave the 128-bit lanes: (a0-3 b0-3 c0-3 d0-3 | a4-7 b4-7 c4-7 d4-7) */
     const __m256i ab = _mm256_packs_epi32(_mm256_cvtps_epi32(y[0]), _mm256_cvtps_epi32(y[1]));
     const __m256i cd = _mm256_packs_epi32(_mm256_cvtps_epi32(y[2]), _mm256_cvtps_epi32(y[3]));
@@ -198,8 +219,27 @@ static inline __attribute__((always_inline)) void lquant_block(const float *v, i
     xs[0] = a;
     xs[1] = b;
     *xm = d * (float)(a + b);
+    return 1;
+}
+
+/* One block of 32 as lmatmul_avx512.c's: amax to a scalar, d and inv as the reference. */
+static inline __attribute__((always_inline)) void lquant_block(const float *v, int8_t *xq, float *xd, int32_t *xs,
+                                                               float *xm) {
+    const float d = lquant_amax(v, 32) / 127.0f, inv = d > 0.0f ? 1.0f / d : 0.0f;
+    if (!lquant_at(v, d, inv, xq, xd, xs, xm)) dp_lact_quantize(v, 1, 32, xq, xd, xs, xm);
 }
 
 void dp_lquant_avx2(const float *x, int64_t R, int64_t K, int8_t *xq, float *xd, int32_t *xs, float *xm) {
     for (int64_t b = 0; b < R * K / 32; b++) lquant_block(x + 32 * b, xq + 32 * b, xd + b, xs + 2 * b, xm + b);
+}
+
+void dp_lquant256_avx2(const float *x, int64_t R, int64_t K, int8_t *xq, float *xd, int32_t *xs, float *xm) {
+    for (int64_t c = 0; c < R * K / 256; c++) {
+        const float *v = x + 256 * c;
+        const float d = lquant_amax(v, 256) / 127.0f, inv = d > 0.0f ? 1.0f / d : 0.0f;
+        int ok = 1;
+        for (int64_t b = 8 * c; b < 8 * c + 8 && ok; b++)
+            ok = lquant_at(x + 32 * b, d, inv, xq + 32 * b, xd + b, xs + 2 * b, xm + b);
+        if (!ok) dp_lact_quantize256(v, 1, 256, xq + 256 * c, xd + 8 * c, xs + 16 * c, xm + 8 * c);
+    }
 }

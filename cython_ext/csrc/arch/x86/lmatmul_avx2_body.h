@@ -7,14 +7,21 @@
  *                         the rows' activations (lmatmul_avx2.c)
  *   LM2_Q8_ZERO           the offset Q8_0's sums still hold (128 for stored q + 128, 0 for
  *                         sums taken on q itself)
+ *   LM2_FOLD_W(p), LM2_FOLD(t, w)  a Q4_K unit's row scales (u8 at p) as w, and its sums t
+ *                         times them, where a superblock's sums are folded (fold below)
+ *   LM2_FOLD_IN_SUMS      1: LM2_SUMS multiplies by w itself (its madd takes w16), and adds
+ *                         into t: the superblock's sums are then t, carried from unit to unit
  * A pass takes half hf of a group (8 rows) against RR <= 4 activation rows: each 32-byte
  * load of the unit unpacks two steps for all RR rows at once, so with 4 rows the unpacking
  * and the scales cost a quarter of what they cost a row. One accumulator a row: Q4_K's
- * mins are taken off as they come (xm, lmatmul.h), which leaves the registers for 4 rows. */
+ * mins are taken off as they come (xm, lmatmul.h), which leaves the registers for 4 rows.
+ * fold (Q4_K over activations with a scale per 256, dp_lact.sb256): each unit's sums are
+ * multiplied by the rows' block scales in int32 and added up over the superblock, which is
+ * then scaled once, instead of a float multiply-add per unit and row. */
 
 static inline __attribute__((always_inline)) LM2_ATTR void LM2_SUFFIX(pass)(const int kind, const uint8_t *gw, const int hf,
                                                        const dp_lact *a, const int64_t r0, const int RR, float *out,
-                                                       const int64_t ldo) {
+                                                       const int64_t ldo, const int fold) {
     const int64_t K = a->K, units = dp_lkind_sb(kind) / 32, nsb = K / dp_lkind_sb(kind);
     const int64_t sbb = dp_lkind_header(kind) + units * dp_lkind_unit(kind);
     const int parts = kind == DP_L_Q6_K ? 2 : 1; /* Q6_K: a scale per 16 values, so a sum per half unit */
@@ -23,6 +30,7 @@ static inline __attribute__((always_inline)) LM2_ATTR void LM2_SUFFIX(pass)(cons
         const uint8_t *h = gw + s * sbb;
         if (hf == 0 && r0 == 0) dp_lprefetch(h, dp_lkind_header(kind));
         const __m256 d = f16_ps(h + 16 * hf);
+        __m256i f0 = _mm256_setzero_si256(), f1 = f0, f2 = f0, f3 = f0; /* fold: the superblock's sums */
         for (int64_t b = 0; b < units; b++) {
             const uint8_t *unit = h + dp_lkind_header(kind) + b * dp_lkind_unit(kind);
             if (hf == 0 && r0 == 0) dp_lprefetch(unit, dp_lkind_unit(kind));
@@ -33,8 +41,24 @@ static inline __attribute__((always_inline)) LM2_ATTR void LM2_SUFFIX(pass)(cons
             const int32_t *x3 = RR > 3 ? x0 + 3 * K / 4 : x0;
 #pragma GCC unroll 2
             for (int p = 0; p < parts; p++) {
-                __m256i t0 = _mm256_setzero_si256(), t1 = t0, t2 = t0, t3 = t0;
+                /* folded sums that the sums' own madd scales go on in the superblock's */
+                const int in_sums = fold && LM2_FOLD_IN_SUMS;
+                __m256i t0 = in_sums ? f0 : _mm256_setzero_si256(), t1 = in_sums ? f1 : t0;
+                __m256i t2 = in_sums ? f2 : t0, t3 = in_sums ? f3 : t0;
+                const __m256i w16 = fold ? LM2_FOLD_W(h + 64 + 16 * b + 8 * hf) : _mm256_set1_epi16(1);
+                (void)w16; /* (read by the sums without VNNI only) */
                 LM2_SUMS(kind, unit, hf, p);
+                if (fold) {
+                    const __m256 o = _mm256_mul_ps(f16_ps(h + 32 + 16 * hf), u8_ps(h + 192 + 16 * b + 8 * hf));
+#define LM2_FOLD_ROW(i)                                                                                  \
+    if ((i) < RR) {                                                                                      \
+        f##i = in_sums ? t##i : _mm256_add_epi32(f##i, LM2_FOLD(t##i, w16));                             \
+        acc##i = _mm256_fnmadd_ps(o, _mm256_broadcast_ss(a->xm + (r0 + (i)) * (K / 32) + kb), acc##i);   \
+    }
+                    LM2_EACH(LM2_FOLD_ROW)
+#undef LM2_FOLD_ROW
+                    continue;
+                }
                 __m256 sc = d, o = d;
                 if (kind == DP_L_Q4_K) {
                     sc = _mm256_mul_ps(d, u8_ps(h + 64 + 16 * b + 8 * hf));
@@ -56,6 +80,14 @@ static inline __attribute__((always_inline)) LM2_ATTR void LM2_SUFFIX(pass)(cons
                 LM2_EACH(LM2_SCALE_ROW)
 #undef LM2_SCALE_ROW
             }
+        }
+        if (fold) { /* every block's xd is the superblock's d (dp_lact_quantize256) */
+#define LM2_FOLD_SCALE(i)                                                                                \
+    if ((i) < RR)                                                                                        \
+        acc##i = _mm256_fmadd_ps(_mm256_mul_ps(d, _mm256_broadcast_ss(a->xd + (r0 + (i)) * (K / 32) + s * units)), \
+                                 _mm256_cvtepi32_ps(f##i), acc##i);
+            LM2_EACH(LM2_FOLD_SCALE)
+#undef LM2_FOLD_SCALE
         }
     }
 #define LM2_STORE_ROW(i) \
@@ -84,6 +116,8 @@ static inline __attribute__((always_inline)) LM2_ATTR void LM2_SUFFIX(streams)(
     _Pragma("GCC unroll 2") for (int p = 0; p < parts; p++) {                                             \
         const int RR = 1;                                                                                 \
         __m256i t0 = _mm256_setzero_si256(), t1 = t0, t2 = t0, t3 = t0;                                   \
+        const __m256i w16 = _mm256_set1_epi16(1);                                                         \
+        (void)w16;                                                                                        \
         LM2_SUMS(kind, unit, hf, p);                                                                      \
         (void)t1, (void)t2, (void)t3;                                                                     \
         const __m256 d = f16_ps(h + 16 * (hf));                                                           \
@@ -132,11 +166,21 @@ static inline __attribute__((always_inline)) LM2_ATTR void LM2_SUFFIX(groups)(co
             const uint8_t *gw = w + g * gstride;
             float *o = out + 16 * g;
             int64_t r = 0;
-            for (; r + 4 <= a->R; r += 4) LM2_SUFFIX(pass)(kind, gw, hf, a, r, 4, o, ldo);
+            if (kind == DP_L_Q4_K && a->sb256) {
+                for (; r + 4 <= a->R; r += 4) LM2_SUFFIX(pass)(kind, gw, hf, a, r, 4, o, ldo, 1);
+                switch (a->R - r) {
+                case 3: LM2_SUFFIX(pass)(kind, gw, hf, a, r, 3, o, ldo, 1); break;
+                case 2: LM2_SUFFIX(pass)(kind, gw, hf, a, r, 2, o, ldo, 1); break;
+                case 1: LM2_SUFFIX(pass)(kind, gw, hf, a, r, 1, o, ldo, 1); break;
+                default: break;
+                }
+                continue;
+            }
+            for (; r + 4 <= a->R; r += 4) LM2_SUFFIX(pass)(kind, gw, hf, a, r, 4, o, ldo, 0);
             switch (a->R - r) {
-            case 3: LM2_SUFFIX(pass)(kind, gw, hf, a, r, 3, o, ldo); break;
-            case 2: LM2_SUFFIX(pass)(kind, gw, hf, a, r, 2, o, ldo); break;
-            case 1: LM2_SUFFIX(pass)(kind, gw, hf, a, r, 1, o, ldo); break;
+            case 3: LM2_SUFFIX(pass)(kind, gw, hf, a, r, 3, o, ldo, 0); break;
+            case 2: LM2_SUFFIX(pass)(kind, gw, hf, a, r, 2, o, ldo, 0); break;
+            case 1: LM2_SUFFIX(pass)(kind, gw, hf, a, r, 1, o, ldo, 0); break;
             default: break;
             }
         }
