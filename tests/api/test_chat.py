@@ -83,7 +83,10 @@ def test_a_model_without_a_chat_template_names_the_built_ins(gguf_path):
     r = subprocess.run([sys.executable, "-m", "dualpath.cli", "chat", "-m", str(gguf_path)], input="Hi\n",
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 2
-    assert "no chat template" in r.stderr and "--chat-template {chatml,llama3,gemma,phi3}" in r.stderr
+    from dualpath.config import CHAT_TEMPLATES
+
+    assert "no chat template" in r.stderr and f"--chat-template {{{','.join(CHAT_TEMPLATES)}}}" in r.stderr
+    assert "vicuna" in CHAT_TEMPLATES
 
 
 def test_a_piped_line_too_long_for_the_context_is_reported_and_the_next_is_answered(gguf_path):
