@@ -1112,7 +1112,31 @@ static void awkward_block(float *v, int64_t b, int awkward) {
     }
 }
 
-/* Every ISA's quantizer (dp_attn_ops.lquant) gives dp_lact_quantize's bytes, block by block. */
+/* Whether quantizer `mine` gives `ref`'s bytes on R x K activations of awkward blocks (every
+ * block; per256: one in four, beside plain ones, so that a 256 with an odd block falls back to
+ * the reference whole and one without stays on the vector path, and one d a 256). */
+static int lquant_same(dp_lquant_fn mine, dp_lquant_fn ref, int64_t R, int64_t K, int rep, int per256) {
+    const int64_t nb = R * K / 32;
+    float *x = malloc((size_t)(R * K) * sizeof(float)), *fd[2], *fm[2];
+    int8_t *q[2];
+    int32_t *xs[2];
+    for (int64_t b = 0; b < nb; b++) awkward_block(x + 32 * b, per256 && (b + rep) % 4 ? 0 : b + rep, 2);
+    for (int k = 0; k < 2; k++) {
+        fd[k] = malloc((size_t)nb * sizeof(float)), fm[k] = malloc((size_t)nb * sizeof(float));
+        q[k] = malloc((size_t)(R * K)), xs[k] = malloc((size_t)(2 * nb) * sizeof(int32_t));
+        (k ? mine : ref)(x, R, K, q[k], fd[k], xs[k], fm[k]);
+    }
+    int same = !memcmp(q[0], q[1], (size_t)(R * K)) && !memcmp(fd[0], fd[1], (size_t)nb * sizeof(float)) &&
+               !memcmp(xs[0], xs[1], (size_t)(2 * nb) * sizeof(int32_t)) &&
+               !memcmp(fm[0], fm[1], (size_t)nb * sizeof(float));
+    for (int64_t b = 0; per256 && b < nb; b++) same &= fd[0][b] == fd[0][b / 8 * 8];
+    for (int k = 0; k < 2; k++) free(fd[k]), free(fm[k]), free(q[k]), free(xs[k]);
+    free(x);
+    return same;
+}
+
+/* Every ISA's quantizer (dp_attn_ops.lquant) gives dp_lact_quantize's bytes, block by block;
+ * one with a per-256 quantizer (lquant256), dp_lact_quantize256's. */
 static void lquant_cases(void) {
     const int64_t shapes[][2] = {{1, 32}, {3, 96}, {40, 384}, {5, 2048}, {2, 4096}};
     for (int i = 0; i < dp_num_isas; i++) {
@@ -1121,23 +1145,8 @@ static void lquant_cases(void) {
         check(ops->lquant != NULL, "every ISA has an activations' quantizer");
         int same = 1;
         for (int s = 0; s < 5; s++)
-            for (int rep = 0; rep < 4; rep++) {
-                const int64_t R = shapes[s][0], K = shapes[s][1], nb = R * K / 32;
-                float *x = malloc((size_t)(R * K) * sizeof(float)), *fd[2], *fm[2];
-                int8_t *q[2];
-                int32_t *xs[2];
-                for (int64_t b = 0; b < nb; b++) awkward_block(x + 32 * b, b + rep, 2);
-                for (int k = 0; k < 2; k++) {
-                    fd[k] = malloc((size_t)nb * sizeof(float)), fm[k] = malloc((size_t)nb * sizeof(float));
-                    q[k] = malloc((size_t)(R * K)), xs[k] = malloc((size_t)(2 * nb) * sizeof(int32_t));
-                    (k ? ops->lquant : dp_lact_quantize)(x, R, K, q[k], fd[k], xs[k], fm[k]);
-                }
-                same &= !memcmp(q[0], q[1], (size_t)(R * K)) && !memcmp(fd[0], fd[1], (size_t)nb * sizeof(float)) &&
-                        !memcmp(xs[0], xs[1], (size_t)(2 * nb) * sizeof(int32_t)) &&
-                        !memcmp(fm[0], fm[1], (size_t)nb * sizeof(float));
-                for (int k = 0; k < 2; k++) free(fd[k]), free(fm[k]), free(q[k]), free(xs[k]);
-                free(x);
-            }
+            for (int rep = 0; rep < 4; rep++)
+                same &= lquant_same(ops->lquant, dp_lact_quantize, shapes[s][0], shapes[s][1], rep, 0);
         char what[160];
         snprintf(what, sizeof what, "lquant %s: the reference's bytes on ties, zeros, -0, huge, tiny, subnormals, "
                  "inf, NaN", dp_isas[i].name);
@@ -1145,26 +1154,8 @@ static void lquant_cases(void) {
         if (!ops->lquant256) continue;
         same = 1;
         for (int s = 3; s < 5; s++) /* (whole 256s) */
-            for (int rep = 0; rep < 8; rep++) {
-                const int64_t R = shapes[s][0], K = shapes[s][1], nb = R * K / 32;
-                float *x = malloc((size_t)(R * K) * sizeof(float)), *fd[2], *fm[2];
-                int8_t *q[2];
-                int32_t *xs[2];
-                /* an awkward block in every fourth, beside plain ones: a 256 with an odd one falls
-                 * back to the reference whole, one without it stays on the vector path */
-                for (int64_t b = 0; b < nb; b++) awkward_block(x + 32 * b, (b + rep) % 4 ? 0 : b + rep, 2);
-                for (int k = 0; k < 2; k++) {
-                    fd[k] = malloc((size_t)nb * sizeof(float)), fm[k] = malloc((size_t)nb * sizeof(float));
-                    q[k] = malloc((size_t)(R * K)), xs[k] = malloc((size_t)(2 * nb) * sizeof(int32_t));
-                    (k ? ops->lquant256 : dp_lact_quantize256)(x, R, K, q[k], fd[k], xs[k], fm[k]);
-                }
-                same &= !memcmp(q[0], q[1], (size_t)(R * K)) && !memcmp(fd[0], fd[1], (size_t)nb * sizeof(float)) &&
-                        !memcmp(xs[0], xs[1], (size_t)(2 * nb) * sizeof(int32_t)) &&
-                        !memcmp(fm[0], fm[1], (size_t)nb * sizeof(float));
-                for (int64_t b = 0; b < nb; b++) same &= fd[0][b] == fd[0][b / 8 * 8]; /* one d a 256 */
-                for (int k = 0; k < 2; k++) free(fd[k]), free(fm[k]), free(q[k]), free(xs[k]);
-                free(x);
-            }
+            for (int rep = 0; rep < 8; rep++)
+                same &= lquant_same(ops->lquant256, dp_lact_quantize256, shapes[s][0], shapes[s][1], rep, 1);
         snprintf(what, sizeof what, "lquant256 %s: the reference's bytes, one scale per 256", dp_isas[i].name);
         check(same, what);
     }
