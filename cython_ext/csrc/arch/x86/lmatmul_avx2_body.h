@@ -96,6 +96,20 @@ static inline __attribute__((always_inline)) LM2_ATTR void LM2_SUFFIX(pass)(cons
 #undef LM2_STORE_ROW
 }
 
+/* Every activation row of a group's half: passes of 4 rows, then one of the rest. */
+static inline __attribute__((always_inline)) LM2_ATTR void LM2_SUFFIX(passes)(const int kind, const uint8_t *gw,
+                                                         const int hf, const dp_lact *a, float *o, const int64_t ldo,
+                                                         const int fold) {
+    int64_t r = 0;
+    for (; r + 4 <= a->R; r += 4) LM2_SUFFIX(pass)(kind, gw, hf, a, r, 4, o, ldo, fold);
+    switch (a->R - r) {
+    case 3: LM2_SUFFIX(pass)(kind, gw, hf, a, r, 3, o, ldo, fold); break;
+    case 2: LM2_SUFFIX(pass)(kind, gw, hf, a, r, 2, o, ldo, fold); break;
+    case 1: LM2_SUFFIX(pass)(kind, gw, hf, a, r, 1, o, ldo, fold); break;
+    default: break;
+    }
+}
+
 /* Decode (one activation row): NS <= 4 groups, gq bytes apart, walked unit by unit side
  * by side (both halves of each), so that each thread reads NS streams of weights at once
  * instead of one. */
@@ -165,24 +179,10 @@ static inline __attribute__((always_inline)) LM2_ATTR void LM2_SUFFIX(groups)(co
         for (int hf = 0; hf < 2; hf++) {
             const uint8_t *gw = w + g * gstride;
             float *o = out + 16 * g;
-            int64_t r = 0;
-            if (kind == DP_L_Q4_K && a->sb256) {
-                for (; r + 4 <= a->R; r += 4) LM2_SUFFIX(pass)(kind, gw, hf, a, r, 4, o, ldo, 1);
-                switch (a->R - r) {
-                case 3: LM2_SUFFIX(pass)(kind, gw, hf, a, r, 3, o, ldo, 1); break;
-                case 2: LM2_SUFFIX(pass)(kind, gw, hf, a, r, 2, o, ldo, 1); break;
-                case 1: LM2_SUFFIX(pass)(kind, gw, hf, a, r, 1, o, ldo, 1); break;
-                default: break;
-                }
-                continue;
-            }
-            for (; r + 4 <= a->R; r += 4) LM2_SUFFIX(pass)(kind, gw, hf, a, r, 4, o, ldo, 0);
-            switch (a->R - r) {
-            case 3: LM2_SUFFIX(pass)(kind, gw, hf, a, r, 3, o, ldo, 0); break;
-            case 2: LM2_SUFFIX(pass)(kind, gw, hf, a, r, 2, o, ldo, 0); break;
-            case 1: LM2_SUFFIX(pass)(kind, gw, hf, a, r, 1, o, ldo, 0); break;
-            default: break;
-            }
+            if (kind == DP_L_Q4_K && a->sb256) /* (fold a constant in each call: two loops, no test inside) */
+                LM2_SUFFIX(passes)(kind, gw, hf, a, o, ldo, 1);
+            else
+                LM2_SUFFIX(passes)(kind, gw, hf, a, o, ldo, 0);
         }
 }
 
