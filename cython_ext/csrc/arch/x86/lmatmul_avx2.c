@@ -61,10 +61,6 @@ static inline __m256 f16_ps(const uint8_t *p) { return _mm256_cvtph_ps(_mm_loadu
  * of sums into a tree, and the 4 rows' products, all live at once, went to the stack. */
 #define LM2_KEEP(v) __asm__("" : "+x"(v))
 
-/* Groups a decode product reads side by side (lmatmul_avx2_body.h, streams). */
-#ifndef LM2_STREAMS
-#define LM2_STREAMS 4
-#endif
 
 /* Without VNNI: maddubs, whose int16 pair sums are at most 2 x 127 x the values' largest,
  * then madd to int32. The int16 sums add up before one madd while they fit in 32,767:

@@ -169,11 +169,12 @@ static inline __attribute__((always_inline)) LM2_ATTR void LM2_SUFFIX(streams)(
 static inline __attribute__((always_inline)) LM2_ATTR void LM2_SUFFIX(groups)(const int kind, const uint8_t *w, int64_t g0, int64_t g1,
                                                          const dp_lact *a, float *out, int64_t ldo) {
     const int64_t gstride = a->K / dp_lkind_sb(kind) * (dp_lkind_header(kind) + dp_lkind_sb(kind) / 32 * dp_lkind_unit(kind));
-    if (a->R == 1 && g1 - g0 >= LM2_STREAMS) {
-        const int64_t q = (g1 - g0) / LM2_STREAMS;
+    const int ns = DP_LSTREAMS(kind);
+    if (a->R == 1 && g1 - g0 >= ns) {
+        const int64_t q = (g1 - g0) / ns;
         for (int64_t g = g0; g < g0 + q; g++)
-            LM2_SUFFIX(streams)(kind, w + g * gstride, q * gstride, LM2_STREAMS, a, out + 16 * g, 16 * q);
-        g0 += LM2_STREAMS * q;
+            LM2_SUFFIX(streams)(kind, w + g * gstride, q * gstride, ns, a, out + 16 * g, 16 * q);
+        g0 += ns * q;
     }
     for (int64_t g = g0; g < g1; g++)
         for (int hf = 0; hf < 2; hf++) {

@@ -118,11 +118,12 @@ static inline __attribute__((always_inline)) LM_ATTR void LM_SUFFIX(streams)(
 static inline __attribute__((always_inline)) LM_ATTR void LM_SUFFIX(groups)(
     const int kind, const uint8_t *w, int64_t g0, int64_t g1, const dp_lact *a, float *out, int64_t ldo) {
     const int64_t gstride = a->K / dp_lkind_sb(kind) * (dp_lkind_header(kind) + dp_lkind_sb(kind) / 32 * dp_lkind_unit(kind));
-    if (a->R == 1 && g1 - g0 >= LM_STREAMS) {
-        const int64_t q = (g1 - g0) / LM_STREAMS;
+    const int ns = DP_LSTREAMS(kind);
+    if (a->R == 1 && g1 - g0 >= ns) {
+        const int64_t q = (g1 - g0) / ns;
         for (int64_t g = g0; g < g0 + q; g++)
-            LM_SUFFIX(streams)(kind, w + g * gstride, q * gstride, LM_STREAMS, a, out + 16 * g, 16 * q);
-        g0 += LM_STREAMS * q;
+            LM_SUFFIX(streams)(kind, w + g * gstride, q * gstride, ns, a, out + 16 * g, 16 * q);
+        g0 += ns * q;
     }
     for (int64_t g = g0; g < g1; g++) {
         const uint8_t *gw = w + g * gstride;
