@@ -115,6 +115,7 @@ cdef class ThreadPool:
     """The kernels' pthread pool: num_threads including the calling thread, each
     worker on one CPU (``set_affinity``) or unpinned. A core set has a pool of its own."""
     cdef dp_pool *pool
+    cdef object warm_owner  # keeps the memory of the region its workers read ahead alive
 
     def __cinit__(self, int num_threads):
         if num_threads < 1 or num_threads > DP_POOL_MAX_THREADS:
@@ -160,6 +161,13 @@ cdef class ThreadPool:
         st = dp_pool_set_affinity(self.pool, buf, n)
         free(buf)
         _check(st, f"set_affinity({cpus})", "the pool")
+
+    cdef void warm(self, object owner, const void *p, int64_t nbytes):
+        """Bytes the workers read ahead while they spin between jobs (csrc/dp_pool.h
+        ``dp_pool_warm``), inside ``owner``'s memory; NULL clears."""
+        with nogil:
+            dp_pool_warm(self.pool, p, nbytes)
+        self.warm_owner = owner if p != NULL else None
 
     def read(self, buf):
         """Read a C-contiguous array once with every thread (a bandwidth probe)."""
@@ -683,6 +691,9 @@ cdef class LMatmul:
     cdef int njobs
     cdef int64_t K, max_rows
     cdef readonly bint int8_act
+    cdef const uint8_t *ahead
+    cdef int64_t ahead_bytes
+    cdef object ahead_owner
 
     def __init__(self, weights, x, str kernel=None, bint int8_act=True):
         _require(x, "x", 2, np.float32)
@@ -726,6 +737,23 @@ cdef class LMatmul:
         folds their scales)."""
         return self.int8_act and dp_lmatmul_sb256(self.ops, self.jobs, self.njobs, R, self.K) != 0
 
+    def read_ahead(self, LMatmul following, int64_t max_bytes):
+        """After each ``run`` on a pool, its workers read the first ``max_bytes`` of
+        ``following``'s first weight into their caches while they wait for the next job
+        (csrc/dp_pool.h ``dp_pool_warm``): the product that comes next, whose weights then
+        start streaming during the graph parts between the two. None or 0 stops it."""
+        if following is None or max_bytes <= 0:
+            self.ahead, self.ahead_bytes, self.ahead_owner = NULL, 0, None
+            return
+        self.ahead = following.jobs[0].w
+        self.ahead_bytes = min(max_bytes, following.jobs[0].w_len)
+        self.ahead_owner = following.weights[0][1]
+
+    @property
+    def read_ahead_bytes(self) -> int:
+        """Bytes of the following product's first weight its workers read ahead (0: none)."""
+        return self.ahead_bytes
+
     def run(self, int64_t R, ThreadPool pool=None):
         if not 1 <= R <= self.max_rows:
             raise ValueError(f"R={R} outside 1..{self.max_rows}")
@@ -734,6 +762,8 @@ cdef class LMatmul:
         cdef int st
         with nogil:
             st = dp_lmatmul(pp, self.ops, self.jobs, self.njobs, xp, R, self.K, self.int8_act)
+        if pool is not None and self.ahead != NULL:
+            pool.warm(self.ahead_owner, self.ahead, self.ahead_bytes)
         if st != DP_OK:
             _check(st, f"layer product ({R} x {self.K} by {', '.join(str(w[2].shape[1]) for w in self.weights)})",
                    "the weights")

@@ -80,6 +80,11 @@ struct dp_pool {
     atomic_int joined;
     atomic_int arrived;        /* workers that woke for the current job (dp_pool_run_all) */
     int all;                   /* the current job is a dp_pool_run_all one, guarded by lock */
+    /* dp_pool_warm's region: base NULL when none; warmers counts the workers inside
+     * warm_chunk, which a replacement waits out */
+    _Atomic(const uint8_t *) warm_base;
+    atomic_llong warm_len, warm_next;
+    atomic_int warmers;
     int num_yielders;          /* dp_pool_set_yielders, under run_lock */
     int64_t yielders[DP_POOL_MAX_YIELDERS]; /* tid, 0 once it has exited */
     int yield_policy[DP_POOL_MAX_YIELDERS]; /* the policy each goes back to */
@@ -107,6 +112,44 @@ static void drain(dp_pool *p, int idx) {
     }
 }
 
+/* Bytes of dp_pool_warm's region a worker reads between two looks for the next job: a
+ * few hundred nanoseconds of reading, so a job waits no longer than that for it. */
+#define DP_POOL_WARM_CHUNK 4096
+
+/* Reads the next chunk of the warm region, if any: 1 when it read one. The loads are real
+ * (a prefetch may be dropped when the line-fill buffers are full), summed into a sink. */
+static int warm_chunk(dp_pool *p) {
+    if (!atomic_load_explicit(&p->warm_base, memory_order_relaxed)) return 0;
+    atomic_fetch_add(&p->warmers, 1); /* before the base is read: dp_pool_warm waits for us */
+    const uint8_t *b = atomic_load(&p->warm_base);
+    int did = 0;
+    if (b) {
+        const int64_t off = atomic_fetch_add(&p->warm_next, DP_POOL_WARM_CHUNK), len = atomic_load(&p->warm_len);
+        if (off < len) {
+            const int64_t end = off + DP_POOL_WARM_CHUNK < len ? off + DP_POOL_WARM_CHUNK : len;
+            uint8_t sink = 0;
+            for (int64_t o = off; o < end; o += 64) sink ^= ((const volatile uint8_t *)b)[o];
+            __asm__ __volatile__("" : : "r"(sink));
+            did = 1;
+        }
+    }
+    atomic_fetch_sub(&p->warmers, 1);
+    return did;
+}
+
+void dp_pool_warm(dp_pool *p, const void *base, int64_t bytes) {
+    if (!p || p->num_threads == 1) return;
+    pthread_mutex_lock(&p->run_lock); /* one publisher at a time, never inside a job */
+    atomic_store(&p->warm_base, NULL);
+    while (atomic_load(&p->warmers)) dp_cpu_relax(); /* a chunk at most */
+    if (base && bytes > 0) {
+        atomic_store(&p->warm_len, bytes);
+        atomic_store(&p->warm_next, 0);
+        atomic_store(&p->warm_base, (const uint8_t *)base);
+    }
+    pthread_mutex_unlock(&p->run_lock);
+}
+
 /* How long a worker that finished a job spins for the next one before it sleeps: a
  * decode step is dozens of short jobs (a layer's products and attention) with the
  * calling thread's graphs between them, and a worker woken through the scheduler came
@@ -117,7 +160,7 @@ static void spin_for_job(dp_pool *p, uint64_t seen) {
     struct timespec t0, t;
     clock_gettime(CLOCK_MONOTONIC, &t0);
     for (int i = 1; atomic_load_explicit(&p->job_seen, memory_order_acquire) == seen; i++) {
-        dp_cpu_relax();
+        if (!warm_chunk(p)) dp_cpu_relax();
         if (i % 256) continue;
         clock_gettime(CLOCK_MONOTONIC, &t);
         if ((t.tv_sec - t0.tv_sec) * 1000000000LL + (t.tv_nsec - t0.tv_nsec) > DP_POOL_SPIN_NS) return;

@@ -47,6 +47,14 @@ void dp_pool_run(dp_pool *pool, int64_t num_tasks, dp_task_fn fn, void *ctx);
 /* The same, but no task starts before every worker is awake and has applied its
  * affinity: the probes (every thread at once) and the placement warm-up use it. */
 void dp_pool_run_all(dp_pool *pool, int64_t num_tasks, dp_task_fn fn, void *ctx);
+/* Bytes [p, p + bytes) for the pool's workers to read into their caches while they spin
+ * for the next job: the next product's weights, read during the caller's graph parts
+ * between two products, when the memory bus is otherwise idle. They read it a few KiB at a
+ * time, front to back, and stop at its end or as a job comes (the region stays set: after
+ * the job they go on where they were). Replacing or clearing (p = NULL) returns once no
+ * worker reads the old region any more, so that the caller may then free it. Workers that
+ * do not spin (none ran the last job, or their spin ended) read nothing. */
+void dp_pool_warm(dp_pool *pool, const void *p, int64_t bytes);
 /* Threads that yield their cores to this pool's jobs: ONNX Runtime's shared-pool
  * workers, which spin for tens of milliseconds after a Run returns, right through our
  * attention between two Runs. While a job that wakes this

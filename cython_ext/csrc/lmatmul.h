@@ -79,8 +79,7 @@ static inline int dp_lkind_zero_point(int kind) {
 /* Groups of a task that an x86 decode product (one activation row) reads side by side,
  * a stream each: four for the K-quants, whose superblocks run 8 units of a group on end;
  * one for Q8_0 and Q5_0, a 32-byte header and one unit a superblock, where four streams
- * were slower than one (Gemma 3 270M's Q8_0 classifier, AVX2 with 2 threads: 7.5 ms against
- * 5.6; docs/performance-log.md). */
+ * were slower than one (a tied Q8_0 classifier most of all; docs/performance-log.md). */
 #define DP_LSTREAMS(kind) ((kind) == DP_L_Q8_0 || (kind) == DP_L_Q5_0 ? 1 : 4)
 
 static inline __attribute__((always_inline)) void dp_lprefetch(const uint8_t *p, int64_t bytes) {

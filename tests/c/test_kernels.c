@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
@@ -622,6 +623,78 @@ static void pool_active_cases(void) {
     }
     check(ok, "active: 1..4 threads, 300 jobs each, every task once and on the first n threads only");
     dp_pool_destroy(p);
+}
+
+/* Read-ahead (dp_pool_warm): workers that spin after a job read every page of the region
+ * (fresh anonymous pages in small pages, resident only once read: mincore sees each read),
+ * jobs run exactly as without it, and a region replaced or cleared is never read again: it
+ * is unmapped right after, so a late read would die with SIGSEGV (and ASan sees its frees). */
+static int resident_pages(const uint8_t *p, int64_t bytes) {
+    unsigned char v[64];
+    const int64_t pages = bytes / 4096;
+    if (pages > 64 || mincore((void *)p, (size_t)bytes, v) != 0) return -1;
+    int n = 0;
+    for (int64_t i = 0; i < pages; i++) n += v[i] & 1;
+    return n;
+}
+
+static void pool_warm_cases(void) {
+    dp_pool *p = NULL, *one = NULL;
+    check(dp_pool_create(3, &p) == DP_OK && dp_pool_create(1, &one) == DP_OK, "pools of 3 and 1 for read-ahead");
+    static uint8_t small[256];
+    dp_pool_warm(NULL, small, sizeof small);
+    dp_pool_warm(one, small, sizeof small); /* no workers: nothing to read it */
+    dp_pool_warm(p, small, 0);
+    dp_pool_warm(p, NULL, 64);
+    check(1, "read-ahead: no pool, a pool of 1, 0 bytes and NULL return");
+    const int64_t bytes = 16 * 4096;
+    int read_all = 0;
+    for (int attempt = 0; attempt < 20 && !read_all; attempt++) {
+        uint8_t *r = mmap(NULL, (size_t)bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (r == MAP_FAILED) break;
+        madvise(r, (size_t)bytes, MADV_NOHUGEPAGE);
+        const int before = resident_pages(r, bytes);
+        pool_job J = {.num_tasks = 16};
+        for (int t = 0; t < 64; t++) atomic_store(&J.runs[t], 0);
+        atomic_store(&J.stray, 0);
+        dp_pool_run_all(p, J.num_tasks, pool_job_task, &J); /* every worker ran it: they spin now */
+        dp_pool_warm(p, r, bytes);
+        for (int i = 0; i < 2000 && resident_pages(r, bytes) < 16; i++) {
+            struct timespec ts = {0, 100000};
+            nanosleep(&ts, NULL);
+        }
+        read_all = before == 0 && resident_pages(r, bytes) == 16;
+        dp_pool_warm(p, NULL, 0);
+        munmap(r, (size_t)bytes);
+    }
+    check(read_all, "read-ahead: spinning workers read every page of a 16-page region");
+    int ok = 1;
+    for (int it = 0; it < 400 && ok; it++) {
+        rng_state = rng_state * 6364136223846793005ull + 1442695040888963407ull;
+        const int64_t len = 4096 * (1 + (int64_t)((rng_state >> 33) % 64));
+        uint8_t *r = mmap(NULL, (size_t)len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (r == MAP_FAILED) { ok = 0; break; }
+        memset(r, it, (size_t)len);
+        pool_job J;
+        J.num_tasks = 1 + it % 32;
+        for (int t = 0; t < 64; t++) atomic_store(&J.runs[t], 0);
+        atomic_store(&J.stray, 0);
+        dp_pool_run(p, J.num_tasks, pool_job_task, &J);
+        dp_pool_warm(p, r, len);
+        if (it % 2) { /* a job while the region is read */
+            for (int t = 0; t < 64; t++) atomic_store(&J.runs[t], 0);
+            dp_pool_run(p, J.num_tasks, pool_job_task, &J);
+        }
+        for (int t = 0; t < 64; t++) ok &= atomic_load(&J.runs[t]) == (t < J.num_tasks);
+        ok &= atomic_load(&J.stray) == 0;
+        if (it % 3) dp_pool_warm(p, NULL, 0); /* else the next region replaces it */
+        else dp_pool_warm(p, small, sizeof small);
+        munmap(r, (size_t)len);
+    }
+    check(ok, "read-ahead: 400 regions set, read under jobs, replaced or cleared and unmapped at once");
+    dp_pool_warm(p, NULL, 0);
+    dp_pool_destroy(p);
+    dp_pool_destroy(one);
 }
 
 /* Yielders: a thread blocked on a pipe is under SCHED_IDLE while a job of several tasks
@@ -1388,6 +1461,7 @@ int main(void) {
     pool_protocol_cases();
     pool_yielder_cases();
     pool_active_cases();
+    pool_warm_cases();
     bad_slot_cases(best);
     ggml_repack_cases();
     qmatmul_cases(pool);

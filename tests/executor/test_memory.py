@@ -15,7 +15,7 @@ import pytest
 
 from dualpath.bench.memory import resident_bytes
 from dualpath.config import load_config
-from dualpath.executor.runner_step import TokenEmbedding
+from dualpath.executor.runner_step import READ_AHEAD_BYTES, TokenEmbedding
 from dualpath.kernels import read_rows
 from dualpath.llm import LLM
 from dualpath.models.synth import synth_gguf
@@ -123,3 +123,20 @@ def test_a_loaded_model_maps_only_the_matrices_our_kernels_read(tmp_path):
     # and the embedding's rows are read, not mapped; what our kernels read, whole every step.
     assert mapped_bytes(whole) == 0 and mapped_bytes(own) <= covering
     assert all(mapped_bytes(a) >= a.nbytes - 4096 for a in classifier)
+
+
+def test_each_product_of_a_step_reads_the_next_ones_weights_ahead(tmp_path):
+    """Between two products the calling thread runs graph parts; the pool's workers then
+    read the next product's first weight: every product has the one after it, the last
+    layer's the classifier, and the classifier the first layer's (the next step's)."""
+    path = synth_gguf(tmp_path / "tiny-q8.gguf", "kquant-tiny", "Q8_0", seed=6)
+    llm = LLM(path, load_config(None, {"runtime.num_threads": 2, "runtime.max_context_tokens": 600}))
+    llm.generate("once upon a time", SamplingParams(max_tokens=2, temperature=0))
+    runner = llm.engine.runner
+    bindings = list(runner._bindings.values())
+    assert bindings
+    for b in bindings:
+        mms = [k.mm for k in b._kernels] + [runner._classifier.mm, b._kernels[0].mm]
+        assert len(mms) > 2 + llm.spec.config.num_layers
+        for mm, following in zip(mms, mms[1:]):
+            assert mm.read_ahead_bytes == min(READ_AHEAD_BYTES, following.weights[0][1].nbytes)

@@ -131,6 +131,38 @@ def test_weights_of_one_input_write_their_own_outputs_and_columns_of_a_wider_arr
     assert np.abs(b).sum() > 0 and not wide[:, 32:40].any() and not wide[:, 56:].any()
 
 
+def test_reading_the_next_products_weights_ahead_changes_no_output_and_keeps_them_alive():
+    """``read_ahead``: after each run on a pool its workers read the following product's
+    first weight (up to the bytes asked) while they wait: the outputs stay the bits of a
+    run without it, and the pool keeps those weights alive when nothing else does."""
+    n, k = 256, 512
+    forms = {}
+    for t in ("Q4_K", "Q8_0"):
+        forms[t] = np.empty(lform_bytes(t, n, k), np.uint8)
+        lform_from_ggml(random_blocks(t, n, k, seed=len(t)), t, (n, k), forms[t])
+    x = np.random.default_rng(4).standard_normal((1, k)).astype(np.float32)
+    outs = {t: np.zeros((1, n), np.float32) for t in forms}
+    first = LMatmul([("Q4_K", forms["Q4_K"], outs["Q4_K"])], x)
+    second = LMatmul([("Q8_0", forms["Q8_0"], outs["Q8_0"])], x)
+    alone = np.zeros((1, n), np.float32)
+    LMatmul([("Q4_K", forms["Q4_K"], alone)], x).run(1)
+    assert first.read_ahead_bytes == 0
+    first.read_ahead(second, 1 << 20)
+    assert first.read_ahead_bytes == forms["Q8_0"].nbytes  # the whole weight: smaller than asked
+    first.read_ahead(second, 4096)
+    assert first.read_ahead_bytes == 4096
+    pool = ThreadPool(2)
+    first.read_ahead(second, 1 << 20)
+    del second, forms["Q8_0"]  # only first (and then the pool) holds the Q8_0 form now
+    for _ in range(50):
+        first.run(1, pool)
+        np.testing.assert_array_equal(outs["Q4_K"], alone)
+    first.read_ahead(None, 0)
+    assert first.read_ahead_bytes == 0
+    first.run(1, pool)  # the pool's region replaced by none: nothing left to read
+    np.testing.assert_array_equal(outs["Q4_K"], alone)
+
+
 def test_bad_products_are_refused_with_the_reason():
     k, n = 256, 16
     form = np.empty(lform_bytes("Q4_K", n, k), np.uint8)

@@ -7,7 +7,14 @@ import pytest
 from platform_testlib import FIXTURES, MACHINES, fixture_topology, make_fixtures
 
 from dualpath.errors import ConfigError
-from dualpath.platform.topology import CPU_CLASSES_ENV, format_cpulist, load_topology, parse_cpulist, read_topology
+from dualpath.platform.topology import (
+    CPU_CLASSES_ENV,
+    format_cpulist,
+    load_topology,
+    parse_cpulist,
+    read_topology,
+    smallest_l2_bytes,
+)
 
 # name -> (source, uniform, offline, [(class, cpus, cores, mask, capacity, max_freq_khz)], parts by cpu)
 EXPECTED = {
@@ -227,3 +234,28 @@ def test_environment_override_wins_over_the_config_spec():
 def test_cpulist_round_trip(text, cpus, back):
     assert parse_cpulist(text) == cpus
     assert format_cpulist(cpus) == back
+
+
+def test_the_smallest_l2_cache_of_the_online_cpus(tmp_path):
+    """A phone's little cores have the smallest L2: read-ahead is sized from it. L1 and
+    instruction caches, offline CPUs and unreadable sizes do not count; no cache at all
+    is None."""
+    base = tmp_path / "devices/system/cpu"
+    caches = {0: [(1, "Data", "64K"), (2, "Unified", "512K"), (3, "Unified", "8192K")],
+              1: [(1, "Instruction", "64K"), (2, "Unified", "2M")],
+              2: [(2, "Unified", "128K")],  # offline
+              3: [(2, "Data", "bogus")]}
+    for cpu, levels in caches.items():
+        for i, (level, kind, size) in enumerate(levels):
+            d = base / f"cpu{cpu}/cache/index{i}"
+            d.mkdir(parents=True)
+            (d / "level").write_text(f"{level}\n")
+            (d / "type").write_text(f"{kind}\n")
+            (d / "size").write_text(f"{size}\n")
+    (base / "online").write_text("0-1,3\n")
+    assert smallest_l2_bytes(str(tmp_path)) == 512 << 10
+    (base / "online").write_text("1\n")
+    assert smallest_l2_bytes(str(tmp_path)) == 2 << 20
+    (base / "online").write_text("3\n")
+    assert smallest_l2_bytes(str(tmp_path)) is None
+    assert smallest_l2_bytes(str(tmp_path / "nowhere")) is None

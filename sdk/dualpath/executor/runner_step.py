@@ -19,6 +19,7 @@ from ..kernels import ArenaStepper, LMatmul, QMatmul, lform_rows, read_rows
 from ..kernels import embed as _embed
 from ..models.quants import gather_rows
 from ..models.spec import ModelConfig, ModelSpec, Weight
+from ..platform.topology import smallest_l2_bytes
 from ..scheduler.step import StepArrays
 from .ort_sessions import SessionSet, can_unidle
 
@@ -70,6 +71,19 @@ class KernelRun:
 
     def run(self) -> None:
         self.mm.run(self.rows, self.pool)
+
+
+def read_ahead_bytes(l2_bytes: int | None) -> int:
+    """Bytes of the next product's weights that the pool's workers read while the calling
+    thread runs the graph parts between two products (``LMatmul.read_ahead``): half the
+    smallest L2 cache (a worker reads into its own, and the rest holds what it works on),
+    256 KiB where sysfs does not say, and between 64 and 1,024 KiB.
+    A quarter and half of the cache gained alike, the whole of it nothing (docs/performance-log.md)."""
+    half = (l2_bytes or 512 << 10) // 2
+    return max(64 << 10, min(1 << 20, half))
+
+
+READ_AHEAD_BYTES = read_ahead_bytes(smallest_l2_bytes())
 
 
 class StepBinding:
@@ -138,10 +152,19 @@ class StepBinding:
                 self.plan[-1] = self.plan[-1][:2] + (part.index,)
             if part.last and 0 < part.index < L:
                 h.reverse()
+        for k, following in zip(self._kernels, self._kernels[1:]):
+            k.mm.read_ahead(following.mm, READ_AHEAD_BYTES)
         self._ids, self._h0 = buf.ids, buf.h_a
         self.num_tokens = self.num_rows = 0  # nothing bound yet
         self.ids: np.ndarray = self._ids[:0]  # (T,) the bound step's token ids
         self.h0: np.ndarray = self._h0[:0]    # (T, dim) its first residual
+
+    def read_ahead_around(self, classifier: Classifier | None) -> None:
+        """The step's last product reads ahead the classifier's weights, and the classifier
+        the first product's (the next step's), where the classifier is in our layer form."""
+        if self._kernels and classifier is not None and isinstance(classifier.mm, LMatmul):
+            self._kernels[-1].mm.read_ahead(classifier.mm, READ_AHEAD_BYTES)
+            classifier.mm.read_ahead(self._kernels[0].mm, READ_AHEAD_BYTES)
 
     def resize(self, num_tokens: int, num_rows: int) -> None:
         """Bind for a step of ``num_tokens`` tokens and ``num_rows`` logits rows: only the
@@ -234,6 +257,11 @@ class Classifier:
             self._mm = QMatmul(w.data, w.scales, buf.hidden, buf.logits, kernel, int8)
         self._cap = np.float32(spec.config.final_softcap)
         self._logits = buf.logits
+
+    @property
+    def mm(self):
+        """The product (``LMatmul`` or ``QMatmul``)."""
+        return self._mm
 
     def __call__(self, num_rows: int, pool) -> None:
         """Logits of the step's ``num_rows`` rows, on ``pool`` (None: this thread)."""

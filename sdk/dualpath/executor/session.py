@@ -198,6 +198,7 @@ class ModelRunner:
         if b is None or b.sessions is not sessions:  # first use (a stored binding keeps its set alive)
             b = self._bindings[id(sessions)] = StepBinding(self.buffers, self.num_layers, sessions, self.spec,
                                                            pool, self._kernel, self._int8_act)
+            b.read_ahead_around(self._classifier)
         b.resize(T, R)
         return b
 

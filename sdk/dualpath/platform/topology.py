@@ -340,6 +340,33 @@ def read_topology(sysfs_root: str = "/sys", procfs_root: str = "/proc") -> Topol
     return topo
 
 
+def _cache_size(text: str | None) -> int | None:
+    """A sysfs cache ``size`` ("1024K", "2M") in bytes."""
+    m = re.fullmatch(r"(\d+)([KMG]?)", text or "")
+    return int(m.group(1)) << {"": 0, "K": 10, "M": 20, "G": 30}[m.group(2)] if m else None
+
+
+def smallest_l2_bytes(sysfs_root: str = "/sys") -> int | None:
+    """The smallest level-2 data (or unified) cache of the online CPUs, in bytes; None where
+    sysfs says nothing of it (some VMs and Android kernels). A phone's little cores have
+    the smallest, and decode may run there."""
+    base = os.path.join(sysfs_root, "devices/system/cpu")
+    sizes = []
+    for cpu in _online_cpus(base):
+        cache = os.path.join(base, f"cpu{cpu}", "cache")
+        try:
+            names = os.listdir(cache)
+        except OSError:
+            continue
+        for name in names:
+            d = os.path.join(cache, name)
+            if _read_int(os.path.join(d, "level")) == 2 and _read(os.path.join(d, "type")) in ("Data", "Unified"):
+                size = _cache_size(_read(os.path.join(d, "size")))
+                if size:
+                    sizes.append(size)
+    return min(sizes) if sizes else None
+
+
 def _online_cpus(base: str) -> tuple[int, ...]:
     online = _read_cpulist(os.path.join(base, "online"))
     if online:
