@@ -81,10 +81,13 @@ struct dp_pool {
     atomic_int arrived;        /* workers that woke for the current job (dp_pool_run_all) */
     int all;                   /* the current job is a dp_pool_run_all one, guarded by lock */
     /* dp_pool_warm's region: base NULL when none; warmers counts the workers inside
-     * warm_chunk, which a replacement waits out */
+     * warm_chunk, which a replacement waits out. A line of their own: workers update them
+     * while the caller's job fields stay put (the pool is calloc'd: padding, not _Alignas). */
+    char warm_pad0[64];
     _Atomic(const uint8_t *) warm_base;
     atomic_llong warm_len, warm_next;
     atomic_int warmers;
+    char warm_pad1[64];
     int num_yielders;          /* dp_pool_set_yielders, under run_lock */
     int64_t yielders[DP_POOL_MAX_YIELDERS]; /* tid, 0 once it has exited */
     int yield_policy[DP_POOL_MAX_YIELDERS]; /* the policy each goes back to */
@@ -119,7 +122,11 @@ static void drain(dp_pool *p, int idx) {
 /* Reads the next chunk of the warm region, if any: 1 when it read one. The loads are real
  * (a prefetch may be dropped when the line-fill buffers are full), summed into a sink. */
 static int warm_chunk(dp_pool *p) {
-    if (!atomic_load_explicit(&p->warm_base, memory_order_relaxed)) return 0;
+    /* Plain loads while there is nothing (left) to read: a worker that spun on locked
+     * updates would take an SMT sibling's issue slots, where a pause gives them back. */
+    if (!atomic_load_explicit(&p->warm_base, memory_order_relaxed) ||
+        atomic_load_explicit(&p->warm_next, memory_order_relaxed) >= atomic_load_explicit(&p->warm_len, memory_order_relaxed))
+        return 0;
     atomic_fetch_add(&p->warmers, 1); /* before the base is read: dp_pool_warm waits for us */
     const uint8_t *b = atomic_load(&p->warm_base);
     int did = 0;
