@@ -164,10 +164,13 @@ cdef class ThreadPool:
 
     cdef void warm(self, object owner, const void *p, int64_t nbytes):
         """Bytes the workers read ahead while they spin between jobs (csrc/dp_pool.h
-        ``dp_pool_warm``), inside ``owner``'s memory; NULL clears."""
+        ``dp_pool_warm``), inside ``owner``'s memory; NULL clears. Skipped while another
+        thread's job runs on the pool: the old region, and its owner, stay."""
+        cdef int st
         with nogil:
-            dp_pool_warm(self.pool, p, nbytes)
-        self.warm_owner = owner if p != NULL else None
+            st = dp_pool_warm(self.pool, p, nbytes)
+        if st:
+            self.warm_owner = owner if p != NULL else None
 
     def read(self, buf):
         """Read a C-contiguous array once with every thread (a bandwidth probe)."""

@@ -67,7 +67,7 @@ cdef extern from "csrc/dp_pool.h" nogil:
     int dp_pool_set_affinity(dp_pool *pool, const int *cpus, int num_cpus)
     int dp_pool_worker_tids(const dp_pool *pool, int64_t *tids, int max)
     int dp_pool_set_yielders(dp_pool *pool, const int64_t *tids, int n)
-    void dp_pool_warm(dp_pool *pool, const void *p, int64_t bytes)
+    int dp_pool_warm(dp_pool *pool, const void *p, int64_t bytes)
     int dp_can_unidle()
     unsigned long long dp_read_buffer(dp_pool *pool, const void *buf, int64_t nbytes)
     int dp_run_fma_probe(dp_pool *pool, int64_t (*probe)(int64_t iters, float *sink), int64_t iters,

@@ -144,9 +144,15 @@ static int warm_chunk(dp_pool *p) {
     return did;
 }
 
-void dp_pool_warm(dp_pool *p, const void *base, int64_t bytes) {
-    if (!p || p->num_threads == 1) return;
-    pthread_mutex_lock(&p->run_lock); /* one publisher at a time, never inside a job */
+int dp_pool_warm(dp_pool *p, const void *base, int64_t bytes) {
+    if (!p || p->num_threads == 1) return 0;
+    /* One publisher at a time, never inside a job. A region is only worth setting while the
+     * pool is free: with another caller's job running, the old one stays. */
+    if (base && bytes > 0) {
+        if (pthread_mutex_trylock(&p->run_lock) != 0) return 0;
+    } else {
+        pthread_mutex_lock(&p->run_lock);
+    }
     atomic_store(&p->warm_base, NULL);
     while (atomic_load(&p->warmers)) dp_cpu_relax(); /* a chunk at most */
     if (base && bytes > 0) {
@@ -155,6 +161,7 @@ void dp_pool_warm(dp_pool *p, const void *base, int64_t bytes) {
         atomic_store(&p->warm_base, (const uint8_t *)base);
     }
     pthread_mutex_unlock(&p->run_lock);
+    return 1;
 }
 
 /* How long a worker that finished a job spins for the next one before it sleeps: a

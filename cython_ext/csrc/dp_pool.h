@@ -52,9 +52,11 @@ void dp_pool_run_all(dp_pool *pool, int64_t num_tasks, dp_task_fn fn, void *ctx)
  * between two products, when the memory bus is otherwise idle. They read it a few KiB at a
  * time, front to back, and stop at its end or as a job comes (the region stays set: after
  * the job they go on where they were). Replacing or clearing (p = NULL) returns once no
- * worker reads the old region any more, so that the caller may then free it. Workers that
- * do not spin (none ran the last job, or their spin ended) read nothing. */
-void dp_pool_warm(dp_pool *pool, const void *p, int64_t bytes);
+ * worker reads the old region any more, so that the caller may then free it; 1 then. A
+ * replacement while another caller's job runs is skipped (0: the old region stays), a clear
+ * waits for that job. Workers that do not spin (none ran the last job, or their spin ended)
+ * read nothing. A pool of one thread has no region (0). */
+int dp_pool_warm(dp_pool *pool, const void *p, int64_t bytes);
 /* Threads that yield their cores to this pool's jobs: ONNX Runtime's shared-pool
  * workers, which spin for tens of milliseconds after a Run returns, right through our
  * attention between two Runs. While a job that wakes this

@@ -638,15 +638,29 @@ static int resident_pages(const uint8_t *p, int64_t bytes) {
     return n;
 }
 
+typedef struct { dp_pool *pool; atomic_int started, release; } busy_job;
+
+static void busy_task(void *ctx, int64_t task, int worker) {
+    (void)task;
+    (void)worker;
+    busy_job *B = (busy_job *)ctx;
+    atomic_store(&B->started, 1);
+    while (!atomic_load(&B->release)) sched_yield();
+}
+
+static void *busy_caller(void *arg) {
+    busy_job *B = (busy_job *)arg;
+    dp_pool_run(B->pool, 4, busy_task, B);
+    return NULL;
+}
+
 static void pool_warm_cases(void) {
     dp_pool *p = NULL, *one = NULL;
     check(dp_pool_create(3, &p) == DP_OK && dp_pool_create(1, &one) == DP_OK, "pools of 3 and 1 for read-ahead");
     static uint8_t small[256];
-    dp_pool_warm(NULL, small, sizeof small);
-    dp_pool_warm(one, small, sizeof small); /* no workers: nothing to read it */
-    dp_pool_warm(p, small, 0);
-    dp_pool_warm(p, NULL, 64);
-    check(1, "read-ahead: no pool, a pool of 1, 0 bytes and NULL return");
+    check(dp_pool_warm(NULL, small, sizeof small) == 0 && dp_pool_warm(one, small, sizeof small) == 0,
+          "read-ahead: no pool and a pool of 1 (no workers) take no region");
+    check(dp_pool_warm(p, small, 0) == 1 && dp_pool_warm(p, NULL, 64) == 1, "read-ahead: 0 bytes and NULL clear");
     const int64_t bytes = 16 * 4096;
     int read_all = 0;
     for (int attempt = 0; attempt < 20 && !read_all; attempt++) {
@@ -658,7 +672,7 @@ static void pool_warm_cases(void) {
         for (int t = 0; t < 64; t++) atomic_store(&J.runs[t], 0);
         atomic_store(&J.stray, 0);
         dp_pool_run_all(p, J.num_tasks, pool_job_task, &J); /* every worker ran it: they spin now */
-        dp_pool_warm(p, r, bytes);
+        if (dp_pool_warm(p, r, bytes) != 1) break;
         for (int i = 0; i < 2000 && resident_pages(r, bytes) < 16; i++) {
             struct timespec ts = {0, 100000};
             nanosleep(&ts, NULL);
@@ -692,6 +706,18 @@ static void pool_warm_cases(void) {
         munmap(r, (size_t)len);
     }
     check(ok, "read-ahead: 400 regions set, read under jobs, replaced or cleared and unmapped at once");
+    /* Another caller's job on the pool: a new region is skipped, not waited for. */
+    busy_job B = {.pool = p};
+    atomic_store(&B.started, 0);
+    atomic_store(&B.release, 0);
+    pthread_t t;
+    check(pthread_create(&t, NULL, busy_caller, &B) == 0, "read-ahead: a second caller");
+    while (!atomic_load(&B.started)) sched_yield();
+    const int skipped = dp_pool_warm(p, small, sizeof small) == 0;
+    atomic_store(&B.release, 1);
+    pthread_join(t, NULL);
+    check(skipped && dp_pool_warm(p, small, sizeof small) == 1,
+          "read-ahead: skipped while another caller's job runs, set once it is done");
     dp_pool_warm(p, NULL, 0);
     dp_pool_destroy(p);
     dp_pool_destroy(one);
