@@ -61,7 +61,6 @@ static inline __m256 f16_ps(const uint8_t *p) { return _mm256_cvtph_ps(_mm_loadu
  * of sums into a tree, and the 4 rows' products, all live at once, went to the stack. */
 #define LM2_KEEP(v) __asm__("" : "+x"(v))
 
-
 /* Without VNNI: maddubs, whose int16 pair sums are at most 2 x 127 x the values' largest,
  * then madd to int32. The int16 sums add up before one madd while they fit in 32,767:
  * 8 steps of Q4_K and Q4_0 (values below 16: 30,480), 4 of Q5_0 (below 32: 31,496), 2 of

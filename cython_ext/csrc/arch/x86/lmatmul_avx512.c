@@ -54,7 +54,6 @@ static inline __m512 i8_ps(const uint8_t *p) {
 #define LM_EACH(M) M(0) M(1) M(2) M(3) M(4) M(5) M(6) M(7)
 #define LM_KEEP(v) __asm__("" : "+v"(v))
 
-
 /* Without VNNI (as lmatmul_avx2.c's, whose comment gives the int16 bounds): maddubs, the
  * int16 sums of 8 steps of Q4_K and Q4_0, 4 of Q5_0 and 2 of Q6_K added before one madd;
  * Q8_0 on q = v - 128 (|q| times x with q's sign, a masked negation). In the scope of the
