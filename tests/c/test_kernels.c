@@ -562,6 +562,20 @@ static void pool_job_task(void *ctx, int64_t task, int worker) {
     else atomic_fetch_add(&J->runs[task], 1);
 }
 
+/* A fresh job of n tasks in J (its counters reused from the last one). */
+static void pool_job_reset(pool_job *J, int64_t n) {
+    J->num_tasks = n;
+    for (int t = 0; t < 64; t++) atomic_store(&J->runs[t], 0);
+    atomic_store(&J->stray, 0);
+}
+
+/* 1 when every task of J ran exactly once and nothing else ran. */
+static int pool_job_exact(pool_job *J) {
+    int ok = atomic_load(&J->stray) == 0;
+    for (int t = 0; t < 64; t++) ok &= atomic_load(&J->runs[t]) == (t < J->num_tasks);
+    return ok;
+}
+
 static void pool_protocol_cases(void) {
     dp_pool *p = NULL;
     check(dp_pool_create(4, &p) == DP_OK, "pool of 4 for the protocol cases");
@@ -569,17 +583,14 @@ static void pool_protocol_cases(void) {
     int ok = 1;
     for (int it = 0; it < 3000 && ok; it++) {
         rng_state = rng_state * 6364136223846793005ull + 1442695040888963407ull;
-        J.num_tasks = 1 + (int64_t)((rng_state >> 33) % 64);
-        for (int t = 0; t < 64; t++) atomic_store(&J.runs[t], 0);
-        atomic_store(&J.stray, 0);
+        pool_job_reset(&J, 1 + (int64_t)((rng_state >> 33) % 64));
         if (it % 100 == 0) { /* workers asleep by now */
             struct timespec ts = {0, 2000000};
             nanosleep(&ts, NULL);
         }
         if (it % 3) dp_pool_run(p, J.num_tasks, pool_job_task, &J);
         else dp_pool_run_all(p, J.num_tasks, pool_job_task, &J); /* every worker awake first */
-        for (int t = 0; t < 64; t++) ok &= atomic_load(&J.runs[t]) == (t < J.num_tasks);
-        ok &= atomic_load(&J.stray) == 0;
+        ok &= pool_job_exact(&J);
     }
     check(ok, "pool: 3,000 jobs of 1..64 tasks (a third run_all), every task exactly once, none after the job returned");
     dp_pool_destroy(p);
@@ -668,9 +679,8 @@ static void pool_warm_cases(void) {
         if (r == MAP_FAILED) break;
         madvise(r, (size_t)bytes, MADV_NOHUGEPAGE);
         const int before = resident_pages(r, bytes);
-        pool_job J = {.num_tasks = 16};
-        for (int t = 0; t < 64; t++) atomic_store(&J.runs[t], 0);
-        atomic_store(&J.stray, 0);
+        pool_job J;
+        pool_job_reset(&J, 16);
         dp_pool_run_all(p, J.num_tasks, pool_job_task, &J); /* every worker ran it: they spin now */
         if (dp_pool_warm(p, r, bytes) != 1) break;
         for (int i = 0; i < 2000 && resident_pages(r, bytes) < 16; i++) {
@@ -690,17 +700,15 @@ static void pool_warm_cases(void) {
         if (r == MAP_FAILED) { ok = 0; break; }
         memset(r, it, (size_t)len);
         pool_job J;
-        J.num_tasks = 1 + it % 32;
-        for (int t = 0; t < 64; t++) atomic_store(&J.runs[t], 0);
-        atomic_store(&J.stray, 0);
+        pool_job_reset(&J, 1 + it % 32);
         dp_pool_run(p, J.num_tasks, pool_job_task, &J);
         dp_pool_warm(p, r, len);
         if (it % 2) { /* a job while the region is read */
-            for (int t = 0; t < 64; t++) atomic_store(&J.runs[t], 0);
+            ok &= pool_job_exact(&J);
+            pool_job_reset(&J, J.num_tasks);
             dp_pool_run(p, J.num_tasks, pool_job_task, &J);
         }
-        for (int t = 0; t < 64; t++) ok &= atomic_load(&J.runs[t]) == (t < J.num_tasks);
-        ok &= atomic_load(&J.stray) == 0;
+        ok &= pool_job_exact(&J);
         if (it % 3) dp_pool_warm(p, NULL, 0); /* else the next region replaces it */
         else dp_pool_warm(p, small, sizeof small);
         munmap(r, (size_t)len);
