@@ -15,7 +15,7 @@ import pytest
 
 from dualpath.bench.memory import resident_bytes
 from dualpath.config import load_config
-from dualpath.executor.runner_step import READ_AHEAD_BYTES, TokenEmbedding
+from dualpath.executor.runner_step import TokenEmbedding, this_machines_read_ahead
 from dualpath.kernels import read_rows
 from dualpath.llm import LLM
 from dualpath.models.synth import synth_gguf
@@ -139,4 +139,4 @@ def test_each_product_of_a_step_reads_the_next_ones_weights_ahead(tmp_path):
         mms = [k.mm for k in b._kernels] + [runner._classifier.mm, b._kernels[0].mm]
         assert len(mms) > 2 + llm.spec.config.num_layers
         for mm, following in zip(mms, mms[1:]):
-            assert mm.read_ahead_bytes == min(READ_AHEAD_BYTES, following.weights[0][1].nbytes)
+            assert mm.read_ahead_bytes == min(this_machines_read_ahead(), following.weights[0][1].nbytes)

@@ -10,6 +10,7 @@ layer and nothing is rebound but the sizes that changed.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -83,7 +84,11 @@ def read_ahead_bytes(l2_bytes: int | None) -> int:
     return max(64 << 10, min(1 << 20, half))
 
 
-READ_AHEAD_BYTES = read_ahead_bytes(smallest_l2_bytes())
+@functools.cache
+def this_machines_read_ahead() -> int:
+    """``read_ahead_bytes`` of this machine's caches, read from sysfs once, when the first
+    step's products are bound (not at import: most commands never run a step)."""
+    return read_ahead_bytes(smallest_l2_bytes())
 
 
 class StepBinding:
@@ -153,7 +158,7 @@ class StepBinding:
             if part.last and 0 < part.index < L:
                 h.reverse()
         for k, following in zip(self._kernels, self._kernels[1:]):
-            k.mm.read_ahead(following.mm, READ_AHEAD_BYTES)
+            k.mm.read_ahead(following.mm, this_machines_read_ahead())
         self._ids, self._h0 = buf.ids, buf.h_a
         self.num_tokens = self.num_rows = 0  # nothing bound yet
         self.ids: np.ndarray = self._ids[:0]  # (T,) the bound step's token ids
@@ -163,8 +168,9 @@ class StepBinding:
         """The step's last product reads ahead the classifier's weights, and the classifier
         the first product's (the next step's), where the classifier is in our layer form."""
         if self._kernels and classifier is not None and isinstance(classifier.mm, LMatmul):
-            self._kernels[-1].mm.read_ahead(classifier.mm, READ_AHEAD_BYTES)
-            classifier.mm.read_ahead(self._kernels[0].mm, READ_AHEAD_BYTES)
+            ahead = this_machines_read_ahead()
+            self._kernels[-1].mm.read_ahead(classifier.mm, ahead)
+            classifier.mm.read_ahead(self._kernels[0].mm, ahead)
 
     def resize(self, num_tokens: int, num_rows: int) -> None:
         """Bind for a step of ``num_tokens`` tokens and ``num_rows`` logits rows: only the
