@@ -48,10 +48,12 @@ static inline __m256 i8_ps(const uint8_t *p) {
 }
 static inline __m256 f16_ps(const uint8_t *p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)); }
 
-/* An activation's 4 bytes in every lane, broadcast from memory: a load only. set1 of the
- * value made GCC keep it in a general register once the decode streams shared it, and each
- * use then took a move to a vector register and a shuffle. */
+/* An activation's 4 bytes in every lane (LM2_XB, lmatmul_avx2_body.h): the decode streams
+ * broadcast them from memory, a load only. There set1 of the value made GCC keep it in a
+ * general register, as every stream shares it, and each use took a move to a vector
+ * register and a shuffle; a prefill pass, whose rows differ, is a little faster with set1. */
 static inline __m256i x4(const int32_t *p) { return _mm256_castps_si256(_mm256_broadcast_ss((const float *)p)); }
+static inline __m256i x4_set1(const int32_t *p) { return _mm256_set1_epi32(*p); }
 
 /* The chunks (pairs of steps) of part p: Q6_K's two halves of 16 values, else the unit. */
 #define LM2_CHUNKS(kind, p, c0, nc)                       \
@@ -76,11 +78,11 @@ static inline __m256i x4(const int32_t *p) { return _mm256_castps_si256(_mm256_b
 #define LM2_Q8_ROW_PLAIN(i)                                                                              \
     if ((i) < RR)                                                                                        \
         t##i = _mm256_add_epi32(t##i, _mm256_madd_epi16(_mm256_maddubs_epi16(                          \
-                                          aq, _mm256_sign_epi8(x4(&x##i[j]), q)), one));
+                                          aq, _mm256_sign_epi8(LM2_XB(&x##i[j]), q)), one));
 #define LM2_ROW_PLAIN(i)                                                                                 \
     if ((i) < RR) {                                                                                      \
-        const __m256i pr = _mm256_add_epi16(_mm256_maddubs_epi16(v0, x4(&x##i[2 * c])),                 \
-                                            _mm256_maddubs_epi16(v1, x4(&x##i[2 * c + 1])));            \
+        const __m256i pr = _mm256_add_epi16(_mm256_maddubs_epi16(v0, LM2_XB(&x##i[2 * c])),             \
+                                            _mm256_maddubs_epi16(v1, LM2_XB(&x##i[2 * c + 1])));        \
         s16_##i = (c - c0) % fit ? _mm256_add_epi16(s16_##i, pr) : pr;                                  \
         LM2_KEEP(s16_##i);                                                                               \
         if ((c - c0) % fit == fit - 1) t##i = _mm256_add_epi32(t##i, _mm256_madd_epi16(s16_##i, w16));  \
@@ -141,11 +143,11 @@ static inline __m256i sc_pairs(const uint8_t *p) { /* each row's scale in both i
 #define LM2_ATTR __attribute__((target("avxvnni")))
 #define LM2_SUFFIX(n) n##_vnni
 #define LM2_Q8_ROW_VNNI(i) \
-    if ((i) < RR) t##i = _mm256_dpbusd_avx_epi32(t##i, v, x4(&x##i[j]));
+    if ((i) < RR) t##i = _mm256_dpbusd_avx_epi32(t##i, v, LM2_XB(&x##i[j]));
 #define LM2_ROW_VNNI(i)                                                                                  \
     if ((i) < RR)                                                                                        \
-        t##i = _mm256_dpbusd_avx_epi32(_mm256_dpbusd_avx_epi32(t##i, v0, x4(&x##i[2 * c])), v1,         \
-                                       x4(&x##i[2 * c + 1]));
+        t##i = _mm256_dpbusd_avx_epi32(_mm256_dpbusd_avx_epi32(t##i, v0, LM2_XB(&x##i[2 * c])), v1,     \
+                                       LM2_XB(&x##i[2 * c + 1]));
 #define LM2_SUMS_VNNI(kind, u, hf, p)                                                                    \
     do {                                                                                                 \
         if ((kind) == DP_L_Q8_0) {                                                                       \

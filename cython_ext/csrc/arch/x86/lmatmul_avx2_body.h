@@ -19,6 +19,9 @@
  * multiplied by the rows' block scales in int32 and added up over the superblock, which is
  * then scaled once, instead of a float multiply-add per unit and row. */
 
+/* LM2_XB: how the sums broadcast an activation's 4 bytes (lmatmul_avx2.c's x4 says why
+ * the decode streams take another) */
+#define LM2_XB(p) x4_set1(p)
 static inline __attribute__((always_inline)) LM2_ATTR void LM2_SUFFIX(pass)(const int kind, const uint8_t *gw, const int hf,
                                                        const dp_lact *a, const int64_t r0, const int RR, float *out,
                                                        const int64_t ldo, const int fold) {
@@ -110,6 +113,9 @@ static inline __attribute__((always_inline)) LM2_ATTR void LM2_SUFFIX(passes)(co
     }
 }
 
+#undef LM2_XB
+#define LM2_XB(p) x4(p)
+
 /* Decode (one activation row): NS <= 4 groups, gq bytes apart, walked unit by unit side
  * by side (both halves of each), so that each thread reads NS streams of weights at once
  * instead of one. */
@@ -165,6 +171,8 @@ static inline __attribute__((always_inline)) LM2_ATTR void LM2_SUFFIX(streams)(
     if (NS > 2) _mm256_storeu_ps(out + 2 * oq, sacc4), _mm256_storeu_ps(out + 2 * oq + 8, sacc5);
     if (NS > 3) _mm256_storeu_ps(out + 3 * oq, sacc6), _mm256_storeu_ps(out + 3 * oq + 8, sacc7);
 }
+
+#undef LM2_XB
 
 static inline __attribute__((always_inline)) LM2_ATTR void LM2_SUFFIX(groups)(const int kind, const uint8_t *w, int64_t g0, int64_t g1,
                                                          const dp_lact *a, float *out, int64_t ldo) {
