@@ -53,7 +53,6 @@ static inline __m256 f16_ps(const uint8_t *p) { return _mm256_cvtph_ps(_mm_loadu
  * general register, as every stream shares it, and each use took a move to a vector
  * register and a shuffle; a prefill pass, whose rows differ, is a little faster with set1. */
 static inline __m256i x4(const int32_t *p) { return _mm256_castps_si256(_mm256_broadcast_ss((const float *)p)); }
-static inline __m256i x4_set1(const int32_t *p) { return _mm256_set1_epi32(*p); }
 
 /* The chunks (pairs of steps) of part p: Q6_K's two halves of 16 values, else the unit. */
 #define LM2_CHUNKS(kind, p, c0, nc)                       \

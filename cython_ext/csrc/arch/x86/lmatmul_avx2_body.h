@@ -21,7 +21,7 @@
 
 /* LM2_XB: how the sums broadcast an activation's 4 bytes (lmatmul_avx2.c's x4 says why
  * the decode streams take another) */
-#define LM2_XB(p) x4_set1(p)
+#define LM2_XB(p) _mm256_set1_epi32(*(p))
 static inline __attribute__((always_inline)) LM2_ATTR void LM2_SUFFIX(pass)(const int kind, const uint8_t *gw, const int hf,
                                                        const dp_lact *a, const int64_t r0, const int RR, float *out,
                                                        const int64_t ldo, const int fold) {
