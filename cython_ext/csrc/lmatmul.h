@@ -82,10 +82,19 @@ static inline int dp_lkind_zero_point(int kind) {
  * were slower than one (a tied Q8_0 classifier most of all; docs/performance-log.md). */
 #define DP_LSTREAMS(kind) ((kind) == DP_L_Q8_0 || (kind) == DP_L_Q5_0 ? 1 : 4)
 
-static inline __attribute__((always_inline)) void dp_lprefetch(const uint8_t *p, int64_t bytes) {
-    /* bytes is a kind's constant where the kernels call it: one prefetch a line, no loop */
+/* How far ahead a decode's streams prefetch, each: the one stream's distance shared out, so
+ * that a thread has as many bytes on the way with 4 streams as with one (4 streams at 2 KiB
+ * each were slower than at 512 bytes, with AVX2 and AVX-512; docs/performance-log.md). */
+#define DP_LSTREAM_PREFETCH(kind) (DP_LMATMUL_PREFETCH / DP_LSTREAMS(kind))
+
+static inline __attribute__((always_inline)) void dp_lprefetch_ahead(const uint8_t *p, int64_t bytes, int64_t ahead) {
+    /* bytes and ahead are constants where the kernels call it: one prefetch a line, no loop */
 #pragma GCC unroll 16
-    for (int64_t o = 0; o < bytes; o += 64) __builtin_prefetch(p + DP_LMATMUL_PREFETCH + o, 0, 3);
+    for (int64_t o = 0; o < bytes; o += 64) __builtin_prefetch(p + ahead + o, 0, 3);
+}
+
+static inline __attribute__((always_inline)) void dp_lprefetch(const uint8_t *p, int64_t bytes) {
+    dp_lprefetch_ahead(p, bytes, DP_LMATMUL_PREFETCH);
 }
 
 /* FN(kind, ...) with kind a constant for each kind: an ISA's loop is inlined once per kind,

@@ -156,8 +156,8 @@ static inline __attribute__((always_inline)) LM2_ATTR void LM2_SUFFIX(streams)(
     if ((i) < NS) {                                                                                       \
         const uint8_t *h = gw + (i) * gq + s * sbb;                                                       \
         const uint8_t *unit = h + dp_lkind_header(kind) + b * dp_lkind_unit(kind);                        \
-        if (b == 0) dp_lprefetch(h, dp_lkind_header(kind));                                               \
-        dp_lprefetch(unit, dp_lkind_unit(kind));                                                          \
+        if (b == 0) dp_lprefetch_ahead(h, dp_lkind_header(kind), DP_LSTREAM_PREFETCH(kind));              \
+        dp_lprefetch_ahead(unit, dp_lkind_unit(kind), DP_LSTREAM_PREFETCH(kind));                         \
         LM2_HALF(i0, 0)                                                                                   \
         LM2_HALF(i1, 1)                                                                                   \
     }

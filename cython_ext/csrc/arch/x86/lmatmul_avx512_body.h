@@ -83,8 +83,8 @@ static inline __attribute__((always_inline)) LM_ATTR void LM_SUFFIX(streams)(
     if ((i) < NS) {                                                                                       \
         const uint8_t *h = gw + (i) * gq + s * sbb;                                                       \
         const uint8_t *unit = h + dp_lkind_header(kind) + b * dp_lkind_unit(kind);                        \
-        if (b == 0) dp_lprefetch(h, dp_lkind_header(kind));                                               \
-        dp_lprefetch(unit, dp_lkind_unit(kind));                                                          \
+        if (b == 0) dp_lprefetch_ahead(h, dp_lkind_header(kind), DP_LSTREAM_PREFETCH(kind));              \
+        dp_lprefetch_ahead(unit, dp_lkind_unit(kind), DP_LSTREAM_PREFETCH(kind));                         \
         const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)h));                         \
         _Pragma("GCC unroll 2") for (int p = 0; p < parts; p++) {                                         \
             const int RR = 1;                                                                             \
